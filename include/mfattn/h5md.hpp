@@ -1,0 +1,79 @@
+#pragma once
+/// \file h5md.hpp
+/// H5MD 1.1 writer and reader for mfattn runs (layout: README "Output" section and
+/// ../shared/spec/output.md). Replicas: replica 0 is /particles/tokens, replica r >= 1 is
+/// /particles/tokens_r<r>; observables live in /observables/<name> with value shape
+/// [T] (scalar) or [T, c] (vector) for one replica and [T, R] / [T, R, c] for R > 1.
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace mfattn {
+
+/// An I/O failure (exit code 4).
+struct IoError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// One typed attribute of /parameters.
+using ParameterValue = std::variant<std::int64_t, double, bool, std::string, std::vector<double>>;
+struct Parameter {
+  std::string name;
+  ParameterValue value;
+};
+
+struct WriterSetup {
+  std::string path;
+  bool overwrite = false;       ///< false: an existing file is an error (IoError)
+  std::size_t n = 0, d = 0, replicas = 1;
+  std::size_t position_dim = 1; ///< k, columns of aux_position
+  bool deflate = false;         ///< deflate + shuffle on positions
+  bool fletcher32 = false;
+  std::string author = "unknown";
+  std::string creator_version;  ///< project version
+  /// Observable names and component counts (1 = scalar) written per frame, in order.
+  std::vector<std::pair<std::string, std::size_t>> observables;
+};
+
+/// Token labels that never change during a run.
+struct TokenLabels {
+  std::vector<double> aux_position;   ///< n * k, row-major
+  std::vector<std::int32_t> prompt_id; ///< n
+  std::vector<double> presence;        ///< n
+  std::vector<std::int64_t> id;        ///< n
+};
+
+class H5mdWriter {
+ public:
+  /// Creates the file and the whole static layout; /run/status = "running".
+  static std::unique_ptr<H5mdWriter> create(const WriterSetup& setup);
+  virtual ~H5mdWriter() = default;
+  virtual void write_parameters(const std::vector<Parameter>& parameters) = 0;
+  virtual void write_labels(const TokenLabels& labels) = 0;
+  /// Appends one frame: positions of all replicas (R * n * d, replica-major) and one value
+  /// array per observable in setup order (R * components numbers each).
+  virtual void append_frame(std::int64_t step, double time, const double* positions,
+                            const std::vector<std::vector<double>>& observables) = 0;
+  /// Writes /run: status, wall time, steps, rejected steps.
+  virtual void write_run_info(const std::string& status, double wall_seconds, std::int64_t steps,
+                              std::int64_t rejected_steps) = 0;
+  /// H5Fflush: everything appended so far survives a SIGKILL.
+  virtual void flush() = 0;
+};
+
+/// The last frame of replica 0 of an mfattn file: n rows of d numbers, row-major.
+struct Frame {
+  std::size_t n = 0, d = 0;
+  double time = 0.0;
+  std::int64_t step = 0;
+  std::vector<double> x;
+};
+Frame read_last_frame(const std::string& path);
+
+/// True when the file is HDF5 and carries the H5MD root group with creator "mfattn".
+bool is_mfattn_file(const std::string& path);
+
+}  // namespace mfattn

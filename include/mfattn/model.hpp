@@ -1,0 +1,79 @@
+#pragma once
+/// \file model.hpp
+/// The physical description of a run as plain data (model.md sections 1-2).
+///
+/// For a receiver i and a source j (active token or frozen prefix token):
+///   s_ij = beta * < G_i Q x_i , G_j K x_j >                       score
+///   w_ij = m_ij * p_j * c_ij * exp(s_ij)   (times exp(-beta) when rescaled)
+///   v_ij = V G_i^T G_j x_j  (transported)  |  V x_j  (plain)
+///   USA: u_i = (1/M) sum_j w_ij v_ij,  M = sum_j p_j
+///   SA:  u_i = sum_j w_ij v_ij / (eps_den + sum_j w_ij)
+///   dx_i/dt = p_i * P_{x_i}(u_i),   P_x y = y - <x, y> x
+/// Nothing here computes: backends (backend.hpp) evaluate a Model.
+#include <Eigen/Dense>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mfattn {
+
+using Matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Vector = Eigen::VectorXd;
+
+enum class Normalization { Usa, Sa };
+enum class TimeScale { Natural, Rescaled };
+enum class ValueTransport { Transported, Plain };
+enum class MaskKind { Full, Causal, Window };
+
+/// Positional gauge G(xi_i) in SO(d), applied once per token and evaluation, never per pair.
+/// The identity gauge is represented by a null pointer in Model.
+class Gauge {
+ public:
+  virtual ~Gauge() = default;
+  /// out = G(xi_token) * in   (in, out of length d; may not alias)
+  virtual void apply(std::size_t token, const double* in, double* out) const = 0;
+  /// out = G(xi_token)^T * in
+  virtual void apply_transpose(std::size_t token, const double* in, double* out) const = 0;
+};
+
+struct Model {
+  std::size_t n = 0;           ///< tokens that move (active ones, null tokens included)
+  std::size_t d = 3;           ///< ambient dimension, >= 2
+  double beta = 1.0;           ///< inverse temperature, >= 0
+  Normalization normalization = Normalization::Usa;
+  TimeScale time_scale = TimeScale::Natural;
+  ValueTransport values = ValueTransport::Transported;
+
+  /// Q, K, V (d x d). The *_identity flags let backends skip the products.
+  Matrix q, k, v;
+  bool q_identity = true, k_identity = true, v_identity = true;
+
+  /// presence p_i in [0, 1] of each token (size n); p_i = a_i^2 / (tau + a_i^2).
+  std::vector<double> presence;
+  double eps_den = 0.0;        ///< SA denominator epsilon, >= 0
+
+  /// Positions xi (n rows of k columns, row-major); used by masks, factors and gauges.
+  std::size_t position_dim = 1;
+  std::vector<double> positions;
+
+  MaskKind mask = MaskKind::Full;
+  double window = 0.0;         ///< |xi_i - xi_j| <= window for MaskKind::Window
+
+  std::shared_ptr<const Gauge> gauge;  ///< null: G = I
+
+  double noise_kappa = 0.0;    ///< 0: deterministic; else dx += sqrt(2/kappa) P_x dW
+
+  /// Mass M = sum of source presences (USA normaliser).
+  double mass() const;
+  /// True when the dynamics is a gradient ascent of the energy (model.md section 4).
+  bool is_gradient_flow() const;
+  /// Weight shift applied in the exponent: beta in rescaled time, 0 in natural time.
+  double exponent_shift() const { return time_scale == TimeScale::Rescaled ? beta : 0.0; }
+};
+
+/// p = a^2 / (tau + a^2); exactly 0 for a = 0.
+double presence_from_amplitude(double amplitude, double tau);
+
+}  // namespace mfattn
