@@ -1,0 +1,50 @@
+#pragma once
+/// \file backend.hpp
+/// Backends evaluate the attention velocity of model.md section 2 for every replica:
+///   v_i = p_i * P_{x_i}(u_i),  u_i as in model.hpp,
+/// and the weight sums D_i = sum_j w_ij (true scale, used for the energy
+///   E = 1 / (2 beta M^2) * sum_i p_i D_i).
+/// Backends are chosen by name at run time (make_backend); each one computes every
+/// receiver's sums in a fixed order, so results do not depend on the thread count.
+#include "mfattn/model.hpp"
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace mfattn {
+
+/// Numerical failure: overflow or a non-finite state (exit code 3).
+struct NumericalError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// The requested backend is not part of this build (exit code 2).
+struct BackendUnavailable : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  /// x: replicas * n * d contents; velocity_out: same size. weight_sums_out: replicas * n
+  /// numbers or nullptr. Throws NumericalError when a USA weight overflows in natural time.
+  virtual void velocity(std::size_t replicas, const double* x, double* velocity_out,
+                        double* weight_sums_out) = 0;
+};
+
+/// "cpu" (tiled, vectorised, OpenMP), "reference" (plain loops, the test oracle) or "cuda".
+/// threads = 0 means the OpenMP default.
+std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model, int threads);
+
+/// Backend factories (one per backend folder).
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, int threads);
+std::unique_ptr<Backend> make_reference_backend(const Model& model);
+std::unique_ptr<Backend> make_cuda_backend(const Model& model);
+
+/// The energy E = 1 / (2 beta M^2) sum_i p_i D_i of one replica from its weight sums
+/// (NaN for beta = 0, where E is undefined).
+double energy_from_weight_sums(const Model& model, const double* weight_sums);
+
+}  // namespace mfattn

@@ -1,0 +1,83 @@
+#pragma once
+/// \file config.hpp
+/// The option table of `mfattn run` (cli.md). One Boost.Program_options table owns every
+/// option name: the command line, config files and the /parameters group of the output all
+/// go through it, so there is no second list of keys anywhere.
+#include <boost/program_options.hpp>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mfattn/h5md.hpp"
+
+namespace mfattn {
+
+/// Usage or configuration error (exit code 2): the message names the option, the value and
+/// what is accepted.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Every resolved option of `mfattn run`.
+struct RunConfig {
+  // model
+  std::int64_t n = 64;
+  std::int64_t d = 3;
+  double beta = 1.0;
+  std::string kernel = "usa";
+  std::string time_scale = "natural";
+  std::string q = "identity", k = "identity", v = "identity";
+  std::string positions = "index";
+  double pos_scale = 1.0;
+  std::string mask = "full";
+  double window = 1.0;
+  std::string amplitudes;
+  double tau = 1.0;
+  double eps_den = -1.0;  ///< < 0: automatic (0 without presence, 1e-12 with)
+  std::int64_t null_tokens = 0;
+  double noise_kappa = 0.0;
+  // time stepping
+  std::string integrator = "rk4";
+  double dt = 0.01;
+  double rtol = 1e-8, atol = 1e-10;
+  double horizon = 20.0;
+  double save_every = 0.0;  ///< 0: horizon / 100
+  std::string save_times;
+  std::int64_t save_log = 0;
+  // initial state
+  std::string init = "uniform";
+  std::string init_file;
+  double init_rho = 0.5;
+  std::int64_t init_clusters = 3;
+  double init_spread = 0.1;
+  bool normalize_init = false;
+  std::int64_t replicas = 1;
+  std::int64_t seed = 0;
+  // execution and output
+  std::int64_t threads = 0;  ///< 0: OMP_NUM_THREADS, else SLURM_CPUS_PER_TASK, else all cores
+  std::string backend = "cpu";
+  std::string out;
+  bool overwrite = false;
+  bool quiet = false;
+  std::string config;
+
+  /// Derived after parsing: the command line as given and every option as a typed parameter.
+  std::string command_line;
+  std::vector<Parameter> parameters;
+};
+
+/// The table of `run` options bound to the fields of cfg.
+boost::program_options::options_description run_options(RunConfig& cfg);
+
+/// Parses `mfattn run` arguments (without the subcommand), reads --config if given (the
+/// command line wins), validates every option and resolves defaults. Throws UsageError.
+RunConfig parse_run_arguments(const std::vector<std::string>& args);
+
+/// Validates values once, before anything is written. Throws UsageError.
+void validate(const RunConfig& cfg);
+
+/// The thread count: --threads, else OMP_NUM_THREADS, else SLURM_CPUS_PER_TASK, else cores.
+int resolve_threads(std::int64_t requested);
+
+}  // namespace mfattn

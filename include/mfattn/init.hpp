@@ -1,0 +1,51 @@
+#pragma once
+/// \file init.hpp
+/// Initial token contents on S^{d-1}. Random draws come from RandomStream(seed,
+/// StreamTag::InitialState, replica, key), so they are reproducible on any machine and the
+/// contents of token i never depend on how many tokens follow it (except Equiangular).
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mfattn/state.hpp"
+
+namespace mfattn {
+
+/// How the initial contents are placed.
+///  - Uniform:     x_i = g_i / |g_i|, g_i ~ N(0, I_d) from stream (seed, InitialState, r, i).
+///  - Hemisphere:  as Uniform, then x_{i,d} <- |x_{i,d}| (all tokens in x_d >= 0).
+///  - Clustered:   centres c_k = h_k / |h_k|, h_k ~ N(0, I_d) from stream
+///                 (seed, InitialState, r, 2^40 + k); x_i = normalize(c_{i mod K} + spread g_i).
+///  - Equiangular: <x_i, x_j> = rho for all i != j (needs d >= n): x_i = Q (sqrt(1-rho) e_i +
+///                 t (e_1 + ... + e_n)), t = (sqrt(1 - rho + n rho) - sqrt(1-rho)) / n, with
+///                 Q Haar-orthogonal from stream (seed, InitialState, r, 2^41).
+///  - File:        given rows, identical in every replica.
+enum class InitKind { Uniform, Hemisphere, Clustered, Equiangular, File };
+
+struct InitSpec {
+  InitKind kind = InitKind::Uniform;
+  std::uint64_t seed = 0;
+  std::size_t clusters = 3;  ///< Clustered: number of centres K >= 1
+  double spread = 0.1;       ///< Clustered: Gaussian spread around each centre before normalising
+  double rho = 0.5;          ///< Equiangular: common pairwise inner product, in [-1/(n-1), 1)
+  std::vector<double> file_rows{};  ///< File: n*d numbers already read (row-major), validated here
+  bool normalize_file_rows = false;  ///< File: x_i <- x_i / |x_i| instead of requiring |x_i| = 1
+};
+
+/// Fills replica r of `state` (state.n tokens, state.d dims). Token i's contents depend only on
+/// (seed, r, i) and the spec, never on state.n, so appending tokens (e.g. null tokens) leaves the
+/// first ones unchanged. Exception: Equiangular is a whole-configuration construction, its tokens
+/// depend on n. File rows must satisfy | |x_i| - 1 | <= 1e-10 unless normalize_file_rows.
+/// Throws std::invalid_argument with a clear message on impossible specs.
+void initialize_replica(const InitSpec& spec, State& state, std::size_t replica);
+
+/// initialize_replica for every replica r = 0 .. state.replicas - 1.
+void initialize_state(const InitSpec& spec, State& state);
+
+/// Reads a text file of rows of d numbers separated by whitespace or commas ('#' starts a
+/// comment, blank lines are skipped); returns them row-major and sets rows_out to the row count.
+/// Throws std::invalid_argument naming the file and the first bad line/row.
+std::vector<double> read_text_rows(const std::string& path, std::size_t d, std::size_t& rows_out);
+
+}  // namespace mfattn

@@ -1,0 +1,87 @@
+#pragma once
+/// \file integrator.hpp
+/// Time stepping on (S^{d-1})^n (model.md section 5). Every step ends on the sphere:
+/// |x_i| = 1 to rounding. Tokens with p_i = 0 never move, bit for bit.
+///   euler            x <- normalize(x + h f(x))                                  order 1
+///   heun, rk4        explicit Runge-Kutta on the embedded field, normalised       2, 4
+///   lie-euler        x <- cos(h|w|) x + sin(h|w|) w/|w|, w = f(x)                 1
+///   lie-rk4          commutator-free Lie group method CF4 (Celledoni, Marthinsen,
+///                    Owren 2003) with F(y) = f(y) y^T - y f(y)^T in so(d)          4
+///   dopri5           Dormand-Prince 5(4), max-norm error control, projected       5
+///   euler-maruyama   x <- normalize(x + h f(x) + sqrt(2h/kappa) P_x xi), xi ~ N(0, I)
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mfattn/backend.hpp"
+#include "mfattn/state.hpp"
+
+namespace mfattn {
+
+/// The vector field f(x) = (p_i P_{x_i} u_i)_i of every replica, evaluated by a backend.
+class Dynamics {
+ public:
+  Dynamics(const Model& model, Backend& backend, std::size_t replicas);
+  void velocity(const double* x, double* v, double* weight_sums = nullptr);
+  const Model& model() const { return model_; }
+  std::size_t replicas() const { return replicas_; }
+  std::size_t size() const { return replicas_ * model_.n * model_.d; }
+  /// Whether token i (of any replica) moves at all: p_i > 0.
+  bool moves(std::size_t token) const { return model_.presence[token] > 0.0; }
+  std::int64_t evaluations() const { return evaluations_; }
+
+ private:
+  const Model& model_;
+  Backend& backend_;
+  std::size_t replicas_;
+  std::int64_t evaluations_ = 0;
+};
+
+struct StepOutcome {
+  bool accepted = true;
+  double h_next = 0.0;  ///< the step to try next (adaptive methods), else the same h
+};
+
+class Integrator {
+ public:
+  virtual ~Integrator() = default;
+  virtual std::string name() const = 0;
+  /// Order of the method (of the solution for dopri5).
+  virtual int order() const = 0;
+  virtual bool adaptive() const { return false; }
+  /// One step of size h from state.x at state.time; on acceptance advances state.x,
+  /// state.time (by h) and state.step.
+  virtual StepOutcome step(Dynamics& dynamics, State& state, double h) = 0;
+};
+
+struct IntegratorSettings {
+  std::string name = "rk4";
+  double rtol = 1e-8, atol = 1e-10;  ///< dopri5
+  double noise_kappa = 0.0;           ///< euler-maruyama
+  std::uint64_t seed = 0;             ///< euler-maruyama noise
+};
+
+/// Throws std::invalid_argument for an unknown name.
+std::unique_ptr<Integrator> make_integrator(const IntegratorSettings& settings);
+
+/// Names accepted by make_integrator.
+const std::vector<std::string>& integrator_names();
+
+struct IntegrationStats {
+  std::int64_t steps = 0, rejected = 0;
+};
+
+/// Advances state to every time in output_times (increasing, >= state.time), landing on each
+/// exactly, and calls observer(state) there. h is the step (fixed methods) or the current
+/// proposal (adaptive methods; updated so a continued run steps exactly as an uninterrupted one).
+/// A non-finite state throws NumericalError naming the step and time.
+IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& state, double& h,
+                           double fixed_dt, const std::vector<double>& output_times,
+                           const std::function<void(const State&)>& observer);
+
+/// Projects every moving token back to the unit sphere (x / |x|).
+void normalize_tokens(const Dynamics& dynamics, double* x);
+
+}  // namespace mfattn

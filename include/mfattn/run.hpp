@@ -1,0 +1,31 @@
+#pragma once
+/// \file run.hpp
+/// `mfattn run`: resolved options -> Model, initial State, backend, integrator, H5MD output.
+#include <iosfwd>
+#include <vector>
+
+#include "mfattn/config.hpp"
+#include "mfattn/model.hpp"
+#include "mfattn/state.hpp"
+
+namespace mfattn {
+
+/// Exit codes of cli.md.
+enum ExitCode : int { kExitOk = 0, kExitUsage = 2, kExitNumerical = 3, kExitIo = 4 };
+
+/// The Model of a configuration: n active tokens plus null tokens, matrices, presence,
+/// positions, mask. Throws UsageError for unreadable or malformed inputs.
+Model build_model(const RunConfig& cfg);
+
+/// The initial state (all replicas). Throws UsageError for unusable inputs.
+State build_initial_state(const RunConfig& cfg, const Model& model);
+
+/// Frame times: 0, then every --save-every (default horizon/100), --save-times or
+/// --save-log N log-spaced times in [dt, horizon]; the horizon is always the last frame.
+std::vector<double> output_times(const RunConfig& cfg);
+
+/// Runs the whole simulation and writes the output file; returns an ExitCode.
+/// Messages go to `log` (stderr in the CLI).
+int run_simulation(const RunConfig& cfg, std::ostream& log);
+
+}  // namespace mfattn

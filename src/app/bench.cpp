@@ -1,0 +1,113 @@
+#include "mfattn/bench.hpp"
+
+#include <omp.h>
+
+#include <chrono>
+#include <iomanip>
+#include <iostream>
+
+#include "backends/cpu/vector_math.hpp"
+#include "mfattn/backend.hpp"
+#include "mfattn/config.hpp"
+#include "mfattn/run.hpp"
+
+namespace mfattn {
+namespace po = boost::program_options;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+/// The exp roofline: exp_nonpositive over an L1-resident array on every thread, the rate no
+/// pair loop that takes one exp per pair can beat.
+double exp_rate(int threads, double min_seconds) {
+  double total_rate = 0.0;
+#pragma omp parallel num_threads(threads) reduction(+ : total_rate)
+  {
+    std::vector<double> in(2048), out(2048);
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = -double(i % 97) * 0.37;
+    std::size_t done = 0;
+    const auto start = std::chrono::steady_clock::now();
+    double elapsed = 0.0;
+    while (elapsed < min_seconds) {
+      for (int rep = 0; rep < 100; ++rep) {
+        for (std::size_t i = 0; i < in.size(); i += simd::kLanes)
+          simd::store(out.data() + i, simd::exp_nonpositive(simd::load(in.data() + i)));
+        in[rep % in.size()] -= out[(rep * 7) % out.size()] * 1e-300;  // keep the loop alive
+      }
+      done += 100 * in.size();
+      elapsed = seconds_since(start);
+    }
+    total_rate += double(done) / elapsed;
+  }
+  return total_rate;
+}
+
+}  // namespace
+
+int bench_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  RunConfig cfg;
+  cfg.n = 4096;
+  double min_seconds = 1.0;
+  bool roofline = false;
+  po::options_description table = run_options(cfg);
+  po::options_description extra("Bench options");
+  extra.add_options()("min-time", po::value(&min_seconds)->default_value(1.0),
+                      "measure for at least this many seconds")(
+      "roofline", po::bool_switch(&roofline), "also print the vectorised exp rate");
+  table.add(extra);
+  po::options_description help_table("mfattn bench [run options] [--min-time S] [--roofline]");
+  help_table.add(extra);
+  try {
+    po::variables_map vm;
+    po::store(po::command_line_parser(args).options(table).run(), vm);
+    po::notify(vm);
+    if (cfg.out.empty()) cfg.out = "(bench: no output)";
+    validate(cfg);
+    if (!(min_seconds > 0)) throw UsageError("--min-time: must be > 0");
+  } catch (const UsageError& e) {
+    err << "mfattn bench: " << e.what() << '\n';
+    return kExitUsage;
+  } catch (const po::error& e) {
+    err << "mfattn bench: " << e.what() << '\n';
+    return kExitUsage;
+  }
+  const int threads = resolve_threads(cfg.threads);
+  try {
+    const Model model = build_model(cfg);
+    const State state = build_initial_state(cfg, model);
+    auto backend = make_backend(cfg.backend, model, threads);
+    std::vector<double> velocity(state.size());
+    backend->velocity(state.replicas, state.x.data(), velocity.data(), nullptr);  // warm up
+    std::int64_t evaluations = 0;
+    const auto start = std::chrono::steady_clock::now();
+    double elapsed = 0.0;
+    while (elapsed < min_seconds) {
+      backend->velocity(state.replicas, state.x.data(), velocity.data(), nullptr);
+      ++evaluations;
+      elapsed = seconds_since(start);
+    }
+    const double pairs = double(state.replicas) * double(model.n) * double(model.n);
+    out << std::setprecision(4) << "backend " << backend->name() << " n " << model.n << " d "
+        << model.d << " kernel " << cfg.kernel << " threads " << threads << " evaluations "
+        << evaluations << " seconds_per_evaluation " << elapsed / double(evaluations)
+        << " pairs_per_second " << pairs * double(evaluations) / elapsed << '\n';
+    if (roofline)
+      out << std::setprecision(4) << "exp_per_second " << exp_rate(threads, min_seconds)
+          << " threads " << threads << '\n';
+  } catch (const UsageError& e) {
+    err << "mfattn bench: " << e.what() << '\n';
+    return kExitUsage;
+  } catch (const BackendUnavailable& e) {
+    err << "mfattn bench: " << e.what() << '\n';
+    return kExitUsage;
+  } catch (const NumericalError& e) {
+    err << "mfattn bench: numerical failure: " << e.what() << '\n';
+    return kExitNumerical;
+  }
+  return kExitOk;
+}
+
+}  // namespace mfattn

@@ -1,0 +1,75 @@
+#include "mfattn/observables.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace mfattn {
+
+std::vector<std::pair<std::string, std::size_t>> observable_layout(const Model&) {
+  return {{"energy", 1}, {"mean_inner", 1}, {"min_inner", 1}, {"max_speed", 1}};
+}
+
+double min_inner_product(const Model& model, const double* x) {
+  const std::size_t n = model.n, d = model.d;
+  std::vector<std::size_t> moving;
+  for (std::size_t i = 0; i < n; ++i)
+    if (model.presence[i] > 0.0) moving.push_back(i);
+  const std::ptrdiff_t m = static_cast<std::ptrdiff_t>(moving.size());
+  double lowest = 1.0;
+  // A minimum does not depend on the order it is taken in, so threads cannot change it.
+#pragma omp parallel for reduction(min : lowest) schedule(dynamic, 16)
+  for (std::ptrdiff_t a = 0; a < m; ++a) {
+    const double* xa = x + moving[a] * d;
+    for (std::ptrdiff_t b = a + 1; b < m; ++b) {
+      const double* xb = x + moving[b] * d;
+      double inner = 0.0;
+      for (std::size_t c = 0; c < d; ++c) inner += xa[c] * xb[c];
+      lowest = std::min(lowest, inner);
+    }
+  }
+  return lowest;
+}
+
+double mean_inner_product(const Model& model, const double* x) {
+  const std::size_t n = model.n, d = model.d;
+  std::vector<double> total(d, 0.0);
+  std::size_t m = 0;
+  double self = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!(model.presence[i] > 0.0)) continue;
+    ++m;
+    for (std::size_t c = 0; c < d; ++c) {
+      total[c] += x[i * d + c];
+      self += x[i * d + c] * x[i * d + c];
+    }
+  }
+  if (m < 2) return 1.0;
+  double square = 0.0;
+  for (double t : total) square += t * t;
+  return (square - self) / (double(m) * double(m - 1));
+}
+
+std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const State& state) {
+  const Model& model = dynamics.model();
+  const std::size_t R = state.replicas, n = model.n, d = model.d;
+  std::vector<double> velocity(state.size()), weight_sums(R * n);
+  dynamics.velocity(state.x.data(), velocity.data(), weight_sums.data());
+  std::vector<std::vector<double>> values(4, std::vector<double>(R));
+  for (std::size_t r = 0; r < R; ++r) {
+    const double* x = state.replica(r);
+    values[0][r] = energy_from_weight_sums(model, weight_sums.data() + r * n);
+    values[1][r] = mean_inner_product(model, x);
+    values[2][r] = min_inner_product(model, x);
+    double fastest = 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+      double speed2 = 0.0;
+      for (std::size_t c = 0; c < d; ++c) speed2 += std::pow(velocity[(r * n + i) * d + c], 2);
+      fastest = std::max(fastest, std::sqrt(speed2));
+    }
+    values[3][r] = fastest;
+  }
+  return values;
+}
+
+}  // namespace mfattn

@@ -1,0 +1,319 @@
+#include "mfattn/run.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <numbers>
+#include <sstream>
+
+#include "mfattn/h5md.hpp"
+#include "mfattn/init.hpp"
+#include "mfattn/integrator.hpp"
+#include "mfattn/observables.hpp"
+#include "mfattn/rng.hpp"
+#include "mfattn/version.hpp"
+
+namespace mfattn {
+namespace {
+
+/// Splits "1, 2 3" into numbers; false if any item is not a finite number.
+bool parse_number_list(const std::string& text, std::vector<double>& out) {
+  std::string normalized = text;
+  std::replace(normalized.begin(), normalized.end(), ',', ' ');
+  std::istringstream in(normalized);
+  std::string item;
+  out.clear();
+  while (in >> item) {
+    std::size_t used = 0;
+    double value = 0.0;
+    try {
+      value = std::stod(item, &used);
+    } catch (...) {
+      return false;
+    }
+    if (used != item.size() || !std::isfinite(value)) return false;
+    out.push_back(value);
+  }
+  return !out.empty();
+}
+
+Matrix random_matrix(const std::string& kind, std::size_t d, std::uint64_t seed, std::uint64_t which) {
+  RandomStream stream(seed, static_cast<std::uint64_t>(StreamTag::Matrices), which);
+  Matrix a(d, d);
+  for (std::size_t r = 0; r < d; ++r)
+    for (std::size_t c = 0; c < d; ++c) a(r, c) = stream.normal();
+  if (kind == "gaussian") return a / std::sqrt(double(d));  // entries N(0, 1/d)
+  // GOE: symmetric, off-diagonal variance 1/d, diagonal variance 2/d.
+  return (a + a.transpose()) / std::sqrt(2.0 * double(d));
+}
+
+Matrix matrix_option(const std::string& option, const std::string& value, std::size_t d,
+                     std::uint64_t seed, std::uint64_t which, bool& identity) {
+  identity = value == "identity";
+  if (identity) return Matrix::Identity(d, d);
+  if (value == "gaussian" || value == "goe") return random_matrix(value, d, seed, which);
+  std::size_t rows = 0;
+  std::vector<double> numbers;
+  try {
+    numbers = read_text_rows(value, d, rows);
+  } catch (const std::exception& e) {
+    throw UsageError("--" + option + " " + value + ": " + e.what());
+  }
+  if (rows != d)
+    throw UsageError("--" + option + " " + value + ": needs d = " + std::to_string(d) +
+                     " rows of d numbers, found " + std::to_string(rows) + " rows");
+  Matrix m(d, d);
+  std::copy(numbers.begin(), numbers.end(), m.data());
+  return m;
+}
+
+std::vector<double> amplitudes_option(const RunConfig& cfg) {
+  const std::size_t n = static_cast<std::size_t>(cfg.n);
+  std::vector<double> values;
+  if (!parse_number_list(cfg.amplitudes, values)) {
+    std::size_t rows = 0;
+    try {
+      values = read_text_rows(cfg.amplitudes, 1, rows);
+    } catch (const std::exception& e) {
+      throw UsageError("--amplitudes " + cfg.amplitudes +
+                       ": neither a list of numbers nor a readable file (" + e.what() + ")");
+    }
+  }
+  if (values.size() == 1) values.assign(n, values[0]);
+  if (values.size() != n)
+    throw UsageError("--amplitudes " + cfg.amplitudes + ": needs 1 or n = " + std::to_string(n) +
+                     " numbers, found " + std::to_string(values.size()));
+  for (double a : values)
+    if (!(a >= 0.0) || !std::isfinite(a))
+      throw UsageError("--amplitudes " + cfg.amplitudes + ": amplitudes must be finite and >= 0");
+  return values;
+}
+
+}  // namespace
+
+Model build_model(const RunConfig& cfg) {
+  Model model;
+  const std::size_t active = static_cast<std::size_t>(cfg.n);
+  model.n = active + static_cast<std::size_t>(cfg.null_tokens);
+  model.d = static_cast<std::size_t>(cfg.d);
+  model.beta = cfg.beta;
+  model.normalization = cfg.kernel == "sa" ? Normalization::Sa : Normalization::Usa;
+  model.time_scale = cfg.time_scale == "rescaled" ? TimeScale::Rescaled : TimeScale::Natural;
+  const auto seed = static_cast<std::uint64_t>(cfg.seed);
+  model.q = matrix_option("q", cfg.q, model.d, seed, 0, model.q_identity);
+  model.k = matrix_option("k", cfg.k, model.d, seed, 1, model.k_identity);
+  if (cfg.v == "plus-qk" || cfg.v == "minus-qk") {
+    model.v = model.q.transpose() * model.k;
+    if (cfg.v == "minus-qk") model.v = -model.v;
+    model.v_identity = false;
+  } else {
+    model.v = matrix_option("v", cfg.v, model.d, seed, 2, model.v_identity);
+  }
+  const bool weighted = !cfg.amplitudes.empty() || cfg.null_tokens > 0;
+  model.presence.assign(model.n, 1.0);
+  if (!cfg.amplitudes.empty()) {
+    const auto amplitudes = amplitudes_option(cfg);
+    for (std::size_t i = 0; i < active; ++i)
+      model.presence[i] = presence_from_amplitude(amplitudes[i], cfg.tau);
+  }
+  for (std::size_t i = active; i < model.n; ++i) model.presence[i] = 0.0;
+  if (model.mass() <= 0.0)
+    throw UsageError("--amplitudes " + cfg.amplitudes + ": every presence is 0 (no token moves)");
+  model.eps_den = cfg.eps_den >= 0.0 ? cfg.eps_den : (weighted ? 1e-12 : 0.0);
+  model.position_dim = 1;
+  model.positions.resize(model.n);
+  RandomStream position_stream(seed, static_cast<std::uint64_t>(StreamTag::Positions));
+  for (std::size_t i = 0; i < model.n; ++i) {
+    if (cfg.positions == "uniform")
+      model.positions[i] = 2.0 * std::numbers::pi * double(i) / double(active);
+    else if (cfg.positions == "random")
+      model.positions[i] = position_stream.uniform() * double(active) * cfg.pos_scale;
+    else
+      model.positions[i] = double(i) * cfg.pos_scale;
+  }
+  model.mask = cfg.mask == "causal" ? MaskKind::Causal
+               : cfg.mask == "window" ? MaskKind::Window
+                                      : MaskKind::Full;
+  model.window = cfg.window;
+  model.noise_kappa = cfg.noise_kappa;
+  return model;
+}
+
+State build_initial_state(const RunConfig& cfg, const Model& model) {
+  State state(static_cast<std::size_t>(cfg.replicas), model.n, model.d);
+  InitSpec spec;
+  spec.seed = static_cast<std::uint64_t>(cfg.seed);
+  spec.clusters = static_cast<std::size_t>(cfg.init_clusters);
+  spec.spread = cfg.init_spread;
+  spec.rho = cfg.init_rho;
+  spec.normalize_file_rows = cfg.normalize_init;
+  if (cfg.init == "uniform") spec.kind = InitKind::Uniform;
+  if (cfg.init == "hemisphere") spec.kind = InitKind::Hemisphere;
+  if (cfg.init == "clustered") spec.kind = InitKind::Clustered;
+  if (cfg.init == "equiangular") spec.kind = InitKind::Equiangular;
+  if (cfg.init == "file") {
+    spec.kind = InitKind::File;
+    std::size_t rows = 0;
+    try {
+      if (is_mfattn_file(cfg.init_file)) {
+        const Frame frame = read_last_frame(cfg.init_file);
+        if (frame.d != model.d)
+          throw std::invalid_argument("has d = " + std::to_string(frame.d) + ", this run d = " +
+                                      std::to_string(model.d));
+        spec.file_rows = frame.x;
+        rows = frame.n;
+      } else {
+        spec.file_rows = read_text_rows(cfg.init_file, model.d, rows);
+      }
+    } catch (const std::exception& e) {
+      throw UsageError("--init-file " + cfg.init_file + ": " + e.what());
+    }
+    if (rows != model.n)
+      throw UsageError("--init-file " + cfg.init_file + ": needs " + std::to_string(model.n) +
+                       " rows (n + null tokens), found " + std::to_string(rows));
+  }
+  try {
+    initialize_state(spec, state);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--init ") + cfg.init + ": " + e.what());
+  }
+  return state;
+}
+
+std::vector<double> output_times(const RunConfig& cfg) {
+  const double horizon = cfg.horizon;
+  std::vector<double> times{0.0};
+  if (!cfg.save_times.empty()) {
+    std::vector<double> listed;
+    if (!parse_number_list(cfg.save_times, listed))
+      throw UsageError("--save-times " + cfg.save_times + ": needs a list of finite numbers");
+    for (double t : listed) {
+      if (t < 0 || t > horizon)
+        throw UsageError("--save-times " + cfg.save_times + ": times must lie in [0, horizon]");
+      times.push_back(t);
+    }
+  } else if (cfg.save_log > 0) {
+    const double first = std::min(cfg.dt, horizon);
+    const double ratio = std::log(horizon / first);
+    for (std::int64_t k = 0; k < cfg.save_log; ++k)
+      times.push_back(first * std::exp(ratio * double(k) / double(cfg.save_log - 1)));
+  } else {
+    const double every = cfg.save_every > 0 ? cfg.save_every : horizon / 100.0;
+    const auto frames = static_cast<std::int64_t>(std::floor(horizon / every * (1 + 1e-12)));
+    for (std::int64_t k = 1; k <= frames; ++k) times.push_back(std::min(horizon, double(k) * every));
+  }
+  times.push_back(horizon);
+  std::sort(times.begin(), times.end());
+  // Times closer than a relative 1e-12 are the same frame.
+  std::vector<double> unique;
+  for (double t : times)
+    if (unique.empty() || t - unique.back() > 1e-12 * std::max(1.0, horizon)) unique.push_back(t);
+    else unique.back() = t;
+  unique.front() = 0.0;
+  return unique;
+}
+
+int run_simulation(const RunConfig& cfg, std::ostream& log) {
+  // Everything that can be refused is resolved before the output file exists.
+  Model model;
+  State state;
+  std::vector<double> times;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Integrator> integrator;
+  const int threads = resolve_threads(cfg.threads);
+  try {
+    model = build_model(cfg);
+    state = build_initial_state(cfg, model);
+    times = output_times(cfg);
+    backend = make_backend(cfg.backend, model, threads);
+    IntegratorSettings settings{cfg.integrator, cfg.rtol, cfg.atol, cfg.noise_kappa,
+                                static_cast<std::uint64_t>(cfg.seed)};
+    integrator = make_integrator(settings);
+  } catch (const UsageError& e) {
+    log << "mfattn run: " << e.what() << '\n';
+    return kExitUsage;
+  } catch (const BackendUnavailable& e) {
+    log << "mfattn run: " << e.what() << '\n';
+    return kExitUsage;
+  } catch (const std::invalid_argument& e) {
+    log << "mfattn run: " << e.what() << '\n';
+    return kExitUsage;
+  }
+
+  Dynamics dynamics(model, *backend, state.replicas);
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  std::unique_ptr<H5mdWriter> writer;
+  IntegrationStats stats;
+  try {
+    WriterSetup setup;
+    setup.path = cfg.out;
+    setup.overwrite = cfg.overwrite;
+    setup.n = model.n;
+    setup.d = model.d;
+    setup.replicas = state.replicas;
+    setup.position_dim = model.position_dim;
+    setup.creator_version = kVersion;
+    if (const char* user = std::getenv("USER")) setup.author = user;
+    setup.observables = observable_layout(model);
+    writer = H5mdWriter::create(setup);
+    std::vector<Parameter> parameters = cfg.parameters;
+    parameters.push_back({"command_line", cfg.command_line});
+    parameters.push_back({"version", std::string(kVersion)});
+    parameters.push_back({"source_revision", std::string(kSourceRevision)});
+    parameters.push_back({"backend_used", backend->name()});
+    parameters.push_back({"threads_used", static_cast<std::int64_t>(threads)});
+    parameters.push_back({"eps_den_used", model.eps_den});
+    parameters.push_back({"gradient_flow", model.is_gradient_flow()});
+    parameters.push_back({"active_tokens", cfg.n});
+    writer->write_parameters(parameters);
+    TokenLabels labels;
+    labels.aux_position = model.positions;
+    labels.prompt_id.assign(model.n, 0);
+    labels.presence = model.presence;
+    for (std::size_t i = 0; i < model.n; ++i) labels.id.push_back(static_cast<std::int64_t>(i));
+    writer->write_labels(labels);
+  } catch (const IoError& e) {
+    log << "mfattn run: " << e.what() << '\n';
+    return cfg.overwrite || !std::filesystem::exists(cfg.out) ? kExitIo : kExitUsage;
+  }
+
+  const bool progress = !cfg.quiet;
+  double next_report = 0.0;
+  auto observer = [&](const State& s) {
+    writer->append_frame(s.step, s.time, s.x.data(), compute_observables(dynamics, s));
+    writer->flush();
+    if (progress && (s.time >= next_report || s.time == cfg.horizon)) {
+      log << "mfattn run: t = " << s.time << " / " << cfg.horizon << ", step " << s.step
+          << ", " << elapsed() << " s\n";
+      next_report = s.time + cfg.horizon / 10.0;
+    }
+  };
+  try {
+    double h = cfg.dt;
+    stats = integrate(*integrator, dynamics, state, h, cfg.dt, times, observer);
+    writer->write_run_info("complete", elapsed(), stats.steps, stats.rejected);
+    writer->flush();
+  } catch (const NumericalError& e) {
+    log << "mfattn run: numerical failure: " << e.what() << '\n';
+    try {
+      writer->write_run_info(std::string("failed: ") + e.what(), elapsed(), state.step, 0);
+      writer->flush();
+    } catch (const IoError&) {
+    }
+    return kExitNumerical;
+  } catch (const IoError& e) {
+    log << "mfattn run: " << e.what() << '\n';
+    return kExitIo;
+  }
+  return kExitOk;
+}
+
+}  // namespace mfattn

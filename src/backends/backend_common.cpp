@@ -1,0 +1,82 @@
+#include "backends/backend_common.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+namespace mfattn {
+
+double energy_from_weight_sums(const Model& model, const double* weight_sums) {
+  if (model.beta <= 0.0) return std::numeric_limits<double>::quiet_NaN();
+  const double mass = model.mass();
+  double total = 0.0;
+  for (std::size_t i = 0; i < model.n; ++i) total += model.presence[i] * weight_sums[i];
+  return total / (2.0 * model.beta * mass * mass);
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model, int threads) {
+  if (name == "cpu") return make_cpu_backend(model, threads);
+  if (name == "reference") return make_reference_backend(model);
+  if (name == "cuda") return make_cuda_backend(model);
+  throw BackendUnavailable("--backend " + name + ": unknown backend (accepted: cpu, reference, cuda)");
+}
+
+namespace detail {
+
+double finish_receiver(const Model& model, double mass, std::size_t token, const double* x_i,
+                       double log_max,
+                       double weight_sum_shifted, const double* acc, double* velocity,
+                       double* scratch) {
+  const std::size_t d = model.d;
+  const double p_i = model.presence[token];
+  if (p_i == 0.0 || log_max == -std::numeric_limits<double>::infinity()) {
+    // A null receiver, or one that sees no source with weight: it does not move.
+    std::fill(velocity, velocity + d, 0.0);
+    return 0.0;
+  }
+  const double shift = model.exponent_shift();
+  const double scale = std::exp(log_max - shift);  // true weight = scale * shifted weight
+  double* u_pre = scratch;
+  double* u = scratch + d;
+  if (model.normalization == Normalization::Usa) {
+    const double factor = scale / mass;
+    bool finite = std::isfinite(factor);
+    for (std::size_t c = 0; c < d; ++c) {
+      u_pre[c] = factor * acc[c];
+      finite = finite && std::isfinite(u_pre[c]);
+    }
+    if (!finite) {
+      std::ostringstream message;
+      message << "USA weights overflow double (largest exponent " << (log_max - shift)
+              << " > 709.78)";
+      if (model.time_scale == TimeScale::Natural)
+        message << "; use --time-scale rescaled, which divides every weight by exp(beta)";
+      throw NumericalError(message.str());
+    }
+  } else {
+    // eps_den is compared with the true weight sum: eps + scale * S = scale * (eps/scale + S).
+    const double denominator =
+        weight_sum_shifted + (model.eps_den > 0.0 ? model.eps_den / scale : 0.0);
+    for (std::size_t c = 0; c < d; ++c) u_pre[c] = acc[c] / denominator;
+  }
+  // u = V G_i^T u_pre (transported values) or V u_pre (plain values).
+  const double* rotated = u_pre;
+  if (model.gauge && model.values == ValueTransport::Transported) {
+    model.gauge->apply_transpose(token, u_pre, u);
+    std::copy(u, u + d, u_pre);
+  }
+  if (!model.v_identity) {
+    for (std::size_t r = 0; r < d; ++r) {
+      double sum = 0.0;
+      for (std::size_t c = 0; c < d; ++c) sum += model.v(r, c) * rotated[c];
+      u[r] = sum;
+    }
+    rotated = u;
+  }
+  double radial = 0.0;
+  for (std::size_t c = 0; c < d; ++c) radial += x_i[c] * rotated[c];
+  for (std::size_t c = 0; c < d; ++c) velocity[c] = p_i * (rotated[c] - radial * x_i[c]);
+  return scale * weight_sum_shifted;
+}
+
+}  // namespace detail
+}  // namespace mfattn

@@ -1,0 +1,41 @@
+#pragma once
+// Pieces every backend shares: the receiver-side finish of model.md section 2 and the mask.
+#include "mfattn/backend.hpp"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace mfattn::detail {
+
+/// Visibility m_ij for 1-D positions (k = 1); k > 1 compares the first coordinate for
+/// causal masks and the Euclidean distance for windows.
+inline bool visible(const Model& model, const double* xi_receiver, const double* xi_source) {
+  switch (model.mask) {
+    case MaskKind::Full:
+      return true;
+    case MaskKind::Causal:
+      return xi_source[0] <= xi_receiver[0];
+    case MaskKind::Window: {
+      double dist2 = 0.0;
+      for (std::size_t a = 0; a < model.position_dim; ++a) {
+        const double diff = xi_source[a] - xi_receiver[a];
+        dist2 += diff * diff;
+      }
+      return dist2 <= model.window * model.window;
+    }
+  }
+  return true;
+}
+
+/// Turns the shifted sums of one receiver into its velocity.
+///   log_max: running maximum m of the log-weights (-inf: no visible source)
+///   weight_sum_shifted = sum_j exp(l_ij - m),  acc = sum_j exp(l_ij - m) z_j  (z-space)
+/// Writes v_i = p_i P_{x_i}(u_i) and returns D_i = exp(m - shift) * weight_sum_shifted.
+/// mass: model.mass(), computed once per evaluation by the caller. scratch: 2 * d doubles.
+double finish_receiver(const Model& model, double mass, std::size_t token, const double* x_i,
+                       double log_max,
+                       double weight_sum_shifted, const double* acc, double* velocity,
+                       double* scratch);
+
+}  // namespace mfattn::detail

@@ -1,0 +1,71 @@
+// mfattn: the thin command-line entry point. Each subcommand lives in src/app/.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "mfattn/bench.hpp"
+#include "mfattn/config.hpp"
+#include "mfattn/run.hpp"
+#include "mfattn/version.hpp"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: mfattn <command> [options]\n"
+    "  run    simulate attention dynamics and write an H5MD file (mfattn run --help)\n"
+    "  bench  interaction throughput in pairs per second (mfattn bench --help)\n"
+    "  mfattn --help | --version\n";
+
+bool wants_help(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::cerr << kUsage;
+    return mfattn::kExitUsage;
+  }
+  const std::string command = args.front();
+  args.erase(args.begin());
+  if (command == "--help" || command == "-h") {
+    std::cout << kUsage;
+    return mfattn::kExitOk;
+  }
+  if (command == "--version") {
+    std::cout << "mfattn " << mfattn::kVersion << " (" << mfattn::kSourceRevision << ")\n";
+    return mfattn::kExitOk;
+  }
+  if (command == "run") {
+    if (wants_help(args)) {
+      mfattn::RunConfig defaults;
+      std::cout << "usage: mfattn run [--config FILE] [options] --out FILE.h5\n"
+                << mfattn::run_options(defaults);
+      return mfattn::kExitOk;
+    }
+    try {
+      const mfattn::RunConfig cfg = mfattn::parse_run_arguments(args);
+      return mfattn::run_simulation(cfg, std::cerr);
+    } catch (const mfattn::UsageError& e) {
+      std::cerr << "mfattn run: " << e.what() << '\n';
+      return mfattn::kExitUsage;
+    }
+  }
+  if (command == "bench") {
+    if (wants_help(args)) {
+      mfattn::RunConfig defaults;
+      std::cout << "usage: mfattn bench [run options] [--min-time S] [--roofline]\n"
+                << "  --min-time S   measure for at least S seconds (1)\n"
+                << "  --roofline     also print the vectorised exp rate\n"
+                << mfattn::run_options(defaults);
+      return mfattn::kExitOk;
+    }
+    return mfattn::bench_command(args, std::cout, std::cerr);
+  }
+  std::cerr << "mfattn: unknown command '" << command << "' (accepted: run, bench)\n" << kUsage;
+  return mfattn::kExitUsage;
+}

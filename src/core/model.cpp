@@ -1,0 +1,23 @@
+#include "mfattn/model.hpp"
+
+namespace mfattn {
+
+double Model::mass() const {
+  double total = 0.0;
+  for (double p : presence) total += p;
+  return total;
+}
+
+bool Model::is_gradient_flow() const {
+  // Section 4: Q = K = V = I, transported values, a symmetric mask and a symmetric factor.
+  // Causal masks are not symmetric; noise makes the dynamics stochastic.
+  return q_identity && k_identity && v_identity && values == ValueTransport::Transported &&
+         mask != MaskKind::Causal && noise_kappa == 0.0 && beta > 0.0;
+}
+
+double presence_from_amplitude(double amplitude, double tau) {
+  const double a2 = amplitude * amplitude;
+  return a2 / (tau + a2);
+}
+
+}  // namespace mfattn

@@ -1,0 +1,397 @@
+// Integrators of integrator.hpp. A Runge-Kutta method is its tableau; one generic stepper
+// runs every explicit tableau (euler, heun, rk4, dopri5); Lie-group methods act by
+// rotations, and the noisy variant adds projected Gaussian increments.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+#include <unsupported/Eigen/MatrixFunctions>
+
+#include "mfattn/integrator.hpp"
+#include "mfattn/rng.hpp"
+
+namespace mfattn {
+
+Dynamics::Dynamics(const Model& model, Backend& backend, std::size_t replicas)
+    : model_(model), backend_(backend), replicas_(replicas) {}
+
+void Dynamics::velocity(const double* x, double* v, double* weight_sums) {
+  ++evaluations_;
+  backend_.velocity(replicas_, x, v, weight_sums);
+}
+
+namespace {
+
+double dot(const double* a, const double* b, std::size_t d) {
+  double sum = 0.0;
+  for (std::size_t c = 0; c < d; ++c) sum += a[c] * b[c];
+  return sum;
+}
+
+/// Applies fn(replica, token, offset) to every moving token.
+template <class Fn>
+void for_each_moving_token(const Dynamics& dynamics, Fn&& fn) {
+  const std::size_t n = dynamics.model().n, d = dynamics.model().d;
+  for (std::size_t r = 0; r < dynamics.replicas(); ++r)
+    for (std::size_t i = 0; i < n; ++i)
+      if (dynamics.moves(i)) fn(r, i, (r * n + i) * d);
+}
+
+struct Tableau {
+  std::string name;
+  int order;
+  std::vector<std::vector<double>> a;  // strictly lower triangular rows
+  std::vector<double> b;
+  std::vector<double> error;           // b - b_hat (empty: no error estimate)
+};
+
+Tableau euler_tableau() { return {"euler", 1, {{}}, {1.0}, {}}; }
+Tableau heun_tableau() { return {"heun", 2, {{}, {1.0}}, {0.5, 0.5}, {}}; }
+Tableau rk4_tableau() {
+  return {"rk4", 4, {{}, {0.5}, {0.0, 0.5}, {0.0, 0.0, 1.0}}, {1.0 / 6, 1.0 / 3, 1.0 / 3, 1.0 / 6}, {}};
+}
+Tableau dopri5_tableau() {
+  Tableau t;
+  t.name = "dopri5";
+  t.order = 5;
+  t.a = {{},
+         {1.0 / 5},
+         {3.0 / 40, 9.0 / 40},
+         {44.0 / 45, -56.0 / 15, 32.0 / 9},
+         {19372.0 / 6561, -25360.0 / 2187, 64448.0 / 6561, -212.0 / 729},
+         {9017.0 / 3168, -355.0 / 33, 46732.0 / 5247, 49.0 / 176, -5103.0 / 18656}};
+  t.b = {35.0 / 384, 0.0, 500.0 / 1113, 125.0 / 192, -2187.0 / 6784, 11.0 / 84};
+  // b - b_hat for the six stages; the seventh (FSAL) stage enters with -1/40.
+  t.error = {71.0 / 57600, 0.0, -71.0 / 16695, 71.0 / 1920, -17253.0 / 339200, 22.0 / 525};
+  return t;
+}
+
+/// Explicit Runge-Kutta on the embedded field, then projection to the sphere.
+class RungeKutta final : public Integrator {
+ public:
+  RungeKutta(Tableau tableau, double rtol, double atol)
+      : tableau_(std::move(tableau)), rtol_(rtol), atol_(atol) {}
+  std::string name() const override { return tableau_.name; }
+  int order() const override { return tableau_.order; }
+  bool adaptive() const override { return !tableau_.error.empty(); }
+
+  StepOutcome step(Dynamics& dynamics, State& state, double h) override {
+    const std::size_t size = state.size(), stages = tableau_.b.size();
+    stage_k_.resize(stages + 1);
+    for (auto& k : stage_k_) k.resize(size);
+    stage_x_.resize(size);
+    // FSAL: dopri5 reuses f at the accepted point; valid while the state is the one it saw.
+    if (!(adaptive() && fsal_valid_ && fsal_x_ == state.x)) dynamics.velocity(state.x.data(), stage_k_[0].data());
+    else stage_k_[0] = fsal_k_;
+    for (std::size_t s = 1; s < stages; ++s) {
+      const auto& row = tableau_.a[s];
+      for (std::size_t e = 0; e < size; ++e) {
+        double incr = 0.0;
+        for (std::size_t m = 0; m < row.size(); ++m) incr += row[m] * stage_k_[m][e];
+        stage_x_[e] = state.x[e] + h * incr;
+      }
+      dynamics.velocity(stage_x_.data(), stage_k_[s].data());
+    }
+    new_x_.resize(size);
+    for (std::size_t e = 0; e < size; ++e) {
+      double incr = 0.0;
+      for (std::size_t m = 0; m < stages; ++m) incr += tableau_.b[m] * stage_k_[m][e];
+      new_x_[e] = state.x[e] + h * incr;
+    }
+    normalize_tokens(dynamics, new_x_.data());
+    StepOutcome outcome;
+    outcome.h_next = h;
+    if (adaptive()) {
+      auto& k_last = stage_k_[stages];
+      dynamics.velocity(new_x_.data(), k_last.data());
+      // Max norm: tokens that do not move contribute exact zeros and never change the step.
+      double error = 0.0;
+      for (std::size_t e = 0; e < size; ++e) {
+        double diff = -k_last[e] / 40.0;
+        for (std::size_t m = 0; m < stages; ++m) diff += tableau_.error[m] * stage_k_[m][e];
+        const double scale = atol_ + rtol_ * std::max(std::fabs(state.x[e]), std::fabs(new_x_[e]));
+        error = std::max(error, std::fabs(h * diff) / scale);
+      }
+      if (!std::isfinite(error)) error = 1e10;
+      const double factor = error == 0.0 ? 5.0 : std::clamp(0.9 * std::pow(error, -0.2), 0.2, 5.0);
+      outcome.h_next = h * factor;
+      if (error > 1.0) {
+        outcome.accepted = false;
+        outcome.h_next = h * std::min(factor, 0.9);
+        return outcome;
+      }
+      fsal_k_ = k_last;
+      fsal_x_ = new_x_;
+      fsal_valid_ = true;
+    }
+    state.x.swap(new_x_);
+    state.time += h;
+    ++state.step;
+    return outcome;
+  }
+
+ private:
+  Tableau tableau_;
+  double rtol_, atol_;
+  std::vector<std::vector<double>> stage_k_;
+  std::vector<double> stage_x_, new_x_, fsal_k_, fsal_x_;
+  bool fsal_valid_ = false;
+};
+
+/// y <- exp(sum_k c_k (w_k y_k^T - y_k w_k^T)) y for up to four (y_k, w_k) pairs with w_k
+/// tangent at y_k. The generator vanishes outside span{y_k, w_k}, so the exponential is
+/// taken in an orthonormal basis of that span (at most 8 x 8) and the rest of y is kept.
+struct LieTerm {
+  double coefficient;
+  const double* base;
+  const double* tangent;
+};
+
+void apply_exponential(const std::vector<LieTerm>& terms, const double* y, double* out,
+                       std::size_t d) {
+  constexpr int kMax = 8;
+  std::array<std::vector<double>, kMax> basis;
+  int rank = 0;
+  auto add_to_basis = [&](const double* v) {
+    if (rank == kMax) return;
+    std::vector<double> u(v, v + d);
+    const double original = std::sqrt(dot(u.data(), u.data(), d));
+    if (original == 0.0) return;
+    for (int pass = 0; pass < 2; ++pass)
+      for (int b = 0; b < rank; ++b) {
+        const double proj = dot(basis[b].data(), u.data(), d);
+        for (std::size_t c = 0; c < d; ++c) u[c] -= proj * basis[b][c];
+      }
+    const double norm = std::sqrt(dot(u.data(), u.data(), d));
+    if (norm <= 1e-13 * original) return;
+    for (double& value : u) value /= norm;
+    basis[rank++] = std::move(u);
+  };
+  bool any = false;
+  for (const auto& term : terms)
+    if (term.coefficient != 0.0 && dot(term.tangent, term.tangent, d) > 0.0) {
+      add_to_basis(term.base);
+      add_to_basis(term.tangent);
+      any = true;
+    }
+  if (!any) {
+    std::copy(y, y + d, out);
+    return;
+  }
+  using Small = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, 0, kMax, kMax>;
+  Small generator = Small::Zero(rank, rank);
+  for (const auto& term : terms) {
+    if (term.coefficient == 0.0) continue;
+    Eigen::Matrix<double, Eigen::Dynamic, 1, 0, kMax, 1> py(rank), pw(rank);
+    for (int a = 0; a < rank; ++a) {
+      py[a] = dot(basis[a].data(), term.base, d);
+      pw[a] = dot(basis[a].data(), term.tangent, d);
+    }
+    generator += term.coefficient * (pw * py.transpose() - py * pw.transpose());
+  }
+  const Small rotation = generator.exp();
+  Eigen::Matrix<double, Eigen::Dynamic, 1, 0, kMax, 1> coords(rank);
+  for (int a = 0; a < rank; ++a) coords[a] = dot(basis[a].data(), y, d);
+  const auto rotated = (rotation * coords).eval();
+  std::copy(y, y + d, out);
+  for (int a = 0; a < rank; ++a)
+    for (std::size_t c = 0; c < d; ++c) out[c] += (rotated[a] - coords[a]) * basis[a][c];
+}
+
+/// x <- cos(h|w|) x + sin(h|w|) w/|w|, then renormalised against rounding drift.
+void geodesic_step(double* x, const double* w, double h, std::size_t d) {
+  const double speed = std::sqrt(dot(w, w, d));
+  if (speed == 0.0) return;
+  const double angle = h * speed, cos_a = std::cos(angle), sin_a = std::sin(angle) / speed;
+  for (std::size_t c = 0; c < d; ++c) x[c] = cos_a * x[c] + sin_a * w[c];
+  const double norm = std::sqrt(dot(x, x, d));
+  for (std::size_t c = 0; c < d; ++c) x[c] /= norm;
+}
+
+class LieEuler final : public Integrator {
+ public:
+  std::string name() const override { return "lie-euler"; }
+  int order() const override { return 1; }
+  StepOutcome step(Dynamics& dynamics, State& state, double h) override {
+    velocity_.resize(state.size());
+    dynamics.velocity(state.x.data(), velocity_.data());
+    const std::size_t d = state.d;
+    for_each_moving_token(dynamics, [&](std::size_t, std::size_t, std::size_t offset) {
+      geodesic_step(state.x.data() + offset, velocity_.data() + offset, h, d);
+    });
+    state.time += h;
+    ++state.step;
+    return {true, h};
+  }
+
+ private:
+  std::vector<double> velocity_;
+};
+
+/// CF4: Y2 = exp(F1/2) y, Y3 = exp(F2/2) y, Y4 = exp(F3 - F1/2) Y2,
+///      y+ = exp(F1/4 + F2/6 + F3/6 - F4/12) exp(-F1/12 + F2/6 + F3/6 + F4/4) y,
+/// with F_k = h (w_k Y_k^T - Y_k w_k^T), w_k = f(Y_k).
+class LieRk4 final : public Integrator {
+ public:
+  std::string name() const override { return "lie-rk4"; }
+  int order() const override { return 4; }
+  StepOutcome step(Dynamics& dynamics, State& state, double h) override {
+    const std::size_t size = state.size(), d = state.d;
+    for (auto* v : {&y2_, &y3_, &y4_, &w1_, &w2_, &w3_, &w4_, &half_}) v->assign(size, 0.0);
+    y2_ = y3_ = y4_ = state.x;
+    const double* x = state.x.data();
+    dynamics.velocity(x, w1_.data());
+    for_each_moving_token(dynamics, [&](std::size_t, std::size_t, std::size_t o) {
+      apply_exponential({{h / 2, x + o, w1_.data() + o}}, x + o, y2_.data() + o, d);
+    });
+    dynamics.velocity(y2_.data(), w2_.data());
+    for_each_moving_token(dynamics, [&](std::size_t, std::size_t, std::size_t o) {
+      apply_exponential({{h / 2, y2_.data() + o, w2_.data() + o}}, x + o, y3_.data() + o, d);
+    });
+    dynamics.velocity(y3_.data(), w3_.data());
+    for_each_moving_token(dynamics, [&](std::size_t, std::size_t, std::size_t o) {
+      apply_exponential({{h, y3_.data() + o, w3_.data() + o}, {-h / 2, x + o, w1_.data() + o}},
+                        y2_.data() + o, y4_.data() + o, d);
+    });
+    dynamics.velocity(y4_.data(), w4_.data());
+    for_each_moving_token(dynamics, [&](std::size_t, std::size_t, std::size_t o) {
+      const double* b1 = x + o;
+      const double* b2 = y2_.data() + o;
+      const double* b3 = y3_.data() + o;
+      const double* b4 = y4_.data() + o;
+      apply_exponential({{-h / 12, b1, w1_.data() + o}, {h / 6, b2, w2_.data() + o},
+                         {h / 6, b3, w3_.data() + o}, {h / 4, b4, w4_.data() + o}},
+                        x + o, half_.data() + o, d);
+      double* target = state.x.data() + o;
+      std::vector<double> result(d);
+      apply_exponential({{h / 4, b1, w1_.data() + o}, {h / 6, b2, w2_.data() + o},
+                         {h / 6, b3, w3_.data() + o}, {-h / 12, b4, w4_.data() + o}},
+                        half_.data() + o, result.data(), d);
+      const double norm = std::sqrt(dot(result.data(), result.data(), d));
+      for (std::size_t c = 0; c < d; ++c) target[c] = result[c] / norm;
+    });
+    state.time += h;
+    ++state.step;
+    return {true, h};
+  }
+
+ private:
+  std::vector<double> y2_, y3_, y4_, w1_, w2_, w3_, w4_, half_;
+};
+
+/// Projected Euler-Maruyama: x <- normalize(x + h f(x) + sqrt(2h/kappa) P_x xi). The
+/// increment of token i of replica r at step s comes from its own counter-based stream
+/// (seed, replica, token, step): independent of thread count and of other tokens.
+class EulerMaruyama final : public Integrator {
+ public:
+  EulerMaruyama(double kappa, std::uint64_t seed) : kappa_(kappa), seed_(seed) {}
+  std::string name() const override { return "euler-maruyama"; }
+  int order() const override { return 1; }
+  StepOutcome step(Dynamics& dynamics, State& state, double h) override {
+    const std::size_t d = state.d;
+    velocity_.resize(state.size());
+    dynamics.velocity(state.x.data(), velocity_.data());
+    const double amplitude = kappa_ > 0.0 ? std::sqrt(2.0 * h / kappa_) : 0.0;
+    std::vector<double> noise(d);
+    for_each_moving_token(dynamics, [&](std::size_t r, std::size_t i, std::size_t o) {
+      double* x = state.x.data() + o;
+      if (amplitude > 0.0) {
+        RandomStream stream(seed_, static_cast<std::uint64_t>(StreamTag::Noise),
+                            (static_cast<std::uint64_t>(r) << 32) | i,
+                            static_cast<std::uint64_t>(state.step));
+        for (auto& value : noise) value = stream.normal();
+        const double radial = dot(noise.data(), x, d);
+        for (std::size_t c = 0; c < d; ++c) noise[c] = amplitude * (noise[c] - radial * x[c]);
+      }
+      double norm2 = 0.0;
+      for (std::size_t c = 0; c < d; ++c) {
+        x[c] += h * velocity_[o + c] + noise[c];
+        norm2 += x[c] * x[c];
+      }
+      const double norm = std::sqrt(norm2);
+      for (std::size_t c = 0; c < d; ++c) x[c] /= norm;
+    });
+    state.time += h;
+    ++state.step;
+    return {true, h};
+  }
+
+ private:
+  double kappa_;
+  std::uint64_t seed_;
+  std::vector<double> velocity_;
+};
+
+}  // namespace
+
+void normalize_tokens(const Dynamics& dynamics, double* x) {
+  const std::size_t d = dynamics.model().d;
+  for_each_moving_token(dynamics, [&](std::size_t, std::size_t, std::size_t o) {
+    const double norm = std::sqrt(dot(x + o, x + o, d));
+    for (std::size_t c = 0; c < d; ++c) x[o + c] /= norm;
+  });
+}
+
+const std::vector<std::string>& integrator_names() {
+  static const std::vector<std::string> names = {"euler",   "heun",   "rk4",           "lie-euler",
+                                                 "lie-rk4", "dopri5", "euler-maruyama"};
+  return names;
+}
+
+std::unique_ptr<Integrator> make_integrator(const IntegratorSettings& s) {
+  if (s.name == "euler") return std::make_unique<RungeKutta>(euler_tableau(), s.rtol, s.atol);
+  if (s.name == "heun") return std::make_unique<RungeKutta>(heun_tableau(), s.rtol, s.atol);
+  if (s.name == "rk4") return std::make_unique<RungeKutta>(rk4_tableau(), s.rtol, s.atol);
+  if (s.name == "dopri5") return std::make_unique<RungeKutta>(dopri5_tableau(), s.rtol, s.atol);
+  if (s.name == "lie-euler") return std::make_unique<LieEuler>();
+  if (s.name == "lie-rk4") return std::make_unique<LieRk4>();
+  if (s.name == "euler-maruyama") return std::make_unique<EulerMaruyama>(s.noise_kappa, s.seed);
+  throw std::invalid_argument("--integrator " + s.name +
+                              ": unknown (accepted: euler, heun, rk4, lie-euler, lie-rk4, dopri5, "
+                              "euler-maruyama)");
+}
+
+namespace {
+void check_finite(const State& state) {
+  for (double value : state.x)
+    if (!std::isfinite(value)) {
+      std::ostringstream message;
+      message << "non-finite state at step " << state.step << ", t = " << state.time;
+      throw NumericalError(message.str());
+    }
+}
+}  // namespace
+
+IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& state, double& h,
+                           double fixed_dt, const std::vector<double>& output_times,
+                           const std::function<void(const State&)>& observer) {
+  IntegrationStats stats;
+  for (double target : output_times) {
+    // Land on each output time exactly: the last step of an interval is clipped, and a
+    // remainder within rounding of one step is taken as that step.
+    while (state.time < target) {
+      const double remaining = target - state.time;
+      const double proposal = integrator.adaptive() ? h : fixed_dt;
+      const bool lands = remaining <= proposal * (1.0 + 1e-9);
+      const double step = lands ? remaining : proposal;
+      const StepOutcome outcome = integrator.step(dynamics, state, step);
+      if (!outcome.accepted) {
+        ++stats.rejected;
+        h = outcome.h_next;
+        if (h < 1e-14 * std::max(1.0, std::fabs(state.time)))
+          throw NumericalError("dopri5 step size underflow at t = " + std::to_string(state.time));
+        continue;
+      }
+      ++stats.steps;
+      // A clipped landing step says little about the step the method wants: keep h then.
+      if (integrator.adaptive() && !lands) h = outcome.h_next;
+      if (lands) state.time = target;
+      check_finite(state);
+    }
+    observer(state);
+  }
+  return stats;
+}
+
+}  // namespace mfattn

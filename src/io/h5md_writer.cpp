@@ -1,0 +1,558 @@
+/// \file h5md_writer.cpp
+/// H5MD 1.1 output through the HDF5 C API (layout: ../shared/spec/output.md, README "Output").
+///
+/// Choices made here:
+/// - All growing elements are sampled together, so /particles/tokens/position/{step,time} are
+///   the only step and time datasets; every other replica group and every observable holds hard
+///   links to them (H5MD 1.1 allows this), and one append extends each of them once.
+/// - The file uses HDF5's default (oldest compatible) format and no SWMR: after flush() a
+///   writer killed with SIGKILL leaves a file that plain h5py opens.
+/// - HDF5's automatic error printing is switched off for the duration of every call into this
+///   file, and each failed HDF5 call becomes an IoError naming the file and the operation.
+#include "mfattn/h5md.hpp"
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string_view>
+#include <utility>
+
+namespace mfattn {
+namespace {
+
+/// Owns one HDF5 identifier and releases it with the matching H5*close function.
+class Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Handle() = default;
+  Handle(hid_t id, Closer close) noexcept : id_(id), close_(close) {}
+  Handle(Handle&& other) noexcept
+      : id_(std::exchange(other.id_, H5I_INVALID_HID)), close_(other.close_) {}
+  Handle& operator=(Handle&& other) noexcept {
+    if (this != &other) {
+      reset();
+      id_ = std::exchange(other.id_, H5I_INVALID_HID);
+      close_ = other.close_;
+    }
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() { reset(); }
+  hid_t get() const noexcept { return id_; }
+  void reset() noexcept {
+    if (id_ >= 0 && close_ != nullptr) close_(id_);  // a failed close has nobody to tell
+    id_ = H5I_INVALID_HID;
+  }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  Closer close_ = nullptr;
+};
+
+/// Silences HDF5's automatic error printing for one scope. The error stack is per thread in
+/// the thread-safe Debian build, so the previous handler is restored rather than left off.
+class QuietHdf5Errors {
+ public:
+  QuietHdf5Errors() {
+    H5Eget_auto2(H5E_DEFAULT, &handler_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~QuietHdf5Errors() { H5Eset_auto2(H5E_DEFAULT, handler_, data_); }
+  QuietHdf5Errors(const QuietHdf5Errors&) = delete;
+  QuietHdf5Errors& operator=(const QuietHdf5Errors&) = delete;
+
+ private:
+  H5E_auto2_t handler_ = nullptr;
+  void* data_ = nullptr;
+};
+
+/// The most specific message on HDF5's error stack (e.g. the errno text of a failed open).
+std::string innermost_hdf5_error() {
+  std::string message;
+  auto keep_first = [](unsigned, const H5E_error2_t* error, void* out) -> herr_t {
+    auto& text = *static_cast<std::string*>(out);
+    if (text.empty() && error->desc != nullptr) text = error->desc;
+    return 0;
+  };
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, keep_first, &message);
+  return message;
+}
+
+/// Turns failed HDF5 calls into IoError "<path>: <operation> <object> failed (<reason>)".
+class Checker {
+ public:
+  explicit Checker(std::string path) : path_(std::move(path)) {}
+  [[noreturn]] void fail(std::string_view operation, std::string_view object = {}) const {
+    std::string message = path_ + ": " + std::string(operation);
+    if (!object.empty()) message += " " + std::string(object);
+    message += " failed";
+    if (const std::string reason = innermost_hdf5_error(); !reason.empty()) {
+      message += " (" + reason + ")";
+    }
+    throw IoError(message);
+  }
+  void operator()(herr_t result, std::string_view operation, std::string_view object = {}) const {
+    if (result < 0) fail(operation, object);
+  }
+  Handle own(hid_t id, Handle::Closer close, std::string_view operation,
+             std::string_view object = {}) const {
+    if (id < 0) fail(operation, object);
+    return Handle(id, close);
+  }
+
+ private:
+  std::string path_;
+};
+
+Handle utf8_string_type(const Checker& check) {
+  Handle type = check.own(H5Tcopy(H5T_C_S1), H5Tclose, "copying the string type");
+  check(H5Tset_size(type.get(), H5T_VARIABLE), "making strings variable-length");
+  check(H5Tset_cset(type.get(), H5T_CSET_UTF8), "making strings UTF-8");
+  return type;
+}
+
+/// A simple dataspace; no dimensions means a scalar. Empty max_dims means fixed size.
+Handle dataspace(const Checker& check, const std::vector<hsize_t>& dims,
+                 const std::vector<hsize_t>& max_dims = {}) {
+  if (dims.empty()) return check.own(H5Screate(H5S_SCALAR), H5Sclose, "creating a scalar space");
+  return check.own(H5Screate_simple(static_cast<int>(dims.size()), dims.data(),
+                                    max_dims.empty() ? nullptr : max_dims.data()),
+                   H5Sclose, "creating a dataspace");
+}
+
+/// Elements in a dataspace of extents `dims` (1 for a scalar).
+hsize_t element_count(const std::vector<hsize_t>& dims) {
+  hsize_t count = 1;
+  for (hsize_t extent : dims) count *= extent;
+  return count;
+}
+
+Handle create_group(const Checker& check, hid_t parent, const std::string& name) {
+  return check.own(H5Gcreate2(parent, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                   H5Gclose, "creating group", name);
+}
+
+/// Writes attribute `name`, replacing any earlier one (whose type or shape may differ).
+void write_attribute(const Checker& check, hid_t object, const std::string& name, hid_t file_type,
+                     hid_t memory_type, const std::vector<hsize_t>& dims, const void* data) {
+  const htri_t exists = H5Aexists(object, name.c_str());
+  check(exists, "looking up attribute", name);
+  if (exists > 0) check(H5Adelete(object, name.c_str()), "deleting attribute", name);
+  Handle space = dataspace(check, dims);
+  Handle attribute =
+      check.own(H5Acreate2(object, name.c_str(), file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                H5Aclose, "creating attribute", name);
+  // HDF5 rejects a null buffer even for zero elements, and an empty vector's data() is null.
+  if (element_count(dims) == 0) return;
+  check(H5Awrite(attribute.get(), memory_type, data), "writing attribute", name);
+}
+
+void write_string_attribute(const Checker& check, hid_t object, const std::string& name,
+                            const std::string& value) {
+  Handle type = utf8_string_type(check);
+  const char* text = value.c_str();
+  write_attribute(check, object, name, type.get(), type.get(), {}, &text);
+}
+
+void write_strings_attribute(const Checker& check, hid_t object, const std::string& name,
+                             const std::vector<std::string>& values) {
+  Handle type = utf8_string_type(check);
+  std::vector<const char*> texts;
+  for (const auto& value : values) texts.push_back(value.c_str());
+  write_attribute(check, object, name, type.get(), type.get(), {texts.size()}, texts.data());
+}
+
+void write_int32_array_attribute(const Checker& check, hid_t object, const std::string& name,
+                                 const std::vector<std::int32_t>& values) {
+  write_attribute(check, object, name, H5T_STD_I32LE, H5T_NATIVE_INT32, {values.size()},
+                  values.data());
+}
+
+/// Rows of `row_bytes` per chunk so that a chunk holds about `target_bytes` (at least one row).
+hsize_t rows_per_chunk(std::size_t row_bytes, std::size_t target_bytes) {
+  return std::max<hsize_t>(1, target_bytes / std::max<std::size_t>(1, row_bytes));
+}
+
+struct Filters {
+  bool deflate = false;
+  bool fletcher32 = false;
+};
+
+/// A dataset [0, row_shape...] that grows along its first axis, chunked by whole rows.
+Handle create_growing_dataset(const Checker& check, hid_t parent, const std::string& name,
+                              hid_t file_type, const std::vector<hsize_t>& row_shape,
+                              std::size_t target_chunk_bytes, Filters filters) {
+  std::size_t row_bytes = H5Tget_size(file_type);
+  for (hsize_t extent : row_shape) row_bytes *= extent;
+  std::vector<hsize_t> dims{0}, max_dims{H5S_UNLIMITED};
+  std::vector<hsize_t> chunk{rows_per_chunk(row_bytes, target_chunk_bytes)};
+  for (hsize_t extent : row_shape) {
+    dims.push_back(extent);
+    max_dims.push_back(extent);
+    chunk.push_back(extent);
+  }
+  Handle space = dataspace(check, dims, max_dims);
+  Handle properties = check.own(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "creating properties");
+  check(H5Pset_chunk(properties.get(), static_cast<int>(chunk.size()), chunk.data()),
+        "setting chunks of", name);
+  if (filters.deflate) {
+    check(H5Pset_shuffle(properties.get()), "setting shuffle on", name);
+    check(H5Pset_deflate(properties.get(), 4), "setting deflate on", name);
+  }
+  // Last in the pipeline, so the checksum covers the bytes as stored.
+  if (filters.fletcher32) check(H5Pset_fletcher32(properties.get()), "setting fletcher32 on", name);
+  return check.own(H5Dcreate2(parent, name.c_str(), file_type, space.get(), H5P_DEFAULT,
+                              properties.get(), H5P_DEFAULT),
+                   H5Dclose, "creating dataset", name);
+}
+
+/// The extents of a dataset's dataspace.
+std::vector<hsize_t> dataset_dims(const Checker& check, hid_t dataset, const char* what) {
+  Handle space = check.own(H5Dget_space(dataset), H5Sclose, "getting the space of", what);
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  check(rank, "getting the rank of", what);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+  check(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), "sizing", what);
+  return dims;
+}
+
+struct RowSelection {
+  Handle file_space, memory_space;
+};
+
+/// Selects row `row` of `dataset` (one element of a 1-D dataset) and a memory space to match.
+RowSelection select_row(const Checker& check, hid_t dataset, hsize_t row, const char* what) {
+  std::vector<hsize_t> count = dataset_dims(check, dataset, what);
+  std::vector<hsize_t> start(count.size(), 0);
+  start[0] = row;
+  count[0] = 1;
+  RowSelection selection{check.own(H5Dget_space(dataset), H5Sclose, "getting the space of", what),
+                         {}};
+  check(H5Sselect_hyperslab(selection.file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
+                            count.data(), nullptr),
+        "selecting a row of", what);
+  selection.memory_space = dataspace(check, count);
+  return selection;
+}
+
+/// Grows `dataset` to `row + 1` rows and writes row `row` from `data`.
+void write_row(const Checker& check, hid_t dataset, hsize_t row, hid_t memory_type,
+               const void* data, const char* what) {
+  std::vector<hsize_t> dims = dataset_dims(check, dataset, what);
+  dims[0] = row + 1;
+  check(H5Dset_extent(dataset, dims.data()), "extending", what);
+  const RowSelection selection = select_row(check, dataset, row, what);
+  check(H5Dwrite(dataset, memory_type, selection.memory_space.get(), selection.file_space.get(),
+                 H5P_DEFAULT, data),
+        "writing", what);
+}
+
+void read_row(const Checker& check, hid_t dataset, hsize_t row, hid_t memory_type, void* out,
+              const char* what) {
+  const RowSelection selection = select_row(check, dataset, row, what);
+  check(H5Dread(dataset, memory_type, selection.memory_space.get(), selection.file_space.get(),
+                H5P_DEFAULT, out),
+        "reading", what);
+}
+
+/// Writes a fixed-size dataset, replacing an earlier one of the same name.
+void write_fixed_dataset(const Checker& check, hid_t parent, const std::string& name,
+                         hid_t file_type, hid_t memory_type, const std::vector<hsize_t>& dims,
+                         const void* data) {
+  const htri_t exists = H5Lexists(parent, name.c_str(), H5P_DEFAULT);
+  check(exists, "looking up", name);
+  if (exists > 0) check(H5Ldelete(parent, name.c_str(), H5P_DEFAULT), "deleting", name);
+  Handle space = dataspace(check, dims);
+  Handle dataset = check.own(H5Dcreate2(parent, name.c_str(), file_type, space.get(), H5P_DEFAULT,
+                                        H5P_DEFAULT, H5P_DEFAULT),
+                             H5Dclose, "creating dataset", name);
+  if (element_count(dims) == 0) return;  // as in write_attribute
+  check(H5Dwrite(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "writing", name);
+}
+
+std::string particle_group_name(std::size_t replica) {
+  return replica == 0 ? "tokens" : "tokens_r" + std::to_string(replica);
+}
+
+constexpr std::size_t kPositionChunkBytes = 256 * 1024;
+constexpr std::size_t kSeriesChunkBytes = 64 * 1024;  // step, time and observables
+
+class Hdf5H5mdWriter final : public H5mdWriter {
+ public:
+  explicit Hdf5H5mdWriter(const WriterSetup& setup) : setup_(setup), check_(setup.path) {
+    if (setup.n == 0 || setup.d == 0 || setup.replicas == 0) {
+      throw std::invalid_argument("H5mdWriter: n, d and replicas must be positive");
+    }
+    for (const auto& [name, components] : setup.observables) {
+      if (components == 0) throw std::invalid_argument("observable " + name + " has no components");
+    }
+    QuietHdf5Errors quiet;
+    std::error_code ignored;
+    if (!setup.overwrite && std::filesystem::exists(setup.path, ignored)) {
+      throw IoError("output file " + setup.path + " exists (use --overwrite to replace it)");
+    }
+    file_ = check_.own(H5Fcreate(setup.path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+                       H5Fclose, "creating the file");
+    write_h5md_group();
+    create_particle_groups();
+    create_observables();
+    create_group(check_, file_.get(), "parameters");
+    run_ = create_group(check_, file_.get(), "run");
+    write_run_info("running", 0.0, 0, 0);
+    flush();
+  }
+
+  /// Closes every object, then the file (which flushes it), with error printing still off:
+  /// a failing close (disk full) has nobody to report to from a destructor.
+  ~Hdf5H5mdWriter() override {
+    QuietHdf5Errors quiet;
+    observable_values_.clear();
+    positions_.clear();
+    particle_groups_.clear();
+    step_.reset();
+    time_.reset();
+    run_.reset();
+    file_.reset();
+  }
+  Hdf5H5mdWriter(const Hdf5H5mdWriter&) = delete;
+  Hdf5H5mdWriter& operator=(const Hdf5H5mdWriter&) = delete;
+
+  void write_parameters(const std::vector<Parameter>& parameters) override {
+    QuietHdf5Errors quiet;
+    Handle group = check_.own(H5Gopen2(file_.get(), "parameters", H5P_DEFAULT), H5Gclose, "opening",
+                              "/parameters");
+    for (const auto& [name, value] : parameters) {
+      const hid_t g = group.get();
+      if (const auto* integer = std::get_if<std::int64_t>(&value)) {
+        write_attribute(check_, g, name, H5T_STD_I64LE, H5T_NATIVE_INT64, {}, integer);
+      } else if (const auto* real = std::get_if<double>(&value)) {
+        write_attribute(check_, g, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {}, real);
+      } else if (const auto* flag = std::get_if<bool>(&value)) {
+        // HDF5 has no boolean type: a flag is an int8 scalar, 0 = false, 1 = true.
+        const std::int8_t stored = *flag ? 1 : 0;
+        write_attribute(check_, g, name, H5T_STD_I8LE, H5T_NATIVE_INT8, {}, &stored);
+      } else if (const auto* text = std::get_if<std::string>(&value)) {
+        write_string_attribute(check_, g, name, *text);
+      } else {
+        // A 1-D double array; an empty list is a 1-D attribute of size 0 (HDF5 1.10 accepts
+        // it and h5py reads it as an empty array).
+        const auto& list = std::get<std::vector<double>>(value);
+        write_attribute(check_, g, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {list.size()},
+                        list.data());
+      }
+    }
+  }
+
+  void write_labels(const TokenLabels& labels) override {
+    const std::size_t n = setup_.n, k = setup_.position_dim;
+    if (labels.aux_position.size() != n * k || labels.prompt_id.size() != n ||
+        labels.presence.size() != n || labels.id.size() != n) {
+      throw std::invalid_argument("write_labels: label sizes do not match n and position_dim");
+    }
+    QuietHdf5Errors quiet;
+    for (const Handle& group : particle_groups_) {
+      const hid_t g = group.get();
+      write_fixed_dataset(check_, g, "aux_position", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {n, k},
+                          labels.aux_position.data());
+      write_fixed_dataset(check_, g, "prompt_id", H5T_STD_I32LE, H5T_NATIVE_INT32, {n},
+                          labels.prompt_id.data());
+      write_fixed_dataset(check_, g, "presence", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {n},
+                          labels.presence.data());
+      write_fixed_dataset(check_, g, "id", H5T_STD_I64LE, H5T_NATIVE_INT64, {n}, labels.id.data());
+    }
+  }
+
+  void append_frame(std::int64_t step, double time, const double* positions,
+                    const std::vector<std::vector<double>>& observables) override {
+    if (observables.size() != setup_.observables.size()) {
+      throw std::invalid_argument("append_frame: expected one array per observable");
+    }
+    for (std::size_t o = 0; o < observables.size(); ++o) {
+      if (observables[o].size() != setup_.replicas * setup_.observables[o].second) {
+        throw std::invalid_argument("append_frame: observable " + setup_.observables[o].first +
+                                    " needs replicas * components numbers");
+      }
+    }
+    QuietHdf5Errors quiet;
+    write_row(check_, step_.get(), frames_, H5T_NATIVE_INT64, &step, "position/step");
+    write_row(check_, time_.get(), frames_, H5T_NATIVE_DOUBLE, &time, "position/time");
+    const std::size_t frame_size = setup_.n * setup_.d;
+    for (std::size_t r = 0; r < setup_.replicas; ++r) {
+      write_row(check_, positions_[r].get(), frames_, H5T_NATIVE_DOUBLE, positions + r * frame_size,
+                "position/value");
+    }
+    for (std::size_t o = 0; o < observables.size(); ++o) {
+      write_row(check_, observable_values_[o].get(), frames_, H5T_NATIVE_DOUBLE,
+                observables[o].data(), setup_.observables[o].first.c_str());
+    }
+    ++frames_;
+  }
+
+  void write_run_info(const std::string& status, double wall_seconds, std::int64_t steps,
+                      std::int64_t rejected_steps) override {
+    QuietHdf5Errors quiet;
+    const hid_t run = run_.get();
+    write_string_attribute(check_, run, "status", status);
+    write_attribute(check_, run, "wall_time_s", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {},
+                    &wall_seconds);
+    write_attribute(check_, run, "steps", H5T_STD_I64LE, H5T_NATIVE_INT64, {}, &steps);
+    write_attribute(check_, run, "rejected_steps", H5T_STD_I64LE, H5T_NATIVE_INT64, {},
+                    &rejected_steps);
+  }
+
+  void flush() override {
+    QuietHdf5Errors quiet;
+    check_(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), "flushing the file");
+  }
+
+ private:
+  void write_h5md_group() {
+    Handle h5md = create_group(check_, file_.get(), "h5md");
+    write_int32_array_attribute(check_, h5md.get(), "version", {1, 1});
+    Handle author = create_group(check_, h5md.get(), "author");
+    write_string_attribute(check_, author.get(), "name", setup_.author);
+    Handle creator = create_group(check_, h5md.get(), "creator");
+    write_string_attribute(check_, creator.get(), "name", "mfattn");
+    write_string_attribute(check_, creator.get(), "version", setup_.creator_version);
+    Handle modules = create_group(check_, h5md.get(), "modules");
+    Handle attention = create_group(check_, modules.get(), "attention");
+    write_int32_array_attribute(check_, attention.get(), "version", {1, 0});
+  }
+
+  void create_particle_groups() {
+    Handle particles = create_group(check_, file_.get(), "particles");
+    const std::vector<hsize_t> frame_shape{setup_.n, setup_.d};
+    const auto dimension = static_cast<std::int32_t>(setup_.d);
+    for (std::size_t r = 0; r < setup_.replicas; ++r) {
+      Handle group = create_group(check_, particles.get(), particle_group_name(r));
+      Handle box = create_group(check_, group.get(), "box");
+      write_attribute(check_, box.get(), "dimension", H5T_STD_I32LE, H5T_NATIVE_INT32, {},
+                      &dimension);
+      write_strings_attribute(check_, box.get(), "boundary",
+                              std::vector<std::string>(setup_.d, "none"));
+      Handle position = create_group(check_, group.get(), "position");
+      if (r == 0) {
+        step_ = create_growing_dataset(check_, position.get(), "step", H5T_STD_I64LE, {},
+                                       kSeriesChunkBytes, {false, setup_.fletcher32});
+        time_ = create_growing_dataset(check_, position.get(), "time", H5T_IEEE_F64LE, {},
+                                       kSeriesChunkBytes, {false, setup_.fletcher32});
+      } else {
+        link_step_and_time(position.get());
+      }
+      positions_.push_back(create_growing_dataset(check_, position.get(), "value", H5T_IEEE_F64LE,
+                                                  frame_shape, kPositionChunkBytes,
+                                                  {setup_.deflate, setup_.fletcher32}));
+      particle_groups_.push_back(std::move(group));
+    }
+  }
+
+  void create_observables() {
+    Handle observables = create_group(check_, file_.get(), "observables");
+    const hsize_t replicas = setup_.replicas;
+    for (const auto& [name, components] : setup_.observables) {
+      Handle group = create_group(check_, observables.get(), name);
+      link_step_and_time(group.get());
+      std::vector<hsize_t> row_shape;
+      if (replicas > 1) row_shape.push_back(replicas);
+      if (components > 1) row_shape.push_back(components);
+      observable_values_.push_back(
+          create_growing_dataset(check_, group.get(), "value", H5T_IEEE_F64LE, row_shape,
+                                 kSeriesChunkBytes, {false, setup_.fletcher32}));
+    }
+  }
+
+  /// Hard links `step` and `time` in `group` to those of /particles/tokens/position.
+  void link_step_and_time(hid_t group) {
+    for (const char* name : {"step", "time"}) {
+      const std::string source = std::string("/particles/tokens/position/") + name;
+      check_(H5Lcreate_hard(file_.get(), source.c_str(), group, name, H5P_DEFAULT, H5P_DEFAULT),
+             "linking", source);
+    }
+  }
+
+  WriterSetup setup_;
+  Checker check_;
+  Handle file_;  // declared first of the handles, so a member-wise destruction closes it last
+  Handle run_;
+  Handle step_, time_;
+  std::vector<Handle> particle_groups_;    ///< one per replica
+  std::vector<Handle> positions_;          ///< position/value, one per replica
+  std::vector<Handle> observable_values_;  ///< in setup order
+  hsize_t frames_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<H5mdWriter> H5mdWriter::create(const WriterSetup& setup) {
+  return std::make_unique<Hdf5H5mdWriter>(setup);
+}
+
+Frame read_last_frame(const std::string& path) {
+  QuietHdf5Errors quiet;
+  const Checker check(path);
+  const std::string foreign = path + " is not an mfattn H5MD file: ";
+  std::error_code ignored;
+  if (!std::filesystem::exists(path, ignored)) {
+    throw IoError("cannot read " + path + ": no such file");
+  }
+  if (H5Fis_hdf5(path.c_str()) <= 0) throw IoError(foreign + "not an HDF5 file");
+  Handle file =
+      check.own(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "opening the file");
+  auto open = [&](const char* name) {
+    const hid_t dataset = H5Dopen2(file.get(), name, H5P_DEFAULT);
+    if (dataset < 0) throw IoError(foreign + "it has no dataset " + name);
+    return Handle(dataset, H5Dclose);
+  };
+  Handle value = open("/particles/tokens/position/value");
+  Handle step = open("/particles/tokens/position/step");
+  Handle time = open("/particles/tokens/position/time");
+  const auto value_dims = dataset_dims(check, value.get(), "position/value");
+  const auto step_dims = dataset_dims(check, step.get(), "position/step");
+  const auto time_dims = dataset_dims(check, time.get(), "position/time");
+  if (value_dims.size() != 3 || step_dims.size() != 1 || time_dims.size() != 1) {
+    throw IoError(foreign + "position/{step, time, value} are not [T], [T], [T, n, d]");
+  }
+  // A writer killed between flushes may leave the three lengths unequal; the shortest one
+  // bounds the frames that are complete.
+  const hsize_t frames = std::min({value_dims[0], step_dims[0], time_dims[0]});
+  if (frames == 0) throw IoError(path + " holds no frames");
+
+  Frame frame;
+  frame.n = value_dims[1];
+  frame.d = value_dims[2];
+  frame.x.resize(frame.n * frame.d);
+  read_row(check, step.get(), frames - 1, H5T_NATIVE_INT64, &frame.step, "position/step");
+  read_row(check, time.get(), frames - 1, H5T_NATIVE_DOUBLE, &frame.time, "position/time");
+  read_row(check, value.get(), frames - 1, H5T_NATIVE_DOUBLE, frame.x.data(), "position/value");
+  return frame;
+}
+
+bool is_mfattn_file(const std::string& path) {
+  try {
+    QuietHdf5Errors quiet;
+    std::error_code ignored;
+    if (!std::filesystem::is_regular_file(path, ignored) || H5Fis_hdf5(path.c_str()) <= 0) {
+      return false;
+    }
+    Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    if (file.get() < 0) return false;
+    const hid_t attribute_id =
+        H5Aopen_by_name(file.get(), "/h5md/creator", "name", H5P_DEFAULT, H5P_DEFAULT);
+    if (attribute_id < 0) return false;
+    Handle attribute(attribute_id, H5Aclose);
+    Handle type(H5Aget_type(attribute.get()), H5Tclose);
+    // The writer stores variable-length strings; anything else is not its creator attribute.
+    if (type.get() < 0 || H5Tis_variable_str(type.get()) <= 0) return false;
+    char* text = nullptr;
+    if (H5Aread(attribute.get(), type.get(), &text) < 0 || text == nullptr) return false;
+    const std::string name = text;
+    H5free_memory(text);
+    return name == "mfattn";
+  } catch (...) {
+    return false;
+  }
+}
+
+}  // namespace mfattn

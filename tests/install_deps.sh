@@ -1,0 +1,22 @@
+# Sourced by tests/run.sh and experiments/run_collapse.sh: installs the Debian packages that
+# mfattn needs when they are missing (apt-get as root, else prints the command).
+mfattn_packages=(cmake g++ make libeigen3-dev libhdf5-dev libboost-program-options-dev
+  libgtest-dev libomp-dev python3-h5py python3-numpy python3-scipy python3-pytest
+  python3-matplotlib libopenblas0-pthread)
+
+install_deps() {
+  local missing=()
+  for p in "${mfattn_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" = 0 ]; then
+    echo "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "missing packages; run: sudo apt-get install ${missing[*]}" >&2
+    return 1
+  fi
+}
