@@ -28,13 +28,18 @@ double finish_receiver(const Model& model, double mass, std::size_t token, const
                        double* scratch) {
   const std::size_t d = model.d;
   const double p_i = model.presence[token];
-  if (p_i == 0.0 || log_max == -std::numeric_limits<double>::infinity()) {
-    // A null receiver, or one that sees no source with weight: it does not move.
+  if (log_max == -std::numeric_limits<double>::infinity()) {
+    // No source with weight is visible: the receiver does not move.
     std::fill(velocity, velocity + d, 0.0);
     return 0.0;
   }
   const double shift = model.exponent_shift();
   const double scale = std::exp(log_max - shift);  // true weight = scale * shifted weight
+  if (p_i == 0.0) {
+    // A null receiver does not move, whatever its sums.
+    std::fill(velocity, velocity + d, 0.0);
+    return scale * weight_sum_shifted;
+  }
   double* u_pre = scratch;
   double* u = scratch + d;
   if (model.normalization == Normalization::Usa) {

@@ -1,0 +1,137 @@
+// The CPU backend against the reference backend (model.md section 2 written pair by pair),
+// determinism across thread counts, null-token inertness and overflow detection.
+#include "test_support.hpp"
+
+namespace mfattn {
+namespace {
+
+using testing::bitwise_equal;
+using testing::config;
+using testing::simulate;
+
+struct Case {
+  std::vector<std::string> args;
+};
+
+std::vector<double> evaluate(const Model& model, const State& state, const std::string& backend_name,
+                             int threads, std::vector<double>* weight_sums = nullptr) {
+  auto backend = make_backend(backend_name, model, threads);
+  std::vector<double> velocity(state.size());
+  if (weight_sums) weight_sums->assign(state.replicas * model.n, 0.0);
+  backend->velocity(state.replicas, state.x.data(), velocity.data(),
+                    weight_sums ? weight_sums->data() : nullptr);
+  return velocity;
+}
+
+TEST(CpuBackend, MatchesReferenceImplementation) {
+  const std::vector<std::string> dims = {"2", "3", "4", "5", "8", "9", "16", "33", "64"};
+  const std::vector<std::string> sizes = {"1", "7", "64", "130"};
+  int checked = 0;
+  for (const auto& d : dims)
+    for (const auto& n : sizes)
+      for (const std::string kernel : {"usa", "sa"}) {
+        std::vector<std::string> args = {"--n", n, "--d", d, "--kernel", kernel, "--beta", "2.5",
+                                         "--seed", std::to_string(checked), "--replicas", "2"};
+        // Vary the orthogonal choices across cases.
+        switch (checked % 6) {
+          case 0: break;
+          case 1: args.insert(args.end(), {"--q", "gaussian", "--k", "gaussian", "--v", "goe"}); break;
+          case 2: args.insert(args.end(), {"--mask", "causal", "--time-scale", "rescaled"}); break;
+          case 3: args.insert(args.end(), {"--mask", "window", "--window", "3", "--v", "minus-qk", "--q", "goe"}); break;
+          case 4: args.insert(args.end(), {"--amplitudes", "0.7", "--null-tokens", "3", "--tau", "0.5"}); break;
+          case 5: args.insert(args.end(), {"--init", "clustered", "--k", "goe", "--mask", "causal"}); break;
+        }
+        const auto cfg = config(args);
+        const Model model = build_model(cfg);
+        const State state = build_initial_state(cfg, model);
+        std::vector<double> sums_fast, sums_ref;
+        const auto fast = evaluate(model, state, "cpu", 2, &sums_fast);
+        const auto ref = evaluate(model, state, "reference", 1, &sums_ref);
+        double scale = 0.0;
+        for (double v : ref) scale = std::max(scale, std::fabs(v));
+        EXPECT_LE(testing::max_abs_difference(fast, ref), 1e-13 * std::max(scale, 1.0))
+            << "d " << d << " n " << n << " " << kernel << " case " << checked % 6;
+        for (std::size_t i = 0; i < sums_ref.size(); ++i)
+          EXPECT_NEAR(sums_fast[i], sums_ref[i], 1e-12 * sums_ref[i]) << "weight sum " << i;
+        ++checked;
+      }
+  EXPECT_EQ(checked, 72);
+}
+
+TEST(CpuBackend, OneAndTwoThreadsGiveIdenticalBytes) {
+  for (const std::string d : {"3", "7", "40"}) {
+    const auto cfg = config({"--n", "301", "--d", d, "--kernel", "sa", "--replicas", "3"});
+    const Model model = build_model(cfg);
+    const State state = build_initial_state(cfg, model);
+    const auto one = evaluate(model, state, "cpu", 1);
+    const auto two = evaluate(model, state, "cpu", 2);
+    EXPECT_TRUE(bitwise_equal(one.data(), two.data(), one.size())) << "d = " << d;
+  }
+  // Whole trajectories, adaptive stepping included.
+  const auto cfg = config({"--n", "97", "--d", "4", "--integrator", "dopri5", "--horizon", "5"});
+  const auto a = simulate(cfg, 1), b = simulate(cfg, 2);
+  ASSERT_EQ(a.frames.size(), b.frames.size());
+  for (std::size_t k = 0; k < a.frames.size(); ++k)
+    EXPECT_TRUE(bitwise_equal(a.frames[k].x.data(), b.frames[k].x.data(), a.frames[k].size()));
+}
+
+// Appending null tokens (amplitude 0) with the same eps_den changes no bit of any other
+// trajectory, and the null tokens themselves never move.
+TEST(NullTokens, InsertionLeavesTrajectoriesBitIdentical) {
+  for (const std::string integrator : {"euler", "heun", "rk4", "lie-euler", "lie-rk4", "dopri5"})
+    for (const std::string kernel : {"usa", "sa"})
+      for (const std::string dim : {"3", "20"}) {
+        const std::vector<std::string> base = {"--n", "37", "--d", dim, "--kernel", kernel,
+                                               "--integrator", integrator, "--eps-den", "1e-12",
+                                               "--horizon", "2", "--save-every", "0.5",
+                                               "--amplitudes", "1", "--tau", "0.3", "--seed", "4"};
+        auto with_nulls = base;
+        with_nulls.insert(with_nulls.end(), {"--null-tokens", "30"});
+        const auto plain = simulate(config(base)), padded = simulate(config(with_nulls));
+        ASSERT_EQ(plain.frames.size(), padded.frames.size());
+        const std::size_t d = plain.model.d, active = 37;
+        for (std::size_t k = 0; k < plain.frames.size(); ++k) {
+          EXPECT_TRUE(bitwise_equal(plain.frames[k].x.data(), padded.frames[k].x.data(), active * d))
+              << integrator << " " << kernel << " d " << dim << " frame " << k;
+          EXPECT_TRUE(bitwise_equal(padded.frames[0].x.data() + active * d,
+                                    padded.frames[k].x.data() + active * d, 30 * d))
+              << "null tokens moved: " << integrator << " frame " << k;
+        }
+        EXPECT_GT(testing::max_abs_difference(plain.frames.front().x, plain.frames.back().x), 1e-3);
+      }
+}
+
+TEST(NullTokens, NullReceiverHasExactlyZeroVelocity) {
+  const auto cfg = config({"--n", "5", "--amplitudes", "1,0,2,0,1", "--kernel", "sa"});
+  const Model model = build_model(cfg);
+  const State state = build_initial_state(cfg, model);
+  const auto v = evaluate(model, state, "cpu", 1);
+  for (std::size_t i : {1u, 3u})
+    for (std::size_t c = 0; c < model.d; ++c) EXPECT_EQ(v[i * model.d + c], 0.0);
+}
+
+TEST(Overflow, UsaInNaturalTimeIsDetected) {
+  const auto natural = config({"--n", "16", "--beta", "1000", "--kernel", "usa"});
+  const Model model = build_model(natural);
+  const State state = build_initial_state(natural, model);
+  auto backend = make_backend("cpu", model, 1);
+  std::vector<double> velocity(state.size());
+  try {
+    backend->velocity(1, state.x.data(), velocity.data(), nullptr);
+    FAIL() << "overflow not detected";
+  } catch (const NumericalError& e) {
+    EXPECT_NE(std::string(e.what()).find("--time-scale rescaled"), std::string::npos) << e.what();
+  }
+  // Rescaled time is finite for the same beta, and SA is finite in either scale.
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--n", "16", "--beta", "1000", "--time-scale", "rescaled"},
+           {"--n", "16", "--beta", "1000", "--kernel", "sa"}}) {
+    const auto cfg = config(args);
+    const Model m = build_model(cfg);
+    const auto v = evaluate(m, build_initial_state(cfg, m), "cpu", 1);
+    for (double value : v) EXPECT_TRUE(std::isfinite(value));
+  }
+}
+
+}  // namespace
+}  // namespace mfattn

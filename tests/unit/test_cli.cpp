@@ -1,0 +1,147 @@
+// The mfattn binary as a user runs it: bad input, exit codes, output files, baseline collapse.
+#include <hdf5.h>
+
+#include <fstream>
+
+#include "mfattn/h5md.hpp"
+#include "test_support.hpp"
+
+namespace mfattn {
+namespace {
+
+using testing::run_mfattn;
+using testing::scratch_dir;
+
+std::size_t line_count(const std::string& text) {
+  return static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+double last_observable(const std::string& path, const std::string& name) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t set = H5Dopen2(file, ("/observables/" + name + "/value").c_str(), H5P_DEFAULT);
+  const hid_t space = H5Dget_space(set);
+  hsize_t frames = 0;
+  H5Sget_simple_extent_dims(space, &frames, nullptr);
+  std::vector<double> values(frames);
+  H5Dread(set, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
+  H5Sclose(space);
+  H5Dclose(set);
+  H5Fclose(file);
+  return values.back();
+}
+
+std::vector<double> all_positions(const std::string& path) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t set = H5Dopen2(file, "/particles/tokens/position/value", H5P_DEFAULT);
+  const hid_t space = H5Dget_space(set);
+  hsize_t dims[3] = {0, 0, 0};
+  H5Sget_simple_extent_dims(space, dims, nullptr);
+  std::vector<double> values(dims[0] * dims[1] * dims[2]);
+  H5Dread(set, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
+  H5Sclose(space);
+  H5Dclose(set);
+  H5Fclose(file);
+  return values;
+}
+
+TEST(Cli, BadInputGetsOneLineExitTwoAndNoFile) {
+  const auto dir = scratch_dir("bad_input");
+  const std::string out = (dir / "bad.h5").string();
+  std::ofstream(dir / "matrix.txt") << "1 0\n0 1\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--kernel softmax", "--kernel"},
+      {"--n 0", "--n"},
+      {"--d 1", "--d"},
+      {"--beta -1", "--beta"},
+      {"--beta nan", "--beta"},
+      {"--dt 0", "--dt"},
+      {"--horizon inf", "--horizon"},
+      {"--integrator rk5", "--integrator"},
+      {"--time-scale fast", "--time-scale"},
+      {"--init equiangular --n 10 --d 3", "--init"},
+      {"--init file --init-file /nonexistent/x.txt", "--init-file"},
+      {"--q /nonexistent/q.txt", "--q"},
+      {"--q " + (dir / "matrix.txt").string() + " --d 3", "--q"},
+      {"--amplitudes 1,2", "--amplitudes"},
+      {"--noise-kappa 1", "--noise-kappa"},
+      {"--save-every 1 --save-log 10", "--save-every"},
+      {"--unknown-option 3", "unknown-option"},
+      {"--n ten", "--n"},
+      {"--backend gpu", "--backend"},
+  };
+  for (const auto& [arguments, named] : cases) {
+    const auto result = run_mfattn("run " + arguments + " --quiet --out " + out);
+    EXPECT_EQ(result.exit_code, 2) << arguments << "\n" << result.output;
+    EXPECT_EQ(line_count(result.output), 1u) << arguments << "\n" << result.output;
+    EXPECT_NE(result.output.find(named), std::string::npos) << arguments << "\n" << result.output;
+    EXPECT_FALSE(std::filesystem::exists(out)) << arguments;
+  }
+}
+
+TEST(Cli, CudaBackendInCpuBuildSaysSoClearly) {
+  const auto dir = scratch_dir("cuda");
+  const auto result = run_mfattn("run --backend cuda --quiet --out " + (dir / "c.h5").string());
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("no CUDA"), std::string::npos) << result.output;
+  EXPECT_EQ(line_count(result.output), 1u);
+  EXPECT_FALSE(std::filesystem::exists(dir / "c.h5"));
+}
+
+TEST(Cli, UsaOverflowExitsThreeNamingRescaledTime) {
+  const auto dir = scratch_dir("overflow");
+  const auto result = run_mfattn("run --beta 1000 --n 8 --quiet --out " + (dir / "o.h5").string());
+  EXPECT_EQ(result.exit_code, 3) << result.output;
+  EXPECT_NE(result.output.find("--time-scale rescaled"), std::string::npos) << result.output;
+  const auto rescaled = run_mfattn("run --beta 1000 --n 8 --time-scale rescaled --horizon 1 --quiet --out " +
+                                   (dir / "r.h5").string());
+  EXPECT_EQ(rescaled.exit_code, 0) << rescaled.output;
+}
+
+TEST(Cli, ExistingOutputIsNotOverwrittenWithoutOverwrite) {
+  const auto dir = scratch_dir("overwrite");
+  const std::string out = (dir / "run.h5").string();
+  ASSERT_EQ(run_mfattn("run --n 8 --horizon 1 --quiet --out " + out).exit_code, 0);
+  const auto before = std::filesystem::last_write_time(out);
+  const auto again = run_mfattn("run --n 8 --horizon 1 --quiet --out " + out);
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_NE(again.output.find("--overwrite"), std::string::npos) << again.output;
+  EXPECT_EQ(std::filesystem::last_write_time(out), before);
+  EXPECT_EQ(run_mfattn("run --n 8 --horizon 1 --quiet --overwrite --out " + out).exit_code, 0);
+}
+
+TEST(Cli, ThreadCountDoesNotChangeOutputPositions) {
+  const auto dir = scratch_dir("threads");
+  const std::string one = (dir / "one.h5").string(), two = (dir / "two.h5").string();
+  const std::string common = "run --n 130 --d 3 --kernel sa --horizon 4 --integrator dopri5 --quiet ";
+  ASSERT_EQ(run_mfattn(common + "--threads 1 --out " + one).exit_code, 0);
+  ASSERT_EQ(run_mfattn(common + "--threads 2 --out " + two).exit_code, 0);
+  const auto a = all_positions(one), b = all_positions(two);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_TRUE(testing::bitwise_equal(a.data(), b.data(), a.size()));
+}
+
+// Baseline of seed 003: USA and SA at n = 64, 128, 256, d = 3, beta = 1, t = 20 collapse.
+TEST(Collapse, BaselineUsaAndSaCollapseByTimeTwenty) {
+  const auto dir = scratch_dir("collapse");
+  for (const std::string kernel : {"usa", "sa"})
+    for (const std::string n : {"64", "128", "256"}) {
+      const std::string out = (dir / (kernel + n + ".h5")).string();
+      const auto result = run_mfattn("run --n " + n + " --d 3 --beta 1 --kernel " + kernel +
+                                     " --horizon 20 --quiet --out " + out);
+      ASSERT_EQ(result.exit_code, 0) << result.output;
+      EXPECT_GT(last_observable(out, "min_inner"), 0.999) << kernel << " n = " << n;
+    }
+}
+
+TEST(Cli, VersionAndHelpWork) {
+  const auto version = run_mfattn("--version");
+  EXPECT_EQ(version.exit_code, 0);
+  EXPECT_NE(version.output.find("mfattn"), std::string::npos);
+  const auto help = run_mfattn("run --help");
+  EXPECT_EQ(help.exit_code, 0);
+  for (const char* option : {"--n", "--beta", "--kernel", "--integrator", "--null-tokens", "--eps-den"})
+    EXPECT_NE(help.output.find(option), std::string::npos) << option;
+}
+
+}  // namespace
+}  // namespace mfattn

@@ -1,0 +1,87 @@
+#pragma once
+// Shared helpers of the unit tests: run a configuration in process and keep every frame.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "mfattn/config.hpp"
+#include "mfattn/integrator.hpp"
+#include "mfattn/run.hpp"
+
+namespace mfattn::testing {
+
+/// A configuration from command-line style arguments (without --out).
+inline RunConfig config(std::vector<std::string> args) {
+  args.push_back("--out");
+  args.push_back("unused.h5");
+  return parse_run_arguments(args);
+}
+
+struct Trajectory {
+  Model model;
+  std::vector<State> frames;
+  IntegrationStats stats;
+};
+
+/// Integrates cfg in process with the given backend and thread count; keeps every frame.
+inline Trajectory simulate(const RunConfig& cfg, int threads = 1, const std::string& backend_name = "cpu") {
+  Trajectory t;
+  t.model = build_model(cfg);
+  State state = build_initial_state(cfg, t.model);
+  auto backend = make_backend(backend_name, t.model, threads);
+  auto integrator = make_integrator({cfg.integrator, cfg.rtol, cfg.atol, cfg.noise_kappa,
+                                     static_cast<std::uint64_t>(cfg.seed)});
+  Dynamics dynamics(t.model, *backend, state.replicas);
+  double h = cfg.dt;
+  t.stats = integrate(*integrator, dynamics, state, h, cfg.dt, output_times(cfg),
+                      [&](const State& s) { t.frames.push_back(s); });
+  return t;
+}
+
+inline double max_abs_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  return worst;
+}
+
+inline bool bitwise_equal(const double* a, const double* b, std::size_t count) {
+  return std::memcmp(a, b, count * sizeof(double)) == 0;
+}
+
+/// A fresh empty folder for files of one test.
+inline std::filesystem::path scratch_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("mfattn_test_" + name + "_" +
+                                                       std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+/// Runs the mfattn binary with a shell argument string.
+inline CommandResult run_mfattn(const std::string& arguments) {
+  const std::string command = std::string(MFATTN_BINARY) + " " + arguments + " 2>&1";
+  CommandResult result;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return result;
+  char buffer[4096];
+  while (std::fgets(buffer, sizeof buffer, pipe)) result.output += buffer;
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+}  // namespace mfattn::testing
