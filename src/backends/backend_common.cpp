@@ -34,25 +34,31 @@ double finish_receiver(const Model& model, double mass, std::size_t token, const
     return 0.0;
   }
   const double shift = model.exponent_shift();
-  const double scale = std::exp(log_max - shift);  // true weight = scale * shifted weight
+  // True weights are exp(log_max - shift) times the shifted ones; the sums are combined in
+  // log space where the plain product would overflow although the result does not.
+  const double log_scale = log_max - shift;
+  const double scale = std::exp(log_scale);
+  const double weight_sum = std::isfinite(scale) ? scale * weight_sum_shifted
+                                                 : std::exp(log_scale + std::log(weight_sum_shifted));
   if (p_i == 0.0) {
     // A null receiver does not move, whatever its sums.
     std::fill(velocity, velocity + d, 0.0);
-    return scale * weight_sum_shifted;
+    return weight_sum;
   }
   double* u_pre = scratch;
   double* u = scratch + d;
   if (model.normalization == Normalization::Usa) {
     const double factor = scale / mass;
-    bool finite = std::isfinite(factor);
+    bool finite = true;
     for (std::size_t c = 0; c < d; ++c) {
-      u_pre[c] = factor * acc[c];
+      u_pre[c] = std::isfinite(factor)
+                     ? factor * acc[c]
+                     : std::copysign(std::exp(log_scale + std::log(std::fabs(acc[c]) / mass)), acc[c]);
       finite = finite && std::isfinite(u_pre[c]);
     }
     if (!finite) {
       std::ostringstream message;
-      message << "USA weights overflow double (largest exponent " << (log_max - shift)
-              << " > 709.78)";
+      message << "USA weights overflow double (exponent up to " << log_scale << " > 709.78)";
       if (model.time_scale == TimeScale::Natural)
         message << "; use --time-scale rescaled, which divides every weight by exp(beta)";
       throw NumericalError(message.str());
@@ -80,7 +86,7 @@ double finish_receiver(const Model& model, double mass, std::size_t token, const
   double radial = 0.0;
   for (std::size_t c = 0; c < d; ++c) radial += x_i[c] * rotated[c];
   for (std::size_t c = 0; c < d; ++c) velocity[c] = p_i * (rotated[c] - radial * x_i[c]);
-  return scale * weight_sum_shifted;
+  return weight_sum;
 }
 
 }  // namespace detail

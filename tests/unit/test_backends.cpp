@@ -1,5 +1,7 @@
 // The CPU backend against the reference backend (model.md section 2 written pair by pair),
 // determinism across thread counts, null-token inertness and overflow detection.
+#include <fstream>
+
 #include "test_support.hpp"
 
 namespace mfattn {
@@ -56,6 +58,49 @@ TEST(CpuBackend, MatchesReferenceImplementation) {
         ++checked;
       }
   EXPECT_EQ(checked, 72);
+}
+
+// With K = -I and every token in one tight cluster, the Cauchy-Schwarz offset B_i = beta
+// exceeds every logit -beta <x_i, x_j> by about 2 beta = 1800, so the single pass sees only
+// zeros and the exact-maximum pass must recover the velocity. The expected SA velocity is
+// computed here with an explicit maximum (the reference backend would underflow too).
+TEST(CpuBackend, LooseBoundFallsBackToExactMaximum) {
+  const auto dir = testing::scratch_dir("loose");
+  const std::string minus_identity = (dir / "minus_identity.txt").string();
+  std::ofstream(minus_identity) << "-1 0 0\n0 -1 0\n0 0 -1\n";
+  const auto cfg = config({"--n", "40", "--d", "3", "--kernel", "sa", "--beta", "900", "--k",
+                           minus_identity, "--init", "clustered", "--init-clusters", "1",
+                           "--init-spread", "0.05"});
+  const Model model = build_model(cfg);
+  const State state = build_initial_state(cfg, model);
+  const auto fast = evaluate(model, state, "cpu", 2);
+  const std::size_t n = model.n, d = model.d;
+  double largest = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double* xi = state.token(0, i);
+    std::vector<double> logits(n), u(d, 0.0);
+    for (std::size_t j = 0; j < n; ++j) {
+      double inner = 0.0;
+      for (std::size_t c = 0; c < d; ++c) inner += xi[c] * state.token(0, j)[c];
+      logits[j] = -900.0 * inner;
+    }
+    const double top = *std::max_element(logits.begin(), logits.end());
+    ASSERT_LT(top, 900.0 - 709.0) << "the offset must be loose for this test to mean anything";
+    double total = 0.0;
+    for (std::size_t j = 0; j < n; ++j) {
+      const double w = std::exp(logits[j] - top);
+      total += w;
+      for (std::size_t c = 0; c < d; ++c) u[c] += w * state.token(0, j)[c];
+    }
+    double radial = 0.0;
+    for (std::size_t c = 0; c < d; ++c) radial += (u[c] / total) * xi[c];
+    for (std::size_t c = 0; c < d; ++c) {
+      const double expected = u[c] / total - radial * xi[c];
+      EXPECT_NEAR(fast[i * d + c], expected, 1e-10) << "token " << i;
+      largest = std::max(largest, std::fabs(expected));
+    }
+  }
+  EXPECT_GT(largest, 1e-3);
 }
 
 TEST(CpuBackend, OneAndTwoThreadsGiveIdenticalBytes) {

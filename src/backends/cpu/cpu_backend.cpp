@@ -1,17 +1,22 @@
-// The CPU backend: an online-softmax ("flash") pair loop over cache-sized source tiles.
+// The CPU backend: a single pass over the sources per receiver block, no n x n matrix.
 //
-// Per evaluation every token is prepared once (O(n d) memory, no n x n matrix):
+// Per evaluation every token is prepared once (O(n d) memory):
 //   query  q_i = beta * G_i Q x_i,   key k_j = G_j K x_j,
 //   value  z_j = G_j x_j (transported) | x_j (plain),   bias b_j = log p_j (-inf when p_j = 0)
-// and for each receiver, over sources in tiles of kTile,
-//   l_ij = <q_i, k_j> + b_j + log(m_ij c_ij),   m_i = running max of l_ij,
-//   S_i = sum_j exp(l_ij - m_i),  A_i = sum_j exp(l_ij - m_i) z_j,
-// rescaling S_i, A_i by exp(m_old - m_new) whenever a tile raises the maximum.
-// detail::finish_receiver turns (m_i, S_i, A_i) into the velocity.
+// and each receiver gets an offset B_i >= max_j <q_i, k_j> from Cauchy-Schwarz,
+//   B_i = |q_i| * max_{j: p_j > 0} |k_j|,
+// so every weight exp(l_ij - B_i), l_ij = <q_i, k_j> + b_j + log(m_ij c_ij), lies in [0, 1]
+// and one pass gives
+//   S_i = sum_j exp(l_ij - B_i),   A_i = sum_j exp(l_ij - B_i) z_j
+// with no running maximum and no rescaling. For Q = K = I the bound is attained (l_ii = B_i).
+// When it is loose by more than ~575 (S_i < 1e-250, general Q, K or masks), the receiver is
+// recomputed with B_i = max_j l_ij taken exactly, so no weight that matters underflows.
+// detail::finish_receiver turns (B_i, S_i, A_i) into the velocity.
 //
-// Determinism: a receiver's sums are taken in one fixed order (tiles in order, fixed lanes,
-// fixed horizontal reductions), whatever the thread count or its neighbours in a block, and
-// padding or null sources contribute exact zeros, so appending null tokens changes no bit.
+// Determinism: a receiver's sums are taken in one fixed order (sources in order, fixed
+// lanes, fixed horizontal reductions), whatever the thread count or its neighbours in a
+// block; padding and null sources add exact zeros and are left out of B_i, so appending
+// null tokens changes no bit.
 #include <omp.h>
 
 #include <algorithm>
@@ -29,11 +34,11 @@ namespace {
 using simd::Lanes;
 using simd::kLanes;
 
-constexpr std::size_t kTile = cpu::PairTerms::kTile;  // sources per tile
-constexpr std::size_t kChunksPerTile = kTile / kLanes;
-constexpr std::size_t kBlock = 4;                    // receivers sharing each source load
-constexpr std::size_t kSmallDimension = 8;           // lanes over sources up to here
+constexpr std::size_t kTile = cpu::PairTerms::kTile;  // sources are padded to whole tiles
+constexpr std::size_t kBlock = 4;                      // receivers sharing each source load
+constexpr std::size_t kSmallDimension = 8;             // lanes over sources up to here
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr double kLooseBound = 1e-250;                 // S_i below this: take the exact max
 
 std::size_t round_up(std::size_t value, std::size_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
@@ -42,18 +47,30 @@ std::size_t round_up(std::size_t value, std::size_t multiple) {
 /// Per-replica prepared operands (see the file comment).
 struct Prepared {
   std::size_t d = 0, padded_sources = 0, padded_dim = 0;
+  std::size_t bias_free_end = 0;    // sources before this need no bias (all p_j = 1, no padding)
   std::vector<double> queries;      // n x d, receiver-major
+  std::vector<double> offsets;      // B_i per receiver
   std::vector<double> keys_t;       // d x padded_sources (lanes over sources)
   std::vector<double> values_t;     // d x padded_sources   (small d)
   std::vector<double> values_rows;  // padded_sources x padded_dim (large d)
   std::vector<double> bias;         // padded_sources
 };
 
+/// What a pass over the sources computes for one block of receivers.
+struct BlockSums {
+  double offset[kBlock];
+  double weight_sum[kBlock];
+  double* acc;             // kBlock rows of acc_stride numbers
+  std::size_t acc_stride;
+};
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const Model& model, int threads)
       : model_(model), threads_(threads > 0 ? threads : omp_get_max_threads()),
-        mass_(model.mass()), pair_terms_(model) {}
+        mass_(model.mass()), pair_terms_(model) {
+    for (double p : model.presence) all_present_ = all_present_ && p == 1.0;
+  }
 
   std::string name() const override { return "cpu"; }
 
@@ -94,8 +111,10 @@ class CpuBackend final : public Backend {
     p.d = d;
     p.padded_sources = round_up(std::max<std::size_t>(n, 1), kTile);
     p.padded_dim = round_up(d, 2 * kLanes);
+    p.bias_free_end = all_present_ ? n / kLanes * kLanes : 0;
     const std::size_t ns = p.padded_sources;
     p.queries.assign(n * d, 0.0);
+    p.offsets.assign(n, 0.0);
     p.keys_t.assign(d * ns, 0.0);
     p.bias.assign(ns, kNegInf);
     if (d <= kSmallDimension)
@@ -103,15 +122,17 @@ class CpuBackend final : public Backend {
     else
       p.values_rows.assign(ns * p.padded_dim, 0.0);
     std::vector<double> tmp(d), out(d);
+    double largest_key = 0.0;
     for (std::size_t j = 0; j < n; ++j) {
       const double* xj = x + j * d;
-      // query
       transform(model_.q, model_.q_identity, j, xj, tmp.data(), out.data());
       for (std::size_t c = 0; c < d; ++c) p.queries[j * d + c] = model_.beta * out[c];
-      // key
       transform(model_.k, model_.k_identity, j, xj, tmp.data(), out.data());
-      for (std::size_t c = 0; c < d; ++c) p.keys_t[c * ns + j] = out[c];
-      // value in z-space
+      double key_norm2 = 0.0;
+      for (std::size_t c = 0; c < d; ++c) {
+        p.keys_t[c * ns + j] = out[c];
+        key_norm2 += out[c] * out[c];
+      }
       const double* z = xj;
       if (model_.gauge && model_.values == ValueTransport::Transported) {
         model_.gauge->apply(j, xj, out.data());
@@ -123,6 +144,13 @@ class CpuBackend final : public Backend {
         std::copy(z, z + d, p.values_rows.data() + j * p.padded_dim);
       const double presence = model_.presence[j];
       p.bias[j] = presence > 0.0 ? std::log(presence) : kNegInf;
+      // Null sources stay out of the bound, so that adding them changes no offset.
+      if (presence > 0.0) largest_key = std::max(largest_key, std::sqrt(key_norm2));
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      double query_norm2 = 0.0;
+      for (std::size_t c = 0; c < d; ++c) query_norm2 += p.queries[i * d + c] * p.queries[i * d + c];
+      p.offsets[i] = std::sqrt(query_norm2) * largest_key;
     }
   }
 
@@ -151,21 +179,24 @@ class CpuBackend final : public Backend {
     const std::size_t count = std::min(kBlock, model_.n - first);
     std::size_t receivers[kBlock];
     for (std::size_t r = 0; r < kBlock; ++r) receivers[r] = first + std::min(r, count - 1);
-    double log_max[kBlock], weight_sum[kBlock];
     thread_local std::vector<double> acc;
-    acc.assign(kBlock * std::max(p.padded_dim, kSmallDimension), 0.0);
     const std::size_t acc_stride = std::max(p.padded_dim, kSmallDimension);
+    acc.assign(kBlock * acc_stride, 0.0);
+    BlockSums sums{{}, {}, acc.data(), acc_stride};
+    for (std::size_t r = 0; r < kBlock; ++r) sums.offset[r] = p.offsets[receivers[r]];
     pair_terms_.dispatch([&](const auto& terms) {
-      switch (model_.d) {
-        case 2: block_small<2>(terms, p, receivers, log_max, weight_sum, acc.data(), acc_stride); break;
-        case 3: block_small<3>(terms, p, receivers, log_max, weight_sum, acc.data(), acc_stride); break;
-        case 4: block_small<4>(terms, p, receivers, log_max, weight_sum, acc.data(), acc_stride); break;
-        default:
-          if (model_.d <= kSmallDimension)
-            block_small<0>(terms, p, receivers, log_max, weight_sum, acc.data(), acc_stride);
-          else
-            block_large(terms, p, receivers, log_max, weight_sum, acc.data(), acc_stride);
-      }
+      sum_block(terms, p, receivers, sums);
+      bool loose = false;
+      for (std::size_t r = 0; r < count; ++r) loose = loose || !(sums.weight_sum[r] >= kLooseBound);
+      if (!loose) return;
+      // The bound was loose for some receiver: take its exact maximum and sum again. The
+      // other receivers get the same offsets, hence the same bits, as in the first pass.
+      double exact[kBlock];
+      max_block(terms, p, receivers, exact);
+      for (std::size_t r = 0; r < kBlock; ++r)
+        if (!(sums.weight_sum[r] >= kLooseBound)) sums.offset[r] = exact[r];
+      std::fill(acc.begin(), acc.end(), 0.0);
+      sum_block(terms, p, receivers, sums);
     });
     double scratch[2 * 64];
     std::vector<double> big_scratch;
@@ -176,159 +207,133 @@ class CpuBackend final : public Backend {
     }
     for (std::size_t r = 0; r < count; ++r) {
       const std::size_t i = receivers[r];
-      const double sum = detail::finish_receiver(model_, mass_, i, x + i * model_.d, log_max[r],
-                                                 weight_sum[r], acc.data() + r * acc_stride,
+      const double sum = detail::finish_receiver(model_, mass_, i, x + i * model_.d,
+                                                 sums.offset[r], sums.weight_sum[r],
+                                                 acc.data() + r * acc_stride,
                                                  velocity + i * model_.d, work);
       if (weight_sums) weight_sums[i] = sum;
     }
   }
 
-  /// Lanes over sources: for small d the accumulators A_i stay in registers as lane vectors.
-  template <int kDim, class Terms>
-  void block_small(const Terms& terms, const Prepared& p, const std::size_t* receivers,
-                   double* log_max, double* weight_sum, double* acc_out,
-                   std::size_t acc_stride) const {
-    const std::size_t d = kDim > 0 ? std::size_t(kDim) : p.d;
-    constexpr std::size_t kMaxDim = kDim > 0 ? std::size_t(kDim) : kSmallDimension;
-    const std::size_t ns = p.padded_sources;
-    double q[kBlock][kMaxDim];
-    Lanes acc[kBlock][kMaxDim];
-    Lanes sums[kBlock];
-    double running_max[kBlock];
-    typename Terms::Receiver receiver_terms[kBlock];
-    for (std::size_t r = 0; r < kBlock; ++r) {
-      for (std::size_t c = 0; c < d; ++c) {
-        q[r][c] = p.queries[receivers[r] * d + c];
-        acc[r][c] = Lanes{};
-      }
-      sums[r] = Lanes{};
-      running_max[r] = kNegInf;
-      receiver_terms[r] = terms.receiver(receivers[r]);
-    }
-    Lanes logits[kBlock][kChunksPerTile];
-    for (std::size_t tile = 0; tile < ns; tile += kTile) {
-      Lanes tile_max[kBlock];
-      for (std::size_t r = 0; r < kBlock; ++r) tile_max[r] = simd::broadcast(kNegInf);
-      for (std::size_t chunk = 0; chunk < kChunksPerTile; ++chunk) {
-        const std::size_t j = tile + chunk * kLanes;
-        Lanes keys[kMaxDim] = {};
-        for (std::size_t c = 0; c < d; ++c) keys[c] = simd::load(p.keys_t.data() + c * ns + j);
-        const Lanes bias = simd::load(p.bias.data() + j);
-        for (std::size_t r = 0; r < kBlock; ++r) {
-          Lanes score = q[r][0] * keys[0];
-          for (std::size_t c = 1; c < d; ++c) score += q[r][c] * keys[c];
-          score += bias;
-          if constexpr (Terms::kHasLogTerm) score += terms.log_term(receiver_terms[r], j);
-          logits[r][chunk] = score;
-          tile_max[r] = simd::max(tile_max[r], score);
-        }
-      }
-      bool any_active = false;
-      for (std::size_t r = 0; r < kBlock; ++r) {
-        const double new_max = simd::horizontal_max(tile_max[r]);
-        if (new_max > running_max[r]) {
-          if (running_max[r] != kNegInf) {
-            const double scale = std::exp(running_max[r] - new_max);
-            for (std::size_t c = 0; c < d; ++c) acc[r][c] *= scale;
-            sums[r] *= scale;
-          }
-          running_max[r] = new_max;
-        }
-        any_active = any_active || running_max[r] != kNegInf;
-      }
-      if (!any_active) continue;
-      for (std::size_t chunk = 0; chunk < kChunksPerTile; ++chunk) {
-        const std::size_t j = tile + chunk * kLanes;
-        Lanes values[kMaxDim] = {};
-        for (std::size_t c = 0; c < d; ++c)
-          values[c] = simd::load(p.values_t.data() + c * ns + j);
-        for (std::size_t r = 0; r < kBlock; ++r) {
-          if (running_max[r] == kNegInf) continue;
-          Lanes weight = simd::exp_nonpositive(logits[r][chunk] - running_max[r]);
-          if constexpr (Terms::kHasFactor) weight *= terms.factor(receiver_terms[r], j);
-          sums[r] += weight;
-          for (std::size_t c = 0; c < d; ++c) acc[r][c] += weight * values[c];
-        }
-      }
-    }
-    for (std::size_t r = 0; r < kBlock; ++r) {
-      log_max[r] = running_max[r];
-      weight_sum[r] = simd::horizontal_sum(sums[r]);
-      for (std::size_t c = 0; c < d; ++c)
-        acc_out[r * acc_stride + c] = simd::horizontal_sum(acc[r][c]);
+  template <class Terms>
+  void sum_block(const Terms& terms, const Prepared& p, const std::size_t* receivers,
+                 BlockSums& sums) const {
+    switch (p.d) {
+      case 2: return sum_small<2>(terms, p, receivers, sums);
+      case 3: return sum_small<3>(terms, p, receivers, sums);
+      case 4: return sum_small<4>(terms, p, receivers, sums);
+      default:
+        if (p.d <= kSmallDimension) return sum_small<0>(terms, p, receivers, sums);
+        return sum_large(terms, p, receivers, sums);
     }
   }
 
-  /// Lanes over components: for large d the tile's weights are staged and A_i += W Z runs as
-  /// a register-blocked product (kBlock receivers x 2 lane vectors of components).
+  /// Lanes over sources: for small d the sums A_i stay in registers as lane vectors.
+  template <int kDim, class Terms>
+  void sum_small(const Terms& terms, const Prepared& p, const std::size_t* receivers,
+                 BlockSums& out) const {
+    const std::size_t d = kDim > 0 ? std::size_t(kDim) : p.d;
+    constexpr std::size_t kMaxDim = kDim > 0 ? std::size_t(kDim) : kSmallDimension;
+    const std::size_t ns = p.padded_sources;
+    double q[kBlock][kMaxDim] = {};
+    double neg_offset[kBlock];
+    Lanes acc[kBlock][kMaxDim] = {};
+    Lanes sums[kBlock] = {};
+    typename Terms::Receiver receiver_terms[kBlock];
+    for (std::size_t r = 0; r < kBlock; ++r) {
+      for (std::size_t c = 0; c < d; ++c) q[r][c] = p.queries[receivers[r] * d + c];
+      neg_offset[r] = -out.offset[r];
+      receiver_terms[r] = terms.receiver(receivers[r]);
+    }
+    auto chunk = [&]<bool kBias>(std::size_t j) {
+      Lanes keys[kMaxDim] = {}, values[kMaxDim] = {};
+      for (std::size_t c = 0; c < d; ++c) {
+        keys[c] = simd::load(p.keys_t.data() + c * ns + j);
+        values[c] = simd::load(p.values_t.data() + c * ns + j);
+      }
+      Lanes bias{};
+      if constexpr (kBias) bias = simd::load(p.bias.data() + j);
+      for (std::size_t r = 0; r < kBlock; ++r) {
+        Lanes logit = q[r][0] * keys[0] + neg_offset[r];
+        for (std::size_t c = 1; c < d; ++c) logit += q[r][c] * keys[c];
+        if constexpr (kBias) logit += bias;
+        if constexpr (Terms::kHasLogTerm) logit += terms.log_term(receiver_terms[r], j);
+        Lanes weight = simd::exp_nonpositive(logit);
+        if constexpr (Terms::kHasFactor) weight *= terms.factor(receiver_terms[r], j);
+        sums[r] += weight;
+        for (std::size_t c = 0; c < d; ++c) acc[r][c] += weight * values[c];
+      }
+    };
+    // Sources before bias_free_end all have p_j = 1 (bias 0); the rest, padding included,
+    // add their bias. Adding a zero bias changes no bit, so both paths agree.
+    std::size_t j = 0;
+    for (; j < p.bias_free_end; j += kLanes) chunk.template operator()<false>(j);
+    for (; j < ns; j += kLanes) chunk.template operator()<true>(j);
+    for (std::size_t r = 0; r < kBlock; ++r) {
+      out.weight_sum[r] = simd::horizontal_sum(sums[r]);
+      for (std::size_t c = 0; c < d; ++c)
+        out.acc[r * out.acc_stride + c] = simd::horizontal_sum(acc[r][c]);
+    }
+  }
+
+  /// Logits l_ij - offset of 16 sources for the block, lanes over sources.
   template <class Terms>
-  void block_large(const Terms& terms, const Prepared& p, const std::size_t* receivers,
-                   double* log_max, double* weight_sum, double* acc, std::size_t acc_stride) const {
+  void large_logits(const Terms& terms, const Prepared& p, const double* const* q,
+                    const double* neg_offset, const typename Terms::Receiver* receiver_terms,
+                    std::size_t j, Lanes (*logits)[2]) const {
+    const std::size_t d = p.d, ns = p.padded_sources;
+    Lanes s0[kBlock], s1[kBlock];
+    for (std::size_t r = 0; r < kBlock; ++r) s0[r] = s1[r] = simd::broadcast(neg_offset[r]);
+    for (std::size_t c = 0; c < d; ++c) {
+      const Lanes k0 = simd::load(p.keys_t.data() + c * ns + j);
+      const Lanes k1 = simd::load(p.keys_t.data() + c * ns + j + kLanes);
+      for (std::size_t r = 0; r < kBlock; ++r) {
+        s0[r] += q[r][c] * k0;
+        s1[r] += q[r][c] * k1;
+      }
+    }
+    const Lanes b0 = simd::load(p.bias.data() + j);
+    const Lanes b1 = simd::load(p.bias.data() + j + kLanes);
+    for (std::size_t r = 0; r < kBlock; ++r) {
+      logits[r][0] = s0[r] + b0;
+      logits[r][1] = s1[r] + b1;
+      if constexpr (Terms::kHasLogTerm) {
+        logits[r][0] += terms.log_term(receiver_terms[r], j);
+        logits[r][1] += terms.log_term(receiver_terms[r], j + kLanes);
+      }
+    }
+  }
+
+  /// Lanes over components: for large d the weights of a tile are staged and A_i += W Z runs
+  /// as a register-blocked product (kBlock receivers x 2 lane vectors of components).
+  template <class Terms>
+  void sum_large(const Terms& terms, const Prepared& p, const std::size_t* receivers,
+                 BlockSums& out) const {
     const std::size_t d = p.d, ns = p.padded_sources, dp = p.padded_dim;
     const double* q[kBlock];
-    Lanes sums[kBlock];
-    double running_max[kBlock];
+    double neg_offset[kBlock];
+    Lanes sums[kBlock] = {};
     typename Terms::Receiver receiver_terms[kBlock];
     for (std::size_t r = 0; r < kBlock; ++r) {
       q[r] = p.queries.data() + receivers[r] * d;
-      sums[r] = Lanes{};
-      running_max[r] = kNegInf;
+      neg_offset[r] = -out.offset[r];
       receiver_terms[r] = terms.receiver(receivers[r]);
     }
     alignas(64) double weights[kBlock][kTile];
-    Lanes logits[kBlock][kChunksPerTile];
     for (std::size_t tile = 0; tile < ns; tile += kTile) {
-      Lanes tile_max[kBlock];
-      for (std::size_t r = 0; r < kBlock; ++r) tile_max[r] = simd::broadcast(kNegInf);
-      for (std::size_t chunk = 0; chunk < kChunksPerTile; chunk += 2) {
-        const std::size_t j = tile + chunk * kLanes;
-        Lanes s0[kBlock] = {}, s1[kBlock] = {};
-        for (std::size_t c = 0; c < d; ++c) {
-          const Lanes k0 = simd::load(p.keys_t.data() + c * ns + j);
-          const Lanes k1 = simd::load(p.keys_t.data() + c * ns + j + kLanes);
-          for (std::size_t r = 0; r < kBlock; ++r) {
-            s0[r] += q[r][c] * k0;
-            s1[r] += q[r][c] * k1;
-          }
-        }
-        const Lanes b0 = simd::load(p.bias.data() + j);
-        const Lanes b1 = simd::load(p.bias.data() + j + kLanes);
-        for (std::size_t r = 0; r < kBlock; ++r) {
-          s0[r] += b0;
-          s1[r] += b1;
-          if constexpr (Terms::kHasLogTerm) {
-            s0[r] += terms.log_term(receiver_terms[r], j);
-            s1[r] += terms.log_term(receiver_terms[r], j + kLanes);
-          }
-          logits[r][chunk] = s0[r];
-          logits[r][chunk + 1] = s1[r];
-          tile_max[r] = simd::max(tile_max[r], simd::max(s0[r], s1[r]));
-        }
-      }
-      bool any_active = false;
-      for (std::size_t r = 0; r < kBlock; ++r) {
-        const double new_max = simd::horizontal_max(tile_max[r]);
-        if (new_max > running_max[r]) {
-          if (running_max[r] != kNegInf) {
-            const double scale = std::exp(running_max[r] - new_max);
-            for (std::size_t c = 0; c < dp; ++c) acc[r * acc_stride + c] *= scale;
-            sums[r] *= scale;
-          }
-          running_max[r] = new_max;
-        }
-        any_active = any_active || running_max[r] != kNegInf;
-        for (std::size_t chunk = 0; chunk < kChunksPerTile; ++chunk) {
-          Lanes weight = Lanes{};
-          if (running_max[r] != kNegInf) {
-            weight = simd::exp_nonpositive(logits[r][chunk] - running_max[r]);
+      for (std::size_t chunk = 0; chunk < kTile; chunk += 2 * kLanes) {
+        const std::size_t j = tile + chunk;
+        Lanes logits[kBlock][2];
+        large_logits(terms, p, q, neg_offset, receiver_terms, j, logits);
+        for (std::size_t r = 0; r < kBlock; ++r)
+          for (std::size_t h = 0; h < 2; ++h) {
+            Lanes weight = simd::exp_nonpositive(logits[r][h]);
             if constexpr (Terms::kHasFactor)
-              weight *= terms.factor(receiver_terms[r], tile + chunk * kLanes);
+              weight *= terms.factor(receiver_terms[r], j + h * kLanes);
+            sums[r] += weight;
+            simd::store(weights[r] + chunk + h * kLanes, weight);
           }
-          sums[r] += weight;
-          simd::store(weights[r] + chunk * kLanes, weight);
-        }
       }
-      if (!any_active) continue;
       for (std::size_t cb = 0; cb < dp; cb += 2 * kLanes) {
         Lanes a0[kBlock] = {}, a1[kBlock] = {};
         for (std::size_t t = 0; t < kTile; ++t) {
@@ -341,21 +346,42 @@ class CpuBackend final : public Backend {
           }
         }
         for (std::size_t r = 0; r < kBlock; ++r) {
-          double* out = acc + r * acc_stride + cb;
-          simd::store(out, simd::load(out) + a0[r]);
-          simd::store(out + kLanes, simd::load(out + kLanes) + a1[r]);
+          double* acc = out.acc + r * out.acc_stride + cb;
+          simd::store(acc, simd::load(acc) + a0[r]);
+          simd::store(acc + kLanes, simd::load(acc + kLanes) + a1[r]);
         }
       }
     }
+    for (std::size_t r = 0; r < kBlock; ++r) out.weight_sum[r] = simd::horizontal_sum(sums[r]);
+  }
+
+  /// max_j l_ij for each receiver of the block (-inf when no source is visible).
+  template <class Terms>
+  void max_block(const Terms& terms, const Prepared& p, const std::size_t* receivers,
+                 double* exact) const {
+    const std::size_t d = p.d, ns = p.padded_sources;
+    const double* q[kBlock];
+    const double zero[kBlock] = {};
+    typename Terms::Receiver receiver_terms[kBlock];
+    Lanes best[kBlock];
     for (std::size_t r = 0; r < kBlock; ++r) {
-      log_max[r] = running_max[r];
-      weight_sum[r] = simd::horizontal_sum(sums[r]);
+      q[r] = p.queries.data() + receivers[r] * d;
+      receiver_terms[r] = terms.receiver(receivers[r]);
+      best[r] = simd::broadcast(kNegInf);
     }
+    for (std::size_t j = 0; j < ns; j += 2 * kLanes) {
+      Lanes logits[kBlock][2];
+      large_logits(terms, p, q, zero, receiver_terms, j, logits);
+      for (std::size_t r = 0; r < kBlock; ++r)
+        best[r] = simd::max(best[r], simd::max(logits[r][0], logits[r][1]));
+    }
+    for (std::size_t r = 0; r < kBlock; ++r) exact[r] = simd::horizontal_max(best[r]);
   }
 
   const Model& model_;
   int threads_;
   double mass_;
+  bool all_present_ = true;
   cpu::PairTerms pair_terms_;
   std::vector<Prepared> prepared_;
 };

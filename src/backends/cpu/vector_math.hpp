@@ -36,21 +36,24 @@ inline double horizontal_sum(Lanes v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
-/// exp(x) for x <= 0, to about 1 ulp; exactly 0 for x < -708 (and for -inf), where the
-/// true value is below 3.3e-308 and, relative to the largest weight 1, irrelevant.
+/// exp(x) for x <= 0, to about 1 ulp (2 ulp at worst); exactly 0 for x < -708 (and for
+/// -inf), where the true value is below 3.3e-308 and, next to a largest weight near 1,
+/// irrelevant. NaN stays NaN.
 ///   x = n ln2 + r, |r| <= ln2 / 2 (Cody-Waite split of ln2, n * ln2_hi exact),
 ///   exp(r) by its Taylor polynomial of degree 12 (truncation < 1.2e-16 relative),
-///   2^n by writing the exponent bits.
+///   2^n by writing n + 1023 into the exponent bits.
+/// Lanes below -708 compute garbage that the final select discards, so no clamp is needed.
 inline Lanes exp_nonpositive(Lanes x) {
   constexpr double kLog2e = 1.4426950408889634074;
   constexpr double kLn2Hi = 6.93147180369123816490e-01;
   constexpr double kLn2Lo = 1.90821492927058770002e-10;
-  constexpr double kShifter = 6755399441055744.0;  // 1.5 * 2^52: rounds to an integer
+  // 1.5 * 2^52 + 1023: adding it rounds x log2(e) to an integer n and leaves n + 1023 in the
+  // low mantissa bits (bits 0-10 for n in [-1022, 0]; bit 51 is shifted out below).
+  constexpr double kShifter = 6755399441055744.0 + 1023.0;
   constexpr double kUnderflow = -708.0;
-  const Lanes clamped = x < kUnderflow ? broadcast(kUnderflow) : x;
-  const Lanes shifted = clamped * kLog2e + kShifter;
+  const Lanes shifted = x * kLog2e + kShifter;
   const Lanes n = shifted - kShifter;
-  Lanes r = clamped - n * kLn2Hi;
+  Lanes r = x - n * kLn2Hi;
   r = r - n * kLn2Lo;
   Lanes p = broadcast(1.0 / 479001600.0);
   p = p * r + 1.0 / 39916800.0;
@@ -65,14 +68,11 @@ inline Lanes exp_nonpositive(Lanes x) {
   p = p * r + 0.5;
   p = p * r + 1.0;
   p = p * r + 1.0;
-  // shifted = 1.5 * 2^52 + n exactly, so its low bits hold n as an integer.
-  LaneInts shifted_bits, shifter_bits;
-  std::memcpy(&shifted_bits, &shifted, sizeof(shifted_bits));
-  const Lanes shifter = broadcast(kShifter);
-  std::memcpy(&shifter_bits, &shifter, sizeof(shifter_bits));
-  const LaneInts exponent = (shifted_bits - shifter_bits + 1023) << 52;
+  LaneInts bits;
+  std::memcpy(&bits, &shifted, sizeof(bits));
+  bits <<= 52;
   Lanes two_to_n;
-  std::memcpy(&two_to_n, &exponent, sizeof(two_to_n));
+  std::memcpy(&two_to_n, &bits, sizeof(two_to_n));
   const Lanes result = p * two_to_n;
   return x < kUnderflow ? Lanes{} : result;
 }
