@@ -48,21 +48,43 @@ std::size_t round_up(std::size_t value, std::size_t multiple) {
 struct Prepared {
   std::size_t d = 0, padded_sources = 0, padded_dim = 0;
   std::size_t bias_free_end = 0;    // sources before this need no bias (all p_j = 1, no padding)
+  // Row strides of the lane-major and row-major operands, a line longer than the data so
+  // that rows never share cache sets (power-of-two strides thrash the L1).
+  std::size_t source_stride = 0, row_stride = 0;
   std::vector<double> queries;      // n x d, receiver-major
   std::vector<double> offsets;      // B_i per receiver
-  std::vector<double> keys_t;       // d x padded_sources (lanes over sources)
-  std::vector<double> values_t;     // d x padded_sources   (small d)
-  std::vector<double> values_rows;  // padded_sources x padded_dim (large d)
+  std::vector<double> keys_t;       // d rows of source_stride (lanes over sources)
+  std::vector<double> values_t;     // d rows of source_stride (small d)
+  std::vector<double> values_rows;  // padded_sources rows of row_stride (large d)
   std::vector<double> bias;         // padded_sources
 };
 
-/// What a pass over the sources computes for one block of receivers.
+/// Running sums of one block of receivers over the sources seen so far:
+/// S_i as lanes, and A_i as lanes over sources (small d) or as rows (large d).
 struct BlockSums {
+  std::size_t receivers[kBlock];
+  std::size_t count = 0;  // receivers of the block that exist (the rest repeat the last)
   double offset[kBlock];
+  Lanes weight_lanes[kBlock];
+  Lanes acc_lanes[kBlock][kSmallDimension];
+  double* acc = nullptr;  // kBlock rows of acc_stride numbers
+  std::size_t acc_stride = 0;
   double weight_sum[kBlock];
-  double* acc;             // kBlock rows of acc_stride numbers
-  std::size_t acc_stride;
+
+  void reset() {
+    for (std::size_t r = 0; r < kBlock; ++r) {
+      weight_lanes[r] = Lanes{};
+      for (auto& lanes : acc_lanes[r]) lanes = Lanes{};
+    }
+    std::fill(acc, acc + kBlock * acc_stride, 0.0);
+  }
 };
+
+/// Receivers of a panel share every source tile while it is in cache: kPanelBlocks blocks
+/// of kBlock receivers walk the sources tile by tile.
+constexpr std::size_t kPanelBlocks = 16;
+constexpr std::size_t kSmallSourceTile = 1024;  // (2d + 1) * 8 KiB of operands at most
+constexpr std::size_t kLargeSourceTile = 128;   // 2 * 128 * d * 8 bytes of operands
 
 class CpuBackend final : public Backend {
  public:
@@ -78,8 +100,9 @@ class CpuBackend final : public Backend {
                 double* weight_sums_out) override {
     prepared_.resize(replicas);
     const std::size_t n = model_.n;
-    const std::size_t blocks_per_replica = (n + kBlock - 1) / kBlock;
-    const std::size_t total_blocks = replicas * blocks_per_replica;
+    const std::size_t panel = kPanelBlocks * kBlock;
+    const std::size_t panels_per_replica = (n + panel - 1) / panel;
+    const std::size_t total_panels = replicas * panels_per_replica;
     bool failed = false;
     std::string failure;
 #pragma omp parallel num_threads(threads_)
@@ -87,11 +110,12 @@ class CpuBackend final : public Backend {
 #pragma omp for schedule(static)
       for (std::size_t r = 0; r < replicas; ++r) prepare(x + r * n * model_.d, prepared_[r]);
 #pragma omp for schedule(dynamic, 1)
-      for (std::size_t b = 0; b < total_blocks; ++b) {
-        const std::size_t r = b / blocks_per_replica;
-        const std::size_t first = (b % blocks_per_replica) * kBlock;
+      for (std::size_t unit = 0; unit < total_panels; ++unit) {
+        const std::size_t r = unit / panels_per_replica;
+        const std::size_t first = (unit % panels_per_replica) * panel;
         try {
-          run_block(r, first, x + r * n * model_.d, velocity_out + r * n * model_.d,
+          run_panel(r, first, std::min(panel, n - first), x + r * n * model_.d,
+                    velocity_out + r * n * model_.d,
                     weight_sums_out ? weight_sums_out + r * n : nullptr);
         } catch (const NumericalError& error) {
 #pragma omp critical(mfattn_cpu_failure)
@@ -112,15 +136,17 @@ class CpuBackend final : public Backend {
     p.padded_sources = round_up(std::max<std::size_t>(n, 1), kTile);
     p.padded_dim = round_up(d, 2 * kLanes);
     p.bias_free_end = all_present_ ? n / kLanes * kLanes : 0;
-    const std::size_t ns = p.padded_sources;
+    p.source_stride = p.padded_sources + kLanes;
+    p.row_stride = p.padded_dim + kLanes;
+    const std::size_t ns = p.source_stride;
     p.queries.assign(n * d, 0.0);
     p.offsets.assign(n, 0.0);
     p.keys_t.assign(d * ns, 0.0);
-    p.bias.assign(ns, kNegInf);
+    p.bias.assign(p.padded_sources, kNegInf);
     if (d <= kSmallDimension)
       p.values_t.assign(d * ns, 0.0);
     else
-      p.values_rows.assign(ns * p.padded_dim, 0.0);
+      p.values_rows.assign(p.padded_sources * p.row_stride, 0.0);
     std::vector<double> tmp(d), out(d);
     double largest_key = 0.0;
     for (std::size_t j = 0; j < n; ++j) {
@@ -141,7 +167,7 @@ class CpuBackend final : public Backend {
       if (d <= kSmallDimension)
         for (std::size_t c = 0; c < d; ++c) p.values_t[c * ns + j] = z[c];
       else
-        std::copy(z, z + d, p.values_rows.data() + j * p.padded_dim);
+        std::copy(z, z + d, p.values_rows.data() + j * p.row_stride);
       const double presence = model_.presence[j];
       p.bias[j] = presence > 0.0 ? std::log(presence) : kNegInf;
       // Null sources stay out of the bound, so that adding them changes no offset.
@@ -173,30 +199,50 @@ class CpuBackend final : public Backend {
       std::copy(in, in + d, out);
   }
 
-  void run_block(std::size_t replica, std::size_t first, const double* x, double* velocity,
-                 double* weight_sums) const {
+  void run_panel(std::size_t replica, std::size_t first, std::size_t receivers_in_panel,
+                 const double* x, double* velocity, double* weight_sums) const {
     const Prepared& p = prepared_[replica];
-    const std::size_t count = std::min(kBlock, model_.n - first);
-    std::size_t receivers[kBlock];
-    for (std::size_t r = 0; r < kBlock; ++r) receivers[r] = first + std::min(r, count - 1);
-    thread_local std::vector<double> acc;
+    const std::size_t blocks = (receivers_in_panel + kBlock - 1) / kBlock;
     const std::size_t acc_stride = std::max(p.padded_dim, kSmallDimension);
-    acc.assign(kBlock * acc_stride, 0.0);
-    BlockSums sums{{}, {}, acc.data(), acc_stride};
-    for (std::size_t r = 0; r < kBlock; ++r) sums.offset[r] = p.offsets[receivers[r]];
+    thread_local std::vector<BlockSums> panel;
+    thread_local std::vector<double> acc_rows;
+    panel.resize(kPanelBlocks);
+    acc_rows.resize(kPanelBlocks * kBlock * acc_stride);
+    for (std::size_t b = 0; b < blocks; ++b) {
+      BlockSums& block = panel[b];
+      const std::size_t start = first + b * kBlock;
+      block.count = std::min(kBlock, first + receivers_in_panel - start);
+      for (std::size_t r = 0; r < kBlock; ++r) {
+        block.receivers[r] = start + std::min(r, block.count - 1);
+        block.offset[r] = p.offsets[block.receivers[r]];
+      }
+      block.acc = acc_rows.data() + b * kBlock * acc_stride;
+      block.acc_stride = acc_stride;
+      block.reset();
+    }
+    const std::size_t tile = p.d <= kSmallDimension ? kSmallSourceTile : kLargeSourceTile;
     pair_terms_.dispatch([&](const auto& terms) {
-      sum_block(terms, p, receivers, sums);
-      bool loose = false;
-      for (std::size_t r = 0; r < count; ++r) loose = loose || !(sums.weight_sum[r] >= kLooseBound);
-      if (!loose) return;
-      // The bound was loose for some receiver: take its exact maximum and sum again. The
-      // other receivers get the same offsets, hence the same bits, as in the first pass.
-      double exact[kBlock];
-      max_block(terms, p, receivers, exact);
-      for (std::size_t r = 0; r < kBlock; ++r)
-        if (!(sums.weight_sum[r] >= kLooseBound)) sums.offset[r] = exact[r];
-      std::fill(acc.begin(), acc.end(), 0.0);
-      sum_block(terms, p, receivers, sums);
+      for (std::size_t begin = 0; begin < p.padded_sources; begin += tile) {
+        const std::size_t end = std::min(p.padded_sources, begin + tile);
+        for (std::size_t b = 0; b < blocks; ++b) accumulate(terms, p, panel[b], begin, end);
+      }
+      for (std::size_t b = 0; b < blocks; ++b) {
+        BlockSums& block = panel[b];
+        finalize(p, block);
+        bool loose = false;
+        for (std::size_t r = 0; r < block.count; ++r)
+          loose = loose || !(block.weight_sum[r] >= kLooseBound);
+        if (!loose) continue;
+        // The bound was loose for some receiver: take its exact maximum and sum again. The
+        // other receivers keep their offsets, hence the same bits as in the first pass.
+        double exact[kBlock];
+        max_block(terms, p, block.receivers, exact);
+        for (std::size_t r = 0; r < kBlock; ++r)
+          if (!(block.weight_sum[r] >= kLooseBound)) block.offset[r] = exact[r];
+        block.reset();
+        accumulate(terms, p, block, 0, p.padded_sources);
+        finalize(p, block);
+      }
     });
     double scratch[2 * 64];
     std::vector<double> big_scratch;
@@ -205,45 +251,63 @@ class CpuBackend final : public Backend {
       big_scratch.resize(2 * model_.d);
       work = big_scratch.data();
     }
-    for (std::size_t r = 0; r < count; ++r) {
-      const std::size_t i = receivers[r];
-      const double sum = detail::finish_receiver(model_, mass_, i, x + i * model_.d,
-                                                 sums.offset[r], sums.weight_sum[r],
-                                                 acc.data() + r * acc_stride,
-                                                 velocity + i * model_.d, work);
-      if (weight_sums) weight_sums[i] = sum;
+    for (std::size_t b = 0; b < blocks; ++b) {
+      const BlockSums& block = panel[b];
+      for (std::size_t r = 0; r < block.count; ++r) {
+        const std::size_t i = block.receivers[r];
+        const double sum = detail::finish_receiver(
+            model_, mass_, i, x + i * model_.d, block.offset[r], block.weight_sum[r],
+            block.acc + r * block.acc_stride, velocity + i * model_.d, work);
+        if (weight_sums) weight_sums[i] = sum;
+      }
     }
   }
 
+  /// Adds sources [begin, end) to the block's sums.
   template <class Terms>
-  void sum_block(const Terms& terms, const Prepared& p, const std::size_t* receivers,
-                 BlockSums& sums) const {
+  void accumulate(const Terms& terms, const Prepared& p, BlockSums& block, std::size_t begin,
+                  std::size_t end) const {
     switch (p.d) {
-      case 2: return sum_small<2>(terms, p, receivers, sums);
-      case 3: return sum_small<3>(terms, p, receivers, sums);
-      case 4: return sum_small<4>(terms, p, receivers, sums);
+      case 2: return accumulate_small<2>(terms, p, block, begin, end);
+      case 3: return accumulate_small<3>(terms, p, block, begin, end);
+      case 4: return accumulate_small<4>(terms, p, block, begin, end);
       default:
-        if (p.d <= kSmallDimension) return sum_small<0>(terms, p, receivers, sums);
-        return sum_large(terms, p, receivers, sums);
+        if (p.d <= kSmallDimension) return accumulate_small<0>(terms, p, block, begin, end);
+        return accumulate_large(terms, p, block, begin, end);
+    }
+  }
+
+  /// Horizontal sums of the lanes, in a fixed order.
+  void finalize(const Prepared& p, BlockSums& block) const {
+    for (std::size_t r = 0; r < kBlock; ++r) {
+      block.weight_sum[r] = simd::horizontal_sum(block.weight_lanes[r]);
+      if (p.d <= kSmallDimension)
+        for (std::size_t c = 0; c < p.d; ++c)
+          block.acc[r * block.acc_stride + c] = simd::horizontal_sum(block.acc_lanes[r][c]);
     }
   }
 
   /// Lanes over sources: for small d the sums A_i stay in registers as lane vectors.
   template <int kDim, class Terms>
-  void sum_small(const Terms& terms, const Prepared& p, const std::size_t* receivers,
-                 BlockSums& out) const {
+  void accumulate_small(const Terms& terms, const Prepared& p, BlockSums& block,
+                        std::size_t begin, std::size_t end) const {
     const std::size_t d = kDim > 0 ? std::size_t(kDim) : p.d;
     constexpr std::size_t kMaxDim = kDim > 0 ? std::size_t(kDim) : kSmallDimension;
-    const std::size_t ns = p.padded_sources;
+    const std::size_t ns = p.source_stride;
     double q[kBlock][kMaxDim] = {};
     double neg_offset[kBlock];
-    Lanes acc[kBlock][kMaxDim] = {};
-    Lanes sums[kBlock] = {};
+    Lanes acc[kBlock][kMaxDim];
+    Lanes sums[kBlock];
     typename Terms::Receiver receiver_terms[kBlock];
     for (std::size_t r = 0; r < kBlock; ++r) {
-      for (std::size_t c = 0; c < d; ++c) q[r][c] = p.queries[receivers[r] * d + c];
-      neg_offset[r] = -out.offset[r];
-      receiver_terms[r] = terms.receiver(receivers[r]);
+      for (std::size_t c = 0; c < d; ++c) {
+        q[r][c] = p.queries[block.receivers[r] * d + c];
+        acc[r][c] = block.acc_lanes[r][c];
+      }
+      for (std::size_t c = d; c < kMaxDim; ++c) acc[r][c] = Lanes{};
+      sums[r] = block.weight_lanes[r];
+      neg_offset[r] = -block.offset[r];
+      receiver_terms[r] = terms.receiver(block.receivers[r]);
     }
     auto chunk = [&]<bool kBias>(std::size_t j) {
       Lanes keys[kMaxDim] = {}, values[kMaxDim] = {};
@@ -266,13 +330,12 @@ class CpuBackend final : public Backend {
     };
     // Sources before bias_free_end all have p_j = 1 (bias 0); the rest, padding included,
     // add their bias. Adding a zero bias changes no bit, so both paths agree.
-    std::size_t j = 0;
-    for (; j < p.bias_free_end; j += kLanes) chunk.template operator()<false>(j);
-    for (; j < ns; j += kLanes) chunk.template operator()<true>(j);
+    const std::size_t split = std::clamp(p.bias_free_end, begin, end);
+    for (std::size_t j = begin; j < split; j += kLanes) chunk.template operator()<false>(j);
+    for (std::size_t j = split; j < end; j += kLanes) chunk.template operator()<true>(j);
     for (std::size_t r = 0; r < kBlock; ++r) {
-      out.weight_sum[r] = simd::horizontal_sum(sums[r]);
-      for (std::size_t c = 0; c < d; ++c)
-        out.acc[r * out.acc_stride + c] = simd::horizontal_sum(acc[r][c]);
+      block.weight_lanes[r] = sums[r];
+      for (std::size_t c = 0; c < d; ++c) block.acc_lanes[r][c] = acc[r][c];
     }
   }
 
@@ -281,7 +344,7 @@ class CpuBackend final : public Backend {
   void large_logits(const Terms& terms, const Prepared& p, const double* const* q,
                     const double* neg_offset, const typename Terms::Receiver* receiver_terms,
                     std::size_t j, Lanes (*logits)[2]) const {
-    const std::size_t d = p.d, ns = p.padded_sources;
+    const std::size_t d = p.d, ns = p.source_stride;
     Lanes s0[kBlock], s1[kBlock];
     for (std::size_t r = 0; r < kBlock; ++r) s0[r] = s1[r] = simd::broadcast(neg_offset[r]);
     for (std::size_t c = 0; c < d; ++c) {
@@ -307,20 +370,19 @@ class CpuBackend final : public Backend {
   /// Lanes over components: for large d the weights of a tile are staged and A_i += W Z runs
   /// as a register-blocked product (kBlock receivers x 2 lane vectors of components).
   template <class Terms>
-  void sum_large(const Terms& terms, const Prepared& p, const std::size_t* receivers,
-                 BlockSums& out) const {
-    const std::size_t d = p.d, ns = p.padded_sources, dp = p.padded_dim;
+  void accumulate_large(const Terms& terms, const Prepared& p, BlockSums& block,
+                        std::size_t begin, std::size_t end) const {
+    const std::size_t d = p.d, dp = p.padded_dim;
     const double* q[kBlock];
     double neg_offset[kBlock];
-    Lanes sums[kBlock] = {};
     typename Terms::Receiver receiver_terms[kBlock];
     for (std::size_t r = 0; r < kBlock; ++r) {
-      q[r] = p.queries.data() + receivers[r] * d;
-      neg_offset[r] = -out.offset[r];
-      receiver_terms[r] = terms.receiver(receivers[r]);
+      q[r] = p.queries.data() + block.receivers[r] * d;
+      neg_offset[r] = -block.offset[r];
+      receiver_terms[r] = terms.receiver(block.receivers[r]);
     }
     alignas(64) double weights[kBlock][kTile];
-    for (std::size_t tile = 0; tile < ns; tile += kTile) {
+    for (std::size_t tile = begin; tile < end; tile += kTile) {
       for (std::size_t chunk = 0; chunk < kTile; chunk += 2 * kLanes) {
         const std::size_t j = tile + chunk;
         Lanes logits[kBlock][2];
@@ -330,14 +392,14 @@ class CpuBackend final : public Backend {
             Lanes weight = simd::exp_nonpositive(logits[r][h]);
             if constexpr (Terms::kHasFactor)
               weight *= terms.factor(receiver_terms[r], j + h * kLanes);
-            sums[r] += weight;
+            block.weight_lanes[r] += weight;
             simd::store(weights[r] + chunk + h * kLanes, weight);
           }
       }
       for (std::size_t cb = 0; cb < dp; cb += 2 * kLanes) {
         Lanes a0[kBlock] = {}, a1[kBlock] = {};
         for (std::size_t t = 0; t < kTile; ++t) {
-          const double* row = p.values_rows.data() + (tile + t) * dp + cb;
+          const double* row = p.values_rows.data() + (tile + t) * p.row_stride + cb;
           const Lanes z0 = simd::load(row);
           const Lanes z1 = simd::load(row + kLanes);
           for (std::size_t r = 0; r < kBlock; ++r) {
@@ -346,13 +408,12 @@ class CpuBackend final : public Backend {
           }
         }
         for (std::size_t r = 0; r < kBlock; ++r) {
-          double* acc = out.acc + r * out.acc_stride + cb;
+          double* acc = block.acc + r * block.acc_stride + cb;
           simd::store(acc, simd::load(acc) + a0[r]);
           simd::store(acc + kLanes, simd::load(acc + kLanes) + a1[r]);
         }
       }
     }
-    for (std::size_t r = 0; r < kBlock; ++r) out.weight_sum[r] = simd::horizontal_sum(sums[r]);
   }
 
   /// max_j l_ij for each receiver of the block (-inf when no source is visible).
