@@ -59,11 +59,15 @@ struct RunConfig {
   std::string backend = "cpu";
   std::string out;
   bool overwrite = false;
+  bool deflate = false;
+  bool fletcher32 = false;
   bool quiet = false;
   std::string config;
 
-  /// Derived after parsing: the command line as given and every option as a typed parameter.
+  /// Derived after parsing: the command line as given, the config file's text, and every
+  /// option as a typed parameter.
   std::string command_line;
+  std::string config_text;
   std::vector<Parameter> parameters;
 };
 
@@ -73,6 +77,12 @@ boost::program_options::options_description run_options(RunConfig& cfg);
 /// Parses `mfattn run` arguments (without the subcommand), reads --config if given (the
 /// command line wins), validates every option and resolves defaults. Throws UsageError.
 RunConfig parse_run_arguments(const std::vector<std::string>& args);
+
+/// Reads an INI config file through the option table: sections are prefixes ("[model]
+/// n = 8" sets --n), unknown keys are UsageErrors. text receives the file's contents.
+boost::program_options::parsed_options read_config_file(
+    const std::string& path, const boost::program_options::options_description& table,
+    std::string& text);
 
 /// Validates values once, before anything is written. Throws UsageError.
 void validate(const RunConfig& cfg);

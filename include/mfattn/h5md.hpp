@@ -8,6 +8,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -72,6 +73,15 @@ struct Frame {
   std::vector<double> x;
 };
 Frame read_last_frame(const std::string& path);
+
+/// What `mfattn info` shows of a file: sizes, time span, /parameters and /run as text.
+struct FileSummary {
+  std::size_t n = 0, d = 0, replicas = 0, frames = 0;
+  double first_time = 0.0, last_time = 0.0;
+  std::vector<std::pair<std::string, std::string>> parameters, run;
+};
+/// Throws IoError for a missing file or one that is not an mfattn H5MD file.
+FileSummary describe_file(const std::string& path);
 
 /// True when the file is HDF5 and carries the H5MD root group with creator "mfattn".
 bool is_mfattn_file(const std::string& path);

@@ -62,6 +62,28 @@ ParameterValue to_parameter(const boost::any& value) {
 
 }  // namespace
 
+po::parsed_options read_config_file(const std::string& path, const po::options_description& table,
+                                    std::string& text) {
+  std::ifstream file(path);
+  if (!file) reject("config", path, "file cannot be read");
+  std::ostringstream contents;
+  contents << file.rdbuf();
+  text = contents.str();
+  std::istringstream in(text);
+  // Sections are prefixes ("[model] n = 8" is "model.n"): a key is its last dotted part, and
+  // a key that names no option is an error.
+  po::parsed_options parsed = po::parse_config_file(in, table, /*allow_unregistered=*/true);
+  for (auto& option : parsed.options) {
+    const auto dot = option.string_key.rfind('.');
+    const std::string key = dot == std::string::npos ? option.string_key : option.string_key.substr(dot + 1);
+    if (!table.find_nothrow(key, false))
+      reject("config", path, "unknown key '" + option.string_key + "'");
+    option.string_key = key;
+    option.unregistered = false;
+  }
+  return parsed;
+}
+
 po::options_description run_options(RunConfig& c) {
   po::options_description model("Model");
   model.add_options()
@@ -118,6 +140,8 @@ po::options_description run_options(RunConfig& c) {
       ("backend", bound(c.backend), "cpu | reference | cuda")
       ("out", bound(c.out, "required"), "output H5MD file")
       ("overwrite", po::bool_switch(&c.overwrite), "replace an existing output file")
+      ("deflate", po::bool_switch(&c.deflate), "compress positions (deflate level 4 + shuffle)")
+      ("fletcher32", po::bool_switch(&c.fletcher32), "checksum every growing dataset")
       ("quiet", po::bool_switch(&c.quiet), "no progress output")
       ("config", bound(c.config, "none"), "INI file of options (the command line wins)");
   po::options_description all("mfattn run options");
@@ -220,10 +244,8 @@ RunConfig parse_run_arguments(const std::vector<std::string>& args) {
     // The config file is named on the command line, so look it up before notify().
     if (vm.count("config") && !vm["config"].defaulted()) {
       const std::string path = vm["config"].as<std::string>();
-      std::ifstream file(path);
-      if (!file) reject("config", path, "file cannot be read");
       // The command line was stored first, so its values win over the file's.
-      po::store(po::parse_config_file(file, table, /*allow_unregistered=*/false), vm);
+      po::store(read_config_file(path, table, cfg.config_text), vm);
     }
     po::notify(vm);
   } catch (const UsageError&) {

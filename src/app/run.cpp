@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <numbers>
 #include <sstream>
@@ -93,6 +94,62 @@ std::vector<double> amplitudes_option(const RunConfig& cfg) {
       throw UsageError("--amplitudes " + cfg.amplitudes + ": amplitudes must be finite and >= 0");
   return values;
 }
+
+/// Progress on stderr: a bar with elapsed time and ETA when it is a terminal, a plain line
+/// every tenth of the horizon otherwise, nothing with --quiet.
+class Progress {
+ public:
+  Progress(bool quiet, double horizon, std::ostream& log)
+      : quiet_(quiet), terminal_(::isatty(STDERR_FILENO) == 1), horizon_(horizon), log_(log) {}
+
+  void update(double time, std::int64_t step, double elapsed) {
+    if (quiet_) return;
+    const double fraction = std::clamp(time / horizon_, 0.0, 1.0);
+    if (terminal_) {
+      if (elapsed - last_draw_ < 0.2 && fraction < 1.0) return;
+      last_draw_ = elapsed;
+      constexpr int kWidth = 30;
+      const int filled = static_cast<int>(fraction * kWidth);
+      std::ostringstream line;
+      line << "\r[" << std::string(filled, '#') << std::string(kWidth - filled, '.') << "] "
+           << std::fixed << std::setprecision(1) << 100.0 * fraction << "%  t = "
+           << std::setprecision(4) << std::defaultfloat << time << "  step " << step << "  "
+           << format_seconds(elapsed) << " elapsed";
+      if (fraction > 0.0 && fraction < 1.0)
+        line << ", ETA " << format_seconds(elapsed * (1.0 - fraction) / fraction);
+      log_ << line.str() << "   " << std::flush;
+      drawn_ = true;
+    } else if (time >= next_line_ || fraction >= 1.0) {
+      log_ << "mfattn run: t = " << time << " / " << horizon_ << ", step " << step << ", "
+           << format_seconds(elapsed) << " elapsed\n";
+      next_line_ = time + horizon_ / 10.0;
+    }
+  }
+
+  void finish(double) {
+    if (drawn_) log_ << '\n';
+    drawn_ = false;
+  }
+
+ private:
+  static std::string format_seconds(double seconds) {
+    std::ostringstream out;
+    if (seconds < 60) {
+      out << std::fixed << std::setprecision(1) << seconds << " s";
+    } else {
+      const auto total = static_cast<long>(seconds);
+      out << total / 3600 << ':' << std::setw(2) << std::setfill('0') << (total / 60) % 60 << ':'
+          << std::setw(2) << total % 60;
+    }
+    return out.str();
+  }
+
+  bool quiet_, terminal_;
+  double horizon_;
+  std::ostream& log_;
+  double last_draw_ = -1.0, next_line_ = 0.0;
+  bool drawn_ = false;
+};
 
 }  // namespace
 
@@ -261,11 +318,15 @@ int run_simulation(const RunConfig& cfg, std::ostream& log) {
     setup.replicas = state.replicas;
     setup.position_dim = model.position_dim;
     setup.creator_version = kVersion;
+    setup.deflate = cfg.deflate;
+    setup.fletcher32 = cfg.fletcher32;
     if (const char* user = std::getenv("USER")) setup.author = user;
     setup.observables = observable_layout(model);
     writer = H5mdWriter::create(setup);
     std::vector<Parameter> parameters = cfg.parameters;
     parameters.push_back({"command_line", cfg.command_line});
+    parameters.push_back({"config_text", cfg.config_text});
+    parameters.push_back({"seed_used", cfg.seed});
     parameters.push_back({"version", std::string(kVersion)});
     parameters.push_back({"source_revision", std::string(kSourceRevision)});
     parameters.push_back({"backend_used", backend->name()});
@@ -285,23 +346,20 @@ int run_simulation(const RunConfig& cfg, std::ostream& log) {
     return cfg.overwrite || !std::filesystem::exists(cfg.out) ? kExitIo : kExitUsage;
   }
 
-  const bool progress = !cfg.quiet;
-  double next_report = 0.0;
+  Progress progress(cfg.quiet, cfg.horizon, log);
   auto observer = [&](const State& s) {
     writer->append_frame(s.step, s.time, s.x.data(), compute_observables(dynamics, s));
     writer->flush();
-    if (progress && (s.time >= next_report || s.time == cfg.horizon)) {
-      log << "mfattn run: t = " << s.time << " / " << cfg.horizon << ", step " << s.step
-          << ", " << elapsed() << " s\n";
-      next_report = s.time + cfg.horizon / 10.0;
-    }
+    progress.update(s.time, s.step, elapsed());
   };
   try {
     double h = cfg.dt;
     stats = integrate(*integrator, dynamics, state, h, cfg.dt, times, observer);
     writer->write_run_info("complete", elapsed(), stats.steps, stats.rejected);
     writer->flush();
+    progress.finish(elapsed());
   } catch (const NumericalError& e) {
+    progress.finish(elapsed());
     log << "mfattn run: numerical failure: " << e.what() << '\n';
     try {
       writer->write_run_info(std::string("failed: ") + e.what(), elapsed(), state.step, 0);

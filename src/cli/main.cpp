@@ -5,6 +5,7 @@
 
 #include "mfattn/bench.hpp"
 #include "mfattn/config.hpp"
+#include "mfattn/info.hpp"
 #include "mfattn/run.hpp"
 #include "mfattn/version.hpp"
 
@@ -14,6 +15,7 @@ constexpr const char* kUsage =
     "usage: mfattn <command> [options]\n"
     "  run    simulate attention dynamics and write an H5MD file (mfattn run --help)\n"
     "  bench  interaction throughput in pairs per second (mfattn bench --help)\n"
+    "  info   what an mfattn file holds: mfattn info FILE.h5\n"
     "  mfattn --help | --version\n";
 
 bool wants_help(const std::vector<std::string>& args) {
@@ -66,6 +68,13 @@ int main(int argc, char** argv) {
     }
     return mfattn::bench_command(args, std::cout, std::cerr);
   }
-  std::cerr << "mfattn: unknown command '" << command << "' (accepted: run, bench)\n" << kUsage;
+  if (command == "info") {
+    if (wants_help(args)) {
+      std::cout << "usage: mfattn info FILE.h5\n  sizes, frames, time span, status and parameters of an mfattn file\n";
+      return mfattn::kExitOk;
+    }
+    return mfattn::info_command(args, std::cout, std::cerr);
+  }
+  std::cerr << "mfattn: unknown command '" << command << "' (accepted: run, bench, info)\n" << kUsage;
   return mfattn::kExitUsage;
 }

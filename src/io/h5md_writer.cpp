@@ -15,6 +15,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <iomanip>
+#include <sstream>
 #include <string_view>
 #include <utility>
 
@@ -553,6 +555,101 @@ bool is_mfattn_file(const std::string& path) {
   } catch (...) {
     return false;
   }
+}
+
+}  // namespace mfattn
+
+namespace mfattn {
+namespace {
+
+/// One attribute rendered as text: numbers (scalars or arrays) and strings.
+std::string attribute_text(hid_t attribute) {
+  Handle type(H5Aget_type(attribute), H5Tclose);
+  Handle space(H5Aget_space(attribute), H5Sclose);
+  const hssize_t count = H5Sget_simple_extent_npoints(space.get());
+  std::ostringstream out;
+  switch (H5Tget_class(type.get())) {
+    case H5T_STRING: {
+      if (H5Tis_variable_str(type.get()) > 0 && count == 1) {
+        char* text = nullptr;
+        Handle memory(H5Tcopy(H5T_C_S1), H5Tclose);
+        H5Tset_size(memory.get(), H5T_VARIABLE);
+        H5Tset_cset(memory.get(), H5Tget_cset(type.get()));
+        if (H5Aread(attribute, memory.get(), &text) >= 0 && text) {
+          out << text;
+          H5free_memory(text);
+        }
+      } else {
+        out << "<string>";
+      }
+      break;
+    }
+    case H5T_INTEGER:
+    case H5T_FLOAT: {
+      std::vector<double> values(static_cast<std::size_t>(std::max<hssize_t>(count, 0)));
+      if (!values.empty() && H5Aread(attribute, H5T_NATIVE_DOUBLE, values.data()) < 0) return "?";
+      out << std::setprecision(12);
+      if (values.size() != 1) out << '[';
+      for (std::size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << values[i];
+      if (values.size() != 1) out << ']';
+      break;
+    }
+    default:
+      out << "<unsupported type>";
+  }
+  return out.str();
+}
+
+std::vector<std::pair<std::string, std::string>> attributes_of(hid_t object) {
+  std::vector<std::pair<std::string, std::string>> attributes;
+  auto visit = [](hid_t location, const char* name, const H5A_info_t*, void* data) -> herr_t {
+    Handle attribute(H5Aopen(location, name, H5P_DEFAULT), H5Aclose);
+    if (attribute.get() < 0) return 0;
+    static_cast<std::vector<std::pair<std::string, std::string>>*>(data)->emplace_back(
+        name, attribute_text(attribute.get()));
+    return 0;
+  };
+  H5Aiterate2(object, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, visit, &attributes);
+  return attributes;
+}
+
+}  // namespace
+
+FileSummary describe_file(const std::string& path) {
+  if (!is_mfattn_file(path)) {
+    std::error_code ignored;
+    if (!std::filesystem::exists(path, ignored)) throw IoError("cannot read " + path + ": no such file");
+    throw IoError(path + " is not an mfattn H5MD file (no /h5md/creator with name \"mfattn\")");
+  }
+  QuietHdf5Errors quiet;
+  const Checker check(path);
+  Handle file =
+      check.own(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "opening the file");
+  FileSummary summary;
+  Handle value = check.own(H5Dopen2(file.get(), "/particles/tokens/position/value", H5P_DEFAULT),
+                           H5Dclose, "opening", "position/value");
+  const auto dims = dataset_dims(check, value.get(), "position/value");
+  Handle time = check.own(H5Dopen2(file.get(), "/particles/tokens/position/time", H5P_DEFAULT),
+                          H5Dclose, "opening", "position/time");
+  const auto time_dims = dataset_dims(check, time.get(), "position/time");
+  summary.frames = std::min<std::size_t>(dims.at(0), time_dims.at(0));
+  summary.n = dims.at(1);
+  summary.d = dims.at(2);
+  if (summary.frames > 0) {
+    read_row(check, time.get(), 0, H5T_NATIVE_DOUBLE, &summary.first_time, "position/time");
+    read_row(check, time.get(), summary.frames - 1, H5T_NATIVE_DOUBLE, &summary.last_time,
+             "position/time");
+  }
+  summary.replicas = 1;
+  while (H5Lexists(file.get(), ("/particles/tokens_r" + std::to_string(summary.replicas)).c_str(),
+                   H5P_DEFAULT) > 0)
+    ++summary.replicas;
+  Handle parameters = check.own(H5Gopen2(file.get(), "/parameters", H5P_DEFAULT), H5Gclose,
+                                "opening", "/parameters");
+  summary.parameters = attributes_of(parameters.get());
+  Handle run = check.own(H5Gopen2(file.get(), "/run", H5P_DEFAULT), H5Gclose, "opening", "/run");
+  summary.run = attributes_of(run.get());
+  return summary;
 }
 
 }  // namespace mfattn

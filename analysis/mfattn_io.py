@@ -1,0 +1,321 @@
+"""Loader for the H5MD 1.1 files that ``mfattn run`` writes.
+
+Pure h5py + numpy (Python >= 3.11); runs under /usr/bin/python3 with Debian's python3-h5py.
+
+Layout read (README, "Output (H5MD 1.1)"):
+
+    /h5md                              creator/name = "mfattn"
+    /particles/tokens                  replica 0
+    /particles/tokens_r<r>             replica r >= 1
+        position/{step [T], time [T], value [T, n, d]}
+        aux_position [n, k], prompt_id [n], presence [n], id [n]
+    /observables/<name>/{step, time, value}
+        value [T] (scalar) or [T, c] (vector) for a file with one replica,
+        value [T, R] or [T, R, c] for a file with R > 1 replicas
+    /parameters                        one attribute per option (plus provenance)
+    /run                               status, wall_time_s, steps, rejected_steps
+
+Replica rule (the same for positions and observables):
+
+    replica=None   (default) one replica in the file -> no replica axis:
+                       positions [T, n, d], observables [T] / [T, c];
+                   R > 1 replicas -> replica axis 1, in replica order 0..R-1:
+                       positions [T, R, n, d], observables [T, R] / [T, R, c].
+    replica="all"  always a replica axis, also when R = 1 (positions [T, R, n, d],
+                   observables [T, R] / [T, R, c]): for scripts that treat every file alike.
+    replica=r      (int, 0 <= r < R; negative counts from the end) that replica only,
+                   no replica axis: positions [T, n, d], observables [T] / [T, c].
+
+``Trajectory.stacked`` tells which case a result is in. Labels (aux_position, prompt_id,
+presence, id) describe the tokens, which all replicas share: they are taken from the selected
+replica's group (replica 0 when stacked), and a stacked load checks that every replica group
+holds the same labels.
+
+``n`` is the number of stored tokens (the second-to-last axis of positions), null tokens
+included; ``parameters["n"]`` is the option as given and ``parameters.get("active_tokens")``
+what the writer counted as active.
+
+A run that was killed leaves every flushed frame readable: if position/value, step and time
+differ in length, the loader keeps their common leading frames (for a complete file they agree
+and nothing is cut). Use :func:`is_complete` to tell finished files from interrupted ones.
+
+Example::
+
+    from mfattn_io import load
+    tr = load("run.h5")
+    x = tr.positions                  # [T, n, d] (one replica)
+    tr.observables["min_inner"]       # [T]
+    tr.parameters["beta"], tr.run["status"]
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import h5py
+import numpy as np
+
+__all__ = ["Trajectory", "load", "replicas", "is_complete", "LABELS"]
+
+LABELS = ("aux_position", "prompt_id", "presence", "id")
+_REPLICA_GROUP = re.compile(r"^tokens(?:_r([1-9][0-9]*))?$")
+
+
+@dataclass
+class Trajectory:
+    """Contents of one mfattn file (see the module docstring for the replica rule).
+
+    Attributes:
+        path: the file that was read.
+        positions: float64 [T, n, d], or [T, R, n, d] when ``stacked``.
+        times: float64 [T], the frame times (position/time).
+        steps: int64 [T], the integrator step of every frame (position/step).
+        labels: ``aux_position`` [n, k], ``prompt_id`` [n], ``presence`` [n], ``id`` [n].
+        observables: name -> value array; replica axis as for positions
+            ([T] or [T, c] per replica; [T, R] or [T, R, c] when ``stacked``).
+        observable_times: name -> float64 [T_obs], the times of that observable's rows.
+        observable_steps: name -> int64 [T_obs].
+        parameters: /parameters attributes as Python values (str decoded, numpy scalars as
+            int/float/bool, arrays as lists).
+        run: /run attributes (status, wall_time_s, steps, rejected_steps), same conversion.
+        n: tokens stored per replica (null tokens included).
+        d: ambient dimension.
+        replicas: R, the number of replicas in the file.
+        replica: the replica loaded (int), or None when ``stacked``.
+        stacked: True when arrays carry a replica axis (axis 1).
+        creator_version: /h5md/creator version attribute ("" if absent).
+    """
+
+    path: str
+    positions: np.ndarray
+    times: np.ndarray
+    steps: np.ndarray
+    labels: dict[str, np.ndarray]
+    observables: dict[str, np.ndarray]
+    observable_times: dict[str, np.ndarray]
+    observable_steps: dict[str, np.ndarray]
+    parameters: dict[str, Any]
+    run: dict[str, Any]
+    n: int
+    d: int
+    replicas: int
+    replica: int | None
+    stacked: bool
+    creator_version: str = ""
+
+    @property
+    def frames(self) -> int:
+        """Number of frames T."""
+        return int(self.times.shape[0])
+
+    @property
+    def status(self) -> str:
+        """/run status ("running", "complete" or "failed: <reason>")."""
+        return str(self.run.get("status", ""))
+
+    @property
+    def complete(self) -> bool:
+        """True when the run finished (/run status == "complete")."""
+        return self.status == "complete"
+
+
+def _python_value(value: Any) -> Any:
+    """HDF5 attribute value -> plain Python: bytes/np.str_ -> str, numpy scalar -> int/float/
+    bool, arrays -> lists of such values (0-d arrays -> scalars)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, np.ndarray):
+        if value.ndim == 0:
+            return _python_value(value[()])
+        return [_python_value(v) for v in value.tolist()] if value.dtype.kind in "OSU" \
+            else value.tolist()
+    if isinstance(value, np.generic):
+        return _python_value(value.item())
+    if isinstance(value, list):
+        return [_python_value(v) for v in value]
+    if isinstance(value, str):
+        return str(value)
+    return value
+
+
+def _attrs(obj: h5py.HLObject) -> dict[str, Any]:
+    return {key: _python_value(obj.attrs[key]) for key in obj.attrs}
+
+
+def _open(path: str | os.PathLike) -> h5py.File:
+    """Opens ``path`` read-only; ValueError if it is not an HDF5 file at all."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    if not h5py.is_hdf5(path):
+        raise ValueError(f"{path}: not an mfattn H5MD file (not an HDF5 file)")
+    return h5py.File(path, "r")
+
+
+def _replica_groups(f: h5py.File, path: str) -> list[str]:
+    """Checks that ``f`` is an mfattn H5MD file and returns its particle group names in
+    replica order (tokens, tokens_r1, ...). Raises ValueError otherwise."""
+    def reject(why: str) -> ValueError:
+        return ValueError(f"{path}: not an mfattn H5MD file ({why})")
+
+    if "h5md" not in f or not isinstance(f["h5md"], h5py.Group):
+        raise reject("no /h5md group")
+    creator = f["h5md"].get("creator")
+    name = _python_value(creator.attrs.get("name")) if isinstance(creator, h5py.Group) else None
+    if name != "mfattn":
+        raise reject(f"/h5md/creator name is {name!r}, not 'mfattn'")
+    if "particles" not in f or not isinstance(f["particles"], h5py.Group):
+        raise reject("no /particles group")
+    found: dict[int, str] = {}
+    for key in f["particles"]:
+        match = _REPLICA_GROUP.match(key)
+        if match:
+            found[int(match.group(1) or 0)] = key
+    if 0 not in found:
+        raise reject("no /particles/tokens group")
+    count = len(found)
+    if sorted(found) != list(range(count)):
+        raise reject(f"replica groups are not numbered 0..{count - 1}: {sorted(found.values())}")
+    groups = [found[r] for r in range(count)]
+    for key in groups:
+        if not isinstance(f["particles"][key].get("position/value"), h5py.Dataset):
+            raise reject(f"no /particles/{key}/position/value dataset")
+    return groups
+
+
+def replicas(path: str | os.PathLike) -> int:
+    """Number of replicas R stored in an mfattn file (particle groups tokens, tokens_r1, ...)."""
+    with _open(path) as f:
+        return len(_replica_groups(f, os.fspath(path)))
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    """True when the file is an mfattn file whose /run status is "complete" (False while it
+    runs, after a failure, or when the run was killed). ValueError for a foreign file."""
+    with _open(path) as f:
+        _replica_groups(f, os.fspath(path))
+        run = f.get("run")
+        if not isinstance(run, h5py.Group) or "status" not in run.attrs:
+            return False
+        return _python_value(run.attrs["status"]) == "complete"
+
+
+def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajectory:
+    """Reads an mfattn H5MD file.
+
+    Args:
+        path: the .h5 file written by ``mfattn run``.
+        replica: None (default: replica axis only when the file holds R > 1 replicas),
+            "all" (always a replica axis), or an int selecting one replica (no replica axis).
+            See the module docstring for the shapes.
+
+    Returns:
+        A :class:`Trajectory`.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: ``path`` is not an mfattn H5MD file, ``replica`` is out of range, or the
+            replica groups of a stacked load disagree in shape or labels.
+    """
+    spath = os.fspath(path)
+    with _open(spath) as f:
+        groups = _replica_groups(f, spath)
+        R = len(groups)
+        if replica is None:
+            stacked = R > 1
+            selected = list(range(R)) if stacked else [0]
+        elif isinstance(replica, str):
+            if replica != "all":
+                raise ValueError(f"replica must be None, 'all' or an int, not {replica!r}")
+            stacked = True
+            selected = list(range(R))
+        elif isinstance(replica, (int, np.integer)) and not isinstance(replica, bool):
+            r = int(replica)
+            if not -R <= r < R:
+                raise ValueError(f"{spath}: replica {r} out of range (the file holds {R})")
+            stacked = False
+            selected = [r % R]
+        else:
+            raise ValueError(f"replica must be None, 'all' or an int, not {replica!r}")
+
+        particles = f["particles"]
+        first = particles[groups[selected[0]]]
+        value0 = first["position/value"]
+        if value0.ndim != 3:
+            raise ValueError(f"{spath}: position/value has shape {value0.shape}, expected [T, n, d]")
+        _, n, d = value0.shape
+        lengths = []
+        for r in selected:
+            pos = particles[groups[r]]["position"]
+            if pos["value"].shape[1:] != (n, d):
+                raise ValueError(f"{spath}: replica {r} has position shape {pos['value'].shape},"
+                                 f" replica {selected[0]} has [T, {n}, {d}]")
+            lengths += [pos["value"].shape[0], pos["step"].shape[0], pos["time"].shape[0]]
+        T = min(lengths)
+
+        pos0 = first["position"]
+        times = np.asarray(pos0["time"][:T])
+        steps = np.asarray(pos0["step"][:T])
+        if stacked:
+            positions = np.empty((T, len(selected), n, d), dtype=value0.dtype)
+            for slot, r in enumerate(selected):
+                positions[:, slot] = particles[groups[r]]["position/value"][:T]
+        else:
+            positions = np.asarray(value0[:T])
+
+        labels = {name: np.asarray(first[name][()]) for name in LABELS if name in first}
+        if stacked:
+            for r in selected[1:]:
+                group = particles[groups[r]]
+                for name, ref in labels.items():
+                    if name not in group or not np.array_equal(group[name][()], ref):
+                        raise ValueError(f"{spath}: label {name} of replica {r} differs from "
+                                         f"replica {selected[0]}")
+
+        observables: dict[str, np.ndarray] = {}
+        observable_times: dict[str, np.ndarray] = {}
+        observable_steps: dict[str, np.ndarray] = {}
+        obs_root = f.get("observables")
+        if isinstance(obs_root, h5py.Group):
+            for name in obs_root:
+                group = obs_root[name]
+                if not isinstance(group, h5py.Group) or "value" not in group:
+                    continue
+                value = np.asarray(group["value"][()])
+                if R > 1:
+                    if value.ndim < 2 or value.shape[1] != R:
+                        raise ValueError(f"{spath}: observable {name} has shape {value.shape}, "
+                                         f"expected [T, {R}, ...] for {R} replicas")
+                    value = value[:, selected] if stacked else value[:, selected[0]]
+                elif stacked:
+                    value = value[:, np.newaxis]
+                observables[name] = value
+                if "time" in group:
+                    observable_times[name] = np.asarray(group["time"][()])
+                if "step" in group:
+                    observable_steps[name] = np.asarray(group["step"][()])
+
+        parameters = _attrs(f["parameters"]) if isinstance(f.get("parameters"), h5py.Group) else {}
+        run = _attrs(f["run"]) if isinstance(f.get("run"), h5py.Group) else {}
+        creator_version = _python_value(f["h5md/creator"].attrs.get("version", ""))
+
+    return Trajectory(
+        path=spath,
+        positions=positions,
+        times=times,
+        steps=steps,
+        labels=labels,
+        observables=observables,
+        observable_times=observable_times,
+        observable_steps=observable_steps,
+        parameters=parameters,
+        run=run,
+        n=int(n),
+        d=int(d),
+        replicas=R,
+        replica=None if stacked else selected[0],
+        stacked=stacked,
+        creator_version=str(creator_version),
+    )

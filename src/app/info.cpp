@@ -1,0 +1,46 @@
+#include "mfattn/info.hpp"
+
+#include <iostream>
+
+#include "mfattn/h5md.hpp"
+#include "mfattn/run.hpp"
+
+namespace mfattn {
+
+int info_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  if (args.size() != 1 || args[0].empty() || args[0][0] == '-') {
+    err << "mfattn info: expected exactly one FILE.h5 (usage: mfattn info FILE.h5)\n";
+    return kExitUsage;
+  }
+  FileSummary summary;
+  try {
+    summary = describe_file(args[0]);
+  } catch (const IoError& e) {
+    err << "mfattn info: " << e.what() << '\n';
+    return kExitIo;
+  }
+  auto lookup = [](const auto& pairs, const std::string& key) -> std::string {
+    for (const auto& [name, value] : pairs)
+      if (name == key) return value;
+    return "?";
+  };
+  out << "file       " << args[0] << '\n'
+      << "tokens     n = " << summary.n << " (active " << lookup(summary.parameters, "active_tokens")
+      << "), d = " << summary.d << ", replicas = " << summary.replicas << '\n'
+      << "frames     " << summary.frames << ", t = " << summary.first_time << " .. "
+      << summary.last_time << '\n'
+      << "status     " << lookup(summary.run, "status") << " (steps " << lookup(summary.run, "steps")
+      << ", rejected " << lookup(summary.run, "rejected_steps") << ", wall "
+      << lookup(summary.run, "wall_time_s") << " s)\n"
+      << "model      kernel " << lookup(summary.parameters, "kernel") << ", beta "
+      << lookup(summary.parameters, "beta") << ", time-scale "
+      << lookup(summary.parameters, "time-scale") << ", integrator "
+      << lookup(summary.parameters, "integrator") << ", seed " << lookup(summary.parameters, "seed")
+      << '\n'
+      << "parameters\n";
+  for (const auto& [name, value] : summary.parameters)
+    if (name != "config_text") out << "  " << name << " = " << value << '\n';
+  return kExitOk;
+}
+
+}  // namespace mfattn

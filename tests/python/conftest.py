@@ -1,0 +1,63 @@
+"""Shared fixtures of the Python tests.
+
+Run from the repository root:
+
+    MFATTN_BINARY=/path/to/mfattn MPLBACKEND=Agg /usr/bin/python3 -m pytest -q tests/python
+
+MFATTN_BINARY defaults to build/mfattn in the repository root. A missing binary fails every
+test that needs it, with a message saying where it was looked for (nothing is skipped).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ANALYSIS_DIR = REPO_ROOT / "analysis"
+if str(ANALYSIS_DIR) not in sys.path:
+    sys.path.insert(0, str(ANALYSIS_DIR))
+
+
+@pytest.fixture(scope="session")
+def mfattn_binary() -> Path:
+    """Absolute path of the mfattn executable (MFATTN_BINARY, default <repo>/build/mfattn)."""
+    given = os.environ.get("MFATTN_BINARY")
+    path = Path(given).expanduser().resolve() if given else REPO_ROOT / "build" / "mfattn"
+    source = "MFATTN_BINARY" if given else "the default <repo>/build/mfattn (MFATTN_BINARY unset)"
+    if not path.is_file():
+        pytest.fail(f"mfattn binary not found at {path} (from {source}); build it with "
+                    "`cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build "
+                    "--target mfattn` or set MFATTN_BINARY", pytrace=False)
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"mfattn binary at {path} (from {source}) is not executable", pytrace=False)
+    return path
+
+
+@pytest.fixture
+def run_mfattn(mfattn_binary: Path, tmp_path: Path):
+    """Returns ``run(*args, out="run.h5") -> Path``: runs ``mfattn run ARGS --quiet --out
+    tmp_path/out`` and returns the output file. Arguments may be numbers. Unless ARGS name
+    --threads, the run uses one thread (the test files are tiny, and OpenMP start-up on a
+    loaded machine costs more than the run). A nonzero exit fails the test with the command
+    line and the program's output."""
+
+    def run(*args, out: str = "run.h5", timeout: float = 300.0) -> Path:
+        target = tmp_path / out
+        args = [str(a) for a in args]
+        if "--threads" not in args:
+            args += ["--threads", "1"]
+        command = [str(mfattn_binary), "run", *args, "--quiet", "--out", str(target)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            pytest.fail(f"mfattn exited with {done.returncode}: {' '.join(command)}\n"
+                        f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}", pytrace=False)
+        if not target.is_file():
+            pytest.fail(f"mfattn exited with 0 but wrote no file: {' '.join(command)}",
+                        pytrace=False)
+        return target
+
+    return run
