@@ -59,6 +59,7 @@ struct RunConfig {
   std::string backend = "cpu";
   std::string out;
   bool overwrite = false;
+  bool resume = false;
   bool deflate = false;
   bool fletcher32 = false;
   bool quiet = false;

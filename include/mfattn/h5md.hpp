@@ -47,17 +47,34 @@ struct TokenLabels {
   std::vector<std::int64_t> id;        ///< n
 };
 
+/// Where a run stopped: its last complete frame (every dataset holds it), for --resume.
+struct ResumePoint {
+  std::size_t frames = 0;
+  std::int64_t step = 0;
+  double time = 0.0;
+  double step_size = 0.0;
+  std::vector<double> x;  ///< all replicas, R * n * d
+  std::int64_t steps = 0, rejected_steps = 0;
+  double wall_seconds = 0.0;
+};
+
 class H5mdWriter {
  public:
   /// Creates the file and the whole static layout; /run/status = "running".
   static std::unique_ptr<H5mdWriter> create(const WriterSetup& setup);
+  /// Reopens an existing file written with the same setup (n, d, replicas, observables),
+  /// finds its last complete frame and appends after it; frames that a killed writer left
+  /// incomplete are overwritten. Throws IoError when the file does not match.
+  static std::unique_ptr<H5mdWriter> open_for_resume(const WriterSetup& setup, ResumePoint& point);
   virtual ~H5mdWriter() = default;
   virtual void write_parameters(const std::vector<Parameter>& parameters) = 0;
   virtual void write_labels(const TokenLabels& labels) = 0;
   /// Appends one frame: positions of all replicas (R * n * d, replica-major) and one value
-  /// array per observable in setup order (R * components numbers each).
+  /// array per observable in setup order (R * components numbers each). step_size is the
+  /// integrator's next step (/run/step_size), which a resumed run continues with.
   virtual void append_frame(std::int64_t step, double time, const double* positions,
-                            const std::vector<std::vector<double>>& observables) = 0;
+                            const std::vector<std::vector<double>>& observables,
+                            double step_size = 0.0) = 0;
   /// Writes /run: status, wall time, steps, rejected steps.
   virtual void write_run_info(const std::string& status, double wall_seconds, std::int64_t steps,
                               std::int64_t rejected_steps) = 0;
@@ -82,6 +99,9 @@ struct FileSummary {
 };
 /// Throws IoError for a missing file or one that is not an mfattn H5MD file.
 FileSummary describe_file(const std::string& path);
+
+/// A parameter as describe_file renders the attribute it is stored in.
+std::string parameter_text(const ParameterValue& value);
 
 /// True when the file is HDF5 and carries the H5MD root group with creator "mfattn".
 bool is_mfattn_file(const std::string& path);

@@ -20,6 +20,11 @@
 
 namespace mfattn {
 
+/// A stage state that is not finite (the step diverged); integrate() names step and time.
+struct NonFiniteState : NumericalError {
+  using NumericalError::NumericalError;
+};
+
 /// The vector field f(x) = (p_i P_{x_i} u_i)_i of every replica, evaluated by a backend.
 class Dynamics {
  public:

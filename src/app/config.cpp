@@ -140,6 +140,8 @@ po::options_description run_options(RunConfig& c) {
       ("backend", bound(c.backend), "cpu | reference | cuda")
       ("out", bound(c.out, "required"), "output H5MD file")
       ("overwrite", po::bool_switch(&c.overwrite), "replace an existing output file")
+      ("resume", po::bool_switch(&c.resume),
+       "continue the run in --out from its last frame (same options; the horizon may grow)")
       ("deflate", po::bool_switch(&c.deflate), "compress positions (deflate level 4 + shuffle)")
       ("fletcher32", po::bool_switch(&c.fletcher32), "checksum every growing dataset")
       ("quiet", po::bool_switch(&c.quiet), "no progress output")

@@ -151,6 +151,46 @@ class Progress {
   bool drawn_ = false;
 };
 
+/// The spacing of --save-every frames (0 with --save-times or --save-log).
+double resolved_save_every(const RunConfig& cfg) {
+  if (!cfg.save_times.empty() || cfg.save_log > 0) return 0.0;
+  return cfg.save_every > 0 ? cfg.save_every : cfg.horizon / 100.0;
+}
+
+/// --resume: the file must exist and have been made with the same options, except those
+/// that do not change the trajectory (the horizon may grow). A run that left --save-every at
+/// its default keeps the file's frame spacing.
+void check_resumable(RunConfig& cfg) {
+  if (cfg.overwrite) throw UsageError("--resume: cannot be combined with --overwrite");
+  FileSummary stored;
+  try {
+    stored = describe_file(cfg.out);
+  } catch (const IoError& e) {
+    throw UsageError(std::string("--resume: ") + e.what());
+  }
+  auto stored_value = [&](const std::string& name) -> const std::string* {
+    for (const auto& [key, value] : stored.parameters)
+      if (key == name) return &value;
+    return nullptr;
+  };
+  if (cfg.save_every == 0.0 && cfg.save_times.empty() && cfg.save_log == 0)
+    if (const auto* spacing = stored_value("save_every_used")) cfg.save_every = std::stod(*spacing);
+  static const std::vector<std::string> free_to_change = {
+      "horizon", "resume", "overwrite", "quiet", "threads", "out", "config", "save-every"};
+  for (const auto& [name, value] : cfg.parameters) {
+    if (std::find(free_to_change.begin(), free_to_change.end(), name) != free_to_change.end())
+      continue;
+    const auto* before = stored_value(name);
+    const std::string now = parameter_text(value);
+    if (!before || *before != now)
+      throw UsageError("--resume " + cfg.out + ": --" + name + " is " + now + " but the file was made with " +
+                       (before ? *before : std::string("no such option")));
+  }
+  if (const auto* horizon = stored_value("horizon"); horizon && cfg.horizon < std::stod(*horizon))
+    throw UsageError("--resume: --horizon " + parameter_text(cfg.horizon) +
+                     " is shorter than the file's " + *horizon);
+}
+
 }  // namespace
 
 Model build_model(const RunConfig& cfg) {
@@ -275,7 +315,8 @@ std::vector<double> output_times(const RunConfig& cfg) {
   return unique;
 }
 
-int run_simulation(const RunConfig& cfg, std::ostream& log) {
+int run_simulation(const RunConfig& given, std::ostream& log) {
+  RunConfig cfg = given;
   // Everything that can be refused is resolved before the output file exists.
   Model model;
   State state;
@@ -284,6 +325,7 @@ int run_simulation(const RunConfig& cfg, std::ostream& log) {
   std::unique_ptr<Integrator> integrator;
   const int threads = resolve_threads(cfg.threads);
   try {
+    if (cfg.resume) check_resumable(cfg);
     model = build_model(cfg);
     state = build_initial_state(cfg, model);
     times = output_times(cfg);
@@ -309,6 +351,7 @@ int run_simulation(const RunConfig& cfg, std::ostream& log) {
   };
   std::unique_ptr<H5mdWriter> writer;
   IntegrationStats stats;
+  ResumePoint resumed;
   try {
     WriterSetup setup;
     setup.path = cfg.out;
@@ -322,7 +365,16 @@ int run_simulation(const RunConfig& cfg, std::ostream& log) {
     setup.fletcher32 = cfg.fletcher32;
     if (const char* user = std::getenv("USER")) setup.author = user;
     setup.observables = observable_layout(model);
-    writer = H5mdWriter::create(setup);
+    if (cfg.resume) {
+      writer = H5mdWriter::open_for_resume(setup, resumed);
+      state.x = resumed.x;
+      state.time = resumed.time;
+      state.step = resumed.step;
+      // Frames up to the resumed one are in the file already.
+      std::erase_if(times, [&](double t) { return t <= resumed.time; });
+    } else {
+      writer = H5mdWriter::create(setup);
+    }
     std::vector<Parameter> parameters = cfg.parameters;
     parameters.push_back({"command_line", cfg.command_line});
     parameters.push_back({"config_text", cfg.config_text});
@@ -334,6 +386,8 @@ int run_simulation(const RunConfig& cfg, std::ostream& log) {
     parameters.push_back({"eps_den_used", model.eps_den});
     parameters.push_back({"gradient_flow", model.is_gradient_flow()});
     parameters.push_back({"active_tokens", cfg.n});
+    parameters.push_back({"save_every_used", resolved_save_every(cfg)});
+    if (cfg.resume) parameters.push_back({"resumed_from_time", resumed.time});
     writer->write_parameters(parameters);
     TokenLabels labels;
     labels.aux_position = model.positions;
@@ -347,15 +401,17 @@ int run_simulation(const RunConfig& cfg, std::ostream& log) {
   }
 
   Progress progress(cfg.quiet, cfg.horizon, log);
+  double h = cfg.resume && resumed.step_size > 0.0 ? resumed.step_size : cfg.dt;
   auto observer = [&](const State& s) {
-    writer->append_frame(s.step, s.time, s.x.data(), compute_observables(dynamics, s));
+    writer->append_frame(s.step, s.time, s.x.data(), compute_observables(dynamics, s), h);
     writer->flush();
     progress.update(s.time, s.step, elapsed());
   };
   try {
-    double h = cfg.dt;
     stats = integrate(*integrator, dynamics, state, h, cfg.dt, times, observer);
-    writer->write_run_info("complete", elapsed(), stats.steps, stats.rejected);
+    stats.steps += resumed.steps;
+    stats.rejected += resumed.rejected_steps;
+    writer->write_run_info("complete", resumed.wall_seconds + elapsed(), stats.steps, stats.rejected);
     writer->flush();
     progress.finish(elapsed());
   } catch (const NumericalError& e) {

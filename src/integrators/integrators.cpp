@@ -18,6 +18,11 @@ Dynamics::Dynamics(const Model& model, Backend& backend, std::size_t replicas)
 
 void Dynamics::velocity(const double* x, double* v, double* weight_sums) {
   ++evaluations_;
+  // A non-finite stage state means the step already diverged; say so rather than let the
+  // backend report a misleading overflow (integrate() adds the step and time).
+  const std::size_t count = size();
+  for (std::size_t e = 0; e < count; ++e)
+    if (!std::isfinite(x[e])) throw NonFiniteState("non-finite state");
   backend_.velocity(replicas_, x, v, weight_sums);
 }
 
@@ -353,13 +358,16 @@ std::unique_ptr<Integrator> make_integrator(const IntegratorSettings& s) {
 }
 
 namespace {
+[[noreturn]] void fail_non_finite(std::int64_t step, double time) {
+  std::ostringstream message;
+  message << "non-finite state at step " << step << ", t = " << time
+          << " (the velocity overflowed or the step diverged)";
+  throw NumericalError(message.str());
+}
+
 void check_finite(const State& state) {
   for (double value : state.x)
-    if (!std::isfinite(value)) {
-      std::ostringstream message;
-      message << "non-finite state at step " << state.step << ", t = " << state.time;
-      throw NumericalError(message.str());
-    }
+    if (!std::isfinite(value)) fail_non_finite(state.step, state.time);
 }
 }  // namespace
 
@@ -375,7 +383,16 @@ IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& st
       const double proposal = integrator.adaptive() ? h : fixed_dt;
       const bool lands = remaining <= proposal * (1.0 + 1e-9);
       const double step = lands ? remaining : proposal;
-      const StepOutcome outcome = integrator.step(dynamics, state, step);
+      StepOutcome outcome;
+      try {
+        outcome = integrator.step(dynamics, state, step);
+      } catch (const NonFiniteState&) {
+        fail_non_finite(state.step + 1, state.time + step);
+      } catch (const NumericalError& error) {
+        std::ostringstream message;
+        message << error.what() << " (at step " << state.step + 1 << ", t = " << state.time + step << ")";
+        throw NumericalError(message.str());
+      }
       if (!outcome.accepted) {
         ++stats.rejected;
         h = outcome.h_next;

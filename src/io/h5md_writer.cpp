@@ -302,8 +302,61 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     create_observables();
     create_group(check_, file_.get(), "parameters");
     run_ = create_group(check_, file_.get(), "run");
+    step_size_ = create_growing_dataset(check_, run_.get(), "step_size", H5T_IEEE_F64LE, {},
+                                        kSeriesChunkBytes, {false, setup_.fletcher32});
     write_run_info("running", 0.0, 0, 0);
     flush();
+  }
+
+  /// Reopens a file for --resume (see H5mdWriter::open_for_resume).
+  Hdf5H5mdWriter(const WriterSetup& setup, ResumePoint& point) : setup_(setup), check_(setup.path) {
+    QuietHdf5Errors quiet;
+    file_ = check_.own(H5Fopen(setup.path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose,
+                       "opening the file for --resume");
+    auto open = [&](const std::string& name) {
+      return check_.own(H5Dopen2(file_.get(), name.c_str(), H5P_DEFAULT), H5Dclose, "opening", name);
+    };
+    step_ = open("/particles/tokens/position/step");
+    time_ = open("/particles/tokens/position/time");
+    run_ = check_.own(H5Gopen2(file_.get(), "/run", H5P_DEFAULT), H5Gclose, "opening", "/run");
+    step_size_ = open("/run/step_size");
+    hsize_t frames = std::min(dataset_dims(check_, step_.get(), "step")[0],
+                              dataset_dims(check_, time_.get(), "time")[0]);
+    frames = std::min(frames, dataset_dims(check_, step_size_.get(), "step_size")[0]);
+    for (std::size_t r = 0; r < setup.replicas; ++r) {
+      const std::string group = "/particles/" + particle_group_name(r);
+      particle_groups_.push_back(check_.own(H5Gopen2(file_.get(), group.c_str(), H5P_DEFAULT),
+                                            H5Gclose, "opening", group));
+      positions_.push_back(open(group + "/position/value"));
+      const auto dims = dataset_dims(check_, positions_.back().get(), "position/value");
+      if (dims.size() != 3 || dims[1] != setup.n || dims[2] != setup.d)
+        throw IoError(setup.path + ": --resume needs the same n and d as the file");
+      frames = std::min(frames, dims[0]);
+    }
+    for (const auto& [name, components] : setup.observables) {
+      observable_values_.push_back(open("/observables/" + name + "/value"));
+      frames = std::min(frames, dataset_dims(check_, observable_values_.back().get(), "value")[0]);
+    }
+    if (frames == 0) throw IoError(setup.path + ": --resume found no complete frame");
+    frames_ = frames;
+    point.frames = frames;
+    read_row(check_, step_.get(), frames - 1, H5T_NATIVE_INT64, &point.step, "step");
+    read_row(check_, time_.get(), frames - 1, H5T_NATIVE_DOUBLE, &point.time, "time");
+    read_row(check_, step_size_.get(), frames - 1, H5T_NATIVE_DOUBLE, &point.step_size, "step_size");
+    const std::size_t frame_size = setup.n * setup.d;
+    point.x.resize(setup.replicas * frame_size);
+    for (std::size_t r = 0; r < setup.replicas; ++r)
+      read_row(check_, positions_[r].get(), frames - 1, H5T_NATIVE_DOUBLE,
+               point.x.data() + r * frame_size, "position/value");
+    auto read_attribute = [&](const char* name, hid_t type, void* out) {
+      if (H5Aexists(run_.get(), name) > 0) {
+        Handle attribute(H5Aopen(run_.get(), name, H5P_DEFAULT), H5Aclose);
+        H5Aread(attribute.get(), type, out);
+      }
+    };
+    read_attribute("steps", H5T_NATIVE_INT64, &point.steps);
+    read_attribute("rejected_steps", H5T_NATIVE_INT64, &point.rejected_steps);
+    read_attribute("wall_time_s", H5T_NATIVE_DOUBLE, &point.wall_seconds);
   }
 
   /// Closes every object, then the file (which flushes it), with error printing still off:
@@ -315,6 +368,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     particle_groups_.clear();
     step_.reset();
     time_.reset();
+    step_size_.reset();
     run_.reset();
     file_.reset();
   }
@@ -367,7 +421,8 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   }
 
   void append_frame(std::int64_t step, double time, const double* positions,
-                    const std::vector<std::vector<double>>& observables) override {
+                    const std::vector<std::vector<double>>& observables,
+                    double step_size) override {
     if (observables.size() != setup_.observables.size()) {
       throw std::invalid_argument("append_frame: expected one array per observable");
     }
@@ -380,6 +435,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     QuietHdf5Errors quiet;
     write_row(check_, step_.get(), frames_, H5T_NATIVE_INT64, &step, "position/step");
     write_row(check_, time_.get(), frames_, H5T_NATIVE_DOUBLE, &time, "position/time");
+    write_row(check_, step_size_.get(), frames_, H5T_NATIVE_DOUBLE, &step_size, "run/step_size");
     const std::size_t frame_size = setup_.n * setup_.d;
     for (std::size_t r = 0; r < setup_.replicas; ++r) {
       write_row(check_, positions_[r].get(), frames_, H5T_NATIVE_DOUBLE, positions + r * frame_size,
@@ -479,6 +535,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   Handle file_;  // declared first of the handles, so a member-wise destruction closes it last
   Handle run_;
   Handle step_, time_;
+  Handle step_size_;  ///< /run/step_size [T], the integrator's next step at each frame
   std::vector<Handle> particle_groups_;    ///< one per replica
   std::vector<Handle> positions_;          ///< position/value, one per replica
   std::vector<Handle> observable_values_;  ///< in setup order
@@ -489,6 +546,13 @@ class Hdf5H5mdWriter final : public H5mdWriter {
 
 std::unique_ptr<H5mdWriter> H5mdWriter::create(const WriterSetup& setup) {
   return std::make_unique<Hdf5H5mdWriter>(setup);
+}
+
+std::unique_ptr<H5mdWriter> H5mdWriter::open_for_resume(const WriterSetup& setup,
+                                                        ResumePoint& point) {
+  if (!is_mfattn_file(setup.path))
+    throw IoError("--resume " + setup.path + ": not an existing mfattn file");
+  return std::make_unique<Hdf5H5mdWriter>(setup, point);
 }
 
 Frame read_last_frame(const std::string& path) {
@@ -614,6 +678,22 @@ std::vector<std::pair<std::string, std::string>> attributes_of(hid_t object) {
 }
 
 }  // namespace
+
+std::string parameter_text(const ParameterValue& value) {
+  std::ostringstream out;
+  out << std::setprecision(12);
+  if (const auto* integer = std::get_if<std::int64_t>(&value)) out << static_cast<double>(*integer);
+  else if (const auto* real = std::get_if<double>(&value)) out << *real;
+  else if (const auto* flag = std::get_if<bool>(&value)) out << (*flag ? 1 : 0);
+  else if (const auto* text = std::get_if<std::string>(&value)) out << *text;
+  else {
+    const auto& list = std::get<std::vector<double>>(value);
+    if (list.size() != 1) out << '[';
+    for (std::size_t i = 0; i < list.size(); ++i) out << (i ? ", " : "") << list[i];
+    if (list.size() != 1) out << ']';
+  }
+  return out.str();
+}
 
 FileSummary describe_file(const std::string& path) {
   if (!is_mfattn_file(path)) {

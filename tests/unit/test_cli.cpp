@@ -68,6 +68,12 @@ TEST(Cli, BadInputGetsOneLineExitTwoAndNoFile) {
       {"--unknown-option 3", "unknown-option"},
       {"--n ten", "--n"},
       {"--backend gpu", "--backend"},
+      {"--resume --overwrite", "--resume"},
+      {"--save-times 0.5,-1 --horizon 2", "--save-times"},
+      {"--init-file " + (dir / "matrix.txt").string(), "--init-file"},
+      {"--config " + (dir / "missing.ini").string(), "--config"},
+      {"--mask diagonal", "--mask"},
+      {"--replicas 0", "--replicas"},
   };
   for (const auto& [arguments, named] : cases) {
     const auto result = run_mfattn("run " + arguments + " --quiet --out " + out);

@@ -1,0 +1,215 @@
+// Run reliability of the output: resume, SIGKILL, config files, info.
+#include <hdf5.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "mfattn/h5md.hpp"
+#include "test_support.hpp"
+
+namespace mfattn {
+namespace {
+
+using testing::run_mfattn;
+using testing::scratch_dir;
+
+/// The raw bytes of a dataset (empty if it does not exist).
+std::string dataset_bytes(const std::string& path, const std::string& name) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (file < 0) return {};
+  std::string bytes;
+  const hid_t set = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
+  if (set >= 0) {
+    const hid_t type = H5Dget_type(set);
+    const hid_t space = H5Dget_space(set);
+    bytes.resize(static_cast<std::size_t>(H5Sget_simple_extent_npoints(space)) * H5Tget_size(type));
+    if (!bytes.empty()) H5Dread(set, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data());
+    H5Sclose(space);
+    H5Tclose(type);
+    H5Dclose(set);
+  }
+  H5Fclose(file);
+  return bytes;
+}
+
+const std::vector<std::string> kTrajectoryDatasets = {
+    "/particles/tokens/position/value", "/particles/tokens/position/time",
+    "/particles/tokens/position/step",  "/particles/tokens_r1/position/value",
+    "/observables/energy/value",        "/observables/min_inner/value",
+    "/run/step_size"};
+
+void expect_same_trajectories(const std::string& a, const std::string& b) {
+  for (const auto& name : kTrajectoryDatasets) {
+    const std::string bytes = dataset_bytes(a, name);
+    EXPECT_FALSE(bytes.empty()) << name;
+    EXPECT_EQ(bytes, dataset_bytes(b, name)) << name << " differs between " << a << " and " << b;
+  }
+}
+
+std::string read_status(const std::string& path) {
+  for (const auto& [name, value] : describe_file(path).run)
+    if (name == "status") return value;
+  return "";
+}
+
+TEST(Resume, ContinuedRunEqualsUninterruptedRunByteForByte) {
+  const auto dir = scratch_dir("resume");
+  for (const std::string integrator : {"rk4", "dopri5", "euler-maruyama"}) {
+    const std::string options = "--n 40 --replicas 2 --kernel sa --save-every 0.25 --quiet --integrator " +
+                                integrator + (integrator == "euler-maruyama" ? " --noise-kappa 20" : "");
+    const std::string full = (dir / (integrator + "_full.h5")).string();
+    const std::string part = (dir / (integrator + "_part.h5")).string();
+    ASSERT_EQ(run_mfattn("run " + options + " --horizon 3 --out " + full).exit_code, 0);
+    ASSERT_EQ(run_mfattn("run " + options + " --horizon 1.5 --out " + part).exit_code, 0);
+    const auto resumed = run_mfattn("run " + options + " --horizon 3 --resume --out " + part);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    expect_same_trajectories(full, part);
+    EXPECT_EQ(read_status(part), "complete");
+  }
+}
+
+TEST(Resume, RefusesChangedOptionsAndMissingFiles) {
+  const auto dir = scratch_dir("resume_refuse");
+  const std::string out = (dir / "run.h5").string();
+  ASSERT_EQ(run_mfattn("run --n 8 --horizon 1 --quiet --out " + out).exit_code, 0);
+  const auto changed = run_mfattn("run --n 8 --beta 2 --horizon 2 --quiet --resume --out " + out);
+  EXPECT_EQ(changed.exit_code, 2);
+  EXPECT_NE(changed.output.find("--beta"), std::string::npos) << changed.output;
+  const auto missing = run_mfattn("run --n 8 --horizon 2 --quiet --resume --out " +
+                                  (dir / "none.h5").string());
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_FALSE(std::filesystem::exists(dir / "none.h5"));
+}
+
+// A run killed with SIGKILL leaves a file that opens with every flushed frame, and --resume
+// completes it into exactly the uninterrupted trajectory.
+TEST(Resume, KilledRunKeepsFlushedFramesAndResumesExactly) {
+  const auto dir = scratch_dir("sigkill");
+  const std::string killed = (dir / "killed.h5").string(), full = (dir / "full.h5").string();
+  const std::vector<std::string> options = {"run", "--n", "400", "--d", "3", "--replicas", "2",
+                                            "--horizon", "20", "--save-every", "0.25", "--dt",
+                                            "0.004", "--threads", "1", "--quiet"};
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::vector<std::string> args = options;
+    args.insert(args.end(), {"--out", killed});
+    std::vector<char*> argv{const_cast<char*>(MFATTN_BINARY)};
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(MFATTN_BINARY, argv.data());
+    ::_exit(127);
+  }
+  // Kill it once a few frames are on disk (or after 60 s at the latest). The writer holds
+  // HDF5's file lock, so this reader opens without locking, as h5py users can.
+  ::setenv("HDF5_USE_FILE_LOCKING", "FALSE", 1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::size_t frames_seen = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    try {
+      if (is_mfattn_file(killed)) frames_seen = describe_file(killed).frames;
+    } catch (const IoError&) {
+    }
+    if (frames_seen >= 3) break;
+  }
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the run finished before it could be killed";
+  const FileSummary summary = describe_file(killed);
+  EXPECT_GE(summary.frames, 3u);
+  EXPECT_LT(summary.last_time, 20.0);
+  EXPECT_EQ(read_status(killed), "running");
+  const Frame last = read_last_frame(killed);
+  EXPECT_EQ(last.n, 400u);
+
+  std::string joined;
+  for (const auto& o : options) joined += o + " ";
+  const auto resumed = run_mfattn(joined + "--resume --out " + killed);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  ASSERT_EQ(run_mfattn(joined + "--out " + full).exit_code, 0);
+  expect_same_trajectories(full, killed);
+}
+
+// A value matrix of 1e308 makes the first step diverge (huge stage states, then overflowing
+// weights or a non-finite state): the run stops with exit 3 naming the step and time, keeps
+// frame 0 and records the reason.
+TEST(Failure, NonFiniteStateStopsTheRunAndKeepsEarlierFrames) {
+  const auto dir = scratch_dir("nonfinite");
+  const std::string v = (dir / "v.txt").string(), out = (dir / "run.h5").string();
+  std::ofstream(v) << "1e308 1e308 1e308\n1e308 1e308 1e308\n1e308 1e308 1e308\n";
+  const auto result = run_mfattn("run --n 8 --v " + v + " --horizon 1 --quiet --out " + out);
+  EXPECT_EQ(result.exit_code, 3) << result.output;
+  EXPECT_NE(result.output.find("step 1, t = 0.01"), std::string::npos) << result.output;
+  const FileSummary summary = describe_file(out);
+  EXPECT_EQ(summary.frames, 1u);
+  EXPECT_EQ(read_status(out).rfind("failed: ", 0), 0u) << read_status(out);
+  // The explicit Euler step leaves the reals instead: the non-finite state itself is named.
+  const auto euler = run_mfattn("run --n 8 --v " + v + " --integrator euler --horizon 1 --quiet --overwrite --out " + out);
+  EXPECT_EQ(euler.exit_code, 3);
+  EXPECT_NE(euler.output.find("non-finite state at step"), std::string::npos) << euler.output;
+}
+
+TEST(Config, ConfigFileGivesTheSameBytesAsTheCommandLine) {
+  const auto dir = scratch_dir("config");
+  const std::string ini = (dir / "run.ini").string();
+  std::ofstream(ini) << "# a config file\n"
+                        "[model]\n"
+                        "n = 24\nkernel = sa\nbeta = 2.5\n"
+                        "[stepping]\n"
+                        "integrator = dopri5\nhorizon = 3\nsave-every = 0.5\n"
+                        "[initial]\n"
+                        "init = clustered\nseed = 7\n";
+  const std::string from_file = (dir / "file.h5").string(), from_cli = (dir / "cli.h5").string();
+  ASSERT_EQ(run_mfattn("run --config " + ini + " --quiet --out " + from_file).exit_code, 0);
+  ASSERT_EQ(run_mfattn("run --n 24 --kernel sa --beta 2.5 --integrator dopri5 --horizon 3 "
+                       "--save-every 0.5 --init clustered --seed 7 --quiet --out " + from_cli)
+                .exit_code,
+            0);
+  for (const auto& name : {"/particles/tokens/position/value", "/observables/energy/value"})
+    EXPECT_EQ(dataset_bytes(from_file, name), dataset_bytes(from_cli, name)) << name;
+  // The command line wins over the file.
+  const std::string override_out = (dir / "override.h5").string();
+  ASSERT_EQ(run_mfattn("run --config " + ini + " --n 10 --quiet --out " + override_out).exit_code, 0);
+  EXPECT_EQ(describe_file(override_out).n, 10u);
+}
+
+TEST(Config, UnknownKeysAndBadValuesAreRefused) {
+  const auto dir = scratch_dir("config_bad");
+  const std::string unknown = (dir / "unknown.ini").string(), bad = (dir / "bad.ini").string();
+  std::ofstream(unknown) << "[model]\nn = 8\nbetta = 2\n";
+  std::ofstream(bad) << "n = 8\nkernel = softmax\n";
+  const std::string out = (dir / "o.h5").string();
+  for (const auto& [ini, named] : {std::pair{unknown, std::string("betta")}, {bad, std::string("--kernel")}}) {
+    const auto result = run_mfattn("run --config " + ini + " --quiet --out " + out);
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    EXPECT_NE(result.output.find(named), std::string::npos) << result.output;
+    EXPECT_FALSE(std::filesystem::exists(out));
+  }
+  const auto missing = run_mfattn("run --config " + (dir / "none.ini").string() + " --quiet --out " + out);
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.output.find("--config"), std::string::npos);
+}
+
+TEST(Info, DescribesAFileAndRejectsForeignOnes) {
+  const auto dir = scratch_dir("info");
+  const std::string out = (dir / "run.h5").string();
+  ASSERT_EQ(run_mfattn("run --n 12 --d 4 --replicas 2 --horizon 2 --save-every 0.5 --quiet --out " + out).exit_code, 0);
+  const auto info = run_mfattn("info " + out);
+  EXPECT_EQ(info.exit_code, 0);
+  for (const char* expected : {"n = 12", "d = 4", "replicas = 2", "frames     5", "t = 0 .. 2", "complete", "beta = 1"})
+    EXPECT_NE(info.output.find(expected), std::string::npos) << expected << "\n" << info.output;
+  EXPECT_EQ(run_mfattn("info " + (dir / "missing.h5").string()).exit_code, 4);
+  std::ofstream(dir / "foreign.h5") << "not hdf5";
+  const auto foreign = run_mfattn("info " + (dir / "foreign.h5").string());
+  EXPECT_EQ(foreign.exit_code, 4);
+  EXPECT_NE(foreign.output.find("not an mfattn"), std::string::npos) << foreign.output;
+}
+
+}  // namespace
+}  // namespace mfattn
