@@ -312,6 +312,7 @@ std::vector<double> output_times(const RunConfig& cfg) {
     if (unique.empty() || t - unique.back() > 1e-12 * std::max(1.0, horizon)) unique.push_back(t);
     else unique.back() = t;
   unique.front() = 0.0;
+  unique.back() = horizon;  // within rounding of it, and the horizon is landed on exactly
   return unique;
 }
 

@@ -198,6 +198,20 @@ TEST(Convergence, Dopri5LandsExactlyOnOutputTimes) {
   for (std::size_t k = 0; k < expected.size(); ++k) EXPECT_EQ(t.frames[k].time, expected[k]);
 }
 
+TEST(Frames, SaveLogGivesLogSpacedTimesAndSaveEveryIncludesTheHorizon) {
+  const auto logged = simulate(config({"--n", "8", "--integrator", "dopri5", "--horizon", "1000",
+                                       "--dt", "0.01", "--save-log", "6", "--time-scale", "rescaled"}));
+  const std::vector<double> expected = {0.0, 0.01, 0.1, 1.0, 10.0, 100.0, 1000.0};
+  ASSERT_EQ(logged.frames.size(), expected.size());
+  for (std::size_t k = 0; k < expected.size(); ++k)
+    EXPECT_NEAR(logged.frames[k].time, expected[k], 1e-12 * expected[k]) << k;
+  EXPECT_EQ(logged.frames.back().time, 1000.0);
+  const auto every = simulate(config({"--n", "8", "--horizon", "1", "--save-every", "0.3"}));
+  const std::vector<double> times = {0.0, 0.3, 0.6, 0.9, 1.0};
+  ASSERT_EQ(every.frames.size(), times.size());
+  for (std::size_t k = 0; k < times.size(); ++k) EXPECT_NEAR(every.frames[k].time, times[k], 1e-15);
+}
+
 // Brownian motion on S^{d-1} with generator (1/kappa) Laplacian: E<x(t), x(0)> =
 // exp(-(d - 1) t / kappa). One token per replica has no drift (its only source is itself).
 TEST(Noise, BrownianMotionDecorrelatesAtRateDMinusOneOverKappa) {
