@@ -13,6 +13,14 @@
 // recomputed with B_i = max_j l_ij taken exactly, so no weight that matters underflows.
 // detail::finish_receiver turns (B_i, S_i, A_i) into the velocity.
 //
+// The loops take each weight as 2^(t_ij), t_ij = (l_ij - B_i) log2(e), with log2(e) folded
+// into the query, the offset and the bias once per receiver (simd::exp2_nonpositive: its
+// argument reduction is exact and needs no multiply). Small d (up to 4) keeps lanes over
+// sources and the sums A_i in registers, the exp being the bound; larger d runs two
+// register-blocked micro-kernels per source tile, like a GEMM: the logits of 6 receivers x
+// 32 sources (keys stored in 32-source panels), then A_i += W Z for 6 receivers x 32
+// components, each operand load feeding several FMAs.
+//
 // Determinism: a receiver's sums are taken in one fixed order (sources in order, fixed
 // lanes, fixed horizontal reductions), whatever the thread count or its neighbours in a
 // block; padding and null sources add exact zeros and are left out of B_i, so appending
@@ -35,10 +43,22 @@ using simd::Lanes;
 using simd::kLanes;
 
 constexpr std::size_t kTile = cpu::PairTerms::kTile;  // sources are padded to whole tiles
-constexpr std::size_t kBlock = 4;                      // receivers sharing each source load
-constexpr std::size_t kSmallDimension = 8;             // lanes over sources up to here
+// Lanes over sources up to here; from d = 5 the micro-kernels are faster (measured).
+constexpr std::size_t kSmallDimension = 4;
+// Receivers sharing each source load. The small-d loop keeps d + 1 lane sums per receiver in
+// registers, so 4 fit; the large-d micro-kernels keep 6 x 4 lane vectors of sums (24 of the
+// 32 vector registers), which amortises each key / value load over 6 receivers.
+constexpr std::size_t kSmallBlock = 4;
+constexpr std::size_t kLargeBlock = 6;
+constexpr std::size_t kMaxBlock = std::max(kSmallBlock, kLargeBlock);
+// Keys are stored in panels of 32 sources: d rows of 32 numbers, contiguous, so the logit
+// micro-kernel reads one 256-byte line group per component (no strided rows, no packing).
+constexpr std::size_t kKeyPanel = 4 * kLanes;
+static_assert(kTile % kKeyPanel == 0);
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 constexpr double kLooseBound = 1e-250;                 // S_i below this: take the exact max
+// The pair loops take their weights as 2^(l log2 e): see simd::exp2_nonpositive.
+constexpr double kLog2e = 1.4426950408889634074;
 
 std::size_t round_up(std::size_t value, std::size_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
@@ -53,38 +73,54 @@ struct Prepared {
   std::size_t source_stride = 0, row_stride = 0;
   std::vector<double> queries;      // n x d, receiver-major
   std::vector<double> offsets;      // B_i per receiver
-  std::vector<double> keys_t;       // d rows of source_stride (lanes over sources)
+  std::vector<double> key_panels;   // per panel of kKeyPanel sources: d rows of kKeyPanel
   std::vector<double> values_t;     // d rows of source_stride (small d)
   std::vector<double> values_rows;  // padded_sources rows of row_stride (large d)
   std::vector<double> bias;         // padded_sources
+  std::vector<double> bias_log2;    // bias * log2(e), for the base-2 logits
+
+  /// Where k_j[c] lies in key_panels.
+  std::size_t key_index(std::size_t c, std::size_t j) const {
+    return (j / kKeyPanel) * d * kKeyPanel + c * kKeyPanel + j % kKeyPanel;
+  }
+  /// The keys k_j[c] of the kLanes sources from j (a multiple of kLanes).
+  const double* key_lanes(std::size_t c, std::size_t j) const {
+    return key_panels.data() + key_index(c, j);
+  }
 };
 
 /// Running sums of one block of receivers over the sources seen so far:
 /// S_i as lanes, and A_i as lanes over sources (small d) or as rows (large d).
 struct BlockSums {
-  std::size_t receivers[kBlock];
+  std::size_t size = 0;   // receivers per block: kSmallBlock or kLargeBlock
+  std::size_t receivers[kMaxBlock];
   std::size_t count = 0;  // receivers of the block that exist (the rest repeat the last)
-  double offset[kBlock];
-  Lanes weight_lanes[kBlock];
-  Lanes acc_lanes[kBlock][kSmallDimension];
-  double* acc = nullptr;  // kBlock rows of acc_stride numbers
+  double offset[kMaxBlock];
+  Lanes weight_lanes[kMaxBlock];
+  Lanes acc_lanes[kMaxBlock][kSmallDimension];
+  double* acc = nullptr;  // size rows of acc_stride numbers
   std::size_t acc_stride = 0;
-  double weight_sum[kBlock];
+  double weight_sum[kMaxBlock];
 
   void reset() {
-    for (std::size_t r = 0; r < kBlock; ++r) {
+    for (std::size_t r = 0; r < size; ++r) {
       weight_lanes[r] = Lanes{};
       for (auto& lanes : acc_lanes[r]) lanes = Lanes{};
     }
-    std::fill(acc, acc + kBlock * acc_stride, 0.0);
+    std::fill(acc, acc + size * acc_stride, 0.0);
   }
 };
 
 /// Receivers of a panel share every source tile while it is in cache: kPanelBlocks blocks
-/// of kBlock receivers walk the sources tile by tile.
+/// of receivers walk the sources tile by tile.
 constexpr std::size_t kPanelBlocks = 16;
-constexpr std::size_t kSmallSourceTile = 1024;  // (2d + 1) * 8 KiB of operands at most
-constexpr std::size_t kLargeSourceTile = 128;   // 2 * 128 * d * 8 bytes of operands
+// (2d + 1) * 4 KiB of keys, values and bias: in L1 (48 KiB) for d <= 4 while each group of
+// receivers of the panel walks the tile.
+constexpr std::size_t kSmallSourceTile = 512;
+// 2 * 256 * d * 8 bytes of keys and values (256 KiB at d = 64) stay in L2 for the panel; the
+// weights of one block for a tile (6 x 256 x 8 bytes = 12 KiB) stay in L1.
+constexpr std::size_t kLargeSourceTile = 256;
+static_assert(kLargeSourceTile % kKeyPanel == 0 && kLargeSourceTile % kTile == 0);
 
 class CpuBackend final : public Backend {
  public:
@@ -100,7 +136,7 @@ class CpuBackend final : public Backend {
                 double* weight_sums_out) override {
     prepared_.resize(replicas);
     const std::size_t n = model_.n;
-    const std::size_t panel = kPanelBlocks * kBlock;
+    const std::size_t panel = kPanelBlocks * block_size(model_.d);
     const std::size_t panels_per_replica = (n + panel - 1) / panel;
     const std::size_t total_panels = replicas * panels_per_replica;
     bool failed = false;
@@ -141,7 +177,7 @@ class CpuBackend final : public Backend {
     const std::size_t ns = p.source_stride;
     p.queries.assign(n * d, 0.0);
     p.offsets.assign(n, 0.0);
-    p.keys_t.assign(d * ns, 0.0);
+    p.key_panels.assign(d * p.padded_sources, 0.0);
     p.bias.assign(p.padded_sources, kNegInf);
     if (d <= kSmallDimension)
       p.values_t.assign(d * ns, 0.0);
@@ -156,7 +192,7 @@ class CpuBackend final : public Backend {
       transform(model_.k, model_.k_identity, j, xj, tmp.data(), out.data());
       double key_norm2 = 0.0;
       for (std::size_t c = 0; c < d; ++c) {
-        p.keys_t[c * ns + j] = out[c];
+        p.key_panels[p.key_index(c, j)] = out[c];
         key_norm2 += out[c] * out[c];
       }
       const double* z = xj;
@@ -173,6 +209,8 @@ class CpuBackend final : public Backend {
       // Null sources stay out of the bound, so that adding them changes no offset.
       if (presence > 0.0) largest_key = std::max(largest_key, std::sqrt(key_norm2));
     }
+    p.bias_log2.resize(p.padded_sources);
+    for (std::size_t j = 0; j < p.padded_sources; ++j) p.bias_log2[j] = p.bias[j] * kLog2e;
     for (std::size_t i = 0; i < n; ++i) {
       double query_norm2 = 0.0;
       for (std::size_t c = 0; c < d; ++c) query_norm2 += p.queries[i * d + c] * p.queries[i * d + c];
@@ -199,24 +237,30 @@ class CpuBackend final : public Backend {
       std::copy(in, in + d, out);
   }
 
+  static std::size_t block_size(std::size_t d) {
+    return d <= kSmallDimension ? kSmallBlock : kLargeBlock;
+  }
+
   void run_panel(std::size_t replica, std::size_t first, std::size_t receivers_in_panel,
                  const double* x, double* velocity, double* weight_sums) const {
     const Prepared& p = prepared_[replica];
-    const std::size_t blocks = (receivers_in_panel + kBlock - 1) / kBlock;
+    const std::size_t size = block_size(p.d);
+    const std::size_t blocks = (receivers_in_panel + size - 1) / size;
     const std::size_t acc_stride = std::max(p.padded_dim, kSmallDimension);
     thread_local std::vector<BlockSums> panel;
     thread_local std::vector<double> acc_rows;
     panel.resize(kPanelBlocks);
-    acc_rows.resize(kPanelBlocks * kBlock * acc_stride);
+    acc_rows.resize(kPanelBlocks * size * acc_stride);
     for (std::size_t b = 0; b < blocks; ++b) {
       BlockSums& block = panel[b];
-      const std::size_t start = first + b * kBlock;
-      block.count = std::min(kBlock, first + receivers_in_panel - start);
-      for (std::size_t r = 0; r < kBlock; ++r) {
+      const std::size_t start = first + b * size;
+      block.size = size;
+      block.count = std::min(size, first + receivers_in_panel - start);
+      for (std::size_t r = 0; r < size; ++r) {
         block.receivers[r] = start + std::min(r, block.count - 1);
         block.offset[r] = p.offsets[block.receivers[r]];
       }
-      block.acc = acc_rows.data() + b * kBlock * acc_stride;
+      block.acc = acc_rows.data() + b * size * acc_stride;
       block.acc_stride = acc_stride;
       block.reset();
     }
@@ -235,12 +279,16 @@ class CpuBackend final : public Backend {
         if (!loose) continue;
         // The bound was loose for some receiver: take its exact maximum and sum again. The
         // other receivers keep their offsets, hence the same bits as in the first pass.
-        double exact[kBlock];
-        max_block(terms, p, block.receivers, exact);
-        for (std::size_t r = 0; r < kBlock; ++r)
+        double exact[kMaxBlock];
+        if (size == kSmallBlock)
+          max_block<kSmallBlock>(terms, p, block.receivers, exact);
+        else
+          max_block<kLargeBlock>(terms, p, block.receivers, exact);
+        for (std::size_t r = 0; r < size; ++r)
           if (!(block.weight_sum[r] >= kLooseBound)) block.offset[r] = exact[r];
         block.reset();
-        accumulate(terms, p, block, 0, p.padded_sources);
+        for (std::size_t begin = 0; begin < p.padded_sources; begin += tile)
+          accumulate(terms, p, block, begin, std::min(p.padded_sources, begin + tile));
         finalize(p, block);
       }
     });
@@ -279,7 +327,7 @@ class CpuBackend final : public Backend {
 
   /// Horizontal sums of the lanes, in a fixed order.
   void finalize(const Prepared& p, BlockSums& block) const {
-    for (std::size_t r = 0; r < kBlock; ++r) {
+    for (std::size_t r = 0; r < block.size; ++r) {
       block.weight_sum[r] = simd::horizontal_sum(block.weight_lanes[r]);
       if (p.d <= kSmallDimension)
         for (std::size_t c = 0; c < p.d; ++c)
@@ -288,45 +336,53 @@ class CpuBackend final : public Backend {
   }
 
   /// Lanes over sources: for small d the sums A_i stay in registers as lane vectors.
+  /// The exp dominates here, so the loop is trimmed around it: the logits are base 2 (see
+  /// the file comment), and the block's receivers take their exps in lockstep, so that the
+  /// out-of-order core always finds independent FMAs along the polynomial's long dependency
+  /// chain (exps issued one after the other left the FMA pipes idle about a fifth of the
+  /// time).
   template <int kDim, class Terms>
   void accumulate_small(const Terms& terms, const Prepared& p, BlockSums& block,
                         std::size_t begin, std::size_t end) const {
+    constexpr std::size_t kBlock = kSmallBlock;  // all in lockstep
     const std::size_t d = kDim > 0 ? std::size_t(kDim) : p.d;
     constexpr std::size_t kMaxDim = kDim > 0 ? std::size_t(kDim) : kSmallDimension;
     const std::size_t ns = p.source_stride;
     double q[kBlock][kMaxDim] = {};
-    double neg_offset[kBlock];
-    Lanes acc[kBlock][kMaxDim];
+    Lanes acc[kBlock][kMaxDim] = {};
     Lanes sums[kBlock];
+    double neg_offset[kBlock];
     typename Terms::Receiver receiver_terms[kBlock];
     for (std::size_t r = 0; r < kBlock; ++r) {
+      const std::size_t i = block.receivers[r];
       for (std::size_t c = 0; c < d; ++c) {
-        q[r][c] = p.queries[block.receivers[r] * d + c];
+        q[r][c] = p.queries[i * d + c] * kLog2e;
         acc[r][c] = block.acc_lanes[r][c];
       }
-      for (std::size_t c = d; c < kMaxDim; ++c) acc[r][c] = Lanes{};
       sums[r] = block.weight_lanes[r];
-      neg_offset[r] = -block.offset[r];
-      receiver_terms[r] = terms.receiver(block.receivers[r]);
+      neg_offset[r] = -block.offset[r] * kLog2e;
+      receiver_terms[r] = terms.receiver(i);
     }
     auto chunk = [&]<bool kBias>(std::size_t j) {
-      Lanes keys[kMaxDim] = {}, values[kMaxDim] = {};
-      for (std::size_t c = 0; c < d; ++c) {
-        keys[c] = simd::load(p.keys_t.data() + c * ns + j);
-        values[c] = simd::load(p.values_t.data() + c * ns + j);
-      }
-      Lanes bias{};
-      if constexpr (kBias) bias = simd::load(p.bias.data() + j);
+      const double* key_lanes = p.key_lanes(0, j);
+      Lanes keys[kMaxDim] = {};
+      for (std::size_t c = 0; c < d; ++c) keys[c] = simd::load(key_lanes + c * kKeyPanel);
+      Lanes logits[kBlock], weights[kBlock];
       for (std::size_t r = 0; r < kBlock; ++r) {
-        Lanes logit = q[r][0] * keys[0] + neg_offset[r];
-        for (std::size_t c = 1; c < d; ++c) logit += q[r][c] * keys[c];
-        if constexpr (kBias) logit += bias;
-        if constexpr (Terms::kHasLogTerm) logit += terms.log_term(receiver_terms[r], j);
-        Lanes weight = simd::exp_nonpositive(logit);
-        if constexpr (Terms::kHasFactor) weight *= terms.factor(receiver_terms[r], j);
-        sums[r] += weight;
-        for (std::size_t c = 0; c < d; ++c) acc[r][c] += weight * values[c];
+        logits[r] = q[r][0] * keys[0] + neg_offset[r];
+        for (std::size_t c = 1; c < d; ++c) logits[r] += q[r][c] * keys[c];
+        if constexpr (kBias) logits[r] += simd::load(p.bias_log2.data() + j);
+        if constexpr (Terms::kHasLogTerm)
+          logits[r] += terms.log_term(receiver_terms[r], j) * kLog2e;
       }
+      simd::exp2_nonpositive(logits, weights);
+      if constexpr (Terms::kHasFactor)
+        for (std::size_t r = 0; r < kBlock; ++r) weights[r] *= terms.factor(receiver_terms[r], j);
+      for (std::size_t c = 0; c < d; ++c) {
+        const Lanes values = simd::load(p.values_t.data() + c * ns + j);
+        for (std::size_t r = 0; r < kBlock; ++r) acc[r][c] += weights[r] * values;
+      }
+      for (std::size_t r = 0; r < kBlock; ++r) sums[r] += weights[r];
     };
     // Sources before bias_free_end all have p_j = 1 (bias 0); the rest, padding included,
     // add their bias. Adding a zero bias changes no bit, so both paths agree.
@@ -339,104 +395,151 @@ class CpuBackend final : public Backend {
     }
   }
 
-  /// Logits l_ij - offset of 16 sources for the block, lanes over sources.
-  template <class Terms>
-  void large_logits(const Terms& terms, const Prepared& p, const double* const* q,
-                    const double* neg_offset, const typename Terms::Receiver* receiver_terms,
-                    std::size_t j, Lanes (*logits)[2]) const {
-    const std::size_t d = p.d, ns = p.source_stride;
-    Lanes s0[kBlock], s1[kBlock];
-    for (std::size_t r = 0; r < kBlock; ++r) s0[r] = s1[r] = simd::broadcast(neg_offset[r]);
-    for (std::size_t c = 0; c < d; ++c) {
-      const Lanes k0 = simd::load(p.keys_t.data() + c * ns + j);
-      const Lanes k1 = simd::load(p.keys_t.data() + c * ns + j + kLanes);
-      for (std::size_t r = 0; r < kBlock; ++r) {
-        s0[r] += q[r][c] * k0;
-        s1[r] += q[r][c] * k1;
+  /// Micro-kernel of the logits: l_ij - offset_i for kReceivers receivers and the kKeyPanel
+  /// sources of the key panel at j, lanes over sources, in the units of q: natural (bias =
+  /// p.bias, log_scale = 1) or base 2 (q, offsets scaled by log2 e, bias = p.bias_log2,
+  /// log_scale = log2 e). The kReceivers x 4 lane sums stay in
+  /// registers while the d components stream through: per component 4 key loads and
+  /// kReceivers broadcasts feed 4 kReceivers FMAs. Each logit is one FMA chain over c in
+  /// order, started at -offset, then the bias and the log-terms are added.
+  template <std::size_t kReceivers, class Terms>
+  static void panel_logits(const Terms& terms, const Prepared& p, const double* const* q,
+                           const double* neg_offset,
+                           const typename Terms::Receiver* receiver_terms,
+                           const double* bias_row, double log_scale, std::size_t j,
+                           Lanes (*logits)[4]) {
+    Lanes s[kReceivers][4];
+#pragma GCC unroll 8
+    for (std::size_t r = 0; r < kReceivers; ++r)
+      s[r][0] = s[r][1] = s[r][2] = s[r][3] = simd::broadcast(neg_offset[r]);
+    const double* keys = p.key_lanes(0, j);
+    for (std::size_t c = 0; c < p.d; ++c, keys += kKeyPanel) {
+      Lanes k0 = simd::load(keys), k1 = simd::load(keys + kLanes);
+      Lanes k2 = simd::load(keys + 2 * kLanes), k3 = simd::load(keys + 3 * kLanes);
+      simd::keep_in_registers(k0, k1, k2, k3);
+#pragma GCC unroll 8
+      for (std::size_t r = 0; r < kReceivers; ++r) {
+        const Lanes qc = simd::broadcast(q[r][c]);
+        s[r][0] += qc * k0;
+        s[r][1] += qc * k1;
+        s[r][2] += qc * k2;
+        s[r][3] += qc * k3;
       }
     }
-    const Lanes b0 = simd::load(p.bias.data() + j);
-    const Lanes b1 = simd::load(p.bias.data() + j + kLanes);
-    for (std::size_t r = 0; r < kBlock; ++r) {
-      logits[r][0] = s0[r] + b0;
-      logits[r][1] = s1[r] + b1;
-      if constexpr (Terms::kHasLogTerm) {
-        logits[r][0] += terms.log_term(receiver_terms[r], j);
-        logits[r][1] += terms.log_term(receiver_terms[r], j + kLanes);
+#pragma GCC unroll 4
+    for (std::size_t h = 0; h < 4; ++h) {
+      const std::size_t jh = j + h * kLanes;
+      const Lanes bias = simd::load(bias_row + jh);
+#pragma GCC unroll 8
+      for (std::size_t r = 0; r < kReceivers; ++r) {
+        logits[r][h] = s[r][h] + bias;
+        if constexpr (Terms::kHasLogTerm)
+          logits[r][h] += terms.log_term(receiver_terms[r], jh) * log_scale;
       }
     }
   }
 
-  /// Lanes over components: for large d the weights of a tile are staged and A_i += W Z runs
-  /// as a register-blocked product (kBlock receivers x 2 lane vectors of components).
+  /// Micro-kernel of A_i += sum_t w_it z_t over one source tile for kLargeBlock receivers and
+  /// kVectors lane vectors of components from cb: the sums stay in registers across the
+  /// tile (loaded from and stored back to the block's rows, so each A_i[c] is one FMA chain
+  /// over all sources in order, whatever the tiling); per source kVectors value loads and
+  /// kLargeBlock weight broadcasts feed kVectors kLargeBlock FMAs.
+  template <std::size_t kVectors>
+  static void add_weighted_values(const Prepared& p, BlockSums& block, const double* weights,
+                                  std::size_t weight_stride, std::size_t begin,
+                                  std::size_t count, std::size_t cb) {
+    Lanes a[kLargeBlock][kVectors];
+#pragma GCC unroll 8
+    for (std::size_t r = 0; r < kLargeBlock; ++r)
+#pragma GCC unroll 4
+      for (std::size_t v = 0; v < kVectors; ++v)
+        a[r][v] = simd::load(block.acc + r * block.acc_stride + cb + v * kLanes);
+    const double* row = p.values_rows.data() + begin * p.row_stride + cb;
+    for (std::size_t t = 0; t < count; ++t, row += p.row_stride) {
+      Lanes z[kVectors];
+#pragma GCC unroll 4
+      for (std::size_t v = 0; v < kVectors; ++v) z[v] = simd::load(row + v * kLanes);
+#pragma GCC unroll 8
+      for (std::size_t r = 0; r < kLargeBlock; ++r) {
+        const Lanes w = simd::broadcast(weights[r * weight_stride + t]);
+#pragma GCC unroll 4
+        for (std::size_t v = 0; v < kVectors; ++v) a[r][v] += w * z[v];
+      }
+    }
+#pragma GCC unroll 8
+    for (std::size_t r = 0; r < kLargeBlock; ++r)
+#pragma GCC unroll 4
+      for (std::size_t v = 0; v < kVectors; ++v)
+        simd::store(block.acc + r * block.acc_stride + cb + v * kLanes, a[r][v]);
+  }
+
+  /// Lanes over components: for large d the weights of a tile are computed panel by panel
+  /// into an L1-resident buffer, then A_i += W Z runs as a register-blocked product.
   template <class Terms>
   void accumulate_large(const Terms& terms, const Prepared& p, BlockSums& block,
                         std::size_t begin, std::size_t end) const {
     const std::size_t d = p.d, dp = p.padded_dim;
-    const double* q[kBlock];
-    double neg_offset[kBlock];
-    typename Terms::Receiver receiver_terms[kBlock];
-    for (std::size_t r = 0; r < kBlock; ++r) {
-      q[r] = p.queries.data() + block.receivers[r] * d;
-      neg_offset[r] = -block.offset[r];
+    // The block's queries and offsets times log2(e), for base-2 logits.
+    thread_local std::vector<double> scaled_queries;
+    scaled_queries.resize(kLargeBlock * d);
+    const double* q[kLargeBlock];
+    double neg_offset[kLargeBlock];
+    typename Terms::Receiver receiver_terms[kLargeBlock];
+    for (std::size_t r = 0; r < kLargeBlock; ++r) {
+      const double* query = p.queries.data() + block.receivers[r] * d;
+      for (std::size_t c = 0; c < d; ++c) scaled_queries[r * d + c] = query[c] * kLog2e;
+      q[r] = scaled_queries.data() + r * d;
+      neg_offset[r] = -block.offset[r] * kLog2e;
       receiver_terms[r] = terms.receiver(block.receivers[r]);
     }
-    alignas(64) double weights[kBlock][kTile];
-    for (std::size_t tile = begin; tile < end; tile += kTile) {
-      for (std::size_t chunk = 0; chunk < kTile; chunk += 2 * kLanes) {
-        const std::size_t j = tile + chunk;
-        Lanes logits[kBlock][2];
-        large_logits(terms, p, q, neg_offset, receiver_terms, j, logits);
-        for (std::size_t r = 0; r < kBlock; ++r)
-          for (std::size_t h = 0; h < 2; ++h) {
-            Lanes weight = simd::exp_nonpositive(logits[r][h]);
-            if constexpr (Terms::kHasFactor)
-              weight *= terms.factor(receiver_terms[r], j + h * kLanes);
-            block.weight_lanes[r] += weight;
-            simd::store(weights[r] + chunk + h * kLanes, weight);
-          }
-      }
-      for (std::size_t cb = 0; cb < dp; cb += 2 * kLanes) {
-        Lanes a0[kBlock] = {}, a1[kBlock] = {};
-        for (std::size_t t = 0; t < kTile; ++t) {
-          const double* row = p.values_rows.data() + (tile + t) * p.row_stride + cb;
-          const Lanes z0 = simd::load(row);
-          const Lanes z1 = simd::load(row + kLanes);
-          for (std::size_t r = 0; r < kBlock; ++r) {
-            a0[r] += weights[r][t] * z0;
-            a1[r] += weights[r][t] * z1;
-          }
-        }
-        for (std::size_t r = 0; r < kBlock; ++r) {
-          double* acc = block.acc + r * block.acc_stride + cb;
-          simd::store(acc, simd::load(acc) + a0[r]);
-          simd::store(acc + kLanes, simd::load(acc + kLanes) + a1[r]);
+    alignas(64) double weights[kLargeBlock][kLargeSourceTile];
+    Lanes sums[kLargeBlock];
+    for (std::size_t r = 0; r < kLargeBlock; ++r) sums[r] = block.weight_lanes[r];
+    for (std::size_t j = begin; j < end; j += kKeyPanel) {
+      Lanes logits[kLargeBlock][4];
+      panel_logits<kLargeBlock>(terms, p, q, neg_offset, receiver_terms, p.bias_log2.data(),
+                                kLog2e, j, logits);
+      for (std::size_t r = 0; r < kLargeBlock; ++r) {
+        Lanes weight[4];
+        simd::exp2_nonpositive(logits[r], weight);
+        for (std::size_t h = 0; h < 4; ++h) {
+          if constexpr (Terms::kHasFactor)
+            weight[h] *= terms.factor(receiver_terms[r], j + h * kLanes);
+          sums[r] += weight[h];
+          simd::store(weights[r] + (j - begin) + h * kLanes, weight[h]);
         }
       }
     }
+    for (std::size_t r = 0; r < kLargeBlock; ++r) block.weight_lanes[r] = sums[r];
+    // padded_dim is a multiple of 2 lane vectors: blocks of 4 vectors, then one of 2.
+    std::size_t cb = 0;
+    for (; cb + 4 * kLanes <= dp; cb += 4 * kLanes)
+      add_weighted_values<4>(p, block, weights[0], kLargeSourceTile, begin, end - begin, cb);
+    if (cb < dp)
+      add_weighted_values<2>(p, block, weights[0], kLargeSourceTile, begin, end - begin, cb);
   }
 
   /// max_j l_ij for each receiver of the block (-inf when no source is visible).
-  template <class Terms>
+  template <std::size_t kReceivers, class Terms>
   void max_block(const Terms& terms, const Prepared& p, const std::size_t* receivers,
                  double* exact) const {
-    const std::size_t d = p.d, ns = p.padded_sources;
-    const double* q[kBlock];
-    const double zero[kBlock] = {};
-    typename Terms::Receiver receiver_terms[kBlock];
-    Lanes best[kBlock];
-    for (std::size_t r = 0; r < kBlock; ++r) {
-      q[r] = p.queries.data() + receivers[r] * d;
+    const double* q[kReceivers];
+    const double zero[kReceivers] = {};
+    typename Terms::Receiver receiver_terms[kReceivers];
+    Lanes best[kReceivers];
+    for (std::size_t r = 0; r < kReceivers; ++r) {
+      q[r] = p.queries.data() + receivers[r] * p.d;
       receiver_terms[r] = terms.receiver(receivers[r]);
       best[r] = simd::broadcast(kNegInf);
     }
-    for (std::size_t j = 0; j < ns; j += 2 * kLanes) {
-      Lanes logits[kBlock][2];
-      large_logits(terms, p, q, zero, receiver_terms, j, logits);
-      for (std::size_t r = 0; r < kBlock; ++r)
-        best[r] = simd::max(best[r], simd::max(logits[r][0], logits[r][1]));
+    for (std::size_t j = 0; j < p.padded_sources; j += kKeyPanel) {
+      Lanes logits[kReceivers][4];
+      panel_logits<kReceivers>(terms, p, q, zero, receiver_terms, p.bias.data(), 1.0, j, logits);
+      for (std::size_t r = 0; r < kReceivers; ++r)
+        best[r] = simd::max(best[r], simd::max(simd::max(logits[r][0], logits[r][1]),
+                                               simd::max(logits[r][2], logits[r][3])));
     }
-    for (std::size_t r = 0; r < kBlock; ++r) exact[r] = simd::horizontal_max(best[r]);
+    for (std::size_t r = 0; r < kReceivers; ++r) exact[r] = simd::horizontal_max(best[r]);
   }
 
   const Model& model_;

@@ -1,10 +1,14 @@
 #pragma once
+// Builds without AVX-512 pass these 64-byte vectors differently; they never cross a library
+// boundary (everything here is inline), so GCC's ABI note does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
 // Fixed-width SIMD lanes (GCC vector extensions) and a vectorised exp for the pair loop.
 // The lane count is fixed at 8 on every ISA (AVX-512 uses one register, AVX2 two, SSE2
 // four), so the order of every sum is the same whatever the build targets.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 
 namespace mfattn::simd {
@@ -19,7 +23,18 @@ inline Lanes load(const double* p) {
   return v;
 }
 inline void store(double* p, Lanes v) { std::memcpy(p, &v, sizeof(v)); }
-inline Lanes broadcast(double x) { return Lanes{} + x; }
+// A plain splat (Lanes{} + x would cost a scalar add per call: GCC may not drop + 0.0).
+inline Lanes broadcast(double x) { return Lanes{x, x, x, x, x, x, x, x}; }
+
+/// A no-op that makes the compiler hold the values in registers: GCC otherwise folds each
+/// use of a loaded vector into its FMA as a memory operand, so a micro-kernel that reuses a
+/// load for several receivers turns load-bound (one load per FMA instead of one per row).
+template <class... Vectors>
+inline void keep_in_registers([[maybe_unused]] Vectors&... values) {
+#if defined(__GNUC__) && defined(__AVX512F__)
+  ([&] { asm("" : "+v"(values)); }(), ...);
+#endif
+}
 
 inline Lanes max(Lanes a, Lanes b) { return a > b ? a : b; }
 
@@ -36,45 +51,45 @@ inline double horizontal_sum(Lanes v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
-/// exp(x) for x <= 0, to about 1 ulp (2 ulp at worst); exactly 0 for x < -708 (and for
-/// -inf), where the true value is below 3.3e-308 and, next to a largest weight near 1,
-/// irrelevant. NaN stays NaN.
-///   x = n ln2 + r, |r| <= ln2 / 2 (Cody-Waite split of ln2, n * ln2_hi exact),
-///   exp(r) by its Taylor polynomial of degree 12 (truncation < 1.2e-16 relative),
-///   2^n by writing n + 1023 into the exponent bits.
-/// Lanes below -708 compute garbage that the final select discards, so no clamp is needed.
-inline Lanes exp_nonpositive(Lanes x) {
-  constexpr double kLog2e = 1.4426950408889634074;
-  constexpr double kLn2Hi = 6.93147180369123816490e-01;
-  constexpr double kLn2Lo = 1.90821492927058770002e-10;
-  // 1.5 * 2^52 + 1023: adding it rounds x log2(e) to an integer n and leaves n + 1023 in the
-  // low mantissa bits (bits 0-10 for n in [-1022, 0]; bit 51 is shifted out below).
+/// 2^t for t <= 0, to about 1 ulp (2 ulp at worst); exactly 0 for t < -1022 (and for -inf),
+/// NaN stays NaN. exp(x) = 2^(x log2 e): callers fold log2(e) into their operands once.
+/// the reduction t = n + r, n = round(t), |r| <= 1/2, is exact (r = t - n is
+/// exact by Sterbenz), so it costs two adds and a subtraction instead of three FMAs, and
+/// only the input's own rounding matters. kCount vectors are taken in lockstep, so that the
+/// out-of-order core finds independent FMAs next to each other along the polynomial's long
+/// dependency chain. Always inlined: GCC otherwise calls it out of line from some pair
+/// loops, which costs more than the call saves.
+template <std::size_t kCount>
+[[gnu::always_inline]] inline void exp2_nonpositive(const Lanes (&t)[kCount],
+                                                    Lanes (&out)[kCount]) {
+  // 1.5 * 2^52 + 1023: adding it rounds t to an integer n and leaves n + 1023 in the low
+  // mantissa bits (bits 0-10 for n in [-1022, 0]; bit 51 is shifted out below).
   constexpr double kShifter = 6755399441055744.0 + 1023.0;
-  constexpr double kUnderflow = -708.0;
-  const Lanes shifted = x * kLog2e + kShifter;
-  const Lanes n = shifted - kShifter;
-  Lanes r = x - n * kLn2Hi;
-  r = r - n * kLn2Lo;
-  Lanes p = broadcast(1.0 / 479001600.0);
-  p = p * r + 1.0 / 39916800.0;
-  p = p * r + 1.0 / 3628800.0;
-  p = p * r + 1.0 / 362880.0;
-  p = p * r + 1.0 / 40320.0;
-  p = p * r + 1.0 / 5040.0;
-  p = p * r + 1.0 / 720.0;
-  p = p * r + 1.0 / 120.0;
-  p = p * r + 1.0 / 24.0;
-  p = p * r + 1.0 / 6.0;
-  p = p * r + 0.5;
-  p = p * r + 1.0;
-  p = p * r + 1.0;
-  LaneInts bits;
-  std::memcpy(&bits, &shifted, sizeof(bits));
-  bits <<= 52;
-  Lanes two_to_n;
-  std::memcpy(&two_to_n, &bits, sizeof(two_to_n));
-  const Lanes result = p * two_to_n;
-  return x < kUnderflow ? Lanes{} : result;
+  constexpr double kUnderflow = -1022.0;
+  // Chebyshev fit of 2^r on [-1/2, 1/2], degree 11 (mpmath.chebyfit; approximation error
+  // 3.2e-18 relative, one FMA less than a degree-12 Taylor polynomial), highest first.
+  constexpr double kPoly[] = {4.4558179083360645e-10, 7.074194297288521e-09,
+                              1.0178057087733941e-07, 1.3215432535912375e-06,
+                              1.5252733841556773e-05, 0.00015403530463724353,
+                              0.001333355814640647,   0.009618129107587256,
+                              0.055504108664821625,   0.24022650695910158,
+                              0.6931471805599453,     1.0};
+  Lanes shifted[kCount], r[kCount], p[kCount];
+  for (std::size_t k = 0; k < kCount; ++k) {
+    shifted[k] = t[k] + kShifter;
+    r[k] = t[k] - (shifted[k] - kShifter);
+    p[k] = broadcast(kPoly[0]);
+  }
+  for (std::size_t c = 1; c < std::size(kPoly); ++c)
+    for (std::size_t k = 0; k < kCount; ++k) p[k] = p[k] * r[k] + kPoly[c];
+  for (std::size_t k = 0; k < kCount; ++k) {
+    LaneInts bits;
+    std::memcpy(&bits, &shifted[k], sizeof(bits));
+    bits <<= 52;
+    Lanes two_to_n;
+    std::memcpy(&two_to_n, &bits, sizeof(two_to_n));
+    out[k] = t[k] < kUnderflow ? Lanes{} : p[k] * two_to_n;
+  }
 }
 
 }  // namespace mfattn::simd
