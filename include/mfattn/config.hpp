@@ -88,7 +88,8 @@ boost::program_options::parsed_options read_config_file(
 /// Validates values once, before anything is written. Throws UsageError.
 void validate(const RunConfig& cfg);
 
-/// The thread count: --threads, else OMP_NUM_THREADS, else SLURM_CPUS_PER_TASK, else cores.
+/// The thread count: --threads, else OMP_NUM_THREADS, else SLURM_CPUS_PER_TASK, else cores;
+/// also made the default team size of every OpenMP region.
 int resolve_threads(std::int64_t requested);
 
 }  // namespace mfattn

@@ -29,6 +29,7 @@ struct NonFiniteState : NumericalError {
 class Dynamics {
  public:
   Dynamics(const Model& model, Backend& backend, std::size_t replicas);
+  /// v = f(x) and, if asked, the weight sums D_i. Repeating the last x costs a copy.
   void velocity(const double* x, double* v, double* weight_sums = nullptr);
   const Model& model() const { return model_; }
   std::size_t replicas() const { return replicas_; }
@@ -42,6 +43,8 @@ class Dynamics {
   Backend& backend_;
   std::size_t replicas_;
   std::int64_t evaluations_ = 0;
+  bool cached_ = false;
+  std::vector<double> cached_x_, cached_v_, cached_sums_;  ///< the last evaluation
 };
 
 struct StepOutcome {

@@ -152,13 +152,18 @@ po::options_description run_options(RunConfig& c) {
 }
 
 int resolve_threads(std::int64_t requested) {
-  if (requested > 0) return static_cast<int>(requested);
-  for (const char* name : {"OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"})
-    if (const char* value = std::getenv(name)) {
-      const int parsed = std::atoi(value);
-      if (parsed > 0) return parsed;
-    }
-  return omp_get_num_procs();
+  int threads = omp_get_num_procs();
+  if (requested > 0) {
+    threads = static_cast<int>(requested);
+  } else {
+    for (const char* name : {"SLURM_CPUS_PER_TASK", "OMP_NUM_THREADS"})
+      if (const char* value = std::getenv(name); value && std::atoi(value) > 0)
+        threads = std::atoi(value);  // OMP_NUM_THREADS, read last, wins over Slurm's count
+  }
+  // Every OpenMP region of the process (backend, observables) uses this team size, so that
+  // --threads 1 really means one busy core.
+  omp_set_num_threads(threads);
+  return threads;
 }
 
 void validate(const RunConfig& c) {

@@ -1,5 +1,7 @@
 #include "mfattn/observables.hpp"
 
+#include "backends/cpu/vector_math.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -15,18 +17,38 @@ double min_inner_product(const Model& model, const double* x) {
   std::vector<std::size_t> moving;
   for (std::size_t i = 0; i < n; ++i)
     if (model.presence[i] > 0.0) moving.push_back(i);
-  const std::ptrdiff_t m = static_cast<std::ptrdiff_t>(moving.size());
+  const std::size_t m = moving.size();
+  if (m < 2) return 1.0;
+  // Lanes over tokens: the moving tokens' coordinates as d rows of `stride` numbers.
+  constexpr std::size_t kLanes = simd::kLanes;
+  const std::size_t stride = (m + kLanes - 1) / kLanes * kLanes;
+  std::vector<double> rows(d * stride, 0.0);
+  for (std::size_t a = 0; a < m; ++a)
+    for (std::size_t c = 0; c < d; ++c) rows[c * stride + a] = x[moving[a] * d + c];
+  const auto count = static_cast<std::ptrdiff_t>(m);
   double lowest = 1.0;
   // A minimum does not depend on the order it is taken in, so threads cannot change it.
-#pragma omp parallel for reduction(min : lowest) schedule(dynamic, 16)
-  for (std::ptrdiff_t a = 0; a < m; ++a) {
-    const double* xa = x + moving[a] * d;
-    for (std::ptrdiff_t b = a + 1; b < m; ++b) {
-      const double* xb = x + moving[b] * d;
+#pragma omp parallel for reduction(min : lowest) schedule(dynamic, 16) if (m > 512)
+  for (std::ptrdiff_t a = 0; a < count; ++a) {
+    const auto i = static_cast<std::size_t>(a);
+    // Partners j > i: a scalar head up to the next lane boundary, whole lanes, a scalar tail.
+    const std::size_t head_end = std::min(m, (i + 1 + kLanes - 1) / kLanes * kLanes);
+    const std::size_t body_end = head_end + (m - head_end) / kLanes * kLanes;
+    auto scalar = [&](std::size_t j) {
       double inner = 0.0;
-      for (std::size_t c = 0; c < d; ++c) inner += xa[c] * xb[c];
+      for (std::size_t c = 0; c < d; ++c) inner += rows[c * stride + i] * rows[c * stride + j];
       lowest = std::min(lowest, inner);
+    };
+    for (std::size_t j = i + 1; j < head_end; ++j) scalar(j);
+    simd::Lanes best = simd::broadcast(lowest);
+    for (std::size_t j = head_end; j < body_end; j += kLanes) {
+      simd::Lanes inner = simd::broadcast(rows[i]) * simd::load(rows.data() + j);
+      for (std::size_t c = 1; c < d; ++c)
+        inner += simd::broadcast(rows[c * stride + i]) * simd::load(rows.data() + c * stride + j);
+      best = inner < best ? inner : best;
     }
+    for (std::size_t l = 0; l < kLanes; ++l) lowest = std::min(lowest, best[l]);
+    for (std::size_t j = body_end; j < m; ++j) scalar(j);
   }
   return lowest;
 }

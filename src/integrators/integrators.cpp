@@ -17,13 +17,26 @@ Dynamics::Dynamics(const Model& model, Backend& backend, std::size_t replicas)
     : model_(model), backend_(backend), replicas_(replicas) {}
 
 void Dynamics::velocity(const double* x, double* v, double* weight_sums) {
+  const std::size_t count = size();
+  // The last evaluation is remembered: a frame's observables and the next step's first stage
+  // (or dopri5's first-same-as-last stage) ask for the same state, and get the same bits.
+  if (cached_ && std::equal(x, x + count, cached_x_.begin())) {
+    std::copy(cached_v_.begin(), cached_v_.end(), v);
+    if (weight_sums) std::copy(cached_sums_.begin(), cached_sums_.end(), weight_sums);
+    return;
+  }
   ++evaluations_;
   // A non-finite stage state means the step already diverged; say so rather than let the
   // backend report a misleading overflow (integrate() adds the step and time).
-  const std::size_t count = size();
   for (std::size_t e = 0; e < count; ++e)
     if (!std::isfinite(x[e])) throw NonFiniteState("non-finite state");
-  backend_.velocity(replicas_, x, v, weight_sums);
+  cached_ = false;
+  cached_sums_.resize(replicas_ * model_.n);
+  backend_.velocity(replicas_, x, v, cached_sums_.data());
+  cached_x_.assign(x, x + count);
+  cached_v_.assign(v, v + count);
+  cached_ = true;
+  if (weight_sums) std::copy(cached_sums_.begin(), cached_sums_.end(), weight_sums);
 }
 
 namespace {
@@ -86,9 +99,8 @@ class RungeKutta final : public Integrator {
     stage_k_.resize(stages + 1);
     for (auto& k : stage_k_) k.resize(size);
     stage_x_.resize(size);
-    // FSAL: dopri5 reuses f at the accepted point; valid while the state is the one it saw.
-    if (!(adaptive() && fsal_valid_ && fsal_x_ == state.x)) dynamics.velocity(state.x.data(), stage_k_[0].data());
-    else stage_k_[0] = fsal_k_;
+    // dopri5's first-same-as-last stage comes from the Dynamics cache of the last evaluation.
+    dynamics.velocity(state.x.data(), stage_k_[0].data());
     for (std::size_t s = 1; s < stages; ++s) {
       const auto& row = tableau_.a[s];
       for (std::size_t e = 0; e < size; ++e) {
@@ -126,9 +138,6 @@ class RungeKutta final : public Integrator {
         outcome.h_next = h * std::min(factor, 0.9);
         return outcome;
       }
-      fsal_k_ = k_last;
-      fsal_x_ = new_x_;
-      fsal_valid_ = true;
     }
     state.x.swap(new_x_);
     state.time += h;
@@ -140,8 +149,7 @@ class RungeKutta final : public Integrator {
   Tableau tableau_;
   double rtol_, atol_;
   std::vector<std::vector<double>> stage_k_;
-  std::vector<double> stage_x_, new_x_, fsal_k_, fsal_x_;
-  bool fsal_valid_ = false;
+  std::vector<double> stage_x_, new_x_;
 };
 
 /// y <- exp(sum_k c_k (w_k y_k^T - y_k w_k^T)) y for up to four (y_k, w_k) pairs with w_k

@@ -56,6 +56,7 @@ constexpr std::size_t kMaxBlock = std::max(kSmallBlock, kLargeBlock);
 constexpr std::size_t kKeyPanel = 4 * kLanes;
 static_assert(kTile % kKeyPanel == 0);
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr double kPairsPerExtraThread = 1 << 18;  // below this, one thread does the work
 constexpr double kLooseBound = 1e-250;                 // S_i below this: take the exact max
 // The pair loops take their weights as 2^(l log2 e): see simd::exp2_nonpositive.
 constexpr double kLog2e = 1.4426950408889634074;
@@ -141,7 +142,11 @@ class CpuBackend final : public Backend {
     const std::size_t total_panels = replicas * panels_per_replica;
     bool failed = false;
     std::string failure;
-#pragma omp parallel num_threads(threads_)
+    // Small evaluations (n = 256 is ~30 us of work) run on one thread: waking a team costs
+    // more than it saves, and on a busy machine a late thread stalls every step.
+    const double pairs = double(replicas) * double(n) * double(n);
+    const int team = pairs < kPairsPerExtraThread ? 1 : threads_;
+#pragma omp parallel num_threads(team)
     {
 #pragma omp for schedule(static)
       for (std::size_t r = 0; r < replicas; ++r) prepare(x + r * n * model_.d, prepared_[r]);
