@@ -1,5 +1,7 @@
 #include "mfattn/observables.hpp"
 
+#include <Eigen/Dense>
+
 #include "backends/cpu/vector_math.hpp"
 
 #include <algorithm>
@@ -12,6 +14,30 @@ std::vector<std::pair<std::string, std::size_t>> observable_layout(const Model&)
   return {{"energy", 1}, {"mean_inner", 1}, {"min_inner", 1}, {"max_speed", 1}};
 }
 
+namespace {
+
+/// Large d: Gram blocks G = X_I X_J^T (64 rows at a time, j >= i) through Eigen's GEMM.
+double min_inner_by_blocks(const double* x, std::size_t d, const std::vector<std::size_t>& moving) {
+  using Rows = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const auto m = static_cast<Eigen::Index>(moving.size());
+  Rows tokens(m, static_cast<Eigen::Index>(d));
+  for (Eigen::Index a = 0; a < m; ++a)
+    for (std::size_t c = 0; c < d; ++c) tokens(a, static_cast<Eigen::Index>(c)) = x[moving[a] * d + c];
+  constexpr Eigen::Index kRows = 64;
+  const Eigen::Index blocks = (m + kRows - 1) / kRows;
+  double lowest = 1.0;
+#pragma omp parallel for reduction(min : lowest) schedule(dynamic, 1)
+  for (Eigen::Index b = 0; b < blocks; ++b) {
+    const Eigen::Index first = b * kRows, rows = std::min(kRows, m - first);
+    const Rows gram = tokens.middleRows(first, rows) * tokens.middleRows(first, m - first).transpose();
+    for (Eigen::Index r = 0; r < rows; ++r)
+      for (Eigen::Index c = r + 1; c < m - first; ++c) lowest = std::min(lowest, gram(r, c));
+  }
+  return lowest;
+}
+
+}  // namespace
+
 double min_inner_product(const Model& model, const double* x) {
   const std::size_t n = model.n, d = model.d;
   std::vector<std::size_t> moving;
@@ -19,6 +45,7 @@ double min_inner_product(const Model& model, const double* x) {
     if (model.presence[i] > 0.0) moving.push_back(i);
   const std::size_t m = moving.size();
   if (m < 2) return 1.0;
+  if (d > simd::kLanes) return min_inner_by_blocks(x, d, moving);
   // Lanes over tokens: the moving tokens' coordinates as d rows of `stride` numbers.
   constexpr std::size_t kLanes = simd::kLanes;
   const std::size_t stride = (m + kLanes - 1) / kLanes * kLanes;

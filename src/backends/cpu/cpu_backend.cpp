@@ -69,6 +69,7 @@ std::size_t round_up(std::size_t value, std::size_t multiple) {
 struct Prepared {
   std::size_t d = 0, padded_sources = 0, padded_dim = 0;
   std::size_t bias_free_end = 0;    // sources before this need no bias (all p_j = 1, no padding)
+  bool logits_above_underflow = false;  // 2 max_i B_i log2(e) < 1020: unbiased logits stay > -1022
   // Row strides of the lane-major and row-major operands, a line longer than the data so
   // that rows never share cache sets (power-of-two strides thrash the L1).
   std::size_t source_stride = 0, row_stride = 0;
@@ -221,6 +222,8 @@ class CpuBackend final : public Backend {
       for (std::size_t c = 0; c < d; ++c) query_norm2 += p.queries[i * d + c] * p.queries[i * d + c];
       p.offsets[i] = std::sqrt(query_norm2) * largest_key;
     }
+    const double largest_offset = n ? *std::max_element(p.offsets.begin(), p.offsets.end()) : 0.0;
+    p.logits_above_underflow = 2.0 * largest_offset * kLog2e < 1020.0;
   }
 
   /// out = G_token M x (M skipped when identity).
@@ -368,7 +371,7 @@ class CpuBackend final : public Backend {
       neg_offset[r] = -block.offset[r] * kLog2e;
       receiver_terms[r] = terms.receiver(i);
     }
-    auto chunk = [&]<bool kBias>(std::size_t j) {
+    auto chunk = [&]<bool kBias, bool kMayUnderflow>(std::size_t j) {
       const double* key_lanes = p.key_lanes(0, j);
       Lanes keys[kMaxDim] = {};
       for (std::size_t c = 0; c < d; ++c) keys[c] = simd::load(key_lanes + c * kKeyPanel);
@@ -380,7 +383,7 @@ class CpuBackend final : public Backend {
         if constexpr (Terms::kHasLogTerm)
           logits[r] += terms.log_term(receiver_terms[r], j) * kLog2e;
       }
-      simd::exp2_nonpositive(logits, weights);
+      simd::exp2_nonpositive<kBlock, kMayUnderflow>(logits, weights);
       if constexpr (Terms::kHasFactor)
         for (std::size_t r = 0; r < kBlock; ++r) weights[r] *= terms.factor(receiver_terms[r], j);
       for (std::size_t c = 0; c < d; ++c) {
@@ -391,9 +394,14 @@ class CpuBackend final : public Backend {
     };
     // Sources before bias_free_end all have p_j = 1 (bias 0); the rest, padding included,
     // add their bias. Adding a zero bias changes no bit, so both paths agree.
+    // Without bias and log-terms every logit is >= -2 B_i log2(e); when that cannot reach the
+    // underflow edge, the exponential's select is left out (same bits, fewer operations).
     const std::size_t split = std::clamp(p.bias_free_end, begin, end);
-    for (std::size_t j = begin; j < split; j += kLanes) chunk.template operator()<false>(j);
-    for (std::size_t j = split; j < end; j += kLanes) chunk.template operator()<true>(j);
+    if (p.logits_above_underflow && !Terms::kHasLogTerm)
+      for (std::size_t j = begin; j < split; j += kLanes) chunk.template operator()<false, false>(j);
+    else
+      for (std::size_t j = begin; j < split; j += kLanes) chunk.template operator()<false, true>(j);
+    for (std::size_t j = split; j < end; j += kLanes) chunk.template operator()<true, true>(j);
     for (std::size_t r = 0; r < kBlock; ++r) {
       block.weight_lanes[r] = sums[r];
       for (std::size_t c = 0; c < d; ++c) block.acc_lanes[r][c] = acc[r][c];

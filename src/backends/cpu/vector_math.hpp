@@ -59,7 +59,9 @@ inline double horizontal_sum(Lanes v) {
 /// out-of-order core finds independent FMAs next to each other along the polynomial's long
 /// dependency chain. Always inlined: GCC otherwise calls it out of line from some pair
 /// loops, which costs more than the call saves.
-template <std::size_t kCount>
+/// kMayUnderflow = false: the caller guarantees t >= -1022 (or NaN), and the select that
+/// makes smaller inputs exactly 0 is skipped; the results are the same bits.
+template <std::size_t kCount, bool kMayUnderflow = true>
 [[gnu::always_inline]] inline void exp2_nonpositive(const Lanes (&t)[kCount],
                                                     Lanes (&out)[kCount]) {
   // 1.5 * 2^52 + 1023: adding it rounds t to an integer n and leaves n + 1023 in the low
@@ -88,7 +90,10 @@ template <std::size_t kCount>
     bits <<= 52;
     Lanes two_to_n;
     std::memcpy(&two_to_n, &bits, sizeof(two_to_n));
-    out[k] = t[k] < kUnderflow ? Lanes{} : p[k] * two_to_n;
+    if constexpr (kMayUnderflow)
+      out[k] = t[k] < kUnderflow ? Lanes{} : p[k] * two_to_n;
+    else
+      out[k] = p[k] * two_to_n;
   }
 }
 
