@@ -62,6 +62,7 @@ struct RunConfig {
   bool resume = false;
   bool deflate = false;
   bool fletcher32 = false;
+  bool save_velocity = false;
   bool quiet = false;
   std::string config;
 

@@ -33,6 +33,7 @@ struct WriterSetup {
   std::size_t position_dim = 1; ///< k, columns of aux_position
   bool deflate = false;         ///< deflate + shuffle on positions
   bool fletcher32 = false;
+  bool velocity = false;        ///< also write velocity/{step, time, value} per replica group
   std::string author = "unknown";
   std::string creator_version;  ///< project version
   /// Observable names and component counts (1 = scalar) written per frame, in order.
@@ -72,9 +73,10 @@ class H5mdWriter {
   /// Appends one frame: positions of all replicas (R * n * d, replica-major) and one value
   /// array per observable in setup order (R * components numbers each). step_size is the
   /// integrator's next step (/run/step_size), which a resumed run continues with.
+  /// velocities (R * n * d) are required when the setup asks for velocity.
   virtual void append_frame(std::int64_t step, double time, const double* positions,
                             const std::vector<std::vector<double>>& observables,
-                            double step_size = 0.0) = 0;
+                            double step_size = 0.0, const double* velocities = nullptr) = 0;
   /// Writes /run: status, wall time, steps, rejected steps.
   virtual void write_run_info(const std::string& status, double wall_seconds, std::int64_t steps,
                               std::int64_t rejected_steps) = 0;

@@ -17,8 +17,10 @@ namespace mfattn {
 /// Names and component counts, in the order compute_observables returns them.
 std::vector<std::pair<std::string, std::size_t>> observable_layout(const Model& model);
 
-/// values[o][r * components + c] for observable o of observable_layout.
-std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const State& state);
+/// values[o][r * components + c] for observable o of observable_layout. velocity_out, when
+/// given, receives dx/dt at the frame (R * n * d), from the same evaluation.
+std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const State& state,
+                                                     std::vector<double>* velocity_out = nullptr);
 
 /// min_{i != j} <x_i, x_j> over the moving tokens of one replica (1 if fewer than two).
 double min_inner_product(const Model& model, const double* x);

@@ -144,6 +144,8 @@ po::options_description run_options(RunConfig& c) {
        "continue the run in --out from its last frame (same options; the horizon may grow)")
       ("deflate", po::bool_switch(&c.deflate), "compress positions (deflate level 4 + shuffle)")
       ("fletcher32", po::bool_switch(&c.fletcher32), "checksum every growing dataset")
+      ("save-velocity", po::bool_switch(&c.save_velocity),
+       "also write dx/dt of every frame (particles/tokens/velocity)")
       ("quiet", po::bool_switch(&c.quiet), "no progress output")
       ("config", bound(c.config, "none"), "INI file of options (the command line wins)");
   po::options_description all("mfattn run options");

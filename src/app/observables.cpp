@@ -99,7 +99,8 @@ double mean_inner_product(const Model& model, const double* x) {
   return (square - self) / (double(m) * double(m - 1));
 }
 
-std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const State& state) {
+std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const State& state,
+                                                     std::vector<double>* velocity_out) {
   const Model& model = dynamics.model();
   const std::size_t R = state.replicas, n = model.n, d = model.d;
   std::vector<double> velocity(state.size()), weight_sums(R * n);
@@ -118,6 +119,7 @@ std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const S
     }
     values[3][r] = fastest;
   }
+  if (velocity_out) velocity_out->swap(velocity);
   return values;
 }
 

@@ -364,6 +364,7 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     setup.creator_version = kVersion;
     setup.deflate = cfg.deflate;
     setup.fletcher32 = cfg.fletcher32;
+    setup.velocity = cfg.save_velocity;
     if (const char* user = std::getenv("USER")) setup.author = user;
     setup.observables = observable_layout(model);
     if (cfg.resume) {
@@ -403,8 +404,12 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
 
   Progress progress(cfg.quiet, cfg.horizon, log);
   double h = cfg.resume && resumed.step_size > 0.0 ? resumed.step_size : cfg.dt;
+  std::vector<double> frame_velocity;
   auto observer = [&](const State& s) {
-    writer->append_frame(s.step, s.time, s.x.data(), compute_observables(dynamics, s), h);
+    const auto observables =
+        compute_observables(dynamics, s, cfg.save_velocity ? &frame_velocity : nullptr);
+    writer->append_frame(s.step, s.time, s.x.data(), observables, h,
+                         cfg.save_velocity ? frame_velocity.data() : nullptr);
     writer->flush();
     progress.update(s.time, s.step, elapsed());
   };
@@ -419,7 +424,8 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     progress.finish(elapsed());
     log << "mfattn run: numerical failure: " << e.what() << '\n';
     try {
-      writer->write_run_info(std::string("failed: ") + e.what(), elapsed(), state.step, 0);
+      writer->write_run_info(std::string("failed: ") + e.what(), resumed.wall_seconds + elapsed(),
+                             state.step, resumed.rejected_steps);
       writer->flush();
     } catch (const IoError&) {
     }

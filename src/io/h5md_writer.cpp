@@ -332,6 +332,10 @@ class Hdf5H5mdWriter final : public H5mdWriter {
       if (dims.size() != 3 || dims[1] != setup.n || dims[2] != setup.d)
         throw IoError(setup.path + ": --resume needs the same n and d as the file");
       frames = std::min(frames, dims[0]);
+      if (setup.velocity) {
+        velocities_.push_back(open(group + "/velocity/value"));
+        frames = std::min(frames, dataset_dims(check_, velocities_.back().get(), "velocity")[0]);
+      }
     }
     for (const auto& [name, components] : setup.observables) {
       observable_values_.push_back(open("/observables/" + name + "/value"));
@@ -365,6 +369,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     QuietHdf5Errors quiet;
     observable_values_.clear();
     positions_.clear();
+    velocities_.clear();
     particle_groups_.clear();
     step_.reset();
     time_.reset();
@@ -422,7 +427,10 @@ class Hdf5H5mdWriter final : public H5mdWriter {
 
   void append_frame(std::int64_t step, double time, const double* positions,
                     const std::vector<std::vector<double>>& observables,
-                    double step_size) override {
+                    double step_size, const double* velocities) override {
+    if (setup_.velocity && velocities == nullptr) {
+      throw std::invalid_argument("append_frame: this file records velocities; none given");
+    }
     if (observables.size() != setup_.observables.size()) {
       throw std::invalid_argument("append_frame: expected one array per observable");
     }
@@ -440,6 +448,9 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     for (std::size_t r = 0; r < setup_.replicas; ++r) {
       write_row(check_, positions_[r].get(), frames_, H5T_NATIVE_DOUBLE, positions + r * frame_size,
                 "position/value");
+      if (setup_.velocity)
+        write_row(check_, velocities_[r].get(), frames_, H5T_NATIVE_DOUBLE,
+                  velocities + r * frame_size, "velocity/value");
     }
     for (std::size_t o = 0; o < observables.size(); ++o) {
       write_row(check_, observable_values_[o].get(), frames_, H5T_NATIVE_DOUBLE,
@@ -502,6 +513,14 @@ class Hdf5H5mdWriter final : public H5mdWriter {
       positions_.push_back(create_growing_dataset(check_, position.get(), "value", H5T_IEEE_F64LE,
                                                   frame_shape, kPositionChunkBytes,
                                                   {setup_.deflate, setup_.fletcher32}));
+      if (setup_.velocity) {
+        Handle velocity = create_group(check_, group.get(), "velocity");
+        link_step_and_time(velocity.get());
+        velocities_.push_back(create_growing_dataset(check_, velocity.get(), "value",
+                                                     H5T_IEEE_F64LE, frame_shape,
+                                                     kPositionChunkBytes,
+                                                     {setup_.deflate, setup_.fletcher32}));
+      }
       particle_groups_.push_back(std::move(group));
     }
   }
@@ -538,6 +557,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   Handle step_size_;  ///< /run/step_size [T], the integrator's next step at each frame
   std::vector<Handle> particle_groups_;    ///< one per replica
   std::vector<Handle> positions_;          ///< position/value, one per replica
+  std::vector<Handle> velocities_;         ///< velocity/value, one per replica (when asked)
   std::vector<Handle> observable_values_;  ///< in setup order
   hsize_t frames_ = 0;
 };

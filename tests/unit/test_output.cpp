@@ -156,6 +156,28 @@ TEST(Failure, NonFiniteStateStopsTheRunAndKeepsEarlierFrames) {
   EXPECT_NE(euler.output.find("non-finite state at step"), std::string::npos) << euler.output;
 }
 
+TEST(Velocity, SavedVelocityIsTheFieldAtEachFrame) {
+  const auto dir = scratch_dir("velocity");
+  const std::string out = (dir / "v.h5").string();
+  const std::string options = "--n 30 --d 4 --kernel sa --replicas 2 --horizon 1 --save-every 0.5";
+  ASSERT_EQ(run_mfattn("run " + options + " --save-velocity --quiet --out " + out).exit_code, 0);
+  const std::string positions = dataset_bytes(out, "/particles/tokens_r1/position/value");
+  const std::string velocities = dataset_bytes(out, "/particles/tokens_r1/velocity/value");
+  ASSERT_EQ(positions.size(), velocities.size());
+  ASSERT_EQ(positions.size(), 3 * 30 * 4 * sizeof(double));
+  EXPECT_EQ(dataset_bytes(out, "/particles/tokens/velocity/time"),
+            dataset_bytes(out, "/particles/tokens/position/time"));
+  // Recompute the field at the last frame of replica 1 in process.
+  const auto cfg = testing::config({"--n", "30", "--d", "4", "--kernel", "sa"});
+  const Model model = build_model(cfg);
+  auto backend = make_backend("cpu", model, 1);
+  std::vector<double> x(30 * 4), v(30 * 4), stored(30 * 4);
+  std::memcpy(x.data(), positions.data() + 2 * x.size() * sizeof(double), x.size() * sizeof(double));
+  std::memcpy(stored.data(), velocities.data() + 2 * x.size() * sizeof(double), x.size() * sizeof(double));
+  backend->velocity(1, x.data(), v.data(), nullptr);
+  EXPECT_TRUE(testing::bitwise_equal(v.data(), stored.data(), v.size()));
+}
+
 TEST(Config, ConfigFileGivesTheSameBytesAsTheCommandLine) {
   const auto dir = scratch_dir("config");
   const std::string ini = (dir / "run.ini").string();
