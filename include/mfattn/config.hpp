@@ -28,8 +28,15 @@ struct RunConfig {
   std::string kernel = "usa";
   std::string time_scale = "natural";
   std::string q = "identity", k = "identity", v = "identity";
+  std::string geometry = "none";
+  double rope_base = 10000.0;
+  std::string rope_freqs;
+  std::string generators;
   std::string positions = "index";
   double pos_scale = 1.0;
+  std::string values = "transported";
+  std::string aux_factor = "none";
+  double aux_lambda = 1.0, aux_sigma = 1.0, aux_omega = 1.0;
   std::string mask = "full";
   double window = 1.0;
   std::string amplitudes;

@@ -46,6 +46,10 @@ struct TokenLabels {
   std::vector<std::int32_t> prompt_id; ///< n
   std::vector<double> presence;        ///< n
   std::vector<std::int64_t> id;        ///< n
+  /// The k skew generators of the positional gauge (k * d * d, row-major), when there is one:
+  /// written as gauge_generators [k, d, d] so a reader can rebuild G(xi) = exp(sum xi_a Omega_a).
+  std::vector<double> gauge_generators{};
+  std::size_t generator_count = 0;
 };
 
 /// Where a run stopped: its last complete frame (every dataset holds it), for --resume.

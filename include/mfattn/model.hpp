@@ -26,6 +26,9 @@ enum class Normalization { Usa, Sa };
 enum class TimeScale { Natural, Rescaled };
 enum class ValueTransport { Transported, Plain };
 enum class MaskKind { Full, Causal, Window };
+/// Auxiliary factor c_ij = c(xi_i - xi_j): 1, exp(-lambda |dxi|), exp(-|dxi|^2 / (2 sigma^2)),
+/// cos(omega dxi) (k = 1; sign-changing, so SA rejects it).
+enum class AuxFactor { None, Distance, Gaussian, Cosine };
 
 /// Positional gauge G(xi_i) in SO(d), applied once per token and evaluation, never per pair.
 /// The identity gauge is represented by a null pointer in Model.
@@ -60,6 +63,9 @@ struct Model {
 
   MaskKind mask = MaskKind::Full;
   double window = 0.0;         ///< |xi_i - xi_j| <= window for MaskKind::Window
+
+  AuxFactor aux_factor = AuxFactor::None;
+  double aux_lambda = 1.0, aux_sigma = 1.0, aux_omega = 1.0;
 
   std::shared_ptr<const Gauge> gauge;  ///< null: G = I
 

@@ -96,9 +96,25 @@ po::options_description run_options(RunConfig& c) {
       ("q", bound(c.q), "query matrix: identity | gaussian | goe | FILE (d rows of d numbers)")
       ("k", bound(c.k), "key matrix: identity | gaussian | goe | FILE")
       ("v", bound(c.v), "value matrix: identity | gaussian | goe | plus-qk | minus-qk | FILE")
+      ("geometry", bound(c.geometry),
+       "positional gauge G(xi): none | rope | rope-axial | rope-mixed | rope-conjugated | lie")
+      ("rope-base", bound(c.rope_base), "RoPE base: omega_b = base^(-2(b-1)/d), > 1")
+      ("rope-freqs", bound(c.rope_freqs, "from base"),
+       "explicit RoPE frequencies, floor(d/2) numbers (comma separated)")
+      ("generators", bound(c.generators, "none"),
+       "FILE of k skew-symmetric d x d generators (blocks of d rows): G(xi) = exp(sum xi_a Omega_a)")
       ("positions", bound(c.positions),
-       "token positions xi: index (i * pos-scale) | uniform (2 pi i / n) | random (seeded)")
-      ("pos-scale", bound(c.pos_scale), "scale of index positions, > 0")
+       "token positions xi: index (i * pos-scale) | uniform (2 pi i / n) | random (seeded) | "
+       "grid (k = 2; the default for rope-axial and rope-mixed) | FILE (n rows of k numbers)")
+      ("pos-scale", bound(c.pos_scale), "scale of index, random and grid positions, > 0")
+      ("values", bound(c.values),
+       "transported (v_ij = V G_i^T G_j x_j, gradient flow) | plain (v_ij = V x_j, practical RoPE)")
+      ("aux-factor", bound(c.aux_factor),
+       "none | distance (exp(-lambda |dxi|)) | gaussian (exp(-|dxi|^2/(2 sigma^2))) | "
+       "cosine (cos(omega dxi), k = 1, USA only)")
+      ("aux-lambda", bound(c.aux_lambda), "distance factor lambda >= 0")
+      ("aux-sigma", bound(c.aux_sigma), "gaussian factor sigma > 0")
+      ("aux-omega", bound(c.aux_omega), "cosine factor omega")
       ("mask", bound(c.mask), "full | causal (xi_j <= xi_i) | window (|xi_i - xi_j| <= window)")
       ("window", bound(c.window), "window half-width for --mask window, > 0")
       ("amplitudes", bound(c.amplitudes, "all 1"),
@@ -182,7 +198,26 @@ void validate(const RunConfig& c) {
     reject("k", c.k, "accepted: identity, gaussian, goe or a readable file");
   if (!is_preset_or_file(c.v, {"identity", "gaussian", "goe", "plus-qk", "minus-qk"}))
     reject("v", c.v, "accepted: identity, gaussian, goe, plus-qk, minus-qk or a readable file");
-  require_choice("positions", c.positions, {"index", "uniform", "random"});
+  require_choice("geometry", c.geometry,
+                 {"none", "rope", "rope-axial", "rope-mixed", "rope-conjugated", "lie"});
+  require_finite("rope-base", c.rope_base);
+  if (c.rope_base <= 1.0) reject("rope-base", format_number(c.rope_base), "must be > 1");
+  if (!c.generators.empty() && !std::ifstream(c.generators).good())
+    reject("generators", c.generators, "file cannot be read");
+  if (!c.generators.empty() && c.geometry != "lie")
+    reject("generators", c.generators, "needs --geometry lie (got " + c.geometry + ")");
+  if (!is_preset_or_file(c.positions, {"index", "uniform", "random", "grid"}))
+    reject("positions", c.positions, "accepted: index, uniform, random, grid or a readable file");
+  require_choice("values", c.values, {"transported", "plain"});
+  require_choice("aux-factor", c.aux_factor, {"none", "distance", "gaussian", "cosine"});
+  require_finite("aux-lambda", c.aux_lambda);
+  if (c.aux_lambda < 0) reject("aux-lambda", format_number(c.aux_lambda), "must be >= 0");
+  require_finite("aux-sigma", c.aux_sigma);
+  if (c.aux_sigma <= 0) reject("aux-sigma", format_number(c.aux_sigma), "must be > 0");
+  require_finite("aux-omega", c.aux_omega);
+  if (c.aux_factor == "cosine" && c.kernel == "sa")
+    reject("aux-factor", c.aux_factor,
+           "the cosine factor changes sign, so the SA denominator can vanish: use --kernel usa");
   require_finite("pos-scale", c.pos_scale);
   if (c.pos_scale <= 0) reject("pos-scale", format_number(c.pos_scale), "must be > 0");
   require_choice("mask", c.mask, {"full", "causal", "window"});

@@ -12,6 +12,7 @@
 #include <numbers>
 #include <sstream>
 
+#include "mfattn/gauge.hpp"
 #include "mfattn/h5md.hpp"
 #include "mfattn/init.hpp"
 #include "mfattn/integrator.hpp"
@@ -222,17 +223,96 @@ Model build_model(const RunConfig& cfg) {
   if (model.mass() <= 0.0)
     throw UsageError("--amplitudes " + cfg.amplitudes + ": every presence is 0 (no token moves)");
   model.eps_den = cfg.eps_den >= 0.0 ? cfg.eps_den : (weighted ? 1e-12 : 0.0);
-  model.position_dim = 1;
-  model.positions.resize(model.n);
-  RandomStream position_stream(seed, static_cast<std::uint64_t>(StreamTag::Positions));
-  for (std::size_t i = 0; i < model.n; ++i) {
-    if (cfg.positions == "uniform")
-      model.positions[i] = 2.0 * std::numbers::pi * double(i) / double(active);
-    else if (cfg.positions == "random")
-      model.positions[i] = position_stream.uniform() * double(active) * cfg.pos_scale;
-    else
-      model.positions[i] = double(i) * cfg.pos_scale;
+  // Generators from a file fix k; so do 2-D geometries, grid positions and a positions file.
+  std::vector<Matrix> file_generators;
+  if (!cfg.generators.empty()) {
+    try {
+      file_generators = read_generators(cfg.generators, 0, model.d);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("--generators " + cfg.generators + ": " + e.what());
+    }
   }
+  std::size_t k = 1;
+  const bool planar = cfg.geometry == "rope-axial" || cfg.geometry == "rope-mixed";
+  if (planar || cfg.positions == "grid") k = 2;
+  std::vector<double> position_rows;
+  const bool positions_from_file =
+      cfg.positions != "index" && cfg.positions != "uniform" && cfg.positions != "random" &&
+      cfg.positions != "grid";
+  if (positions_from_file) {
+    std::size_t rows = 0;
+    // The column count is that of the first row: try k = 1, 2, 3, 4.
+    for (std::size_t columns = 1; columns <= 4 && position_rows.empty(); ++columns) {
+      try {
+        position_rows = read_text_rows(cfg.positions, columns, rows);
+        k = columns;
+      } catch (const std::invalid_argument&) {
+      }
+    }
+    if (position_rows.empty())
+      throw UsageError("--positions " + cfg.positions + ": needs n rows of 1 to 4 numbers");
+    if (rows != model.n)
+      throw UsageError("--positions " + cfg.positions + ": needs " + std::to_string(model.n) +
+                       " rows (n + null tokens), found " + std::to_string(rows));
+  }
+  if (!file_generators.empty()) {
+    if (positions_from_file && file_generators.size() != k)
+      throw UsageError("--generators " + cfg.generators + ": " +
+                       std::to_string(file_generators.size()) + " generators but positions have k = " +
+                       std::to_string(k));
+    k = file_generators.size();
+  }
+  if (planar && k != 2)
+    throw UsageError("--geometry " + cfg.geometry + ": needs 2-D positions (k = 2), got k = " +
+                     std::to_string(k));
+  if (cfg.aux_factor == "cosine" && k != 1)
+    throw UsageError("--aux-factor cosine: needs 1-D positions (k = 1), got k = " + std::to_string(k));
+  model.position_dim = k;
+  model.positions.assign(model.n * k, 0.0);
+  RandomStream position_stream(seed, static_cast<std::uint64_t>(StreamTag::Positions));
+  const auto side = static_cast<std::size_t>(std::ceil(std::sqrt(double(active))));
+  for (std::size_t i = 0; i < model.n; ++i) {
+    double* xi = model.positions.data() + i * k;
+    if (positions_from_file) {
+      std::copy(position_rows.begin() + i * k, position_rows.begin() + (i + 1) * k, xi);
+    } else if (k == 2 && (cfg.positions == "index" || cfg.positions == "grid")) {
+      // Grid positions: row-major on a side x side grid (the default for 2-D geometries).
+      xi[0] = double(i % side) * cfg.pos_scale;
+      xi[1] = double(i / side) * cfg.pos_scale;
+    } else if (cfg.positions == "uniform") {
+      xi[0] = 2.0 * std::numbers::pi * double(i) / double(active);
+      for (std::size_t a = 1; a < k; ++a) xi[a] = 0.0;
+    } else if (cfg.positions == "random") {
+      for (std::size_t a = 0; a < k; ++a) xi[a] = position_stream.uniform() * double(active) * cfg.pos_scale;
+    } else {
+      xi[0] = double(i) * cfg.pos_scale;
+      for (std::size_t a = 1; a < k; ++a) xi[a] = 0.0;
+    }
+  }
+  if (cfg.geometry != "none") {
+    GaugeSpec spec;
+    spec.kind = parse_geometry(cfg.geometry);
+    spec.d = model.d;
+    spec.position_dim = k;
+    spec.base = cfg.rope_base;
+    spec.seed = seed;
+    spec.generators = file_generators;
+    if (!cfg.rope_freqs.empty() && !parse_number_list(cfg.rope_freqs, spec.frequencies))
+      throw UsageError("--rope-freqs " + cfg.rope_freqs + ": needs a list of finite numbers");
+    try {
+      model.gauge = make_gauge(spec, model.positions, model.n);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("--geometry " + cfg.geometry + ": " + e.what());
+    }
+  }
+  model.values = cfg.values == "plain" ? ValueTransport::Plain : ValueTransport::Transported;
+  model.aux_factor = cfg.aux_factor == "distance" ? AuxFactor::Distance
+                     : cfg.aux_factor == "gaussian" ? AuxFactor::Gaussian
+                     : cfg.aux_factor == "cosine"   ? AuxFactor::Cosine
+                                                    : AuxFactor::None;
+  model.aux_lambda = cfg.aux_lambda;
+  model.aux_sigma = cfg.aux_sigma;
+  model.aux_omega = cfg.aux_omega;
   model.mask = cfg.mask == "causal" ? MaskKind::Causal
                : cfg.mask == "window" ? MaskKind::Window
                                       : MaskKind::Full;
@@ -396,6 +476,12 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     labels.prompt_id.assign(model.n, 0);
     labels.presence = model.presence;
     for (std::size_t i = 0; i < model.n; ++i) labels.id.push_back(static_cast<std::int64_t>(i));
+    if (const auto* gauge = dynamic_cast<const PositionalGauge*>(model.gauge.get())) {
+      for (const Matrix& generator : gauge->generators())
+        labels.gauge_generators.insert(labels.gauge_generators.end(), generator.data(),
+                                       generator.data() + generator.size());
+      labels.generator_count = gauge->generators().size();
+    }
     writer->write_labels(labels);
   } catch (const IoError& e) {
     log << "mfattn run: " << e.what() << '\n';

@@ -28,6 +28,27 @@ inline bool visible(const Model& model, const double* xi_receiver, const double*
   return true;
 }
 
+/// The auxiliary factor c_ij = c(xi_i - xi_j) of model.hpp, one pair at a time.
+inline double aux_factor_value(const Model& model, const double* xi_receiver,
+                               const double* xi_source) {
+  double dist2 = 0.0;
+  for (std::size_t a = 0; a < model.position_dim; ++a) {
+    const double diff = xi_receiver[a] - xi_source[a];
+    dist2 += diff * diff;
+  }
+  switch (model.aux_factor) {
+    case AuxFactor::None:
+      return 1.0;
+    case AuxFactor::Distance:
+      return std::exp(-model.aux_lambda * std::sqrt(dist2));
+    case AuxFactor::Gaussian:
+      return std::exp(-dist2 / (2.0 * model.aux_sigma * model.aux_sigma));
+    case AuxFactor::Cosine:
+      return std::cos(model.aux_omega * (xi_receiver[0] - xi_source[0]));
+  }
+  return 1.0;
+}
+
 /// Turns the shifted sums of one receiver into its velocity.
 ///   log_max: running maximum m of the log-weights (-inf: no visible source)
 ///   weight_sum_shifted = sum_j exp(l_ij - m),  acc = sum_j exp(l_ij - m) z_j  (z-space)

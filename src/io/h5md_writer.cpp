@@ -422,6 +422,13 @@ class Hdf5H5mdWriter final : public H5mdWriter {
       write_fixed_dataset(check_, g, "presence", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {n},
                           labels.presence.data());
       write_fixed_dataset(check_, g, "id", H5T_STD_I64LE, H5T_NATIVE_INT64, {n}, labels.id.data());
+      if (labels.generator_count > 0) {
+        const std::size_t d = setup_.d;
+        if (labels.gauge_generators.size() != labels.generator_count * d * d)
+          throw std::invalid_argument("write_labels: gauge_generators needs k * d * d numbers");
+        write_fixed_dataset(check_, g, "gauge_generators", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
+                            {labels.generator_count, d, d}, labels.gauge_generators.data());
+      }
     }
   }
 

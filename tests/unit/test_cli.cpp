@@ -74,6 +74,12 @@ TEST(Cli, BadInputGetsOneLineExitTwoAndNoFile) {
       {"--config " + (dir / "missing.ini").string(), "--config"},
       {"--mask diagonal", "--mask"},
       {"--replicas 0", "--replicas"},
+      {"--geometry ropes", "--geometry"},
+      {"--kernel sa --aux-factor cosine", "--aux-factor"},
+      {"--generators " + (dir / "matrix.txt").string() + " --geometry rope", "--generators"},
+      {"--geometry rope --d 6 --rope-freqs 1,2", "--geometry"},
+      {"--aux-sigma 0 --aux-factor gaussian", "--aux-sigma"},
+      {"--values transport", "--values"},
   };
   for (const auto& [arguments, named] : cases) {
     const auto result = run_mfattn("run " + arguments + " --quiet --out " + out);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "mfattn/gauge.hpp"
 #include "mfattn/h5md.hpp"
 #include "test_support.hpp"
 
@@ -176,6 +177,22 @@ TEST(Velocity, SavedVelocityIsTheFieldAtEachFrame) {
   std::memcpy(stored.data(), velocities.data() + 2 * x.size() * sizeof(double), x.size() * sizeof(double));
   backend->velocity(1, x.data(), v.data(), nullptr);
   EXPECT_TRUE(testing::bitwise_equal(v.data(), stored.data(), v.size()));
+}
+
+// The generators actually used are stored, so a reader can rebuild G(xi) without the source.
+TEST(Gauges, OutputRecordsGeneratorsAndPositions) {
+  const auto dir = scratch_dir("generators");
+  const std::string out = (dir / "rope.h5").string();
+  ASSERT_EQ(run_mfattn("run --n 10 --d 5 --geometry rope-axial --horizon 0.1 --quiet --out " + out).exit_code, 0);
+  EXPECT_EQ(dataset_bytes(out, "/particles/tokens/gauge_generators").size(), 2 * 5 * 5 * sizeof(double));
+  EXPECT_EQ(dataset_bytes(out, "/particles/tokens/aux_position").size(), 10 * 2 * sizeof(double));
+  const auto cfg = testing::config({"--n", "10", "--d", "5", "--geometry", "rope-axial"});
+  const Model model = build_model(cfg);
+  const auto& gauge = dynamic_cast<const PositionalGauge&>(*model.gauge);
+  std::string expected;
+  for (const Matrix& generator : gauge.generators())
+    expected.append(reinterpret_cast<const char*>(generator.data()), generator.size() * sizeof(double));
+  EXPECT_EQ(dataset_bytes(out, "/particles/tokens/gauge_generators"), expected);
 }
 
 TEST(Config, ConfigFileGivesTheSameBytesAsTheCommandLine) {

@@ -6,6 +6,7 @@
 // compiled into the loop, so the loop has no branch per pair and no class per combination.
 // A type says whether it contributes (kHasLogTerm, kHasFactor); the loop skips what it lacks.
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <variant>
 #include <vector>
@@ -68,6 +69,59 @@ struct NoFactor {
   }
 };
 
+/// |xi_i - xi_j|^2 over the position coordinates, lanes over sources.
+inline simd::Lanes squared_distance(const SourcePositions& s, const ReceiverPosition& r,
+                                    std::size_t j) {
+  simd::Lanes dist2{};
+  for (std::size_t a = 0; a < s.dim && a < 4; ++a) {
+    const simd::Lanes diff = simd::load(s.row(a) + j) - r.xi[a];
+    dist2 += diff * diff;
+  }
+  return dist2;
+}
+
+/// c_ij = exp(-lambda |xi_i - xi_j|): distance bias (ALiBi-like), as a log-term.
+struct DistanceFactor {
+  static constexpr bool kLog = true, kMultiply = false;
+  double lambda = 1.0;
+  simd::Lanes log_term(const SourcePositions& s, const ReceiverPosition& r, std::size_t j) const {
+    simd::Lanes dist2 = squared_distance(s, r, j), dist;
+    for (std::size_t l = 0; l < simd::kLanes; ++l) dist[l] = std::sqrt(dist2[l]);
+    return dist * -lambda;
+  }
+  simd::Lanes factor(const SourcePositions&, const ReceiverPosition&, std::size_t) const {
+    return simd::broadcast(1.0);
+  }
+};
+
+/// c_ij = exp(-|xi_i - xi_j|^2 / (2 sigma^2)): Gaussian, as a log-term.
+struct GaussianFactor {
+  static constexpr bool kLog = true, kMultiply = false;
+  double inverse_two_sigma2 = 0.5;
+  simd::Lanes log_term(const SourcePositions& s, const ReceiverPosition& r, std::size_t j) const {
+    return squared_distance(s, r, j) * -inverse_two_sigma2;
+  }
+  simd::Lanes factor(const SourcePositions&, const ReceiverPosition&, std::size_t) const {
+    return simd::broadcast(1.0);
+  }
+};
+
+/// c_ij = cos(omega (xi_i - xi_j)) (k = 1): cosine Toeplitz, sign-changing, so it multiplies
+/// the weight instead of entering the logit.
+struct CosineFactor {
+  static constexpr bool kLog = false, kMultiply = true;
+  double omega = 1.0;
+  simd::Lanes log_term(const SourcePositions&, const ReceiverPosition&, std::size_t) const {
+    return simd::Lanes{};
+  }
+  simd::Lanes factor(const SourcePositions& s, const ReceiverPosition& r, std::size_t j) const {
+    const simd::Lanes diff = simd::load(s.row(0) + j) - r.xi[0];
+    simd::Lanes out;
+    for (std::size_t l = 0; l < simd::kLanes; ++l) out[l] = std::cos(omega * diff[l]);
+    return out;
+  }
+};
+
 /// One mask and one factor, bound to the source positions.
 template <class Mask, class Factor>
 struct Terms {
@@ -116,17 +170,31 @@ class PairTerms {
   /// Calls body(terms) with the Terms type of the model's mask and factor.
   template <class Body>
   void dispatch(Body&& body) const {
-    switch (model_.mask) {
-      case MaskKind::Full:
-        return body(make(FullMask{}, NoFactor{}));
-      case MaskKind::Causal:
-        return body(make(CausalMask{}, NoFactor{}));
-      case MaskKind::Window:
-        return body(make(WindowMask{model_.window * model_.window}, NoFactor{}));
+    switch (model_.aux_factor) {
+      case AuxFactor::None:
+        return with_mask(NoFactor{}, body);
+      case AuxFactor::Distance:
+        return with_mask(DistanceFactor{model_.aux_lambda}, body);
+      case AuxFactor::Gaussian:
+        return with_mask(GaussianFactor{0.5 / (model_.aux_sigma * model_.aux_sigma)}, body);
+      case AuxFactor::Cosine:
+        return with_mask(CosineFactor{model_.aux_omega}, body);
     }
   }
 
  private:
+  template <class Factor, class Body>
+  void with_mask(Factor factor, Body& body) const {
+    switch (model_.mask) {
+      case MaskKind::Full:
+        return body(make(FullMask{}, factor));
+      case MaskKind::Causal:
+        return body(make(CausalMask{}, factor));
+      case MaskKind::Window:
+        return body(make(WindowMask{model_.window * model_.window}, factor));
+    }
+  }
+
   template <class Mask, class Factor>
   Terms<Mask, Factor> make(Mask mask, Factor factor) const {
     return Terms<Mask, Factor>{&sources_, &receiver_positions_, mask, factor};

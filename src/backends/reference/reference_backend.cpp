@@ -34,7 +34,8 @@ class ReferenceBackend final : public Backend {
           apply_gauge(j, kx.data(), gk.data());
           double score = 0.0;
           for (std::size_t c = 0; c < d; ++c) score += gq[c] * gk[c];
-          const double weight = model_.presence[j] * std::exp(model_.beta * score - shift);
+          const double weight = model_.presence[j] * detail::aux_factor_value(model_, pos_i, pos_j) *
+                                std::exp(model_.beta * score - shift);
           // v_ij = V G_i^T G_j x_j (transported) or V x_j (plain)
           if (model_.values == ValueTransport::Transported && model_.gauge) {
             model_.gauge->apply(j, xj, tmp.data());

@@ -1,0 +1,159 @@
+// Auxiliary variables (model.md sections 2-4): gauges, factors, plain values; the exact facts
+// of seed 003 and agreement with the pair-by-pair reference backend.
+#include <Eigen/Dense>
+#include <fstream>
+
+#include "mfattn/gauge.hpp"
+#include "mfattn/observables.hpp"
+#include "test_support.hpp"
+
+namespace mfattn {
+namespace {
+
+using testing::config;
+using testing::simulate;
+
+std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& extra) {
+  base.insert(base.end(), extra.begin(), extra.end());
+  return base;
+}
+
+// Every geometry, factor and value choice agrees with the reference backend, for single
+// evaluations and along short trajectories.
+TEST(Auxiliary, EveryChoiceAgreesWithTheReferenceBackend) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"--geometry", "rope", "--d", "4"},
+      {"--geometry", "rope", "--d", "3", "--values", "plain"},
+      {"--geometry", "rope", "--d", "6", "--rope-freqs", "1,0.5,0.25", "--kernel", "sa"},
+      {"--geometry", "rope-axial", "--d", "4"},
+      {"--geometry", "rope-mixed", "--d", "6", "--kernel", "sa"},
+      {"--geometry", "rope-conjugated", "--d", "5"},
+      {"--geometry", "lie", "--d", "4", "--positions", "random", "--pos-scale", "0.05"},
+      {"--geometry", "rope", "--d", "12", "--q", "gaussian", "--k", "gaussian"},
+      {"--aux-factor", "distance", "--aux-lambda", "0.3"},
+      {"--aux-factor", "gaussian", "--aux-sigma", "4", "--kernel", "sa", "--mask", "causal"},
+      {"--aux-factor", "cosine", "--aux-omega", "0.7", "--positions", "uniform"},
+      {"--aux-factor", "distance", "--positions", "grid", "--d", "9", "--mask", "window", "--window", "3"},
+      {"--geometry", "rope", "--aux-factor", "cosine", "--amplitudes", "0.9", "--null-tokens", "4"},
+  };
+  for (const auto& extra : cases) {
+    const auto args = with({"--n", "37", "--beta", "1.5", "--seed", "6", "--horizon", "0.5",
+                            "--dt", "0.01", "--save-every", "0.5"},
+                           extra);
+    const auto cfg = config(args);
+    std::string label;
+    for (const auto& a : extra) label += a + " ";
+    const auto fast = simulate(cfg, 2, "cpu"), reference = simulate(cfg, 1, "reference");
+    EXPECT_LT(testing::max_abs_difference(fast.frames.back().x, reference.frames.back().x), 1e-9)
+        << label;
+    EXPECT_GT(testing::max_abs_difference(fast.frames.front().x, fast.frames.back().x), 1e-3)
+        << "no motion: " << label;
+  }
+}
+
+// With commuting generators and transported values, y_i = G(xi_i) x_i follows plain USA/SA:
+// the integrators commute with the fixed rotations, so the match is to rounding.
+TEST(Auxiliary, GaugedTokensFollowPlainDynamicsInTheRotatedFrame) {
+  const auto dir = testing::scratch_dir("gauge_frame");
+  for (const std::string geometry : {"rope", "rope-axial", "rope-conjugated"})
+    for (const std::string kernel : {"usa", "sa"}) {
+      const auto gauged_cfg = config({"--n", "24", "--d", "4", "--geometry", geometry, "--kernel",
+                                      kernel, "--horizon", "3", "--dt", "0.01", "--save-every", "3"});
+      const auto gauged = simulate(gauged_cfg);
+      const auto& gauge = dynamic_cast<const PositionalGauge&>(*gauged.model.gauge);
+      auto rotate = [&](const State& s) {
+        std::vector<double> y(s.x.size());
+        for (std::size_t i = 0; i < s.n; ++i) gauge.apply(i, s.token(0, i), y.data() + i * s.d);
+        return y;
+      };
+      const auto y0 = rotate(gauged.frames.front());
+      const std::string start = (dir / (geometry + kernel + ".txt")).string();
+      {
+        std::ofstream rows(start);
+        rows.precision(17);
+        for (std::size_t i = 0; i < 24; ++i)
+          rows << y0[i * 4] << ' ' << y0[i * 4 + 1] << ' ' << y0[i * 4 + 2] << ' ' << y0[i * 4 + 3] << '\n';
+      }
+      const auto plain = simulate(config({"--n", "24", "--d", "4", "--kernel", kernel, "--init",
+                                          "file", "--init-file", start, "--normalize-init",
+                                          "--horizon", "3", "--dt", "0.01", "--save-every", "3"}));
+      EXPECT_LT(testing::max_abs_difference(rotate(gauged.frames.back()), plain.frames.back().x), 1e-12)
+          << geometry << " " << kernel;
+      EXPECT_GT(testing::max_abs_difference(plain.frames.front().x, plain.frames.back().x), 1e-2);
+    }
+}
+
+double coordinate_spread(const State& s, std::size_t c) {
+  double lo = 1e300, hi = -1e300;
+  for (std::size_t i = 0; i < s.n; ++i) {
+    lo = std::min(lo, s.token(0, i)[c]);
+    hi = std::max(hi, s.token(0, i)[c]);
+  }
+  return hi - lo;
+}
+
+// RoPE in d = 3 rotates the x-y plane: y collapses, so x ends on a latitude circle.
+TEST(Auxiliary, RopeInThreeDimensionsEndsOnALatitudeCircle) {
+  for (const std::string kernel : {"usa", "sa"}) {
+    const auto t = simulate(config({"--n", "64", "--d", "3", "--geometry", "rope", "--kernel",
+                                    kernel, "--horizon", "20", "--save-every", "20"}));
+    const State& end = t.frames.back();
+    EXPECT_LT(coordinate_spread(end, 2), 1e-6) << kernel;
+    EXPECT_LT(min_inner_product(t.model, end.x.data()), 0.5) << kernel;
+  }
+}
+
+// Cosine Toeplitz with uniform positions keeps a spread maximiser near a great circle; the
+// distance bias with lambda times the position range about 1 collapses.
+TEST(Auxiliary, CosineKeepsAGreatCircleAndDistanceBiasCollapses) {
+  const auto cosine = simulate(config({"--n", "64", "--d", "3", "--aux-factor", "cosine",
+                                       "--positions", "uniform", "--horizon", "20", "--save-every", "20"}));
+  const State& end = cosine.frames.back();
+  Eigen::Matrix3d moment = Eigen::Matrix3d::Zero();
+  for (std::size_t i = 0; i < end.n; ++i) {
+    const Eigen::Map<const Eigen::Vector3d> x(end.token(0, i));
+    moment += x * x.transpose() / double(end.n);
+  }
+  const Eigen::Vector3d eigenvalues = Eigen::SelfAdjointEigenSolver<Eigen::Matrix3d>(moment).eigenvalues();
+  EXPECT_LT(eigenvalues[0], 1e-3);                 // flat: the points lie in a plane through 0
+  EXPECT_GT(eigenvalues[1], 0.4);                  // and spread around a circle in it
+  EXPECT_LT(min_inner_product(cosine.model, end.x.data()), -0.9);
+
+  const auto distance = simulate(config({"--n", "64", "--d", "3", "--aux-factor", "distance",
+                                         "--aux-lambda", "1", "--pos-scale", "0.015625",
+                                         "--horizon", "20", "--save-every", "20"}));
+  EXPECT_GT(min_inner_product(distance.model, distance.frames.back().x.data()), 0.999);
+}
+
+// Energy ascends along every gradient-flow auxiliary kernel.
+TEST(Auxiliary, EnergyAscendsForEveryGradientFlowKernel) {
+  const std::vector<std::vector<std::string>> kernels = {
+      {"--geometry", "rope"}, {"--geometry", "rope-conjugated", "--d", "4"},
+      {"--aux-factor", "distance", "--aux-lambda", "0.1"}, {"--aux-factor", "gaussian", "--aux-sigma", "8"},
+      {"--aux-factor", "cosine", "--positions", "uniform"}, {"--geometry", "rope", "--kernel", "sa"}};
+  for (const auto& extra : kernels) {
+    const auto t = simulate(config(with({"--n", "40", "--horizon", "8", "--save-every", "0.1"}, extra)));
+    ASSERT_TRUE(t.model.is_gradient_flow());
+    auto backend = make_backend("cpu", t.model, 1);
+    std::vector<double> v(t.model.n * t.model.d), sums(t.model.n);
+    double previous = -1e300, first = 0.0;
+    for (const auto& frame : t.frames) {
+      backend->velocity(1, frame.x.data(), v.data(), sums.data());
+      const double energy = energy_from_weight_sums(t.model, sums.data());
+      if (previous == -1e300) first = energy;
+      EXPECT_GE(energy, previous - 1e-13 * std::fabs(previous)) << extra[1] << " t " << frame.time;
+      previous = energy;
+    }
+    EXPECT_GT(previous, first) << extra[1];
+  }
+  // Plain values are no gradient flow, and the output says so.
+  EXPECT_FALSE(build_model(config({"--geometry", "rope", "--values", "plain"})).is_gradient_flow());
+}
+
+TEST(Auxiliary, SoftmaxWithSignChangingFactorIsRefused) {
+  EXPECT_THROW(config({"--kernel", "sa", "--aux-factor", "cosine"}), UsageError);
+  EXPECT_THROW(build_model(config({"--geometry", "rope", "--d", "6", "--rope-freqs", "1,2"})), UsageError);
+}
+
+}  // namespace
+}  // namespace mfattn
