@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main collapse experiments: installs what is missing, builds mfattn, runs the baseline
-# collapse of USA and SA (n = 64, 128, 256, d = 3, beta = 1, t = 20) into data/collapse/,
-# prints the outcome table and draws data/figures/collapse_min_inner.png.
+# collapse of USA and SA (n = 64, 128, 256, d = 3, beta = 1, t = 20) into data/collapse/ and
+# the seed-003 auxiliary-variable cases (experiments/seed003/*.ini: RoPE, generalized RoPE,
+# plain-value RoPE, distance bias vs cosine Toeplitz) into data/seed003/, prints the outcome
+# tables and draws data/figures/collapse_min_inner.png and data/figures/seed003_final.png.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -21,3 +23,14 @@ for kernel in usa sa; do
 done
 
 MPLBACKEND=Agg /usr/bin/python3 analysis/collapse_summary.py "$out" --figure "$here/data/figures/collapse_min_inner.png"
+
+seed003="$here/data/seed003"
+mkdir -p "$seed003"
+for ini in experiments/seed003/*.ini; do
+  name="$(basename "$ini" .ini)"
+  for n in 64 128 256; do
+    ./build/mfattn run --config "$ini" --n "$n" --seed 0 --quiet --overwrite --out "$seed003/${name}_n${n}.h5"
+  done
+done
+MPLBACKEND=Agg /usr/bin/python3 analysis/collapse_summary.py "$seed003" --cases \
+  --figure "$here/data/figures/seed003_min_inner.png" --final-figure "$here/data/figures/seed003_final.png"
