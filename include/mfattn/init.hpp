@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mfattn/state.hpp"
@@ -42,6 +43,10 @@ void initialize_replica(const InitSpec& spec, State& state, std::size_t replica)
 
 /// initialize_replica for every replica r = 0 .. state.replicas - 1.
 void initialize_state(const InitSpec& spec, State& state);
+
+/// Parses one text line of numbers separated by whitespace or commas ('#' starts a comment, a
+/// leading '+' is allowed) into values; returns "" or what is wrong with the line.
+std::string parse_number_line(std::string_view line, std::vector<double>& values);
 
 /// Reads a text file of rows of d numbers separated by whitespace or commas ('#' starts a
 /// comment, blank lines are skipped); returns them row-major and sets rows_out to the row count.

@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "mfattn/init.hpp"
 #include "mfattn/rng.hpp"
 
 namespace mfattn {
@@ -455,9 +456,6 @@ std::vector<Matrix> read_generators(const std::string& path, std::size_t k_expec
   std::size_t rows = 0;  // rows of the current block read so far
   std::size_t lineno = 0;
   std::string line;
-  auto is_space = [](char c) {
-    return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
-  };
   while (std::getline(in, line)) {
     ++lineno;
     const auto fail = [&](const std::string& what) {
@@ -468,37 +466,8 @@ std::vector<Matrix> read_generators(const std::string& path, std::size_t k_expec
     std::string_view s(line);
     const bool comment_only = s.find('#') != std::string_view::npos &&
                               s.find_first_not_of(" \t\r\v\f") == s.find('#');
-    if (const auto hash = s.find('#'); hash != std::string_view::npos) s = s.substr(0, hash);
     std::vector<double> vals;
-    std::size_t pos = 0;
-    bool after_comma = false;
-    while (pos < s.size()) {
-      const char c = s[pos];
-      if (is_space(c)) {
-        ++pos;
-      } else if (c == ',') {
-        if (vals.empty() || after_comma) fail("empty field between commas");
-        after_comma = true;
-        ++pos;
-      } else {
-        std::size_t end = pos;
-        while (end < s.size() && !is_space(s[end]) && s[end] != ',') ++end;
-        const std::string tok(s.substr(pos, end - pos));
-        std::string_view num(tok);
-        if (num.size() > 1 && num[0] == '+') num.remove_prefix(1);
-        double v = 0.0;
-        const auto res = std::from_chars(num.data(), num.data() + num.size(), v);
-        if (res.ec == std::errc::result_out_of_range)
-          fail("'" + tok + "' is out of the range of double");
-        if (res.ec != std::errc() || res.ptr != num.data() + num.size())
-          fail("'" + tok + "' is not a number");
-        if (!std::isfinite(v)) fail("'" + tok + "' is not finite");
-        vals.push_back(v);
-        after_comma = false;
-        pos = end;
-      }
-    }
-    if (after_comma) fail("trailing comma");
+    if (const std::string error = parse_number_line(line, vals); !error.empty()) fail(error);
     if (vals.empty()) {
       // A blank line ends a block; it may not split one. Comment-only lines are ignored.
       if (!comment_only && rows != 0)

@@ -192,14 +192,8 @@ void initialize_state(const InitSpec& spec, State& state) {
   for (std::size_t r = 0; r < state.replicas; ++r) initialize_replica(spec, state, r);
 }
 
-std::vector<double> read_text_rows(const std::string& path, std::size_t d, std::size_t& rows_out) {
-  rows_out = 0;
-  if (d < 1) throw std::invalid_argument("read_text_rows: d must be >= 1");
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument("cannot open '" + path + "' for reading");
-  std::vector<double> out;
-  std::string line;
-  std::size_t lineno = 0;
+std::string parse_number_line(std::string_view line, std::vector<double>& values) {
+  values.clear();
   // Built by appending: GCC 12 gives a false -Wrestrict on "'" + std::string(...).
   auto quoted = [](std::string_view t) {
     std::string q(1, '\'');
@@ -209,43 +203,55 @@ std::vector<double> read_text_rows(const std::string& path, std::size_t d, std::
   auto is_space = [](char c) {
     return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
   };
+  std::string_view s = line;
+  if (const auto hash = s.find('#'); hash != std::string_view::npos) s = s.substr(0, hash);
+  std::size_t pos = 0;
+  bool after_comma = false;  // a comma needs a number on each side: "1,,2" is an error
+  while (pos < s.size()) {
+    const char c = s[pos];
+    if (is_space(c)) {
+      ++pos;
+    } else if (c == ',') {
+      if (values.empty() || after_comma) return "empty field between commas";
+      after_comma = true;
+      ++pos;
+    } else {
+      std::size_t end = pos;
+      while (end < s.size() && !is_space(s[end]) && s[end] != ',') ++end;
+      std::string_view tok = s.substr(pos, end - pos);
+      std::string_view num = tok.size() > 1 && tok[0] == '+' ? tok.substr(1) : tok;
+      double v = 0.0;
+      const auto res = std::from_chars(num.data(), num.data() + num.size(), v);
+      if (res.ec == std::errc::result_out_of_range) return quoted(tok) + " is out of the range of double";
+      if (res.ec != std::errc() || res.ptr != num.data() + num.size()) return quoted(tok) + " is not a number";
+      if (!std::isfinite(v)) return quoted(tok) + " is not finite";
+      values.push_back(v);
+      after_comma = false;
+      pos = end;
+    }
+  }
+  if (after_comma) return "trailing comma";
+  return "";
+}
+
+std::vector<double> read_text_rows(const std::string& path, std::size_t d, std::size_t& rows_out) {
+  rows_out = 0;
+  if (d < 1) throw std::invalid_argument("read_text_rows: d must be >= 1");
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("cannot open '" + path + "' for reading");
+  std::vector<double> out;
+  std::string line;
+  std::size_t lineno = 0;
   while (std::getline(in, line)) {
     ++lineno;
     const auto fail = [&](const std::string& what) {
       throw std::invalid_argument(path + ":" + std::to_string(lineno) + " (row " +
                                   std::to_string(rows_out + 1) + "): " + what);
     };
-    std::string_view s(line);
-    if (const auto hash = s.find('#'); hash != std::string_view::npos) s = s.substr(0, hash);
-    std::size_t count = 0, pos = 0;
-    bool after_comma = false;  // a comma needs a number on each side: "1,,2" is an error
-    while (pos < s.size()) {
-      const char c = s[pos];
-      if (is_space(c)) {
-        ++pos;
-      } else if (c == ',') {
-        if (count == 0 || after_comma) fail("empty field between commas");
-        after_comma = true;
-        ++pos;
-      } else {
-        std::size_t end = pos;
-        while (end < s.size() && !is_space(s[end]) && s[end] != ',') ++end;
-        std::string_view tok = s.substr(pos, end - pos);
-        std::string_view num = tok.size() > 1 && tok[0] == '+' ? tok.substr(1) : tok;
-        double v = 0.0;
-        const auto res = std::from_chars(num.data(), num.data() + num.size(), v);
-        if (res.ec == std::errc::result_out_of_range)
-          fail(quoted(tok) + " is out of the range of double");
-        if (res.ec != std::errc() || res.ptr != num.data() + num.size())
-          fail(quoted(tok) + " is not a number");
-        if (!std::isfinite(v)) fail(quoted(tok) + " is not finite");
-        out.push_back(v);
-        ++count;
-        after_comma = false;
-        pos = end;
-      }
-    }
-    if (after_comma) fail("trailing comma");
+    std::vector<double> values;
+    if (const std::string error = parse_number_line(line, values); !error.empty()) fail(error);
+    const std::size_t count = values.size();
+    out.insert(out.end(), values.begin(), values.end());
     if (count == 0) continue;  // blank or comment-only line
     if (count != d)
       fail("expected d = " + std::to_string(d) + " numbers, found " + std::to_string(count));

@@ -14,6 +14,7 @@
 
 #include "mfattn/gauge.hpp"
 #include "mfattn/rng.hpp"
+#include "test_support.hpp"
 
 using namespace mfattn;
 
@@ -91,15 +92,6 @@ Eigen::MatrixXd applied_matrix(const PositionalGauge& g, std::size_t token) {
   return m;
 }
 
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "<no std::invalid_argument thrown>";
-}
 
 std::filesystem::path scratch_file(const std::string& name) {
   const auto dir = std::filesystem::temp_directory_path() /
@@ -196,14 +188,14 @@ TEST(Gauge, LieWithGivenCommutingGeneratorsIsRecognisedAsCommuting) {
   for (std::size_t i = 0; i < 4; ++i) EXPECT_LE(max_abs(lie->matrix(i) - conj->matrix(i)), 1e-12);
   // Wrong number or shape of given generators is refused.
   s.generators.pop_back();
-  EXPECT_NE(message_of([&] { make_gauge(s, pos, 4); }).find("expected position_dim = 2"),
+  EXPECT_NE(mfattn::testing::message_of([&] { make_gauge(s, pos, 4); }).find("expected position_dim = 2"),
             std::string::npos);
   s.generators = {Matrix::Zero(4, 4), Matrix::Zero(4, 4)};
-  EXPECT_NE(message_of([&] { make_gauge(s, pos, 4); }).find("expected 5 x 5"), std::string::npos);
+  EXPECT_NE(mfattn::testing::message_of([&] { make_gauge(s, pos, 4); }).find("expected 5 x 5"), std::string::npos);
   // Explicit generators are only for 'lie'.
   GaugeSpec r = spec_of({GeometryKind::Rope, 1}, d);
   r.generators = {Matrix::Zero(5, 5)};
-  EXPECT_NE(message_of([&] { make_gauge(r, {0.0}, 1); }).find("only accepted with geometry 'lie'"),
+  EXPECT_NE(mfattn::testing::message_of([&] { make_gauge(r, {0.0}, 1); }).find("only accepted with geometry 'lie'"),
             std::string::npos);
 }
 
@@ -272,12 +264,12 @@ TEST(Gauge, RopeFrequenciesFollowBase) {
   }
   // A list of the wrong length throws naming the expected length.
   s.frequencies = {1.0, 2.0, 3.0};
-  const std::string msg = message_of([&] { make_gauge(s, {0.0}, 1); });
+  const std::string msg = mfattn::testing::message_of([&] { make_gauge(s, {0.0}, 1); });
   EXPECT_NE(msg.find("expected 4"), std::string::npos) << msg;
   EXPECT_NE(msg.find("got 3"), std::string::npos) << msg;
   GaugeSpec a = spec_of({GeometryKind::RopeAxial, 2}, 9);
   a.frequencies = {1.0};
-  EXPECT_NE(message_of([&] { make_gauge(a, {0.0, 0.0}, 1); }).find("expected 4"),
+  EXPECT_NE(mfattn::testing::message_of([&] { make_gauge(a, {0.0, 0.0}, 1); }).find("expected 4"),
             std::string::npos);
 }
 
@@ -329,7 +321,7 @@ TEST(Gauge, RopeMixedHasRopeMagnitudesAndSeededDirections) {
   EXPECT_NEAR(w2.row(0).norm(), 3.0, 1e-15);
   EXPECT_NEAR(w2.row(1).norm(), 0.5, 1e-15);
   s.frequencies = {1.0, 2.0, 3.0};
-  const std::string msg = message_of([&] { make_gauge(s, {0.0, 0.0}, 1); });
+  const std::string msg = mfattn::testing::message_of([&] { make_gauge(s, {0.0, 0.0}, 1); });
   EXPECT_NE(msg.find("expected 2"), std::string::npos) << msg;
   EXPECT_NE(msg.find("or 4"), std::string::npos) << msg;
 }
@@ -384,35 +376,35 @@ TEST(Gauge, ReadGeneratorsRejectsNonSkew) {
   write_file(bad,
              "0 1 0\n-1 0 0\n0 0 0\n\n"
              "0 0.5 0\n-0.4 0 0\n0 0 0\n");
-  std::string msg = message_of([&] { read_generators(bad.string(), 0, 3); });
+  std::string msg = mfattn::testing::message_of([&] { read_generators(bad.string(), 0, 3); });
   EXPECT_NE(msg.find(bad.string()), std::string::npos) << msg;
   EXPECT_NE(msg.find("block 2"), std::string::npos) << msg;
   EXPECT_NE(msg.find("not skew-symmetric"), std::string::npos) << msg;
   EXPECT_NE(msg.find("(1,2)"), std::string::npos) << msg;
 
   write_file(bad, "0 1 0\n-1 1e-9 0\n0 0 0\n");
-  msg = message_of([&] { read_generators(bad.string(), 1, 3); });
+  msg = mfattn::testing::message_of([&] { read_generators(bad.string(), 1, 3); });
   EXPECT_NE(msg.find("block 1"), std::string::npos) << msg;
   EXPECT_NE(msg.find("diagonal entry (2,2)"), std::string::npos) << msg;
 
   // Wrong count, wrong row length, a block split by a blank line, an incomplete block.
-  EXPECT_NE(message_of([&] { read_generators(good.string(), 1, 3); })
+  EXPECT_NE(mfattn::testing::message_of([&] { read_generators(good.string(), 1, 3); })
                 .find("expected 1 generator blocks"),
             std::string::npos);
   write_file(bad, "0 1\n-1 0 0\n0 0 0\n");
-  msg = message_of([&] { read_generators(bad.string(), 0, 3); });
+  msg = mfattn::testing::message_of([&] { read_generators(bad.string(), 0, 3); });
   EXPECT_NE(msg.find(":1 (block 1, row 1): expected d = 3 numbers, found 2"), std::string::npos)
       << msg;
   write_file(bad, "0 1 0\n\n-1 0 0\n0 0 0\n");
-  EXPECT_NE(message_of([&] { read_generators(bad.string(), 0, 3); }).find("blank line inside a block"),
+  EXPECT_NE(mfattn::testing::message_of([&] { read_generators(bad.string(), 0, 3); }).find("blank line inside a block"),
             std::string::npos);
   write_file(bad, "0 1 0\n-1 0 0\n");
-  EXPECT_NE(message_of([&] { read_generators(bad.string(), 0, 3); }).find("incomplete"),
+  EXPECT_NE(mfattn::testing::message_of([&] { read_generators(bad.string(), 0, 3); }).find("incomplete"),
             std::string::npos);
   write_file(bad, "0 x 0\n-1 0 0\n0 0 0\n");
-  EXPECT_NE(message_of([&] { read_generators(bad.string(), 0, 3); }).find("'x' is not a number"),
+  EXPECT_NE(mfattn::testing::message_of([&] { read_generators(bad.string(), 0, 3); }).find("'x' is not a number"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { read_generators((bad.parent_path() / "missing.txt").string(), 0, 3); })
+  EXPECT_NE(mfattn::testing::message_of([&] { read_generators((bad.parent_path() / "missing.txt").string(), 0, 3); })
                 .find("cannot open"),
             std::string::npos);
   std::filesystem::remove_all(good.parent_path());
@@ -421,20 +413,20 @@ TEST(Gauge, ReadGeneratorsRejectsNonSkew) {
 TEST(Gauge, ParseGeometryAndSpecValidation) {
   for (const char* name : {"none", "rope", "rope-axial", "rope-mixed", "rope-conjugated", "lie"})
     EXPECT_EQ(geometry_name(parse_geometry(name)), name);
-  const std::string msg = message_of([] { parse_geometry("rope3d"); });
+  const std::string msg = mfattn::testing::message_of([] { parse_geometry("rope3d"); });
   EXPECT_NE(msg.find("'rope3d'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("none, rope, rope-axial, rope-mixed, rope-conjugated, lie"), std::string::npos)
       << msg;
   // none is the identity gauge: a null pointer, as Model expects.
   EXPECT_EQ(make_gauge(spec_of({GeometryKind::None, 1}, 3), {0.0}, 1), nullptr);
   // position_dim must suit the family; positions must be n x k.
-  EXPECT_NE(message_of([] { make_gauge(spec_of({GeometryKind::RopeAxial, 1}, 4), {0.0}, 1); })
+  EXPECT_NE(mfattn::testing::message_of([] { make_gauge(spec_of({GeometryKind::RopeAxial, 1}, 4), {0.0}, 1); })
                 .find("needs position_dim = 2"),
             std::string::npos);
-  EXPECT_NE(message_of([] { make_gauge(spec_of({GeometryKind::Rope, 1}, 4), {0.0, 1.0}, 1); })
+  EXPECT_NE(mfattn::testing::message_of([] { make_gauge(spec_of({GeometryKind::Rope, 1}, 4), {0.0, 1.0}, 1); })
                 .find("expected 1 x 1 = 1 position numbers, got 2"),
             std::string::npos);
-  EXPECT_NE(message_of([] { make_gauge(spec_of({GeometryKind::Rope, 1}, 4, 0, -1.0), {0.0}, 1); })
+  EXPECT_NE(mfattn::testing::message_of([] { make_gauge(spec_of({GeometryKind::Rope, 1}, 4, 0, -1.0), {0.0}, 1); })
                 .find("base must be finite and > 0"),
             std::string::npos);
 }

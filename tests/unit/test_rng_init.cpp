@@ -14,6 +14,7 @@
 #include "mfattn/init.hpp"
 #include "mfattn/rng.hpp"
 #include "mfattn/state.hpp"
+#include "test_support.hpp"
 
 using namespace mfattn;
 
@@ -36,15 +37,6 @@ double dot(const double* a, const double* b, std::size_t d) {
   return s;
 }
 
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "<no std::invalid_argument thrown>";
-}
 
 }  // namespace
 
@@ -218,10 +210,10 @@ TEST(Init, EquiangularGivesCommonInnerProduct) {
 TEST(Init, EquiangularNeedsDimensionAtLeastN) {
   State st(1, 5, 4);
   const std::string msg =
-      message_of([&] { initialize_state({.kind = InitKind::Equiangular, .rho = 0.2}, st); });
+      mfattn::testing::message_of([&] { initialize_state({.kind = InitKind::Equiangular, .rho = 0.2}, st); });
   EXPECT_NE(msg.find("--init equiangular needs d >= n (n = 5, d = 4)"), std::string::npos) << msg;
   State ok(1, 5, 5);
-  EXPECT_NE(message_of([&] {
+  EXPECT_NE(mfattn::testing::message_of([&] {
               initialize_state({.kind = InitKind::Equiangular, .rho = -0.3}, ok);
             }).find("--init-rho"),
             std::string::npos);  // below -1/(n-1) = -0.25
@@ -239,7 +231,7 @@ TEST(Init, FileRowsMustHaveUnitNorm) {
     EXPECT_EQ(st.token(r, 2)[1], -1.0);
   }
   spec.file_rows = {1, 0, 0, 1.1, 0, 1};
-  const std::string msg = message_of([&] { initialize_state(spec, st); });
+  const std::string msg = mfattn::testing::message_of([&] { initialize_state(spec, st); });
   EXPECT_NE(msg.find("row 2"), std::string::npos) << msg;
   EXPECT_NE(msg.find("--normalize-init"), std::string::npos) << msg;
   spec.normalize_file_rows = true;
@@ -248,7 +240,7 @@ TEST(Init, FileRowsMustHaveUnitNorm) {
   spec.file_rows.pop_back(), spec.file_rows.pop_back();  // two rows for n = 3
   EXPECT_THROW(initialize_state(spec, st), std::invalid_argument);
   spec.file_rows = {1, 0, 0, 0, 0, 1};  // a zero row cannot be normalised
-  EXPECT_NE(message_of([&] { initialize_state(spec, st); }).find("row 2"), std::string::npos);
+  EXPECT_NE(mfattn::testing::message_of([&] { initialize_state(spec, st); }).find("row 2"), std::string::npos);
 }
 
 TEST(Init, ReadTextRowsAcceptsCommasAndComments) {
@@ -261,16 +253,16 @@ TEST(Init, ReadTextRowsAcceptsCommasAndComments) {
   EXPECT_EQ(v, (std::vector<double>{1, 0, 0, 0, 1, 0, 0.6, 0.8, 0}));
 
   write("1 0 0\n# c\n0 1\n");
-  std::string msg = message_of([&] { read_text_rows(path, 3, rows); });
+  std::string msg = mfattn::testing::message_of([&] { read_text_rows(path, 3, rows); });
   EXPECT_NE(msg.find(path + ":3"), std::string::npos) << msg;
   EXPECT_NE(msg.find("row 2"), std::string::npos) << msg;
   write("1 0 zero\n");
-  EXPECT_NE(message_of([&] { read_text_rows(path, 3, rows); }).find("'zero'"), std::string::npos);
+  EXPECT_NE(mfattn::testing::message_of([&] { read_text_rows(path, 3, rows); }).find("'zero'"), std::string::npos);
   write("1,,0\n");
   EXPECT_THROW(read_text_rows(path, 2, rows), std::invalid_argument);
   write("# nothing\n");
   EXPECT_THROW(read_text_rows(path, 2, rows), std::invalid_argument);
-  EXPECT_NE(message_of([&] { read_text_rows(path + ".missing", 2, rows); }).find(".missing"),
+  EXPECT_NE(mfattn::testing::message_of([&] { read_text_rows(path + ".missing", 2, rows); }).find(".missing"),
             std::string::npos);
 }
 

@@ -47,6 +47,17 @@ inline Trajectory simulate(const RunConfig& cfg, int threads = 1, const std::str
   return t;
 }
 
+/// The message of the std::invalid_argument that f throws (a marker if it throws none).
+template <class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "<no std::invalid_argument thrown>";
+}
+
 inline double max_abs_difference(const std::vector<double>& a, const std::vector<double>& b) {
   double worst = 0.0;
   for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
