@@ -70,6 +70,9 @@ enum class GeometryKind { None, Rope, RopeAxial, RopeMixed, RopeConjugated, Lie 
 /// "rope-conjugated", "lie").
 std::string geometry_name(GeometryKind kind);
 
+/// The names parse_geometry accepts, in a fixed order.
+std::vector<std::string> geometry_names();
+
 /// Inverse of geometry_name. Throws std::invalid_argument listing the accepted names.
 GeometryKind parse_geometry(const std::string& name);
 

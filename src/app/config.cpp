@@ -1,5 +1,8 @@
 #include "mfattn/config.hpp"
 
+#include "mfattn/gauge.hpp"
+#include "mfattn/integrator.hpp"
+
 #include <omp.h>
 
 #include <cmath>
@@ -198,8 +201,7 @@ void validate(const RunConfig& c) {
     reject("k", c.k, "accepted: identity, gaussian, goe or a readable file");
   if (!is_preset_or_file(c.v, {"identity", "gaussian", "goe", "plus-qk", "minus-qk"}))
     reject("v", c.v, "accepted: identity, gaussian, goe, plus-qk, minus-qk or a readable file");
-  require_choice("geometry", c.geometry,
-                 {"none", "rope", "rope-axial", "rope-mixed", "rope-conjugated", "lie"});
+  require_choice("geometry", c.geometry, geometry_names());
   require_finite("rope-base", c.rope_base);
   if (c.rope_base <= 1.0) reject("rope-base", format_number(c.rope_base), "must be > 1");
   if (!c.generators.empty() && !std::ifstream(c.generators).good())
@@ -230,8 +232,7 @@ void validate(const RunConfig& c) {
   if (c.null_tokens < 0) reject("null-tokens", std::to_string(c.null_tokens), "must be >= 0");
   require_finite("noise-kappa", c.noise_kappa);
   if (c.noise_kappa < 0) reject("noise-kappa", format_number(c.noise_kappa), "must be >= 0");
-  require_choice("integrator", c.integrator,
-                 {"euler", "heun", "rk4", "lie-euler", "lie-rk4", "dopri5", "euler-maruyama"});
+  require_choice("integrator", c.integrator, integrator_names());
   if (c.noise_kappa > 0 && c.integrator != "euler-maruyama")
     reject("noise-kappa", format_number(c.noise_kappa),
            "noise needs --integrator euler-maruyama (got " + c.integrator + ")");

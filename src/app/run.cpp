@@ -127,7 +127,7 @@ class Progress {
     }
   }
 
-  void finish(double) {
+  void finish() {
     if (drawn_) log_ << '\n';
     drawn_ = false;
   }
@@ -505,9 +505,9 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     stats.rejected += resumed.rejected_steps;
     writer->write_run_info("complete", resumed.wall_seconds + elapsed(), stats.steps, stats.rejected);
     writer->flush();
-    progress.finish(elapsed());
+    progress.finish();
   } catch (const NumericalError& e) {
-    progress.finish(elapsed());
+    progress.finish();
     log << "mfattn run: numerical failure: " << e.what() << '\n';
     try {
       writer->write_run_info(std::string("failed: ") + e.what(), resumed.wall_seconds + elapsed(),

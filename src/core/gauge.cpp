@@ -353,13 +353,24 @@ std::string geometry_name(GeometryKind kind) {
   return "unknown";
 }
 
+namespace {
+constexpr GeometryKind kGeometries[] = {GeometryKind::None,      GeometryKind::Rope,
+                                        GeometryKind::RopeAxial, GeometryKind::RopeMixed,
+                                        GeometryKind::RopeConjugated, GeometryKind::Lie};
+}  // namespace
+
+std::vector<std::string> geometry_names() {
+  std::vector<std::string> names;
+  for (GeometryKind k : kGeometries) names.push_back(geometry_name(k));
+  return names;
+}
+
 GeometryKind parse_geometry(const std::string& name) {
-  for (GeometryKind k : {GeometryKind::None, GeometryKind::Rope, GeometryKind::RopeAxial,
-                         GeometryKind::RopeMixed, GeometryKind::RopeConjugated, GeometryKind::Lie})
+  for (GeometryKind k : kGeometries)
     if (name == geometry_name(k)) return k;
-  throw std::invalid_argument("unknown geometry '" + name +
-                              "' (accepted: none, rope, rope-axial, rope-mixed, "
-                              "rope-conjugated, lie)");
+  std::string accepted;
+  for (const auto& known : geometry_names()) accepted += (accepted.empty() ? "" : ", ") + known;
+  throw std::invalid_argument("unknown geometry '" + name + "' (accepted: " + accepted + ")");
 }
 
 std::shared_ptr<const PositionalGauge> make_gauge(const GaugeSpec& spec,

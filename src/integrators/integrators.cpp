@@ -360,9 +360,9 @@ std::unique_ptr<Integrator> make_integrator(const IntegratorSettings& s) {
   if (s.name == "lie-euler") return std::make_unique<LieEuler>();
   if (s.name == "lie-rk4") return std::make_unique<LieRk4>();
   if (s.name == "euler-maruyama") return std::make_unique<EulerMaruyama>(s.noise_kappa, s.seed);
-  throw std::invalid_argument("--integrator " + s.name +
-                              ": unknown (accepted: euler, heun, rk4, lie-euler, lie-rk4, dopri5, "
-                              "euler-maruyama)");
+  std::string accepted;
+  for (const auto& known : integrator_names()) accepted += (accepted.empty() ? "" : ", ") + known;
+  throw std::invalid_argument("--integrator " + s.name + ": unknown (accepted: " + accepted + ")");
 }
 
 namespace {
