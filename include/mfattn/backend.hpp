@@ -43,8 +43,9 @@ std::unique_ptr<Backend> make_cpu_backend(const Model& model, int threads);
 std::unique_ptr<Backend> make_reference_backend(const Model& model);
 std::unique_ptr<Backend> make_cuda_backend(const Model& model);
 
-/// The energy E = 1 / (2 beta M^2) sum_i p_i D_i of one replica from its weight sums
-/// (NaN for beta = 0, where E is undefined).
-double energy_from_weight_sums(const Model& model, const double* weight_sums);
+/// The energy E = 1 / (2 beta M^2) sum_{i,j} p_i p_j m_ij c_ij exp(s_ij) of one replica, from
+/// the weight sums D_i of its n moving tokens (x: their contents) plus the rows of the prefix
+/// tokens, taken pair by pair (NaN for beta = 0, where E is undefined).
+double energy_from_weight_sums(const Model& model, const double* x, const double* weight_sums);
 
 }  // namespace mfattn

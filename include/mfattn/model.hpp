@@ -67,11 +67,28 @@ struct Model {
   AuxFactor aux_factor = AuxFactor::None;
   double aux_lambda = 1.0, aux_sigma = 1.0, aux_omega = 1.0;
 
-  std::shared_ptr<const Gauge> gauge;  ///< null: G = I
+  std::shared_ptr<const Gauge> gauge;  ///< null: G = I (tokens 0..n-1, then prefix n..n+P-1)
+
+  /// Prompts and frozen prefix tokens (model.md sections 1 and 3). Sources are indexed
+  /// 0..n-1 (the tokens that move) then n..n+P-1 (prefix token p is source n + p, for the
+  /// gauge too). Prefix tokens act as sources for every receiver the masks allow, carry the
+  /// presence prefix_weight (> 1 counts a prefix token as several) and never move.
+  std::size_t prompts = 1;
+  std::vector<int> prompt_id;            ///< g_i of the n tokens, in 0..prompts-1
+  std::vector<double> prefix;            ///< P rows of d: the prefix contents y_p (unit)
+  std::vector<double> prefix_positions;  ///< P rows of position_dim
+  std::vector<int> prefix_prompt_id;     ///< prompt of each prefix token
+  double prefix_weight = 1.0;
+  /// Per-prompt mask: a pair that includes a prefix token is visible only when both share a
+  /// prompt (active tokens see the active tokens of every prompt). Symmetric, so the energy
+  /// of section 4 keeps its gradient structure.
+  bool per_prompt_mask = false;
 
   double noise_kappa = 0.0;    ///< 0: deterministic; else dx += sqrt(2/kappa) P_x dW
 
-  /// Mass M = sum of source presences (USA normaliser).
+  /// Number P of prefix tokens.
+  std::size_t prefix_count() const { return d ? prefix.size() / d : 0; }
+  /// Mass M = sum of source presences, prefix tokens included (USA normaliser).
   double mass() const;
   /// True when the dynamics is a gradient ascent of the energy (model.md section 4).
   bool is_gradient_flow() const;

@@ -108,7 +108,7 @@ std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const S
   std::vector<std::vector<double>> values(4, std::vector<double>(R));
   for (std::size_t r = 0; r < R; ++r) {
     const double* x = state.replica(r);
-    values[0][r] = energy_from_weight_sums(model, weight_sums.data() + r * n);
+    values[0][r] = energy_from_weight_sums(model, x, weight_sums.data() + r * n);
     values[1][r] = mean_inner_product(model, x);
     values[2][r] = min_inner_product(model, x);
     double fastest = 0.0;

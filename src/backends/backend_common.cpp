@@ -2,14 +2,60 @@
 
 #include <algorithm>
 #include <sstream>
+#include <vector>
 
 namespace mfattn {
 
-double energy_from_weight_sums(const Model& model, const double* weight_sums) {
+namespace {
+
+/// out = G_source M y (M skipped when identity), written out pair-free for the energy.
+void gauged(const Model& model, const Matrix& m, bool identity, std::size_t source,
+            const double* y, double* out) {
+  const std::size_t d = model.d;
+  std::vector<double> tmp(y, y + d);
+  if (!identity)
+    for (std::size_t a = 0; a < d; ++a) {
+      double sum = 0.0;
+      for (std::size_t b = 0; b < d; ++b) sum += m(a, b) * y[b];
+      tmp[a] = sum;
+    }
+  if (model.gauge)
+    model.gauge->apply(source, tmp.data(), out);
+  else
+    std::copy(tmp.begin(), tmp.end(), out);
+}
+
+}  // namespace
+
+double energy_from_weight_sums(const Model& model, const double* x, const double* weight_sums) {
   if (model.beta <= 0.0) return std::numeric_limits<double>::quiet_NaN();
   const double mass = model.mass();
   double total = 0.0;
   for (std::size_t i = 0; i < model.n; ++i) total += model.presence[i] * weight_sums[i];
+  // Prefix tokens are receivers of the energy's double sum although they never move: their
+  // rows are taken here, pair by pair (P (n + P) pairs per frame).
+  const std::size_t prefix = model.prefix_count(), sources = model.n + prefix, d = model.d;
+  if (prefix > 0) {
+    std::vector<double> keys(sources * d), query(d);
+    for (std::size_t j = 0; j < sources; ++j)
+      gauged(model, model.k, model.k_identity, j, detail::source_content(model, x, j),
+             keys.data() + j * d);
+    const double shift = model.exponent_shift();
+    for (std::size_t p = model.n; p < sources; ++p) {
+      gauged(model, model.q, model.q_identity, p, detail::source_content(model, x, p), query.data());
+      double row = 0.0;
+      for (std::size_t j = 0; j < sources; ++j) {
+        const double* pos_p = detail::source_position(model, p);
+        const double* pos_j = detail::source_position(model, j);
+        if (!detail::prompt_visible(model, p, j) || !detail::visible(model, pos_p, pos_j)) continue;
+        double score = 0.0;
+        for (std::size_t c = 0; c < d; ++c) score += query[c] * keys[j * d + c];
+        row += detail::source_presence(model, j) * detail::aux_factor_value(model, pos_p, pos_j) *
+               std::exp(model.beta * score - shift);
+      }
+      total += model.prefix_weight * row;
+    }
+  }
   return total / (2.0 * model.beta * mass * mass);
 }
 

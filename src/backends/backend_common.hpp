@@ -28,6 +28,28 @@ inline bool visible(const Model& model, const double* xi_receiver, const double*
   return true;
 }
 
+/// Sources are numbered 0..n-1 (tokens that move) then n..n+P-1 (prefix tokens).
+inline const double* source_position(const Model& model, std::size_t source) {
+  return source < model.n ? model.positions.data() + source * model.position_dim
+                          : model.prefix_positions.data() + (source - model.n) * model.position_dim;
+}
+inline int source_prompt(const Model& model, std::size_t source) {
+  if (source >= model.n) return model.prefix_prompt_id[source - model.n];
+  return model.prompt_id.empty() ? 0 : model.prompt_id[source];
+}
+inline double source_presence(const Model& model, std::size_t source) {
+  return source < model.n ? model.presence[source] : model.prefix_weight;
+}
+inline const double* source_content(const Model& model, const double* x, std::size_t source) {
+  return source < model.n ? x + source * model.d : model.prefix.data() + (source - model.n) * model.d;
+}
+
+/// The per-prompt part of m_ij: a pair with a prefix token is visible only within a prompt.
+inline bool prompt_visible(const Model& model, std::size_t receiver, std::size_t source) {
+  if (!model.per_prompt_mask || (receiver < model.n && source < model.n)) return true;
+  return source_prompt(model, receiver) == source_prompt(model, source);
+}
+
 /// The auxiliary factor c_ij = c(xi_i - xi_j) of model.hpp, one pair at a time.
 inline double aux_factor_value(const Model& model, const double* xi_receiver,
                                const double* xi_source) {

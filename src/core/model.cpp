@@ -5,7 +5,7 @@ namespace mfattn {
 double Model::mass() const {
   double total = 0.0;
   for (double p : presence) total += p;
-  return total;
+  return total + double(prefix_count()) * prefix_weight;
 }
 
 bool Model::is_gradient_flow() const {

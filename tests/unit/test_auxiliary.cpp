@@ -139,7 +139,7 @@ TEST(Auxiliary, EnergyAscendsForEveryGradientFlowKernel) {
     double previous = -1e300, first = 0.0;
     for (const auto& frame : t.frames) {
       backend->velocity(1, frame.x.data(), v.data(), sums.data());
-      const double energy = energy_from_weight_sums(t.model, sums.data());
+      const double energy = energy_from_weight_sums(t.model, frame.x.data(), sums.data());
       if (previous == -1e300) first = energy;
       EXPECT_GE(energy, previous - 1e-13 * std::fabs(previous)) << extra[1] << " t " << frame.time;
       previous = energy;

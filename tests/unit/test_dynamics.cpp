@@ -134,7 +134,7 @@ void check_energy_nondecreasing(const std::string& kernel) {
     double previous = -1.0, first = -1.0;
     for (const auto& frame : t.frames) {
       backend->velocity(1, frame.x.data(), velocity.data(), weight_sums.data());
-      const double energy = energy_from_weight_sums(t.model, weight_sums.data());
+      const double energy = energy_from_weight_sums(t.model, frame.x.data(), weight_sums.data());
       EXPECT_GE(energy, previous * (1 - 1e-14)) << kernel << " beta " << beta << " t " << frame.time;
       if (first < 0) first = energy;
       previous = energy;
