@@ -2,7 +2,9 @@
 """Outcome table of mfattn runs in a folder: one row per file with the final minimum and mean
 pairwise inner product, the energy, the flatness (smallest eigenvalue of the second moment
 (1/n) sum x x^T: 0 on a great circle through the origin), the spread of the last coordinate
-(0 on a latitude circle of RoPE in d = 3) and collapsed = min inner > 0.999. Optional figures:
+(0 on a latitude circle of RoPE in d = 3), the number of clusters (connected components of
+<x_i, x_j> > 1 - 1e-4, as the n_clusters observable), the prompts and prefix tokens per prompt,
+and collapsed = min inner > 0.999. Optional figures:
 1 - min inner against time, and the final states of the d = 3 runs on the sphere.
 Runs under /usr/bin/python3 (Debian's h5py, numpy, matplotlib)."""
 import argparse
@@ -14,6 +16,22 @@ import numpy as np
 
 def text(value):
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def count_clusters(x, delta=1e-4):
+    """Connected components of the graph <x_i, x_j> > 1 - delta (union-find)."""
+    parent = list(range(len(x)))
+
+    def root(a):
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    close = np.argwhere(np.triu(x @ x.T > 1.0 - delta, k=1))
+    for i, j in close:
+        parent[root(i)] = root(j)
+    return len({root(i) for i in range(len(x))})
 
 
 def summarize(path):
@@ -42,10 +60,79 @@ def summarize(path):
             "flatness": float(np.linalg.eigvalsh(moment)[0]),
             "last_spread": float(np.ptp(x[:, -1])),
             "collapsed": bool(min_inner[-1] > 0.999),
+            "clusters": count_clusters(x),
+            "prompts": int(params["prompts"]) if "prompts" in params else 1,
+            "prefix": int(params["prefix"]) if "prefix" in params else 0,
+            "prefix_tokens": f["particles/prefix/position"][()] if "particles/prefix" in f else None,
             "times": obs["min_inner/time"][()],
             "min_inner_series": min_inner,
             "final": x,
         }
+
+
+def summarize_folder(folder):
+    """summarize() of every *.h5 directly in ``folder``, sorted by case, kernel and n (the
+    table order); SystemExit when there is none."""
+    folder = pathlib.Path(folder)
+    rows = sorted((summarize(p) for p in folder.glob("*.h5")), key=lambda r: (r["case"], r["kernel"], r["n"]))
+    if not rows:
+        raise SystemExit(f"no .h5 files in {folder}")
+    return rows
+
+
+def min_inner_figure(rows, path, cases=False):
+    """1 - min inner against time for ``rows`` (summarize() dicts; with ``cases`` only n = 128,
+    labelled by case). Writes ``path`` and returns it."""
+    import matplotlib.pyplot as plt
+    path = pathlib.Path(path)
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for r in rows:
+        if cases and r["n"] != 128:
+            continue
+        label = f"{r['case']}" if cases else f"{r['kernel'].upper()} n={r['n']}"
+        ax.plot(r["times"], 1.0 - np.clip(r["min_inner_series"], -1.0, 1.0) + 1e-16, label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("t")
+    ax.set_ylabel("1 - min_{i,j} <x_i, x_j>")
+    ax.set_title("Minimum pairwise inner product" + (" (n = 128)" if cases else ""))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def final_state_figure(rows, path):
+    """Final states of the d = 3, n = 256 rows on the sphere. Writes ``path`` and returns it,
+    or returns None (nothing written) when no row is d = 3 with n = 256."""
+    import matplotlib.pyplot as plt
+    path = pathlib.Path(path)
+    finals = [r for r in rows if r["d"] == 3 and r["n"] == 256]
+    if not finals:
+        return None
+    columns = min(3, len(finals))
+    grid_rows = (len(finals) + columns - 1) // columns
+    fig = plt.figure(figsize=(3.4 * columns, 3.6 * grid_rows))
+    u, v = np.mgrid[0:2 * np.pi:40j, 0:np.pi:20j]
+    for k, r in enumerate(finals):
+        ax = fig.add_subplot(grid_rows, columns, k + 1, projection="3d")
+        ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v),
+                          color="0.85", linewidth=0.3)
+        x = r["final"]
+        ax.scatter(x[:, 0], x[:, 1], x[:, 2], s=6, c=np.arange(len(x)), cmap="viridis")
+        if r["prefix_tokens"] is not None:  # frozen prefix tokens as red crosses
+            y = r["prefix_tokens"]
+            ax.scatter(y[:, 0], y[:, 1], y[:, 2], s=30, marker="x", c="red")
+        ax.set_title(f"{r['case']}: {r['kernel'].upper()}, n = {r['n']}, t = {r['t_final']:g}",
+                     fontsize=9, pad=0)
+        ax.set_box_aspect((1, 1, 1))
+        ax.set_axis_off()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def main():
@@ -55,16 +142,16 @@ def main():
     parser.add_argument("--figure", type=pathlib.Path, help="1 - min inner against time")
     parser.add_argument("--final-figure", type=pathlib.Path, help="final d = 3 states on the sphere")
     args = parser.parse_args()
-    rows = sorted((summarize(p) for p in args.folder.glob("*.h5")), key=lambda r: (r["case"], r["kernel"], r["n"]))
-    if not rows:
-        raise SystemExit(f"no .h5 files in {args.folder}")
+    rows = summarize_folder(args.folder)
     if args.cases:
-        print("| case | kernel | geometry | values | factor | n | d | 1 - min inner | flatness | last-coordinate spread | collapsed |")
-        print("|" + "---|" * 11)
+        print("| case | kernel | geometry | values | factor | prompts x prefix | n | d | 1 - min inner | "
+              "flatness | last-coordinate spread | clusters | collapsed |")
+        print("|" + "---|" * 13)
         for r in rows:
-            print(f"| {r['case']} | {r['kernel']} | {r['geometry']} | {r['values']} | {r['factor']} | {r['n']} | "
-                  f"{r['d']} | {1 - r['min_inner']:.2e} | {r['flatness']:.2e} | {r['last_spread']:.2e} | "
-                  f"{'yes' if r['collapsed'] else 'no'} |")
+            prefix = f"{r['prompts']} x {r['prefix']}" if r["prefix"] else "-"
+            print(f"| {r['case']} | {r['kernel']} | {r['geometry']} | {r['values']} | {r['factor']} | {prefix} | "
+                  f"{r['n']} | {r['d']} | {1 - r['min_inner']:.2e} | {r['flatness']:.2e} | "
+                  f"{r['last_spread']:.2e} | {r['clusters']} | {'yes' if r['collapsed'] else 'no'} |")
     else:
         print("| kernel | n | d | beta | t | 1 - min inner | 1 - mean inner | energy | collapsed |")
         print("|" + "---|" * 9)
@@ -72,44 +159,12 @@ def main():
             print(f"| {r['kernel']} | {r['n']} | {r['d']} | {r['beta']:g} | {r['t_final']:g} | "
                   f"{1 - r['min_inner']:.2e} | {1 - r['mean_inner']:.2e} | {r['energy']:.6f} | "
                   f"{'yes' if r['collapsed'] else 'no'} |")
-    import matplotlib.pyplot as plt
     if args.figure:
-        fig, ax = plt.subplots(figsize=(6.4, 4.0))
-        for r in rows:
-            if args.cases and r["n"] != 128:
-                continue
-            label = f"{r['case']}" if args.cases else f"{r['kernel'].upper()} n={r['n']}"
-            ax.plot(r["times"], 1.0 - np.clip(r["min_inner_series"], -1.0, 1.0) + 1e-16, label=label)
-        ax.set_yscale("log")
-        ax.set_xlabel("t")
-        ax.set_ylabel("1 - min_{i,j} <x_i, x_j>")
-        ax.set_title("Minimum pairwise inner product" + (" (n = 128)" if args.cases else ""))
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        args.figure.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(args.figure, dpi=120)
-        print(f"figure: {args.figure}")
+        print(f"figure: {min_inner_figure(rows, args.figure, cases=args.cases)}")
     if args.final_figure:
-        finals = [r for r in rows if r["d"] == 3 and r["n"] == 256]
-        if finals:
-            columns = min(3, len(finals))
-            grid_rows = (len(finals) + columns - 1) // columns
-            fig = plt.figure(figsize=(3.4 * columns, 3.6 * grid_rows))
-            u, v = np.mgrid[0:2 * np.pi:40j, 0:np.pi:20j]
-            for k, r in enumerate(finals):
-                ax = fig.add_subplot(grid_rows, columns, k + 1, projection="3d")
-                ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v),
-                                  color="0.85", linewidth=0.3)
-                x = r["final"]
-                ax.scatter(x[:, 0], x[:, 1], x[:, 2], s=6, c=np.arange(len(x)), cmap="viridis")
-                ax.set_title(f"{r['case']}: {r['kernel'].upper()}, n = {r['n']}, t = {r['t_final']:g}",
-                             fontsize=9, pad=0)
-                ax.set_box_aspect((1, 1, 1))
-                ax.set_axis_off()
-            fig.tight_layout()
-            args.final_figure.parent.mkdir(parents=True, exist_ok=True)
-            fig.savefig(args.final_figure, dpi=110)
-            print(f"figure: {args.final_figure}")
+        written = final_state_figure(rows, args.final_figure)
+        if written:
+            print(f"figure: {written}")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 # The main collapse experiments: installs what is missing, builds mfattn, runs the baseline
 # collapse of USA and SA (n = 64, 128, 256, d = 3, beta = 1, t = 20) into data/collapse/ and
 # the seed-003 auxiliary-variable cases (experiments/seed003/*.ini: RoPE, generalized RoPE,
-# plain-value RoPE, distance bias vs cosine Toeplitz) into data/seed003/, prints the outcome
-# tables and draws data/figures/collapse_min_inner.png and data/figures/seed003_final.png.
+# plain-value RoPE, distance bias vs cosine Toeplitz, prompts with frozen prefix tokens) into
+# data/seed003/, prints the outcome tables and draws data/figures/collapse_min_inner.png and data/figures/seed003_final.png.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"

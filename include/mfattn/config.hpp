@@ -39,6 +39,11 @@ struct RunConfig {
   double aux_lambda = 1.0, aux_sigma = 1.0, aux_omega = 1.0;
   std::string mask = "full";
   double window = 1.0;
+  std::int64_t prefix = 0;   ///< frozen prefix tokens per prompt
+  std::int64_t prompts = 1;
+  std::string prefix_init = "random";
+  double prefix_weight = 1.0;
+  double prefix_spread = 0.05;
   std::string amplitudes;
   double tau = 1.0;
   double eps_den = -1.0;  ///< < 0: automatic (0 without presence, 1e-12 with)
@@ -92,6 +97,9 @@ RunConfig parse_run_arguments(const std::vector<std::string>& args);
 boost::program_options::parsed_options read_config_file(
     const std::string& path, const boost::program_options::options_description& table,
     std::string& text);
+
+/// The parts of a --mask value joined by '+' ("causal+per-prompt" -> {causal, per-prompt}).
+std::vector<std::string> mask_parts(const std::string& mask);
 
 /// Validates values once, before anything is written. Throws UsageError.
 void validate(const RunConfig& cfg);

@@ -50,6 +50,14 @@ struct TokenLabels {
   /// written as gauge_generators [k, d, d] so a reader can rebuild G(xi) = exp(sum xi_a Omega_a).
   std::vector<double> gauge_generators{};
   std::size_t generator_count = 0;
+  /// Frozen prefix tokens, written to /particles/prefix when prefix_count > 0: position [P, d]
+  /// (time-independent: they never move), aux_position [P, k], prompt_id, presence, id [P].
+  std::size_t prefix_count = 0;
+  std::vector<double> prefix_position{};
+  std::vector<double> prefix_aux_position{};
+  std::vector<std::int32_t> prefix_prompt_id{};
+  std::vector<double> prefix_presence{};
+  std::vector<std::int64_t> prefix_id{};
 };
 
 /// Where a run stopped: its last complete frame (every dataset holds it), for --resume.

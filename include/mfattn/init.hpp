@@ -44,6 +44,28 @@ void initialize_replica(const InitSpec& spec, State& state, std::size_t replica)
 /// initialize_replica for every replica r = 0 .. state.replicas - 1.
 void initialize_state(const InitSpec& spec, State& state);
 
+/// Placement of the frozen prefix tokens: prompts x per_prompt rows, prompt g's tokens
+/// g * per_prompt .. (g + 1) * per_prompt - 1. Draws come from RandomStream(seed,
+/// StreamTag::Prefix, key), never from the streams of the moving tokens.
+///  - Random:    y_p = h_p / |h_p|, h_p ~ N(0, I_d) from key p.
+///  - Clustered: prompt g has a centre c_g (key 2^40 + g, uniform on the sphere) and
+///               y_p = normalize(c_g + spread h_p): one cluster per prompt.
+///  - File:      P rows of d numbers, unit norm to 1e-10 unless normalize_file_rows.
+enum class PrefixPlacement { Random, Clustered, File };
+
+struct PrefixSpec {
+  PrefixPlacement placement = PrefixPlacement::Random;
+  std::uint64_t seed = 0;
+  std::size_t prompts = 1, per_prompt = 0, d = 3;
+  double spread = 0.05;
+  std::vector<double> file_rows{};
+  bool normalize_file_rows = false;
+};
+
+/// The prefix contents (P = prompts * per_prompt rows of d, row-major). Throws
+/// std::invalid_argument naming the option on bad input.
+std::vector<double> place_prefix(const PrefixSpec& spec);
+
 /// Parses one text line of numbers separated by whitespace or commas ('#' starts a comment, a
 /// leading '+' is allowed) into values; returns "" or what is wrong with the line.
 std::string parse_number_line(std::string_view line, std::vector<double>& values);

@@ -5,6 +5,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -118,8 +119,18 @@ po::options_description run_options(RunConfig& c) {
       ("aux-lambda", bound(c.aux_lambda), "distance factor lambda >= 0")
       ("aux-sigma", bound(c.aux_sigma), "gaussian factor sigma > 0")
       ("aux-omega", bound(c.aux_omega), "cosine factor omega")
-      ("mask", bound(c.mask), "full | causal (xi_j <= xi_i) | window (|xi_i - xi_j| <= window)")
+      ("mask", bound(c.mask),
+       "full | causal (xi_j <= xi_i) | window (|xi_i - xi_j| <= window) | per-prompt (prefix "
+       "tokens seen only within their prompt); combine with +, e.g. causal+per-prompt")
       ("window", bound(c.window), "window half-width for --mask window, > 0")
+      ("prefix", bound(c.prefix), "frozen prefix tokens per prompt, >= 0 (they act as sources, never move)")
+      ("prompts", bound(c.prompts),
+       "prompts K >= 1: active token i belongs to prompt floor(i K / n), each prompt has --prefix tokens")
+      ("prefix-init", bound(c.prefix_init),
+       "prefix placement: random | clustered (one cluster per prompt) | FILE (K * prefix rows of d numbers)")
+      ("prefix-weight", bound(c.prefix_weight),
+       "presence (mass weight) of every prefix token, > 0 (> 1 counts one as several tokens)")
+      ("prefix-spread", bound(c.prefix_spread), "clustered prefix: spread around each prompt's centre, >= 0")
       ("amplitudes", bound(c.amplitudes, "all 1"),
        "carrier amplitudes a_i >= 0 (one number, a list of n numbers, or a FILE); "
        "presence p_i = a_i^2 / (tau + a_i^2)")
@@ -149,7 +160,7 @@ po::options_description run_options(RunConfig& c) {
       ("init-rho", bound(c.init_rho), "equiangular: common inner product in [-1/(n-1), 1)")
       ("init-clusters", bound(c.init_clusters), "clustered: number of centres, >= 1")
       ("init-spread", bound(c.init_spread), "clustered: spread around each centre, >= 0")
-      ("normalize-init", po::bool_switch(&c.normalize_init), "normalise --init-file rows")
+      ("normalize-init", po::bool_switch(&c.normalize_init), "normalise the rows of --init-file and of a --prefix-init file")
       ("replicas", bound(c.replicas), "independent initial conditions, >= 1")
       ("seed", bound(c.seed), "random seed, >= 0");
   po::options_description execution("Execution and output");
@@ -187,6 +198,17 @@ int resolve_threads(std::int64_t requested) {
   return threads;
 }
 
+std::vector<std::string> mask_parts(const std::string& mask) {
+  std::vector<std::string> parts;
+  std::size_t begin = 0;
+  while (begin <= mask.size()) {
+    const std::size_t end = std::min(mask.find('+', begin), mask.size());
+    parts.push_back(mask.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return parts;
+}
+
 void validate(const RunConfig& c) {
   if (c.n < 1) reject("n", std::to_string(c.n), "must be an integer >= 1");
   if (c.d < 2) reject("d", std::to_string(c.d), "must be an integer >= 2");
@@ -222,9 +244,35 @@ void validate(const RunConfig& c) {
            "the cosine factor changes sign, so the SA denominator can vanish: use --kernel usa");
   require_finite("pos-scale", c.pos_scale);
   if (c.pos_scale <= 0) reject("pos-scale", format_number(c.pos_scale), "must be > 0");
-  require_choice("mask", c.mask, {"full", "causal", "window"});
+  {
+    const auto parts = mask_parts(c.mask);
+    const std::string accepted =
+        "accepted: full, causal, window, per-prompt, or causal / window joined with per-prompt by + "
+        "(e.g. causal+per-prompt)";
+    int positional = 0;
+    for (const auto& part : parts) {
+      if (part != "full" && part != "causal" && part != "window" && part != "per-prompt")
+        reject("mask", c.mask, accepted);
+      positional += part == "causal" || part == "window";
+      if (part == "full" && parts.size() > 1) reject("mask", c.mask, accepted);
+    }
+    if (parts.empty() || positional > 1) reject("mask", c.mask, accepted);
+    if (std::find(parts.begin(), parts.end(), "per-prompt") != parts.end() && c.prefix == 0)
+      reject("mask", c.mask, "per-prompt needs prefix tokens (--prefix >= 1)");
+  }
   require_finite("window", c.window);
   if (c.window <= 0) reject("window", format_number(c.window), "must be > 0");
+  if (c.prefix < 0) reject("prefix", std::to_string(c.prefix), "must be an integer >= 0");
+  if (c.prompts < 1) reject("prompts", std::to_string(c.prompts), "must be an integer >= 1");
+  if (c.prompts > c.n)
+    reject("prompts", std::to_string(c.prompts),
+           "must be <= n = " + std::to_string(c.n) + " (every prompt needs an active token)");
+  if (!is_preset_or_file(c.prefix_init, {"random", "clustered"}))
+    reject("prefix-init", c.prefix_init, "accepted: random, clustered or a readable file");
+  require_finite("prefix-weight", c.prefix_weight);
+  if (c.prefix_weight <= 0) reject("prefix-weight", format_number(c.prefix_weight), "must be > 0");
+  require_finite("prefix-spread", c.prefix_spread);
+  if (c.prefix_spread < 0) reject("prefix-spread", format_number(c.prefix_spread), "must be >= 0");
   require_finite("tau", c.tau);
   if (c.tau <= 0) reject("tau", format_number(c.tau), "must be > 0");
   if (!std::isfinite(c.eps_den) || (c.eps_den < 0 && c.eps_den != -1.0))

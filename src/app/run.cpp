@@ -289,6 +289,53 @@ Model build_model(const RunConfig& cfg) {
       for (std::size_t a = 1; a < k; ++a) xi[a] = 0.0;
     }
   }
+  // Prompts: active token i belongs to prompt floor(i K / n) (contiguous blocks, as K prompts
+  // with their texts one after the other); null tokens carry prompt 0.
+  model.prompts = static_cast<std::size_t>(cfg.prompts);
+  model.prompt_id.assign(model.n, 0);
+  for (std::size_t i = 0; i < active; ++i)
+    model.prompt_id[i] = static_cast<int>(i * model.prompts / active);
+  // Prefix tokens precede their prompt's text: token t of m sits at position (t - m) times the
+  // position step (pos-scale, or 2 pi / n for uniform positions) on the first axis.
+  const auto per_prompt = static_cast<std::size_t>(cfg.prefix);
+  const std::size_t prefix_count = per_prompt * model.prompts;
+  if (prefix_count > 0) {
+    PrefixSpec spec;
+    spec.seed = seed;
+    spec.prompts = model.prompts;
+    spec.per_prompt = per_prompt;
+    spec.d = model.d;
+    spec.spread = cfg.prefix_spread;
+    spec.normalize_file_rows = cfg.normalize_init;
+    if (cfg.prefix_init == "clustered") {
+      spec.placement = PrefixPlacement::Clustered;
+    } else if (cfg.prefix_init != "random") {
+      spec.placement = PrefixPlacement::File;
+      std::size_t rows = 0;
+      try {
+        spec.file_rows = read_text_rows(cfg.prefix_init, model.d, rows);
+      } catch (const std::exception& e) {
+        throw UsageError("--prefix-init " + cfg.prefix_init + ": " + e.what());
+      }
+      if (rows != prefix_count)
+        throw UsageError("--prefix-init " + cfg.prefix_init + ": needs prompts * prefix = " +
+                         std::to_string(prefix_count) + " rows of d numbers, found " +
+                         std::to_string(rows));
+    }
+    try {
+      model.prefix = place_prefix(spec);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    const double step = cfg.positions == "uniform" ? 2.0 * std::numbers::pi / double(active)
+                                                   : cfg.pos_scale;
+    model.prefix_positions.assign(prefix_count * k, 0.0);
+    for (std::size_t p = 0; p < prefix_count; ++p) {
+      model.prefix_prompt_id.push_back(static_cast<int>(p / per_prompt));
+      model.prefix_positions[p * k] = (double(p % per_prompt) - double(per_prompt)) * step;
+    }
+    model.prefix_weight = cfg.prefix_weight;
+  }
   if (cfg.geometry != "none") {
     GaugeSpec spec;
     spec.kind = parse_geometry(cfg.geometry);
@@ -300,7 +347,11 @@ Model build_model(const RunConfig& cfg) {
     if (!cfg.rope_freqs.empty() && !parse_number_list(cfg.rope_freqs, spec.frequencies))
       throw UsageError("--rope-freqs " + cfg.rope_freqs + ": needs a list of finite numbers");
     try {
-      model.gauge = make_gauge(spec, model.positions, model.n);
+      // The gauge covers the moving tokens, then the prefix tokens (sources n .. n + P - 1).
+      std::vector<double> all_positions = model.positions;
+      all_positions.insert(all_positions.end(), model.prefix_positions.begin(),
+                           model.prefix_positions.end());
+      model.gauge = make_gauge(spec, all_positions, model.n + prefix_count);
     } catch (const std::invalid_argument& e) {
       throw UsageError("--geometry " + cfg.geometry + ": " + e.what());
     }
@@ -313,9 +364,10 @@ Model build_model(const RunConfig& cfg) {
   model.aux_lambda = cfg.aux_lambda;
   model.aux_sigma = cfg.aux_sigma;
   model.aux_omega = cfg.aux_omega;
-  model.mask = cfg.mask == "causal" ? MaskKind::Causal
-               : cfg.mask == "window" ? MaskKind::Window
-                                      : MaskKind::Full;
+  const auto parts = mask_parts(cfg.mask);
+  auto has = [&](const char* part) { return std::find(parts.begin(), parts.end(), part) != parts.end(); };
+  model.mask = has("causal") ? MaskKind::Causal : has("window") ? MaskKind::Window : MaskKind::Full;
+  model.per_prompt_mask = has("per-prompt");
   model.window = cfg.window;
   model.noise_kappa = cfg.noise_kappa;
   return model;
@@ -473,7 +525,7 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     writer->write_parameters(parameters);
     TokenLabels labels;
     labels.aux_position = model.positions;
-    labels.prompt_id.assign(model.n, 0);
+    labels.prompt_id.assign(model.prompt_id.begin(), model.prompt_id.end());
     labels.presence = model.presence;
     for (std::size_t i = 0; i < model.n; ++i) labels.id.push_back(static_cast<std::int64_t>(i));
     if (const auto* gauge = dynamic_cast<const PositionalGauge*>(model.gauge.get())) {
@@ -482,6 +534,13 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
                                        generator.data() + generator.size());
       labels.generator_count = gauge->generators().size();
     }
+    labels.prefix_count = model.prefix_count();
+    labels.prefix_position = model.prefix;
+    labels.prefix_aux_position = model.prefix_positions;
+    labels.prefix_prompt_id.assign(model.prefix_prompt_id.begin(), model.prefix_prompt_id.end());
+    labels.prefix_presence.assign(labels.prefix_count, model.prefix_weight);
+    for (std::size_t p = 0; p < labels.prefix_count; ++p)
+      labels.prefix_id.push_back(static_cast<std::int64_t>(model.n + p));
     writer->write_labels(labels);
   } catch (const IoError& e) {
     log << "mfattn run: " << e.what() << '\n';

@@ -138,20 +138,21 @@ void fill_equiangular(const InitSpec& spec, State& st, std::size_t r) {
   }
 }
 
-void fill_file(const InitSpec& spec, State& st, std::size_t r) {
+void fill_file(const InitSpec& spec, State& st, std::size_t r,
+               const std::string& option = "--init-file") {
   const std::size_t n = st.n, d = st.d;
   if (spec.file_rows.size() != n * d) {
     const std::size_t sz = spec.file_rows.size();
     throw std::invalid_argument(
-        sz % d == 0 ? "--init-file has " + std::to_string(sz / d) + " rows of d = " +
+        sz % d == 0 ? option + " has " + std::to_string(sz / d) + " rows of d = " +
                           std::to_string(d) + " numbers, but n = " + std::to_string(n) +
                           " are needed"
-                    : "--init-file has " + std::to_string(sz) +
+                    : option + " has " + std::to_string(sz) +
                           " numbers, not a whole number of rows of d = " + std::to_string(d));
   }
   for (std::size_t i = 0; i < n; ++i) {
     const double* row = spec.file_rows.data() + i * d;
-    const std::string where = "--init-file row " + std::to_string(i + 1);
+    const std::string where = option + " row " + std::to_string(i + 1);
     for (std::size_t j = 0; j < d; ++j)
       if (!std::isfinite(row[j])) throw std::invalid_argument(where + " has a non-finite entry");
     const double nr = norm(row, d);
@@ -190,6 +191,53 @@ void initialize_replica(const InitSpec& spec, State& state, std::size_t replica)
 
 void initialize_state(const InitSpec& spec, State& state) {
   for (std::size_t r = 0; r < state.replicas; ++r) initialize_replica(spec, state, r);
+}
+
+std::vector<double> place_prefix(const PrefixSpec& spec) {
+  const std::size_t count = spec.prompts * spec.per_prompt, d = spec.d;
+  State prefix(1, count, d);
+  constexpr auto kPrefixTag = static_cast<std::uint64_t>(StreamTag::Prefix);
+  switch (spec.placement) {
+    case PrefixPlacement::Random:
+      for (std::size_t p = 0; p < count; ++p) {
+        RandomStream rs(spec.seed, kPrefixTag, p);
+        gaussian_unit(rs, prefix.token(0, p), d);
+      }
+      break;
+    case PrefixPlacement::Clustered: {
+      if (!std::isfinite(spec.spread) || spec.spread < 0.0)
+        throw std::invalid_argument("--prefix-spread must be finite and >= 0 (got " +
+                                    fmt(spec.spread) + ")");
+      std::vector<double> centre(d);
+      for (std::size_t g = 0; g < spec.prompts; ++g) {
+        RandomStream centre_stream(spec.seed, kPrefixTag, kCentreKeyBase + g);
+        gaussian_unit(centre_stream, centre.data(), d);
+        for (std::size_t t = 0; t < spec.per_prompt; ++t) {
+          const std::size_t p = g * spec.per_prompt + t;
+          RandomStream rs(spec.seed, kPrefixTag, p);
+          double* y = prefix.token(0, p);
+          for (;;) {  // redraw only if c + spread g is exactly 0
+            for (std::size_t j = 0; j < d; ++j) y[j] = centre[j] + spec.spread * rs.normal();
+            const double nr = norm(y, d);
+            if (nr > 0.0) {
+              for (std::size_t j = 0; j < d; ++j) y[j] /= nr;
+              break;
+            }
+          }
+        }
+      }
+      break;
+    }
+    case PrefixPlacement::File: {
+      InitSpec rows;
+      rows.kind = InitKind::File;
+      rows.file_rows = spec.file_rows;
+      rows.normalize_file_rows = spec.normalize_file_rows;
+      fill_file(rows, prefix, 0, "--prefix-init");
+      break;
+    }
+  }
+  return prefix.x;
 }
 
 std::string parse_number_line(std::string_view line, std::vector<double>& values) {

@@ -430,6 +430,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
                             {labels.generator_count, d, d}, labels.gauge_generators.data());
       }
     }
+    if (labels.prefix_count > 0) write_prefix(labels);
   }
 
   void append_frame(std::int64_t step, double time, const double* positions,
@@ -530,6 +531,41 @@ class Hdf5H5mdWriter final : public H5mdWriter {
       }
       particle_groups_.push_back(std::move(group));
     }
+  }
+
+  /// /particles/prefix: the frozen prefix tokens, shared by every replica. Their position is
+  /// a time-independent H5MD element (a dataset, not a step/time/value group).
+  void write_prefix(const TokenLabels& labels) {
+    const std::size_t count = labels.prefix_count, d = setup_.d, k = setup_.position_dim;
+    if (labels.prefix_position.size() != count * d || labels.prefix_aux_position.size() != count * k ||
+        labels.prefix_prompt_id.size() != count || labels.prefix_presence.size() != count ||
+        labels.prefix_id.size() != count)
+      throw std::invalid_argument("write_labels: prefix label sizes do not match P, d and k");
+    Handle particles = check_.own(H5Gopen2(file_.get(), "particles", H5P_DEFAULT), H5Gclose,
+                                  "opening group", "particles");
+    const htri_t exists = H5Lexists(particles.get(), "prefix", H5P_DEFAULT);
+    check_(exists, "looking up", "particles/prefix");
+    Handle group = exists > 0 ? check_.own(H5Gopen2(particles.get(), "prefix", H5P_DEFAULT),
+                                           H5Gclose, "opening group", "particles/prefix")
+                              : create_group(check_, particles.get(), "prefix");
+    if (exists == 0) {
+      Handle box = create_group(check_, group.get(), "box");
+      const auto dimension = static_cast<std::int32_t>(d);
+      write_attribute(check_, box.get(), "dimension", H5T_STD_I32LE, H5T_NATIVE_INT32, {},
+                      &dimension);
+      write_strings_attribute(check_, box.get(), "boundary", std::vector<std::string>(d, "none"));
+    }
+    const hid_t g = group.get();
+    write_fixed_dataset(check_, g, "position", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {count, d},
+                        labels.prefix_position.data());
+    write_fixed_dataset(check_, g, "aux_position", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {count, k},
+                        labels.prefix_aux_position.data());
+    write_fixed_dataset(check_, g, "prompt_id", H5T_STD_I32LE, H5T_NATIVE_INT32, {count},
+                        labels.prefix_prompt_id.data());
+    write_fixed_dataset(check_, g, "presence", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {count},
+                        labels.prefix_presence.data());
+    write_fixed_dataset(check_, g, "id", H5T_STD_I64LE, H5T_NATIVE_INT64, {count},
+                        labels.prefix_id.data());
   }
 
   void create_observables() {

@@ -3,8 +3,10 @@
 // Per evaluation every token is prepared once (O(n d) memory):
 //   query  q_i = beta * G_i Q x_i,   key k_j = G_j K x_j,
 //   value  z_j = G_j x_j (transported) | x_j (plain),   bias b_j = log p_j (-inf when p_j = 0)
-// and each receiver gets an offset B_i >= max_j <q_i, k_j> from Cauchy-Schwarz,
-//   B_i = |q_i| * max_{j: p_j > 0} |k_j|,
+// The sources are the frozen prefix tokens (padded to a whole tile; they carry the per-prompt
+// mask when it is on) followed by the moving tokens. Each receiver gets an offset
+// B_i >= max_j (<q_i, k_j> + b_j) from Cauchy-Schwarz,
+//   B_i = |q_i| * max_{j: p_j > 0} |k_j| + max(0, max_j b_j),
 // so every weight exp(l_ij - B_i), l_ij = <q_i, k_j> + b_j + log(m_ij c_ij), lies in [0, 1]
 // and one pass gives
 //   S_i = sum_j exp(l_ij - B_i),   A_i = sum_j exp(l_ij - B_i) z_j
@@ -68,7 +70,9 @@ std::size_t round_up(std::size_t value, std::size_t multiple) {
 /// Per-replica prepared operands (see the file comment).
 struct Prepared {
   std::size_t d = 0, padded_sources = 0, padded_dim = 0;
-  std::size_t bias_free_end = 0;    // sources before this need no bias (all p_j = 1, no padding)
+  std::size_t first_moving = 0;     // sources before this are prefix tokens and their padding
+  // Sources in [bias_free_begin, bias_free_end) need no bias (all p_j = 1, no padding).
+  std::size_t bias_free_begin = 0, bias_free_end = 0;
   bool logits_above_underflow = false;  // 2 max_i B_i log2(e) < 1020: unbiased logits stay > -1022
   // Row strides of the lane-major and row-major operands, a line longer than the data so
   // that rows never share cache sets (power-of-two strides thrash the L1).
@@ -175,9 +179,11 @@ class CpuBackend final : public Backend {
   void prepare(const double* x, Prepared& p) const {
     const std::size_t n = model_.n, d = model_.d;
     p.d = d;
-    p.padded_sources = round_up(std::max<std::size_t>(n, 1), kTile);
+    p.first_moving = cpu::PairTerms::prefix_region(model_);
+    p.padded_sources = cpu::PairTerms::padded_sources(model_);
     p.padded_dim = round_up(d, 2 * kLanes);
-    p.bias_free_end = all_present_ ? n / kLanes * kLanes : 0;
+    p.bias_free_begin = p.first_moving;
+    p.bias_free_end = all_present_ ? p.first_moving + n / kLanes * kLanes : p.first_moving;
     p.source_stride = p.padded_sources + kLanes;
     p.row_stride = p.padded_dim + kLanes;
     const std::size_t ns = p.source_stride;
@@ -190,37 +196,46 @@ class CpuBackend final : public Backend {
     else
       p.values_rows.assign(p.padded_sources * p.row_stride, 0.0);
     std::vector<double> tmp(d), out(d);
-    double largest_key = 0.0;
-    for (std::size_t j = 0; j < n; ++j) {
-      const double* xj = x + j * d;
-      transform(model_.q, model_.q_identity, j, xj, tmp.data(), out.data());
-      for (std::size_t c = 0; c < d; ++c) p.queries[j * d + c] = model_.beta * out[c];
-      transform(model_.k, model_.k_identity, j, xj, tmp.data(), out.data());
+    double largest_key = 0.0, largest_bias = 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+      transform(model_.q, model_.q_identity, i, x + i * d, tmp.data(), out.data());
+      for (std::size_t c = 0; c < d; ++c) p.queries[i * d + c] = model_.beta * out[c];
+    }
+    // Source s of the prepared arrays holds gauge token `token` with contents y.
+    auto add_source = [&](std::size_t s, std::size_t token, const double* y, double presence) {
+      transform(model_.k, model_.k_identity, token, y, tmp.data(), out.data());
       double key_norm2 = 0.0;
       for (std::size_t c = 0; c < d; ++c) {
-        p.key_panels[p.key_index(c, j)] = out[c];
+        p.key_panels[p.key_index(c, s)] = out[c];
         key_norm2 += out[c] * out[c];
       }
-      const double* z = xj;
+      const double* z = y;
       if (model_.gauge && model_.values == ValueTransport::Transported) {
-        model_.gauge->apply(j, xj, out.data());
+        model_.gauge->apply(token, y, out.data());
         z = out.data();
       }
       if (d <= kSmallDimension)
-        for (std::size_t c = 0; c < d; ++c) p.values_t[c * ns + j] = z[c];
+        for (std::size_t c = 0; c < d; ++c) p.values_t[c * ns + s] = z[c];
       else
-        std::copy(z, z + d, p.values_rows.data() + j * p.row_stride);
-      const double presence = model_.presence[j];
-      p.bias[j] = presence > 0.0 ? std::log(presence) : kNegInf;
+        std::copy(z, z + d, p.values_rows.data() + s * p.row_stride);
+      p.bias[s] = presence > 0.0 ? std::log(presence) : kNegInf;
       // Null sources stay out of the bound, so that adding them changes no offset.
-      if (presence > 0.0) largest_key = std::max(largest_key, std::sqrt(key_norm2));
-    }
+      if (presence > 0.0) {
+        largest_key = std::max(largest_key, std::sqrt(key_norm2));
+        largest_bias = std::max(largest_bias, p.bias[s]);
+      }
+    };
+    for (std::size_t q = 0; q < model_.prefix_count(); ++q)
+      add_source(q, n + q, model_.prefix.data() + q * d, model_.prefix_weight);
+    for (std::size_t j = 0; j < n; ++j) add_source(p.first_moving + j, j, x + j * d, model_.presence[j]);
     p.bias_log2.resize(p.padded_sources);
     for (std::size_t j = 0; j < p.padded_sources; ++j) p.bias_log2[j] = p.bias[j] * kLog2e;
     for (std::size_t i = 0; i < n; ++i) {
       double query_norm2 = 0.0;
       for (std::size_t c = 0; c < d; ++c) query_norm2 += p.queries[i * d + c] * p.queries[i * d + c];
-      p.offsets[i] = std::sqrt(query_norm2) * largest_key;
+      // A prefix weight above 1 is the only positive bias; it enters the bound so that every
+      // exp(l_ij - B_i) stays in [0, 1].
+      p.offsets[i] = std::sqrt(query_norm2) * largest_key + largest_bias;
     }
     const double largest_offset = n ? *std::max_element(p.offsets.begin(), p.offsets.end()) : 0.0;
     p.logits_above_underflow = 2.0 * largest_offset * kLog2e < 1020.0;
@@ -273,11 +288,17 @@ class CpuBackend final : public Backend {
       block.reset();
     }
     const std::size_t tile = p.d <= kSmallDimension ? kSmallSourceTile : kLargeSourceTile;
-    pair_terms_.dispatch([&](const auto& terms) {
-      for (std::size_t begin = 0; begin < p.padded_sources; begin += tile) {
-        const std::size_t end = std::min(p.padded_sources, begin + tile);
-        for (std::size_t b = 0; b < blocks; ++b) accumulate(terms, p, panel[b], begin, end);
-      }
+    pair_terms_.dispatch([&](const auto& terms, const auto& prefix_terms) {
+      // The prefix region (often empty) first, then the moving sources, tile by tile.
+      auto sweep = [&](auto&& add_tile) {
+        for (std::size_t begin = 0; begin < p.first_moving; begin += tile)
+          add_tile(prefix_terms, begin, std::min(p.first_moving, begin + tile));
+        for (std::size_t begin = p.first_moving; begin < p.padded_sources; begin += tile)
+          add_tile(terms, begin, std::min(p.padded_sources, begin + tile));
+      };
+      sweep([&](const auto& region_terms, std::size_t begin, std::size_t end) {
+        for (std::size_t b = 0; b < blocks; ++b) accumulate(region_terms, p, panel[b], begin, end);
+      });
       for (std::size_t b = 0; b < blocks; ++b) {
         BlockSums& block = panel[b];
         finalize(p, block);
@@ -288,15 +309,19 @@ class CpuBackend final : public Backend {
         // The bound was loose for some receiver: take its exact maximum and sum again. The
         // other receivers keep their offsets, hence the same bits as in the first pass.
         double exact[kMaxBlock];
-        if (size == kSmallBlock)
-          max_block<kSmallBlock>(terms, p, block.receivers, exact);
-        else
-          max_block<kLargeBlock>(terms, p, block.receivers, exact);
+        for (double& e : exact) e = kNegInf;
+        sweep([&](const auto& region_terms, std::size_t begin, std::size_t end) {
+          if (size == kSmallBlock)
+            max_block<kSmallBlock>(region_terms, p, block.receivers, begin, end, exact);
+          else
+            max_block<kLargeBlock>(region_terms, p, block.receivers, begin, end, exact);
+        });
         for (std::size_t r = 0; r < size; ++r)
           if (!(block.weight_sum[r] >= kLooseBound)) block.offset[r] = exact[r];
         block.reset();
-        for (std::size_t begin = 0; begin < p.padded_sources; begin += tile)
-          accumulate(terms, p, block, begin, std::min(p.padded_sources, begin + tile));
+        sweep([&](const auto& region_terms, std::size_t begin, std::size_t end) {
+          accumulate(region_terms, p, block, begin, end);
+        });
         finalize(p, block);
       }
     });
@@ -319,10 +344,16 @@ class CpuBackend final : public Backend {
     }
   }
 
-  /// Adds sources [begin, end) to the block's sums.
+  /// Adds sources [begin, end) to the block's sums. The prefix region with the per-prompt
+  /// mask (a short range) takes the generic small-d loop, which halves what it adds to the
+  /// build.
   template <class Terms>
   void accumulate(const Terms& terms, const Prepared& p, BlockSums& block, std::size_t begin,
                   std::size_t end) const {
+    if constexpr (Terms::kPromptMasked) {
+      if (p.d <= kSmallDimension) return accumulate_small<0>(terms, p, block, begin, end);
+      return accumulate_large(terms, p, block, begin, end);
+    }
     switch (p.d) {
       case 2: return accumulate_small<2>(terms, p, block, begin, end);
       case 3: return accumulate_small<3>(terms, p, block, begin, end);
@@ -396,12 +427,16 @@ class CpuBackend final : public Backend {
     // add their bias. Adding a zero bias changes no bit, so both paths agree.
     // Without bias and log-terms every logit is >= -2 B_i log2(e); when that cannot reach the
     // underflow edge, the exponential's select is left out (same bits, fewer operations).
-    const std::size_t split = std::clamp(p.bias_free_end, begin, end);
+    const std::size_t free_begin = std::clamp(p.bias_free_begin, begin, end);
+    const std::size_t free_end = std::clamp(p.bias_free_end, free_begin, end);
+    for (std::size_t j = begin; j < free_begin; j += kLanes) chunk.template operator()<true, true>(j);
     if (p.logits_above_underflow && !Terms::kHasLogTerm)
-      for (std::size_t j = begin; j < split; j += kLanes) chunk.template operator()<false, false>(j);
+      for (std::size_t j = free_begin; j < free_end; j += kLanes)
+        chunk.template operator()<false, false>(j);
     else
-      for (std::size_t j = begin; j < split; j += kLanes) chunk.template operator()<false, true>(j);
-    for (std::size_t j = split; j < end; j += kLanes) chunk.template operator()<true, true>(j);
+      for (std::size_t j = free_begin; j < free_end; j += kLanes)
+        chunk.template operator()<false, true>(j);
+    for (std::size_t j = free_end; j < end; j += kLanes) chunk.template operator()<true, true>(j);
     for (std::size_t r = 0; r < kBlock; ++r) {
       block.weight_lanes[r] = sums[r];
       for (std::size_t c = 0; c < d; ++c) block.acc_lanes[r][c] = acc[r][c];
@@ -532,10 +567,11 @@ class CpuBackend final : public Backend {
       add_weighted_values<2>(p, block, weights[0], kLargeSourceTile, begin, end - begin, cb);
   }
 
-  /// max_j l_ij for each receiver of the block (-inf when no source is visible).
+  /// exact_i = max(exact_i, max_{j in [begin, end)} l_ij) for each receiver of the block
+  /// (start from -inf: it stays -inf when no source is visible).
   template <std::size_t kReceivers, class Terms>
   void max_block(const Terms& terms, const Prepared& p, const std::size_t* receivers,
-                 double* exact) const {
+                 std::size_t begin, std::size_t end, double* exact) const {
     const double* q[kReceivers];
     const double zero[kReceivers] = {};
     typename Terms::Receiver receiver_terms[kReceivers];
@@ -543,9 +579,9 @@ class CpuBackend final : public Backend {
     for (std::size_t r = 0; r < kReceivers; ++r) {
       q[r] = p.queries.data() + receivers[r] * p.d;
       receiver_terms[r] = terms.receiver(receivers[r]);
-      best[r] = simd::broadcast(kNegInf);
+      best[r] = simd::broadcast(exact[r]);
     }
-    for (std::size_t j = 0; j < p.padded_sources; j += kKeyPanel) {
+    for (std::size_t j = begin; j < end; j += kKeyPanel) {
       Lanes logits[kReceivers][4];
       panel_logits<kReceivers>(terms, p, q, zero, receiver_terms, p.bias.data(), 1.0, j, logits);
       for (std::size_t r = 0; r < kReceivers; ++r)

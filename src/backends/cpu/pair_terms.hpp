@@ -16,15 +16,19 @@
 
 namespace mfattn::cpu {
 
-/// Positions of the sources as lanes: position_dim rows of padded_sources numbers.
+/// Labels of the sources as lanes, in the backend's source order: the prefix tokens first
+/// (padded to a whole tile), then the moving tokens: position_dim rows of padded_sources
+/// positions, and the prompt of each source.
 struct SourcePositions {
   std::size_t dim = 1, padded_sources = 0;
   std::vector<double> rows;
+  std::vector<double> prompts;
   const double* row(std::size_t a) const { return rows.data() + a * padded_sources; }
 };
 
 struct ReceiverPosition {
   double xi[4] = {0, 0, 0, 0};  // the first (up to) four position coordinates
+  double prompt = 0;
 };
 
 struct FullMask {
@@ -55,6 +59,21 @@ struct WindowMask {
     }
     return dist2 > window_squared ? simd::broadcast(-std::numeric_limits<double>::infinity())
                                   : simd::Lanes{};
+  }
+};
+
+/// The per-prompt mask on top of another mask: a source of another prompt is hidden. Used
+/// for the prefix sources only (active tokens see the active tokens of every prompt).
+template <class Mask>
+struct PromptMasked {
+  static constexpr bool kActive = true;
+  static constexpr bool kPerPrompt = true;
+  Mask inner;
+  simd::Lanes log_term(const SourcePositions& s, const ReceiverPosition& r, std::size_t j) const {
+    simd::Lanes t{};
+    if constexpr (Mask::kActive) t = inner.log_term(s, r, j);
+    const simd::Lanes prompt = simd::load(s.prompts.data() + j);
+    return prompt != r.prompt ? simd::broadcast(-std::numeric_limits<double>::infinity()) : t;
   }
 };
 
@@ -128,15 +147,19 @@ struct Terms {
   using Receiver = ReceiverPosition;
   static constexpr bool kHasLogTerm = Mask::kActive || Factor::kLog;
   static constexpr bool kHasFactor = Factor::kMultiply;
+  static constexpr bool kPromptMasked = requires { Mask::kPerPrompt; };
   const SourcePositions* sources;
   const std::vector<double>* receiver_positions;
   Mask mask;
   Factor aux_factor;
 
+  const std::vector<double>* receiver_prompts;
+
   Receiver receiver(std::size_t i) const {
     Receiver r;
     for (std::size_t a = 0; a < sources->dim && a < 4; ++a)
       r.xi[a] = (*receiver_positions)[i * sources->dim + a];
+    r.prompt = (*receiver_prompts)[i];
     return r;
   }
   simd::Lanes log_term(const Receiver& r, std::size_t j) const {
@@ -150,24 +173,42 @@ struct Terms {
   }
 };
 
-/// Holds the padded source positions and picks the Terms type for a model.
+/// Holds the padded source labels and picks the Terms types for a model: one for the moving
+/// sources and one for the prefix sources (the same type unless the per-prompt mask is on).
 class PairTerms {
  public:
   static constexpr std::size_t kTile = 64;
 
-  explicit PairTerms(const Model& model) : model_(model) {
-    const std::size_t k = model.position_dim;
-    sources_.dim = k;
-    sources_.padded_sources = (std::max<std::size_t>(model.n, 1) + kTile - 1) / kTile * kTile;
-    sources_.rows.assign(k * sources_.padded_sources, 0.0);
-    for (std::size_t j = 0; j < model.n && !model.positions.empty(); ++j)
-      for (std::size_t a = 0; a < k; ++a)
-        sources_.rows[a * sources_.padded_sources + j] = model.positions[j * k + a];
-    receiver_positions_ = model.positions;
-    if (receiver_positions_.empty()) receiver_positions_.assign(model.n * k, 0.0);
+  /// Sources before this index are prefix tokens (and padding); the moving ones follow.
+  static std::size_t prefix_region(const Model& model) {
+    return (model.prefix_count() + kTile - 1) / kTile * kTile;
+  }
+  static std::size_t padded_sources(const Model& model) {
+    return prefix_region(model) + (std::max<std::size_t>(model.n, 1) + kTile - 1) / kTile * kTile;
   }
 
-  /// Calls body(terms) with the Terms type of the model's mask and factor.
+  explicit PairTerms(const Model& model) : model_(model) {
+    const std::size_t k = model.position_dim, first = prefix_region(model);
+    sources_.dim = k;
+    sources_.padded_sources = padded_sources(model);
+    sources_.rows.assign(k * sources_.padded_sources, 0.0);
+    sources_.prompts.assign(sources_.padded_sources, -1.0);
+    for (std::size_t p = 0; p < model.prefix_count(); ++p) {
+      for (std::size_t a = 0; a < k; ++a)
+        sources_.rows[a * sources_.padded_sources + p] = model.prefix_positions[p * k + a];
+      sources_.prompts[p] = model.prefix_prompt_id[p];
+    }
+    for (std::size_t j = 0; j < model.n && !model.positions.empty(); ++j)
+      for (std::size_t a = 0; a < k; ++a)
+        sources_.rows[a * sources_.padded_sources + first + j] = model.positions[j * k + a];
+    receiver_positions_ = model.positions;
+    if (receiver_positions_.empty()) receiver_positions_.assign(model.n * k, 0.0);
+    receiver_prompts_.assign(model.n, 0.0);
+    for (std::size_t i = 0; i < model.n && i < model.prompt_id.size(); ++i)
+      receiver_prompts_[i] = model.prompt_id[i];
+  }
+
+  /// Calls body(terms, prefix_terms) with the Terms types of the model's mask and factor.
   template <class Body>
   void dispatch(Body&& body) const {
     switch (model_.aux_factor) {
@@ -187,22 +228,31 @@ class PairTerms {
   void with_mask(Factor factor, Body& body) const {
     switch (model_.mask) {
       case MaskKind::Full:
-        return body(make(FullMask{}, factor));
+        return with_prompts(FullMask{}, factor, body);
       case MaskKind::Causal:
-        return body(make(CausalMask{}, factor));
+        return with_prompts(CausalMask{}, factor, body);
       case MaskKind::Window:
-        return body(make(WindowMask{model_.window * model_.window}, factor));
+        return with_prompts(WindowMask{model_.window * model_.window}, factor, body);
     }
+  }
+
+  template <class Mask, class Factor, class Body>
+  void with_prompts(Mask mask, Factor factor, Body& body) const {
+    const auto terms = make(mask, factor);
+    if (model_.per_prompt_mask)
+      body(terms, make(PromptMasked<Mask>{mask}, factor));
+    else
+      body(terms, terms);
   }
 
   template <class Mask, class Factor>
   Terms<Mask, Factor> make(Mask mask, Factor factor) const {
-    return Terms<Mask, Factor>{&sources_, &receiver_positions_, mask, factor};
+    return Terms<Mask, Factor>{&sources_, &receiver_positions_, mask, factor, &receiver_prompts_};
   }
 
   const Model& model_;
   SourcePositions sources_;
-  std::vector<double> receiver_positions_;
+  std::vector<double> receiver_positions_, receiver_prompts_;
 };
 
 }  // namespace mfattn::cpu

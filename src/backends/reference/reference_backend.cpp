@@ -25,16 +25,19 @@ class ReferenceBackend final : public Backend {
         double denominator = 0.0;
         apply_matrix(model_.q, model_.q_identity, xi, qx.data());
         apply_gauge(i, qx.data(), gq.data());
-        for (std::size_t j = 0; j < n; ++j) {
-          const double* xj = xr + j * d;
+        // Sources: the n tokens of this replica, then the P frozen prefix tokens.
+        for (std::size_t j = 0; j < n + model_.prefix_count(); ++j) {
+          const double* xj = detail::source_content(model_, xr, j);
           const double* pos_i = model_.positions.data() + i * model_.position_dim;
-          const double* pos_j = model_.positions.data() + j * model_.position_dim;
-          if (!detail::visible(model_, pos_i, pos_j)) continue;
+          const double* pos_j = detail::source_position(model_, j);
+          if (!detail::visible(model_, pos_i, pos_j) || !detail::prompt_visible(model_, i, j))
+            continue;
           apply_matrix(model_.k, model_.k_identity, xj, kx.data());
           apply_gauge(j, kx.data(), gk.data());
           double score = 0.0;
           for (std::size_t c = 0; c < d; ++c) score += gq[c] * gk[c];
-          const double weight = model_.presence[j] * detail::aux_factor_value(model_, pos_i, pos_j) *
+          const double weight = detail::source_presence(model_, j) *
+                                detail::aux_factor_value(model_, pos_i, pos_j) *
                                 std::exp(model_.beta * score - shift);
           // v_ij = V G_i^T G_j x_j (transported) or V x_j (plain)
           if (model_.values == ValueTransport::Transported && model_.gauge) {
