@@ -9,6 +9,8 @@ Layout read (README, "Output (H5MD 1.1)"):
     /particles/tokens_r<r>             replica r >= 1
         position/{step [T], time [T], value [T, n, d]}
         aux_position [n, k], prompt_id [n], presence [n], id [n]
+    /particles/prefix                  frozen prefix tokens, when the run had --prefix:
+        position [P, d] (time-independent), aux_position [P, k], prompt_id, presence, id [P]
     /observables/<name>/{step, time, value}
         value [T] (scalar) or [T, c] (vector) for a file with one replica,
         value [T, R] or [T, R, c] for a file with R > 1 replicas
@@ -51,7 +53,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import h5py
@@ -86,6 +88,8 @@ class Trajectory:
         replica: the replica loaded (int), or None when ``stacked``.
         stacked: True when arrays carry a replica axis (axis 1).
         creator_version: /h5md/creator version attribute ("" if absent).
+        prefix: the frozen prefix tokens: ``position`` [P, d], ``aux_position`` [P, k],
+            ``prompt_id`` [P], ``presence`` [P], ``id`` [P]; empty when the run had none.
     """
 
     path: str
@@ -104,6 +108,7 @@ class Trajectory:
     replica: int | None
     stacked: bool
     creator_version: str = ""
+    prefix: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def frames(self) -> int:
@@ -300,6 +305,11 @@ def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajector
         parameters = _attrs(f["parameters"]) if isinstance(f.get("parameters"), h5py.Group) else {}
         run = _attrs(f["run"]) if isinstance(f.get("run"), h5py.Group) else {}
         creator_version = _python_value(f["h5md/creator"].attrs.get("version", ""))
+        prefix_group = particles.get("prefix")
+        prefix = {}
+        if isinstance(prefix_group, h5py.Group):
+            prefix = {name: np.asarray(prefix_group[name][()])
+                      for name in ("position",) + LABELS if name in prefix_group}
 
     return Trajectory(
         path=spath,
@@ -318,4 +328,5 @@ def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajector
         replica=None if stacked else selected[0],
         stacked=stacked,
         creator_version=str(creator_version),
+        prefix=prefix,
     )

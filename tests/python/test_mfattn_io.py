@@ -266,6 +266,41 @@ def test_energy_matches_recomputation_usa_identity(run_mfattn):
     assert np.all(np.diff(tr.observables["energy"]) >= -1e-12)
 
 
+def test_prefix_tokens_are_loaded_and_enter_the_energy(run_mfattn):
+    """The loader returns /particles/prefix, and the stored energy sums over moving and prefix
+    tokens with the symmetric per-prompt mask (recomputed here from the stored data)."""
+    beta, weight = 1.5, 2.0
+    path = run_mfattn("--n", 12, "--d", 3, "--beta", beta, "--prefix", 3, "--prompts", 2,
+                      "--prefix-init", "clustered", "--mask", "per-prompt",
+                      "--prefix-weight", weight, "--horizon", 2, "--save-every", 0.5)
+    tr = load(path)
+    with h5py.File(path, "r") as f:
+        for name in ("position", "aux_position", "prompt_id", "presence", "id"):
+            np.testing.assert_array_equal(tr.prefix[name], f["particles/prefix"][name][()])
+    y = tr.prefix["position"]
+    assert y.shape == (6, 3)
+    np.testing.assert_allclose(np.linalg.norm(y, axis=1), 1.0, rtol=0, atol=1e-15)
+    np.testing.assert_array_equal(tr.prefix["prompt_id"], [0, 0, 0, 1, 1, 1])
+    np.testing.assert_array_equal(tr.prefix["presence"], [weight] * 6)
+    np.testing.assert_array_equal(tr.labels["prompt_id"], [0] * 6 + [1] * 6)
+    prompts = np.concatenate([tr.labels["prompt_id"], tr.prefix["prompt_id"]])
+    is_prefix = np.arange(18) >= 12
+    involves_prefix = is_prefix[:, None] | is_prefix[None, :]
+    visible = ~involves_prefix | (prompts[:, None] == prompts[None, :])
+    p = np.concatenate([tr.labels["presence"], tr.prefix["presence"]])
+    M = p.sum()
+    for t in range(tr.frames):
+        z = np.concatenate([tr.positions[t], y])
+        weights = p[:, None] * p[None, :] * np.exp(beta * z @ z.T) * visible
+        expected = weights.sum() / (2 * beta * M**2)
+        assert abs(tr.observables["energy"][t] - expected) <= 1e-12 * expected
+    assert np.all(np.diff(tr.observables["energy"]) >= -1e-12)
+
+
+def test_file_without_prefix_has_an_empty_prefix(run_mfattn):
+    assert load(run_mfattn("--n", 4, "--horizon", 0.1)).prefix == {}
+
+
 # --- foreign files --------------------------------------------------------------------------
 
 
