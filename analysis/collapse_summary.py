@@ -13,25 +13,11 @@ import pathlib
 import h5py
 import numpy as np
 
+from plotting_common import cluster_count
+
 
 def text(value):
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def count_clusters(x, delta=1e-4):
-    """Connected components of the graph <x_i, x_j> > 1 - delta (union-find)."""
-    parent = list(range(len(x)))
-
-    def root(a):
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    close = np.argwhere(np.triu(x @ x.T > 1.0 - delta, k=1))
-    for i, j in close:
-        parent[root(i)] = root(j)
-    return len({root(i) for i in range(len(x))})
 
 
 def summarize(path):
@@ -60,7 +46,7 @@ def summarize(path):
             "flatness": float(np.linalg.eigvalsh(moment)[0]),
             "last_spread": float(np.ptp(x[:, -1])),
             "collapsed": bool(min_inner[-1] > 0.999),
-            "clusters": count_clusters(x),
+            "clusters": cluster_count(x),
             "prompts": int(params["prompts"]) if "prompts" in params else 1,
             "prefix": int(params["prefix"]) if "prefix" in params else 0,
             "prefix_tokens": f["particles/prefix/position"][()] if "particles/prefix" in f else None,

@@ -1,0 +1,374 @@
+"""Helpers shared by the plotting scripts (plot_run.py, plot_sweep.py, make_figures.py).
+
+Nothing here draws a whole figure; it loads one replica of an mfattn file with the loader
+(mfattn_io.load, frozen prefix tokens included), gives every per-frame observable either as
+stored in the file or, when the file lacks it, recomputed from the positions (README and
+../shared/spec/model.md section 6), and holds the small pieces every script needs: the CLI
+error wrapper, the recursive file search, the "which parameters differ between runs" rule,
+the predicted cluster count k* of the circle and figure saving.
+
+Recomputation rules (over tokens with presence > 0 of /particles/tokens; prefix tokens are
+frozen sources and are left out, like the stored observables of today's writer):
+
+    n_clusters               connected components of the graph <x_i, x_j> > 1 - 1e-4
+    clustered_pair_fraction  fraction of pairs i < j with <x_i, x_j> > 1 - 1e-3
+    moment_eigenvalues       eigenvalues of (1/n) sum_i x_i x_i^T, in decreasing order
+    marginal_spread          1 - largest eigenvalue of that matrix
+    min_inner, mean_inner    over pairs i != j
+
+Imported by the scripts, which run under /usr/bin/python3 (Debian's h5py, numpy, scipy,
+matplotlib); this file is not a script.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mfattn_io import load  # noqa: E402  (the analysis folder is not a package)
+
+CLUSTER_DELTA = 1e-4   # delta_c of model.md section 6: cluster graph <x_i, x_j> > 1 - delta_c
+PAIR_DELTA = 1e-3      # delta: a pair is "clustered" when <x_i, x_j> > 1 - delta
+COLLAPSE_DELTA = 1e-4  # a run has collapsed when its final min_inner >= 1 - COLLAPSE_DELTA
+DPI = 110
+
+# /parameters attributes that describe how a run was executed or recorded, not which model
+# it integrated: two runs that differ only in these are the same experiment.
+BOOKKEEPING = frozenset({
+    "out", "overwrite", "resume", "quiet", "threads", "threads_used", "backend", "backend_used",
+    "command_line", "config", "config_text", "source_revision", "version", "deflate",
+    "fletcher32", "save-velocity", "seed_used", "eps_den_used", "save_every_used",
+    "active_tokens", "resumed_from_time", "gradient_flow",
+})
+# Column order of the parameters that usually define a case; the rest follow alphabetically.
+PARAMETER_ORDER = ("kernel", "geometry", "values", "aux-factor", "mask", "n", "d", "beta",
+                   "time-scale", "init", "seed", "replicas")
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One replica of one mfattn file.
+
+    positions [T, n, d] hold every stored token (null tokens included); ``active`` [n] is the
+    presence > 0 mask that observables and plots use. ``observables`` maps a name to
+    (times [T_obs], values [T_obs] or [T_obs, c]) as stored for this replica. ``prefix`` is
+    None or the loader's frozen prefix tokens (/particles/prefix): position [P, d],
+    aux_position [P, k], prompt_id [P], presence [P], id [P].
+    """
+
+    path: Path
+    replica: int
+    replicas: int
+    times: np.ndarray
+    positions: np.ndarray
+    labels: dict[str, np.ndarray]
+    observables: dict[str, tuple[np.ndarray, np.ndarray]]
+    parameters: dict[str, Any]
+    status: str
+    prefix: dict[str, np.ndarray] | None = None
+    _cache: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+
+    @property
+    def stem(self) -> str:
+        """File stem, with _r<R> when the file holds several replicas (stable figure names)."""
+        return self.path.stem + (f"_r{self.replica}" if self.replicas > 1 else "")
+
+    @property
+    def d(self) -> int:
+        return int(self.positions.shape[-1])
+
+    @property
+    def active(self) -> np.ndarray:
+        presence = self.labels.get("presence")
+        if presence is None:
+            return np.ones(self.positions.shape[1], dtype=bool)
+        return np.asarray(presence) > 0
+
+    @property
+    def x(self) -> np.ndarray:
+        """Active tokens of every frame, [T, m, d]."""
+        return self.positions[:, self.active]
+
+    @property
+    def final(self) -> np.ndarray:
+        """Active tokens of the last frame, [m, d]."""
+        return self.positions[-1, self.active]
+
+    @property
+    def t_final(self) -> float:
+        return float(self.times[-1])
+
+    def param(self, name: str, default: Any = None) -> Any:
+        return self.parameters.get(name, default)
+
+    def title(self) -> str:
+        """One line naming the run: kernel, n, d, beta, t and the non-default extras."""
+        p = self.parameters
+        parts = [str(p.get("kernel", "?")).upper(), f"n={int(self.active.sum())}", f"d={self.d}",
+                 f"beta={p.get('beta', float('nan')):g}", f"t={self.t_final:g}"]
+        for key, plain in (("geometry", "none"), ("aux-factor", "none"), ("values", "transported"),
+                           ("mask", "full")):
+            if p.get(key, plain) != plain:
+                parts.append(f"{key}={p[key]}")
+        if self.replicas > 1:
+            parts.append(f"replica {self.replica}")
+        return f"{self.stem}: " + " ".join(parts)
+
+
+def load_runs(path: str | os.PathLike, replica: int | None = None) -> list[Run]:
+    """Every replica of ``path`` (replica=None) or just ``replica``, as :class:`Run` objects.
+
+    Raises FileNotFoundError / ValueError (from the loader) with the path in the message for
+    a missing or foreign file, ValueError for a replica out of range or a file with no frame.
+    """
+    path = Path(path)
+    if replica is None:
+        tr = load(path, replica="all")
+        selected = list(range(tr.replicas))
+    else:
+        tr = load(path, replica=replica)
+        selected = [tr.replica]
+    if tr.frames == 0:
+        raise ValueError(f"{path}: the file holds no frame yet (status {tr.status!r})")
+    prefix = tr.prefix if len(tr.prefix.get("position", ())) else None
+    runs = []
+    for slot, r in enumerate(selected):
+        def pick(value: np.ndarray) -> np.ndarray:
+            return value[:, slot] if tr.stacked else value
+        observables = {name: (tr.observable_times.get(name, tr.times[:len(value)]), pick(value))
+                       for name, value in tr.observables.items()}
+        runs.append(Run(path=path, replica=r, replicas=tr.replicas, times=tr.times,
+                        positions=pick(tr.positions), labels=tr.labels, observables=observables,
+                        parameters=tr.parameters, status=tr.status, prefix=prefix))
+    return runs
+
+
+def load_run(path: str | os.PathLike, replica: int = 0) -> Run:
+    """One replica of ``path`` (see :func:`load_runs`)."""
+    return load_runs(path, replica=replica)[0]
+
+
+# --- observables -----------------------------------------------------------------------------
+
+
+def gram(x: np.ndarray) -> np.ndarray:
+    """<x_i, x_j> of one frame x [m, d]."""
+    return x @ x.T
+
+
+def pair_values(x: np.ndarray) -> np.ndarray:
+    """<x_i, x_j> over pairs i < j of one frame x [m, d]."""
+    return gram(x)[np.triu_indices(x.shape[0], k=1)]
+
+
+def cluster_count(x: np.ndarray, delta: float = CLUSTER_DELTA) -> int:
+    """Connected components of the graph with an edge where <x_i, x_j> > 1 - delta."""
+    from scipy.sparse.csgraph import connected_components
+    if x.shape[0] == 0:
+        return 0
+    count, _ = connected_components(gram(x) > 1.0 - delta, directed=False)
+    return int(count)
+
+
+def clustered_pair_fraction(x: np.ndarray, delta: float = PAIR_DELTA) -> float:
+    """Fraction of pairs i < j with <x_i, x_j> > 1 - delta (NaN with fewer than 2 tokens)."""
+    pairs = pair_values(x)
+    return float(np.mean(pairs > 1.0 - delta)) if pairs.size else float("nan")
+
+
+def second_moment(x: np.ndarray) -> np.ndarray:
+    """(1/m) sum_i x_i x_i^T of one frame x [m, d]."""
+    return x.T @ x / max(x.shape[0], 1)
+
+
+def moment_eigenvalues(x: np.ndarray) -> np.ndarray:
+    """Eigenvalues of the second moment, decreasing."""
+    return np.linalg.eigvalsh(second_moment(x))[::-1]
+
+
+def _min_inner(x: np.ndarray) -> float:
+    pairs = pair_values(x)
+    return float(pairs.min()) if pairs.size else float("nan")
+
+
+def _mean_inner(x: np.ndarray) -> float:
+    pairs = pair_values(x)
+    return float(pairs.mean()) if pairs.size else float("nan")
+
+
+# Per-frame recomputation of an observable from the active tokens of one frame.
+RECOMPUTE: dict[str, Callable[[np.ndarray], Any]] = {
+    "n_clusters": cluster_count,
+    "clustered_pair_fraction": clustered_pair_fraction,
+    "moment_eigenvalues": moment_eigenvalues,
+    "marginal_spread": lambda x: 1.0 - moment_eigenvalues(x)[0],
+    "min_inner": _min_inner,
+    "mean_inner": _mean_inner,
+}
+
+
+def observable(run: Run, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(times, values) of observable ``name``: as stored in the file when it is there,
+    otherwise recomputed from the positions of every frame (RECOMPUTE); None when neither
+    is possible (e.g. the energy of a file without it)."""
+    if name in run.observables:
+        times, values = run.observables[name]
+        return np.asarray(times, dtype=float), np.asarray(values, dtype=float)
+    if name not in RECOMPUTE:
+        return None
+    if name not in run._cache:
+        x = run.x
+        values = np.array([RECOMPUTE[name](x[t]) for t in range(x.shape[0])], dtype=float)
+        run._cache[name] = (run.times, values)
+    return run._cache[name]
+
+
+def observable_is_stored(run: Run, name: str) -> bool:
+    return name in run.observables
+
+
+def final_value(run: Run, name: str) -> float:
+    """Last value of a scalar observable (stored or recomputed); NaN when unavailable. A
+    marginal_spread missing from the file is taken from stored moment_eigenvalues first."""
+    if name == "marginal_spread" and name not in run.observables and "moment_eigenvalues" in run.observables:
+        return float(1.0 - np.max(run.observables["moment_eigenvalues"][1][-1]))
+    series = observable(run, name)
+    if series is None or len(series[1]) == 0:
+        return float("nan")
+    return float(series[1][-1])
+
+
+# --- positions -------------------------------------------------------------------------------
+
+
+def uses_positions(run: Run) -> bool:
+    """True when the token positions xi enter the model (a geometry, an auxiliary factor or a
+    causal / window mask; the per-prompt mask uses prompt ids, not xi) and vary between the
+    active tokens: only then is x against xi worth a figure. Files that do not record these
+    parameters fall back to "xi varies"."""
+    xi = run.labels.get("aux_position")
+    if xi is None or xi.size == 0:
+        return False
+    xi = np.asarray(xi, dtype=float).reshape(xi.shape[0], -1)[run.active]
+    if xi.shape[0] < 2 or not np.any(np.ptp(xi, axis=0) > 0):
+        return False
+    keys = {"geometry": "none", "aux-factor": "none"}
+    if not any(k in run.parameters for k in (*keys, "mask")):
+        return True
+    masks = str(run.parameters.get("mask", "full")).split("+")  # e.g. causal+per-prompt
+    return (any(run.parameters.get(k, plain) != plain for k, plain in keys.items())
+            or any(m in ("causal", "window") for m in masks))
+
+
+# --- theory ----------------------------------------------------------------------------------
+
+
+def predicted_clusters(beta: float, k_max: int = 1000) -> int:
+    """k* = argmax_k k^2 I_k(beta): the fastest-growing Fourier mode of the uniform state on
+    the circle (linearising dtheta_i/dt = (1/n) sum_j e^{beta cos(theta_j - theta_i)}
+    sin(theta_j - theta_i) gives the rate k^2 I_k(beta) / beta for mode k), hence the number
+    of clusters of the first metastable plateau. Uses scipy.special.ive = iv * e^{-beta}:
+    the same argmax without overflow at large beta."""
+    from scipy.special import ive
+    if not beta > 0:
+        return 1
+    k = np.arange(1, k_max + 1)
+    return int(k[np.argmax(k.astype(float) ** 2 * ive(k, beta))])
+
+
+# --- sweeps of files -------------------------------------------------------------------------
+
+
+def find_h5(folder: str | os.PathLike) -> list[Path]:
+    """Every *.h5 under ``folder`` (recursively), sorted by path."""
+    return sorted(p for p in Path(folder).rglob("*.h5") if p.is_file())
+
+
+def _comparable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def varied_parameters(parameter_sets: list[dict[str, Any]]) -> list[str]:
+    """Names of the model parameters (not BOOKKEEPING) whose value differs between the given
+    /parameters dicts (a name missing from some counts as differing), in PARAMETER_ORDER then
+    alphabetical order."""
+    names = set().union(*parameter_sets) - BOOKKEEPING if parameter_sets else set()
+    varied = {name for name in names
+              if len({repr(_comparable(p.get(name))) for p in parameter_sets}) > 1}
+    ordered = [name for name in PARAMETER_ORDER if name in varied]
+    return ordered + sorted(varied - set(ordered))
+
+
+def format_value(value: Any) -> str:
+    """A parameter or outcome as table text: floats with %g, None/NaN as empty."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:g}"
+    if isinstance(value, list):
+        return ",".join(format_value(v) for v in value)
+    return str(value)
+
+
+# --- figures and CLI -------------------------------------------------------------------------
+
+
+def pyplot():
+    """matplotlib.pyplot with the non-interactive Agg backend unless MPLBACKEND says
+    otherwise (the scripts run on machines without a display)."""
+    import matplotlib
+    if "MPLBACKEND" not in os.environ:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path: str | os.PathLike) -> Path:
+    """Writes ``fig`` to ``path`` (creating its folder), closes it, returns the path."""
+    plt = pyplot()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def time_axis(ax, times: np.ndarray) -> np.ndarray:
+    """Log-scales ``ax``'s x axis when some time is positive and returns the mask of the
+    frames that can be drawn on it (t > 0; every frame when the axis stays linear)."""
+    positive = np.asarray(times) > 0
+    if positive.any():
+        ax.set_xscale("log")
+        return positive
+    return np.ones(len(times), dtype=bool)
+
+
+def cli(prog: str) -> Callable:
+    """Decorator for a script's main(argv): a missing or foreign input file (or any other
+    expected failure: OSError, ValueError, KeyError from h5py) prints one line
+    "<prog>: error: <message>" on stderr and returns exit status 1 instead of a traceback;
+    success returns 0."""
+    def decorate(main: Callable[[list[str] | None], Any]) -> Callable[[list[str] | None], int]:
+        @functools.wraps(main)
+        def wrapper(argv: list[str] | None = None) -> int:
+            try:
+                main(argv)
+            except (OSError, ValueError, KeyError) as error:
+                message = error.args[0] if isinstance(error, KeyError) and error.args else error
+                print(f"{prog}: error: {message}", file=sys.stderr)
+                return 1
+            return 0
+        return wrapper
+    return decorate

@@ -1,0 +1,455 @@
+"""Tests of the plotting scripts: analysis/plot_run.py, plot_sweep.py, make_figures.py and
+their shared helpers (plotting_common.py), on small real files written by `mfattn run`.
+
+Every figure is rendered and must be a readable, non-blank PNG (matplotlib.image.imread,
+pixel standard deviation and several distinct colours); the sweep outcome table is checked
+against the files with independent numpy recomputations; observables stored in a file must be
+used in preference to recomputation; make_figures runs on a small data tree; missing, foreign
+and garbage inputs give one clear line on stderr and exit status 1 (scripts run with
+/usr/bin/python3 through subprocess). Runs are tiny (n <= 48, one thread, short horizons).
+"""
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import h5py
+import matplotlib
+import numpy as np
+import pytest
+
+matplotlib.use("Agg")
+import matplotlib.image  # noqa: E402
+
+import plotting_common  # noqa: E402  (conftest puts analysis/ on sys.path)
+from make_figures import make_figures  # noqa: E402
+from plot_run import plot_run, positions_figure, sphere_figure  # noqa: E402
+from plot_sweep import collect, phase_matrix, plot_sweep  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ANALYSIS_DIR = REPO_ROOT / "analysis"
+PYTHON = "/usr/bin/python3"
+SHORT = ("--horizon", 4, "--save-every", 0.25)
+SWEEP = ("--horizon", 10, "--save-every", 0.5)  # long enough for beta = 0.5 to collapse at n = 12
+
+
+def assert_png(path) -> np.ndarray:
+    """``path`` is a PNG that matplotlib reads back, with content: pixel standard deviation
+    above 0.02 and more than a few distinct colours."""
+    path = Path(path)
+    assert path.is_file() and path.suffix == ".png", path
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100, (path, image.shape)
+    rgb = image[..., :3]
+    assert rgb.std() > 0.02, f"{path} looks blank (pixel std {rgb.std():.4f})"
+    # Pack each pixel into one integer: np.unique on rows (axis=0) is far slower.
+    packed = np.round(rgb * 255).astype(np.uint32) @ np.array([65536, 256, 1], dtype=np.uint32)
+    colours = np.unique(packed).size
+    assert colours > 5, f"{path} has only {colours} distinct colours"
+    return image
+
+
+def script(name: str, *args, cwd=None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, MPLBACKEND="Agg")
+    return subprocess.run([PYTHON, str(ANALYSIS_DIR / name), *map(str, args)], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=cwd or REPO_ROOT)
+
+
+def assert_clear_error(done: subprocess.CompletedProcess, prog: str, *words: str) -> None:
+    """Exit status 1 and one line "<prog>: error: ..." naming ``words``; no traceback."""
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), done.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def clusters_by_search(x: np.ndarray, delta: float) -> int:
+    """Connected components of <x_i, x_j> > 1 - delta by depth-first search (independent of
+    the scipy graph routine the scripts use)."""
+    adjacent = x @ x.T > 1.0 - delta
+    seen = np.zeros(len(x), dtype=bool)
+    count = 0
+    for start in range(len(x)):
+        if seen[start]:
+            continue
+        count += 1
+        stack = [start]
+        seen[start] = True
+        while stack:
+            i = stack.pop()
+            for j in np.flatnonzero(adjacent[i] & ~seen):
+                seen[j] = True
+                stack.append(j)
+    return count
+
+
+def pair_fraction(x: np.ndarray, delta: float = 1e-3) -> float:
+    m = len(x)
+    g = x @ x.T
+    return float(sum(g[i, j] > 1 - delta for i in range(m) for j in range(i + 1, m)) / (m * (m - 1) / 2))
+
+
+# --- plot_run ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", [2, 3, 8])
+def test_plot_run_draws_every_dimension(run_mfattn, tmp_path, d):
+    path = run_mfattn("--n", 16, "--d", d, "--beta", 1, *SHORT, out=f"dim{d}.h5")
+    written = plot_run(path, tmp_path / "figs")
+    # No geometry, factor or mask: the positions do not enter the model, so no positions plot.
+    assert [p.name for p in written] == [f"dim{d}_sphere.png", f"dim{d}_energy_clusters.png",
+                                         f"dim{d}_gram.png"]
+    for p in written:
+        assert p.parent == tmp_path / "figs"
+        assert_png(p)
+
+
+def test_plot_run_draws_positions_for_rope(run_mfattn, tmp_path):
+    # k = 1 here; the 2-D grid positions of rope-mixed (k = 2) are drawn in the make_figures test.
+    path = run_mfattn("--n", 16, "--d", 3, "--geometry", "rope", *SHORT, out="rope.h5")
+    run = plotting_common.load_run(path)
+    assert run.labels["aux_position"].shape == (16, 1)
+    assert plotting_common.uses_positions(run)
+    written = plot_run(path, tmp_path / "figs")
+    assert [p.name for p in written] == ["rope_sphere.png", "rope_energy_clusters.png",
+                                         "rope_gram.png", "rope_positions.png"]
+    for p in written:
+        assert_png(p)
+
+
+def test_plot_run_draws_each_replica_and_cli_prints_the_files(run_mfattn, tmp_path):
+    path = run_mfattn("--n", 12, "--d", 3, "--replicas", 2, *SHORT, out="two.h5")
+    first = plot_run(path, tmp_path / "figs", replica=0)
+    assert [p.name for p in first] == ["two_r0_sphere.png", "two_r0_energy_clusters.png", "two_r0_gram.png"]
+    done = script("plot_run.py", path, "--out", tmp_path / "figs", "--replica", 1)
+    assert done.returncode == 0, done.stderr
+    second = [Path(line) for line in done.stdout.split()]
+    assert second == [tmp_path / "figs" / f"two_r1_{kind}.png"
+                      for kind in ("sphere", "energy_clusters", "gram")]
+    images = [assert_png(p) for p in first + second]
+    # Independent initial states: the sphere figures of the two replicas differ.
+    assert images[0].shape != images[3].shape or not np.array_equal(images[0], images[3])
+    with pytest.raises(ValueError, match="replica 2 out of range"):
+        plot_run(path, tmp_path / "figs", replica=2)
+
+
+def test_plot_run_cli_rejects_bad_input(run_mfattn, tmp_path):
+    garbage = tmp_path / "garbage.h5"
+    garbage.write_bytes(b"\x89HDF\r\n not really hdf5\n" * 10)
+    foreign = tmp_path / "foreign.h5"
+    with h5py.File(foreign, "w") as f:
+        f["data"] = np.arange(3)
+    out = tmp_path / "out"
+    assert_clear_error(script("plot_run.py", tmp_path / "missing.h5", "--out", out),
+                       "plot_run.py", "missing.h5", "no such file")
+    assert_clear_error(script("plot_run.py", garbage, "--out", out),
+                       "plot_run.py", "garbage.h5", "not an mfattn H5MD file")
+    assert_clear_error(script("plot_run.py", foreign, "--out", out),
+                       "plot_run.py", "foreign.h5", "not an mfattn H5MD file")
+    real = run_mfattn("--n", 6, "--d", 3, "--horizon", 0.5, "--save-every", 0.25)
+    assert_clear_error(script("plot_run.py", real, "--out", out, "--replica", 3),
+                       "plot_run.py", "replica 3 out of range")
+    assert not out.exists()  # nothing was drawn for any of them
+
+
+# --- observables: stored ones win, missing ones are recomputed ---------------------------------
+
+
+NEW_OBSERVABLES = ("n_clusters", "clustered_pair_fraction", "moment_eigenvalues", "marginal_spread")
+
+
+def replace_observable(f: h5py.File, name: str, value: np.ndarray | None) -> None:
+    """Deletes observable ``name`` from an open file and, unless ``value`` is None, stores
+    ``value`` in its place (step and time linked to the positions', as the writer does)."""
+    if name in f["observables"]:
+        del f["observables"][name]
+    if value is not None:
+        group = f["observables"].create_group(name)
+        group["step"] = f["particles/tokens/position/step"]
+        group["time"] = f["particles/tokens/position/time"]
+        group["value"] = value
+
+
+def test_observables_are_recomputed_when_missing_and_read_when_stored(run_mfattn):
+    n = 16
+    path = run_mfattn("--n", n, "--d", 3, "--null-tokens", 2, "--beta", 1, *SHORT)
+    run = plotting_common.load_run(path)
+    x = run.x
+    assert x.shape[1] == n  # null tokens (presence 0) are left out
+    # Once the writer stores these observables, they must agree with the recomputation rule.
+    if "n_clusters" in run.observables:
+        assert list(run.observables["n_clusters"][1]) == [clusters_by_search(f, 1e-4) for f in x]
+    if "clustered_pair_fraction" in run.observables:
+        np.testing.assert_allclose(run.observables["clustered_pair_fraction"][1],
+                                   [pair_fraction(f) for f in x], atol=1e-15)
+
+    # Without them in the file, they are recomputed from the positions of every frame.
+    with h5py.File(path, "r+") as f:
+        for name in NEW_OBSERVABLES:
+            replace_observable(f, name, None)
+    run = plotting_common.load_run(path)
+    t, k = plotting_common.observable(run, "n_clusters")
+    np.testing.assert_array_equal(t, run.times)
+    assert list(k) == [clusters_by_search(f, 1e-4) for f in x]
+    assert k[0] == n and k[-1] < n
+    _, frac = plotting_common.observable(run, "clustered_pair_fraction")
+    np.testing.assert_allclose(frac, [pair_fraction(f) for f in x], atol=1e-15)
+    largest = np.linalg.eigvalsh(run.final.T @ run.final / n).max()
+    assert plotting_common.final_value(run, "marginal_spread") == pytest.approx(1 - largest, abs=1e-14)
+    # The stored min_inner agrees with the recomputation over active tokens.
+    _, stored = plotting_common.observable(run, "min_inner")
+    assert stored[-1] == pytest.approx(plotting_common.RECOMPUTE["min_inner"](run.final), abs=1e-12)
+
+    # A stored observable is used as it is, never recomputed; marginal_spread falls back on
+    # stored moment eigenvalues before the positions.
+    T = run.times.size
+    with h5py.File(path, "r+") as f:
+        replace_observable(f, "n_clusters", np.full(T, 7.0))
+        replace_observable(f, "moment_eigenvalues", np.tile([0.5, 0.3, 0.2], (T, 1)))
+    run = plotting_common.load_run(path)
+    np.testing.assert_array_equal(plotting_common.observable(run, "n_clusters")[1], np.full(T, 7.0))
+    assert plotting_common.final_value(run, "n_clusters") == 7
+    assert plotting_common.final_value(run, "marginal_spread") == 0.5
+    with h5py.File(path, "r+") as f:
+        replace_observable(f, "marginal_spread", np.full(T, 0.25))
+    assert plotting_common.final_value(plotting_common.load_run(path), "marginal_spread") == 0.25
+
+
+def test_predicted_clusters_is_the_argmax_of_k2_ik():
+    from scipy.special import iv
+    for beta in (0.5, 1, 2, 4, 9, 16, 30, 60):
+        k = np.arange(1, 200)
+        assert plotting_common.predicted_clusters(beta) == k[np.argmax(k**2 * iv(k, beta))], beta
+    assert plotting_common.predicted_clusters(1) == 1
+    assert plotting_common.predicted_clusters(2000) > plotting_common.predicted_clusters(200) > 1
+
+
+@pytest.mark.parametrize("d, extra", [
+    (2, ("--prompts", 2, "--prefix-init", "clustered", "--mask", "per-prompt")),
+    (3, ("--geometry", "rope")),
+    (5, ()),
+])
+def test_prefix_tokens_are_read_and_drawn(run_mfattn, tmp_path, d, extra):
+    path = run_mfattn("--n", 12, "--d", d, "--prefix", 2, *extra, *SHORT, out="prefix.h5")
+    run = plotting_common.load_run(path)
+    with h5py.File(path, "r") as f:
+        for name in ("position", "aux_position", "prompt_id", "presence", "id"):
+            np.testing.assert_array_equal(run.prefix[name], f[f"particles/prefix/{name}"][()])
+    prompts = 2 if "--prompts" in extra else 1
+    assert run.prefix["position"].shape == (2 * prompts, d)
+    # Observables and plots are over the moving tokens; the prefix is drawn on top of them.
+    assert run.x.shape[1] == 12
+    # The per-prompt mask uses prompt ids, not positions: only RoPE gets a positions figure.
+    assert plotting_common.uses_positions(run) == ("--geometry" in extra)
+    written = [sphere_figure(run, tmp_path / "figs")]
+    if plotting_common.uses_positions(run):
+        written.append(positions_figure(run, tmp_path / "figs"))
+    for p in written:
+        assert_png(p)
+    assert plotting_common.load_run(run_mfattn("--n", 4, "--d", d, "--horizon", 0.1,
+                                               out="none.h5")).prefix is None
+
+
+# --- plot_sweep -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sweep_dir(run_mfattn, tmp_path):
+    """A small sweep: beta in {0.5, 4} x seed in {0, 1}, one file with two replicas, in two
+    subfolders, and a manifest that also lists a case whose run failed (no file)."""
+    folder = tmp_path / "mysweep"
+    for beta in (0.5, 4):
+        for seed in (0, 1):
+            path = run_mfattn("--n", 12, "--d", 3, "--beta", beta, "--seed", seed, *SWEEP,
+                              out=f"b{beta}_s{seed}.h5")
+            target = folder / f"beta{beta}" / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(path, target)
+    path = run_mfattn("--n", 12, "--d", 3, "--beta", 4, "--seed", 2, "--replicas", 2, *SWEEP,
+                      out="b4_rep.h5")
+    shutil.move(path, folder / "b4_rep.h5")
+    (folder / "manifest.csv").write_text(
+        "case_id,file,status,beta,seed\n"
+        "low-0,beta0.5/b0.5_s0.h5,complete,0.5,0\n"
+        "low-1,beta0.5/b0.5_s1.h5,complete,0.5,1\n"
+        "huge,beta9/b9_s0.h5,failed,9,0\n")
+    return folder
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_sweep_table_and_phase_diagram_match_the_files(sweep_dir, tmp_path):
+    out = tmp_path / "out"
+    written = plot_sweep(sweep_dir, out)
+    assert [p.name for p in written] == ["mysweep_phase_diagram.png", "mysweep_outcomes.md",
+                                         "mysweep_outcomes.csv"]
+    assert_png(written[0])
+    rows = read_csv(written[2])
+    columns = list(rows[0])
+    assert columns == ["case", "file", "status", "replica", "beta", "seed", "replicas", "t_final",
+                       "final_clusters", "collapsed", "final_min_inner", "marginal_spread"]
+    # Manifest order first (with its case ids), then the unlisted files in path order.
+    assert [(r["case"], r["file"], r["replica"]) for r in rows] == [
+        ("low-0", "beta0.5/b0.5_s0.h5", ""), ("low-1", "beta0.5/b0.5_s1.h5", ""),
+        ("huge", "beta9/b9_s0.h5", ""),
+        ("b4_rep", "b4_rep.h5", "0"), ("b4_rep", "b4_rep.h5", "1"),
+        ("b4_s0", "beta4/b4_s0.h5", ""), ("b4_s1", "beta4/b4_s1.h5", "")]
+    failed = rows[2]
+    assert failed["status"] == "failed" and failed["beta"] == "9"
+    assert all(failed[c] == "" for c in ("t_final", "final_clusters", "collapsed", "final_min_inner"))
+
+    for row in rows:
+        if row["case"] == "huge":
+            continue
+        with h5py.File(sweep_dir / row["file"], "r") as f:
+            r = int(row["replica"] or 0)
+            group = "tokens" if r == 0 else f"tokens_r{r}"
+            x = f[f"particles/{group}/position/value"][-1]
+            min_inner = f["observables/min_inner/value"][()]
+            min_inner = min_inner[-1] if min_inner.ndim == 1 else min_inner[-1, r]
+            params = f["parameters"].attrs
+            assert row["status"] == "complete"
+            assert float(row["beta"]) == params["beta"] and int(row["seed"]) == params["seed"]
+            assert float(row["t_final"]) == f[f"particles/{group}/position/time"][-1]
+        assert float(row["final_min_inner"]) == min_inner  # full precision in the CSV
+        assert row["collapsed"] == ("yes" if min_inner >= 1 - 1e-4 else "no")
+        assert int(row["final_clusters"]) == clusters_by_search(x, 1e-4)
+        largest = np.linalg.eigvalsh(x.T @ x / len(x)).max()
+        assert float(row["marginal_spread"]) == pytest.approx(1 - largest, abs=1e-12)
+    # Small beta collapses in this time, large beta keeps several clusters (n = 12, t = 10).
+    outcome = {(r["beta"], r["seed"], r["replica"]): r for r in rows}
+    assert outcome[("0.5", "0", "")]["collapsed"] == "yes"
+    assert any(r["collapsed"] == "no" for r in rows if r["beta"] == "4.0")
+
+    markdown = written[1].read_text().splitlines()
+    table = [line for line in markdown if line.startswith("|")]
+    assert table[0] == "| " + " | ".join(columns) + " |"
+    assert len(table) == 2 + len(rows)
+
+    # The diagram's rows are the mean clustered pair fraction of every run with that beta.
+    betas, times, matrix, counts = phase_matrix(collect(sweep_dir))
+    np.testing.assert_array_equal(betas, [0.5, 4.0])
+    assert list(counts) == [2, 4]
+    with h5py.File(sweep_dir / "beta4/b4_s1.h5", "r") as f:
+        np.testing.assert_array_equal(times, f["particles/tokens/position/time"][()])
+    expected = []
+    for path, replica in (("beta4/b4_s0.h5", 0), ("beta4/b4_s1.h5", 0), ("b4_rep.h5", 0), ("b4_rep.h5", 1)):
+        with h5py.File(sweep_dir / path, "r") as f:
+            group = "tokens" if replica == 0 else f"tokens_r{replica}"
+            frames = f[f"particles/{group}/position/value"][()]
+        expected.append([pair_fraction(frame) for frame in frames])
+    np.testing.assert_allclose(matrix[1], np.mean(expected, axis=0), atol=1e-15)
+
+
+def test_sweep_uses_stored_observables_and_tolerates_no_manifest(run_mfattn, tmp_path):
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    for seed in (0, 1):
+        shutil.move(run_mfattn("--n", 10, "--d", 3, "--beta", 1, "--seed", seed, *SHORT,
+                               out=f"s{seed}.h5"), folder / f"s{seed}.h5")
+    with h5py.File(folder / "s1.h5", "r+") as f:
+        replace_observable(f, "n_clusters", np.full(f["particles/tokens/position/time"].shape[0], 5.0))
+    written = plot_sweep(folder, tmp_path / "out")
+    # One beta only: tables but no phase diagram.
+    assert [p.name for p in written] == ["plain_outcomes.md", "plain_outcomes.csv"]
+    rows = read_csv(written[1])
+    assert [r["case"] for r in rows] == ["s0", "s1"]
+    assert list(rows[0])[:4] == ["case", "file", "status", "seed"]
+    assert rows[1]["final_clusters"] == "5"
+
+
+def test_sweep_cli_and_bad_files(sweep_dir, tmp_path):
+    done = script("plot_sweep.py", sweep_dir, "--out", tmp_path / "cli")
+    assert done.returncode == 0, done.stderr
+    printed = [Path(line) for line in done.stdout.split()]
+    assert [p.name for p in printed] == ["mysweep_phase_diagram.png", "mysweep_outcomes.md",
+                                         "mysweep_outcomes.csv"]
+    assert all(p.is_file() for p in printed)
+
+    (sweep_dir / "beta4" / "broken.h5").write_text("not hdf5\n")
+    assert_clear_error(script("plot_sweep.py", sweep_dir, "--out", tmp_path / "bad"),
+                       "plot_sweep.py", "broken.h5", "not an mfattn H5MD file", "--skip-bad")
+    sweep = collect(sweep_dir, skip_bad=True)
+    broken = [r for r in sweep.rows if r["file"] == "beta4/broken.h5"]
+    assert len(broken) == 1 and broken[0]["status"] == "unreadable"
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_clear_error(script("plot_sweep.py", empty), "plot_sweep.py", "no .h5 files")
+    assert_clear_error(script("plot_sweep.py", tmp_path / "nowhere"), "plot_sweep.py", "not a folder")
+
+
+# --- make_figures -----------------------------------------------------------------------------
+
+
+def test_make_figures_draws_every_experiment_present(run_mfattn, tmp_path, capsys):
+    data = tmp_path / "data"
+
+    def put(subfolder: str, name: str, *args) -> None:
+        target = data / subfolder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(run_mfattn(*args, out=name), target)
+
+    quick = ("--horizon", 2, "--save-every", 0.5)
+    for kernel in ("usa", "sa"):
+        put("collapse", f"baseline_{kernel}_n16.h5", "--n", 16, "--d", 3, "--kernel", kernel, *quick)
+    # n = 128 is the size seed003_min_inner.png shows (collapse_summary's choice).
+    put("seed003", "baseline_usa_n128.h5", "--config", REPO_ROOT / "experiments/seed003/baseline_usa.ini",
+        "--n", 128, *quick)
+    put("seed003", "rope_mixed_d4_n16.h5", "--config", REPO_ROOT / "experiments/seed003/rope_mixed_d4.ini",
+        "--n", 16, *quick)
+    for beta in (4, 9):
+        put("metastability", f"circle_beta{beta}.h5", "--n", 24, "--d", 2, "--beta", beta,
+            "--time-scale", "rescaled", "--horizon", 200, "--save-log", 30)
+    for beta in (0.5, 4):
+        put("sweeps/tiny", f"b{beta}.h5", "--n", 10, "--d", 3, "--beta", beta, *SHORT)
+
+    written = make_figures(data, data / "figures")
+    printed = capsys.readouterr().out
+    names = sorted(p.relative_to(data / "figures").as_posix() for p in written)
+    assert names == sorted([
+        "collapse_min_inner.png", "seed003_min_inner.png", "seed003_final_states.png",
+        *[f"seed003/{stem}_{kind}.png" for stem in ("baseline_usa_n128", "rope_mixed_d4_n16")
+          for kind in ("sphere", "energy_clusters", "gram")],
+        "seed003/rope_mixed_d4_n16_positions.png",
+        "metastability_beta4.png", "metastability_beta9.png", "metastability.png",
+        "sweeps/tiny_phase_diagram.png", "sweeps/tiny_outcomes.md", "sweeps/tiny_outcomes.csv"])
+    for p in written:
+        assert str(p) in printed.splitlines()
+        if p.suffix == ".png":
+            assert_png(p)
+    # No d = 3, n = 256 seed003 run: collapse_summary's seed003_final.png is skipped, with a note.
+    assert "seed003_final.png not drawn" in printed
+    assert "not present" not in printed
+
+
+def test_make_figures_cli_skips_missing_and_fails_on_nothing(run_mfattn, tmp_path):
+    data = tmp_path / "data"
+    (data / "sweeps" / "one").mkdir(parents=True)
+    (data / "collapse").mkdir()  # present but empty: skipped with a note
+    shutil.move(run_mfattn("--n", 8, "--d", 3, "--beta", 2, *SHORT, out="a.h5"), data / "sweeps/one/a.h5")
+    done = script("make_figures.py", "--data", data)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert f"note: {data / 'collapse'} holds no .h5 file directly; skipped" in lines
+    assert f"note: {data / 'seed003'} not present; skipped" in lines
+    assert f"note: {data / 'metastability'} not present; skipped" in lines
+    outputs = [Path(line) for line in lines if not line.startswith("note:")]
+    assert [p.name for p in outputs] == ["one_outcomes.md", "one_outcomes.csv"]
+    assert all(p.parent == data / "figures" / "sweeps" and p.is_file() for p in outputs)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_clear_error(script("make_figures.py", "--data", empty), "make_figures.py", "no experiment data")
+    assert_clear_error(script("make_figures.py", "--data", tmp_path / "nowhere"), "make_figures.py",
+                       "no such data folder")
+    (data / "sweeps/one/junk.h5").write_text("junk\n")
+    assert_clear_error(script("make_figures.py", "--data", data), "make_figures.py", "junk.h5")
