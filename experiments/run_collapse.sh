@@ -3,7 +3,9 @@
 # collapse of USA and SA (n = 64, 128, 256, d = 3, beta = 1, t = 20) into data/collapse/ and
 # the seed-003 auxiliary-variable cases (experiments/seed003/*.ini: RoPE, generalized RoPE,
 # plain-value RoPE, distance bias vs cosine Toeplitz, prompts with frozen prefix tokens) into
-# data/seed003/, prints the outcome tables and draws data/figures/collapse_min_inner.png and data/figures/seed003_final.png.
+# data/seed003/, prints the outcome tables, runs the metastability experiment (d = 2,
+# beta = 5, 9, 16) into data/metastability/ and draws every figure into data/figures/
+# (analysis/make_figures.py).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -34,3 +36,15 @@ for ini in experiments/seed003/*.ini; do
 done
 MPLBACKEND=Agg /usr/bin/python3 analysis/collapse_summary.py "$seed003" --cases \
   --figure "$here/data/figures/seed003_min_inner.png" --final-figure "$here/data/figures/seed003_final.png"
+
+# Metastability (d = 2, beta = 5, 9, 16, rescaled time, dopri5 to t = 1e5, seeds 0-3): one
+# single-threaded run per core at a time.
+meta="$here/data/metastability"
+mkdir -p "$meta"
+for beta in 5 9 16; do
+  for seed in 0 1 2 3; do echo "$beta $seed"; done
+done | xargs -P "$(nproc 2>/dev/null || echo 2)" -n 2 sh -c \
+  './build/mfattn run --config experiments/metastability.ini --beta "$0" --seed "$1" --threads 1 --quiet --overwrite --out "data/metastability/beta$0_seed$1.h5"'
+
+# Every figure of the experiments above into data/figures/.
+MPLBACKEND=Agg /usr/bin/python3 analysis/make_figures.py --data "$here/data" --out "$here/data/figures"

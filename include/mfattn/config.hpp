@@ -75,6 +75,8 @@ struct RunConfig {
   bool deflate = false;
   bool fletcher32 = false;
   bool save_velocity = false;
+  double pair_delta = 1e-3;     ///< clustered_pair_fraction: pairs with <x_i, x_j> > 1 - delta
+  double cluster_delta = 1e-4;  ///< n_clusters: components of <x_i, x_j> > 1 - delta
   bool quiet = false;
   std::string config;
 

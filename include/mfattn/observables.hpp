@@ -1,11 +1,44 @@
 #pragma once
 /// \file observables.hpp
-/// Per-frame observables of model.md section 6, over the tokens that move (p_i > 0):
-///   energy        E = 1 / (2 beta M^2) sum_{i,j} p_i p_j m_ij c_ij exp(s_ij)
-///   mean_inner    (|sum_i x_i|^2 - m) / (m (m - 1)),  m tokens        (1 for m = 1)
-///   min_inner     min_{i != j} <x_i, x_j>                              (1 for m = 1)
-///   max_speed     max_i |dx_i/dt|
-/// Each value is per replica.
+/// Per-frame observables of model.md section 6, over the m tokens that move (p_i > 0), in the
+/// order observable_layout gives them:
+///   energy                   E = 1 / (2 beta M^2) sum_{i,j} p_i p_j m_ij c_ij exp(s_ij)
+///   mean_inner               (|sum_i x_i|^2 - m) / (m (m - 1))                   (1 for m = 1)
+///   min_inner                min_{i != j} <x_i, x_j>                              (1 for m < 2)
+///   max_speed                max_i |dx_i/dt|
+///   clustered_pair_fraction  #{i < j : <x_i, x_j> > 1 - delta} / (m (m - 1) / 2),
+///                            delta = ObservableSettings::pair_delta               (1 for m < 2)
+///   n_clusters               connected components of the graph with an edge i ~ j where
+///                            <x_i, x_j> > 1 - delta_c, delta_c = cluster_delta (union-find;
+///                            m singletons when no pair is close, 1 for a collapsed state)
+///   order_parameter          |(1/m) sum_i x_i|
+///   moment_eigenvalues       lambda_1 >= ... >= lambda_d, the eigenvalues of the second
+///                            moment C = (1/m) sum_i x_i x_i^T (d components; trace C = 1)
+///   effective_rank           exp(-sum_k q_k log q_k), q_k = max(lambda_k, 0) / sum_l max(lambda_l, 0),
+///                            0 log 0 = 0 (Roy and Vetterli 2007): 1 for a collapsed state
+///                            (or an antipodal pair of clusters), d for an isotropic one
+///   marginal_spread          1 - lambda_1: 0 when every x_i = +-u (a collapsed state)
+///   conditional_spread       only when the labels can matter (Model::gauge set or
+///                            Model::prompts > 1): the spread left once the known dependence on
+///                            the labels is removed. With y_i = G(xi_i) x_i (y_i = x_i without a
+///                            gauge) and, per prompt g with m_g moving tokens,
+///                              s_g = 1 - lambda_1((1/m_g) sum_{i in g} y_i y_i^T),
+///                            conditional_spread = sum_g m_g s_g / m. It is 0 exactly when each
+///                            prompt's tokens lie on one orbit x_i = G(xi_i)^T (+-u_g): the
+///                            "conditional Dirac" graph law of the auxiliary-variable theory
+///                            (transported RoPE collapses y while x keeps a latitude circle, so
+///                            conditional_spread -> 0 while marginal_spread stays large).
+/// Each value is per replica. With no moving token (m = 0) the averages over tokens
+/// (order_parameter, moment_eigenvalues, effective_rank, the spreads) are NaN and n_clusters 0.
+///
+/// Cost per frame and replica: one pass over the m (m - 1) / 2 pairs (O(m^2 d), threaded for
+/// m > 512) gives min_inner, the close-pair count and the cluster edges together; the moments
+/// are O(m d^2 + d^3). Every result is independent of the thread count: the minimum and the
+/// integer counts do not depend on the order they are taken in, each thread unites its edges
+/// in a private union-find forest, and the forests are merged serially (the components of a
+/// graph do not depend on the order its edges are added in).
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,13 +47,47 @@
 
 namespace mfattn {
 
+/// Thresholds of the pair observables (`--pair-delta`, `--cluster-delta`).
+struct ObservableSettings {
+  double pair_delta = 1e-3;     ///< clustered_pair_fraction counts <x_i, x_j> > 1 - pair_delta
+  double cluster_delta = 1e-4;  ///< n_clusters joins i, j when <x_i, x_j> > 1 - cluster_delta
+};
+
 /// Names and component counts, in the order compute_observables returns them.
 std::vector<std::pair<std::string, std::size_t>> observable_layout(const Model& model);
+std::vector<std::pair<std::string, std::size_t>> observable_layout(const Model& model,
+                                                                   const ObservableSettings& settings);
+
+/// True when the layout carries conditional_spread: a gauge, or more than one prompt.
+bool has_conditional_spread(const Model& model);
 
 /// values[o][r * components + c] for observable o of observable_layout. velocity_out, when
 /// given, receives dx/dt at the frame (R * n * d), from the same evaluation.
 std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const State& state,
                                                      std::vector<double>* velocity_out = nullptr);
+std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const State& state,
+                                                     const ObservableSettings& settings,
+                                                     std::vector<double>* velocity_out = nullptr);
+
+/// What one pass over the pairs i < j of `tokens` (rows of x, d numbers each) gives.
+struct PairStatistics {
+  double min_inner = 1.0;            ///< min <x_i, x_j> (1 for fewer than two tokens)
+  std::int64_t close_pairs = 0;      ///< #{i < j : <x_i, x_j> > 1 - pair_delta}
+  std::int64_t pairs = 0;            ///< m (m - 1) / 2
+  std::size_t clusters = 0;          ///< components of <x_i, x_j> > 1 - cluster_delta
+};
+/// The pair pass of compute_observables for any token subset (mfattn analyze uses it on
+/// stored positions). Identical results for every thread count.
+PairStatistics pair_statistics(const double* x, std::size_t d,
+                               const std::vector<std::size_t>& tokens,
+                               const ObservableSettings& settings = {});
+
+/// The d eigenvalues of (1/m) sum_{a} y_a y_a^T over m rows y_a of d numbers, descending
+/// (all NaN for m = 0).
+std::vector<double> second_moment_eigenvalues(const double* rows, std::size_t m, std::size_t d);
+/// exp(-sum q_k log q_k) of the eigenvalues normalised to sum 1 (negatives from rounding count
+/// as 0; NaN when none is positive or any is NaN).
+double effective_rank(const std::vector<double>& eigenvalues);
 
 /// min_{i != j} <x_i, x_j> over the moving tokens of one replica (1 if fewer than two).
 double min_inner_product(const Model& model, const double* x);

@@ -176,6 +176,10 @@ po::options_description run_options(RunConfig& c) {
       ("fletcher32", po::bool_switch(&c.fletcher32), "checksum every growing dataset")
       ("save-velocity", po::bool_switch(&c.save_velocity),
        "also write dx/dt of every frame (particles/tokens/velocity)")
+      ("pair-delta", bound(c.pair_delta),
+       "clustered_pair_fraction counts pairs with <x_i, x_j> > 1 - pair-delta, in (0, 2)")
+      ("cluster-delta", bound(c.cluster_delta),
+       "n_clusters: connected components of the graph <x_i, x_j> > 1 - cluster-delta, in (0, 2)")
       ("quiet", po::bool_switch(&c.quiet), "no progress output")
       ("config", bound(c.config, "none"), "INI file of options (the command line wins)");
   po::options_description all("mfattn run options");
@@ -325,6 +329,10 @@ void validate(const RunConfig& c) {
   if (c.seed < 0) reject("seed", std::to_string(c.seed), "must be an integer >= 0");
   if (c.threads < 0) reject("threads", std::to_string(c.threads), "must be an integer >= 1");
   require_choice("backend", c.backend, {"cpu", "reference", "cuda"});
+  for (auto [name, value] : {std::pair{"pair-delta", c.pair_delta}, {"cluster-delta", c.cluster_delta}}) {
+    require_finite(name, value);
+    if (!(value > 0.0 && value < 2.0)) reject(name, format_number(value), "must lie in (0, 2)");
+  }
   if (c.out.empty()) throw UsageError("--out: missing (the output .h5 file is required)");
 }
 

@@ -1,23 +1,141 @@
 #include "mfattn/observables.hpp"
 
 #include <Eigen/Dense>
+#include <omp.h>
 
 #include "backends/cpu/vector_math.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <numeric>
+#include <optional>
 
 namespace mfattn {
 
-std::vector<std::pair<std::string, std::size_t>> observable_layout(const Model&) {
-  return {{"energy", 1}, {"mean_inner", 1}, {"min_inner", 1}, {"max_speed", 1}};
+bool has_conditional_spread(const Model& model) {
+  return model.gauge != nullptr || model.prompts > 1;
+}
+
+std::vector<std::pair<std::string, std::size_t>> observable_layout(const Model& model,
+                                                                   const ObservableSettings&) {
+  std::vector<std::pair<std::string, std::size_t>> layout{
+      {"energy", 1},          {"mean_inner", 1},          {"min_inner", 1},
+      {"max_speed", 1},       {"clustered_pair_fraction", 1}, {"n_clusters", 1},
+      {"order_parameter", 1}, {"moment_eigenvalues", model.d}, {"effective_rank", 1},
+      {"marginal_spread", 1}};
+  if (has_conditional_spread(model)) layout.emplace_back("conditional_spread", 1);
+  return layout;
+}
+
+std::vector<std::pair<std::string, std::size_t>> observable_layout(const Model& model) {
+  return observable_layout(model, ObservableSettings{});
 }
 
 namespace {
 
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+/// Union-find over 0..m-1; roots are the smallest index of their set, path halving.
+class UnionFind {
+ public:
+  explicit UnionFind(std::size_t count) : parent_(count) {
+    std::iota(parent_.begin(), parent_.end(), std::uint32_t{0});
+  }
+  std::uint32_t find(std::uint32_t a) {
+    while (parent_[a] != a) {
+      parent_[a] = parent_[parent_[a]];
+      a = parent_[a];
+    }
+    return a;
+  }
+  /// Joins two different roots; returns the root of the union.
+  std::uint32_t link(std::uint32_t root_a, std::uint32_t root_b) {
+    if (root_b < root_a) std::swap(root_a, root_b);
+    parent_[root_b] = root_a;
+    ++unions_;
+    return root_a;
+  }
+  /// Joins the sets of a and b.
+  void unite(std::uint32_t a, std::uint32_t b) {
+    a = find(a);
+    b = find(b);
+    if (a != b) link(a, b);
+  }
+  /// Every element in one set: further edges change nothing.
+  bool whole() const { return unions_ + 1 >= parent_.size(); }
+  std::size_t components() const { return parent_.size() - unions_; }
+
+ private:
+  std::vector<std::uint32_t> parent_;
+  std::size_t unions_ = 0;
+};
+
+/// The cluster edges of one receiver row i: inner[j] = <x_i, x_{base + j}> for j in
+/// [from, to). Unites i with every base + j where inner[j] > edge_above (indices gathered
+/// without branches first, so a row of random cluster labels costs no mispredictions).
+void unite_row(UnionFind& forest, std::uint32_t i, const double* inner, std::size_t base,
+               std::size_t from, std::size_t to, double edge_above,
+               std::vector<std::uint32_t>& scratch) {
+  scratch.resize(to - from + 1);
+  std::size_t found = 0;
+  for (std::size_t j = from; j < to; ++j) {
+    scratch[found] = static_cast<std::uint32_t>(base + j);
+    found += inner[j] > edge_above;
+  }
+  std::uint32_t root = forest.find(i);
+  for (std::size_t e = 0; e < found && !forest.whole(); ++e) {
+    const std::uint32_t other = forest.find(scratch[e]);
+    if (other != root) root = forest.link(root, other);
+  }
+}
+
+/// Per-thread state of the pair pass: a private union-find forest (made on first use) and
+/// row buffers. The forests are merged serially at the end; the components of a graph do not
+/// depend on the order its edges are added in, so neither the thread count nor the schedule
+/// changes the count.
+class ThreadForests {
+ public:
+  explicit ThreadForests(std::size_t m)
+      : m_(m), slots_(static_cast<std::size_t>(std::max(1, omp_get_max_threads()))) {}
+  struct Slot {
+    std::optional<UnionFind> forest;  ///< made on the thread's first row
+    std::vector<double> row;
+    std::vector<std::uint32_t> scratch;
+  };
+  /// The calling thread's slot, with its forest and an m-long row buffer.
+  Slot& local() {
+    Slot& slot = slots_[static_cast<std::size_t>(omp_get_thread_num())];
+    if (!slot.forest) {
+      slot.forest.emplace(m_);
+      slot.row.resize(m_ + simd::kLanes);
+    }
+    return slot;
+  }
+  /// Components after merging the forests serially.
+  std::size_t components() {
+    UnionFind merged(m_);
+    for (auto& slot : slots_) {
+      if (!slot.forest) continue;
+      for (std::size_t a = 0; a < m_; ++a) {
+        const std::uint32_t root = slot.forest->find(static_cast<std::uint32_t>(a));
+        if (root != a) merged.unite(static_cast<std::uint32_t>(a), root);
+      }
+    }
+    return merged.components();
+  }
+
+ private:
+  std::size_t m_;
+  std::vector<Slot> slots_;  ///< one per thread
+};
+
 /// Large d: Gram blocks G = X_I X_J^T (64 rows at a time, j >= i) through Eigen's GEMM.
-double min_inner_by_blocks(const double* x, std::size_t d, const std::vector<std::size_t>& moving) {
+/// kStats: also count close pairs and unite cluster edges.
+template <bool kStats>
+PairStatistics pairs_by_blocks(const double* x, std::size_t d, const std::vector<std::size_t>& moving,
+                               const ObservableSettings& settings) {
   using Rows = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const auto m = static_cast<Eigen::Index>(moving.size());
   Rows tokens(m, static_cast<Eigen::Index>(d));
@@ -25,59 +143,230 @@ double min_inner_by_blocks(const double* x, std::size_t d, const std::vector<std
     for (std::size_t c = 0; c < d; ++c) tokens(a, static_cast<Eigen::Index>(c)) = x[moving[a] * d + c];
   constexpr Eigen::Index kRows = 64;
   const Eigen::Index blocks = (m + kRows - 1) / kRows;
+  const double close_above = 1.0 - settings.pair_delta, edge_above = 1.0 - settings.cluster_delta;
+  ThreadForests forests(kStats ? moving.size() : 0);
   double lowest = 1.0;
-#pragma omp parallel for reduction(min : lowest) schedule(dynamic, 1)
+  std::int64_t close = 0;
+#pragma omp parallel for reduction(min : lowest) reduction(+ : close) schedule(dynamic, 1)
   for (Eigen::Index b = 0; b < blocks; ++b) {
     const Eigen::Index first = b * kRows, rows = std::min(kRows, m - first);
     const Rows gram = tokens.middleRows(first, rows) * tokens.middleRows(first, m - first).transpose();
-    for (Eigen::Index r = 0; r < rows; ++r)
-      for (Eigen::Index c = r + 1; c < m - first; ++c) lowest = std::min(lowest, gram(r, c));
+    for (Eigen::Index r = 0; r < rows; ++r) {
+      double highest = -2.0;
+      for (Eigen::Index c = r + 1; c < m - first; ++c) {
+        const double inner = gram(r, c);
+        lowest = std::min(lowest, inner);
+        if constexpr (kStats) {
+          close += inner > close_above;
+          highest = std::max(highest, inner);
+        }
+      }
+      if constexpr (kStats) {
+        if (highest > edge_above) {
+          auto& slot = forests.local();
+          if (!slot.forest->whole())
+            unite_row(*slot.forest, static_cast<std::uint32_t>(first + r), gram.row(r).data(),
+                      static_cast<std::size_t>(first), static_cast<std::size_t>(r + 1),
+                      static_cast<std::size_t>(m - first), edge_above, slot.scratch);
+        }
+      }
+    }
   }
-  return lowest;
+  PairStatistics stats;
+  stats.min_inner = lowest;
+  if constexpr (kStats) {
+    stats.close_pairs = close;
+    stats.clusters = forests.components();
+  }
+  return stats;
 }
 
-}  // namespace
-
-double min_inner_product(const Model& model, const double* x) {
-  const std::size_t n = model.n, d = model.d;
-  std::vector<std::size_t> moving;
-  for (std::size_t i = 0; i < n; ++i)
-    if (model.presence[i] > 0.0) moving.push_back(i);
+/// The pair pass over `moving` (indices of rows of x): min <x_i, x_j> and, with kStats, the
+/// close-pair count and the cluster components. d <= kLanes: lanes over partners j.
+template <bool kStats>
+PairStatistics pair_pass(const double* x, std::size_t d, const std::vector<std::size_t>& moving,
+                         const ObservableSettings& settings) {
   const std::size_t m = moving.size();
-  if (m < 2) return 1.0;
-  if (d > simd::kLanes) return min_inner_by_blocks(x, d, moving);
+  PairStatistics stats;
+  stats.pairs = static_cast<std::int64_t>(m * (m > 0 ? m - 1 : 0) / 2);
+  stats.clusters = m;
+  if (m < 2) return stats;
+  if (d > simd::kLanes) {
+    PairStatistics blocks = pairs_by_blocks<kStats>(x, d, moving, settings);
+    blocks.pairs = stats.pairs;
+    if constexpr (!kStats) blocks.clusters = m;
+    return blocks;
+  }
   // Lanes over tokens: the moving tokens' coordinates as d rows of `stride` numbers.
   constexpr std::size_t kLanes = simd::kLanes;
   const std::size_t stride = (m + kLanes - 1) / kLanes * kLanes;
   std::vector<double> rows(d * stride, 0.0);
   for (std::size_t a = 0; a < m; ++a)
     for (std::size_t c = 0; c < d; ++c) rows[c * stride + a] = x[moving[a] * d + c];
+  const double close_above = 1.0 - settings.pair_delta, edge_above = 1.0 - settings.cluster_delta;
+  ThreadForests forests(kStats ? m : 0);
   const auto count = static_cast<std::ptrdiff_t>(m);
   double lowest = 1.0;
-  // A minimum does not depend on the order it is taken in, so threads cannot change it.
-#pragma omp parallel for reduction(min : lowest) schedule(dynamic, 16) if (m > 512)
+  std::int64_t close = 0;
+  // A minimum and an integer count do not depend on the order they are taken in, and the
+  // forests are merged after the loop, so threads cannot change any result.
+#pragma omp parallel for reduction(min : lowest) reduction(+ : close) schedule(dynamic, 16) if (m > 512)
   for (std::ptrdiff_t a = 0; a < count; ++a) {
     const auto i = static_cast<std::size_t>(a);
     // Partners j > i: a scalar head up to the next lane boundary, whole lanes, a scalar tail.
     const std::size_t head_end = std::min(m, (i + 1 + kLanes - 1) / kLanes * kLanes);
     const std::size_t body_end = head_end + (m - head_end) / kLanes * kLanes;
+    // With kStats: close pairs are counted in lanes, and the row's largest inner product
+    // decides whether it has a cluster edge at all; only such rows are gathered into row[j]
+    // (the scalar head and tail as they go, the lanes in a second pass) for the union-find.
+    double* row = nullptr;
+    bool edges = false;
+    if constexpr (kStats) {
+      auto& slot = forests.local();
+      edges = !slot.forest->whole();
+      row = slot.row.data();
+    }
+    double highest = -2.0;
     auto scalar = [&](std::size_t j) {
       double inner = 0.0;
       for (std::size_t c = 0; c < d; ++c) inner += rows[c * stride + i] * rows[c * stride + j];
       lowest = std::min(lowest, inner);
+      if constexpr (kStats) {
+        close += inner > close_above;
+        highest = std::max(highest, inner);
+        row[j] = inner;
+      }
     };
     for (std::size_t j = i + 1; j < head_end; ++j) scalar(j);
     simd::Lanes best = simd::broadcast(lowest);
+    [[maybe_unused]] simd::Lanes top = simd::broadcast(highest);
+    [[maybe_unused]] const simd::Lanes close_bound = simd::broadcast(close_above);
+    [[maybe_unused]] simd::LaneInts close_lanes{};
     for (std::size_t j = head_end; j < body_end; j += kLanes) {
       simd::Lanes inner = simd::broadcast(rows[i]) * simd::load(rows.data() + j);
       for (std::size_t c = 1; c < d; ++c)
         inner += simd::broadcast(rows[c * stride + i]) * simd::load(rows.data() + c * stride + j);
       best = inner < best ? inner : best;
+      if constexpr (kStats) {
+        close_lanes -= inner > close_bound;  // a true comparison is -1
+        top = inner > top ? inner : top;
+      }
     }
     for (std::size_t l = 0; l < kLanes; ++l) lowest = std::min(lowest, best[l]);
+    if constexpr (kStats) {
+      for (std::size_t l = 0; l < kLanes; ++l) {
+        close += close_lanes[l];
+        highest = std::max(highest, top[l]);
+      }
+    }
     for (std::size_t j = body_end; j < m; ++j) scalar(j);
+    if constexpr (kStats) {
+      if (edges && highest > edge_above) {
+        // Only rows with an edge keep their inner products: the lanes again, stored.
+        for (std::size_t j = head_end; j < body_end; j += kLanes) {
+          simd::Lanes inner = simd::broadcast(rows[i]) * simd::load(rows.data() + j);
+          for (std::size_t c = 1; c < d; ++c)
+            inner += simd::broadcast(rows[c * stride + i]) * simd::load(rows.data() + c * stride + j);
+          simd::store(row + j, inner);
+        }
+        auto& slot = forests.local();
+        unite_row(*slot.forest, static_cast<std::uint32_t>(i), row, 0, i + 1, m,
+                  edge_above, slot.scratch);
+      }
+    }
   }
-  return lowest;
+  stats.min_inner = lowest;
+  if constexpr (kStats) {
+    stats.close_pairs = close;
+    stats.clusters = forests.components();
+  }
+  return stats;
+}
+
+std::vector<std::size_t> moving_tokens(const Model& model) {
+  std::vector<std::size_t> moving;
+  for (std::size_t i = 0; i < model.n; ++i)
+    if (model.presence[i] > 0.0) moving.push_back(i);
+  return moving;
+}
+
+/// 1 - largest eigenvalue of (1/m) sum y y^T over m rows (NaN for m = 0).
+double spread_of(const double* rows, std::size_t m, std::size_t d) {
+  return 1.0 - second_moment_eigenvalues(rows, m, d).front();
+}
+
+/// sum_g m_g (1 - lambda_1(C_g)) / m with C_g the second moment of y_i = G(xi_i) x_i over the
+/// moving tokens of prompt g.
+double conditional_spread(const Model& model, const double* x, const std::vector<std::size_t>& moving) {
+  const std::size_t d = model.d, m = moving.size();
+  if (m == 0) return kNaN;
+  auto prompt_of = [&](std::size_t i) -> std::size_t {
+    return model.prompt_id.empty() ? 0 : static_cast<std::size_t>(std::max(0, model.prompt_id[i]));
+  };
+  std::size_t groups = std::max<std::size_t>(1, model.prompts);
+  for (std::size_t i : moving) groups = std::max(groups, prompt_of(i) + 1);
+  std::vector<std::vector<double>> rows(groups);
+  std::vector<double> y(d);
+  for (std::size_t i : moving) {
+    const double* xi = x + i * d;
+    if (model.gauge) model.gauge->apply(i, xi, y.data());
+    else std::copy(xi, xi + d, y.begin());
+    rows[prompt_of(i)].insert(rows[prompt_of(i)].end(), y.begin(), y.end());
+  }
+  double weighted = 0.0;
+  for (const auto& group : rows) {
+    const std::size_t count = group.size() / d;
+    if (count > 0) weighted += double(count) * spread_of(group.data(), count, d);
+  }
+  return weighted / double(m);
+}
+
+}  // namespace
+
+PairStatistics pair_statistics(const double* x, std::size_t d, const std::vector<std::size_t>& tokens,
+                               const ObservableSettings& settings) {
+  return pair_pass<true>(x, d, tokens, settings);
+}
+
+std::vector<double> second_moment_eigenvalues(const double* rows, std::size_t m, std::size_t d) {
+  if (m == 0) return std::vector<double>(d, kNaN);
+  // Summed token by token in a fixed order (the upper triangle, mirrored).
+  Eigen::MatrixXd moment = Eigen::MatrixXd::Zero(static_cast<Eigen::Index>(d), static_cast<Eigen::Index>(d));
+  for (std::size_t a = 0; a < m; ++a) {
+    const double* y = rows + a * d;
+    for (std::size_t r = 0; r < d; ++r)
+      for (std::size_t c = r; c < d; ++c)
+        moment(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(c)) += y[r] * y[c];
+  }
+  for (std::size_t r = 0; r < d; ++r)
+    for (std::size_t c = r; c < d; ++c) {
+      const auto ri = static_cast<Eigen::Index>(r), ci = static_cast<Eigen::Index>(c);
+      moment(ri, ci) /= double(m);
+      moment(ci, ri) = moment(ri, ci);
+    }
+  const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> solver(moment, Eigen::EigenvaluesOnly);
+  std::vector<double> eigenvalues(solver.eigenvalues().data(), solver.eigenvalues().data() + d);
+  std::reverse(eigenvalues.begin(), eigenvalues.end());  // Eigen gives them ascending
+  return eigenvalues;
+}
+
+double effective_rank(const std::vector<double>& eigenvalues) {
+  double total = 0.0;
+  for (double lambda : eigenvalues) {
+    if (std::isnan(lambda)) return kNaN;
+    total += std::max(lambda, 0.0);
+  }
+  if (!(total > 0.0)) return kNaN;
+  double entropy = 0.0;
+  for (double lambda : eigenvalues) {
+    const double q = std::max(lambda, 0.0) / total;
+    if (q > 0.0) entropy -= q * std::log(q);
+  }
+  return std::exp(entropy);
+}
+
+double min_inner_product(const Model& model, const double* x) {
+  return pair_pass<false>(x, model.d, moving_tokens(model), ObservableSettings{}).min_inner;
 }
 
 double mean_inner_product(const Model& model, const double* x) {
@@ -101,16 +390,29 @@ double mean_inner_product(const Model& model, const double* x) {
 
 std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const State& state,
                                                      std::vector<double>* velocity_out) {
+  return compute_observables(dynamics, state, ObservableSettings{}, velocity_out);
+}
+
+std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const State& state,
+                                                     const ObservableSettings& settings,
+                                                     std::vector<double>* velocity_out) {
   const Model& model = dynamics.model();
   const std::size_t R = state.replicas, n = model.n, d = model.d;
   std::vector<double> velocity(state.size()), weight_sums(R * n);
   dynamics.velocity(state.x.data(), velocity.data(), weight_sums.data());
-  std::vector<std::vector<double>> values(4, std::vector<double>(R));
+  const auto layout = observable_layout(model, settings);
+  std::vector<std::vector<double>> values;
+  for (const auto& [name, components] : layout) values.emplace_back(R * components);
+  const bool conditional = has_conditional_spread(model);
+  const std::vector<std::size_t> moving = moving_tokens(model);
+  const std::size_t m = moving.size();
+  std::vector<double> gathered(m * d);
   for (std::size_t r = 0; r < R; ++r) {
     const double* x = state.replica(r);
     values[0][r] = energy_from_weight_sums(model, x, weight_sums.data() + r * n);
     values[1][r] = mean_inner_product(model, x);
-    values[2][r] = min_inner_product(model, x);
+    const PairStatistics pairs = pair_statistics(x, d, moving, settings);
+    values[2][r] = pairs.min_inner;
     double fastest = 0.0;
     for (std::size_t i = 0; i < n; ++i) {
       double speed2 = 0.0;
@@ -118,6 +420,21 @@ std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const S
       fastest = std::max(fastest, std::sqrt(speed2));
     }
     values[3][r] = fastest;
+    values[4][r] = pairs.pairs > 0 ? double(pairs.close_pairs) / double(pairs.pairs) : 1.0;
+    values[5][r] = double(pairs.clusters);
+    for (std::size_t a = 0; a < m; ++a)
+      std::copy(x + moving[a] * d, x + (moving[a] + 1) * d, gathered.begin() + static_cast<std::ptrdiff_t>(a * d));
+    std::vector<double> mean(d, 0.0);
+    for (std::size_t a = 0; a < m; ++a)
+      for (std::size_t c = 0; c < d; ++c) mean[c] += gathered[a * d + c];
+    double norm2 = 0.0;
+    for (double component : mean) norm2 += component * component;
+    values[6][r] = m > 0 ? std::sqrt(norm2) / double(m) : kNaN;
+    const std::vector<double> eigenvalues = second_moment_eigenvalues(gathered.data(), m, d);
+    std::copy(eigenvalues.begin(), eigenvalues.end(), values[7].begin() + static_cast<std::ptrdiff_t>(r * d));
+    values[8][r] = effective_rank(eigenvalues);
+    values[9][r] = 1.0 - eigenvalues.front();
+    if (conditional) values[10][r] = conditional_spread(model, x, moving);
   }
   if (velocity_out) velocity_out->swap(velocity);
   return values;

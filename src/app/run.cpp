@@ -478,6 +478,7 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
   }
 
   Dynamics dynamics(model, *backend, state.replicas);
+  const ObservableSettings observable_settings{cfg.pair_delta, cfg.cluster_delta};
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -498,7 +499,7 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     setup.fletcher32 = cfg.fletcher32;
     setup.velocity = cfg.save_velocity;
     if (const char* user = std::getenv("USER")) setup.author = user;
-    setup.observables = observable_layout(model);
+    setup.observables = observable_layout(model, observable_settings);
     if (cfg.resume) {
       writer = H5mdWriter::open_for_resume(setup, resumed);
       state.x = resumed.x;
@@ -552,7 +553,8 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
   std::vector<double> frame_velocity;
   auto observer = [&](const State& s) {
     const auto observables =
-        compute_observables(dynamics, s, cfg.save_velocity ? &frame_velocity : nullptr);
+        compute_observables(dynamics, s, observable_settings,
+                            cfg.save_velocity ? &frame_velocity : nullptr);
     writer->append_frame(s.step, s.time, s.x.data(), observables, h,
                          cfg.save_velocity ? frame_velocity.data() : nullptr);
     writer->flush();

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "mfattn/analyze.hpp"
 #include "mfattn/bench.hpp"
 #include "mfattn/config.hpp"
 #include "mfattn/info.hpp"
@@ -16,6 +17,7 @@ constexpr const char* kUsage =
     "  run    simulate attention dynamics and write an H5MD file (mfattn run --help)\n"
     "  bench  interaction throughput in pairs per second (mfattn bench --help)\n"
     "  info   what an mfattn file holds: mfattn info FILE.h5\n"
+    "  analyze  collapse and metastability summary: mfattn analyze FILE.h5 [--json] [--replica R]\n"
     "  mfattn --help | --version\n";
 
 bool wants_help(const std::vector<std::string>& args) {
@@ -75,6 +77,16 @@ int main(int argc, char** argv) {
     }
     return mfattn::info_command(args, std::cout, std::cerr);
   }
-  std::cerr << "mfattn: unknown command '" << command << "' (accepted: run, bench, info)\n" << kUsage;
+  if (command == "analyze") {
+    if (wants_help(args)) {
+      std::cout << "usage: mfattn analyze FILE.h5 [--json] [--replica R]\n"
+                << "  collapse time, cluster plateaus over log time, merge times, energy staircase\n"
+                << "  --json         one JSON object instead of text\n"
+                << "  --replica R    which replica (0)\n";
+      return mfattn::kExitOk;
+    }
+    return mfattn::analyze_command(args, std::cout, std::cerr);
+  }
+  std::cerr << "mfattn: unknown command '" << command << "' (accepted: run, bench, info, analyze)\n" << kUsage;
   return mfattn::kExitUsage;
 }

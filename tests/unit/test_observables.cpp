@@ -1,5 +1,15 @@
 // Observables against a brute-force recomputation over the moving tokens.
 #include "mfattn/observables.hpp"
+
+#include <omp.h>
+
+#include "mfattn/series.hpp"
+
+#include <Eigen/Dense>
+
+#include <deque>
+#include <numeric>
+
 #include "test_support.hpp"
 
 namespace mfattn {
@@ -27,6 +37,361 @@ TEST(Observables, MinAndMeanInnerProductMatchBruteForce) {
       EXPECT_NEAR(min_inner_product(model, x), lowest, 1e-14) << "n " << n << " d " << d;
       EXPECT_NEAR(mean_inner_product(model, x), mean, 1e-12) << "n " << n << " d " << d;
     }
+}
+
+/// compute_observables at one state, through a fresh CPU backend.
+std::vector<std::vector<double>> observe(const Model& model, const State& state,
+                                         const ObservableSettings& settings = {}) {
+  auto backend = make_backend("cpu", model, 1);
+  Dynamics dynamics(model, *backend, state.replicas);
+  return compute_observables(dynamics, state, settings);
+}
+
+/// Index of an observable in the layout (fails the test when absent).
+std::size_t slot(const Model& model, const std::string& name) {
+  const auto layout = observable_layout(model);
+  for (std::size_t o = 0; o < layout.size(); ++o)
+    if (layout[o].first == name) return o;
+  ADD_FAILURE() << "no observable " << name;
+  return 0;
+}
+
+/// The observables of section 6 recomputed from their definitions, one replica.
+struct Expected {
+  double min_inner = 1.0, pair_fraction = 1.0, order = 0.0, rank = 0.0, marginal = 0.0;
+  double conditional = 0.0;
+  std::size_t clusters = 0;
+  std::vector<double> eigenvalues;
+};
+
+/// 1 - largest eigenvalue and the descending eigenvalues of (1/m) sum y y^T (plain loops).
+std::vector<double> descending_moment_eigenvalues(const std::vector<std::vector<double>>& rows,
+                                                  std::size_t d) {
+  Eigen::MatrixXd moment = Eigen::MatrixXd::Zero(Eigen::Index(d), Eigen::Index(d));
+  for (const auto& y : rows)
+    for (std::size_t r = 0; r < d; ++r)
+      for (std::size_t c = 0; c < d; ++c) moment(Eigen::Index(r), Eigen::Index(c)) += y[r] * y[c] / double(rows.size());
+  const Eigen::VectorXd values = Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(moment).eigenvalues();
+  std::vector<double> sorted(values.data(), values.data() + d);
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  return sorted;
+}
+
+Expected recompute(const Model& model, const double* x, const ObservableSettings& settings = {}) {
+  const std::size_t d = model.d;
+  std::vector<std::size_t> moving;
+  for (std::size_t i = 0; i < model.n; ++i)
+    if (model.presence[i] > 0.0) moving.push_back(i);
+  const std::size_t m = moving.size();
+  auto inner = [&](std::size_t a, std::size_t b) {
+    double sum = 0.0;
+    for (std::size_t c = 0; c < d; ++c) sum += x[moving[a] * d + c] * x[moving[b] * d + c];
+    return sum;
+  };
+  Expected e;
+  std::size_t close = 0;
+  std::vector<std::vector<std::size_t>> neighbours(m);
+  for (std::size_t a = 0; a < m; ++a)
+    for (std::size_t b = a + 1; b < m; ++b) {
+      const double s = inner(a, b);
+      e.min_inner = std::min(e.min_inner, s);
+      if (s > 1.0 - settings.pair_delta) ++close;
+      if (s > 1.0 - settings.cluster_delta) {
+        neighbours[a].push_back(b);
+        neighbours[b].push_back(a);
+      }
+    }
+  if (m > 1) e.pair_fraction = double(close) / (double(m) * double(m - 1) / 2.0);
+  // Components by breadth-first search.
+  std::vector<bool> seen(m, false);
+  for (std::size_t start = 0; start < m; ++start) {
+    if (seen[start]) continue;
+    ++e.clusters;
+    std::deque<std::size_t> queue{start};
+    seen[start] = true;
+    while (!queue.empty()) {
+      const std::size_t a = queue.front();
+      queue.pop_front();
+      for (std::size_t b : neighbours[a])
+        if (!seen[b]) {
+          seen[b] = true;
+          queue.push_back(b);
+        }
+    }
+  }
+  std::vector<double> mean(d, 0.0);
+  std::vector<std::vector<double>> rows;
+  for (std::size_t i : moving) {
+    rows.emplace_back(x + i * d, x + (i + 1) * d);
+    for (std::size_t c = 0; c < d; ++c) mean[c] += x[i * d + c] / double(m);
+  }
+  e.order = std::sqrt(std::inner_product(mean.begin(), mean.end(), mean.begin(), 0.0));
+  e.eigenvalues = descending_moment_eigenvalues(rows, d);
+  double total = 0.0, entropy = 0.0;
+  for (double lambda : e.eigenvalues) total += std::max(lambda, 0.0);
+  for (double lambda : e.eigenvalues) {
+    const double q = std::max(lambda, 0.0) / total;
+    if (q > 0.0) entropy -= q * std::log(q);
+  }
+  e.rank = std::exp(entropy);
+  e.marginal = 1.0 - e.eigenvalues.front();
+  // Conditional spread: per prompt, the spread of y = G(xi) x, weighted by the prompt's size.
+  std::vector<std::vector<std::vector<double>>> by_prompt(std::max<std::size_t>(model.prompts, 1));
+  for (std::size_t i : moving) {
+    std::vector<double> y(x + i * d, x + (i + 1) * d);
+    if (model.gauge) model.gauge->apply(i, x + i * d, y.data());
+    const std::size_t g = model.prompt_id.empty() ? 0 : std::size_t(model.prompt_id[i]);
+    by_prompt.at(g).push_back(y);
+  }
+  for (const auto& group : by_prompt)
+    if (!group.empty())
+      e.conditional += double(group.size()) / double(m) *
+                       (1.0 - descending_moment_eigenvalues(group, d).front());
+  return e;
+}
+
+/// Compares every observable of replica r with the recomputation.
+void expect_matches(const Model& model, const std::vector<std::vector<double>>& values,
+                    std::size_t r, const Expected& e, const std::string& where) {
+  const std::size_t d = model.d;
+  EXPECT_NEAR(values[slot(model, "min_inner")][r], e.min_inner, 1e-12) << where;
+  EXPECT_EQ(values[slot(model, "clustered_pair_fraction")][r], e.pair_fraction) << where;
+  EXPECT_EQ(values[slot(model, "n_clusters")][r], double(e.clusters)) << where;
+  EXPECT_NEAR(values[slot(model, "order_parameter")][r], e.order, 1e-12) << where;
+  for (std::size_t c = 0; c < d; ++c)
+    EXPECT_NEAR(values[slot(model, "moment_eigenvalues")][r * d + c], e.eigenvalues[c], 1e-12)
+        << where << " eigenvalue " << c;
+  EXPECT_NEAR(values[slot(model, "effective_rank")][r], e.rank, 1e-12) << where;
+  EXPECT_NEAR(values[slot(model, "marginal_spread")][r], e.marginal, 1e-12) << where;
+  if (has_conditional_spread(model)) {
+    EXPECT_NEAR(values[slot(model, "conditional_spread")][r], e.conditional, 1e-12) << where;
+  }
+}
+
+TEST(Observables, LayoutNamesEveryObservableOfSectionSix) {
+  const Model plain = build_model(testing::config({"--d", "4"}));
+  const std::vector<std::pair<std::string, std::size_t>> expected{
+      {"energy", 1},          {"mean_inner", 1},          {"min_inner", 1},
+      {"max_speed", 1},       {"clustered_pair_fraction", 1}, {"n_clusters", 1},
+      {"order_parameter", 1}, {"moment_eigenvalues", 4},  {"effective_rank", 1},
+      {"marginal_spread", 1}};
+  EXPECT_EQ(observable_layout(plain), expected);
+  EXPECT_EQ(observable_layout(plain, ObservableSettings{0.5, 0.25}), expected);
+  EXPECT_FALSE(has_conditional_spread(plain));
+  // A gauge or more than one prompt makes the labels matter: conditional_spread is added.
+  const Model rope = build_model(testing::config({"--d", "4", "--geometry", "rope"}));
+  ASSERT_TRUE(has_conditional_spread(rope));
+  EXPECT_EQ(observable_layout(rope).back(), (std::pair<std::string, std::size_t>{"conditional_spread", 1}));
+  Model prompts = plain;
+  prompts.prompts = 2;
+  EXPECT_EQ(observable_layout(prompts).size(), expected.size() + 1);
+}
+
+// Every observable of every frame of short runs (small and large d, null tokens, several
+// replicas, a gauge) against the recomputation from the stored positions.
+TEST(Observables, EveryObservableMatchesRecomputationAlongRuns) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"--n", "40", "--d", "3", "--init", "clustered", "--init-clusters", "3", "--init-spread", "0.02",
+       "--null-tokens", "3", "--amplitudes", "0.8", "--replicas", "2", "--beta", "4", "--time-scale", "rescaled"},
+      {"--n", "30", "--d", "2", "--init", "clustered", "--init-clusters", "2", "--init-spread", "0.01"},
+      {"--n", "50", "--d", "9", "--init", "clustered", "--init-clusters", "4", "--init-spread", "0.005",
+       "--null-tokens", "2"},
+      {"--n", "32", "--d", "4", "--geometry", "rope", "--kernel", "sa"},
+      {"--n", "600", "--d", "3", "--init", "clustered", "--init-clusters", "5", "--init-spread", "0.01",
+       "--beta", "9", "--kernel", "sa"},
+  };
+  for (auto args : cases) {
+    args.insert(args.end(), {"--horizon", "2", "--save-every", "0.5"});
+    const auto t = testing::simulate(testing::config(args));
+    std::string joined;
+    for (const auto& a : args) joined += a + " ";
+    for (const State& frame : t.frames) {
+      const auto values = observe(t.model, frame);
+      for (std::size_t r = 0; r < frame.replicas; ++r)
+        expect_matches(t.model, values, r, recompute(t.model, frame.replica(r)),
+                       joined + "t = " + std::to_string(frame.time) + " replica " + std::to_string(r));
+    }
+  }
+}
+
+// Prompts without a gauge: the conditional spread is the size-weighted mean of the prompts'
+// own spreads, 0 when each prompt sits at one point while the prompts differ.
+TEST(Observables, ConditionalSpreadTakesEachPromptSeparately) {
+  Model model = build_model(testing::config({"--n", "6", "--d", "3"}));
+  model.prompts = 2;
+  model.prompt_id = {0, 0, 0, 1, 1, 1};
+  State state(1, 6, 3);
+  for (std::size_t i = 0; i < 6; ++i) state.token(0, i)[i < 3 ? 0 : 1] = 1.0;
+  auto values = observe(model, state);
+  EXPECT_EQ(values[slot(model, "conditional_spread")][0], 0.0);
+  EXPECT_NEAR(values[slot(model, "marginal_spread")][0], 0.5, 1e-15);
+  // Move one token of prompt 1 to the z axis: that prompt's spread is 1/3, weighted 3/6.
+  state.token(0, 5)[1] = 0.0;
+  state.token(0, 5)[2] = 1.0;
+  values = observe(model, state);
+  EXPECT_NEAR(values[slot(model, "conditional_spread")][0], 1.0 / 6.0, 1e-15);
+  expect_matches(model, values, 0, recompute(model, state.replica(0)), "prompts");
+}
+
+/// n = 3 * per_cluster + 2 active tokens (three tight clusters and one pair that is close for
+/// delta but not for delta_c) plus one null token on the pair's midpoint, in dimension d.
+State constructed_clusters(std::size_t per_cluster, std::size_t d, std::uint64_t seed) {
+  const std::size_t n = 3 * per_cluster + 2;
+  State state(1, n + 1, d);
+  std::uint64_t bits = seed;
+  auto noise = [&] {  // a small deterministic perturbation in [-1e-4, 1e-4]
+    bits = bits * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double(bits >> 11) / 9007199254740992.0 - 0.5) * 2e-4;
+  };
+  auto put = [&](std::size_t i, std::vector<double> direction) {
+    double norm2 = 0.0;
+    for (double& v : direction) norm2 += v * v;
+    for (std::size_t c = 0; c < d; ++c) state.token(0, i)[c] = direction[c] / std::sqrt(norm2);
+  };
+  const double centres[3][3] = {{1, 0, 0}, {0, 1, 0}, {0, 0, 1}};
+  for (std::size_t k = 0; k < 3; ++k)
+    for (std::size_t a = 0; a < per_cluster; ++a) {
+      std::vector<double> direction(d);
+      for (std::size_t c = 0; c < d; ++c) direction[c] = (c < 3 ? centres[k][c] : 0.0) + noise();
+      put(k * per_cluster + a, direction);
+    }
+  // The pair: rotations of e = (-1, 1, 0) / sqrt(2) by +-theta/2 towards z, so that
+  // <p, q> = cos(theta) = 1 - 3e-4 and the midpoint e is within 1e-4 of both.
+  const double theta = std::acos(1.0 - 3e-4);
+  const double e[3] = {-std::sqrt(0.5), std::sqrt(0.5), 0.0};
+  std::vector<double> p(d, 0.0), q(d, 0.0), mid(d, 0.0);
+  for (std::size_t c = 0; c < 3; ++c) {
+    const double z = c == 2 ? 1.0 : 0.0;
+    p[c] = std::cos(theta / 2) * e[c] + std::sin(theta / 2) * z;
+    q[c] = std::cos(theta / 2) * e[c] - std::sin(theta / 2) * z;
+    mid[c] = e[c];
+  }
+  put(n - 2, p);
+  put(n - 1, q);
+  put(n, mid);  // the null token
+  return state;
+}
+
+// Three tight clusters, a pair at 1 - <x, y> = 3e-4 and a null token that would bridge the
+// pair if null tokens counted: clusters and close pairs are known exactly, in the lanes path
+// (d = 3), the Gram-block path (d = 9) and the threaded path (m > 512).
+TEST(Observables, ConstructedClustersAreCountedExactly) {
+  for (const std::size_t d : {3u, 9u})
+    for (const std::size_t per_cluster : {5u, 7u, 200u}) {
+      const std::size_t n = 3 * per_cluster + 2;
+      const Model model = build_model(testing::config(
+          {"--n", std::to_string(n), "--d", std::to_string(d), "--null-tokens", "1"}));
+      ASSERT_EQ(model.n, n + 1);
+      const State state = constructed_clusters(per_cluster, d, 7 + d);
+      const std::string where = "d " + std::to_string(d) + " per cluster " + std::to_string(per_cluster);
+      const double pairs = double(n) * double(n - 1) / 2.0;
+      const double close = 3.0 * double(per_cluster * (per_cluster - 1) / 2) + 1.0;
+      auto values = observe(model, state);
+      EXPECT_EQ(values[slot(model, "n_clusters")][0], 5.0) << where;
+      EXPECT_EQ(values[slot(model, "clustered_pair_fraction")][0], close / pairs) << where;
+      EXPECT_NEAR(values[slot(model, "min_inner")][0], -std::sqrt(0.5), 1e-3) << where;
+      expect_matches(model, values, 0, recompute(model, state.replica(0)), where);
+      // delta_c = 1e-3 joins the pair; delta = 1e-9 keeps only some pairs within the clusters.
+      const ObservableSettings loose{1e-9, 1e-3};
+      values = observe(model, state, loose);
+      EXPECT_EQ(values[slot(model, "n_clusters")][0], 4.0) << where;
+      expect_matches(model, values, 0, recompute(model, state.replica(0), loose), where + " loose");
+      // Clusters only from the moving tokens: with the null token counted the pair would merge.
+      std::vector<std::size_t> all(n + 1);
+      std::iota(all.begin(), all.end(), 0);
+      EXPECT_EQ(pair_statistics(state.x.data(), d, all).clusters, 4u) << where;
+      all.pop_back();
+      const PairStatistics stats = pair_statistics(state.x.data(), d, all);
+      EXPECT_EQ(stats.clusters, 5u) << where;
+      EXPECT_EQ(double(stats.close_pairs), close) << where;
+      EXPECT_EQ(double(stats.pairs), pairs) << where;
+    }
+}
+
+TEST(Observables, CollapsedAndIsotropicStatesHaveTheirLimits) {
+  const Model model = build_model(testing::config({"--n", "5", "--d", "3"}));
+  State collapsed(1, 5, 3);
+  for (std::size_t i = 0; i < 5; ++i) collapsed.token(0, i)[2] = 1.0;
+  auto values = observe(model, collapsed);
+  EXPECT_EQ(values[slot(model, "n_clusters")][0], 1.0);
+  EXPECT_EQ(values[slot(model, "clustered_pair_fraction")][0], 1.0);
+  EXPECT_EQ(values[slot(model, "order_parameter")][0], 1.0);
+  EXPECT_EQ(values[slot(model, "effective_rank")][0], 1.0);
+  EXPECT_NEAR(values[slot(model, "marginal_spread")][0], 0.0, 1e-15);
+  // Six points +-e_k (n = 6): isotropic second moment, rank d, spread 2/3, mean 0.
+  const Model six = build_model(testing::config({"--n", "6", "--d", "3"}));
+  State octahedron(1, 6, 3);
+  for (std::size_t i = 0; i < 6; ++i) octahedron.token(0, i)[i % 3] = i < 3 ? 1.0 : -1.0;
+  values = observe(six, octahedron);
+  EXPECT_EQ(values[slot(six, "n_clusters")][0], 6.0);
+  EXPECT_EQ(values[slot(six, "clustered_pair_fraction")][0], 0.0);
+  EXPECT_EQ(values[slot(six, "order_parameter")][0], 0.0);
+  EXPECT_NEAR(values[slot(six, "effective_rank")][0], 3.0, 1e-14);
+  EXPECT_NEAR(values[slot(six, "marginal_spread")][0], 2.0 / 3.0, 1e-15);
+}
+
+// Transported RoPE in d = 3: y = G(xi) x collapses, x keeps a latitude circle.
+TEST(Observables, RopeConditionalSpreadVanishesWhileMarginalSpreadStays) {
+  const auto t = testing::simulate(testing::config(
+      {"--n", "64", "--d", "3", "--geometry", "rope", "--horizon", "20", "--save-every", "10"}));
+  const auto values = observe(t.model, t.frames.back());
+  EXPECT_LT(values[slot(t.model, "conditional_spread")][0], 1e-6);
+  EXPECT_GT(values[slot(t.model, "marginal_spread")][0], 0.05);
+  EXPECT_GT(values[slot(t.model, "n_clusters")][0], 1.0);
+  // At t = 0 (uniform contents) neither spread is small.
+  const auto start = observe(t.model, t.frames.front());
+  EXPECT_GT(start[slot(t.model, "conditional_spread")][0], 0.3);
+}
+
+// One and two threads give the same bytes (threaded pair pass for m > 512, both paths).
+TEST(Observables, OneAndTwoThreadsGiveIdenticalBytes) {
+  const int saved = omp_get_max_threads();
+  for (const std::size_t d : {3u, 9u}) {
+    const std::size_t per_cluster = 300, n = 3 * per_cluster + 2;
+    const Model model = build_model(testing::config(
+        {"--n", std::to_string(n), "--d", std::to_string(d), "--null-tokens", "1"}));
+    State state = constructed_clusters(per_cluster, d, 11);
+    // A second replica of uniform contents: many singletons, few edges.
+    const auto cfg = testing::config({"--n", std::to_string(n), "--d", std::to_string(d),
+                                      "--null-tokens", "1", "--replicas", "2", "--seed", "5"});
+    State both = build_initial_state(cfg, build_model(cfg));
+    std::copy(state.x.begin(), state.x.end(), both.x.begin());
+    omp_set_num_threads(1);
+    const auto one = observe(model, both);
+    omp_set_num_threads(2);
+    const auto two = observe(model, both);
+    omp_set_num_threads(saved);
+    ASSERT_EQ(one.size(), two.size());
+    for (std::size_t o = 0; o < one.size(); ++o) {
+      ASSERT_EQ(one[o].size(), two[o].size());
+      EXPECT_TRUE(testing::bitwise_equal(one[o].data(), two[o].data(), one[o].size()))
+          << observable_layout(model)[o].first << " d " << d;
+    }
+    EXPECT_EQ(one[slot(model, "n_clusters")][0], 5.0);
+  }
+}
+
+// The same through the binary: every stored observable has the same bytes with 1 and 2 threads.
+TEST(Observables, StoredObservablesAreIdenticalForOneAndTwoThreads) {
+  const auto dir = testing::scratch_dir("observables_threads");
+  std::vector<std::vector<std::vector<double>>> runs;
+  for (const std::string threads : {"1", "2"}) {
+    const std::string path = (dir / ("t" + threads + ".h5")).string();
+    const auto run = testing::run_mfattn(
+        "run --n 600 --d 3 --init clustered --init-clusters 6 --init-spread 0.01 --beta 4 --kernel sa "
+        "--horizon 1 --save-every 0.5 --quiet --threads " + threads + " --out " + path);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const SeriesFile file(path);
+    std::vector<std::vector<double>> values;
+    for (const auto& name : file.observable_names()) values.push_back(file.observable(name, 0));
+    EXPECT_EQ(values.size(), 10u);
+    runs.push_back(values);
+  }
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  for (std::size_t o = 0; o < runs[0].size(); ++o) {
+    ASSERT_EQ(runs[0][o].size(), runs[1][o].size());
+    EXPECT_TRUE(testing::bitwise_equal(runs[0][o].data(), runs[1][o].data(), runs[0][o].size())) << o;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,67 @@
+#pragma once
+/// \file series.hpp
+/// Read-only access to the time series of an mfattn H5MD file (layout: h5md.hpp, README
+/// "Output"), for analysis of finished runs and of runs still being written or killed.
+///
+/// - The file is opened read-only with HDF5 file locking off (the effect of
+///   HDF5_USE_FILE_LOCKING=FALSE), so a file that a running `mfattn run` holds open for writing
+///   can be read; the writer flushes after every frame, so every flushed frame is complete.
+/// - frames() is the number of complete frames: the shortest of position/step, position/time
+///   and the position/value of every replica (a writer killed between two writes may leave
+///   them one frame apart). Observables are cut to the same length (or shorter, if theirs is).
+/// - Every failure is an IoError naming the file and the problem.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mfattn/h5md.hpp"
+
+namespace mfattn {
+
+class SeriesFile {
+ public:
+  /// Opens `path`; throws IoError when it is missing, not HDF5, or not an mfattn file
+  /// (no /h5md/creator name "mfattn", or no /particles/tokens/position/{step, time, value}).
+  explicit SeriesFile(const std::string& path);
+  ~SeriesFile();
+  SeriesFile(const SeriesFile&) = delete;
+  SeriesFile& operator=(const SeriesFile&) = delete;
+
+  const std::string& path() const;
+  std::size_t n() const;         ///< tokens per frame (moving and null tokens)
+  std::size_t d() const;
+  std::size_t replicas() const;  ///< particle groups tokens, tokens_r1, ...
+  std::size_t frames() const;    ///< complete frames (see above)
+
+  std::vector<double> times() const;          ///< [frames]
+  std::vector<std::int64_t> steps() const;    ///< [frames]
+
+  /// Names of the groups under /observables.
+  std::vector<std::string> observable_names() const;
+  bool has_observable(const std::string& name) const;
+  /// Values of one observable for one replica, row-major [rows, components], where rows is
+  /// min(frames(), the observable's own length). Shapes: [T] or [T, c] for one replica,
+  /// [T, R] or [T, R, c] for R > 1. Throws IoError when absent or malformed.
+  std::vector<double> observable(const std::string& name, std::size_t replica,
+                                 std::size_t* components = nullptr) const;
+
+  /// Positions of one frame of one replica, n rows of d numbers.
+  std::vector<double> positions(std::size_t frame, std::size_t replica) const;
+  /// The presence p_i of the replica's tokens ([n]); empty when the file has none.
+  std::vector<double> presence(std::size_t replica) const;
+
+  /// /run/status (nullopt when absent).
+  std::optional<std::string> run_status() const;
+  /// A numeric (integer, float, int8 flag) attribute of /parameters, as a double.
+  std::optional<double> parameter_number(const std::string& name) const;
+  /// A string attribute of /parameters.
+  std::optional<std::string> parameter_string(const std::string& name) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mfattn

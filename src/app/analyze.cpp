@@ -1,0 +1,449 @@
+#include "mfattn/analyze.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <limits>
+#include <ostream>
+#include <sstream>
+
+#include "mfattn/config.hpp"
+#include "mfattn/h5md.hpp"
+#include "mfattn/observables.hpp"
+#include "mfattn/run.hpp"
+#include "mfattn/series.hpp"
+
+namespace mfattn {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+/// decades of a plateau: log10(t_end / t_start), undefined (NaN) unless t_start > 0.
+double plateau_decades(double t_start, double t_end) {
+  return t_start > 0.0 ? std::log10(t_end / t_start) : kNaN;
+}
+
+}  // namespace
+
+Analysis analyze_series(const AnalysisSeries& series, const AnalysisSettings& settings) {
+  Analysis a;
+  const std::size_t frames = series.time.size();
+  if (frames == 0 || series.clusters.size() != frames || series.min_inner.size() != frames ||
+      (!series.energy.empty() && series.energy.size() != frames))
+    throw std::invalid_argument("analyze_series: every series needs the same, positive length");
+  auto energy = [&](std::size_t f) { return series.energy.empty() ? kNaN : series.energy[f]; };
+  a.frames = frames;
+  a.t_first = series.time.front();
+  a.t_last = series.time.back();
+  a.cluster_delta = settings.cluster_delta;
+  a.collapse_delta = settings.collapse_delta;
+
+  // Collapse: the last frame, then back to the first frame of the final collapsed run.
+  const double collapsed_above = 1.0 - settings.collapse_delta;
+  auto collapsed_at = [&](std::size_t f) { return series.min_inner[f] >= collapsed_above; };
+  a.final_clusters = series.clusters.back();
+  a.min_inner_final = series.min_inner.back();
+  a.collapsed = collapsed_at(frames - 1);
+  if (a.collapsed) {
+    std::size_t k = frames - 1;
+    while (k > 0 && collapsed_at(k - 1)) --k;
+    a.collapse_time = series.time[k];
+  }
+
+  // Plateaus and the changes between them.
+  for (std::size_t first = 0; first < frames;) {
+    std::size_t last = first;
+    while (last + 1 < frames && series.clusters[last + 1] == series.clusters[first]) ++last;
+    Plateau p;
+    p.clusters = series.clusters[first];
+    p.first_frame = first;
+    p.last_frame = last;
+    p.t_start = series.time[first];
+    p.t_end = series.time[last];
+    p.dwell = p.t_end - p.t_start;
+    p.decades = plateau_decades(p.t_start, p.t_end);
+    p.energy_end = energy(last);
+    p.final = last + 1 == frames;
+    p.metastable = !p.final && p.decades >= settings.metastable_decades;
+    a.plateaus.push_back(p);
+    a.energy_staircase.push_back(p.energy_end);
+    if (last + 1 < frames) {
+      const ClusterChange change{last + 1, series.time[last + 1], series.clusters[last],
+                                 series.clusters[last + 1]};
+      (change.to < change.from ? a.merges : a.splits).push_back(change);
+    }
+    first = last + 1;
+  }
+
+  // Energy: monotone unless some frame drops by more than the relative tolerance.
+  a.energy_final = energy(frames - 1);
+  bool finite = !series.energy.empty();
+  for (std::size_t f = 0; f < frames && finite; ++f) finite = std::isfinite(energy(f));
+  if (finite) {
+    bool monotone = true;
+    for (std::size_t f = 1; f < frames; ++f) {
+      const double before = series.energy[f - 1], after = series.energy[f];
+      const double scale = std::max(std::fabs(before), std::fabs(after));
+      const double drop = before - after;
+      if (drop > 0.0 && scale > 0.0) a.energy_largest_drop = std::max(a.energy_largest_drop, drop / scale);
+      if (drop > settings.energy_tolerance * scale) monotone = false;
+    }
+    a.energy_monotone = monotone;
+  }
+  return a;
+}
+
+Analysis analyze_file(const std::string& path, std::size_t replica, AnalysisSettings settings) {
+  const SeriesFile file(path);
+  if (replica >= file.replicas())
+    throw UsageError("--replica " + std::to_string(replica) + ": " + path + " has " +
+                     std::to_string(file.replicas()) + " replica" +
+                     (file.replicas() == 1 ? "" : "s") + " (0.." +
+                     std::to_string(file.replicas() - 1) + ")");
+  if (const auto delta = file.parameter_number("cluster-delta"); delta && *delta > 0.0)
+    settings.cluster_delta = settings.collapse_delta = *delta;
+
+  AnalysisSeries series;
+  series.time = file.times();
+  std::size_t frames = series.time.size();
+  auto scalar_series = [&](const std::string& name) {
+    std::vector<double> values;
+    if (!file.has_observable(name)) return values;
+    std::size_t components = 0;
+    values = file.observable(name, replica, &components);
+    if (components != 1) throw IoError(path + ": observable " + name + " is not a scalar");
+    frames = std::min(frames, values.size());
+    return values;
+  };
+  std::vector<double> clusters = scalar_series("n_clusters");
+  std::vector<double> min_inner = scalar_series("min_inner");
+  std::vector<double> energy = scalar_series("energy");
+  std::vector<double> marginal = scalar_series("marginal_spread");
+  std::vector<double> conditional = scalar_series("conditional_spread");
+  if (frames == 0) throw IoError(path + " holds no complete frame");
+
+  // The moving tokens, for whatever has to be recomputed from the positions.
+  std::vector<double> presence = file.presence(replica);
+  std::vector<std::size_t> moving;
+  for (std::size_t i = 0; i < file.n(); ++i)
+    if (presence.empty() || presence[i] > 0.0) moving.push_back(i);
+  const bool recompute = clusters.empty() || min_inner.empty();
+  if (recompute) {
+    ObservableSettings observable_settings;
+    observable_settings.cluster_delta = settings.cluster_delta;
+    std::vector<double> counted(frames), lowest(frames);
+    for (std::size_t f = 0; f < frames; ++f) {
+      const std::vector<double> x = file.positions(f, replica);
+      const PairStatistics stats = pair_statistics(x.data(), file.d(), moving, observable_settings);
+      counted[f] = double(stats.clusters);
+      lowest[f] = stats.min_inner;
+    }
+    if (clusters.empty()) clusters = counted;
+    if (min_inner.empty()) min_inner = lowest;
+  }
+  series.time.resize(frames);
+  series.min_inner.assign(min_inner.begin(), min_inner.begin() + static_cast<std::ptrdiff_t>(frames));
+  for (std::size_t f = 0; f < frames; ++f) {
+    if (!(clusters[f] >= 0.0)) throw IoError(path + ": n_clusters holds a value that is not a count");
+    series.clusters.push_back(static_cast<std::size_t>(std::llround(clusters[f])));
+  }
+  if (!energy.empty()) series.energy.assign(energy.begin(), energy.begin() + static_cast<std::ptrdiff_t>(frames));
+
+  Analysis a = analyze_series(series, settings);
+  a.file = path;
+  a.status = file.run_status();
+  a.replica = replica;
+  a.replicas = file.replicas();
+  a.n = file.n();
+  a.d = file.d();
+  a.clusters_from_positions = !file.has_observable("n_clusters");
+  if (!marginal.empty()) {
+    a.marginal_spread_final = marginal[frames - 1];
+  } else {
+    // Older files: 1 - largest eigenvalue of the second moment of the last frame.
+    const std::vector<double> x = file.positions(frames - 1, replica);
+    std::vector<double> rows;
+    for (std::size_t i : moving) rows.insert(rows.end(), x.begin() + static_cast<std::ptrdiff_t>(i * file.d()),
+                                             x.begin() + static_cast<std::ptrdiff_t>((i + 1) * file.d()));
+    a.marginal_spread_final = 1.0 - second_moment_eigenvalues(rows.data(), moving.size(), file.d()).front();
+  }
+  if (!conditional.empty()) a.conditional_spread_final = conditional[frames - 1];
+  if (const auto flow = file.parameter_number("gradient_flow")) a.gradient_flow = *flow != 0.0;
+  return a;
+}
+
+namespace {
+
+/// A number with 17 significant digits (round-trip exact).
+std::string number_text(double value) {
+  char buffer[40];
+  std::snprintf(buffer, sizeof buffer, "%.17g", value);
+  return buffer;
+}
+
+/// A number for people: 6 significant digits, "nan" / "inf" as such.
+std::string short_number(double value) {
+  std::ostringstream out;
+  out << std::setprecision(6) << value;
+  return out.str();
+}
+
+/// Minimal JSON writer: strings escaped per RFC 8259, non-finite numbers as null.
+class Json {
+ public:
+  explicit Json(std::ostream& out) : out_(out) {}
+  static std::string quoted(const std::string& text) {
+    std::string q = "\"";
+    for (const char c : text) {
+      const auto u = static_cast<unsigned char>(c);
+      switch (c) {
+        case '"': q += "\\\""; break;
+        case '\\': q += "\\\\"; break;
+        case '\b': q += "\\b"; break;
+        case '\f': q += "\\f"; break;
+        case '\n': q += "\\n"; break;
+        case '\r': q += "\\r"; break;
+        case '\t': q += "\\t"; break;
+        default:
+          if (u < 0x20) {
+            char escape[8];
+            std::snprintf(escape, sizeof escape, "\\u%04x", u);
+            q += escape;
+          } else {
+            q += c;  // UTF-8 bytes pass through unchanged
+          }
+      }
+    }
+    return q + "\"";
+  }
+  static std::string number(double value) { return std::isfinite(value) ? number_text(value) : "null"; }
+  static std::string number(std::optional<double> value) { return value ? number(*value) : "null"; }
+  static std::string integer(std::size_t value) { return std::to_string(value); }
+  static std::string boolean(bool value) { return value ? "true" : "false"; }
+  static std::string boolean(std::optional<bool> value) { return value ? boolean(*value) : "null"; }
+  static std::string text(const std::optional<std::string>& value) { return value ? quoted(*value) : "null"; }
+
+  /// Opens an object or array member list.
+  void open(char bracket) {
+    out_ << bracket;
+    first_.push_back(true);
+  }
+  void close(char bracket) {
+    out_ << bracket;
+    first_.pop_back();
+  }
+  void key(const std::string& name) {
+    separator();
+    out_ << quoted(name) << ':';
+  }
+  void field(const std::string& name, const std::string& raw) {
+    key(name);
+    out_ << raw;
+  }
+  void element(const std::string& raw) {
+    separator();
+    out_ << raw;
+  }
+  /// Before an element of an array (when opening a nested object).
+  void separator() {
+    if (!first_.back()) out_ << ',';
+    first_.back() = false;
+  }
+
+ private:
+  std::ostream& out_;
+  std::vector<bool> first_;
+};
+
+void write_changes(Json& json, const std::string& name, const std::vector<ClusterChange>& changes) {
+  json.key(name);
+  json.open('[');
+  for (const ClusterChange& c : changes) {
+    json.separator();
+    json.open('{');
+    json.field("time", Json::number(c.time));
+    json.field("frame", Json::integer(c.frame));
+    json.field("from", Json::integer(c.from));
+    json.field("to", Json::integer(c.to));
+    json.close('}');
+  }
+  json.close(']');
+}
+
+std::string yes_no(bool value) { return value ? "yes" : "no"; }
+
+}  // namespace
+
+void write_analysis_json(const Analysis& a, std::ostream& out) {
+  Json json(out);
+  json.open('{');
+  json.field("file", Json::quoted(a.file));
+  json.field("status", Json::text(a.status));
+  json.field("replica", Json::integer(a.replica));
+  json.field("replicas", Json::integer(a.replicas));
+  json.field("n", Json::integer(a.n));
+  json.field("d", Json::integer(a.d));
+  json.field("frames_read", Json::integer(a.frames));
+  json.field("t_first", Json::number(a.t_first));
+  json.field("t_last", Json::number(a.t_last));
+  json.field("cluster_delta", Json::number(a.cluster_delta));
+  json.field("collapse_delta", Json::number(a.collapse_delta));
+  json.field("clusters_source", Json::quoted(a.clusters_from_positions ? "positions" : "file"));
+  json.field("final_clusters", Json::integer(a.final_clusters));
+  json.field("collapsed", Json::boolean(a.collapsed));
+  json.field("collapse_time", Json::number(a.collapse_time));
+  json.field("min_inner_final", Json::number(a.min_inner_final));
+  json.field("marginal_spread_final", Json::number(a.marginal_spread_final));
+  json.field("conditional_spread_final", Json::number(a.conditional_spread_final));
+  json.field("energy_final", Json::number(a.energy_final));
+  json.field("energy_monotone", Json::boolean(a.energy_monotone));
+  json.field("energy_largest_relative_drop", Json::number(a.energy_largest_drop));
+  json.field("gradient_flow", Json::boolean(a.gradient_flow));
+  json.key("plateaus");
+  json.open('[');
+  std::size_t metastable = 0;
+  for (const Plateau& p : a.plateaus) {
+    metastable += p.metastable;
+    json.separator();
+    json.open('{');
+    json.field("clusters", Json::integer(p.clusters));
+    json.field("t_start", Json::number(p.t_start));
+    json.field("t_end", Json::number(p.t_end));
+    json.field("dwell", Json::number(p.dwell));
+    json.field("decades", Json::number(p.decades));
+    json.field("first_frame", Json::integer(p.first_frame));
+    json.field("last_frame", Json::integer(p.last_frame));
+    json.field("energy_end", Json::number(p.energy_end));
+    json.field("metastable", Json::boolean(p.metastable));
+    json.field("final", Json::boolean(p.final));
+    json.close('}');
+  }
+  json.close(']');
+  json.field("metastable_plateaus", Json::integer(metastable));
+  write_changes(json, "merge_times", a.merges);
+  write_changes(json, "split_times", a.splits);
+  json.key("energy_staircase");
+  json.open('[');
+  for (double e : a.energy_staircase) json.element(Json::number(e));
+  json.close(']');
+  json.close('}');
+  out << '\n';
+}
+
+void write_analysis_text(const Analysis& a, std::ostream& out) {
+  auto line = [&](const std::string& key, const std::string& value) {
+    out << std::left << std::setw(26) << key << value << '\n';
+  };
+  line("file", a.file);
+  line("status", a.status ? *a.status : "(none)");
+  line("replica", std::to_string(a.replica) + " of " + std::to_string(a.replicas));
+  line("tokens", "n = " + std::to_string(a.n) + ", d = " + std::to_string(a.d));
+  line("frames_read", std::to_string(a.frames) + " (t = " + short_number(a.t_first) + " .. " +
+                          short_number(a.t_last) + ")");
+  line("clusters", std::string(a.clusters_from_positions ? "recomputed from positions" : "from the file") +
+                       ", delta_c = " + short_number(a.cluster_delta));
+  line("final_clusters", std::to_string(a.final_clusters));
+  line("collapsed", yes_no(a.collapsed) + " (criterion: final min_inner >= 1 - " +
+                        short_number(a.collapse_delta) + ")");
+  line("collapse_time", a.collapse_time ? short_number(*a.collapse_time) : "never");
+  line("min_inner_final", number_text(a.min_inner_final));
+  line("marginal_spread_final", number_text(a.marginal_spread_final));
+  if (a.conditional_spread_final) line("conditional_spread_final", number_text(*a.conditional_spread_final));
+  line("energy_final", number_text(a.energy_final));
+  std::string monotone = a.energy_monotone ? yes_no(*a.energy_monotone) : "unknown (energy not finite)";
+  if (a.energy_monotone && !*a.energy_monotone)
+    monotone += " (largest relative drop " + short_number(a.energy_largest_drop) + ")";
+  if (a.gradient_flow)
+    monotone += *a.gradient_flow ? "; gradient flow: the energy must not decrease"
+                                 : "; not a gradient flow: the energy may decrease";
+  line("energy_monotone", monotone);
+  std::size_t metastable = 0;
+  for (const Plateau& p : a.plateaus) {
+    metastable += p.metastable;
+    std::string text = std::to_string(p.clusters) + (p.clusters == 1 ? " cluster" : " clusters") + ", t = " + short_number(p.t_start) + " .. " +
+                       short_number(p.t_end) + ", " +
+                       (std::isfinite(p.decades) ? short_number(p.decades) + " decades" : "decades undefined") +
+                       ", energy " + short_number(p.energy_end);
+    if (p.metastable) text += ", metastable";
+    if (p.final) text += ", final";
+    line("plateau", text);
+  }
+  line("metastable_plateaus", std::to_string(metastable));
+  for (const ClusterChange& c : a.merges)
+    line("merge", "t = " + short_number(c.time) + ": " + std::to_string(c.from) + " -> " + std::to_string(c.to));
+  for (const ClusterChange& c : a.splits)
+    line("split", "t = " + short_number(c.time) + ": " + std::to_string(c.from) + " -> " + std::to_string(c.to));
+  std::string staircase;
+  for (double e : a.energy_staircase) {
+    if (!staircase.empty()) staircase += ' ';
+    staircase += short_number(e);
+  }
+  line("energy_staircase", staircase);
+}
+
+int analyze_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  constexpr const char* kUsageLine = "usage: mfattn analyze FILE.h5 [--json] [--replica R]";
+  bool json = false;
+  std::optional<std::string> path;
+  std::size_t replica = 0;
+  for (std::size_t k = 0; k < args.size(); ++k) {
+    const std::string& arg = args[k];
+    if (arg == "--json") {
+      json = true;
+    } else if (arg == "--replica" || arg.rfind("--replica=", 0) == 0) {
+      std::string value;
+      if (arg == "--replica") {
+        if (k + 1 == args.size()) {
+          err << "mfattn analyze: --replica needs a value (a replica index >= 0); " << kUsageLine << '\n';
+          return kExitUsage;
+        }
+        value = args[++k];
+      } else {
+        value = arg.substr(std::string("--replica=").size());
+      }
+      std::size_t used = 0;
+      unsigned long long parsed = 0;
+      try {
+        parsed = std::stoull(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != value.size() || value.front() == '-' || value.front() == '+') {
+        err << "mfattn analyze: --replica " << value << ": expected a replica index >= 0\n";
+        return kExitUsage;
+      }
+      replica = static_cast<std::size_t>(parsed);
+    } else if (!arg.empty() && arg[0] == '-' && arg != "-") {
+      err << "mfattn analyze: unknown option " << arg << " (accepted: --json, --replica R); "
+          << kUsageLine << '\n';
+      return kExitUsage;
+    } else if (path) {
+      err << "mfattn analyze: expected one FILE.h5, got " << *path << " and " << arg << "; "
+          << kUsageLine << '\n';
+      return kExitUsage;
+    } else {
+      path = arg;
+    }
+  }
+  if (!path || path->empty()) {
+    err << "mfattn analyze: expected one FILE.h5; " << kUsageLine << '\n';
+    return kExitUsage;
+  }
+  Analysis analysis;
+  try {
+    analysis = analyze_file(*path, replica);
+  } catch (const UsageError& e) {
+    err << "mfattn analyze: " << e.what() << '\n';
+    return kExitUsage;
+  } catch (const IoError& e) {
+    err << "mfattn analyze: " << e.what() << '\n';
+    return kExitIo;
+  }
+  if (json) write_analysis_json(analysis, out);
+  else write_analysis_text(analysis, out);
+  out.flush();
+  return kExitOk;
+}
+
+}  // namespace mfattn

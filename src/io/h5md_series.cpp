@@ -1,0 +1,348 @@
+/// \file h5md_series.cpp
+/// SeriesFile: the read-only time-series reader of series.hpp, through the HDF5 C API.
+/// HDF5's automatic error printing is off during every call here; failures become IoError
+/// "<path>: <what> (<HDF5's innermost reason>)".
+#include "mfattn/series.hpp"
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <utility>
+
+namespace mfattn {
+namespace {
+
+/// Owns one HDF5 identifier and releases it with the matching H5*close function.
+class Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Handle() = default;
+  Handle(hid_t id, Closer close) noexcept : id_(id), close_(close) {}
+  Handle(Handle&& other) noexcept
+      : id_(std::exchange(other.id_, H5I_INVALID_HID)), close_(other.close_) {}
+  Handle& operator=(Handle&& other) noexcept {
+    if (this != &other) {
+      reset();
+      id_ = std::exchange(other.id_, H5I_INVALID_HID);
+      close_ = other.close_;
+    }
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() { reset(); }
+  hid_t get() const noexcept { return id_; }
+  bool valid() const noexcept { return id_ >= 0; }
+  void reset() noexcept {
+    if (id_ >= 0 && close_ != nullptr) close_(id_);
+    id_ = H5I_INVALID_HID;
+  }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  Closer close_ = nullptr;
+};
+
+/// Silences HDF5's automatic error printing for one scope (restoring the previous handler).
+class QuietHdf5Errors {
+ public:
+  QuietHdf5Errors() {
+    H5Eget_auto2(H5E_DEFAULT, &handler_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~QuietHdf5Errors() { H5Eset_auto2(H5E_DEFAULT, handler_, data_); }
+  QuietHdf5Errors(const QuietHdf5Errors&) = delete;
+  QuietHdf5Errors& operator=(const QuietHdf5Errors&) = delete;
+
+ private:
+  H5E_auto2_t handler_ = nullptr;
+  void* data_ = nullptr;
+};
+
+/// The most specific message on HDF5's error stack.
+std::string innermost_hdf5_error() {
+  std::string message;
+  auto keep_first = [](unsigned, const H5E_error2_t* error, void* out) -> herr_t {
+    auto& text = *static_cast<std::string*>(out);
+    if (text.empty() && error->desc != nullptr) text = error->desc;
+    return 0;
+  };
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, keep_first, &message);
+  return message;
+}
+
+std::vector<hsize_t> extents(hid_t space) {
+  const int rank = H5Sget_simple_extent_ndims(space);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(std::max(rank, 0)));
+  if (rank > 0) H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  return dims;
+}
+
+std::string group_of_replica(std::size_t replica) {
+  return replica == 0 ? "/particles/tokens" : "/particles/tokens_r" + std::to_string(replica);
+}
+
+}  // namespace
+
+struct SeriesFile::Impl {
+  std::string path;
+  Handle file;
+  std::size_t n = 0, d = 0, replicas = 1, frames = 0;
+
+  [[noreturn]] void fail(const std::string& what) const {
+    std::string message = path + ": " + what;
+    if (const std::string reason = innermost_hdf5_error(); !reason.empty())
+      message += " (" + reason + ")";
+    throw IoError(message);
+  }
+  [[noreturn]] void foreign(const std::string& why) const {
+    throw IoError(path + " is not an mfattn H5MD file: " + why);
+  }
+
+  bool exists(const std::string& object) const {
+    // H5Lexists needs every parent to exist: check the path one component at a time.
+    std::string prefix;
+    std::size_t start = 1;
+    while (start <= object.size()) {
+      const std::size_t end = std::min(object.find('/', start), object.size());
+      prefix = object.substr(0, end);
+      if (H5Lexists(file.get(), prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+      start = end + 1;
+    }
+    return true;
+  }
+
+  Handle dataset(const std::string& name) const {
+    if (!exists(name)) foreign("it has no dataset " + name);
+    Handle handle(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!handle.valid()) fail("opening " + name + " failed");
+    return handle;
+  }
+
+  std::vector<hsize_t> dims(const std::string& name) const {
+    Handle set = dataset(name);
+    Handle space(H5Dget_space(set.get()), H5Sclose);
+    if (!space.valid()) fail("getting the space of " + name + " failed");
+    return extents(space.get());
+  }
+
+  /// The whole dataset as doubles (or int64 through `memory_type`), element count returned.
+  template <class T>
+  std::vector<T> read_all(const std::string& name, hid_t memory_type) const {
+    Handle set = dataset(name);
+    hsize_t count = 1;
+    for (hsize_t extent : dims(name)) count *= extent;
+    std::vector<T> values(static_cast<std::size_t>(count));
+    if (count > 0 && H5Dread(set.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0)
+      fail("reading " + name + " failed");
+    return values;
+  }
+
+  /// The attribute `name` of object `object`, or an invalid handle.
+  Handle attribute(const std::string& object, const std::string& name) const {
+    if (!exists(object)) return {};
+    if (H5Aexists_by_name(file.get(), object.c_str(), name.c_str(), H5P_DEFAULT) <= 0) return {};
+    return Handle(H5Aopen_by_name(file.get(), object.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT),
+                  H5Aclose);
+  }
+
+  std::optional<std::string> string_attribute(const std::string& object, const std::string& name) const {
+    Handle attr = attribute(object, name);
+    if (!attr.valid()) return std::nullopt;
+    Handle type(H5Aget_type(attr.get()), H5Tclose);
+    if (!type.valid() || H5Tget_class(type.get()) != H5T_STRING) return std::nullopt;
+    Handle space(H5Aget_space(attr.get()), H5Sclose);
+    if (H5Sget_simple_extent_npoints(space.get()) != 1) return std::nullopt;
+    if (H5Tis_variable_str(type.get()) > 0) {
+      Handle memory(H5Tcopy(H5T_C_S1), H5Tclose);
+      H5Tset_size(memory.get(), H5T_VARIABLE);
+      H5Tset_cset(memory.get(), H5Tget_cset(type.get()));
+      char* text = nullptr;
+      if (H5Aread(attr.get(), memory.get(), &text) < 0 || text == nullptr) return std::nullopt;
+      std::string value = text;
+      H5free_memory(text);
+      return value;
+    }
+    const std::size_t size = H5Tget_size(type.get());
+    std::string value(size, '\0');
+    Handle memory(H5Tcopy(type.get()), H5Tclose);
+    if (H5Aread(attr.get(), memory.get(), value.data()) < 0) return std::nullopt;
+    value.resize(std::min(value.find('\0'), value.size()));
+    return value;
+  }
+};
+
+SeriesFile::SeriesFile(const std::string& path) : impl_(std::make_unique<Impl>()) {
+  Impl& f = *impl_;
+  f.path = path;
+  QuietHdf5Errors quiet;
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) throw IoError("cannot read " + path + ": no such file");
+  if (std::filesystem::is_directory(path, error))
+    throw IoError("cannot read " + path + ": it is a directory");
+  const htri_t hdf5 = H5Fis_hdf5(path.c_str());
+  if (hdf5 < 0) f.fail("cannot read the file");
+  if (hdf5 == 0) f.foreign("not an HDF5 file");
+  // Read-only and without file locking (HDF5_USE_FILE_LOCKING=FALSE): a running writer holds
+  // its lock for the whole run, and the reader only needs what it has flushed.
+  Handle access(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  if (!access.valid()) f.fail("creating file-access properties failed");
+#if H5_VERSION_GE(1, 10, 7)
+  if (H5Pset_file_locking(access.get(), false, true) < 0) f.fail("switching file locking off failed");
+#endif
+  f.file = Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, access.get()), H5Fclose);
+  if (!f.file.valid()) f.fail("opening the file failed");
+  if (f.string_attribute("/h5md/creator", "name") != std::optional<std::string>("mfattn"))
+    f.foreign("no /h5md/creator with name \"mfattn\"");
+  const auto value = f.dims("/particles/tokens/position/value");
+  const auto step = f.dims("/particles/tokens/position/step");
+  const auto time = f.dims("/particles/tokens/position/time");
+  if (value.size() != 3 || step.size() != 1 || time.size() != 1)
+    f.foreign("position/{step, time, value} are not [T], [T], [T, n, d]");
+  f.n = value[1];
+  f.d = value[2];
+  hsize_t frames = std::min({value[0], step[0], time[0]});
+  while (f.exists(group_of_replica(f.replicas))) {
+    const auto other = f.dims(group_of_replica(f.replicas) + "/position/value");
+    if (other.size() != 3 || other[1] != f.n || other[2] != f.d)
+      f.foreign(group_of_replica(f.replicas) + "/position/value is not [T, n, d]");
+    frames = std::min(frames, other[0]);
+    ++f.replicas;
+  }
+  f.frames = frames;
+}
+
+SeriesFile::~SeriesFile() {
+  if (!impl_) return;
+  QuietHdf5Errors quiet;
+  impl_->file.reset();
+}
+
+const std::string& SeriesFile::path() const { return impl_->path; }
+std::size_t SeriesFile::n() const { return impl_->n; }
+std::size_t SeriesFile::d() const { return impl_->d; }
+std::size_t SeriesFile::replicas() const { return impl_->replicas; }
+std::size_t SeriesFile::frames() const { return impl_->frames; }
+
+std::vector<double> SeriesFile::times() const {
+  QuietHdf5Errors quiet;
+  auto values = impl_->read_all<double>("/particles/tokens/position/time", H5T_NATIVE_DOUBLE);
+  values.resize(impl_->frames);
+  return values;
+}
+
+std::vector<std::int64_t> SeriesFile::steps() const {
+  QuietHdf5Errors quiet;
+  auto values = impl_->read_all<std::int64_t>("/particles/tokens/position/step", H5T_NATIVE_INT64);
+  values.resize(impl_->frames);
+  return values;
+}
+
+std::vector<std::string> SeriesFile::observable_names() const {
+  QuietHdf5Errors quiet;
+  std::vector<std::string> names;
+  if (!impl_->exists("/observables")) return names;
+  Handle group(H5Gopen2(impl_->file.get(), "/observables", H5P_DEFAULT), H5Gclose);
+  if (!group.valid()) impl_->fail("opening /observables failed");
+  auto visit = [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+    static_cast<std::vector<std::string>*>(out)->emplace_back(name);
+    return 0;
+  };
+  if (H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, visit, &names) < 0)
+    impl_->fail("listing /observables failed");
+  return names;
+}
+
+bool SeriesFile::has_observable(const std::string& name) const {
+  QuietHdf5Errors quiet;
+  return impl_->exists("/observables/" + name + "/value");
+}
+
+std::vector<double> SeriesFile::observable(const std::string& name, std::size_t replica,
+                                           std::size_t* components) const {
+  QuietHdf5Errors quiet;
+  const Impl& f = *impl_;
+  const std::string dataset = "/observables/" + name + "/value";
+  if (replica >= f.replicas)
+    throw IoError(f.path + ": replica " + std::to_string(replica) + " requested, the file has " +
+                  std::to_string(f.replicas));
+  const auto dims = f.dims(dataset);
+  std::size_t width = 1, stride_replica = 0;
+  const std::size_t R = f.replicas;
+  if (R == 1 && dims.size() == 1) {
+    width = 1;
+  } else if (R == 1 && dims.size() == 2) {
+    width = dims[1];
+  } else if (R > 1 && dims.size() == 2 && dims[1] == R) {
+    stride_replica = 1;
+  } else if (R > 1 && dims.size() == 3 && dims[1] == R) {
+    width = stride_replica = dims[2];
+  } else {
+    f.foreign(dataset + " has an unexpected shape");
+  }
+  const std::vector<double> all = f.read_all<double>(dataset, H5T_NATIVE_DOUBLE);
+  const std::size_t rows = std::min<std::size_t>(dims[0], f.frames);
+  const std::size_t row_size = R > 1 ? R * width : width;
+  std::vector<double> values(rows * width);
+  for (std::size_t t = 0; t < rows; ++t)
+    for (std::size_t c = 0; c < width; ++c)
+      values[t * width + c] = all[t * row_size + replica * stride_replica + c];
+  if (components) *components = width;
+  return values;
+}
+
+std::vector<double> SeriesFile::positions(std::size_t frame, std::size_t replica) const {
+  QuietHdf5Errors quiet;
+  const Impl& f = *impl_;
+  if (frame >= f.frames || replica >= f.replicas)
+    throw IoError(f.path + ": frame " + std::to_string(frame) + " of replica " +
+                  std::to_string(replica) + " is not in the file");
+  const std::string name = group_of_replica(replica) + "/position/value";
+  Handle set = f.dataset(name);
+  Handle space(H5Dget_space(set.get()), H5Sclose);
+  const hsize_t start[3] = {frame, 0, 0}, count[3] = {1, f.n, f.d};
+  if (!space.valid() ||
+      H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr) < 0)
+    f.fail("selecting frame " + std::to_string(frame) + " of " + name + " failed");
+  Handle memory(H5Screate_simple(3, count, nullptr), H5Sclose);
+  std::vector<double> x(f.n * f.d);
+  if (H5Dread(set.get(), H5T_NATIVE_DOUBLE, memory.get(), space.get(), H5P_DEFAULT, x.data()) < 0)
+    f.fail("reading frame " + std::to_string(frame) + " of " + name + " failed");
+  return x;
+}
+
+std::vector<double> SeriesFile::presence(std::size_t replica) const {
+  QuietHdf5Errors quiet;
+  const std::string name = group_of_replica(replica) + "/presence";
+  if (!impl_->exists(name)) return {};
+  auto values = impl_->read_all<double>(name, H5T_NATIVE_DOUBLE);
+  if (values.size() != impl_->n) impl_->foreign(name + " does not hold n numbers");
+  return values;
+}
+
+std::optional<std::string> SeriesFile::run_status() const {
+  QuietHdf5Errors quiet;
+  return impl_->string_attribute("/run", "status");
+}
+
+std::optional<double> SeriesFile::parameter_number(const std::string& name) const {
+  QuietHdf5Errors quiet;
+  Handle attr = impl_->attribute("/parameters", name);
+  if (!attr.valid()) return std::nullopt;
+  Handle type(H5Aget_type(attr.get()), H5Tclose);
+  const H5T_class_t kind = H5Tget_class(type.get());
+  if (kind != H5T_INTEGER && kind != H5T_FLOAT) return std::nullopt;
+  Handle space(H5Aget_space(attr.get()), H5Sclose);
+  if (H5Sget_simple_extent_npoints(space.get()) != 1) return std::nullopt;
+  double value = 0.0;
+  if (H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &value) < 0) return std::nullopt;
+  return value;
+}
+
+std::optional<std::string> SeriesFile::parameter_string(const std::string& name) const {
+  QuietHdf5Errors quiet;
+  return impl_->string_attribute("/parameters", name);
+}
+
+}  // namespace mfattn
