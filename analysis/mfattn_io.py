@@ -156,7 +156,9 @@ def _open(path: str | os.PathLike) -> h5py.File:
         raise FileNotFoundError(f"{path}: no such file")
     if not h5py.is_hdf5(path):
         raise ValueError(f"{path}: not an mfattn H5MD file (not an HDF5 file)")
-    return h5py.File(path, "r")
+    # No file locking: a running mfattn holds its lock for the whole run, and every frame it
+    # has flushed is readable.
+    return h5py.File(path, "r", locking=False)
 
 
 def _replica_groups(f: h5py.File, path: str) -> list[str]:

@@ -6,6 +6,8 @@
 
 #include <hdf5.h>
 
+#include "io/hdf5_support.hpp"
+
 #include <algorithm>
 #include <filesystem>
 #include <utility>
@@ -13,64 +15,10 @@
 namespace mfattn {
 namespace {
 
-/// Owns one HDF5 identifier and releases it with the matching H5*close function.
-class Handle {
- public:
-  using Closer = herr_t (*)(hid_t);
-  Handle() = default;
-  Handle(hid_t id, Closer close) noexcept : id_(id), close_(close) {}
-  Handle(Handle&& other) noexcept
-      : id_(std::exchange(other.id_, H5I_INVALID_HID)), close_(other.close_) {}
-  Handle& operator=(Handle&& other) noexcept {
-    if (this != &other) {
-      reset();
-      id_ = std::exchange(other.id_, H5I_INVALID_HID);
-      close_ = other.close_;
-    }
-    return *this;
-  }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  ~Handle() { reset(); }
-  hid_t get() const noexcept { return id_; }
-  bool valid() const noexcept { return id_ >= 0; }
-  void reset() noexcept {
-    if (id_ >= 0 && close_ != nullptr) close_(id_);
-    id_ = H5I_INVALID_HID;
-  }
+using hdf5::Handle;
+using hdf5::QuietHdf5Errors;
+using hdf5::innermost_hdf5_error;
 
- private:
-  hid_t id_ = H5I_INVALID_HID;
-  Closer close_ = nullptr;
-};
-
-/// Silences HDF5's automatic error printing for one scope (restoring the previous handler).
-class QuietHdf5Errors {
- public:
-  QuietHdf5Errors() {
-    H5Eget_auto2(H5E_DEFAULT, &handler_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~QuietHdf5Errors() { H5Eset_auto2(H5E_DEFAULT, handler_, data_); }
-  QuietHdf5Errors(const QuietHdf5Errors&) = delete;
-  QuietHdf5Errors& operator=(const QuietHdf5Errors&) = delete;
-
- private:
-  H5E_auto2_t handler_ = nullptr;
-  void* data_ = nullptr;
-};
-
-/// The most specific message on HDF5's error stack.
-std::string innermost_hdf5_error() {
-  std::string message;
-  auto keep_first = [](unsigned, const H5E_error2_t* error, void* out) -> herr_t {
-    auto& text = *static_cast<std::string*>(out);
-    if (text.empty() && error->desc != nullptr) text = error->desc;
-    return 0;
-  };
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, keep_first, &message);
-  return message;
-}
 
 std::vector<hsize_t> extents(hid_t space) {
   const int rank = H5Sget_simple_extent_ndims(space);
@@ -184,14 +132,7 @@ SeriesFile::SeriesFile(const std::string& path) : impl_(std::make_unique<Impl>()
   const htri_t hdf5 = H5Fis_hdf5(path.c_str());
   if (hdf5 < 0) f.fail("cannot read the file");
   if (hdf5 == 0) f.foreign("not an HDF5 file");
-  // Read-only and without file locking (HDF5_USE_FILE_LOCKING=FALSE): a running writer holds
-  // its lock for the whole run, and the reader only needs what it has flushed.
-  Handle access(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-  if (!access.valid()) f.fail("creating file-access properties failed");
-#if H5_VERSION_GE(1, 10, 7)
-  if (H5Pset_file_locking(access.get(), false, true) < 0) f.fail("switching file locking off failed");
-#endif
-  f.file = Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, access.get()), H5Fclose);
+  f.file = hdf5::open_read_only(path);
   if (!f.file.valid()) f.fail("opening the file failed");
   if (f.string_attribute("/h5md/creator", "name") != std::optional<std::string>("mfattn"))
     f.foreign("no /h5md/creator with name \"mfattn\"");

@@ -13,6 +13,8 @@
 
 #include <hdf5.h>
 
+#include "io/hdf5_support.hpp"
+
 #include <algorithm>
 #include <filesystem>
 #include <iomanip>
@@ -23,64 +25,10 @@
 namespace mfattn {
 namespace {
 
-/// Owns one HDF5 identifier and releases it with the matching H5*close function.
-class Handle {
- public:
-  using Closer = herr_t (*)(hid_t);
-  Handle() = default;
-  Handle(hid_t id, Closer close) noexcept : id_(id), close_(close) {}
-  Handle(Handle&& other) noexcept
-      : id_(std::exchange(other.id_, H5I_INVALID_HID)), close_(other.close_) {}
-  Handle& operator=(Handle&& other) noexcept {
-    if (this != &other) {
-      reset();
-      id_ = std::exchange(other.id_, H5I_INVALID_HID);
-      close_ = other.close_;
-    }
-    return *this;
-  }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  ~Handle() { reset(); }
-  hid_t get() const noexcept { return id_; }
-  void reset() noexcept {
-    if (id_ >= 0 && close_ != nullptr) close_(id_);  // a failed close has nobody to tell
-    id_ = H5I_INVALID_HID;
-  }
+using hdf5::Handle;
+using hdf5::QuietHdf5Errors;
+using hdf5::innermost_hdf5_error;
 
- private:
-  hid_t id_ = H5I_INVALID_HID;
-  Closer close_ = nullptr;
-};
-
-/// Silences HDF5's automatic error printing for one scope. The error stack is per thread in
-/// the thread-safe Debian build, so the previous handler is restored rather than left off.
-class QuietHdf5Errors {
- public:
-  QuietHdf5Errors() {
-    H5Eget_auto2(H5E_DEFAULT, &handler_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~QuietHdf5Errors() { H5Eset_auto2(H5E_DEFAULT, handler_, data_); }
-  QuietHdf5Errors(const QuietHdf5Errors&) = delete;
-  QuietHdf5Errors& operator=(const QuietHdf5Errors&) = delete;
-
- private:
-  H5E_auto2_t handler_ = nullptr;
-  void* data_ = nullptr;
-};
-
-/// The most specific message on HDF5's error stack (e.g. the errno text of a failed open).
-std::string innermost_hdf5_error() {
-  std::string message;
-  auto keep_first = [](unsigned, const H5E_error2_t* error, void* out) -> herr_t {
-    auto& text = *static_cast<std::string*>(out);
-    if (text.empty() && error->desc != nullptr) text = error->desc;
-    return 0;
-  };
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, keep_first, &message);
-  return message;
-}
 
 /// Turns failed HDF5 calls into IoError "<path>: <operation> <object> failed (<reason>)".
 class Checker {
@@ -627,8 +575,8 @@ Frame read_last_frame(const std::string& path) {
     throw IoError("cannot read " + path + ": no such file");
   }
   if (H5Fis_hdf5(path.c_str()) <= 0) throw IoError(foreign + "not an HDF5 file");
-  Handle file =
-      check.own(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "opening the file");
+  Handle file = hdf5::open_read_only(path);
+  if (!file.valid()) check.fail("opening the file");
   auto open = [&](const char* name) {
     const hid_t dataset = H5Dopen2(file.get(), name, H5P_DEFAULT);
     if (dataset < 0) throw IoError(foreign + "it has no dataset " + name);
@@ -665,8 +613,8 @@ bool is_mfattn_file(const std::string& path) {
     if (!std::filesystem::is_regular_file(path, ignored) || H5Fis_hdf5(path.c_str()) <= 0) {
       return false;
     }
-    Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-    if (file.get() < 0) return false;
+    const Handle file = hdf5::open_read_only(path);
+    if (!file.valid()) return false;
     const hid_t attribute_id =
         H5Aopen_by_name(file.get(), "/h5md/creator", "name", H5P_DEFAULT, H5P_DEFAULT);
     if (attribute_id < 0) return false;
@@ -766,8 +714,8 @@ FileSummary describe_file(const std::string& path) {
   }
   QuietHdf5Errors quiet;
   const Checker check(path);
-  Handle file =
-      check.own(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "opening the file");
+  Handle file = hdf5::open_read_only(path);
+  if (!file.valid()) check.fail("opening the file");
   FileSummary summary;
   Handle value = check.own(H5Dopen2(file.get(), "/particles/tokens/position/value", H5P_DEFAULT),
                            H5Dclose, "opening", "position/value");
