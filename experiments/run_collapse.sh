@@ -45,6 +45,7 @@ for beta in 5 9 16; do
   for seed in 0 1 2 3; do echo "$beta $seed"; done
 done | xargs -P "$(nproc 2>/dev/null || echo 2)" -n 2 sh -c \
   './build/mfattn run --config experiments/metastability.ini --beta "$0" --seed "$1" --threads 1 --quiet --overwrite --out "data/metastability/beta$0_seed$1.h5"'
+/usr/bin/python3 analysis/metastability_table.py "$meta" --mfattn ./build/mfattn
 
 # Every figure of the experiments above into data/figures/.
 MPLBACKEND=Agg /usr/bin/python3 analysis/make_figures.py --data "$here/data" --out "$here/data/figures"
