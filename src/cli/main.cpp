@@ -7,6 +7,7 @@
 #include "mfattn/bench.hpp"
 #include "mfattn/config.hpp"
 #include "mfattn/info.hpp"
+#include "mfattn/oclosure_command.hpp"
 #include "mfattn/run.hpp"
 #include "mfattn/version.hpp"
 
@@ -18,6 +19,7 @@ constexpr const char* kUsage =
     "  bench  interaction throughput in pairs per second (mfattn bench --help)\n"
     "  info   what an mfattn file holds: mfattn info FILE.h5\n"
     "  analyze  collapse and metastability summary: mfattn analyze FILE.h5 [--json] [--replica R]\n"
+    "  oclosure  zero-token insertion ablation and OAttention precision (mfattn oclosure --help)\n"
     "  mfattn --help | --version\n";
 
 bool wants_help(const std::vector<std::string>& args) {
@@ -87,6 +89,13 @@ int main(int argc, char** argv) {
     }
     return mfattn::analyze_command(args, std::cout, std::cerr);
   }
-  std::cerr << "mfattn: unknown command '" << command << "' (accepted: run, bench, info, analyze)\n" << kUsage;
+  if (command == "oclosure") {
+    if (wants_help(args)) {
+      std::cout << mfattn::oclosure_usage();
+      return mfattn::kExitOk;
+    }
+    return mfattn::oclosure_command(args, std::cout, std::cerr);
+  }
+  std::cerr << "mfattn: unknown command '" << command << "' (accepted: run, bench, info, analyze, oclosure)\n" << kUsage;
   return mfattn::kExitUsage;
 }
