@@ -130,13 +130,16 @@ template <class T>
 PrecisionRow precision_row(const char* inputs, const char* accumulate, const Rows<double>& x_aug,
                            const Rows<double>& x_base, const oattn::AttentionWeights<double>& w,
                            const std::vector<long>& layout, const Rows<double>& reference,
-                           const oattn::OAttentionOptions& options) {
+                           const oattn::OAttentionOptions& options,
+                           bool output_in_float32 = false) {
   // Inputs in T (rounded from the float32-exact values), computed in accumulator_t<T>.
   const oattn::AttentionWeights<T> wt{from_double<T>(w.w_q), from_double<T>(w.w_k), from_double<T>(w.w_v)};
   const Rows<T> xt_aug = from_double<T>(x_aug), xt_base = from_double<T>(x_base);
   const auto out_aug = oattn::oattention(xt_aug, wt, oattn::Visibility::full(), options);
   const auto out_base = oattn::oattention(xt_base, wt, oattn::Visibility::full(), options);
-  const Rows<double> got = to_double(out_aug);
+  // Float32 storage with float64 accumulation hands its result back in float32.
+  const Rows<double> got = output_in_float32 ? to_double(from_double<float>(to_double(out_aug)))
+                                             : to_double(out_aug);
   // The same formula in float64 on the inputs as rounded to T: arithmetic error alone.
   const oattn::AttentionWeights<double> wr{to_double(wt.w_q), to_double(wt.w_k), to_double(wt.w_v)};
   const Rows<double> reference_rounded = direct_reference(to_double(xt_aug), wr, options);
@@ -183,6 +186,8 @@ std::vector<PrecisionRow> precision(const OClosureOptions& o, double& max_score,
   max_output = reference.cwiseAbs().maxCoeff();
   return {precision_row<double>("float64", "float64", aug, base, w, layout, reference, options),
           precision_row<float>("float32", "float32", aug, base, w, layout, reference, options),
+          // float32 in and out, the sums in float64: as the 16-bit formats accumulate in float.
+          precision_row<double>("float32", "float64", aug, base, w, layout, reference, options, true),
           precision_row<Eigen::half>("float16", "float32", aug, base, w, layout, reference, options),
           precision_row<Eigen::bfloat16>("bfloat16", "float32", aug, base, w, layout, reference, options)};
 }
