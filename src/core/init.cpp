@@ -47,6 +47,19 @@ void gaussian_unit(RandomStream& rs, double* out, std::size_t d) {
   }
 }
 
+// out = normalize(centre + spread g), g ~ N(0, I_d) from rs; redrawn only if the sum is
+// exactly 0.
+void point_near(RandomStream& rs, const double* centre, double spread, double* out, std::size_t d) {
+  for (;;) {
+    for (std::size_t j = 0; j < d; ++j) out[j] = centre[j] + spread * rs.normal();
+    const double nr = norm(out, d);
+    if (nr > 0.0) {
+      for (std::size_t j = 0; j < d; ++j) out[j] /= nr;
+      return;
+    }
+  }
+}
+
 void fill_uniform(const InitSpec& spec, State& st, std::size_t r, bool hemisphere) {
   for (std::size_t i = 0; i < st.n; ++i) {
     RandomStream rs(spec.seed, kTag, r, i);
@@ -71,16 +84,7 @@ void fill_clustered(const InitSpec& spec, State& st, std::size_t r) {
   }
   for (std::size_t i = 0; i < st.n; ++i) {
     RandomStream rs(spec.seed, kTag, r, i);
-    const double* c = centres.data() + (i % spec.clusters) * d;
-    double* x = st.token(r, i);
-    for (;;) {  // redraw only if c + spread g is exactly 0
-      for (std::size_t j = 0; j < d; ++j) x[j] = c[j] + spec.spread * rs.normal();
-      const double nr = norm(x, d);
-      if (nr > 0.0) {
-        for (std::size_t j = 0; j < d; ++j) x[j] /= nr;
-        break;
-      }
-    }
+    point_near(rs, centres.data() + (i % spec.clusters) * d, spec.spread, st.token(r, i), d);
   }
 }
 
@@ -215,15 +219,7 @@ std::vector<double> place_prefix(const PrefixSpec& spec) {
         for (std::size_t t = 0; t < spec.per_prompt; ++t) {
           const std::size_t p = g * spec.per_prompt + t;
           RandomStream rs(spec.seed, kPrefixTag, p);
-          double* y = prefix.token(0, p);
-          for (;;) {  // redraw only if c + spread g is exactly 0
-            for (std::size_t j = 0; j < d; ++j) y[j] = centre[j] + spec.spread * rs.normal();
-            const double nr = norm(y, d);
-            if (nr > 0.0) {
-              for (std::size_t j = 0; j < d; ++j) y[j] /= nr;
-              break;
-            }
-          }
+          point_near(rs, centre.data(), spec.spread, prefix.token(0, p), d);
         }
       }
       break;

@@ -12,11 +12,8 @@ namespace {
 
 using testing::config;
 using testing::simulate;
+using testing::with;
 
-std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& extra) {
-  base.insert(base.end(), extra.begin(), extra.end());
-  return base;
-}
 
 // Every geometry, factor and value choice agrees with the reference backend, for single
 // evaluations and along short trajectories.

@@ -17,31 +17,11 @@ std::size_t line_count(const std::string& text) {
 }
 
 double last_observable(const std::string& path, const std::string& name) {
-  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  const hid_t set = H5Dopen2(file, ("/observables/" + name + "/value").c_str(), H5P_DEFAULT);
-  const hid_t space = H5Dget_space(set);
-  hsize_t frames = 0;
-  H5Sget_simple_extent_dims(space, &frames, nullptr);
-  std::vector<double> values(frames);
-  H5Dread(set, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
-  H5Sclose(space);
-  H5Dclose(set);
-  H5Fclose(file);
-  return values.back();
+  return testing::read_doubles(path, "/observables/" + name + "/value").back();
 }
 
 std::vector<double> all_positions(const std::string& path) {
-  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  const hid_t set = H5Dopen2(file, "/particles/tokens/position/value", H5P_DEFAULT);
-  const hid_t space = H5Dget_space(set);
-  hsize_t dims[3] = {0, 0, 0};
-  H5Sget_simple_extent_dims(space, dims, nullptr);
-  std::vector<double> values(dims[0] * dims[1] * dims[2]);
-  H5Dread(set, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
-  H5Sclose(space);
-  H5Dclose(set);
-  H5Fclose(file);
-  return values;
+  return testing::read_doubles(path, "/particles/tokens/position/value");
 }
 
 TEST(Cli, BadInputGetsOneLineExitTwoAndNoFile) {

@@ -1,7 +1,5 @@
 // Prompts and frozen prefix tokens (model.md sections 1-4): prefix tokens are sources that
 // never move, seen by every receiver unless the per-prompt mask hides another prompt's prefix.
-#include <hdf5.h>
-
 #include <cmath>
 #include <fstream>
 #include <numeric>
@@ -14,11 +12,9 @@ namespace {
 
 using testing::config;
 using testing::simulate;
+using testing::with;
+using testing::read_doubles;
 
-std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& extra) {
-  base.insert(base.end(), extra.begin(), extra.end());
-  return base;
-}
 
 // Connected components of the graph <x_i, x_j> > 1 - delta (a plain BFS, written here).
 std::size_t count_clusters(const State& s, double delta = 1e-4) {
@@ -148,17 +144,6 @@ TEST(Prefix, TwoDimensionalAnglesFollowTheOdeWithFixedSources) {
   }
 }
 
-std::vector<double> read_doubles(const std::string& path, const std::string& dataset) {
-  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  const hid_t set = H5Dopen2(file, dataset.c_str(), H5P_DEFAULT);
-  const hid_t space = H5Dget_space(set);
-  std::vector<double> values(static_cast<std::size_t>(H5Sget_simple_extent_npoints(space)));
-  H5Dread(set, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
-  H5Sclose(space);
-  H5Dclose(set);
-  H5Fclose(file);
-  return values;
-}
 
 // The prefix tokens of the output are the file's rows to the last bit, with their labels; the
 // moving tokens carry their prompt ids.

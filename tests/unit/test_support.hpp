@@ -1,6 +1,7 @@
 #pragma once
 // Shared helpers of the unit tests: run a configuration in process and keep every frame.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +19,29 @@
 #include "mfattn/run.hpp"
 
 namespace mfattn::testing {
+
+/// Every number of one dataset of an HDF5 file, converted to double (empty if unreadable).
+inline std::vector<double> read_doubles(const std::string& path, const std::string& dataset) {
+  std::vector<double> values;
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (file < 0) return values;
+  const hid_t set = H5Dopen2(file, dataset.c_str(), H5P_DEFAULT);
+  if (set >= 0) {
+    const hid_t space = H5Dget_space(set);
+    values.resize(static_cast<std::size_t>(H5Sget_simple_extent_npoints(space)));
+    if (!values.empty()) H5Dread(set, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
+    H5Sclose(space);
+    H5Dclose(set);
+  }
+  H5Fclose(file);
+  return values;
+}
+
+/// base followed by extra (command-line arguments).
+inline std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& extra) {
+  base.insert(base.end(), extra.begin(), extra.end());
+  return base;
+}
 
 /// A configuration from command-line style arguments (without --out).
 inline RunConfig config(std::vector<std::string> args) {
