@@ -9,6 +9,7 @@
 #include "mfattn/info.hpp"
 #include "mfattn/oclosure_command.hpp"
 #include "mfattn/run.hpp"
+#include "mfattn/sweep.hpp"
 #include "mfattn/version.hpp"
 
 namespace {
@@ -16,6 +17,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: mfattn <command> [options]\n"
     "  run    simulate attention dynamics and write an H5MD file (mfattn run --help)\n"
+    "  sweep  a grid of runs from a sweep file, resumable, sharded (mfattn sweep --help)\n"
     "  bench  interaction throughput in pairs per second (mfattn bench --help)\n"
     "  info   what an mfattn file holds: mfattn info FILE.h5\n"
     "  analyze  collapse and metastability summary: mfattn analyze FILE.h5 [--json] [--replica R]\n"
@@ -61,6 +63,13 @@ int main(int argc, char** argv) {
       return mfattn::kExitUsage;
     }
   }
+  if (command == "sweep") {
+    if (wants_help(args)) {
+      std::cout << mfattn::sweep_usage();
+      return mfattn::kExitOk;
+    }
+    return mfattn::sweep_command(args, std::cout, std::cerr);
+  }
   if (command == "bench") {
     if (wants_help(args)) {
       mfattn::RunConfig defaults;
@@ -96,6 +105,6 @@ int main(int argc, char** argv) {
     }
     return mfattn::oclosure_command(args, std::cout, std::cerr);
   }
-  std::cerr << "mfattn: unknown command '" << command << "' (accepted: run, bench, info, analyze, oclosure)\n" << kUsage;
+  std::cerr << "mfattn: unknown command '" << command << "' (accepted: run, sweep, bench, info, analyze, oclosure)\n" << kUsage;
   return mfattn::kExitUsage;
 }

@@ -1,0 +1,308 @@
+// mfattn sweep, part 2: the status of a case in DIR and the manifest (CSV and JSON).
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "mfattn/h5md.hpp"
+#include "mfattn/sweep.hpp"
+
+namespace mfattn {
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Silences HDF5's automatic error printing for one scope.
+class QuietHdf5 {
+ public:
+  QuietHdf5() {
+    H5Eget_auto2(H5E_DEFAULT, &handler_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, handler_, data_); }
+  QuietHdf5(const QuietHdf5&) = delete;
+  QuietHdf5& operator=(const QuietHdf5&) = delete;
+
+ private:
+  H5E_auto2_t handler_ = nullptr;
+  void* data_ = nullptr;
+};
+
+/// An HDF5 id closed at the end of its scope.
+class Id {
+ public:
+  Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  ~Id() {
+    if (id_ >= 0) close_(id_);
+  }
+  Id(const Id&) = delete;
+  Id& operator=(const Id&) = delete;
+  hid_t get() const { return id_; }
+  bool ok() const { return id_ >= 0; }
+
+ private:
+  hid_t id_;
+  herr_t (*close_)(hid_t);
+};
+
+std::string lookup(const std::vector<std::pair<std::string, std::string>>& pairs, const std::string& key) {
+  for (const auto& [name, value] : pairs)
+    if (name == key) return value;
+  return {};
+}
+
+/// Final values of one case file: the last frame's time and the last row of every
+/// /observables/<name>/value for replica 0 (one number, or one per component).
+struct FinalRow {
+  bool has_time = false;
+  double time = 0.0;
+  std::vector<std::pair<std::string, std::vector<double>>> observables;
+};
+
+FinalRow read_final_row(const std::string& path, const FileSummary& summary) {
+  FinalRow row;
+  if (summary.frames > 0) {
+    row.has_time = true;
+    row.time = summary.last_time;
+  }
+  QuietHdf5 quiet;
+  Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.ok() || H5Lexists(file.get(), "/observables", H5P_DEFAULT) <= 0) return row;
+  Id group(H5Gopen2(file.get(), "/observables", H5P_DEFAULT), H5Gclose);
+  if (!group.ok()) return row;
+  std::vector<std::string> names;
+  auto collect = [](hid_t, const char* name, const H5L_info_t*, void* data) -> herr_t {
+    static_cast<std::vector<std::string>*>(data)->push_back(name);
+    return 0;
+  };
+  H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect, &names);
+  for (const auto& name : names) {
+    if (H5Lexists(group.get(), name.c_str(), H5P_DEFAULT) <= 0) continue;
+    const std::string value_path = name + "/value";
+    if (H5Lexists(group.get(), value_path.c_str(), H5P_DEFAULT) <= 0) continue;
+    Id set(H5Dopen2(group.get(), value_path.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!set.ok()) continue;
+    Id space(H5Dget_space(set.get()), H5Sclose);
+    const int rank = H5Sget_simple_extent_ndims(space.get());
+    if (rank < 1 || rank > 3) continue;
+    hsize_t dims[3] = {0, 0, 0};
+    H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+    hsize_t rows = dims[0];
+    if (summary.frames > 0 && summary.frames < rows) rows = summary.frames;
+    if (rows == 0) continue;
+    // [T] or [T, c] for one replica, [T, R] or [T, R, c] for R > 1: take replica 0.
+    hsize_t start[3] = {rows - 1, 0, 0}, count[3] = {1, 1, 1};
+    hsize_t components = 1;
+    if (rank == 2 && summary.replicas <= 1) components = count[1] = dims[1];
+    if (rank == 3) components = count[2] = dims[2];
+    if (components == 0) continue;
+    if (H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr) < 0) continue;
+    Id memory(H5Screate_simple(1, &components, nullptr), H5Sclose);
+    std::vector<double> values(components);
+    if (H5Dread(set.get(), H5T_NATIVE_DOUBLE, memory.get(), space.get(), H5P_DEFAULT, values.data()) < 0)
+      continue;
+    row.observables.emplace_back(name, std::move(values));
+  }
+  return row;
+}
+
+std::string number_text(double value) {
+  if (!std::isfinite(value)) return std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf");
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return std::string(buffer, result.ptr);
+}
+
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char escaped[8];
+          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+          out += escaped;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+/// JSON has no NaN or infinity: those become null.
+std::string json_number(double value) { return std::isfinite(value) ? number_text(value) : "null"; }
+
+/// Writes `text` to `path` through a temporary file in the same folder and a rename.
+void write_atomically(const fs::path& path, const std::string& text) {
+  char host[256] = "host";
+  ::gethostname(host, sizeof host - 1);
+  std::string name(1, '.');  // appended piece by piece: GCC 12 -Wrestrict misfires on "." + string
+  name.append(path.filename().string()).append(1, '.').append(host).append(1, '.');
+  name.append(std::to_string(::getpid())).append(".tmp");
+  const fs::path temporary = path.parent_path() / name;
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) {
+      std::error_code ignored;
+      fs::remove(temporary, ignored);
+      throw IoError("cannot write " + temporary.string());
+    }
+  }
+  std::error_code error;
+  fs::rename(temporary, path, error);
+  if (error) {
+    fs::remove(temporary, error);
+    throw IoError("cannot rename " + temporary.string() + " to " + path.string() + ": " + error.message());
+  }
+}
+
+}  // namespace
+
+std::string csv_field(const std::string& text) {
+  if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
+  std::string quoted = "\"";
+  for (const char c : text) {
+    if (c == '"') quoted += '"';
+    quoted += c;
+  }
+  return quoted + "\"";
+}
+
+namespace {
+
+/// case_status, keeping the summary of the case file when there is one.
+CaseStatus status_and_summary(const std::string& dir, const std::string& id, std::optional<FileSummary>& summary) {
+  using State = CaseStatus::State;
+  summary.reset();
+  if (case_locked(dir, id)) return {State::Running, "running"};
+  const fs::path file = fs::path(dir) / (id + ".h5");
+  std::error_code ignored;
+  if (fs::exists(file, ignored)) {
+    try {
+      summary = describe_file(file.string());
+      const std::string status = lookup(summary->run, "status");
+      if (status == "complete") return {State::Complete, status};
+      if (status.rfind("failed", 0) == 0) return {State::Failed, status};
+      return {State::Failed, "failed: the file's status is '" + status + "'"};
+    } catch (const IoError& e) {
+      return {State::Failed, std::string("failed: ") + e.what()};
+    }
+  }
+  // No file: a case whose run ended with a usage or I/O error, or that died, has the exit
+  // recorded by the sweep as the last line of its log.
+  std::ifstream log(fs::path(dir) / (id + ".log"));
+  std::string line, last;
+  while (std::getline(log, line))
+    if (!line.empty()) last = line;
+  const std::string marker = "mfattn sweep: ";
+  if (last.rfind(marker, 0) == 0) return {State::Failed, "failed: " + last.substr(marker.size())};
+  return {State::Missing, "missing"};
+}
+
+}  // namespace
+
+CaseStatus case_status(const std::string& dir, const std::string& id) {
+  std::optional<FileSummary> unused;
+  return status_and_summary(dir, id, unused);
+}
+
+std::vector<CaseStatus> write_manifest(const SweepPlan& plan, const std::string& dir) {
+  struct Row {
+    CaseStatus status;
+    FinalRow final;
+  };
+  std::vector<Row> rows;
+  rows.reserve(plan.cases.size());
+  std::vector<std::string> columns;  // observable columns, in order of first appearance
+  std::vector<std::pair<std::string, std::size_t>> seen;  // observable name, components
+  for (const auto& c : plan.cases) {
+    Row row;
+    std::optional<FileSummary> summary;
+    row.status = status_and_summary(dir, c.id, summary);
+    if (summary) row.final = read_final_row((fs::path(dir) / (c.id + ".h5")).string(), *summary);
+    for (const auto& [name, values] : row.final.observables) {
+      bool known = false;
+      for (const auto& [seen_name, count] : seen) known = known || (seen_name == name && count == values.size());
+      if (known) continue;
+      seen.emplace_back(name, values.size());
+      if (values.size() == 1) columns.push_back(name);
+      else
+        for (std::size_t k = 0; k < values.size(); ++k) columns.push_back(name + "[" + std::to_string(k) + "]");
+    }
+    rows.push_back(std::move(row));
+  }
+
+  std::ostringstream csv;
+  csv << "index,case_id,file,status";
+  for (const auto& axis : plan.axes) csv << ',' << csv_field(axis.name);
+  csv << ",final_time";
+  for (const auto& column : columns) csv << ',' << csv_field(column);
+  csv << "\r\n";
+  std::ostringstream json;
+  json << "{\n  \"sweep\": " << json_string(plan.path) << ",\n  \"out_dir\": " << json_string(dir)
+       << ",\n  \"axes\": {";
+  for (std::size_t a = 0; a < plan.axes.size(); ++a) {
+    json << (a ? ", " : "") << json_string(plan.axes[a].name) << ": [";
+    for (std::size_t v = 0; v < plan.axes[a].values.size(); ++v)
+      json << (v ? ", " : "") << json_string(plan.axes[a].values[v]);
+    json << ']';
+  }
+  json << "},\n  \"cases\": [";
+  for (std::size_t i = 0; i < plan.cases.size(); ++i) {
+    const SweepCase& c = plan.cases[i];
+    const Row& row = rows[i];
+    const std::string file = c.id + ".h5";
+    csv << c.index << ',' << c.id << ',' << csv_field(file) << ',' << csv_field(row.status.text);
+    for (const auto& value : c.values) csv << ',' << csv_field(value);
+    csv << ',' << (row.final.has_time ? number_text(row.final.time) : "");
+    for (const auto& [name, count] : seen) {
+      const std::vector<double>* values = nullptr;
+      for (const auto& [row_name, row_values] : row.final.observables)
+        if (row_name == name && row_values.size() == count) values = &row_values;
+      for (std::size_t k = 0; k < count; ++k) csv << ',' << (values ? number_text((*values)[k]) : "");
+    }
+    csv << "\r\n";
+
+    json << (i ? "," : "") << "\n    {\"index\": " << c.index << ", \"case_id\": " << json_string(c.id)
+         << ", \"file\": " << json_string(file) << ", \"status\": " << json_string(row.status.text)
+         << ", \"axes\": {";
+    for (std::size_t a = 0; a < plan.axes.size(); ++a)
+      json << (a ? ", " : "") << json_string(plan.axes[a].name) << ": " << json_string(c.values[a]);
+    json << "}, \"final_time\": " << (row.final.has_time ? json_number(row.final.time) : "null")
+         << ", \"final_observables\": {";
+    for (std::size_t k = 0; k < row.final.observables.size(); ++k) {
+      const auto& [name, values] = row.final.observables[k];
+      json << (k ? ", " : "") << json_string(name) << ": ";
+      if (values.size() == 1) {
+        json << json_number(values[0]);
+      } else {
+        json << '[';
+        for (std::size_t j = 0; j < values.size(); ++j) json << (j ? ", " : "") << json_number(values[j]);
+        json << ']';
+      }
+    }
+    json << "}}";
+  }
+  json << "\n  ]\n}\n";
+  write_atomically(fs::path(dir) / "manifest.csv", csv.str());
+  write_atomically(fs::path(dir) / "manifest.json", json.str());
+  std::vector<CaseStatus> statuses;
+  for (auto& row : rows) statuses.push_back(std::move(row.status));
+  return statuses;
+}
+
+}  // namespace mfattn
