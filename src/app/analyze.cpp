@@ -1,5 +1,7 @@
 #include "mfattn/analyze.hpp"
 
+#include "app/json_text.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -193,31 +195,8 @@ std::string short_number(double value) {
 class Json {
  public:
   explicit Json(std::ostream& out) : out_(out) {}
-  static std::string quoted(const std::string& text) {
-    std::string q = "\"";
-    for (const char c : text) {
-      const auto u = static_cast<unsigned char>(c);
-      switch (c) {
-        case '"': q += "\\\""; break;
-        case '\\': q += "\\\\"; break;
-        case '\b': q += "\\b"; break;
-        case '\f': q += "\\f"; break;
-        case '\n': q += "\\n"; break;
-        case '\r': q += "\\r"; break;
-        case '\t': q += "\\t"; break;
-        default:
-          if (u < 0x20) {
-            char escape[8];
-            std::snprintf(escape, sizeof escape, "\\u%04x", u);
-            q += escape;
-          } else {
-            q += c;  // UTF-8 bytes pass through unchanged
-          }
-      }
-    }
-    return q + "\"";
-  }
-  static std::string number(double value) { return std::isfinite(value) ? number_text(value) : "null"; }
+  static std::string quoted(const std::string& text) { return json::quoted(text); }
+  static std::string number(double value) { return json::number(value); }
   static std::string number(std::optional<double> value) { return value ? number(*value) : "null"; }
   static std::string integer(std::size_t value) { return std::to_string(value); }
   static std::string boolean(bool value) { return value ? "true" : "false"; }

@@ -11,6 +11,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "app/json_text.hpp"
 #include "mfattn/oattention.hpp"
 #include "mfattn/oclosure.hpp"
 #include "mfattn/run.hpp"
@@ -198,20 +199,6 @@ std::string number(double v, const char* format = "%.3g") {
   return buffer;
 }
 
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  return number(v, "%.17g");
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    out += ch;
-  }
-  return out + "\"";
-}
-
 /// Strict unsigned integer in [low, high]; nullopt otherwise.
 std::optional<std::uint64_t> parse_unsigned(const std::string& text, std::uint64_t low, std::uint64_t high) {
   if (text.empty() || text.front() == '-' || text.front() == '+' || std::isspace(static_cast<unsigned char>(text.front())))
@@ -279,25 +266,25 @@ void write_oclosure_json(const OClosureReport& r, std::ostream& out) {
   const auto& o = r.options;
   out << "{\"tokens\": " << o.tokens << ", \"zeros\": " << o.zeros << ", \"dim\": " << o.dim
       << ", \"seed\": " << o.seed << ", \"tau\": 1, \"eps_den\": 1e-12, \"score_scale\": "
-      << json_number(1.0 / std::sqrt(static_cast<double>(o.dim)))
-      << ", \"precision_max_score\": " << json_number(r.precision_max_score)
-      << ", \"precision_max_output\": " << json_number(r.precision_max_output) << ",\n \"ablation\": [";
+      << json::number(1.0 / std::sqrt(static_cast<double>(o.dim)))
+      << ", \"precision_max_score\": " << json::number(r.precision_max_score)
+      << ", \"precision_max_output\": " << json::number(r.precision_max_output) << ",\n \"ablation\": [";
   for (std::size_t k = 0; k < r.ablation.size(); ++k) {
     const auto& a = r.ablation[k];
-    out << (k ? ",\n  " : "\n  ") << "{\"host\": " << json_string(a.host)
-        << ", \"components\": " << json_string(a.components)
-        << ", \"front_end_shift\": " << (a.has_front_end ? json_number(a.front_end_shift) : "null")
-        << ", \"block1_shift\": " << json_number(a.block1_shift)
-        << ", \"output_shift\": " << json_number(a.output_shift)
-        << ", \"zero_token_output_max\": " << json_number(a.zero_output_max) << "}";
+    out << (k ? ",\n  " : "\n  ") << "{\"host\": " << json::quoted(a.host)
+        << ", \"components\": " << json::quoted(a.components)
+        << ", \"front_end_shift\": " << (a.has_front_end ? json::number(a.front_end_shift) : "null")
+        << ", \"block1_shift\": " << json::number(a.block1_shift)
+        << ", \"output_shift\": " << json::number(a.output_shift)
+        << ", \"zero_token_output_max\": " << json::number(a.zero_output_max) << "}";
   }
   out << "],\n \"precision\": [";
   for (std::size_t k = 0; k < r.precision.size(); ++k) {
     const auto& p = r.precision[k];
-    out << (k ? ",\n  " : "\n  ") << "{\"inputs\": " << json_string(p.inputs)
-        << ", \"accumulate\": " << json_string(p.accumulate) << ", \"linf_error\": " << json_number(p.error)
-        << ", \"relative_error\": " << json_number(p.relative_error)
-        << ", \"arithmetic_error\": " << json_number(p.arithmetic_error)
+    out << (k ? ",\n  " : "\n  ") << "{\"inputs\": " << json::quoted(p.inputs)
+        << ", \"accumulate\": " << json::quoted(p.accumulate) << ", \"linf_error\": " << json::number(p.error)
+        << ", \"relative_error\": " << json::number(p.relative_error)
+        << ", \"arithmetic_error\": " << json::number(p.arithmetic_error)
         << ", \"zero_rows_exactly_zero\": " << (p.null_rows_zero ? "true" : "false")
         << ", \"insertion_bit_identical\": " << (p.insertion_bit_identical ? "true" : "false") << "}";
   }

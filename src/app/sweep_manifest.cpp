@@ -10,6 +10,8 @@
 #include <optional>
 #include <sstream>
 
+#include "app/json_text.hpp"
+#include "io/hdf5_support.hpp"
 #include "mfattn/h5md.hpp"
 #include "mfattn/sweep.hpp"
 
@@ -18,38 +20,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// Silences HDF5's automatic error printing for one scope.
-class QuietHdf5 {
- public:
-  QuietHdf5() {
-    H5Eget_auto2(H5E_DEFAULT, &handler_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, handler_, data_); }
-  QuietHdf5(const QuietHdf5&) = delete;
-  QuietHdf5& operator=(const QuietHdf5&) = delete;
-
- private:
-  H5E_auto2_t handler_ = nullptr;
-  void* data_ = nullptr;
-};
-
-/// An HDF5 id closed at the end of its scope.
-class Id {
- public:
-  Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~Id() {
-    if (id_ >= 0) close_(id_);
-  }
-  Id(const Id&) = delete;
-  Id& operator=(const Id&) = delete;
-  hid_t get() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-
- private:
-  hid_t id_;
-  herr_t (*close_)(hid_t);
-};
+using hdf5::Handle;
+using hdf5::QuietHdf5Errors;
 
 std::string lookup(const std::vector<std::pair<std::string, std::string>>& pairs, const std::string& key) {
   for (const auto& [name, value] : pairs)
@@ -71,11 +43,11 @@ FinalRow read_final_row(const std::string& path, const FileSummary& summary) {
     row.has_time = true;
     row.time = summary.last_time;
   }
-  QuietHdf5 quiet;
-  Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file.ok() || H5Lexists(file.get(), "/observables", H5P_DEFAULT) <= 0) return row;
-  Id group(H5Gopen2(file.get(), "/observables", H5P_DEFAULT), H5Gclose);
-  if (!group.ok()) return row;
+  QuietHdf5Errors quiet;
+  const Handle file = hdf5::open_read_only(path);
+  if (!file.valid() || H5Lexists(file.get(), "/observables", H5P_DEFAULT) <= 0) return row;
+  Handle group(H5Gopen2(file.get(), "/observables", H5P_DEFAULT), H5Gclose);
+  if (!group.valid()) return row;
   std::vector<std::string> names;
   auto collect = [](hid_t, const char* name, const H5L_info_t*, void* data) -> herr_t {
     static_cast<std::vector<std::string>*>(data)->push_back(name);
@@ -86,9 +58,9 @@ FinalRow read_final_row(const std::string& path, const FileSummary& summary) {
     if (H5Lexists(group.get(), name.c_str(), H5P_DEFAULT) <= 0) continue;
     const std::string value_path = name + "/value";
     if (H5Lexists(group.get(), value_path.c_str(), H5P_DEFAULT) <= 0) continue;
-    Id set(H5Dopen2(group.get(), value_path.c_str(), H5P_DEFAULT), H5Dclose);
-    if (!set.ok()) continue;
-    Id space(H5Dget_space(set.get()), H5Sclose);
+    Handle set(H5Dopen2(group.get(), value_path.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!set.valid()) continue;
+    Handle space(H5Dget_space(set.get()), H5Sclose);
     const int rank = H5Sget_simple_extent_ndims(space.get());
     if (rank < 1 || rank > 3) continue;
     hsize_t dims[3] = {0, 0, 0};
@@ -103,7 +75,7 @@ FinalRow read_final_row(const std::string& path, const FileSummary& summary) {
     if (rank == 3) components = count[2] = dims[2];
     if (components == 0) continue;
     if (H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr) < 0) continue;
-    Id memory(H5Screate_simple(1, &components, nullptr), H5Sclose);
+    Handle memory(H5Screate_simple(1, &components, nullptr), H5Sclose);
     std::vector<double> values(components);
     if (H5Dread(set.get(), H5T_NATIVE_DOUBLE, memory.get(), space.get(), H5P_DEFAULT, values.data()) < 0)
       continue;
@@ -119,30 +91,9 @@ std::string number_text(double value) {
   return std::string(buffer, result.ptr);
 }
 
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-          out += escaped;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
+using json::quoted;
+using json::number;
 
-/// JSON has no NaN or infinity: those become null.
-std::string json_number(double value) { return std::isfinite(value) ? number_text(value) : "null"; }
 
 /// Writes `text` to `path` through a temporary file in the same folder and a rename.
 void write_atomically(const fs::path& path, const std::string& text) {
@@ -253,12 +204,12 @@ std::vector<CaseStatus> write_manifest(const SweepPlan& plan, const std::string&
   for (const auto& column : columns) csv << ',' << csv_field(column);
   csv << "\r\n";
   std::ostringstream json;
-  json << "{\n  \"sweep\": " << json_string(plan.path) << ",\n  \"out_dir\": " << json_string(dir)
+  json << "{\n  \"sweep\": " << quoted(plan.path) << ",\n  \"out_dir\": " << quoted(dir)
        << ",\n  \"axes\": {";
   for (std::size_t a = 0; a < plan.axes.size(); ++a) {
-    json << (a ? ", " : "") << json_string(plan.axes[a].name) << ": [";
+    json << (a ? ", " : "") << quoted(plan.axes[a].name) << ": [";
     for (std::size_t v = 0; v < plan.axes[a].values.size(); ++v)
-      json << (v ? ", " : "") << json_string(plan.axes[a].values[v]);
+      json << (v ? ", " : "") << quoted(plan.axes[a].values[v]);
     json << ']';
   }
   json << "},\n  \"cases\": [";
@@ -277,21 +228,21 @@ std::vector<CaseStatus> write_manifest(const SweepPlan& plan, const std::string&
     }
     csv << "\r\n";
 
-    json << (i ? "," : "") << "\n    {\"index\": " << c.index << ", \"case_id\": " << json_string(c.id)
-         << ", \"file\": " << json_string(file) << ", \"status\": " << json_string(row.status.text)
+    json << (i ? "," : "") << "\n    {\"index\": " << c.index << ", \"case_id\": " << quoted(c.id)
+         << ", \"file\": " << quoted(file) << ", \"status\": " << quoted(row.status.text)
          << ", \"axes\": {";
     for (std::size_t a = 0; a < plan.axes.size(); ++a)
-      json << (a ? ", " : "") << json_string(plan.axes[a].name) << ": " << json_string(c.values[a]);
-    json << "}, \"final_time\": " << (row.final.has_time ? json_number(row.final.time) : "null")
+      json << (a ? ", " : "") << quoted(plan.axes[a].name) << ": " << quoted(c.values[a]);
+    json << "}, \"final_time\": " << (row.final.has_time ? number(row.final.time) : "null")
          << ", \"final_observables\": {";
     for (std::size_t k = 0; k < row.final.observables.size(); ++k) {
       const auto& [name, values] = row.final.observables[k];
-      json << (k ? ", " : "") << json_string(name) << ": ";
+      json << (k ? ", " : "") << quoted(name) << ": ";
       if (values.size() == 1) {
-        json << json_number(values[0]);
+        json << number(values[0]);
       } else {
         json << '[';
-        for (std::size_t j = 0; j < values.size(); ++j) json << (j ? ", " : "") << json_number(values[j]);
+        for (std::size_t j = 0; j < values.size(); ++j) json << (j ? ", " : "") << number(values[j]);
         json << ']';
       }
     }

@@ -106,17 +106,21 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
-/// Runs the mfattn binary with a shell argument string.
-inline CommandResult run_mfattn(const std::string& arguments) {
-  const std::string command = std::string(MFATTN_BINARY) + " " + arguments + " 2>&1";
+/// Runs a shell command; stdout and stderr together, and its exit code.
+inline CommandResult run_shell(const std::string& command) {
   CommandResult result;
-  FILE* pipe = ::popen(command.c_str(), "r");
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
   if (!pipe) return result;
   char buffer[4096];
   while (std::fgets(buffer, sizeof buffer, pipe)) result.output += buffer;
   const int status = ::pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+/// Runs the mfattn binary with a shell argument string.
+inline CommandResult run_mfattn(const std::string& arguments) {
+  return run_shell(std::string(MFATTN_BINARY) + " " + arguments);
 }
 
 }  // namespace mfattn::testing

@@ -93,16 +93,7 @@ std::size_t count_files(const fs::path& dir, const std::string& suffix) {
 }
 
 /// Output of a shell command (stdout and stderr) and its exit code.
-testing::CommandResult shell(const std::string& command) {
-  testing::CommandResult result;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return result;
-  char buffer[4096];
-  while (std::fgets(buffer, sizeof buffer, pipe)) result.output += buffer;
-  const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
+testing::CommandResult shell(const std::string& command) { return testing::run_shell(command); }
 
 constexpr const char* kTinyBase =
     "# tiny cases\n"
