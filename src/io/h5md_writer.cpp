@@ -363,13 +363,8 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     QuietHdf5Errors quiet;
     for (const Handle& group : particle_groups_) {
       const hid_t g = group.get();
-      write_fixed_dataset(check_, g, "aux_position", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {n, k},
-                          labels.aux_position.data());
-      write_fixed_dataset(check_, g, "prompt_id", H5T_STD_I32LE, H5T_NATIVE_INT32, {n},
-                          labels.prompt_id.data());
-      write_fixed_dataset(check_, g, "presence", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {n},
-                          labels.presence.data());
-      write_fixed_dataset(check_, g, "id", H5T_STD_I64LE, H5T_NATIVE_INT64, {n}, labels.id.data());
+      write_label_datasets(g, n, k, labels.aux_position.data(), labels.prompt_id.data(),
+                           labels.presence.data(), labels.id.data());
       if (labels.generator_count > 0) {
         const std::size_t d = setup_.d;
         if (labels.gauge_generators.size() != labels.generator_count * d * d)
@@ -506,14 +501,20 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     const hid_t g = group.get();
     write_fixed_dataset(check_, g, "position", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {count, d},
                         labels.prefix_position.data());
+    write_label_datasets(g, count, k, labels.prefix_aux_position.data(),
+                         labels.prefix_prompt_id.data(), labels.prefix_presence.data(),
+                         labels.prefix_id.data());
+  }
+
+  /// aux_position [count, k], prompt_id, presence and id [count] of a particle group.
+  void write_label_datasets(hid_t g, std::size_t count, std::size_t k, const double* aux_position,
+                            const std::int32_t* prompt_id, const double* presence,
+                            const std::int64_t* id) {
     write_fixed_dataset(check_, g, "aux_position", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {count, k},
-                        labels.prefix_aux_position.data());
-    write_fixed_dataset(check_, g, "prompt_id", H5T_STD_I32LE, H5T_NATIVE_INT32, {count},
-                        labels.prefix_prompt_id.data());
-    write_fixed_dataset(check_, g, "presence", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {count},
-                        labels.prefix_presence.data());
-    write_fixed_dataset(check_, g, "id", H5T_STD_I64LE, H5T_NATIVE_INT64, {count},
-                        labels.prefix_id.data());
+                        aux_position);
+    write_fixed_dataset(check_, g, "prompt_id", H5T_STD_I32LE, H5T_NATIVE_INT32, {count}, prompt_id);
+    write_fixed_dataset(check_, g, "presence", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {count}, presence);
+    write_fixed_dataset(check_, g, "id", H5T_STD_I64LE, H5T_NATIVE_INT64, {count}, id);
   }
 
   void create_observables() {

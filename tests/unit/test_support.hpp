@@ -71,6 +71,21 @@ inline Trajectory simulate(const RunConfig& cfg, int threads = 1, const std::str
   return t;
 }
 
+/// Integrates cfg with the cpu backend (2 threads) and the reference backend; expects the
+/// final states to agree to 1e-9 and the tokens to have moved. Returns the cpu trajectory.
+inline Trajectory expect_cpu_matches_reference(const RunConfig& cfg, const std::string& label) {
+  auto fast = simulate(cfg, 2, "cpu");
+  const auto reference = simulate(cfg, 1, "reference");
+  double worst = 0.0, moved = 0.0;
+  for (std::size_t e = 0; e < fast.frames.back().x.size(); ++e) {
+    worst = std::max(worst, std::fabs(fast.frames.back().x[e] - reference.frames.back().x[e]));
+    moved = std::max(moved, std::fabs(fast.frames.back().x[e] - fast.frames.front().x[e]));
+  }
+  EXPECT_LT(worst, 1e-9) << label;
+  EXPECT_GT(moved, 1e-3) << "no motion: " << label;
+  return fast;
+}
+
 /// The message of the std::invalid_argument that f throws (a marker if it throws none).
 template <class F>
 std::string message_of(F&& f) {
