@@ -157,8 +157,14 @@ def _open(path: str | os.PathLike) -> h5py.File:
     if not h5py.is_hdf5(path):
         raise ValueError(f"{path}: not an mfattn H5MD file (not an HDF5 file)")
     # No file locking: a running mfattn holds its lock for the whole run, and every frame it
-    # has flushed is readable.
-    return h5py.File(path, "r", locking=False)
+    # has flushed is readable. HDF5 refuses a second open of a file that this process already
+    # holds with other locking flags (a caller's own h5py.File): then use the default flags.
+    try:
+        return h5py.File(path, "r", locking=False)
+    except OSError as error:
+        if "locking" not in str(error):
+            raise
+        return h5py.File(path, "r")
 
 
 def _replica_groups(f: h5py.File, path: str) -> list[str]:
