@@ -17,7 +17,7 @@ export MFATTN_REQUIRE_MPI=1
 
 if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
   # AddressSanitizer + UndefinedBehaviorSanitizer build of the unit and CLI tests (portable
-  # ISA, -O2). The long numerical runs (baseline collapse, 4000-replica Brownian motion, the
+  # ISA). The long numerical runs (baseline collapse, 4000-replica Brownian motion, the
   # SIGKILL-and-resume run) take minutes under the sanitizers; the Release build runs them.
   # So does the sweep's SIGKILL-and-rerun test; and Open MPI's own allocations fail
   # LeakSanitizer, so the mpirun sweep test is left out too.
