@@ -1,5 +1,4 @@
 // mfattn sweep, part 2: the status of a case in DIR and the manifest (CSV and JSON).
-#include <hdf5.h>
 #include <unistd.h>
 
 #include <charconv>
@@ -11,8 +10,8 @@
 #include <sstream>
 
 #include "app/json_text.hpp"
-#include "io/hdf5_support.hpp"
 #include "mfattn/h5md.hpp"
+#include "mfattn/series.hpp"
 #include "mfattn/sweep.hpp"
 
 namespace mfattn {
@@ -20,8 +19,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using hdf5::Handle;
-using hdf5::QuietHdf5Errors;
 
 std::string lookup(const std::vector<std::pair<std::string, std::string>>& pairs, const std::string& key) {
   for (const auto& [name, value] : pairs)
@@ -43,43 +40,21 @@ FinalRow read_final_row(const std::string& path, const FileSummary& summary) {
     row.has_time = true;
     row.time = summary.last_time;
   }
-  QuietHdf5Errors quiet;
-  const Handle file = hdf5::open_read_only(path);
-  if (!file.valid() || H5Lexists(file.get(), "/observables", H5P_DEFAULT) <= 0) return row;
-  Handle group(H5Gopen2(file.get(), "/observables", H5P_DEFAULT), H5Gclose);
-  if (!group.valid()) return row;
-  std::vector<std::string> names;
-  auto collect = [](hid_t, const char* name, const H5L_info_t*, void* data) -> herr_t {
-    static_cast<std::vector<std::string>*>(data)->push_back(name);
-    return 0;
-  };
-  H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect, &names);
-  for (const auto& name : names) {
-    if (H5Lexists(group.get(), name.c_str(), H5P_DEFAULT) <= 0) continue;
-    const std::string value_path = name + "/value";
-    if (H5Lexists(group.get(), value_path.c_str(), H5P_DEFAULT) <= 0) continue;
-    Handle set(H5Dopen2(group.get(), value_path.c_str(), H5P_DEFAULT), H5Dclose);
-    if (!set.valid()) continue;
-    Handle space(H5Dget_space(set.get()), H5Sclose);
-    const int rank = H5Sget_simple_extent_ndims(space.get());
-    if (rank < 1 || rank > 3) continue;
-    hsize_t dims[3] = {0, 0, 0};
-    H5Sget_simple_extent_dims(space.get(), dims, nullptr);
-    hsize_t rows = dims[0];
-    if (summary.frames > 0 && summary.frames < rows) rows = summary.frames;
-    if (rows == 0) continue;
-    // [T] or [T, c] for one replica, [T, R] or [T, R, c] for R > 1: take replica 0.
-    hsize_t start[3] = {rows - 1, 0, 0}, count[3] = {1, 1, 1};
-    hsize_t components = 1;
-    if (rank == 2 && summary.replicas <= 1) components = count[1] = dims[1];
-    if (rank == 3) components = count[2] = dims[2];
-    if (components == 0) continue;
-    if (H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr) < 0) continue;
-    Handle memory(H5Screate_simple(1, &components, nullptr), H5Sclose);
-    std::vector<double> values(components);
-    if (H5Dread(set.get(), H5T_NATIVE_DOUBLE, memory.get(), space.get(), H5P_DEFAULT, values.data()) < 0)
-      continue;
-    row.observables.emplace_back(name, std::move(values));
+  try {
+    const SeriesFile series(path);
+    for (const auto& name : series.observable_names()) {
+      if (!series.has_observable(name)) continue;
+      try {
+        std::size_t components = 1;
+        const auto values = series.observable(name, 0, &components);
+        if (components == 0 || values.size() < components) continue;
+        row.observables.emplace_back(name, std::vector<double>(values.end() - components, values.end()));
+      } catch (const IoError&) {
+        // A malformed observable leaves its column empty; the others are still reported.
+      }
+    }
+  } catch (const IoError&) {
+    // Unreadable: the manifest row keeps its status and time, without observables.
   }
   return row;
 }

@@ -43,9 +43,9 @@ double energy_from_weight_sums(const Model& model, const double* x, const double
     const double shift = model.exponent_shift();
     for (std::size_t p = model.n; p < sources; ++p) {
       gauged(model, model.q, model.q_identity, p, detail::source_content(model, x, p), query.data());
+      const double* pos_p = detail::source_position(model, p);
       double row = 0.0;
       for (std::size_t j = 0; j < sources; ++j) {
-        const double* pos_p = detail::source_position(model, p);
         const double* pos_j = detail::source_position(model, j);
         if (!detail::prompt_visible(model, p, j) || !detail::visible(model, pos_p, pos_j)) continue;
         double score = 0.0;

@@ -92,8 +92,6 @@ std::size_t count_files(const fs::path& dir, const std::string& suffix) {
   return count;
 }
 
-/// Output of a shell command (stdout and stderr) and its exit code.
-testing::CommandResult shell(const std::string& command) { return testing::run_shell(command); }
 
 constexpr const char* kTinyBase =
     "# tiny cases\n"
@@ -526,7 +524,7 @@ TEST(Sweep, MpiRanksRunEveryCaseOnce) {
                 "configure again with MFATTN_MPI=ON (the default; it turns itself off when CMake finds no MPI)";
     GTEST_SKIP() << "built without MPI (CMake option MFATTN_MPI off, or no MPI found); set MFATTN_REQUIRE_MPI=1 to make this a failure";
   }
-  if (shell("command -v mpirun").exit_code != 0) {
+  if (testing::run_shell("command -v mpirun").exit_code != 0) {
     if (require) FAIL() << "MFATTN_REQUIRE_MPI=1 but mpirun is not on PATH (install openmpi-bin)";
     GTEST_SKIP() << "mpirun is not on PATH";
   }
@@ -537,7 +535,7 @@ TEST(Sweep, MpiRanksRunEveryCaseOnce) {
   const SweepPlan plan = load_sweep(file.string());
   const std::string sweep =
       std::string(MFATTN_BINARY) + " sweep --config " + file.string() + " --out-dir " + out.string();
-  const auto result = shell("mpirun --allow-run-as-root --oversubscribe -n 2 " + sweep);
+  const auto result = testing::run_shell("mpirun --allow-run-as-root --oversubscribe -n 2 " + sweep);
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const auto runs = count_of(result.output, "run");
   ASSERT_EQ(runs.size(), plan.cases.size()) << result.output;
@@ -552,7 +550,7 @@ TEST(Sweep, MpiRanksRunEveryCaseOnce) {
   for (std::size_t i = 1; i < rows.size(); ++i) EXPECT_EQ(rows[i][3], "complete");
   // Without a launcher the MPI build still runs as one process (here forced to initialise
   // MPI as a singleton): everything is done, so everything is skipped.
-  const auto single = shell("MFATTN_SWEEP_MPI=1 " + sweep);
+  const auto single = testing::run_shell("MFATTN_SWEEP_MPI=1 " + sweep);
   EXPECT_EQ(single.exit_code, 0) << single.output;
   EXPECT_EQ(count_of(single.output, "skip").size(), plan.cases.size()) << single.output;
   fs::remove_all(dir);
