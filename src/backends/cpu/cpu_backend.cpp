@@ -32,68 +32,20 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "backends/backend_common.hpp"
+#include "backends/cpu/micro_kernels.hpp"
 #include "backends/cpu/pair_terms.hpp"
+#include "backends/cpu/symmetric_pairs.hpp"
 #include "backends/cpu/vector_math.hpp"
 
 namespace mfattn {
 namespace {
 
-using simd::Lanes;
-using simd::kLanes;
-
-constexpr std::size_t kTile = cpu::PairTerms::kTile;  // sources are padded to whole tiles
-// Lanes over sources up to here; from d = 5 the micro-kernels are faster (measured).
-constexpr std::size_t kSmallDimension = 4;
-// Receivers sharing each source load. The small-d loop keeps d + 1 lane sums per receiver in
-// registers, so 4 fit; the large-d micro-kernels keep 6 x 4 lane vectors of sums (24 of the
-// 32 vector registers), which amortises each key / value load over 6 receivers.
-constexpr std::size_t kSmallBlock = 4;
-constexpr std::size_t kLargeBlock = 6;
-constexpr std::size_t kMaxBlock = std::max(kSmallBlock, kLargeBlock);
-// Keys are stored in panels of 32 sources: d rows of 32 numbers, contiguous, so the logit
-// micro-kernel reads one 256-byte line group per component (no strided rows, no packing).
-constexpr std::size_t kKeyPanel = 4 * kLanes;
-static_assert(kTile % kKeyPanel == 0);
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-constexpr double kPairsPerExtraThread = 1 << 18;  // below this, one thread does the work
-constexpr double kLooseBound = 1e-250;                 // S_i below this: take the exact max
-// The pair loops take their weights as 2^(l log2 e): see simd::exp2_nonpositive.
-constexpr double kLog2e = 1.4426950408889634074;
-
-std::size_t round_up(std::size_t value, std::size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
-/// Per-replica prepared operands (see the file comment).
-struct Prepared {
-  std::size_t d = 0, padded_sources = 0, padded_dim = 0;
-  std::size_t first_moving = 0;     // sources before this are prefix tokens and their padding
-  // Sources in [bias_free_begin, bias_free_end) need no bias (all p_j = 1, no padding).
-  std::size_t bias_free_begin = 0, bias_free_end = 0;
-  bool logits_above_underflow = false;  // 2 max_i B_i log2(e) < 1020: unbiased logits stay > -1022
-  // Row strides of the lane-major and row-major operands, a line longer than the data so
-  // that rows never share cache sets (power-of-two strides thrash the L1).
-  std::size_t source_stride = 0, row_stride = 0;
-  std::vector<double> queries;      // n x d, receiver-major
-  std::vector<double> offsets;      // B_i per receiver
-  std::vector<double> key_panels;   // per panel of kKeyPanel sources: d rows of kKeyPanel
-  std::vector<double> values_t;     // d rows of source_stride (small d)
-  std::vector<double> values_rows;  // padded_sources rows of row_stride (large d)
-  std::vector<double> bias;         // padded_sources
-  std::vector<double> bias_log2;    // bias * log2(e), for the base-2 logits
-
-  /// Where k_j[c] lies in key_panels.
-  std::size_t key_index(std::size_t c, std::size_t j) const {
-    return (j / kKeyPanel) * d * kKeyPanel + c * kKeyPanel + j % kKeyPanel;
-  }
-  /// The keys k_j[c] of the kLanes sources from j (a multiple of kLanes).
-  const double* key_lanes(std::size_t c, std::size_t j) const {
-    return key_panels.data() + key_index(c, j);
-  }
-};
+using namespace cpu;  // the operands, constants and micro-kernels of micro_kernels.hpp
 
 /// Running sums of one block of receivers over the sources seen so far:
 /// S_i as lanes, and A_i as lanes over sources (small d) or as rows (large d).
@@ -132,7 +84,9 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(const Model& model, int threads)
       : model_(model), threads_(threads > 0 ? threads : omp_get_max_threads()),
-        mass_(model.mass()), pair_terms_(model) {
+        mass_(model.mass()), pair_terms_(model),
+        symmetric_(cpu::symmetric_pairs_apply(model) ? std::make_unique<cpu::SymmetricPairs>(model)
+                                                     : nullptr) {
     for (double p : model.presence) all_present_ = all_present_ && p == 1.0;
   }
 
@@ -141,41 +95,56 @@ class CpuBackend final : public Backend {
   void velocity(std::size_t replicas, const double* x, double* velocity_out,
                 double* weight_sums_out) override {
     prepared_.resize(replicas);
-    const std::size_t n = model_.n;
-    const std::size_t panel = kPanelBlocks * block_size(model_.d);
-    const std::size_t panels_per_replica = (n + panel - 1) / panel;
-    const std::size_t total_panels = replicas * panels_per_replica;
-    bool failed = false;
+    bool fall_back = false;
     std::string failure;
     // Small evaluations (n = 256 is ~30 us of work) run on one thread: waking a team costs
     // more than it saves, and on a busy machine a late thread stalls every step.
-    const double pairs = double(replicas) * double(n) * double(n);
+    const double pairs = double(replicas) * double(model_.n) * double(model_.n);
     const int team = pairs < kPairsPerExtraThread ? 1 : threads_;
 #pragma omp parallel num_threads(team)
     {
 #pragma omp for schedule(static)
-      for (std::size_t r = 0; r < replicas; ++r) prepare(x + r * n * model_.d, prepared_[r]);
-#pragma omp for schedule(dynamic, 1)
-      for (std::size_t unit = 0; unit < total_panels; ++unit) {
-        const std::size_t r = unit / panels_per_replica;
-        const std::size_t first = (unit % panels_per_replica) * panel;
-        try {
-          run_panel(r, first, std::min(panel, n - first), x + r * n * model_.d,
-                    velocity_out + r * n * model_.d,
-                    weight_sums_out ? weight_sums_out + r * n : nullptr);
-        } catch (const NumericalError& error) {
-#pragma omp critical(mfattn_cpu_failure)
-          {
-            failed = true;
-            failure = error.what();
-          }
-        }
-      }
+      for (std::size_t r = 0; r < replicas; ++r) prepare(x + r * model_.n * model_.d, prepared_[r]);
+      if (symmetric_)
+        symmetric_->evaluate(prepared_, replicas, x, velocity_out, weight_sums_out, fall_back,
+                             failure);
+      else
+        one_sided(replicas, x, velocity_out, weight_sums_out, failure);
     }
-    if (failed) throw NumericalError(failure);
+    if (fall_back) {
+      // The shared offset of the symmetric loop was too loose: every receiver again, each
+      // with its own offset (and its exact maximum where that is loose too).
+      failure.clear();
+#pragma omp parallel num_threads(team)
+      one_sided(replicas, x, velocity_out, weight_sums_out, failure);
+    }
+    if (!failure.empty()) throw NumericalError(failure);
   }
 
  private:
+  /// The one-sided loop, called by every thread of a team: panels of receivers walk every
+  /// source.
+  void one_sided(std::size_t replicas, const double* x, double* velocity_out,
+                 double* weight_sums_out, std::string& failure) const {
+    const std::size_t n = model_.n;
+    const std::size_t panel = kPanelBlocks * block_size(model_.d);
+    const std::size_t panels_per_replica = (n + panel - 1) / panel;
+    const std::size_t total_panels = replicas * panels_per_replica;
+#pragma omp for schedule(dynamic, 1)
+    for (std::size_t unit = 0; unit < total_panels; ++unit) {
+      const std::size_t r = unit / panels_per_replica;
+      const std::size_t first = (unit % panels_per_replica) * panel;
+      try {
+        run_panel(r, first, std::min(panel, n - first), x + r * n * model_.d,
+                  velocity_out + r * n * model_.d,
+                  weight_sums_out ? weight_sums_out + r * n : nullptr);
+      } catch (const NumericalError& error) {
+#pragma omp critical(mfattn_cpu_failure)
+        failure = error.what();
+      }
+    }
+  }
+
   void prepare(const double* x, Prepared& p) const {
     const std::size_t n = model_.n, d = model_.d;
     p.d = d;
@@ -443,84 +412,6 @@ class CpuBackend final : public Backend {
     }
   }
 
-  /// Micro-kernel of the logits: l_ij - offset_i for kReceivers receivers and the kKeyPanel
-  /// sources of the key panel at j, lanes over sources, in the units of q: natural (bias =
-  /// p.bias, log_scale = 1) or base 2 (q, offsets scaled by log2 e, bias = p.bias_log2,
-  /// log_scale = log2 e). The kReceivers x 4 lane sums stay in
-  /// registers while the d components stream through: per component 4 key loads and
-  /// kReceivers broadcasts feed 4 kReceivers FMAs. Each logit is one FMA chain over c in
-  /// order, started at -offset, then the bias and the log-terms are added.
-  template <std::size_t kReceivers, class Terms>
-  static void panel_logits(const Terms& terms, const Prepared& p, const double* const* q,
-                           const double* neg_offset,
-                           const typename Terms::Receiver* receiver_terms,
-                           const double* bias_row, double log_scale, std::size_t j,
-                           Lanes (*logits)[4]) {
-    Lanes s[kReceivers][4];
-#pragma GCC unroll 8
-    for (std::size_t r = 0; r < kReceivers; ++r)
-      s[r][0] = s[r][1] = s[r][2] = s[r][3] = simd::broadcast(neg_offset[r]);
-    const double* keys = p.key_lanes(0, j);
-    for (std::size_t c = 0; c < p.d; ++c, keys += kKeyPanel) {
-      Lanes k0 = simd::load(keys), k1 = simd::load(keys + kLanes);
-      Lanes k2 = simd::load(keys + 2 * kLanes), k3 = simd::load(keys + 3 * kLanes);
-      simd::keep_in_registers(k0, k1, k2, k3);
-#pragma GCC unroll 8
-      for (std::size_t r = 0; r < kReceivers; ++r) {
-        const Lanes qc = simd::broadcast(q[r][c]);
-        s[r][0] += qc * k0;
-        s[r][1] += qc * k1;
-        s[r][2] += qc * k2;
-        s[r][3] += qc * k3;
-      }
-    }
-#pragma GCC unroll 4
-    for (std::size_t h = 0; h < 4; ++h) {
-      const std::size_t jh = j + h * kLanes;
-      const Lanes bias = simd::load(bias_row + jh);
-#pragma GCC unroll 8
-      for (std::size_t r = 0; r < kReceivers; ++r) {
-        logits[r][h] = s[r][h] + bias;
-        if constexpr (Terms::kHasLogTerm)
-          logits[r][h] += terms.log_term(receiver_terms[r], jh) * log_scale;
-      }
-    }
-  }
-
-  /// Micro-kernel of A_i += sum_t w_it z_t over one source tile for kLargeBlock receivers and
-  /// kVectors lane vectors of components from cb: the sums stay in registers across the
-  /// tile (loaded from and stored back to the block's rows, so each A_i[c] is one FMA chain
-  /// over all sources in order, whatever the tiling); per source kVectors value loads and
-  /// kLargeBlock weight broadcasts feed kVectors kLargeBlock FMAs.
-  template <std::size_t kVectors>
-  static void add_weighted_values(const Prepared& p, BlockSums& block, const double* weights,
-                                  std::size_t weight_stride, std::size_t begin,
-                                  std::size_t count, std::size_t cb) {
-    Lanes a[kLargeBlock][kVectors];
-#pragma GCC unroll 8
-    for (std::size_t r = 0; r < kLargeBlock; ++r)
-#pragma GCC unroll 4
-      for (std::size_t v = 0; v < kVectors; ++v)
-        a[r][v] = simd::load(block.acc + r * block.acc_stride + cb + v * kLanes);
-    const double* row = p.values_rows.data() + begin * p.row_stride + cb;
-    for (std::size_t t = 0; t < count; ++t, row += p.row_stride) {
-      Lanes z[kVectors];
-#pragma GCC unroll 4
-      for (std::size_t v = 0; v < kVectors; ++v) z[v] = simd::load(row + v * kLanes);
-#pragma GCC unroll 8
-      for (std::size_t r = 0; r < kLargeBlock; ++r) {
-        const Lanes w = simd::broadcast(weights[r * weight_stride + t]);
-#pragma GCC unroll 4
-        for (std::size_t v = 0; v < kVectors; ++v) a[r][v] += w * z[v];
-      }
-    }
-#pragma GCC unroll 8
-    for (std::size_t r = 0; r < kLargeBlock; ++r)
-#pragma GCC unroll 4
-      for (std::size_t v = 0; v < kVectors; ++v)
-        simd::store(block.acc + r * block.acc_stride + cb + v * kLanes, a[r][v]);
-  }
-
   /// Lanes over components: for large d the weights of a tile are computed panel by panel
   /// into an L1-resident buffer, then A_i += W Z runs as a register-blocked product.
   template <class Terms>
@@ -559,12 +450,9 @@ class CpuBackend final : public Backend {
       }
     }
     for (std::size_t r = 0; r < kLargeBlock; ++r) block.weight_lanes[r] = sums[r];
-    // padded_dim is a multiple of 2 lane vectors: blocks of 4 vectors, then one of 2.
-    std::size_t cb = 0;
-    for (; cb + 4 * kLanes <= dp; cb += 4 * kLanes)
-      add_weighted_values<4>(p, block, weights[0], kLargeSourceTile, begin, end - begin, cb);
-    if (cb < dp)
-      add_weighted_values<2>(p, block, weights[0], kLargeSourceTile, begin, end - begin, cb);
+    add_weighted_rows<kLargeBlock>(p.values_rows.data() + begin * p.row_stride, p.row_stride,
+                                   block.acc, block.acc_stride, weights[0], kLargeSourceTile, 1,
+                                   end - begin, dp);
   }
 
   /// exact_i = max(exact_i, max_{j in [begin, end)} l_ij) for each receiver of the block
@@ -596,6 +484,7 @@ class CpuBackend final : public Backend {
   double mass_;
   bool all_present_ = true;
   cpu::PairTerms pair_terms_;
+  std::unique_ptr<cpu::SymmetricPairs> symmetric_;  // null: the symmetric loop does not apply
   std::vector<Prepared> prepared_;
 };
 

@@ -1,0 +1,184 @@
+#pragma once
+// Operands and register-blocked micro-kernels shared by the CPU backend's pair loops: the
+// one-sided loop of cpu_backend.cpp (every receiver walks every source) and the symmetric
+// loop of symmetric_pairs.cpp (one exponential serves the pairs (i, j) and (j, i)).
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <new>
+#include <vector>
+
+#include "backends/cpu/pair_terms.hpp"
+#include "backends/cpu/vector_math.hpp"
+
+namespace mfattn::cpu {
+
+using simd::Lanes;
+using simd::kLanes;
+
+inline constexpr std::size_t kTile = PairTerms::kTile;  // sources are padded to whole tiles
+// Lanes over sources up to here; from d = 5 the micro-kernels are faster (measured).
+inline constexpr std::size_t kSmallDimension = 4;
+// Receivers sharing each source load. The small-d loop keeps d + 1 lane sums per receiver in
+// registers, so 4 fit; the large-d micro-kernels keep 6 x 4 lane vectors of sums (24 of the
+// 32 vector registers), which amortises each key / value load over 6 receivers.
+inline constexpr std::size_t kSmallBlock = 4;
+inline constexpr std::size_t kLargeBlock = 6;
+inline constexpr std::size_t kMaxBlock = std::max(kSmallBlock, kLargeBlock);
+// Keys are stored in panels of 32 sources: d rows of 32 numbers, contiguous, so the logit
+// micro-kernel reads one 256-byte line group per component (no strided rows, no packing).
+inline constexpr std::size_t kKeyPanel = 4 * kLanes;
+static_assert(kTile % kKeyPanel == 0);
+inline constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+inline constexpr double kPairsPerExtraThread = 1 << 18;  // below this, one thread does the work
+inline constexpr double kLooseBound = 1e-250;  // S_i below this: take the exact max
+// The pair loops take their weights as 2^(l log2 e): see simd::exp2_nonpositive.
+inline constexpr double kLog2e = 1.4426950408889634074;
+
+inline std::size_t round_up(std::size_t value, std::size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+/// Allocates on cache-line boundaries: sums that threads write side by side (tiles of 64
+/// numbers) then never share a line, which would cost a transfer between cores per store.
+template <class T>
+struct CacheLineAllocator {
+  using value_type = T;
+  static constexpr std::align_val_t kAlignment{64};
+  CacheLineAllocator() = default;
+  template <class U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(std::size_t count) {
+    return static_cast<T*>(::operator new(count * sizeof(T), kAlignment));
+  }
+  void deallocate(T* pointer, std::size_t) { ::operator delete(pointer, kAlignment); }
+  friend bool operator==(const CacheLineAllocator&, const CacheLineAllocator&) { return true; }
+};
+using AlignedDoubles = std::vector<double, CacheLineAllocator<double>>;
+
+/// Per-replica prepared operands (see cpu_backend.cpp's file comment).
+struct Prepared {
+  std::size_t d = 0, padded_sources = 0, padded_dim = 0;
+  std::size_t first_moving = 0;     // sources before this are prefix tokens and their padding
+  // Sources in [bias_free_begin, bias_free_end) need no bias (all p_j = 1, no padding).
+  std::size_t bias_free_begin = 0, bias_free_end = 0;
+  bool logits_above_underflow = false;  // 2 max_i B_i log2(e) < 1020: unbiased logits stay > -1022
+  // Row strides of the lane-major and row-major operands, a line longer than the data so
+  // that rows never share cache sets (power-of-two strides thrash the L1).
+  std::size_t source_stride = 0, row_stride = 0;
+  std::vector<double> queries;      // n x d, receiver-major
+  std::vector<double> offsets;      // B_i per receiver
+  std::vector<double> key_panels;   // per panel of kKeyPanel sources: d rows of kKeyPanel
+  std::vector<double> values_t;     // d rows of source_stride (small d)
+  std::vector<double> values_rows;  // padded_sources rows of row_stride (large d)
+  std::vector<double> bias;         // padded_sources
+  std::vector<double> bias_log2;    // bias * log2(e), for the base-2 logits
+
+  /// Where k_j[c] lies in key_panels.
+  std::size_t key_index(std::size_t c, std::size_t j) const {
+    return (j / kKeyPanel) * d * kKeyPanel + c * kKeyPanel + j % kKeyPanel;
+  }
+  /// The keys k_j[c] of the kLanes sources from j (a multiple of kLanes).
+  const double* key_lanes(std::size_t c, std::size_t j) const {
+    return key_panels.data() + key_index(c, j);
+  }
+};
+
+/// Micro-kernel of the logits: l_ij - offset_i for kReceivers receivers and the kKeyPanel
+/// sources of the key panel at j, lanes over sources, in the units of q: natural (bias =
+/// p.bias, log_scale = 1) or base 2 (q, offsets scaled by log2 e, bias = p.bias_log2,
+/// log_scale = log2 e). The kReceivers x 4 lane sums stay in registers while the d
+/// components stream through: per component 4 key loads and kReceivers broadcasts feed
+/// 4 kReceivers FMAs. Each logit is one FMA chain over c in order, started at -offset, then
+/// the bias (bias_row = nullptr: none) and the log-terms are added. Never inlined: inlined
+/// next to the exponential that follows, GCC spilled the 24 sums to the stack every component.
+template <std::size_t kReceivers, class Terms>
+[[gnu::noinline]] void panel_logits(const Terms& terms, const Prepared& p, const double* const* q,
+                         const double* neg_offset, const typename Terms::Receiver* receiver_terms,
+                         const double* bias_row, double log_scale, std::size_t j,
+                         Lanes (*logits)[4]) {
+  Lanes s[kReceivers][4];
+#pragma GCC unroll 8
+  for (std::size_t r = 0; r < kReceivers; ++r)
+    s[r][0] = s[r][1] = s[r][2] = s[r][3] = simd::broadcast(neg_offset[r]);
+  const double* keys = p.key_lanes(0, j);
+  for (std::size_t c = 0; c < p.d; ++c, keys += kKeyPanel) {
+    Lanes k0 = simd::load(keys), k1 = simd::load(keys + kLanes);
+    Lanes k2 = simd::load(keys + 2 * kLanes), k3 = simd::load(keys + 3 * kLanes);
+    simd::keep_in_registers(k0, k1, k2, k3);
+#pragma GCC unroll 8
+    for (std::size_t r = 0; r < kReceivers; ++r) {
+      const Lanes qc = simd::broadcast(q[r][c]);
+      s[r][0] += qc * k0;
+      s[r][1] += qc * k1;
+      s[r][2] += qc * k2;
+      s[r][3] += qc * k3;
+    }
+  }
+#pragma GCC unroll 4
+  for (std::size_t h = 0; h < 4; ++h) {
+    const std::size_t jh = j + h * kLanes;
+    const Lanes bias = bias_row ? simd::load(bias_row + jh) : Lanes{};
+#pragma GCC unroll 8
+    for (std::size_t r = 0; r < kReceivers; ++r) {
+      logits[r][h] = bias_row ? s[r][h] + bias : s[r][h];
+      if constexpr (Terms::kHasLogTerm)
+        logits[r][h] += terms.log_term(receiver_terms[r], jh) * log_scale;
+    }
+  }
+}
+
+/// Micro-kernel of A_r += sum_t w_rt z_t for kReceivers rows of sums (acc, acc_stride apart)
+/// and kVectors lane vectors of components from cb, over count sources whose rows start at
+/// values (value_stride apart); w_rt = weights[r * weight_stride + t * weight_step] (step 1:
+/// rows of weights; weight_stride 1: the same block read transposed). The sums stay in
+/// registers across the sources (loaded from and stored back to acc, so each A_r[c] is one
+/// FMA chain over all sources in order, whatever the tiling); per source kVectors value loads
+/// and kReceivers weight broadcasts feed kVectors kReceivers FMAs.
+template <std::size_t kReceivers, std::size_t kVectors>
+inline void add_weighted_values(const double* values, std::size_t value_stride, double* acc,
+                                std::size_t acc_stride, const double* weights,
+                                std::size_t weight_stride, std::size_t weight_step,
+                                std::size_t count, std::size_t cb) {
+  Lanes a[kReceivers][kVectors];
+#pragma GCC unroll 8
+  for (std::size_t r = 0; r < kReceivers; ++r)
+#pragma GCC unroll 4
+    for (std::size_t v = 0; v < kVectors; ++v)
+      a[r][v] = simd::load(acc + r * acc_stride + cb + v * kLanes);
+  const double* row = values + cb;
+  for (std::size_t t = 0; t < count; ++t, row += value_stride, weights += weight_step) {
+    Lanes z[kVectors];
+#pragma GCC unroll 4
+    for (std::size_t v = 0; v < kVectors; ++v) z[v] = simd::load(row + v * kLanes);
+#pragma GCC unroll 8
+    for (std::size_t r = 0; r < kReceivers; ++r) {
+      const Lanes w = simd::broadcast(weights[r * weight_stride]);
+#pragma GCC unroll 4
+      for (std::size_t v = 0; v < kVectors; ++v) a[r][v] += w * z[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (std::size_t r = 0; r < kReceivers; ++r)
+#pragma GCC unroll 4
+    for (std::size_t v = 0; v < kVectors; ++v)
+      simd::store(acc + r * acc_stride + cb + v * kLanes, a[r][v]);
+}
+
+/// A_r += W Z over all padded_dim components (blocks of 4 lane vectors, then one of 2: the
+/// padded dimension is a multiple of 2 lane vectors).
+template <std::size_t kReceivers>
+inline void add_weighted_rows(const double* values, std::size_t value_stride, double* acc,
+                              std::size_t acc_stride, const double* weights,
+                              std::size_t weight_stride, std::size_t weight_step,
+                              std::size_t count, std::size_t padded_dim) {
+  std::size_t cb = 0;
+  for (; cb + 4 * kLanes <= padded_dim; cb += 4 * kLanes)
+    add_weighted_values<kReceivers, 4>(values, value_stride, acc, acc_stride, weights,
+                                       weight_stride, weight_step, count, cb);
+  if (cb < padded_dim)
+    add_weighted_values<kReceivers, 2>(values, value_stride, acc, acc_stride, weights,
+                                       weight_stride, weight_step, count, cb);
+}
+
+}  // namespace mfattn::cpu

@@ -1,0 +1,332 @@
+// The symmetric pair loop of the CPU backend: see symmetric_pairs.hpp.
+#include "backends/cpu/symmetric_pairs.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <thread>
+
+#include "backends/backend_common.hpp"
+#include "mfattn/backend.hpp"
+
+namespace mfattn::cpu {
+namespace {
+
+// 64 = 10 x 6 + 4: the large-d micro-kernels take a tile's receivers 6 at a time, then 4.
+static_assert(kTile % kLargeBlock == kSmallBlock && kTile % kLanes == 0 && kTile % kKeyPanel == 0);
+
+// Full mask, no auxiliary factor: what the logit micro-kernel needs to know of the terms.
+using PlainTerms = Terms<FullMask, NoFactor>;
+
+// d <= 4: row receivers and lane vectors of sources per step (their exps run in lockstep).
+constexpr std::size_t kSymmetricRows = 2, kSymmetricChunks = 2;
+
+}  // namespace
+
+bool symmetric_pairs_apply(const Model& model) {
+  return model.q_identity && model.k_identity && model.mask == MaskKind::Full &&
+         model.aux_factor == AuxFactor::None && model.prefix_count() == 0 && model.beta > 0.0;
+}
+
+SymmetricPairs::SymmetricPairs(const Model& model)
+    : model_(model), mass_(model.mass()), padded_(round_up(std::max<std::size_t>(model.n, 1), kTile)),
+      tiles_(padded_ / kTile), stride_(padded_ + kLanes) {}
+
+void SymmetricPairs::build(const Prepared& p, Replica& s) const {
+  const std::size_t n = model_.n, d = model_.d;
+  // The common offset: the largest B_i of a present receiver (B_i already holds the largest
+  // key of a present source), so null tokens change no offset.
+  s.offset = 0.0;
+  for (std::size_t i = 0; i < n; ++i)
+    if (model_.presence[i] > 0.0) s.offset = std::max(s.offset, p.offsets[i]);
+  s.neg_offset_log2 = -s.offset * kLog2e;
+  s.offset_usable = 2.0 * s.offset * kLog2e < 1020.0;
+  s.queries.assign(padded_ * d, 0.0);
+  for (std::size_t i = 0; i < n * d; ++i) s.queries[i] = p.queries[i] * kLog2e;
+  s.presence.assign(padded_, 0.0);
+  std::copy(model_.presence.begin(), model_.presence.begin() + n, s.presence.begin());
+  s.weight_sum.assign(padded_, 0.0);
+  if (d <= kSmallDimension) {
+    s.values.assign(d * stride_, 0.0);
+    for (std::size_t c = 0; c < d; ++c)
+      for (std::size_t j = 0; j < n; ++j)
+        s.values[c * stride_ + j] = s.presence[j] * p.values_t[c * p.source_stride + j];
+    s.acc.assign(d * stride_, 0.0);
+    s.row_lanes.assign(padded_ * (d + 1) * kLanes, 0.0);
+  } else {
+    s.values.assign(padded_ * p.row_stride, 0.0);
+    for (std::size_t j = 0; j < n; ++j)
+      for (std::size_t c = 0; c < d; ++c)
+        s.values[j * p.row_stride + c] = s.presence[j] * p.values_rows[j * p.row_stride + c];
+    s.acc.assign(padded_ * p.row_stride, 0.0);
+  }
+}
+
+/// d <= 4: lanes over the column tile's sources; kRows row receivers x kChunks lane vectors
+/// of sources per step, their kRows kChunks exps in lockstep (independent chains for the
+/// FMA pipes). The row sums continue each receiver's lane sums across blocks (reduced when it
+/// is finished); the column sums are loaded, take one term per row receiver in order, and are
+/// stored back.
+template <std::size_t kDim, bool kColumn>
+void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_tile,
+                                 std::size_t column_tile) const {
+  constexpr std::size_t kRows = kSymmetricRows, kChunks = kSymmetricChunks;
+  constexpr std::size_t kWidth = kChunks * kLanes, kExps = kRows * kChunks;
+  static_assert(kTile % kRows == 0 && kKeyPanel % kWidth == 0);
+  const std::size_t a_begin = row_tile * kTile, b_begin = column_tile * kTile;
+  const std::size_t stride = stride_;
+  const Lanes neg_offset = simd::broadcast(s.neg_offset_log2);
+  double* acc = s.acc.data();
+  double* weight_sum = s.weight_sum.data();
+  double* row_lanes = s.row_lanes.data();
+  const double* values = s.values.data();
+  const double* presence = s.presence.data();
+  const double* queries = s.queries.data();
+  for (std::size_t a0 = a_begin; a0 < a_begin + kTile; a0 += kRows) {
+    double q[kRows][kDim], row_presence[kRows], row_values[kRows][kDim];
+    Lanes row_sum[kRows], row_acc[kRows][kDim];
+    for (std::size_t r = 0; r < kRows; ++r) {
+      const double* lanes = row_lanes + (a0 + r) * (kDim + 1) * kLanes;
+      row_sum[r] = simd::load(lanes);
+      for (std::size_t c = 0; c < kDim; ++c) row_acc[r][c] = simd::load(lanes + (c + 1) * kLanes);
+      row_presence[r] = presence[a0 + r];
+      for (std::size_t c = 0; c < kDim; ++c) {
+        q[r][c] = queries[(a0 + r) * kDim + c];
+        row_values[r][c] = values[c * stride + a0 + r];
+      }
+    }
+    for (std::size_t j = b_begin; j < b_begin + kTile; j += kWidth) {
+      const double* key_lanes = p.key_lanes(0, j);
+      Lanes logits[kExps], weights[kExps];
+      for (std::size_t h = 0; h < kChunks; ++h) {
+        Lanes keys[kDim];
+        for (std::size_t c = 0; c < kDim; ++c)
+          keys[c] = simd::load(key_lanes + c * kKeyPanel + h * kLanes);
+        for (std::size_t r = 0; r < kRows; ++r) {
+          Lanes& logit = logits[r * kChunks + h];
+          logit = q[r][0] * keys[0] + neg_offset;
+          for (std::size_t c = 1; c < kDim; ++c) logit += q[r][c] * keys[c];
+        }
+      }
+      // Every logit is >= -2 B log2(e) > -1020 (offset_usable), so no select for underflow.
+      simd::exp2_nonpositive<kExps, false>(logits, weights);
+      for (std::size_t h = 0; h < kChunks; ++h) {
+        const std::size_t jh = j + h * kLanes;
+        const Lanes column_presence = simd::load(presence + jh);
+        Lanes column_values[kDim];
+        for (std::size_t c = 0; c < kDim; ++c) column_values[c] = simd::load(values + c * stride + jh);
+        for (std::size_t r = 0; r < kRows; ++r) {
+          const Lanes w = weights[r * kChunks + h];
+          row_sum[r] += w * column_presence;
+          for (std::size_t c = 0; c < kDim; ++c) row_acc[r][c] += w * column_values[c];
+        }
+        if constexpr (kColumn) {
+          Lanes column_sum = simd::load(weight_sum + jh), column_acc[kDim];
+          for (std::size_t c = 0; c < kDim; ++c) column_acc[c] = simd::load(acc + c * stride + jh);
+          for (std::size_t r = 0; r < kRows; ++r) {
+            const Lanes w = weights[r * kChunks + h];
+            column_sum += w * row_presence[r];
+            for (std::size_t c = 0; c < kDim; ++c) column_acc[c] += w * row_values[r][c];
+          }
+          simd::store(weight_sum + jh, column_sum);
+          for (std::size_t c = 0; c < kDim; ++c) simd::store(acc + c * stride + jh, column_acc[c]);
+        }
+      }
+    }
+    for (std::size_t r = 0; r < kRows; ++r) {
+      double* lanes = row_lanes + (a0 + r) * (kDim + 1) * kLanes;
+      simd::store(lanes, row_sum[r]);
+      for (std::size_t c = 0; c < kDim; ++c) simd::store(lanes + (c + 1) * kLanes, row_acc[r][c]);
+    }
+  }
+}
+
+namespace {
+
+/// The weights e_ab of kReceivers row receivers from a0 against the kTile sources of the
+/// column tile, into rows of kTile numbers (logit micro-kernel, then the exp in lockstep).
+template <std::size_t kReceivers>
+void exp_rows(const Prepared& p, const double* queries, double neg_offset_log2, std::size_t a0,
+              std::size_t b_begin, double* rows) {
+  const PlainTerms no_terms{};
+  const ReceiverPosition no_receivers[kReceivers] = {};
+  const double* q[kReceivers];
+  double neg_offset[kReceivers];
+  for (std::size_t r = 0; r < kReceivers; ++r) {
+    q[r] = queries + (a0 + r) * p.d;
+    neg_offset[r] = neg_offset_log2;
+  }
+  for (std::size_t j = b_begin; j < b_begin + kTile; j += kKeyPanel) {
+    Lanes logits[kReceivers][4];
+    panel_logits<kReceivers>(no_terms, p, q, neg_offset, no_receivers, nullptr, kLog2e, j, logits);
+    for (std::size_t r = 0; r < kReceivers; ++r) {
+      Lanes weights[4];
+      simd::exp2_nonpositive<4, false>(logits[r], weights);
+      for (std::size_t h = 0; h < 4; ++h)
+        simd::store(rows + r * kTile + (j - b_begin) + h * kLanes, weights[h]);
+    }
+  }
+}
+
+}  // namespace
+
+/// d > 4: the block's weights W (kTile x kTile, L1-resident) from the logit micro-kernel,
+/// then A_I += W (p z)_J and A_J += W^T (p z)_I with the GEMM-like micro-kernel (the second
+/// reads W transposed through its strides). Each A_i[c] stays one FMA chain over its
+/// sources in ascending order across all blocks.
+template <bool kColumn>
+void SymmetricPairs::large_block(const Prepared& p, Replica& s, std::size_t row_tile,
+                                 std::size_t column_tile) const {
+  alignas(64) double weights[kTile * kTile];
+  const std::size_t a_begin = row_tile * kTile, b_begin = column_tile * kTile;
+  const std::size_t rs = p.row_stride, dp = p.padded_dim;
+  std::size_t a = 0;
+  for (; a + kLargeBlock <= kTile; a += kLargeBlock)
+    exp_rows<kLargeBlock>(p, s.queries.data(), s.neg_offset_log2, a_begin + a, b_begin,
+                          weights + a * kTile);
+  exp_rows<kSmallBlock>(p, s.queries.data(), s.neg_offset_log2, a_begin + a, b_begin,
+                        weights + a * kTile);
+  const double* presence = s.presence.data();
+  double* weight_sum = s.weight_sum.data();
+  for (std::size_t r = 0; r < kTile; ++r) {
+    Lanes sum{};
+    for (std::size_t b = 0; b < kTile; b += kLanes)
+      sum += simd::load(weights + r * kTile + b) * simd::load(presence + b_begin + b);
+    weight_sum[a_begin + r] += simd::horizontal_sum(sum);
+  }
+  if constexpr (kColumn)
+    for (std::size_t b = 0; b < kTile; b += kLanes) {
+      Lanes sum = simd::load(weight_sum + b_begin + b);
+      for (std::size_t r = 0; r < kTile; ++r)
+        sum += simd::load(weights + r * kTile + b) * presence[a_begin + r];
+      simd::store(weight_sum + b_begin + b, sum);
+    }
+  // Receivers of one tile, kLargeBlock rows at a time and kSmallBlock for the rest:
+  // A_{first + t} += sum_u w(t, u) (p z)_{source_begin + u}, w(t, u) = w[t * stride + u * step].
+  auto add = [&](std::size_t first, std::size_t source_begin, std::size_t stride,
+                 std::size_t step) {
+    const double* sources = s.values.data() + source_begin * rs;
+    std::size_t t = 0;
+    for (; t + kLargeBlock <= kTile; t += kLargeBlock)
+      add_weighted_rows<kLargeBlock>(sources, rs, s.acc.data() + (first + t) * rs, rs,
+                                     weights + t * stride, stride, step, kTile, dp);
+    add_weighted_rows<kSmallBlock>(sources, rs, s.acc.data() + (first + t) * rs, rs,
+                                   weights + t * stride, stride, step, kTile, dp);
+  };
+  add(a_begin, b_begin, kTile, 1);
+  if constexpr (kColumn) add(b_begin, a_begin, 1, kTile);
+}
+
+void SymmetricPairs::run_block(const Prepared& p, Replica& s, std::size_t row_tile,
+                               std::size_t column_tile) const {
+  const bool column = row_tile != column_tile;
+  auto small = [&]<std::size_t kDim>() {
+    if (column)
+      small_block<kDim, true>(p, s, row_tile, column_tile);
+    else
+      small_block<kDim, false>(p, s, row_tile, column_tile);
+  };
+  switch (p.d) {
+    case 2: return small.template operator()<2>();
+    case 3: return small.template operator()<3>();
+    case 4: return small.template operator()<4>();
+    default:
+      if (column)
+        large_block<true>(p, s, row_tile, column_tile);
+      else
+        large_block<false>(p, s, row_tile, column_tile);
+  }
+}
+
+void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t replicas,
+                              const double* x, double* velocity, double* weight_sums,
+                              bool& fall_back, std::string& failure) {
+  const std::size_t n = model_.n, d = model_.d;
+#pragma omp single
+  {
+    replicas_.resize(replicas);
+    if (progress_size_ < replicas * tiles_) {
+      progress_ = std::make_unique<std::atomic<std::size_t>[]>(replicas * tiles_);
+      progress_size_ = replicas * tiles_;
+    }
+    // Tile t is first met in round t (block (0, t)).
+    for (std::size_t r = 0; r < replicas; ++r)
+      for (std::size_t t = 0; t < tiles_; ++t)
+        progress_[r * tiles_ + t].store(t, std::memory_order_relaxed);
+  }
+#pragma omp for schedule(static)
+  for (std::size_t r = 0; r < replicas; ++r) build(prepared[r], replicas_[r]);
+  bool usable = true;
+  for (const Replica& s : replicas_) usable = usable && s.offset_usable;
+  if (!usable) {
+#pragma omp single
+    fall_back = true;
+    return;
+  }
+  // Rounds r = I + J: the blocks (k, r - k), k <= r - k, of every replica. A tile is in one
+  // block of every round from its first to its last, so a block may start as soon as the
+  // blocks of its two tiles in the previous round are done: progress_[tile] counts the
+  // rounds a tile has finished, and threads wait on those two counters instead of a barrier
+  // per round (2 T - 1 barriers, each waiting for the slowest block). Each thread takes a
+  // contiguous range of each round's blocks, so it keeps its row tiles and mostly meets
+  // column tiles it wrote itself (r + 1 - k was the column tile of block k - 1): the written
+  // sums rarely move between cores (taking the blocks in turn moved them every round, which
+  // cost more than the blocks).
+  const std::size_t team = omp_get_num_threads(), me = omp_get_thread_num();
+  auto wait_for = [](const std::atomic<std::size_t>& counter, std::size_t round) {
+    for (unsigned spins = 0; counter.load(std::memory_order_acquire) < round; ++spins)
+      if (spins > 4096) std::this_thread::yield();  // a busy machine: give the core away
+  };
+  for (std::size_t round = 0; round + 1 < 2 * tiles_; ++round) {
+    const std::size_t first = round >= tiles_ ? round - (tiles_ - 1) : 0, last = round / 2;
+    const std::size_t blocks = last + 1 - first, units = replicas * blocks;
+    for (std::size_t unit = units * me / team; unit < units * (me + 1) / team; ++unit) {
+      const std::size_t r = unit / blocks, k = first + unit % blocks, j = round - k;
+      std::atomic<std::size_t>& row_done = progress_[r * tiles_ + k];
+      std::atomic<std::size_t>& column_done = progress_[r * tiles_ + j];
+      wait_for(row_done, round);
+      wait_for(column_done, round);
+      run_block(prepared[r], replicas_[r], k, j);
+      row_done.store(round + 1, std::memory_order_release);
+      column_done.store(round + 1, std::memory_order_release);
+    }
+  }
+#pragma omp barrier
+  double scratch[2 * 64];
+  std::vector<double> big_scratch(d > 64 ? 2 * d : 0), gathered(d <= kSmallDimension ? d : 0);
+  double* work = d > 64 ? big_scratch.data() : scratch;
+#pragma omp for schedule(static)
+  for (std::size_t unit = 0; unit < replicas * n; ++unit) {
+    const std::size_t r = unit / n, i = unit % n;
+    const Replica& s = replicas_[r];
+    const double* acc = s.acc.data() + i * prepared[r].row_stride;
+    double weight_sum = s.weight_sum[i];
+    if (d <= kSmallDimension) {
+      // The column part (one term per source in order), then the row part's lanes.
+      const double* lanes = s.row_lanes.data() + i * (d + 1) * kLanes;
+      weight_sum += simd::horizontal_sum(simd::load(lanes));
+      for (std::size_t c = 0; c < d; ++c)
+        gathered[c] = s.acc[c * stride_ + i] +
+                      simd::horizontal_sum(simd::load(lanes + (c + 1) * kLanes));
+      acc = gathered.data();
+    }
+    if (model_.presence[i] > 0.0 && !(weight_sum >= kLooseBound)) {
+#pragma omp atomic write
+      fall_back = true;
+      continue;
+    }
+    try {
+      const double sum = detail::finish_receiver(model_, mass_, i, x + (r * n + i) * d, s.offset,
+                                                 weight_sum, acc,
+                                                 velocity + (r * n + i) * d, work);
+      if (weight_sums) weight_sums[r * n + i] = sum;
+    } catch (const NumericalError& error) {
+#pragma omp critical(mfattn_cpu_failure)
+      if (failure.empty()) failure = error.what();
+    }
+  }
+}
+
+}  // namespace mfattn::cpu

@@ -1,0 +1,87 @@
+#pragma once
+// The CPU backend's symmetric pair loop: when the logit of a pair is the same number both
+// ways, s_ij = s_ji, one exponential serves the receiver i and the receiver j, halving the
+// exps (the bound at d <= 4) and taking 3 instead of 4 n^2 d multiply-adds at large d.
+//
+// It applies (symmetric_pairs_apply) when Q = K = I (any V, SA or USA, any gauge, presence
+// and null tokens), the mask is full, there is no auxiliary factor and no prefix token:
+//   s_ij = beta <G_i x_i, G_j x_j> = s_ji   (G: the positional gauge, or I).
+// Every receiver i then shares one offset, B = max_{p_i > 0} |q_i| * max_{p_j > 0} |k_j|
+// (Cauchy-Schwarz, attained to rounding by the self pair), and with e_ij = exp(s_ij - B)
+//   S_i = sum_j p_j e_ij,   A_i = sum_j e_ij (p_j z_j)
+// are the one-sided loop's sums with the presence taken as a factor instead of a bias.
+//
+// Tiles of kTile tokens. The pair of tiles (I, J), I < J, is one block: its e_ab (a in I,
+// b in J) are taken once and added to the receivers of I ("row" role, lanes over b) and of J
+// ("column" role, sequential over a); a diagonal block (I, I) takes every pair of the tile in
+// the row role. Blocks run in rounds r = I + J: the blocks of one round share no tile, so
+// they run in parallel with no atomics, and every tile meets its partners in ascending order
+// (I < J in rounds I + J < 2J, itself in round 2J, then J' > J). Each receiver's sums are
+// therefore taken in one fixed order (partner tiles ascending; inside a block the row role
+// adds a lane-reduced block sum, the column role one term per source in order), the same for
+// any thread count; appending null tokens (p = 0, on the sphere, left out of B) only adds
+// exact zeros at the end of that order, so no other bit changes.
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/micro_kernels.hpp"
+#include "mfattn/model.hpp"
+
+namespace mfattn::cpu {
+
+/// Whether the symmetric loop applies to the model (see the file comment).
+bool symmetric_pairs_apply(const Model& model);
+
+class SymmetricPairs {
+ public:
+  explicit SymmetricPairs(const Model& model);
+
+  /// Called by every thread of an OpenMP team, after prepared[r] holds the operands of each
+  /// replica (no prefix region: source j is token j). Writes every receiver's velocity and,
+  /// when weight_sums is not null, D_i. Sets `fall_back` (and leaves the outputs unfinished)
+  /// when the shared offset is too loose for some replica: 2 B log2(e) >= 1020 (weights could
+  /// underflow) or a present receiver's S_i < kLooseBound; the caller then evaluates with the
+  /// one-sided loop. A NumericalError of a receiver is recorded in `failure` (first one kept).
+  void evaluate(const std::vector<Prepared>& prepared, std::size_t replicas, const double* x,
+                double* velocity, double* weight_sums, bool& fall_back, std::string& failure);
+
+ private:
+  /// One replica's operands and running sums, token-major padded to whole tiles.
+  struct Replica {
+    double offset = 0.0;         // B
+    double neg_offset_log2 = 0;  // -B log2(e)
+    bool offset_usable = true;   // 2 B log2(e) < 1020: no logit reaches the underflow edge
+    AlignedDoubles queries;     // padded x d, q_i log2(e) (zeros for padding)
+    AlignedDoubles presence;    // padded (0 for padding)
+    AlignedDoubles values;      // p_j z_j: d rows of stride (d <= 4) or padded rows of
+                                // row_stride (d > 4)
+    AlignedDoubles acc;         // A_i, laid out like values (written by two threads at once)
+    AlignedDoubles weight_sum;  // S_i, padded
+    // d <= 4: the row role's lane sums, d + 1 lane vectors (S_i, A_i) per receiver, reduced
+    // and added to weight_sum, acc when the receiver is finished.
+    AlignedDoubles row_lanes;
+  };
+
+  void build(const Prepared& p, Replica& replica) const;
+  void run_block(const Prepared& p, Replica& replica, std::size_t row_tile,
+                 std::size_t column_tile) const;
+  template <std::size_t kDim, bool kColumn>
+  void small_block(const Prepared& p, Replica& replica, std::size_t row_tile,
+                   std::size_t column_tile) const;
+  template <bool kColumn>
+  void large_block(const Prepared& p, Replica& replica, std::size_t row_tile,
+                   std::size_t column_tile) const;
+
+  const Model& model_;
+  double mass_;
+  std::size_t padded_ = 0, tiles_ = 0, stride_ = 0;  // stride_: rows of the d <= 4 layout
+  std::vector<Replica> replicas_;
+  // Rounds finished per tile of each replica (see evaluate).
+  std::unique_ptr<std::atomic<std::size_t>[]> progress_;
+  std::size_t progress_size_ = 0;
+};
+
+}  // namespace mfattn::cpu
