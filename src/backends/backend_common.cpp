@@ -68,8 +68,20 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const Model& mode
 
 namespace detail {
 
+double receiver_scale(const Model& model, double log_max) {
+  return std::exp(log_max - model.exponent_shift());
+}
+
 double finish_receiver(const Model& model, double mass, std::size_t token, const double* x_i,
                        double log_max,
+                       double weight_sum_shifted, const double* acc, double* velocity,
+                       double* scratch) {
+  return finish_receiver(model, mass, token, x_i, log_max, receiver_scale(model, log_max),
+                         weight_sum_shifted, acc, velocity, scratch);
+}
+
+double finish_receiver(const Model& model, double mass, std::size_t token, const double* x_i,
+                       double log_max, double scale,
                        double weight_sum_shifted, const double* acc, double* velocity,
                        double* scratch) {
   const std::size_t d = model.d;
@@ -79,11 +91,9 @@ double finish_receiver(const Model& model, double mass, std::size_t token, const
     std::fill(velocity, velocity + d, 0.0);
     return 0.0;
   }
-  const double shift = model.exponent_shift();
   // True weights are exp(log_max - shift) times the shifted ones; the sums are combined in
   // log space where the plain product would overflow although the result does not.
-  const double log_scale = log_max - shift;
-  const double scale = std::exp(log_scale);
+  const double log_scale = log_max - model.exponent_shift();
   const double weight_sum = std::isfinite(scale) ? scale * weight_sum_shifted
                                                  : std::exp(log_scale + std::log(weight_sum_shifted));
   if (p_i == 0.0) {

@@ -81,4 +81,11 @@ double finish_receiver(const Model& model, double mass, std::size_t token, const
                        double weight_sum_shifted, const double* acc, double* velocity,
                        double* scratch);
 
+/// The same with scale = receiver_scale(model, log_max) = exp(log_max - shift) given, for
+/// callers whose receivers share one log_max.
+double finish_receiver(const Model& model, double mass, std::size_t token, const double* x_i,
+                       double log_max, double scale, double weight_sum_shifted,
+                       const double* acc, double* velocity, double* scratch);
+double receiver_scale(const Model& model, double log_max);
+
 }  // namespace mfattn::detail

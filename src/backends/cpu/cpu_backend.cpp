@@ -88,6 +88,10 @@ class CpuBackend final : public Backend {
         symmetric_(cpu::symmetric_pairs_apply(model) ? std::make_unique<cpu::SymmetricPairs>(model)
                                                      : nullptr) {
     for (double p : model.presence) all_present_ = all_present_ && p == 1.0;
+    // b_j = log p_j is fixed for the whole run: taken once here, not per evaluation.
+    auto bias_of = [](double presence) { return presence > 0.0 ? std::log(presence) : kNegInf; };
+    for (double p : model.presence) token_bias_.push_back(bias_of(p));
+    prefix_bias_ = bias_of(model.prefix_weight);
   }
 
   std::string name() const override { return "cpu"; }
@@ -171,7 +175,7 @@ class CpuBackend final : public Backend {
       for (std::size_t c = 0; c < d; ++c) p.queries[i * d + c] = model_.beta * out[c];
     }
     // Source s of the prepared arrays holds gauge token `token` with contents y.
-    auto add_source = [&](std::size_t s, std::size_t token, const double* y, double presence) {
+    auto add_source = [&](std::size_t s, std::size_t token, const double* y, double bias) {
       transform(model_.k, model_.k_identity, token, y, tmp.data(), out.data());
       double key_norm2 = 0.0;
       for (std::size_t c = 0; c < d; ++c) {
@@ -187,16 +191,16 @@ class CpuBackend final : public Backend {
         for (std::size_t c = 0; c < d; ++c) p.values_t[c * ns + s] = z[c];
       else
         std::copy(z, z + d, p.values_rows.data() + s * p.row_stride);
-      p.bias[s] = presence > 0.0 ? std::log(presence) : kNegInf;
+      p.bias[s] = bias;
       // Null sources stay out of the bound, so that adding them changes no offset.
-      if (presence > 0.0) {
+      if (bias > kNegInf) {
         largest_key = std::max(largest_key, std::sqrt(key_norm2));
         largest_bias = std::max(largest_bias, p.bias[s]);
       }
     };
     for (std::size_t q = 0; q < model_.prefix_count(); ++q)
-      add_source(q, n + q, model_.prefix.data() + q * d, model_.prefix_weight);
-    for (std::size_t j = 0; j < n; ++j) add_source(p.first_moving + j, j, x + j * d, model_.presence[j]);
+      add_source(q, n + q, model_.prefix.data() + q * d, prefix_bias_);
+    for (std::size_t j = 0; j < n; ++j) add_source(p.first_moving + j, j, x + j * d, token_bias_[j]);
     p.bias_log2.resize(p.padded_sources);
     for (std::size_t j = 0; j < p.padded_sources; ++j) p.bias_log2[j] = p.bias[j] * kLog2e;
     for (std::size_t i = 0; i < n; ++i) {
@@ -483,6 +487,8 @@ class CpuBackend final : public Backend {
   int threads_;
   double mass_;
   bool all_present_ = true;
+  std::vector<double> token_bias_;  // log p_j of the moving tokens (-inf for p_j = 0)
+  double prefix_bias_ = 0.0;        // log of the prefix weight
   cpu::PairTerms pair_terms_;
   std::unique_ptr<cpu::SymmetricPairs> symmetric_;  // null: the symmetric loop does not apply
   std::vector<Prepared> prepared_;

@@ -42,6 +42,7 @@ void SymmetricPairs::build(const Prepared& p, Replica& s) const {
   for (std::size_t i = 0; i < n; ++i)
     if (model_.presence[i] > 0.0) s.offset = std::max(s.offset, p.offsets[i]);
   s.neg_offset_log2 = -s.offset * kLog2e;
+  s.scale = detail::receiver_scale(model_, s.offset);
   s.offset_usable = 2.0 * s.offset * kLog2e < 1020.0;
   s.queries.assign(padded_ * d, 0.0);
   for (std::size_t i = 0; i < n * d; ++i) s.queries[i] = p.queries[i] * kLog2e;
@@ -68,13 +69,16 @@ void SymmetricPairs::build(const Prepared& p, Replica& s) const {
 /// of sources per step, their kRows kChunks exps in lockstep (independent chains for the
 /// FMA pipes). The row sums continue each receiver's lane sums across blocks (reduced when it
 /// is finished); the column sums are loaded, take one term per row receiver in order, and are
-/// stored back.
-template <std::size_t kDim, bool kColumn>
+/// stored back. A diagonal block (kDiagonal) is taken as a triangle of kWidth-wide strips:
+/// the strip of the row receivers themselves in the row role only (both orders of each pair
+/// there), every later strip in both roles, earlier strips not at all (their pairs came with
+/// the earlier rows).
+template <std::size_t kDim, bool kDiagonal>
 void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_tile,
                                  std::size_t column_tile) const {
   constexpr std::size_t kRows = kSymmetricRows, kChunks = kSymmetricChunks;
   constexpr std::size_t kWidth = kChunks * kLanes, kExps = kRows * kChunks;
-  static_assert(kTile % kRows == 0 && kKeyPanel % kWidth == 0);
+  static_assert(kTile % kWidth == 0 && kWidth % kRows == 0 && kKeyPanel % kWidth == 0);
   const std::size_t a_begin = row_tile * kTile, b_begin = column_tile * kTile;
   const std::size_t stride = stride_;
   const Lanes neg_offset = simd::broadcast(s.neg_offset_log2);
@@ -97,7 +101,7 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
         row_values[r][c] = values[c * stride + a0 + r];
       }
     }
-    for (std::size_t j = b_begin; j < b_begin + kTile; j += kWidth) {
+    auto step = [&]<bool kColumn>(std::size_t j) __attribute__((always_inline)) {
       const double* key_lanes = p.key_lanes(0, j);
       Lanes logits[kExps], weights[kExps];
       for (std::size_t h = 0; h < kChunks; ++h) {
@@ -134,7 +138,14 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
           for (std::size_t c = 0; c < kDim; ++c) simd::store(acc + c * stride + jh, column_acc[c]);
         }
       }
+    };
+    std::size_t j = b_begin;
+    if constexpr (kDiagonal) {
+      j = b_begin + (a0 - a_begin) / kWidth * kWidth;  // the row receivers' own strip
+      step.template operator()<false>(j);
+      j += kWidth;
     }
+    for (; j < b_begin + kTile; j += kWidth) step.template operator()<true>(j);
     for (std::size_t r = 0; r < kRows; ++r) {
       double* lanes = row_lanes + (a0 + r) * (kDim + 1) * kLanes;
       simd::store(lanes, row_sum[r]);
@@ -224,9 +235,9 @@ void SymmetricPairs::run_block(const Prepared& p, Replica& s, std::size_t row_ti
   const bool column = row_tile != column_tile;
   auto small = [&]<std::size_t kDim>() {
     if (column)
-      small_block<kDim, true>(p, s, row_tile, column_tile);
-    else
       small_block<kDim, false>(p, s, row_tile, column_tile);
+    else
+      small_block<kDim, true>(p, s, row_tile, column_tile);
   };
   switch (p.d) {
     case 2: return small.template operator()<2>();
@@ -319,7 +330,7 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
     }
     try {
       const double sum = detail::finish_receiver(model_, mass_, i, x + (r * n + i) * d, s.offset,
-                                                 weight_sum, acc,
+                                                 s.scale, weight_sum, acc,
                                                  velocity + (r * n + i) * d, work);
       if (weight_sums) weight_sums[r * n + i] = sum;
     } catch (const NumericalError& error) {

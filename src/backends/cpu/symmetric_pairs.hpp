@@ -13,8 +13,8 @@
 //
 // Tiles of kTile tokens. The pair of tiles (I, J), I < J, is one block: its e_ab (a in I,
 // b in J) are taken once and added to the receivers of I ("row" role, lanes over b) and of J
-// ("column" role, sequential over a); a diagonal block (I, I) takes every pair of the tile in
-// the row role. Blocks run in rounds r = I + J: the blocks of one round share no tile, so
+// ("column" role, sequential over a); a diagonal block (I, I) takes the pairs of the tile as
+// a triangle of strips (both roles between strips, the row role within one). Blocks run in rounds r = I + J: the blocks of one round share no tile, so
 // they run in parallel with no atomics, and every tile meets its partners in ascending order
 // (I < J in rounds I + J < 2J, itself in round 2J, then J' > J). Each receiver's sums are
 // therefore taken in one fixed order (partner tiles ascending; inside a block the row role
@@ -53,6 +53,7 @@ class SymmetricPairs {
   struct Replica {
     double offset = 0.0;         // B
     double neg_offset_log2 = 0;  // -B log2(e)
+    double scale = 1.0;          // exp(B - shift): true weights over the computed ones
     bool offset_usable = true;   // 2 B log2(e) < 1020: no logit reaches the underflow edge
     AlignedDoubles queries;     // padded x d, q_i log2(e) (zeros for padding)
     AlignedDoubles presence;    // padded (0 for padding)
@@ -68,7 +69,7 @@ class SymmetricPairs {
   void build(const Prepared& p, Replica& replica) const;
   void run_block(const Prepared& p, Replica& replica, std::size_t row_tile,
                  std::size_t column_tile) const;
-  template <std::size_t kDim, bool kColumn>
+  template <std::size_t kDim, bool kDiagonal>
   void small_block(const Prepared& p, Replica& replica, std::size_t row_tile,
                    std::size_t column_tile) const;
   template <bool kColumn>
