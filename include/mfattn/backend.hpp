@@ -32,6 +32,9 @@ class Backend {
   /// numbers or nullptr. Throws NumericalError when a USA weight overflows in natural time.
   virtual void velocity(std::size_t replicas, const double* x, double* velocity_out,
                         double* weight_sums_out) = 0;
+  /// The pair loop of the last evaluation, for `mfattn bench` and tests: the CPU backend says
+  /// "symmetric" (one exp per unordered pair) or "one-sided"; other backends their name.
+  virtual std::string last_loop() const { return name(); }
 };
 
 /// "cpu" (tiled, vectorised, OpenMP), "reference" (plain loops, the test oracle) or "cuda".

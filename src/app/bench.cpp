@@ -98,7 +98,8 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
     out << std::setprecision(4) << "backend " << backend->name() << " n " << model.n << " d "
         << model.d << " kernel " << cfg.kernel << " threads " << threads << " evaluations "
         << evaluations << " seconds_per_evaluation " << elapsed / double(evaluations)
-        << " pairs_per_second " << pairs * double(evaluations) / elapsed << '\n';
+        << " pairs_per_second " << pairs * double(evaluations) / elapsed << " loop "
+        << backend->last_loop() << '\n';
     if (roofline)
       out << std::setprecision(4) << "exp_per_second " << exp_rate(threads, min_seconds)
           << " threads " << threads << '\n';

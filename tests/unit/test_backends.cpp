@@ -60,6 +60,113 @@ TEST(CpuBackend, MatchesReferenceImplementation) {
   EXPECT_EQ(checked, 72);
 }
 
+std::string loop_of(const Model& model, const State& state, int threads) {
+  auto backend = make_backend("cpu", model, threads);
+  std::vector<double> velocity(state.size());
+  backend->velocity(state.replicas, state.x.data(), velocity.data(), nullptr);
+  return backend->last_loop();
+}
+
+// Q = K = I with a full mask takes the symmetric loop (one exp per unordered pair, two-sided
+// sums). Against the reference backend across tile boundaries (n = 63, 64, 65, 130, 200: the
+// diagonal triangle, partial tiles, several rounds), small and large d, gauges with
+// transported and plain values, zero and non-unit presences, V, rescaled time, replicas.
+TEST(CpuBackend, SymmetricLoopMatchesReferenceAcrossTilesAndOptions) {
+  const std::vector<std::vector<std::string>> variants = {
+      {},
+      {"--geometry", "rope", "--v", "goe"},
+      {"--geometry", "rope", "--values", "plain", "--time-scale", "rescaled"},
+      {"--tau", "0.5", "--null-tokens", "9"},
+      {"--init", "clustered", "--init-clusters", "2", "--init-spread", "0.3"}};
+  int checked = 0;
+  for (const std::string d : {"2", "3", "4", "6", "20", "64"})
+    for (const std::string n : {"1", "63", "64", "65", "130", "200"})
+      for (const std::string kernel : {"usa", "sa"}) {
+        auto args = testing::with({"--n", n, "--d", d, "--kernel", kernel, "--beta", "2",
+                                   "--replicas", "2", "--seed", std::to_string(checked)},
+                                  variants[checked % variants.size()]);
+        if (checked % variants.size() == 3) {
+          // Presences 0.49 / 0 / 0.77 / 0.67 / 0.07 in turn, then 9 null tokens.
+          std::string amplitudes;
+          for (int i = 0; i < std::stoi(n); ++i)
+            amplitudes += std::string(i ? "," : "") + std::vector<std::string>{"0.7", "0", "1.3", "1", "0.2"}[i % 5];
+          args = testing::with(args, {"--amplitudes", amplitudes});
+        }
+        const auto cfg = config(args);
+        const Model model = build_model(cfg);
+        const State state = build_initial_state(cfg, model);
+        ASSERT_EQ(loop_of(model, state, 2), "symmetric") << "d " << d << " n " << n;
+        std::vector<double> sums_fast, sums_ref;
+        const auto fast = evaluate(model, state, "cpu", 2, &sums_fast);
+        const auto ref = evaluate(model, state, "reference", 1, &sums_ref);
+        double scale = 0.0;
+        for (double v : ref) scale = std::max(scale, std::fabs(v));
+        EXPECT_LE(testing::max_abs_difference(fast, ref), 1e-13 * std::max(scale, 1.0))
+            << "d " << d << " n " << n << " " << kernel << " variant " << checked % variants.size();
+        for (std::size_t i = 0; i < sums_ref.size(); ++i)
+          EXPECT_NEAR(sums_fast[i], sums_ref[i], 1e-12 * sums_ref[i]) << "weight sum " << i;
+        ++checked;
+      }
+  EXPECT_EQ(checked, 72);
+}
+
+// Masks, auxiliary factors, prefix tokens and Q != K make the logits one-sided: the
+// one-sided loop runs. A shared offset too loose for the underflow edge (2 beta log2 e >=
+// 1020) or a present receiver whose weight sum would vanish sends the evaluation back to the
+// one-sided loop, whose per-receiver offsets (and exact maxima) keep every weight.
+TEST(CpuBackend, SymmetricLoopAppliesOnlyWhereTheLogitsAreSymmetricAndFallsBack) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--mask", "causal"}, {"--mask", "window", "--window", "5"},
+           {"--aux-factor", "distance"}, {"--q", "gaussian"}, {"--k", "goe"},
+           {"--prefix", "3"}}) {
+    const auto cfg = config(testing::with({"--n", "70", "--d", "3"}, args));
+    const Model model = build_model(cfg);
+    EXPECT_EQ(loop_of(model, build_initial_state(cfg, model), 1), "one-sided") << args[0];
+  }
+  // beta = 400: weights exp(-2 beta) would underflow under the shared offset.
+  {
+    const auto cfg = config({"--n", "90", "--d", "3", "--kernel", "sa", "--beta", "400",
+                             "--init", "clustered", "--init-clusters", "3", "--init-spread", "0.02"});
+    const Model model = build_model(cfg);
+    const State state = build_initial_state(cfg, model);
+    EXPECT_EQ(loop_of(model, state, 2), "one-sided");
+    const auto fast = evaluate(model, state, "cpu", 2), ref = evaluate(model, state, "reference", 1);
+    EXPECT_LE(testing::max_abs_difference(fast, ref), 1e-12);
+  }
+  // Presences of 1e-280 leave every S_i = sum_j p_j e_ij below 1e-250 under the shared offset.
+  {
+    const auto cfg = config({"--n", "5", "--d", "3", "--kernel", "sa", "--amplitudes", "1e-140",
+                             "--tau", "1"});
+    const Model model = build_model(cfg);
+    ASSERT_GT(model.presence[1], 0.0);
+    ASSERT_LT(model.presence[1] * 5, 1e-250);
+    const State state = build_initial_state(cfg, model);
+    EXPECT_EQ(loop_of(model, state, 1), "one-sided");
+    const auto fast = evaluate(model, state, "cpu", 1), ref = evaluate(model, state, "reference", 1);
+    EXPECT_LE(testing::max_abs_difference(fast, ref), 1e-12);
+  }
+}
+
+// Appending null tokens keeps every bit when they fill whole extra tiles and the evaluation
+// moves from one thread (300 tokens) to two (600 tokens: the rounds of the symmetric loop
+// split between the threads).
+TEST(NullTokens, SymmetricLoopKeepsEveryBitAcrossTilesAndThreadCounts) {
+  for (const std::string dim : {"3", "20"})
+    for (const std::string kernel : {"usa", "sa"}) {
+      const std::vector<std::string> base = {"--n", "300", "--d", dim, "--kernel", kernel,
+                                             "--integrator", "heun", "--dt", "0.05",
+                                             "--horizon", "0.2", "--save-every", "0.1",
+                                             "--eps-den", "1e-12", "--seed", "11"};
+      const auto plain = simulate(config(base), 2);
+      const auto padded = simulate(config(testing::with(base, {"--null-tokens", "300"})), 2);
+      ASSERT_EQ(loop_of(padded.model, padded.frames[0], 2), "symmetric");
+      const std::size_t d = plain.model.d;
+      for (std::size_t k = 0; k < plain.frames.size(); ++k)
+        EXPECT_TRUE(bitwise_equal(plain.frames[k].x.data(), padded.frames[k].x.data(), 300 * d))
+            << kernel << " d " << dim << " frame " << k;
+    }
+}
+
 // With K = -I and every token in one tight cluster, the Cauchy-Schwarz offset B_i = beta
 // exceeds every logit -beta <x_i, x_j> by about 2 beta = 1800, so the single pass sees only
 // zeros and the exact-maximum pass must recover the velocity. The expected SA velocity is
@@ -104,7 +211,7 @@ TEST(CpuBackend, LooseBoundFallsBackToExactMaximum) {
 }
 
 TEST(CpuBackend, OneAndTwoThreadsGiveIdenticalBytes) {
-  for (const std::string d : {"3", "7", "40"}) {
+  for (const std::string d : {"3", "4", "7", "40", "64"}) {
     const auto cfg = config({"--n", "301", "--d", d, "--kernel", "sa", "--replicas", "3"});
     const Model model = build_model(cfg);
     const State state = build_initial_state(cfg, model);

@@ -95,6 +95,7 @@ class CpuBackend final : public Backend {
   }
 
   std::string name() const override { return "cpu"; }
+  std::string last_loop() const override { return last_loop_; }
 
   void velocity(std::size_t replicas, const double* x, double* velocity_out,
                 double* weight_sums_out) override {
@@ -115,6 +116,7 @@ class CpuBackend final : public Backend {
       else
         one_sided(replicas, x, velocity_out, weight_sums_out, failure);
     }
+    last_loop_ = symmetric_ && !fall_back ? "symmetric" : "one-sided";
     if (fall_back) {
       // The shared offset of the symmetric loop was too loose: every receiver again, each
       // with its own offset (and its exact maximum where that is loose too).
@@ -491,6 +493,7 @@ class CpuBackend final : public Backend {
   double prefix_bias_ = 0.0;        // log of the prefix weight
   cpu::PairTerms pair_terms_;
   std::unique_ptr<cpu::SymmetricPairs> symmetric_;  // null: the symmetric loop does not apply
+  std::string last_loop_ = "none";
   std::vector<Prepared> prepared_;
 };
 
