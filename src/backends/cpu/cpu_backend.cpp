@@ -99,7 +99,6 @@ class CpuBackend final : public Backend {
 
   void velocity(std::size_t replicas, const double* x, double* velocity_out,
                 double* weight_sums_out) override {
-    prepared_.resize(replicas);
     bool fall_back = false;
     std::string failure;
     // Small evaluations (n = 256 is ~30 us of work) run on one thread: waking a team costs
@@ -108,8 +107,7 @@ class CpuBackend final : public Backend {
     const int team = pairs < kPairsPerExtraThread ? 1 : threads_;
 #pragma omp parallel num_threads(team)
     {
-#pragma omp for schedule(static)
-      for (std::size_t r = 0; r < replicas; ++r) prepare(x + r * model_.n * model_.d, prepared_[r]);
+      prepare(replicas, x);
       if (symmetric_)
         symmetric_->evaluate(prepared_, replicas, x, velocity_out, weight_sums_out, fall_back,
                              failure);
@@ -151,8 +149,11 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void prepare(const double* x, Prepared& p) const {
+  /// Sizes and the parts fixed for the run (padding, bias), once per replica: later
+  /// evaluations overwrite the token entries only, so no array is cleared or reallocated.
+  void prepare_layout(Prepared& p) const {
     const std::size_t n = model_.n, d = model_.d;
+    if (p.d == d && p.queries.size() == n * d) return;
     p.d = d;
     p.first_moving = cpu::PairTerms::prefix_region(model_);
     p.padded_sources = cpu::PairTerms::padded_sources(model_);
@@ -161,59 +162,110 @@ class CpuBackend final : public Backend {
     p.bias_free_end = all_present_ ? p.first_moving + n / kLanes * kLanes : p.first_moving;
     p.source_stride = p.padded_sources + kLanes;
     p.row_stride = p.padded_dim + kLanes;
-    const std::size_t ns = p.source_stride;
     p.queries.assign(n * d, 0.0);
     p.offsets.assign(n, 0.0);
     p.key_panels.assign(d * p.padded_sources, 0.0);
     p.bias.assign(p.padded_sources, kNegInf);
-    if (d <= kSmallDimension)
-      p.values_t.assign(d * ns, 0.0);
-    else
-      p.values_rows.assign(p.padded_sources * p.row_stride, 0.0);
-    std::vector<double> tmp(d), out(d);
-    double largest_key = 0.0, largest_bias = 0.0;
-    for (std::size_t i = 0; i < n; ++i) {
-      transform(model_.q, model_.q_identity, i, x + i * d, tmp.data(), out.data());
-      for (std::size_t c = 0; c < d; ++c) p.queries[i * d + c] = model_.beta * out[c];
-    }
-    // Source s of the prepared arrays holds gauge token `token` with contents y.
-    auto add_source = [&](std::size_t s, std::size_t token, const double* y, double bias) {
-      transform(model_.k, model_.k_identity, token, y, tmp.data(), out.data());
-      double key_norm2 = 0.0;
-      for (std::size_t c = 0; c < d; ++c) {
-        p.key_panels[p.key_index(c, s)] = out[c];
-        key_norm2 += out[c] * out[c];
-      }
-      const double* z = y;
-      if (model_.gauge && model_.values == ValueTransport::Transported) {
-        model_.gauge->apply(token, y, out.data());
-        z = out.data();
-      }
-      if (d <= kSmallDimension)
-        for (std::size_t c = 0; c < d; ++c) p.values_t[c * ns + s] = z[c];
-      else
-        std::copy(z, z + d, p.values_rows.data() + s * p.row_stride);
-      p.bias[s] = bias;
-      // Null sources stay out of the bound, so that adding them changes no offset.
-      if (bias > kNegInf) {
-        largest_key = std::max(largest_key, std::sqrt(key_norm2));
-        largest_bias = std::max(largest_bias, p.bias[s]);
-      }
-    };
-    for (std::size_t q = 0; q < model_.prefix_count(); ++q)
-      add_source(q, n + q, model_.prefix.data() + q * d, prefix_bias_);
-    for (std::size_t j = 0; j < n; ++j) add_source(p.first_moving + j, j, x + j * d, token_bias_[j]);
+    for (std::size_t q = 0; q < model_.prefix_count(); ++q) p.bias[q] = prefix_bias_;
+    for (std::size_t j = 0; j < n; ++j) p.bias[p.first_moving + j] = token_bias_[j];
     p.bias_log2.resize(p.padded_sources);
     for (std::size_t j = 0; j < p.padded_sources; ++j) p.bias_log2[j] = p.bias[j] * kLog2e;
-    for (std::size_t i = 0; i < n; ++i) {
+    if (d <= kSmallDimension)
+      p.values_t.assign(d * p.source_stride, 0.0);
+    else
+      p.values_rows.assign(p.padded_sources * p.row_stride, 0.0);
+  }
+
+  /// Called by every thread of the team: queries, keys and values of every replica's tokens
+  /// (spread over the threads), then the offsets B_i. The largest key and bias are maxima,
+  /// the same whichever thread sees which token.
+  void prepare(std::size_t replicas, const double* x) {
+    const std::size_t n = model_.n, d = model_.d;
+#pragma omp single
+    {
+      prepared_.resize(replicas);
+      largest_key_.assign(replicas, 0.0);
+      largest_bias_.assign(replicas, 0.0);
+      for (std::size_t r = 0; r < replicas; ++r) {
+        prepare_layout(prepared_[r]);
+        for (std::size_t q = 0; q < model_.prefix_count(); ++q)
+          add_source(prepared_[r], q, n + q, model_.prefix.data() + q * d, largest_key_[r],
+                     largest_bias_[r]);
+      }
+    }
+    std::vector<double> key(replicas, 0.0), bias(replicas, 0.0);
+#pragma omp for schedule(static) nowait
+    for (std::size_t unit = 0; unit < replicas * n; ++unit) {
+      const std::size_t r = unit / n, i = unit % n;
+      Prepared& p = prepared_[r];
+      const double* xi = x + unit * d;
+      Scratch scratch;
+      double* work = scratch.rows(d);
+      transform(model_.q, model_.q_identity, i, xi, work + d, work);
+      for (std::size_t c = 0; c < d; ++c) p.queries[i * d + c] = model_.beta * work[c];
+      add_source(p, p.first_moving + i, i, xi, key[r], bias[r]);
+    }
+#pragma omp critical(mfattn_cpu_prepare)
+    for (std::size_t r = 0; r < replicas; ++r) {
+      largest_key_[r] = std::max(largest_key_[r], key[r]);
+      largest_bias_[r] = std::max(largest_bias_[r], bias[r]);
+    }
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (std::size_t unit = 0; unit < replicas * n; ++unit) {
+      const std::size_t r = unit / n, i = unit % n;
+      Prepared& p = prepared_[r];
       double query_norm2 = 0.0;
       for (std::size_t c = 0; c < d; ++c) query_norm2 += p.queries[i * d + c] * p.queries[i * d + c];
       // A prefix weight above 1 is the only positive bias; it enters the bound so that every
       // exp(l_ij - B_i) stays in [0, 1].
-      p.offsets[i] = std::sqrt(query_norm2) * largest_key + largest_bias;
+      p.offsets[i] = std::sqrt(query_norm2) * largest_key_[r] + largest_bias_[r];
     }
-    const double largest_offset = n ? *std::max_element(p.offsets.begin(), p.offsets.end()) : 0.0;
-    p.logits_above_underflow = 2.0 * largest_offset * kLog2e < 1020.0;
+#pragma omp single
+    for (Prepared& p : prepared_) {
+      const double largest_offset = n ? *std::max_element(p.offsets.begin(), p.offsets.end()) : 0.0;
+      p.logits_above_underflow = 2.0 * largest_offset * kLog2e < 1020.0;
+    }
+  }
+
+  /// Two rows of d numbers of scratch: on the stack up to d = 128, else on the heap.
+  struct Scratch {
+    double stack[2 * 128];
+    std::vector<double> heap;
+    double* rows(std::size_t d) {
+      if (d <= 128) return stack;
+      heap.resize(2 * d);
+      return heap.data();
+    }
+  };
+
+  /// Source s of p holds gauge token `token` with contents y: its key, value, and its share
+  /// of the largest key norm and bias. Null sources stay out of the bound, so that adding
+  /// them changes no offset.
+  void add_source(Prepared& p, std::size_t s, std::size_t token, const double* y,
+                  double& largest_key, double& largest_bias) const {
+    const std::size_t d = model_.d;
+    Scratch scratch;
+    double* out = scratch.rows(d);
+    transform(model_.k, model_.k_identity, token, y, out + d, out);
+    double key_norm2 = 0.0;
+    for (std::size_t c = 0; c < d; ++c) {
+      p.key_panels[p.key_index(c, s)] = out[c];
+      key_norm2 += out[c] * out[c];
+    }
+    const double* z = y;
+    if (model_.gauge && model_.values == ValueTransport::Transported) {
+      model_.gauge->apply(token, y, out);
+      z = out;
+    }
+    if (d <= kSmallDimension)
+      for (std::size_t c = 0; c < d; ++c) p.values_t[c * p.source_stride + s] = z[c];
+    else
+      std::copy(z, z + d, p.values_rows.data() + s * p.row_stride);
+    if (p.bias[s] > kNegInf) {
+      largest_key = std::max(largest_key, std::sqrt(key_norm2));
+      largest_bias = std::max(largest_bias, p.bias[s]);
+    }
   }
 
   /// out = G_token M x (M skipped when identity).
@@ -495,6 +547,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<cpu::SymmetricPairs> symmetric_;  // null: the symmetric loop does not apply
   std::string last_loop_ = "none";
   std::vector<Prepared> prepared_;
+  std::vector<double> largest_key_, largest_bias_;  // per replica, while preparing
 };
 
 }  // namespace

@@ -32,37 +32,53 @@ bool symmetric_pairs_apply(const Model& model) {
 
 SymmetricPairs::SymmetricPairs(const Model& model)
     : model_(model), mass_(model.mass()), padded_(round_up(std::max<std::size_t>(model.n, 1), kTile)),
-      tiles_(padded_ / kTile), stride_(padded_ + kLanes) {}
+      tiles_(padded_ / kTile), stride_(padded_ + kLanes) {
+  for (double p : model.presence) all_present_ = all_present_ && p == 1.0;
+}
 
-void SymmetricPairs::build(const Prepared& p, Replica& s) const {
+void SymmetricPairs::layout(const Prepared& p, Replica& s) const {
   const std::size_t n = model_.n, d = model_.d;
-  // The common offset: the largest B_i of a present receiver (B_i already holds the largest
-  // key of a present source), so null tokens change no offset.
-  s.offset = 0.0;
-  for (std::size_t i = 0; i < n; ++i)
-    if (model_.presence[i] > 0.0) s.offset = std::max(s.offset, p.offsets[i]);
-  s.neg_offset_log2 = -s.offset * kLog2e;
-  s.scale = detail::receiver_scale(model_, s.offset);
-  s.offset_usable = 2.0 * s.offset * kLog2e < 1020.0;
+  const std::size_t sums = d <= kSmallDimension ? d * stride_ : padded_ * p.row_stride;
+  if (s.acc.size() == sums) return;
   s.queries.assign(padded_ * d, 0.0);
-  for (std::size_t i = 0; i < n * d; ++i) s.queries[i] = p.queries[i] * kLog2e;
   s.presence.assign(padded_, 0.0);
   std::copy(model_.presence.begin(), model_.presence.begin() + n, s.presence.begin());
+  // With every p_j = 1 the prepared values are already p_j z_j (same layout and strides).
+  if (!all_present_) s.weighted_values.assign(sums, 0.0);
+  s.acc.assign(sums, 0.0);
   s.weight_sum.assign(padded_, 0.0);
+  if (d <= kSmallDimension) s.row_lanes.assign(padded_ * (d + 1) * kLanes, 0.0);
+}
+
+/// Tile t of a replica for this evaluation: sums cleared, queries scaled to base 2, values
+/// weighted by presence; returns the largest offset B_i of its present receivers.
+double SymmetricPairs::build_tile(const Prepared& p, Replica& s, std::size_t t) const {
+  const std::size_t n = model_.n, d = model_.d;
+  const std::size_t begin = t * kTile, end = begin + kTile, filled = std::min(end, n);
+  std::fill(s.weight_sum.begin() + begin, s.weight_sum.begin() + end, 0.0);
+  for (std::size_t i = begin * d; i < filled * d; ++i) s.queries[i] = p.queries[i] * kLog2e;
   if (d <= kSmallDimension) {
-    s.values.assign(d * stride_, 0.0);
-    for (std::size_t c = 0; c < d; ++c)
-      for (std::size_t j = 0; j < n; ++j)
-        s.values[c * stride_ + j] = s.presence[j] * p.values_t[c * p.source_stride + j];
-    s.acc.assign(d * stride_, 0.0);
-    s.row_lanes.assign(padded_ * (d + 1) * kLanes, 0.0);
+    for (std::size_t c = 0; c < d; ++c) {
+      std::fill(s.acc.begin() + c * stride_ + begin, s.acc.begin() + c * stride_ + end, 0.0);
+      if (!all_present_)
+        for (std::size_t j = begin; j < filled; ++j)
+          s.weighted_values[c * stride_ + j] = s.presence[j] * p.values_t[c * p.source_stride + j];
+    }
+    std::fill(s.row_lanes.begin() + begin * (d + 1) * kLanes,
+              s.row_lanes.begin() + end * (d + 1) * kLanes, 0.0);
   } else {
-    s.values.assign(padded_ * p.row_stride, 0.0);
-    for (std::size_t j = 0; j < n; ++j)
-      for (std::size_t c = 0; c < d; ++c)
-        s.values[j * p.row_stride + c] = s.presence[j] * p.values_rows[j * p.row_stride + c];
-    s.acc.assign(padded_ * p.row_stride, 0.0);
+    std::fill(s.acc.begin() + begin * p.row_stride, s.acc.begin() + end * p.row_stride, 0.0);
+    if (!all_present_)
+      for (std::size_t j = begin; j < filled; ++j)
+        for (std::size_t c = 0; c < d; ++c)
+          s.weighted_values[j * p.row_stride + c] = s.presence[j] * p.values_rows[j * p.row_stride + c];
   }
+  // The common offset: the largest B_i of a present receiver (B_i already holds the largest
+  // key of a present source), so null tokens change no offset.
+  double offset = 0.0;
+  for (std::size_t i = begin; i < filled; ++i)
+    if (model_.presence[i] > 0.0) offset = std::max(offset, p.offsets[i]);
+  return offset;
 }
 
 /// d <= 4: lanes over the column tile's sources; kRows row receivers x kChunks lane vectors
@@ -85,7 +101,7 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
   double* acc = s.acc.data();
   double* weight_sum = s.weight_sum.data();
   double* row_lanes = s.row_lanes.data();
-  const double* values = s.values.data();
+  const double* values = s.values;
   const double* presence = s.presence.data();
   const double* queries = s.queries.data();
   for (std::size_t a0 = a_begin; a0 < a_begin + kTile; a0 += kRows) {
@@ -218,7 +234,7 @@ void SymmetricPairs::large_block(const Prepared& p, Replica& s, std::size_t row_
   // A_{first + t} += sum_u w(t, u) (p z)_{source_begin + u}, w(t, u) = w[t * stride + u * step].
   auto add = [&](std::size_t first, std::size_t source_begin, std::size_t stride,
                  std::size_t step) {
-    const double* sources = s.values.data() + source_begin * rs;
+    const double* sources = s.values + source_begin * rs;
     std::size_t t = 0;
     for (; t + kLargeBlock <= kTile; t += kLargeBlock)
       add_weighted_rows<kLargeBlock>(sources, rs, s.acc.data() + (first + t) * rs, rs,
@@ -266,9 +282,31 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
     for (std::size_t r = 0; r < replicas; ++r)
       for (std::size_t t = 0; t < tiles_; ++t)
         progress_[r * tiles_ + t].store(t, std::memory_order_relaxed);
+    for (std::size_t r = 0; r < replicas; ++r) {
+      layout(prepared[r], replicas_[r]);
+      replicas_[r].offset = 0.0;
+    }
   }
-#pragma omp for schedule(static)
-  for (std::size_t r = 0; r < replicas; ++r) build(prepared[r], replicas_[r]);
+  std::vector<double> offsets(replicas, 0.0);
+#pragma omp for schedule(static) nowait
+  for (std::size_t unit = 0; unit < replicas * tiles_; ++unit) {
+    const std::size_t r = unit / tiles_;
+    offsets[r] = std::max(offsets[r], build_tile(prepared[r], replicas_[r], unit % tiles_));
+  }
+#pragma omp critical(mfattn_symmetric_offset)
+  for (std::size_t r = 0; r < replicas; ++r)
+    replicas_[r].offset = std::max(replicas_[r].offset, offsets[r]);
+#pragma omp barrier
+#pragma omp single
+  for (std::size_t r = 0; r < replicas; ++r) {
+    Replica& s = replicas_[r];
+    s.neg_offset_log2 = -s.offset * kLog2e;
+    s.scale = detail::receiver_scale(model_, s.offset);
+    s.offset_usable = 2.0 * s.offset * kLog2e < 1020.0;
+    const Prepared& p = prepared[r];
+    s.values = all_present_ ? (model_.d <= kSmallDimension ? p.values_t.data() : p.values_rows.data())
+                            : s.weighted_values.data();
+  }
   bool usable = true;
   for (const Replica& s : replicas_) usable = usable && s.offset_usable;
   if (!usable) {

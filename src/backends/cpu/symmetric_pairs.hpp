@@ -57,8 +57,10 @@ class SymmetricPairs {
     bool offset_usable = true;   // 2 B log2(e) < 1020: no logit reaches the underflow edge
     AlignedDoubles queries;     // padded x d, q_i log2(e) (zeros for padding)
     AlignedDoubles presence;    // padded (0 for padding)
-    AlignedDoubles values;      // p_j z_j: d rows of stride (d <= 4) or padded rows of
-                                // row_stride (d > 4)
+    // p_j z_j: d rows of stride (d <= 4) or padded rows of row_stride (d > 4): the prepared
+    // values themselves when every p_j = 1, else weighted_values.
+    const double* values = nullptr;
+    AlignedDoubles weighted_values;
     AlignedDoubles acc;         // A_i, laid out like values (written by two threads at once)
     AlignedDoubles weight_sum;  // S_i, padded
     // d <= 4: the row role's lane sums, d + 1 lane vectors (S_i, A_i) per receiver, reduced
@@ -66,7 +68,8 @@ class SymmetricPairs {
     AlignedDoubles row_lanes;
   };
 
-  void build(const Prepared& p, Replica& replica) const;
+  void layout(const Prepared& p, Replica& replica) const;
+  double build_tile(const Prepared& p, Replica& replica, std::size_t tile) const;
   void run_block(const Prepared& p, Replica& replica, std::size_t row_tile,
                  std::size_t column_tile) const;
   template <std::size_t kDim, bool kDiagonal>
@@ -78,6 +81,7 @@ class SymmetricPairs {
 
   const Model& model_;
   double mass_;
+  bool all_present_ = true;
   std::size_t padded_ = 0, tiles_ = 0, stride_ = 0;  // stride_: rows of the d <= 4 layout
   std::vector<Replica> replicas_;
   // Rounds finished per tile of each replica (see evaluate).
