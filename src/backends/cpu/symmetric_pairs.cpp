@@ -331,7 +331,11 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
   for (std::size_t round = 0; round + 1 < 2 * tiles_; ++round) {
     const std::size_t first = round >= tiles_ ? round - (tiles_ - 1) : 0, last = round / 2;
     const std::size_t blocks = last + 1 - first, units = replicas * blocks;
-    for (std::size_t unit = units * me / team; unit < units * (me + 1) / team; ++unit) {
+    const std::size_t begin = units * me / team, end = units * (me + 1) / team;
+    for (std::size_t step = begin; step < end; ++step) {
+      // Odd threads walk their range downwards: the block next to a neighbour's range, the
+      // one that waits on that neighbour's previous round, then comes last (a round of slack).
+      const std::size_t unit = me % 2 ? begin + end - 1 - step : step;
       const std::size_t r = unit / blocks, k = first + unit % blocks, j = round - k;
       std::atomic<std::size_t>& row_done = progress_[r * tiles_ + k];
       std::atomic<std::size_t>& column_done = progress_[r * tiles_ + j];
