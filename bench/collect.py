@@ -236,7 +236,9 @@ def main():
     bin_sha = hashlib.sha256(open(mf, "rb").read()).hexdigest()
     git_rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"], capture_output=True,
                              text=True).stdout.strip()
-    git_dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+    # The report itself does not count as a change to the tree it measures.
+    git_dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":!bench/results.md"],
                                capture_output=True, text=True).stdout.strip() != ""
 
     gemm = group("GEMM rate", lambda: json.loads(run("gemm_rate", [PY, os.path.join(HERE, "gemm_rate.py"),
