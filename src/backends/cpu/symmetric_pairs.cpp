@@ -89,7 +89,7 @@ double SymmetricPairs::build_tile(const Prepared& p, Replica& s, std::size_t t) 
 /// the strip of the row receivers themselves in the row role only (both orders of each pair
 /// there), every later strip in both roles, earlier strips not at all (their pairs came with
 /// the earlier rows).
-template <std::size_t kDim, bool kDiagonal>
+template <std::size_t kDim, bool kDiagonal, bool kAllPresent>
 void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_tile,
                                  std::size_t column_tile) const {
   constexpr std::size_t kRows = kSymmetricRows, kChunks = kSymmetricChunks;
@@ -139,7 +139,12 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
         for (std::size_t c = 0; c < kDim; ++c) column_values[c] = simd::load(values + c * stride + jh);
         for (std::size_t r = 0; r < kRows; ++r) {
           const Lanes w = weights[r * kChunks + h];
-          row_sum[r] += w * column_presence;
+          // With every p = 1 in both tiles the weight sums take plain adds (the same bits as
+          // w * 1 + S), which leave the multiply-add pipes to the exponential.
+          if constexpr (kAllPresent)
+            row_sum[r] += w;
+          else
+            row_sum[r] += w * column_presence;
           for (std::size_t c = 0; c < kDim; ++c) row_acc[r][c] += w * column_values[c];
         }
         if constexpr (kColumn) {
@@ -147,7 +152,10 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
           for (std::size_t c = 0; c < kDim; ++c) column_acc[c] = simd::load(acc + c * stride + jh);
           for (std::size_t r = 0; r < kRows; ++r) {
             const Lanes w = weights[r * kChunks + h];
-            column_sum += w * row_presence[r];
+            if constexpr (kAllPresent)
+              column_sum += w;
+            else
+              column_sum += w * row_presence[r];
             for (std::size_t c = 0; c < kDim; ++c) column_acc[c] += w * row_values[r][c];
           }
           simd::store(weight_sum + jh, column_sum);
@@ -249,11 +257,20 @@ void SymmetricPairs::large_block(const Prepared& p, Replica& s, std::size_t row_
 void SymmetricPairs::run_block(const Prepared& p, Replica& s, std::size_t row_tile,
                                std::size_t column_tile) const {
   const bool column = row_tile != column_tile;
+  // Plain adds for the weight sums only where every token of both tiles is present: the
+  // padding of the last tile must still be multiplied by its zero presence.
+  const bool all_present = all_present_ && (std::max(row_tile, column_tile) + 1) * kTile <= model_.n;
   auto small = [&]<std::size_t kDim>() {
-    if (column)
-      small_block<kDim, false>(p, s, row_tile, column_tile);
-    else
-      small_block<kDim, true>(p, s, row_tile, column_tile);
+    if (all_present) {
+      if (column)
+        small_block<kDim, false, true>(p, s, row_tile, column_tile);
+      else
+        small_block<kDim, true, true>(p, s, row_tile, column_tile);
+    } else if (column) {
+      small_block<kDim, false, false>(p, s, row_tile, column_tile);
+    } else {
+      small_block<kDim, true, false>(p, s, row_tile, column_tile);
+    }
   };
   switch (p.d) {
     case 2: return small.template operator()<2>();

@@ -72,7 +72,7 @@ class SymmetricPairs {
   double build_tile(const Prepared& p, Replica& replica, std::size_t tile) const;
   void run_block(const Prepared& p, Replica& replica, std::size_t row_tile,
                  std::size_t column_tile) const;
-  template <std::size_t kDim, bool kDiagonal>
+  template <std::size_t kDim, bool kDiagonal, bool kAllPresent>
   void small_block(const Prepared& p, Replica& replica, std::size_t row_tile,
                    std::size_t column_tile) const;
   template <bool kColumn>
