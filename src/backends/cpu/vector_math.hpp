@@ -76,14 +76,23 @@ template <std::size_t kCount, bool kMayUnderflow = true>
                               0.001333355814640647,   0.009618129107587256,
                               0.055504108664821625,   0.24022650695910158,
                               0.6931471805599453,     1.0};
+  // The coefficients are read from memory by each multiply-add (an embedded broadcast): held
+  // in registers, the 12 of them crowded out the pair loops' sums, which GCC then spilled
+  // (measured: 5 % faster for the symmetric loop, 25 % for the one-sided one at d = 3). The
+  // empty asm hides that the pointer is constant, so GCC cannot hoist the broadcasts.
+  static constexpr double kPolyStored[] = {kPoly[0], kPoly[1], kPoly[2], kPoly[3],
+                                           kPoly[4], kPoly[5], kPoly[6], kPoly[7],
+                                           kPoly[8], kPoly[9], kPoly[10], kPoly[11]};
+  const double* coefficients = kPolyStored;
+  asm("" : "+r"(coefficients));
   Lanes shifted[kCount], r[kCount], p[kCount];
   for (std::size_t k = 0; k < kCount; ++k) {
     shifted[k] = t[k] + kShifter;
     r[k] = t[k] - (shifted[k] - kShifter);
-    p[k] = broadcast(kPoly[0]);
+    p[k] = broadcast(coefficients[0]);
   }
   for (std::size_t c = 1; c < std::size(kPoly); ++c)
-    for (std::size_t k = 0; k < kCount; ++k) p[k] = p[k] * r[k] + kPoly[c];
+    for (std::size_t k = 0; k < kCount; ++k) p[k] = p[k] * r[k] + coefficients[c];
   for (std::size_t k = 0; k < kCount; ++k) {
     LaneInts bits;
     std::memcpy(&bits, &shifted[k], sizeof(bits));
