@@ -30,6 +30,8 @@ if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     build-sanitize/tests/mfattn_tests --gtest_brief=1 \
     --gtest_filter='-Collapse.*:Noise.*:Resume.KilledRunKeepsFlushedFramesAndResumesExactly:Sweep.KilledSweepCompletesOnRerunAndRunsEachCaseOnce:Sweep.MpiRanksRunEveryCaseOnce'
+  # The portable build's mfattn, for the native-versus-portable comparison in pytest.
+  export MFATTN_PORTABLE_BINARY="$here/build-sanitize/mfattn"
 fi
 
 if ls tests/python/test_*.py >/dev/null 2>&1; then
