@@ -299,6 +299,9 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
     for (std::size_t r = 0; r < replicas; ++r)
       for (std::size_t t = 0; t < tiles_; ++t)
         progress_[r * tiles_ + t].store(t, std::memory_order_relaxed);
+    if (!claimed_) claimed_ = std::make_unique<std::atomic<std::size_t>[]>(2 * tiles_);
+    for (std::size_t round = 0; round < 2 * tiles_; ++round)
+      claimed_[round].store(0, std::memory_order_relaxed);
     for (std::size_t r = 0; r < replicas; ++r) {
       layout(prepared[r], replicas_[r]);
       replicas_[r].offset = 0.0;
@@ -345,23 +348,33 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
     for (unsigned spins = 0; counter.load(std::memory_order_acquire) < round; ++spins)
       if (spins > 4096) std::this_thread::yield();  // a busy machine: give the core away
   };
+  auto run = [&](std::size_t round, std::size_t first, std::size_t blocks, std::size_t unit) {
+    const std::size_t r = unit / blocks, k = first + unit % blocks, j = round - k;
+    std::atomic<std::size_t>& row_done = progress_[r * tiles_ + k];
+    std::atomic<std::size_t>& column_done = progress_[r * tiles_ + j];
+    wait_for(row_done, round);
+    wait_for(column_done, round);
+    run_block(prepared[r], replicas_[r], k, j);
+    row_done.store(round + 1, std::memory_order_release);
+    column_done.store(round + 1, std::memory_order_release);
+  };
   for (std::size_t round = 0; round + 1 < 2 * tiles_; ++round) {
     const std::size_t first = round >= tiles_ ? round - (tiles_ - 1) : 0, last = round / 2;
     const std::size_t blocks = last + 1 - first, units = replicas * blocks;
+    if (team == 2) {
+      // Two threads take a round's blocks from its two ends (thread 0 upwards, thread 1
+      // downwards) until they meet, so a slower core simply takes fewer blocks; one shared
+      // count of claimed blocks keeps the two ends apart.
+      std::atomic<std::size_t>& claimed = claimed_[round];
+      for (std::size_t taken = 0; claimed.fetch_add(1, std::memory_order_relaxed) < units; ++taken)
+        run(round, first, blocks, me == 0 ? taken : units - 1 - taken);
+      continue;
+    }
     const std::size_t begin = units * me / team, end = units * (me + 1) / team;
-    for (std::size_t step = begin; step < end; ++step) {
+    for (std::size_t step = begin; step < end; ++step)
       // Odd threads walk their range downwards: the block next to a neighbour's range, the
       // one that waits on that neighbour's previous round, then comes last (a round of slack).
-      const std::size_t unit = me % 2 ? begin + end - 1 - step : step;
-      const std::size_t r = unit / blocks, k = first + unit % blocks, j = round - k;
-      std::atomic<std::size_t>& row_done = progress_[r * tiles_ + k];
-      std::atomic<std::size_t>& column_done = progress_[r * tiles_ + j];
-      wait_for(row_done, round);
-      wait_for(column_done, round);
-      run_block(prepared[r], replicas_[r], k, j);
-      row_done.store(round + 1, std::memory_order_release);
-      column_done.store(round + 1, std::memory_order_release);
-    }
+      run(round, first, blocks, me % 2 ? begin + end - 1 - step : step);
   }
 #pragma omp barrier
   double scratch[2 * 64];

@@ -87,6 +87,7 @@ class SymmetricPairs {
   // Rounds finished per tile of each replica (see evaluate).
   std::unique_ptr<std::atomic<std::size_t>[]> progress_;
   std::size_t progress_size_ = 0;
+  std::unique_ptr<std::atomic<std::size_t>[]> claimed_;  // blocks claimed per round (2 threads)
 };
 
 }  // namespace mfattn::cpu
