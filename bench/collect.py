@@ -268,8 +268,15 @@ def main():
 
         rss = group("n=50000 d=3 one step, peak RSS", lambda: peak_rss(mf, 50000, 3, tmp),
                     a.group_wait, a.retries)
-        roof3 = group("roofline", lambda: mfattn_bench(mf, 4096, 3, "usa", 2.0, roofline=True),
-                      a.group_wait, a.retries)
+        def roofline():
+            # Best of R for the pair rate and for the exp rate, as for every other time here:
+            # on this shared machine one slow second of either would decide the ratio.
+            runs = [mfattn_bench(mf, 4096, 3, "usa", 1.0, roofline=True) for _ in range(R)]
+            best = dict(max(runs, key=lambda r: r["pairs_per_second"]))
+            best["exp_per_second"] = max(r["exp_per_second"] for r in runs)
+            best["all"] = [(r["pairs_per_second"], r["exp_per_second"]) for r in runs]
+            return best
+        roof3 = group("roofline", roofline, a.group_wait, a.retries)
     roof64 = rows[(4096, 64, "usa")]["bench"]
     elapsed = time.perf_counter() - t_all
 
@@ -354,6 +361,7 @@ def main():
     L.append("")
 
     L.append("## Roofline (`mfattn bench`, n = 4096, 2 threads)\n")
+    L.append(f"Best of {R} runs of `mfattn bench --roofline` for each rate (every run in Measurement quality).\n")
     L.append("| case | achieved | roofline | percent | target |")
     L.append("|---|---|---|---|---|")
     p3 = roof3["pairs_per_second"] / roof3["exp_per_second"]
@@ -413,6 +421,7 @@ def main():
     for (n, d, kernel), r in rows.items():
         L.append(f"n={n} d={d} {kernel}: mfattn 20 steps {['%.3f' % x for x in r['w20']['all']]}, "
                  f"1 step {['%.3f' % x for x in r['w1']['all']]}, numpy 20 steps {['%.3f' % x for x in r['np']['all_totals']]}")
+    L.append("roofline d=3 usa (pairs/s, exp/s): " + ", ".join(f"({p:.3e}, {e:.3e})" for p, e in roof3["all"]))
     L.append(f"n=256 d=3 usa: mfattn 2000 steps {['%.3f' % x for x in w2000['all']]}, "
              f"1 step {['%.3f' % x for x in w1s['all']]}, numpy 2000 steps {['%.3f' % x for x in np256['all_totals']]}")
     L.append("```\n")
