@@ -1,26 +1,29 @@
 #pragma once
 // The CPU backend's symmetric pair loop: when the logit of a pair is the same number both
 // ways, s_ij = s_ji, one exponential serves the receiver i and the receiver j, halving the
-// exps (the bound at d <= 4) and taking 3 instead of 4 n^2 d multiply-adds at large d.
+// exps (the bound at d <= 4) and taking 3 instead of 4 n^2 d flops at large d.
 //
 // It applies (symmetric_pairs_apply) when Q = K = I (any V, SA or USA, any gauge, presence
 // and null tokens), the mask is full, there is no auxiliary factor and no prefix token:
 //   s_ij = beta <G_i x_i, G_j x_j> = s_ji   (G: the positional gauge, or I).
-// Every receiver i then shares one offset, B = max_{p_i > 0} |q_i| * max_{p_j > 0} |k_j|
-// (Cauchy-Schwarz, attained to rounding by the self pair), and with e_ij = exp(s_ij - B)
+// Every receiver then shares one offset B = max over present receivers of the one-sided
+// loop's B_i = |q_i| max_{p_j > 0} |k_j| + max(0, max_j log p_j) (Cauchy-Schwarz, attained to
+// rounding by the self pair), and with e_ij = exp(s_ij - B)
 //   S_i = sum_j p_j e_ij,   A_i = sum_j e_ij (p_j z_j)
 // are the one-sided loop's sums with the presence taken as a factor instead of a bias.
 //
 // Tiles of kTile tokens. The pair of tiles (I, J), I < J, is one block: its e_ab (a in I,
 // b in J) are taken once and added to the receivers of I ("row" role, lanes over b) and of J
 // ("column" role, sequential over a); a diagonal block (I, I) takes the pairs of the tile as
-// a triangle of strips (both roles between strips, the row role within one). Blocks run in rounds r = I + J: the blocks of one round share no tile, so
-// they run in parallel with no atomics, and every tile meets its partners in ascending order
-// (I < J in rounds I + J < 2J, itself in round 2J, then J' > J). Each receiver's sums are
-// therefore taken in one fixed order (partner tiles ascending; inside a block the row role
-// adds a lane-reduced block sum, the column role one term per source in order), the same for
-// any thread count; appending null tokens (p = 0, on the sphere, left out of B) only adds
-// exact zeros at the end of that order, so no other bit changes.
+// a triangle of strips (both roles between strips, the row role within one). Blocks run in
+// rounds r = I + J: the blocks of one round share no tile, so threads never write the same
+// sums, and every tile meets its partners in ascending order (I < J in rounds I + J < 2J,
+// itself in round 2J, then J' > J). A block starts once the previous-round blocks of its two
+// tiles are done (per-tile counters, no barrier per round). Each receiver's sums are
+// therefore taken in one fixed order (partner tiles ascending; inside a block the column role
+// adds one term per source in order, the row role a lane vector), whichever thread runs which
+// block; appending null tokens (p = 0, on the sphere, left out of B) only adds exact zeros
+// at the end of that order, so no other bit changes.
 #include <atomic>
 #include <cstddef>
 #include <memory>
