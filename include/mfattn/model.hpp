@@ -90,6 +90,8 @@ struct Model {
   std::size_t prefix_count() const { return d ? prefix.size() / d : 0; }
   /// Mass M = sum of source presences, prefix tokens included (USA normaliser).
   double mass() const;
+  /// True when every token has p_i = 1 (no amplitudes, no null tokens).
+  bool every_token_present() const;
   /// True when the dynamics is a gradient ascent of the energy (model.md section 4).
   bool is_gradient_flow() const;
   /// Weight shift applied in the exponent: beta in rescaled time, 0 in natural time.

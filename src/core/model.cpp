@@ -8,6 +8,12 @@ double Model::mass() const {
   return total + double(prefix_count()) * prefix_weight;
 }
 
+bool Model::every_token_present() const {
+  for (double p : presence)
+    if (p != 1.0) return false;
+  return true;
+}
+
 bool Model::is_gradient_flow() const {
   // Section 4: Q = K = V = I, transported values, a symmetric mask and a symmetric factor.
   // Causal masks are not symmetric; noise makes the dynamics stochastic.

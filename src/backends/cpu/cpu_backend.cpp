@@ -1,4 +1,6 @@
 // The CPU backend: a single pass over the sources per receiver block, no n x n matrix.
+// (When the logits are symmetric, Q = K = I with a full mask, symmetric_pairs.cpp takes the
+// evaluation instead, one exp per unordered pair; this one-sided loop is its fallback.)
 //
 // Per evaluation every token is prepared once (O(n d) memory):
 //   query  q_i = beta * G_i Q x_i,   key k_j = G_j K x_j,
@@ -84,10 +86,9 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(const Model& model, int threads)
       : model_(model), threads_(threads > 0 ? threads : omp_get_max_threads()),
-        mass_(model.mass()), pair_terms_(model),
+        mass_(model.mass()), all_present_(model.every_token_present()), pair_terms_(model),
         symmetric_(cpu::symmetric_pairs_apply(model) ? std::make_unique<cpu::SymmetricPairs>(model)
                                                      : nullptr) {
-    for (double p : model.presence) all_present_ = all_present_ && p == 1.0;
     // b_j = log p_j is fixed for the whole run: taken once here, not per evaluation.
     auto bias_of = [](double presence) { return presence > 0.0 ? std::log(presence) : kNegInf; };
     for (double p : model.presence) token_bias_.push_back(bias_of(p));
@@ -546,7 +547,7 @@ class CpuBackend final : public Backend {
   const Model& model_;
   int threads_;
   double mass_;
-  bool all_present_ = true;
+  bool all_present_;                // every p_j = 1
   std::vector<double> token_bias_;  // log p_j of the moving tokens (-inf for p_j = 0)
   double prefix_bias_ = 0.0;        // log of the prefix weight
   cpu::PairTerms pair_terms_;

@@ -32,9 +32,7 @@ bool symmetric_pairs_apply(const Model& model) {
 
 SymmetricPairs::SymmetricPairs(const Model& model)
     : model_(model), mass_(model.mass()), padded_(round_up(std::max<std::size_t>(model.n, 1), kTile)),
-      tiles_(padded_ / kTile), stride_(padded_ + kLanes) {
-  for (double p : model.presence) all_present_ = all_present_ && p == 1.0;
-}
+      tiles_(padded_ / kTile), stride_(padded_ + kLanes), all_present_(model.every_token_present()) {}
 
 void SymmetricPairs::layout(const Prepared& p, Replica& s) const {
   const std::size_t n = model_.n, d = model_.d;

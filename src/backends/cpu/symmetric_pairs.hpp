@@ -84,8 +84,8 @@ class SymmetricPairs {
 
   const Model& model_;
   double mass_;
-  bool all_present_ = true;
   std::size_t padded_ = 0, tiles_ = 0, stride_ = 0;  // stride_: rows of the d <= 4 layout
+  bool all_present_;                                  // every p_j = 1
   std::vector<Replica> replicas_;
   // Rounds finished per tile of each replica (see evaluate).
   std::unique_ptr<std::atomic<std::size_t>[]> progress_;
