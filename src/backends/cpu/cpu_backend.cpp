@@ -235,16 +235,6 @@ class CpuBackend final : public Backend {
     }
   }
 
-  /// Two rows of d numbers of scratch: on the stack up to d = 128, else on the heap.
-  struct Scratch {
-    double stack[2 * 128];
-    std::vector<double> heap;
-    double* rows(std::size_t d) {
-      if (d <= 128) return stack;
-      heap.resize(2 * d);
-      return heap.data();
-    }
-  };
 
   /// Source s of p holds gauge token `token` with contents y: its key, value, and its share
   /// of the largest key norm and bias. Null sources stay out of the bound, so that adding
@@ -359,13 +349,8 @@ class CpuBackend final : public Backend {
         finalize(p, block);
       }
     });
-    double scratch[2 * 64];
-    std::vector<double> big_scratch;
-    double* work = scratch;
-    if (model_.d > 64) {
-      big_scratch.resize(2 * model_.d);
-      work = big_scratch.data();
-    }
+    Scratch scratch;
+    double* work = scratch.rows(model_.d);
     for (std::size_t b = 0; b < blocks; ++b) {
       const BlockSums& block = panel[b];
       for (std::size_t r = 0; r < block.count; ++r) {

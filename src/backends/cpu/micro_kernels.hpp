@@ -56,6 +56,18 @@ struct CacheLineAllocator {
 };
 using AlignedDoubles = std::vector<double, CacheLineAllocator<double>>;
 
+/// Two rows of d numbers of scratch (a receiver's finish, a token's transforms): on the stack
+/// up to d = 128, else on the heap.
+struct Scratch {
+  double stack[2 * 128];
+  std::vector<double> heap;
+  double* rows(std::size_t d) {
+    if (d <= 128) return stack;
+    heap.resize(2 * d);
+    return heap.data();
+  }
+};
+
 /// Per-replica prepared operands (see cpu_backend.cpp's file comment).
 struct Prepared {
   std::size_t d = 0, padded_sources = 0, padded_dim = 0;

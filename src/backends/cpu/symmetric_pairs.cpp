@@ -375,9 +375,9 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
       run(round, first, blocks, me % 2 ? begin + end - 1 - step : step);
   }
 #pragma omp barrier
-  double scratch[2 * 64];
-  std::vector<double> big_scratch(d > 64 ? 2 * d : 0), gathered(d <= kSmallDimension ? d : 0);
-  double* work = d > 64 ? big_scratch.data() : scratch;
+  Scratch scratch;
+  double* work = scratch.rows(d);
+  double gathered[kSmallDimension];
 #pragma omp for schedule(static)
   for (std::size_t unit = 0; unit < replicas * n; ++unit) {
     const std::size_t r = unit / n, i = unit % n;
@@ -391,7 +391,7 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
       for (std::size_t c = 0; c < d; ++c)
         gathered[c] = s.acc[c * stride_ + i] +
                       simd::horizontal_sum(simd::load(lanes + (c + 1) * kLanes));
-      acc = gathered.data();
+      acc = gathered;
     }
     if (model_.presence[i] > 0.0 && !(weight_sum >= kLooseBound)) {
 #pragma omp atomic write
