@@ -201,15 +201,21 @@ class CpuBackend final : public Backend {
       }
     }
     std::vector<double> key(replicas, 0.0), bias(replicas, 0.0);
+    // Plain tokens (Q = I, no gauge) are their own queries: no transform per token.
+    const bool plain_queries = model_.q_identity && !model_.gauge;
 #pragma omp for schedule(static) nowait
     for (std::size_t unit = 0; unit < replicas * n; ++unit) {
       const std::size_t r = unit / n, i = unit % n;
       Prepared& p = prepared_[r];
       const double* xi = x + unit * d;
-      Scratch scratch;
-      double* work = scratch.rows(d);
-      transform(model_.q, model_.q_identity, i, xi, work + d, work);
-      for (std::size_t c = 0; c < d; ++c) p.queries[i * d + c] = model_.beta * work[c];
+      if (plain_queries) {
+        for (std::size_t c = 0; c < d; ++c) p.queries[i * d + c] = model_.beta * xi[c];
+      } else {
+        Scratch scratch;
+        double* work = scratch.rows(d);
+        transform(model_.q, model_.q_identity, i, xi, work + d, work);
+        for (std::size_t c = 0; c < d; ++c) p.queries[i * d + c] = model_.beta * work[c];
+      }
       add_source(p, p.first_moving + i, i, xi, key[r], bias[r]);
     }
 #pragma omp critical(mfattn_cpu_prepare)
@@ -218,6 +224,10 @@ class CpuBackend final : public Backend {
       largest_bias_[r] = std::max(largest_bias_[r], bias[r]);
     }
 #pragma omp barrier
+    // The largest key norm from the largest squared norm: sqrt is monotone and correctly
+    // rounded, so this is the largest of the norms (one root per replica, not per token).
+#pragma omp single
+    for (double& largest : largest_key_) largest = std::sqrt(largest);
 #pragma omp for schedule(static)
     for (std::size_t unit = 0; unit < replicas * n; ++unit) {
       const std::size_t r = unit / n, i = unit % n;
@@ -237,18 +247,23 @@ class CpuBackend final : public Backend {
 
 
   /// Source s of p holds gauge token `token` with contents y: its key, value, and its share
-  /// of the largest key norm and bias. Null sources stay out of the bound, so that adding
-  /// them changes no offset.
+  /// of the largest squared key norm and bias. Null sources stay out of the bound, so that
+  /// adding them changes no offset.
   void add_source(Prepared& p, std::size_t s, std::size_t token, const double* y,
-                  double& largest_key, double& largest_bias) const {
+                  double& largest_key_norm2, double& largest_bias) const {
     const std::size_t d = model_.d;
     Scratch scratch;
     double* out = scratch.rows(d);
-    transform(model_.k, model_.k_identity, token, y, out + d, out);
+    const double* key = y;  // K = I without a gauge: the token is its own key
+    if (!model_.k_identity || model_.gauge) {
+      transform(model_.k, model_.k_identity, token, y, out + d, out);
+      key = out;
+    }
     double key_norm2 = 0.0;
+    double* panel = p.key_panels.data() + p.key_index(0, s);
     for (std::size_t c = 0; c < d; ++c) {
-      p.key_panels[p.key_index(c, s)] = out[c];
-      key_norm2 += out[c] * out[c];
+      panel[c * kKeyPanel] = key[c];
+      key_norm2 += key[c] * key[c];
     }
     const double* z = y;
     if (model_.gauge && model_.values == ValueTransport::Transported) {
@@ -260,7 +275,7 @@ class CpuBackend final : public Backend {
     else
       std::copy(z, z + d, p.values_rows.data() + s * p.row_stride);
     if (p.bias[s] > kNegInf) {
-      largest_key = std::max(largest_key, std::sqrt(key_norm2));
+      largest_key_norm2 = std::max(largest_key_norm2, key_norm2);
       largest_bias = std::max(largest_bias, p.bias[s]);
     }
   }
@@ -539,7 +554,8 @@ class CpuBackend final : public Backend {
   std::unique_ptr<cpu::SymmetricPairs> symmetric_;  // null: the symmetric loop does not apply
   std::string last_loop_ = "none";
   std::vector<Prepared> prepared_;
-  std::vector<double> largest_key_, largest_bias_;  // per replica, while preparing
+  // Per replica, while preparing (largest_key_ holds the squared norm until its one root).
+  std::vector<double> largest_key_, largest_bias_;
 };
 
 }  // namespace
