@@ -110,14 +110,62 @@ TEST(CpuBackend, SymmetricLoopMatchesReferenceAcrossTilesAndOptions) {
   EXPECT_EQ(checked, 72);
 }
 
-// Masks, auxiliary factors, prefix tokens and Q != K make the logits one-sided: the
-// one-sided loop runs. A shared offset too loose for the underflow edge (2 beta log2 e >=
+// Sliding windows and the distance and Gaussian factors are symmetric in the positions
+// (m_ij = m_ji, c_ij = c_ji): the symmetric loop takes them as one log-term per pair and
+// skips the blocks whose tiles lie farther apart than the window. Against the reference
+// backend with sorted (index, uniform), unsorted (random) and two-dimensional (grid)
+// positions, windows that hide whole blocks, part of a block or nothing, small and large d.
+TEST(CpuBackend, SymmetricLoopTakesWindowsAndSymmetricFactors) {
+  const std::vector<std::vector<std::string>> variants = {
+      {"--mask", "window", "--window", "70"},
+      {"--mask", "window", "--window", "9", "--aux-factor", "gaussian", "--aux-sigma", "4"},
+      {"--aux-factor", "distance", "--aux-lambda", "0.3", "--geometry", "rope"},
+      {"--positions", "random", "--pos-scale", "50", "--mask", "window", "--window", "6"},
+      {"--geometry", "rope-axial", "--mask", "window", "--window", "5", "--aux-factor", "distance",
+       "--tau", "0.5", "--null-tokens", "5"},  // with presences 1, 0, 0.4 in turn (below)
+      {"--positions", "uniform", "--mask", "window", "--window", "0.5", "--aux-factor",
+       "gaussian", "--aux-sigma", "0.2", "--time-scale", "rescaled"}};
+  int checked = 0;
+  for (const std::string d : {"2", "3", "4", "6", "64"})
+    for (const std::string n : {"3", "65", "200", "300"})
+      for (const std::string kernel : {"usa", "sa"}) {
+        const auto& variant = variants[checked % variants.size()];
+        auto args = testing::with({"--n", n, "--d", d, "--kernel", kernel, "--beta", "2",
+                                   "--replicas", "2", "--seed", std::to_string(checked)},
+                                  variant);
+        if (variant[1] == "rope-axial") {
+          std::string amplitudes;
+          for (int i = 0; i < std::stoi(n); ++i)
+            amplitudes += std::string(i ? "," : "") + std::vector<std::string>{"1", "0", "0.4"}[i % 3];
+          args = testing::with(args, {"--amplitudes", amplitudes});
+        }
+        const auto cfg = config(args);
+        const Model model = build_model(cfg);
+        const State state = build_initial_state(cfg, model);
+        ASSERT_EQ(loop_of(model, state, 2), "symmetric") << "d " << d << " n " << n;
+        std::vector<double> sums_fast, sums_ref;
+        const auto fast = evaluate(model, state, "cpu", 2, &sums_fast);
+        const auto ref = evaluate(model, state, "reference", 1, &sums_ref);
+        double scale = 0.0;
+        for (double v : ref) scale = std::max(scale, std::fabs(v));
+        EXPECT_LE(testing::max_abs_difference(fast, ref), 1e-13 * std::max(scale, 1.0))
+            << "d " << d << " n " << n << " " << kernel << " variant " << checked % variants.size();
+        for (std::size_t i = 0; i < sums_ref.size(); ++i)
+          EXPECT_NEAR(sums_fast[i], sums_ref[i], 1e-12 * sums_ref[i])
+              << "weight sum " << i << " variant " << checked % variants.size();
+        ++checked;
+      }
+  EXPECT_EQ(checked, 40);
+}
+
+// The causal mask, the cosine factor (sign-changing), prefix tokens and Q != K make the
+// logits one-sided: the one-sided loop runs. A shared offset too loose for the underflow edge (2 beta log2 e >=
 // 1020) or a present receiver whose weight sum would vanish sends the evaluation back to the
 // one-sided loop, whose per-receiver offsets (and exact maxima) keep every weight.
 TEST(CpuBackend, SymmetricLoopAppliesOnlyWhereTheLogitsAreSymmetricAndFallsBack) {
   for (const auto& args : std::vector<std::vector<std::string>>{
-           {"--mask", "causal"}, {"--mask", "window", "--window", "5"},
-           {"--aux-factor", "distance"}, {"--q", "gaussian"}, {"--k", "goe"},
+           {"--mask", "causal"},
+           {"--aux-factor", "cosine"}, {"--q", "gaussian"}, {"--k", "goe"},
            {"--prefix", "3"}}) {
     const auto cfg = config(testing::with({"--n", "70", "--d", "3"}, args));
     const Model model = build_model(cfg);
@@ -151,20 +199,24 @@ TEST(CpuBackend, SymmetricLoopAppliesOnlyWhereTheLogitsAreSymmetricAndFallsBack)
 // moves from one thread (300 tokens) to two (600 tokens: the rounds of the symmetric loop
 // split between the threads).
 TEST(NullTokens, SymmetricLoopKeepsEveryBitAcrossTilesAndThreadCounts) {
+  const std::vector<std::vector<std::string>> terms = {
+      {}, {"--mask", "window", "--window", "90", "--aux-factor", "gaussian", "--aux-sigma", "40"}};
   for (const std::string dim : {"3", "20"})
-    for (const std::string kernel : {"usa", "sa"}) {
-      const std::vector<std::string> base = {"--n", "300", "--d", dim, "--kernel", kernel,
-                                             "--integrator", "heun", "--dt", "0.05",
-                                             "--horizon", "0.2", "--save-every", "0.1",
-                                             "--eps-den", "1e-12", "--seed", "11"};
+    for (const std::string kernel : {"usa", "sa"})
+      for (const auto& extra : terms) {
+      // With the window the null tokens' own tiles (positions 300 to 599) are partly skipped.
+      const std::vector<std::string> base = testing::with(
+          {"--n", "300", "--d", dim, "--kernel", kernel, "--integrator", "heun", "--dt", "0.05",
+           "--horizon", "0.2", "--save-every", "0.1", "--eps-den", "1e-12", "--seed", "11"},
+          extra);
       const auto plain = simulate(config(base), 2);
       const auto padded = simulate(config(testing::with(base, {"--null-tokens", "300"})), 2);
       ASSERT_EQ(loop_of(padded.model, padded.frames[0], 2), "symmetric");
       const std::size_t d = plain.model.d;
       for (std::size_t k = 0; k < plain.frames.size(); ++k)
         EXPECT_TRUE(bitwise_equal(plain.frames[k].x.data(), padded.frames[k].x.data(), 300 * d))
-            << kernel << " d " << dim << " frame " << k;
-    }
+            << kernel << " d " << dim << " frame " << k << " terms " << extra.size();
+      }
 }
 
 // With K = -I and every token in one tight cluster, the Cauchy-Schwarz offset B_i = beta

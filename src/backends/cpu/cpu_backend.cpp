@@ -1,6 +1,7 @@
 // The CPU backend: a single pass over the sources per receiver block, no n x n matrix.
-// (When the logits are symmetric, Q = K = I with a full mask, symmetric_pairs.cpp takes the
-// evaluation instead, one exp per unordered pair; this one-sided loop is its fallback.)
+// (When the weights are symmetric, Q = K = I with a full or window mask and a factor of
+// |xi_i - xi_j| or none, symmetric_pairs.cpp takes the evaluation instead, one exp per
+// unordered pair; this one-sided loop is its fallback.)
 //
 // Per evaluation every token is prepared once (O(n d) memory):
 //   query  q_i = beta * G_i Q x_i,   key k_j = G_j K x_j,
@@ -87,7 +88,7 @@ class CpuBackend final : public Backend {
   CpuBackend(const Model& model, int threads)
       : model_(model), threads_(threads > 0 ? threads : omp_get_max_threads()),
         mass_(model.mass()), all_present_(model.every_token_present()), pair_terms_(model),
-        symmetric_(cpu::symmetric_pairs_apply(model) ? std::make_unique<cpu::SymmetricPairs>(model)
+        symmetric_(cpu::symmetric_pairs_apply(model) ? std::make_unique<cpu::SymmetricPairs>(model, pair_terms_)
                                                      : nullptr) {
     // b_j = log p_j is fixed for the whole run: taken once here, not per evaluation.
     auto bias_of = [](double presence) { return presence > 0.0 ? std::log(presence) : kNegInf; };

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <thread>
 
 #include "backends/backend_common.hpp"
@@ -32,13 +33,63 @@ constexpr std::size_t kSymmetricRows = 4, kSymmetricChunks = 2;
 }  // namespace
 
 bool symmetric_pairs_apply(const Model& model) {
-  return model.q_identity && model.k_identity && model.mask == MaskKind::Full &&
-         model.aux_factor == AuxFactor::None && model.prefix_count() == 0 && model.beta > 0.0;
+  const bool symmetric_mask = model.mask == MaskKind::Full || model.mask == MaskKind::Window;
+  const bool symmetric_factor = model.aux_factor == AuxFactor::None ||
+                                model.aux_factor == AuxFactor::Distance ||
+                                model.aux_factor == AuxFactor::Gaussian;
+  return model.q_identity && model.k_identity && symmetric_mask && symmetric_factor &&
+         model.prefix_count() == 0 && model.beta > 0.0;
 }
 
-SymmetricPairs::SymmetricPairs(const Model& model)
+SymmetricPairs::SymmetricPairs(const Model& model, const PairTerms& terms)
     : model_(model), mass_(model.mass()), padded_(round_up(std::max<std::size_t>(model.n, 1), kTile)),
-      tiles_(padded_ / kTile), stride_(padded_ + kLanes), all_present_(model.every_token_present()) {}
+      tiles_(padded_ / kTile), stride_(padded_ + kLanes), all_present_(model.every_token_present()) {
+  if (model.mask == MaskKind::Full && model.aux_factor == AuxFactor::None) return;
+  terms.dispatch([&](const auto& pair_terms, const auto&) {
+    block_log_terms_ = [pair_terms, n = model.n](std::size_t row_tile, std::size_t column_tile,
+                                                 double* out) {
+      for (std::size_t a = 0; a < kTile; ++a) {
+        // Padding receivers (presence 0) take position 0: any finite or -inf term will do.
+        const std::size_t i = row_tile * kTile + a;
+        const ReceiverPosition receiver = i < n ? pair_terms.receiver(i) : ReceiverPosition{};
+        for (std::size_t b = 0; b < kTile; b += kLanes)
+          simd::store(out + a * kTile + b,
+                      pair_terms.log_term(receiver, column_tile * kTile + b) * kLog2e);
+      }
+    };
+  });
+  if (model.mask != MaskKind::Window) return;
+  // Per tile, the box of its tokens' positions (the coordinates the window mask reads). If
+  // the boxes of two tiles are farther apart than the window, so is every pair: with the
+  // mask's own operations (differences, squares, sum in coordinate order), each rounded step
+  // is monotone, so the pairs' computed distances are no smaller than the boxes' gap.
+  const std::size_t dim = std::min<std::size_t>(model.position_dim, 4);
+  std::vector<double> low(tiles_ * dim, 0.0), high(tiles_ * dim, 0.0);
+  for (std::size_t t = 0; t < tiles_; ++t)
+    for (std::size_t a = 0; a < dim; ++a) {
+      double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+      for (std::size_t i = t * kTile; i < std::min((t + 1) * kTile, model.n); ++i) {
+        const double xi = model.positions.empty() ? 0.0 : model.positions[i * model.position_dim + a];
+        lo = std::min(lo, xi);
+        hi = std::max(hi, xi);
+      }
+      low[t * dim + a] = lo;
+      high[t * dim + a] = hi;
+    }
+  const double window_squared = model.window * model.window;
+  skipped_.assign(tiles_ * tiles_, 0);
+  for (std::size_t row = 0; row < tiles_; ++row)
+    for (std::size_t column = row; column < tiles_; ++column) {
+      double gap2 = 0.0;
+      for (std::size_t a = 0; a < dim; ++a) {
+        const double above = low[column * dim + a] - high[row * dim + a];
+        const double below = low[row * dim + a] - high[column * dim + a];
+        const double gap = above > 0.0 ? above : below > 0.0 ? below : 0.0;
+        gap2 += gap * gap;
+      }
+      skipped_[row * tiles_ + column] = gap2 > window_squared;
+    }
+}
 
 void SymmetricPairs::layout(const Prepared& p, Replica& s) const {
   const std::size_t n = model_.n, d = model_.d;
@@ -91,9 +142,9 @@ double SymmetricPairs::build_tile(const Prepared& p, Replica& s, std::size_t t) 
 /// the strip of the row receivers themselves in the row role only (both orders of each pair
 /// there), every later strip in both roles, earlier strips not at all (their pairs came with
 /// the earlier rows).
-template <std::size_t kDim, bool kDiagonal, bool kAllPresent>
+template <std::size_t kDim, bool kDiagonal, bool kAllPresent, bool kLogTerms>
 void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_tile,
-                                 std::size_t column_tile) const {
+                                 std::size_t column_tile, const double* log_terms) const {
   constexpr std::size_t kRows = kSymmetricRows, kChunks = kSymmetricChunks;
   constexpr std::size_t kWidth = kChunks * kLanes, kExps = kRows * kChunks;
   static_assert(kTile % kWidth == 0 && kWidth % kRows == 0 && kKeyPanel % kWidth == 0);
@@ -133,10 +184,13 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
           Lanes& logit = logits[r * kChunks + h];
           logit = q[r][0] * keys[0] + neg_offset;
           for (std::size_t c = 1; c < kDim; ++c) logit += q[r][c] * keys[c];
+          if constexpr (kLogTerms)
+            logit += simd::load(log_terms + (a0 + r - a_begin) * kTile + (j - b_begin) + h * kLanes);
         }
       }
-      // Every logit is >= -2 B log2(e) > -1020 (offset_usable), so no select for underflow.
-      simd::exp2_nonpositive<kExps, false>(logits, weights);
+      // Without log-terms every logit is >= -2 B log2(e) > -1020 (offset_usable): no select
+      // for underflow. A log-term can hide a pair (-inf) or take it below -1022: exactly 0.
+      simd::exp2_nonpositive<kExps, kLogTerms>(logits, weights);
       for (std::size_t h = 0; h < kChunks; ++h) {
         const std::size_t jh = j + h * kLanes;
         const Lanes column_presence = simd::load(presence + jh);
@@ -187,9 +241,10 @@ namespace {
 
 /// The weights e_ab of kReceivers row receivers from a0 against the kTile sources of the
 /// column tile, into rows of kTile numbers (logit micro-kernel, then the exp in lockstep).
+/// log_terms (or null): laid out like rows, added to the logits before the exp.
 template <std::size_t kReceivers>
 void exp_rows(const Prepared& p, const double* queries, double neg_offset_log2, std::size_t a0,
-              std::size_t b_begin, double* rows) {
+              std::size_t b_begin, const double* log_terms, double* rows) {
   const PlainTerms no_terms{};
   const ReceiverPosition no_receivers[kReceivers] = {};
   const double* q[kReceivers];
@@ -203,7 +258,13 @@ void exp_rows(const Prepared& p, const double* queries, double neg_offset_log2, 
     panel_logits<kReceivers>(no_terms, p, q, neg_offset, no_receivers, nullptr, kLog2e, j, logits);
     for (std::size_t r = 0; r < kReceivers; ++r) {
       Lanes weights[4];
-      simd::exp2_nonpositive<4, false>(logits[r], weights);
+      if (log_terms) {
+        for (std::size_t h = 0; h < 4; ++h)
+          logits[r][h] += simd::load(log_terms + r * kTile + (j - b_begin) + h * kLanes);
+        simd::exp2_nonpositive<4, true>(logits[r], weights);
+      } else {
+        simd::exp2_nonpositive<4, false>(logits[r], weights);
+      }
       for (std::size_t h = 0; h < 4; ++h)
         simd::store(rows + r * kTile + (j - b_begin) + h * kLanes, weights[h]);
     }
@@ -218,16 +279,17 @@ void exp_rows(const Prepared& p, const double* queries, double neg_offset_log2, 
 /// sources in ascending order across all blocks.
 template <bool kColumn>
 void SymmetricPairs::large_block(const Prepared& p, Replica& s, std::size_t row_tile,
-                                 std::size_t column_tile) const {
+                                 std::size_t column_tile, const double* log_terms) const {
   alignas(64) double weights[kTile * kTile];
   const std::size_t a_begin = row_tile * kTile, b_begin = column_tile * kTile;
   const std::size_t rs = p.row_stride, dp = p.padded_dim;
+  auto terms_of = [&](std::size_t a) { return log_terms ? log_terms + a * kTile : nullptr; };
   std::size_t a = 0;
   for (; a + kLargeBlock <= kTile; a += kLargeBlock)
     exp_rows<kLargeBlock>(p, s.queries.data(), s.neg_offset_log2, a_begin + a, b_begin,
-                          weights + a * kTile);
+                          terms_of(a), weights + a * kTile);
   exp_rows<kSmallBlock>(p, s.queries.data(), s.neg_offset_log2, a_begin + a, b_begin,
-                        weights + a * kTile);
+                        terms_of(a), weights + a * kTile);
   const double* presence = s.presence.data();
   double* weight_sum = s.weight_sum.data();
   for (std::size_t r = 0; r < kTile; ++r) {
@@ -261,31 +323,41 @@ void SymmetricPairs::large_block(const Prepared& p, Replica& s, std::size_t row_
 
 void SymmetricPairs::run_block(const Prepared& p, Replica& s, std::size_t row_tile,
                                std::size_t column_tile) const {
+  if (!skipped_.empty() && skipped_[row_tile * tiles_ + column_tile]) return;
+  alignas(64) double log_terms[kTile * kTile];
+  const bool with_terms = static_cast<bool>(block_log_terms_);
+  if (with_terms) block_log_terms_(row_tile, column_tile, log_terms);
   const bool column = row_tile != column_tile;
   // Plain adds for the weight sums only where every token of both tiles is present: the
   // padding of the last tile must still be multiplied by its zero presence.
   const bool all_present = all_present_ && (std::max(row_tile, column_tile) + 1) * kTile <= model_.n;
   auto small = [&]<std::size_t kDim>() {
-    if (all_present) {
+    if (with_terms) {
       if (column)
-        small_block<kDim, false, true>(p, s, row_tile, column_tile);
+        small_block<kDim, false, false, true>(p, s, row_tile, column_tile, log_terms);
       else
-        small_block<kDim, true, true>(p, s, row_tile, column_tile);
+        small_block<kDim, true, false, true>(p, s, row_tile, column_tile, log_terms);
+    } else if (all_present) {
+      if (column)
+        small_block<kDim, false, true, false>(p, s, row_tile, column_tile, nullptr);
+      else
+        small_block<kDim, true, true, false>(p, s, row_tile, column_tile, nullptr);
     } else if (column) {
-      small_block<kDim, false, false>(p, s, row_tile, column_tile);
+      small_block<kDim, false, false, false>(p, s, row_tile, column_tile, nullptr);
     } else {
-      small_block<kDim, true, false>(p, s, row_tile, column_tile);
+      small_block<kDim, true, false, false>(p, s, row_tile, column_tile, nullptr);
     }
   };
+  const double* terms = with_terms ? log_terms : nullptr;
   switch (p.d) {
     case 2: return small.template operator()<2>();
     case 3: return small.template operator()<3>();
     case 4: return small.template operator()<4>();
     default:
       if (column)
-        large_block<true>(p, s, row_tile, column_tile);
+        large_block<true>(p, s, row_tile, column_tile, terms);
       else
-        large_block<false>(p, s, row_tile, column_tile);
+        large_block<false>(p, s, row_tile, column_tile, terms);
   }
 }
 

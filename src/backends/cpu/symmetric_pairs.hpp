@@ -4,8 +4,14 @@
 // exps (the bound at d <= 4) and taking 3 instead of 4 n^2 d flops at large d.
 //
 // It applies (symmetric_pairs_apply) when Q = K = I (any V, SA or USA, any gauge, presence
-// and null tokens), the mask is full, there is no auxiliary factor and no prefix token:
-//   s_ij = beta <G_i x_i, G_j x_j> = s_ji   (G: the positional gauge, or I).
+// and null tokens), there is no prefix token, the mask is full or a sliding window and the
+// auxiliary factor is none, the distance bias or the Gaussian:
+//   s_ij = beta <G_i x_i, G_j x_j> = s_ji   (G: the positional gauge, or I),
+//   m_ij = m_ji and c_ij = c_ji (both functions of |xi_i - xi_j|).
+// The mask and the factor enter as one log-term per pair, log m_ab + log c_ab, taken once per
+// block for both roles; a block whose tiles' positions are all farther apart than the window
+// is skipped (its weights are exact zeros, so skipping changes no bit). The causal mask and
+// the cosine factor (sign-changing) are not symmetric in this sense: they run one-sided.
 // Every receiver then shares one offset B = max over present receivers of the one-sided
 // loop's B_i = |q_i| max_{p_j > 0} |k_j| + max(0, max_j log p_j) (Cauchy-Schwarz, attained to
 // rounding by the self pair), and with e_ij = exp(s_ij - B)
@@ -30,7 +36,10 @@
 #include <string>
 #include <vector>
 
+#include <functional>
+
 #include "backends/cpu/micro_kernels.hpp"
+#include "backends/cpu/pair_terms.hpp"
 #include "mfattn/model.hpp"
 
 namespace mfattn::cpu {
@@ -40,7 +49,8 @@ bool symmetric_pairs_apply(const Model& model);
 
 class SymmetricPairs {
  public:
-  explicit SymmetricPairs(const Model& model);
+  /// terms: the backend's pair terms (positions), which must outlive this object.
+  SymmetricPairs(const Model& model, const PairTerms& terms);
 
   /// Called by every thread of an OpenMP team, after prepared[r] holds the operands of each
   /// replica (no prefix region: source j is token j). Writes every receiver's velocity and,
@@ -75,17 +85,22 @@ class SymmetricPairs {
   double build_tile(const Prepared& p, Replica& replica, std::size_t tile) const;
   void run_block(const Prepared& p, Replica& replica, std::size_t row_tile,
                  std::size_t column_tile) const;
-  template <std::size_t kDim, bool kDiagonal, bool kAllPresent>
+  // log_terms (kLogTerms; large blocks: when not null): kTile x kTile numbers, row a - a_begin
+  // holding log2(e) (log m_ab + log c_ab) for the sources of the column tile.
+  template <std::size_t kDim, bool kDiagonal, bool kAllPresent, bool kLogTerms>
   void small_block(const Prepared& p, Replica& replica, std::size_t row_tile,
-                   std::size_t column_tile) const;
+                   std::size_t column_tile, const double* log_terms) const;
   template <bool kColumn>
   void large_block(const Prepared& p, Replica& replica, std::size_t row_tile,
-                   std::size_t column_tile) const;
+                   std::size_t column_tile, const double* log_terms) const;
 
   const Model& model_;
   double mass_;
   std::size_t padded_ = 0, tiles_ = 0, stride_ = 0;  // stride_: rows of the d <= 4 layout
   bool all_present_;                                  // every p_j = 1
+  // Fills the log-terms of block (I, J) (see small_block); empty: full mask, no factor.
+  std::function<void(std::size_t, std::size_t, double*)> block_log_terms_;
+  std::vector<char> skipped_;  // tiles_ x tiles_: the window hides every pair of the block
   std::vector<Replica> replicas_;
   // Rounds finished per tile of each replica (see evaluate).
   std::unique_ptr<std::atomic<std::size_t>[]> progress_;
