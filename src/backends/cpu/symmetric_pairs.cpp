@@ -197,7 +197,7 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
       }
       // Without log-terms every logit is >= -2 B log2(e) > -1020 (offset_usable): no select
       // for underflow. A log-term can hide a pair (-inf) or take it below -1022: exactly 0.
-      simd::exp2_nonpositive<kExps, kLogTerms>(logits, weights);
+      simd::exp2_nonpositive<kExps, kLogTerms, true>(logits, weights);
       for (std::size_t h = 0; h < kChunks; ++h) {
         const std::size_t jh = j + h * kLanes;
         const Lanes column_presence = simd::load(presence + jh);

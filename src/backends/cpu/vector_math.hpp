@@ -61,7 +61,8 @@ inline double horizontal_sum(Lanes v) {
 /// loops, which costs more than the call saves.
 /// kMayUnderflow = false: the caller guarantees t >= -1022 (or NaN), and the select that
 /// makes smaller inputs exactly 0 is skipped; the results are the same bits.
-template <std::size_t kCount, bool kMayUnderflow = true>
+/// kEveryVectorLoads = true: every multiply-add reads its coefficient from memory (see below).
+template <std::size_t kCount, bool kMayUnderflow = true, bool kEveryVectorLoads = false>
 [[gnu::always_inline]] inline void exp2_nonpositive(const Lanes (&t)[kCount],
                                                     Lanes (&out)[kCount]) {
   // 1.5 * 2^52 + 1023: adding it rounds t to an integer n and leaves n + 1023 in the low
@@ -79,7 +80,11 @@ template <std::size_t kCount, bool kMayUnderflow = true>
   // The coefficients are read from memory by each multiply-add (an embedded broadcast): held
   // in registers, the 12 of them crowded out the pair loops' sums, which GCC then spilled
   // (measured: 5 % faster for the symmetric loop, 25 % for the one-sided one at d = 3). The
-  // empty asm hides that the pointer is constant, so GCC cannot hoist the broadcasts.
+  // empty asm hides that the pointer is constant, so GCC cannot hoist the broadcasts out of
+  // the loops. Within one call GCC still broadcasts each coefficient once for the kCount
+  // vectors; kEveryVectorLoads repeats the asm per vector so that none is held in a register
+  // (4 % faster for the symmetric loop's eight vectors; slower for the one-sided loop and the
+  // exp alone, which keep the default).
   static constexpr double kPolyStored[] = {kPoly[0], kPoly[1], kPoly[2], kPoly[3],
                                            kPoly[4], kPoly[5], kPoly[6], kPoly[7],
                                            kPoly[8], kPoly[9], kPoly[10], kPoly[11]};
@@ -92,7 +97,11 @@ template <std::size_t kCount, bool kMayUnderflow = true>
     p[k] = broadcast(coefficients[0]);
   }
   for (std::size_t c = 1; c < std::size(kPoly); ++c)
-    for (std::size_t k = 0; k < kCount; ++k) p[k] = p[k] * r[k] + coefficients[c];
+    for (std::size_t k = 0; k < kCount; ++k) {
+      const double* coefficient = coefficients + c;
+      if constexpr (kEveryVectorLoads) asm("" : "+r"(coefficient));
+      p[k] = p[k] * r[k] + *coefficient;
+    }
   for (std::size_t k = 0; k < kCount; ++k) {
     LaneInts bits;
     std::memcpy(&bits, &shifted[k], sizeof(bits));
