@@ -146,11 +146,38 @@ def parse_bench(text):
     return r
 
 
-def mfattn_bench(mf, n, d, kernel, min_time, roofline=False):
-    argv = [mf, "bench", "--n", str(n), "--d", str(d), "--kernel", kernel, "--threads", str(THREADS),
+def bench_argv(mf, n, d, kernel, min_time, roofline=False, threads=THREADS, cpu=None):
+    argv = [mf, "bench", "--n", str(n), "--d", str(d), "--kernel", kernel, "--threads", str(threads),
             "--min-time", f"{min_time:g}"] + (["--roofline"] if roofline else [])
-    _, out, _, _ = run(f"mfattn bench n={n} d={d} {kernel}", argv)
+    return (["taskset", "-c", str(cpu)] if cpu is not None else []) + argv
+
+
+def mfattn_bench(mf, n, d, kernel, min_time, roofline=False, threads=THREADS, cpu=None):
+    argv = bench_argv(mf, n, d, kernel, min_time, roofline, threads, cpu)
+    where = f" on cpu {cpu}" if cpu is not None else ""
+    _, out, _, _ = run(f"mfattn bench n={n} d={d} {kernel} threads={threads}{where}", argv)
     return parse_bench(out)
+
+
+def concurrent_bench(mf, n, d, kernel, min_time, roofline, cpus):
+    """One single-thread `mfattn bench` per cpu, all started together: how much each core
+    slows down while the others work (the processes share nothing but the machine)."""
+    argvs = [bench_argv(mf, n, d, kernel, min_time, roofline, 1, c) for c in cpus]
+    for c, argv in zip(cpus, argvs):
+        cmd = " ".join(shlex.quote(x) for x in argv)
+        label = f"mfattn bench n={n} d={d} {kernel} threads=1 on cpu {c}, all cpus at once"
+        if all(x != cmd for _, x in COMMANDS):
+            COMMANDS.append((label, cmd))
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for argv in argvs]
+    results = []
+    for argv, p in zip(argvs, procs):
+        out, err = p.communicate()
+        if p.returncode != 0:
+            sys.exit(f"collect: command failed (rc {p.returncode}): {' '.join(argv)}\n{out}\n{err}")
+        results.append(parse_bench(out))
+    RUNS[0] += len(argvs)
+    return results
 
 
 def mfattn_wall(mf, n, d, kernel, steps, tmp, repeats, every_step=False):
@@ -277,6 +304,24 @@ def main():
             best["all"] = [(r["pairs_per_second"], r["exp_per_second"]) for r in runs]
             return best
         roof3 = group("roofline", roofline, a.group_wait, a.retries)
+
+        def per_core():
+            # The same roofline on one thread pinned to each core alone, then on every core at
+            # once (independent processes): the loop's own efficiency per core, and how much a
+            # core slows down while the other one works.
+            alone = {}
+            for c in range(NCPU):
+                runs = [mfattn_bench(mf, 4096, 3, "usa", 1.0, roofline=True, threads=1, cpu=c)
+                        for _ in range(R)]
+                alone[c] = dict(pairs=max(r["pairs_per_second"] for r in runs),
+                                exps=max(r["exp_per_second"] for r in runs))
+            together = {c: dict(pairs=0.0, exps=0.0) for c in range(NCPU)}
+            for _ in range(R):
+                for c, r in enumerate(concurrent_bench(mf, 4096, 3, "usa", 1.0, True, list(range(NCPU)))):
+                    together[c]["pairs"] = max(together[c]["pairs"], r["pairs_per_second"])
+                    together[c]["exps"] = max(together[c]["exps"], r["exp_per_second"])
+            return alone, together
+        cores = group("roofline per core", per_core, a.group_wait, a.retries)
     roof64 = rows[(4096, 64, "usa")]["bench"]
     elapsed = time.perf_counter() - t_all
 
@@ -361,7 +406,10 @@ def main():
     L.append("")
 
     L.append("## Roofline (`mfattn bench`, n = 4096, 2 threads)\n")
-    L.append(f"Best of {R} runs of `mfattn bench --roofline` for each rate (every run in Measurement quality).\n")
+    L.append(f"Best of {R} runs of `mfattn bench --roofline` for each rate (every run in Measurement quality). "
+             f"The per-cpu rows pin one thread to each core (`taskset`), first alone, then with every core "
+             f"running the same command at once as independent processes: they show the loop's efficiency "
+             f"on one core and how much a core slows down while the other one works.\n")
     L.append("| case | achieved | roofline | percent | target |")
     L.append("|---|---|---|---|---|")
     p3 = roof3["pairs_per_second"] / roof3["exp_per_second"]
@@ -374,6 +422,15 @@ def main():
     L.append(f"| d=3 USA: exps the loop takes per second vs exp/s ({exps_per_pair3:g} exp per pair) | "
              f"{exps_per_pair3 * roof3['pairs_per_second']:.3e} exp/s | {roof3['exp_per_second']:.3e} exp/s | "
              f"{100 * exps_per_pair3 * p3:.0f}% | (info: the loop's own efficiency) |")
+    alone, together = cores
+    for c in sorted(alone):
+        pa, pt = alone[c], together[c]
+        L.append(f"| d=3 USA, 1 thread on cpu {c} alone: pairs/s vs exp/s | {pa['pairs']:.3e} pairs/s | "
+                 f"{pa['exps']:.3e} exp/s | {100 * pa['pairs'] / pa['exps']:.0f}% | (info: the loop on one core) |")
+        L.append(f"| d=3 USA, 1 thread on cpu {c} while every cpu runs the same (independent processes) | "
+                 f"{pt['pairs']:.3e} pairs/s ({100 * (pt['pairs'] / pa['pairs'] - 1):+.0f}% vs alone) | "
+                 f"{pt['exps']:.3e} exp/s ({100 * (pt['exps'] / pa['exps'] - 1):+.0f}% vs alone) | "
+                 f"{100 * pt['pairs'] / pt['exps']:.0f}% | (info: a core's speed while the other works) |")
     flops_per_pair64 = (3 if roof64["loop"] == "symmetric" else 4) * 64
     fl64 = roof64["pairs_per_second"] * flops_per_pair64
     ref64 = max(g2[k]["gflops"] for k in ("scores", "wsum", "square")) * 1e9
