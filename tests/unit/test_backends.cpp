@@ -158,6 +158,51 @@ TEST(CpuBackend, SymmetricLoopTakesWindowsAndSymmetricFactors) {
   EXPECT_EQ(checked, 40);
 }
 
+// Two edges of the window's block skipping. Index positions with window 65: tiles 0 (0-63)
+// and 2 (128-191) are exactly 65 apart, so that block must run (the pair 63, 128 is visible
+// at exactly the window) while tiles 0 and 3 are skipped. And five position coordinates (a
+// Lie gauge with five generators): the mask, the factor and the tile boxes read all of them.
+TEST(CpuBackend, SymmetricLoopKeepsPairsAtTheWindowEdgeAndReadsEveryPositionCoordinate) {
+  const auto dir = testing::scratch_dir("five_generators");
+  const std::string generators = (dir / "generators.txt").string();
+  {
+    // Five skew-symmetric 4 x 4 generators, one block of 4 rows each.
+    std::ofstream out(generators);
+    for (int g = 0; g < 5; ++g)
+      for (int r = 0; r < 4; ++r) {
+        for (int c = 0; c < 4; ++c)
+          out << (r == c ? 0.0
+                         : (r < c ? 1 : -1) * 0.01 *
+                               ((g + 1) * (std::min(r, c) + 2 * std::max(r, c) + 1) % 7 + 1))
+              << " ";
+        out << "\n";
+      }
+  }
+  const std::vector<std::vector<std::string>> cases = {
+      {"--n", "200", "--d", "3", "--mask", "window", "--window", "65"},
+      {"--n", "300", "--d", "6", "--mask", "window", "--window", "65", "--aux-factor", "gaussian",
+       "--aux-sigma", "30"},
+      {"--n", "150", "--d", "4", "--geometry", "lie", "--generators", generators, "--positions",
+       "random", "--pos-scale", "0.2", "--mask", "window", "--window", "20", "--aux-factor",
+       "distance", "--aux-lambda", "0.05"}};
+  for (const auto& base : cases)
+    for (const std::string kernel : {"usa", "sa"}) {
+      const auto cfg = config(testing::with(base, {"--kernel", kernel, "--beta", "2", "--seed", "5"}));
+      const Model model = build_model(cfg);
+      const State state = build_initial_state(cfg, model);
+      ASSERT_EQ(loop_of(model, state, 2), "symmetric") << base[1];
+      std::vector<double> sums_fast, sums_ref;
+      const auto fast = evaluate(model, state, "cpu", 2, &sums_fast);
+      const auto ref = evaluate(model, state, "reference", 1, &sums_ref);
+      double scale = 0.0;
+      for (double v : ref) scale = std::max(scale, std::fabs(v));
+      EXPECT_LE(testing::max_abs_difference(fast, ref), 1e-13 * std::max(scale, 1.0))
+          << "n " << base[1] << " " << kernel << " k " << model.position_dim;
+      for (std::size_t i = 0; i < sums_ref.size(); ++i)
+        EXPECT_NEAR(sums_fast[i], sums_ref[i], 1e-12 * sums_ref[i]) << "weight sum " << i;
+    }
+}
+
 // The causal mask, the cosine factor (sign-changing), prefix tokens and Q != K make the
 // logits one-sided: the one-sided loop runs. A shared offset too loose for the underflow edge (2 beta log2 e >=
 // 1020) or a present receiver whose weight sum would vanish sends the evaluation back to the

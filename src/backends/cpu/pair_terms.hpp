@@ -27,7 +27,7 @@ struct SourcePositions {
 };
 
 struct ReceiverPosition {
-  double xi[4] = {0, 0, 0, 0};  // the first (up to) four position coordinates
+  const double* xi = nullptr;  // the receiver's position_dim coordinates (unread without terms)
   double prompt = 0;
 };
 
@@ -47,18 +47,25 @@ struct CausalMask {
   }
 };
 
+/// |xi_i - xi_j|^2 over the position coordinates, lanes over sources.
+inline simd::Lanes squared_distance(const SourcePositions& s, const ReceiverPosition& r,
+                                    std::size_t j) {
+  simd::Lanes dist2{};
+  for (std::size_t a = 0; a < s.dim; ++a) {
+    const simd::Lanes diff = simd::load(s.row(a) + j) - r.xi[a];
+    dist2 += diff * diff;
+  }
+  return dist2;
+}
+
 /// m_ij = [|xi_i - xi_j| <= window] (Euclidean over the position coordinates).
 struct WindowMask {
   static constexpr bool kActive = true;
   double window_squared = 0.0;
   simd::Lanes log_term(const SourcePositions& s, const ReceiverPosition& r, std::size_t j) const {
-    simd::Lanes dist2{};
-    for (std::size_t a = 0; a < s.dim && a < 4; ++a) {
-      const simd::Lanes diff = simd::load(s.row(a) + j) - r.xi[a];
-      dist2 += diff * diff;
-    }
-    return dist2 > window_squared ? simd::broadcast(-std::numeric_limits<double>::infinity())
-                                  : simd::Lanes{};
+    return squared_distance(s, r, j) > window_squared
+               ? simd::broadcast(-std::numeric_limits<double>::infinity())
+               : simd::Lanes{};
   }
 };
 
@@ -87,17 +94,6 @@ struct NoFactor {
     return simd::broadcast(1.0);
   }
 };
-
-/// |xi_i - xi_j|^2 over the position coordinates, lanes over sources.
-inline simd::Lanes squared_distance(const SourcePositions& s, const ReceiverPosition& r,
-                                    std::size_t j) {
-  simd::Lanes dist2{};
-  for (std::size_t a = 0; a < s.dim && a < 4; ++a) {
-    const simd::Lanes diff = simd::load(s.row(a) + j) - r.xi[a];
-    dist2 += diff * diff;
-  }
-  return dist2;
-}
 
 /// c_ij = exp(-lambda |xi_i - xi_j|): distance bias (ALiBi-like), as a log-term.
 struct DistanceFactor {
@@ -156,11 +152,7 @@ struct Terms {
   const std::vector<double>* receiver_prompts;
 
   Receiver receiver(std::size_t i) const {
-    Receiver r;
-    for (std::size_t a = 0; a < sources->dim && a < 4; ++a)
-      r.xi[a] = (*receiver_positions)[i * sources->dim + a];
-    r.prompt = (*receiver_prompts)[i];
-    return r;
+    return Receiver{receiver_positions->data() + i * sources->dim, (*receiver_prompts)[i]};
   }
   simd::Lanes log_term(const Receiver& r, std::size_t j) const {
     simd::Lanes t{};
@@ -186,6 +178,10 @@ class PairTerms {
   static std::size_t padded_sources(const Model& model) {
     return prefix_region(model) + (std::max<std::size_t>(model.n, 1) + kTile - 1) / kTile * kTile;
   }
+
+  // Terms hold pointers into this object (the symmetric loop keeps a copy of them).
+  PairTerms(const PairTerms&) = delete;
+  PairTerms& operator=(const PairTerms&) = delete;
 
   explicit PairTerms(const Model& model) : model_(model) {
     const std::size_t k = model.position_dim, first = prefix_region(model);

@@ -7,7 +7,9 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <thread>
+#include <type_traits>
 
 #include "backends/backend_common.hpp"
 #include "mfattn/backend.hpp"
@@ -46,12 +48,16 @@ SymmetricPairs::SymmetricPairs(const Model& model, const PairTerms& terms)
       tiles_(padded_ / kTile), stride_(padded_ + kLanes), all_present_(model.every_token_present()) {
   if (model.mask == MaskKind::Full && model.aux_factor == AuxFactor::None) return;
   terms.dispatch([&](const auto& pair_terms, const auto&) {
+    // Only log-terms are taken (symmetric_pairs_apply admits no multiplying factor).
+    if constexpr (std::decay_t<decltype(pair_terms)>::kHasFactor)
+      throw std::logic_error("symmetric pair loop: a multiplying auxiliary factor is not taken");
     block_log_terms_ = [pair_terms, n = model.n](std::size_t row_tile, std::size_t column_tile,
                                                  double* out) {
       for (std::size_t a = 0; a < kTile; ++a) {
-        // Padding receivers (presence 0) take position 0: any finite or -inf term will do.
+        // Padding receivers (presence 0) take token 0's position: any finite or -inf term
+        // will do, it is multiplied by their zero presence.
         const std::size_t i = row_tile * kTile + a;
-        const ReceiverPosition receiver = i < n ? pair_terms.receiver(i) : ReceiverPosition{};
+        const ReceiverPosition receiver = pair_terms.receiver(i < n ? i : 0);
         for (std::size_t b = 0; b < kTile; b += kLanes)
           simd::store(out + a * kTile + b,
                       pair_terms.log_term(receiver, column_tile * kTile + b) * kLog2e);
@@ -59,11 +65,13 @@ SymmetricPairs::SymmetricPairs(const Model& model, const PairTerms& terms)
     };
   });
   if (model.mask != MaskKind::Window) return;
-  // Per tile, the box of its tokens' positions (the coordinates the window mask reads). If
-  // the boxes of two tiles are farther apart than the window, so is every pair: with the
-  // mask's own operations (differences, squares, sum in coordinate order), each rounded step
-  // is monotone, so the pairs' computed distances are no smaller than the boxes' gap.
-  const std::size_t dim = std::min<std::size_t>(model.position_dim, 4);
+  // Per tile, the box of its tokens' positions. If the boxes of two tiles are farther apart
+  // than the window, so is every pair, and all their weights are exact zeros. The pairs'
+  // distances are computed with the same kind of operations (differences, squares, sum in
+  // coordinate order) but the compiler may fuse a multiply and an add in one and not in the
+  // other, so the boxes' gap must exceed the window by a margin (2^-40 relative, far above
+  // the few roundings either sum takes) before a block is skipped.
+  const std::size_t dim = model.position_dim;
   std::vector<double> low(tiles_ * dim, 0.0), high(tiles_ * dim, 0.0);
   for (std::size_t t = 0; t < tiles_; ++t)
     for (std::size_t a = 0; a < dim; ++a) {
@@ -87,7 +95,7 @@ SymmetricPairs::SymmetricPairs(const Model& model, const PairTerms& terms)
         const double gap = above > 0.0 ? above : below > 0.0 ? below : 0.0;
         gap2 += gap * gap;
       }
-      skipped_[row * tiles_ + column] = gap2 > window_squared;
+      skipped_[row * tiles_ + column] = gap2 > window_squared * (1.0 + 0x1p-40);
     }
 }
 
@@ -158,7 +166,7 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
   const double* presence = s.presence.data();
   const double* queries = s.queries.data();
   for (std::size_t a0 = a_begin; a0 < a_begin + kTile; a0 += kRows) {
-    double q[kRows][kDim], row_presence[kRows], row_values[kRows][kDim];
+    double q[kRows * kDim], row_presence[kRows], row_values[kRows * kDim];
     Lanes row_sum[kRows], row_acc[kRows][kDim];
     for (std::size_t r = 0; r < kRows; ++r) {
       // A tile's first block in the row role is its diagonal one (round 2 I): its lane sums
@@ -169,8 +177,8 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
         row_acc[r][c] = kDiagonal ? Lanes{} : simd::load(lanes + (c + 1) * kLanes);
       row_presence[r] = presence[a0 + r];
       for (std::size_t c = 0; c < kDim; ++c) {
-        q[r][c] = queries[(a0 + r) * kDim + c];
-        row_values[r][c] = values[c * stride + a0 + r];
+        q[r * kDim + c] = queries[(a0 + r) * kDim + c];
+        row_values[r * kDim + c] = values[c * stride + a0 + r];
       }
     }
     auto step = [&]<bool kColumn>(std::size_t j) __attribute__((always_inline)) {
@@ -179,8 +187,8 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
       // embedded broadcast) in every step: hoisted out of the loop, their 24 broadcasts
       // crowded the registers and GCC spilled the row sums instead (7-12 % slower). The
       // empty asm hides that the two arrays do not change between steps.
-      const double* row_q = &q[0][0];
-      const double* row_z = &row_values[0][0];
+      const double* row_q = q;
+      const double* row_z = row_values;
       asm("" : "+r"(row_q), "+r"(row_z));
       Lanes logits[kExps], weights[kExps];
       for (std::size_t h = 0; h < kChunks; ++h) {
@@ -339,6 +347,8 @@ void SymmetricPairs::run_block(const Prepared& p, Replica& s, std::size_t row_ti
   // padding of the last tile must still be multiplied by its zero presence.
   const bool all_present = all_present_ && (std::max(row_tile, column_tile) + 1) * kTile <= model_.n;
   auto small = [&]<std::size_t kDim>() {
+    // With log-terms the weight sums always multiply by the presence: plain adds there were
+    // within the noise (a few %), not worth six more instantiations of the kernel.
     if (with_terms) {
       if (column)
         small_block<kDim, false, false, true>(p, s, row_tile, column_tile, log_terms);

@@ -32,11 +32,11 @@
 // at the end of that order, so no other bit changes.
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <functional>
 
 #include "backends/cpu/micro_kernels.hpp"
 #include "backends/cpu/pair_terms.hpp"
