@@ -165,7 +165,7 @@ class CpuBackend final : public Backend {
     p.d = d;
     p.first_moving = cpu::PairTerms::prefix_region(model_);
     p.padded_sources = cpu::PairTerms::padded_sources(model_);
-    p.padded_dim = round_up(d, 2 * kLanes);
+    p.padded_dim = round_up(d, kLanes);
     p.bias_free_begin = p.first_moving;
     p.bias_free_end = all_present_ ? p.first_moving + n / kLanes * kLanes : p.first_moving;
     p.source_stride = p.padded_sources + kLanes;

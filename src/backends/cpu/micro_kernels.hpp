@@ -177,8 +177,9 @@ inline void add_weighted_values(const double* values, std::size_t value_stride, 
       simd::store(acc + r * acc_stride + cb + v * kLanes, a[r][v]);
 }
 
-/// A_r += W Z over all padded_dim components (blocks of 4 lane vectors, then one of 2: the
-/// padded dimension is a multiple of 2 lane vectors).
+/// A_r += W Z over all padded_dim components (blocks of 4 lane vectors, then one of 2, then
+/// one: the padded dimension is a multiple of one lane vector, so d = 5..8 takes one vector
+/// per source instead of two).
 template <std::size_t kReceivers>
 inline void add_weighted_rows(const double* values, std::size_t value_stride, double* acc,
                               std::size_t acc_stride, const double* weights,
@@ -188,8 +189,13 @@ inline void add_weighted_rows(const double* values, std::size_t value_stride, do
   for (; cb + 4 * kLanes <= padded_dim; cb += 4 * kLanes)
     add_weighted_values<kReceivers, 4>(values, value_stride, acc, acc_stride, weights,
                                        weight_stride, weight_step, count, cb);
-  if (cb < padded_dim)
+  if (cb + 2 * kLanes <= padded_dim) {
     add_weighted_values<kReceivers, 2>(values, value_stride, acc, acc_stride, weights,
+                                       weight_stride, weight_step, count, cb);
+    cb += 2 * kLanes;
+  }
+  if (cb < padded_dim)
+    add_weighted_values<kReceivers, 1>(values, value_stride, acc, acc_stride, weights,
                                        weight_stride, weight_step, count, cb);
 }
 
