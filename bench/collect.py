@@ -64,6 +64,32 @@ def wait_idle(max_wait, threshold=0.10):
     return busy
 
 
+def measured(label, cmd, argvs, env=None, record=True):
+    """Starts every argv at once and waits for all; records cmd (the shell form) under label,
+    and notes when other processes used the CPUs meanwhile. Returns (wall seconds, [(stdout,
+    stderr)], foreign busy fraction)."""
+    if record and all(c != cmd for _, c in COMMANDS):
+        COMMANDS.append((label, cmd))
+    RUNS[0] += 1
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    b0 = proc_stat_busy()
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for argv in argvs]
+    outputs = [p.communicate() for p in procs]
+    wall = time.perf_counter() - t0
+    b1 = proc_stat_busy()
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for p, (out, err) in zip(procs, outputs):
+        if p.returncode != 0:
+            sys.exit(f"collect: command failed (rc {p.returncode}): {cmd}\n{out}\n{err}")
+    own = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    foreign = max(0.0, (b1 - b0) - own) / (wall * NCPU)
+    if foreign > 0.10:
+        NOISY.append(f"{label}: {100 * foreign:.0f}% of the CPUs used by other processes")
+    return wall, outputs, foreign
+
+
 def run(label, argv, env=None, record=True):
     """Runs argv; returns (wall seconds, stdout, stderr, foreign busy fraction)."""
     cmd = " ".join(shlex.quote(a) for a in argv)
@@ -74,23 +100,8 @@ def run(label, argv, env=None, record=True):
         prefix += "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(changed.items()))
         if prefix != "env ":
             cmd = prefix + cmd
-    if record and all(c != cmd for _, c in COMMANDS):
-        COMMANDS.append((label, cmd))
-    RUNS[0] += 1
-    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    b0 = proc_stat_busy()
-    t0 = time.perf_counter()
-    p = subprocess.run(argv, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    b1 = proc_stat_busy()
-    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if p.returncode != 0:
-        sys.exit(f"collect: command failed (rc {p.returncode}): {cmd}\n{p.stdout}\n{p.stderr}")
-    own = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    foreign = max(0.0, (b1 - b0) - own) / (wall * NCPU)
-    if foreign > 0.10:
-        NOISY.append(f"{label}: {100 * foreign:.0f}% of the CPUs used by other processes")
-    return wall, p.stdout, p.stderr, foreign
+    wall, [(out, err)], foreign = measured(label, cmd, [argv], env, record)
+    return wall, out, err, foreign
 
 
 RETRIED = []  # groups measured again because the first attempt was noisy
@@ -177,25 +188,7 @@ def concurrent_bench(mf, n, d, kernel, min_time, roofline, cpus):
     argvs = [bench_argv(mf, n, d, kernel, min_time, roofline, 1, c) for c in cpus]
     cmd = " & ".join(" ".join(shlex.quote(x) for x in argv) for argv in argvs) + "; wait"
     label = f"mfattn bench n={n} d={d} {kernel} threads=1 on cpus {','.join(map(str, cpus))} at once"
-    if all(x != cmd for _, x in COMMANDS):
-        COMMANDS.append((label, cmd))
-    RUNS[0] += 1
-    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    b0 = proc_stat_busy()
-    t0 = time.perf_counter()
-    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for argv in argvs]
-    outputs = [p.communicate() for p in procs]
-    wall = time.perf_counter() - t0
-    b1 = proc_stat_busy()
-    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    for p, (out, err) in zip(procs, outputs):
-        if p.returncode != 0:
-            sys.exit(f"collect: command failed (rc {p.returncode}): {cmd}\n{out}\n{err}")
-    own = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    foreign = max(0.0, (b1 - b0) - own) / (wall * NCPU)
-    if foreign > 0.10:
-        NOISY.append(f"{label}: {100 * foreign:.0f}% of the CPUs used by other processes")
+    _, outputs, _ = measured(label, cmd, argvs)
     return [parse_bench(out) for out, _ in outputs]
 
 

@@ -202,21 +202,15 @@ class CpuBackend final : public Backend {
       }
     }
     std::vector<double> key(replicas, 0.0), bias(replicas, 0.0);
-    // Plain tokens (Q = I, no gauge) are their own queries: no transform per token.
-    const bool plain_queries = model_.q_identity && !model_.gauge;
 #pragma omp for schedule(static) nowait
     for (std::size_t unit = 0; unit < replicas * n; ++unit) {
       const std::size_t r = unit / n, i = unit % n;
       Prepared& p = prepared_[r];
       const double* xi = x + unit * d;
-      if (plain_queries) {
-        for (std::size_t c = 0; c < d; ++c) p.queries[i * d + c] = model_.beta * xi[c];
-      } else {
-        Scratch scratch;
-        double* work = scratch.rows(d);
-        transform(model_.q, model_.q_identity, i, xi, work + d, work);
-        for (std::size_t c = 0; c < d; ++c) p.queries[i * d + c] = model_.beta * work[c];
-      }
+      Scratch scratch;
+      double* work = scratch.rows(d);
+      const double* query = transform(model_.q, model_.q_identity, i, xi, work + d, work);
+      for (std::size_t c = 0; c < d; ++c) p.queries[i * d + c] = model_.beta * query[c];
       add_source(p, p.first_moving + i, i, xi, key[r], bias[r]);
     }
 #pragma omp critical(mfattn_cpu_prepare)
@@ -255,11 +249,7 @@ class CpuBackend final : public Backend {
     const std::size_t d = model_.d;
     Scratch scratch;
     double* out = scratch.rows(d);
-    const double* key = y;  // K = I without a gauge: the token is its own key
-    if (!model_.k_identity || model_.gauge) {
-      transform(model_.k, model_.k_identity, token, y, out + d, out);
-      key = out;
-    }
+    const double* key = transform(model_.k, model_.k_identity, token, y, out + d, out);
     double key_norm2 = 0.0;
     double* panel = p.key_panels.data() + p.key_index(0, s);
     for (std::size_t c = 0; c < d; ++c) {
@@ -281,9 +271,10 @@ class CpuBackend final : public Backend {
     }
   }
 
-  /// out = G_token M x (M skipped when identity).
-  void transform(const Matrix& m, bool identity, std::size_t token, const double* x,
-                 double* tmp, double* out) const {
+  /// G_token M x (M skipped when identity); returns where the result is: x itself when there
+  /// is nothing to apply (no copy per token), tmp = M x without a gauge, else out.
+  const double* transform(const Matrix& m, bool identity, std::size_t token, const double* x,
+                          double* tmp, double* out) const {
     const std::size_t d = model_.d;
     const double* in = x;
     if (!identity) {
@@ -294,10 +285,9 @@ class CpuBackend final : public Backend {
       }
       in = tmp;
     }
-    if (model_.gauge)
-      model_.gauge->apply(token, in, out);
-    else
-      std::copy(in, in + d, out);
+    if (!model_.gauge) return in;
+    model_.gauge->apply(token, in, out);
+    return out;
   }
 
   static std::size_t block_size(std::size_t d) {

@@ -204,6 +204,9 @@ class PairTerms {
       receiver_prompts_[i] = model.prompt_id[i];
   }
 
+  /// The moving tokens' positions, n rows of position_dim (zeros when the model has none).
+  const std::vector<double>& receiver_positions() const { return receiver_positions_; }
+
   /// Calls body(terms, prefix_terms) with the Terms types of the model's mask and factor.
   template <class Body>
   void dispatch(Body&& body) const {

@@ -72,14 +72,14 @@ SymmetricPairs::SymmetricPairs(const Model& model, const PairTerms& terms)
   // other, so the boxes' gap must exceed the window by a margin (2^-40 relative, far above
   // the few roundings either sum takes) before a block is skipped.
   const std::size_t dim = model.position_dim;
+  const std::vector<double>& positions = terms.receiver_positions();
   std::vector<double> low(tiles_ * dim, 0.0), high(tiles_ * dim, 0.0);
   for (std::size_t t = 0; t < tiles_; ++t)
     for (std::size_t a = 0; a < dim; ++a) {
       double lo = std::numeric_limits<double>::infinity(), hi = -lo;
       for (std::size_t i = t * kTile; i < std::min((t + 1) * kTile, model.n); ++i) {
-        const double xi = model.positions.empty() ? 0.0 : model.positions[i * model.position_dim + a];
-        lo = std::min(lo, xi);
-        hi = std::max(hi, xi);
+        lo = std::min(lo, positions[i * dim + a]);
+        hi = std::max(hi, positions[i * dim + a]);
       }
       low[t * dim + a] = lo;
       high[t * dim + a] = hi;
