@@ -18,6 +18,15 @@ namespace mfattn {
 struct IoError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+/// The output file exists and replacing it was not asked for (a usage error, exit code 2).
+struct OutputExists : IoError {
+  using IoError::IoError;
+};
+/// The output file is held open for writing by another process (a running mfattn), so it is
+/// neither replaced nor touched (exit code 4: retrying once that process ends can succeed).
+struct OutputBusy : IoError {
+  using IoError::IoError;
+};
 
 /// One typed attribute of /parameters.
 using ParameterValue = std::variant<std::int64_t, double, bool, std::string, std::vector<double>>;
@@ -28,7 +37,16 @@ struct Parameter {
 
 struct WriterSetup {
   std::string path;
-  bool overwrite = false;       ///< false: an existing file is an error (IoError)
+  bool overwrite = false;       ///< false: an existing file is an error (OutputExists)
+  /// true: the file is written under a temporary name in the same folder (see
+  /// temporary_output_path) and renamed to `path` by the first flush() after the first frame,
+  /// so `path` never holds a file without frame 0, an existing file is replaced atomically,
+  /// and one that another process is writing is refused untouched (OutputBusy). A writer
+  /// destroyed before that removes its temporary file. false: `path` is created at once.
+  bool atomic_publish = false;
+  /// Frames the run will write (0: unknown). Growing datasets are chunked by at most this
+  /// many rows, so a short run's file is not inflated to a whole 256 KiB chunk per dataset.
+  std::size_t expected_frames = 0;
   std::size_t n = 0, d = 0, replicas = 1;
   std::size_t position_dim = 1; ///< k, columns of aux_position
   bool deflate = false;         ///< deflate + shuffle on positions
@@ -92,9 +110,20 @@ class H5mdWriter {
   /// Writes /run: status, wall time, steps, rejected steps.
   virtual void write_run_info(const std::string& status, double wall_seconds, std::int64_t steps,
                               std::int64_t rejected_steps) = 0;
-  /// H5Fflush: everything appended so far survives a SIGKILL.
+  /// Writes /run's wall time, steps and rejected steps, keeping the status: written with every
+  /// frame, so a killed run's counts match its last frame and a resumed run adds to them.
+  virtual void write_run_progress(double wall_seconds, std::int64_t steps,
+                                  std::int64_t rejected_steps) = 0;
+  /// H5Fflush: everything appended so far survives a SIGKILL. With atomic_publish, the
+  /// first flush after a frame renames the file to its final name.
   virtual void flush() = 0;
+  /// The name the file has now (the temporary name until it is published).
+  virtual std::string current_path() const = 0;
 };
+
+/// The temporary name a writer with atomic_publish uses for `path`: ".<name>.<pid>.tmp" in
+/// the same folder (the name shortened when it would exceed 255 bytes).
+std::string temporary_output_path(const std::string& path);
 
 /// The last frame of replica 0 of an mfattn file: n rows of d numbers, row-major.
 struct Frame {
@@ -114,8 +143,12 @@ struct FileSummary {
 /// Throws IoError for a missing file or one that is not an mfattn H5MD file.
 FileSummary describe_file(const std::string& path);
 
-/// A parameter as describe_file renders the attribute it is stored in.
+/// A parameter as describe_file renders the attribute it is stored in (numbers exactly:
+/// integers in full, doubles as the shortest text that reads back as the same double).
 std::string parameter_text(const ParameterValue& value);
+
+/// The shortest decimal text that reads back as exactly `value` (std::to_chars).
+std::string exact_number_text(double value);
 
 /// True when the file is HDF5 and carries the H5MD root group with creator "mfattn".
 bool is_mfattn_file(const std::string& path);

@@ -81,13 +81,20 @@ struct IntegrationStats {
   std::int64_t steps = 0, rejected = 0;
 };
 
+/// Called after every step attempt (accepted or rejected) with the state and the counts so
+/// far. It may throw to end the integration between two steps (a run's signal handling does),
+/// leaving state at the last accepted step.
+using StepHook = std::function<void(const State&, const IntegrationStats&)>;
+
 /// Advances state to every time in output_times (increasing, >= state.time), landing on each
 /// exactly, and calls observer(state) there. h is the step (fixed methods) or the current
 /// proposal (adaptive methods; updated so a continued run steps exactly as an uninterrupted one).
-/// A non-finite state throws NumericalError naming the step and time.
+/// A non-finite state throws NumericalError naming the step and time. after_step, when given,
+/// runs after every step attempt (progress, interruption); it never changes the trajectory.
 IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& state, double& h,
                            double fixed_dt, const std::vector<double>& output_times,
-                           const std::function<void(const State&)>& observer);
+                           const std::function<void(const State&)>& observer,
+                           const StepHook& after_step = {});
 
 /// Projects every moving token back to the unit sphere (x / |x|).
 void normalize_tokens(const Dynamics& dynamics, double* x);

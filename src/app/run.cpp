@@ -1,9 +1,12 @@
 #include "mfattn/run.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -96,17 +99,29 @@ std::vector<double> amplitudes_option(const RunConfig& cfg) {
   return values;
 }
 
-/// Progress on stderr: a bar with elapsed time and ETA when it is a terminal, a plain line
-/// every tenth of the horizon otherwise, nothing with --quiet.
+/// Progress on stderr: a bar with elapsed time, step rate and ETA when it is a terminal,
+/// redrawn after steps (at most five times a second), so a run with many steps between
+/// frames still moves; a plain line every tenth of the horizon otherwise; nothing with
+/// --quiet. The fraction is that of the time span, which is also what dopri5 advances.
 class Progress {
  public:
-  Progress(bool quiet, double horizon, std::ostream& log)
-      : quiet_(quiet), terminal_(::isatty(STDERR_FILENO) == 1), horizon_(horizon), log_(log) {}
+  Progress(bool quiet, double start_time, double horizon, std::int64_t start_step, std::ostream& log)
+      : quiet_(quiet),
+        terminal_(::isatty(STDERR_FILENO) == 1),
+        start_time_(start_time),
+        horizon_(horizon),
+        start_step_(start_step),
+        log_(log),
+        next_line_(start_time) {}
 
-  void update(double time, std::int64_t step, double elapsed) {
+  void update(double time, std::int64_t step) {
     if (quiet_) return;
-    const double fraction = std::clamp(time / horizon_, 0.0, 1.0);
+    const double span = horizon_ - start_time_;
+    const double fraction = span > 0 ? std::clamp((time - start_time_) / span, 0.0, 1.0) : 1.0;
     if (terminal_) {
+      // Reading the clock costs more than a small step: look at it every 16th call.
+      if ((++calls_ & 15) != 0 && fraction < 1.0) return;
+      const double elapsed = seconds_since_start();
       if (elapsed - last_draw_ < 0.2 && fraction < 1.0) return;
       last_draw_ = elapsed;
       constexpr int kWidth = 30;
@@ -114,15 +129,18 @@ class Progress {
       std::ostringstream line;
       line << "\r[" << std::string(filled, '#') << std::string(kWidth - filled, '.') << "] "
            << std::fixed << std::setprecision(1) << 100.0 * fraction << "%  t = "
-           << std::setprecision(4) << std::defaultfloat << time << "  step " << step << "  "
-           << format_seconds(elapsed) << " elapsed";
+           << std::setprecision(4) << std::defaultfloat << time << "  step " << step;
+      if (elapsed > 0) line << " (" << std::setprecision(3) << double(step - start_step_) / elapsed << " steps/s)";
+      line << "  " << format_seconds(elapsed) << " elapsed";
       if (fraction > 0.0 && fraction < 1.0)
         line << ", ETA " << format_seconds(elapsed * (1.0 - fraction) / fraction);
       log_ << line.str() << "   " << std::flush;
       drawn_ = true;
     } else if (time >= next_line_ || fraction >= 1.0) {
+      if (fraction >= 1.0 && printed_end_) return;
+      printed_end_ = fraction >= 1.0;
       log_ << "mfattn run: t = " << time << " / " << horizon_ << ", step " << step << ", "
-           << format_seconds(elapsed) << " elapsed\n";
+           << format_seconds(seconds_since_start()) << " elapsed\n";
       next_line_ = time + horizon_ / 10.0;
     }
   }
@@ -133,6 +151,10 @@ class Progress {
   }
 
  private:
+  double seconds_since_start() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
   static std::string format_seconds(double seconds) {
     std::ostringstream out;
     if (seconds < 60) {
@@ -146,11 +168,67 @@ class Progress {
   }
 
   bool quiet_, terminal_;
-  double horizon_;
+  double start_time_, horizon_;
+  std::int64_t start_step_;
   std::ostream& log_;
-  double last_draw_ = -1.0, next_line_ = 0.0;
-  bool drawn_ = false;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  double last_draw_ = -1.0, next_line_;
+  unsigned calls_ = 0;
+  bool drawn_ = false, printed_end_ = false;
 };
+
+/// The signal that asked the run to stop (SIGTERM, SIGINT, SIGHUP), 0 while none has.
+volatile std::sig_atomic_t stop_signal = 0;
+
+extern "C" void request_stop(int signal) {
+  stop_signal = signal;
+  // A second signal of the same kind ends the process at once (an impatient Ctrl-C).
+  std::signal(signal, SIG_DFL);
+}
+
+/// Thrown from the step hook when a stop was requested; the run ends between two steps.
+struct Interrupted {
+  int signal;
+};
+
+/// Installs request_stop for the signals a scheduler or a user sends to end a run, and
+/// restores the previous handlers when it goes.
+class StopSignals {
+ public:
+  StopSignals() {
+    stop_signal = 0;
+    for (std::size_t i = 0; i < kSignals.size(); ++i) {
+      struct sigaction action {};
+      action.sa_handler = request_stop;
+      sigemptyset(&action.sa_mask);
+      action.sa_flags = SA_RESTART;
+      ::sigaction(kSignals[i], &action, &previous_[i]);
+    }
+  }
+  ~StopSignals() {
+    for (std::size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &previous_[i], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  static constexpr std::array<int, 3> kSignals{SIGTERM, SIGINT, SIGHUP};
+  std::array<struct sigaction, 3> previous_{};
+};
+
+std::string signal_name(int signal) {
+  switch (signal) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGHUP: return "SIGHUP";
+    default: return "signal " + std::to_string(signal);
+  }
+}
+
+/// Fixed-step methods may take at most this many steps: beyond it a run cannot finish (at
+/// 0.1 us per step, 10^12 steps take 28 hours) and the step stops moving the clock once
+/// dt < horizon * 2^-52.
+constexpr double kMaxFixedSteps = 1e12;
 
 /// The spacing of --save-every frames (0 with --save-times or --save-log).
 double resolved_save_every(const RunConfig& cfg) {
@@ -450,6 +528,9 @@ std::vector<double> output_times(const RunConfig& cfg) {
 
 int run_simulation(const RunConfig& given, std::ostream& log) {
   RunConfig cfg = given;
+  // From here on SIGTERM, SIGINT and SIGHUP end the run between two steps, with its file
+  // flushed and its status saying so (exit 128 + signal).
+  const StopSignals stop_signals;
   // Everything that can be refused is resolved before the output file exists.
   Model model;
   State state;
@@ -466,6 +547,13 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     IntegratorSettings settings{cfg.integrator, cfg.rtol, cfg.atol, cfg.noise_kappa,
                                 static_cast<std::uint64_t>(cfg.seed)};
     integrator = make_integrator(settings);
+    if (!integrator->adaptive() && cfg.horizon / cfg.dt > kMaxFixedSteps) {
+      std::ostringstream count;
+      count << std::setprecision(3) << cfg.horizon / cfg.dt;
+      throw UsageError("--dt " + exact_number_text(cfg.dt) + ": the horizon " +
+                       exact_number_text(cfg.horizon) + " takes " + count.str() +
+                       " steps; at most 1e+12 are accepted (take a larger --dt or a shorter --horizon)");
+    }
   } catch (const UsageError& e) {
     log << "mfattn run: " << e.what() << '\n';
     return kExitUsage;
@@ -476,6 +564,10 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     log << "mfattn run: " << e.what() << '\n';
     return kExitUsage;
   }
+  if (const int signal = stop_signal) {
+    log << "mfattn run: stopped by " << signal_name(signal) << " before the output file was created\n";
+    return 128 + signal;
+  }
 
   Dynamics dynamics(model, *backend, state.replicas);
   const ObservableSettings observable_settings{cfg.pair_delta, cfg.cluster_delta};
@@ -484,12 +576,14 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   std::unique_ptr<H5mdWriter> writer;
-  IntegrationStats stats;
   ResumePoint resumed;
   try {
     WriterSetup setup;
     setup.path = cfg.out;
     setup.overwrite = cfg.overwrite;
+    // The output name appears only once the file holds frame 0 (see WriterSetup).
+    setup.atomic_publish = !cfg.resume;
+    setup.expected_frames = times.size();
     setup.n = model.n;
     setup.d = model.d;
     setup.replicas = state.replicas;
@@ -543,42 +637,77 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     for (std::size_t p = 0; p < labels.prefix_count; ++p)
       labels.prefix_id.push_back(static_cast<std::int64_t>(model.n + p));
     writer->write_labels(labels);
+  } catch (const OutputExists& e) {
+    log << "mfattn run: " << e.what() << '\n';
+    return kExitUsage;
   } catch (const IoError& e) {
     log << "mfattn run: " << e.what() << '\n';
-    return cfg.overwrite || !std::filesystem::exists(cfg.out) ? kExitIo : kExitUsage;
+    return kExitIo;
   }
 
-  Progress progress(cfg.quiet, cfg.horizon, log);
+  Progress progress(cfg.quiet, state.time, cfg.horizon, state.step, log);
   double h = cfg.resume && resumed.step_size > 0.0 ? resumed.step_size : cfg.dt;
   std::vector<double> frame_velocity;
+  IntegrationStats so_far;  // this invocation's counts, as of the last step
+  double last_frame_time = resumed.time;
+  auto rejected_total = [&] { return resumed.rejected_steps + so_far.rejected; };
   auto observer = [&](const State& s) {
     const auto observables =
         compute_observables(dynamics, s, observable_settings,
                             cfg.save_velocity ? &frame_velocity : nullptr);
     writer->append_frame(s.step, s.time, s.x.data(), observables, h,
                          cfg.save_velocity ? frame_velocity.data() : nullptr);
+    writer->write_run_progress(resumed.wall_seconds + elapsed(), s.step, rejected_total());
     writer->flush();
-    progress.update(s.time, s.step, elapsed());
+    last_frame_time = s.time;
+    progress.update(s.time, s.step);
+  };
+  auto after_step = [&](const State& s, const IntegrationStats& counts) {
+    so_far = counts;
+    if (const int signal = stop_signal) throw Interrupted{signal};
+    progress.update(s.time, s.step);
+  };
+  // Records why the run ended in /run, if the file still takes it (a full disk may not).
+  auto record_status = [&](const std::string& status) {
+    try {
+      writer->write_run_info(status, resumed.wall_seconds + elapsed(), state.step, rejected_total());
+      writer->flush();
+      return true;
+    } catch (const IoError&) {
+      return false;
+    }
   };
   try {
-    stats = integrate(*integrator, dynamics, state, h, cfg.dt, times, observer);
-    stats.steps += resumed.steps;
-    stats.rejected += resumed.rejected_steps;
-    writer->write_run_info("complete", resumed.wall_seconds + elapsed(), stats.steps, stats.rejected);
+    integrate(*integrator, dynamics, state, h, cfg.dt, times, observer, after_step);
+    // state.step counts every accepted step since t = 0, resumed parts included.
+    writer->write_run_info("complete", resumed.wall_seconds + elapsed(), state.step, rejected_total());
     writer->flush();
     progress.finish();
+  } catch (const Interrupted& stop) {
+    progress.finish();
+    const std::string name = signal_name(stop.signal);
+    record_status("interrupted: " + name);
+    log << "mfattn run: interrupted by " << name << " at t = " << state.time << " (step "
+        << state.step << "); " << writer->current_path() << " keeps every frame up to t = "
+        << last_frame_time << " (continue it with --resume)\n";
+    return 128 + stop.signal;
   } catch (const NumericalError& e) {
     progress.finish();
     log << "mfattn run: numerical failure: " << e.what() << '\n';
-    try {
-      writer->write_run_info(std::string("failed: ") + e.what(), resumed.wall_seconds + elapsed(),
-                             state.step, resumed.rejected_steps);
-      writer->flush();
-    } catch (const IoError&) {
-    }
+    record_status(std::string("failed: ") + e.what());
     return kExitNumerical;
-  } catch (const IoError& e) {
+  } catch (const OutputExists& e) {
+    progress.finish();
     log << "mfattn run: " << e.what() << '\n';
+    return kExitUsage;
+  } catch (const IoError& e) {
+    progress.finish();
+    const std::string where = writer->current_path();
+    const bool recorded = record_status(std::string("failed: I/O: ") + e.what());
+    log << "mfattn run: " << e.what() << '\n';
+    if (where == cfg.out)
+      log << "mfattn run: " << cfg.out << " keeps every frame up to t = " << last_frame_time
+          << (recorded ? " and records the failure" : "") << " (continue it with --resume once the fault is fixed)\n";
     return kExitIo;
   }
   return kExitOk;

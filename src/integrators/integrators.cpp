@@ -381,7 +381,8 @@ void check_finite(const State& state) {
 
 IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& state, double& h,
                            double fixed_dt, const std::vector<double>& output_times,
-                           const std::function<void(const State&)>& observer) {
+                           const std::function<void(const State&)>& observer,
+                           const StepHook& after_step) {
   IntegrationStats stats;
   for (double target : output_times) {
     // Land on each output time exactly: the last step of an interval is clipped, and a
@@ -406,6 +407,7 @@ IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& st
         h = outcome.h_next;
         if (h < 1e-14 * std::max(1.0, std::fabs(state.time)))
           throw NumericalError("dopri5 step size underflow at t = " + std::to_string(state.time));
+        if (after_step) after_step(state, stats);
         continue;
       }
       ++stats.steps;
@@ -413,8 +415,11 @@ IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& st
       if (integrator.adaptive() && !lands) h = outcome.h_next;
       if (lands) state.time = target;
       check_finite(state);
+      // At a landing the frame comes first, so an interruption keeps the frame.
+      if (after_step && !lands) after_step(state, stats);
     }
     observer(state);
+    if (after_step) after_step(state, stats);
   }
   return stats;
 }

@@ -9,13 +9,29 @@
 ///   writer killed with SIGKILL leaves a file that plain h5py opens.
 /// - HDF5's automatic error printing is switched off for the duration of every call into this
 ///   file, and each failed HDF5 call becomes an IoError naming the file and the operation.
+/// - Disk space is reserved before each frame is written (fallocate beyond the end of the
+///   file, FALLOC_FL_KEEP_SIZE): the chunks the frame may start plus a margin for metadata.
+///   A disk that fills therefore fails the reservation, before any byte of the frame is
+///   written, and the margin still holds the failed status: a frame is in the file whole or
+///   not at all. Filesystems without fallocate skip the reservation.
+/// - With atomic_publish the file is built under a temporary name and renamed once it holds
+///   frame 0 (see WriterSetup).
 #include "mfattn/h5md.hpp"
 
+#include <fcntl.h>
 #include <hdf5.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 
 #include "io/hdf5_support.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
@@ -30,16 +46,37 @@ using hdf5::QuietHdf5Errors;
 using hdf5::innermost_hdf5_error;
 
 
+/// HDF5's description of a failed system call spans lines ("file write failed: time = ...,
+/// errno = 28, error message = 'No space left on device', buf = ..."): keep the system's
+/// message, which is what a user can act on.
+std::string readable_reason(const std::string& reason) {
+  const std::string marker = "error message = '";
+  const auto begin = reason.find(marker);
+  if (begin != std::string::npos) {
+    const auto end = reason.find('\'', begin + marker.size());
+    if (end != std::string::npos) return reason.substr(begin + marker.size(), end - begin - marker.size());
+  }
+  std::string line = reason.substr(0, reason.find('\n'));
+  return line;
+}
+
 /// Turns failed HDF5 calls into IoError "<path>: <operation> <object> failed (<reason>)".
 class Checker {
  public:
   explicit Checker(std::string path) : path_(std::move(path)) {}
   [[noreturn]] void fail(std::string_view operation, std::string_view object = {}) const {
-    std::string message = path_ + ": " + std::string(operation);
-    if (!object.empty()) message += " " + std::string(object);
+    std::string message = path_;
+    message += ": ";
+    message += operation;
+    if (!object.empty()) {
+      message += ' ';
+      message += object;
+    }
     message += " failed";
-    if (const std::string reason = innermost_hdf5_error(); !reason.empty()) {
-      message += " (" + reason + ")";
+    if (const std::string reason = readable_reason(innermost_hdf5_error()); !reason.empty()) {
+      message += " (";
+      message += reason;
+      message += ')';
     }
     throw IoError(message);
   }
@@ -84,11 +121,26 @@ Handle create_group(const Checker& check, hid_t parent, const std::string& name)
                    H5Gclose, "creating group", name);
 }
 
-/// Writes attribute `name`, replacing any earlier one (whose type or shape may differ).
+/// Writes attribute `name`, replacing any earlier one (whose type or shape may differ). An
+/// earlier one of the same type and shape is written in place: the object header keeps its
+/// size (a run rewrites /run's counts with every frame).
 void write_attribute(const Checker& check, hid_t object, const std::string& name, hid_t file_type,
                      hid_t memory_type, const std::vector<hsize_t>& dims, const void* data) {
   const htri_t exists = H5Aexists(object, name.c_str());
   check(exists, "looking up attribute", name);
+  if (exists > 0 && element_count(dims) > 0) {
+    Handle existing = check.own(H5Aopen(object, name.c_str(), H5P_DEFAULT), H5Aclose,
+                                "opening attribute", name);
+    Handle type = check.own(H5Aget_type(existing.get()), H5Tclose, "reading the type of", name);
+    Handle space = check.own(H5Aget_space(existing.get()), H5Sclose, "reading the shape of", name);
+    const int rank = H5Sget_simple_extent_ndims(space.get());
+    std::vector<hsize_t> stored(static_cast<std::size_t>(std::max(rank, 0)));
+    if (rank >= 0 && H5Sget_simple_extent_dims(space.get(), stored.data(), nullptr) >= 0 &&
+        stored == dims && H5Tequal(type.get(), file_type) > 0) {
+      check(H5Awrite(existing.get(), memory_type, data), "writing attribute", name);
+      return;
+    }
+  }
   if (exists > 0) check(H5Adelete(object, name.c_str()), "deleting attribute", name);
   Handle space = dataspace(check, dims);
   Handle attribute =
@@ -130,14 +182,28 @@ struct Filters {
   bool fletcher32 = false;
 };
 
-/// A dataset [0, row_shape...] that grows along its first axis, chunked by whole rows.
+/// How a growing dataset takes disk space: a chunk of chunk_rows rows (chunk_bytes) whenever
+/// a row starts a new chunk, or, when filtered, possibly a new copy of its chunk every time
+/// (a compressed chunk that grows is moved).
+struct ChunkPlan {
+  hsize_t chunk_rows = 1;
+  std::size_t chunk_bytes = 0;
+  bool filtered = false;
+};
+
+/// A dataset [0, row_shape...] that grows along its first axis, chunked by whole rows (at
+/// most max_rows per chunk when max_rows > 0). plan receives its chunking.
 Handle create_growing_dataset(const Checker& check, hid_t parent, const std::string& name,
                               hid_t file_type, const std::vector<hsize_t>& row_shape,
-                              std::size_t target_chunk_bytes, Filters filters) {
+                              std::size_t target_chunk_bytes, Filters filters, std::size_t max_rows,
+                              ChunkPlan& plan) {
   std::size_t row_bytes = H5Tget_size(file_type);
   for (hsize_t extent : row_shape) row_bytes *= extent;
   std::vector<hsize_t> dims{0}, max_dims{H5S_UNLIMITED};
-  std::vector<hsize_t> chunk{rows_per_chunk(row_bytes, target_chunk_bytes)};
+  hsize_t rows = rows_per_chunk(row_bytes, target_chunk_bytes);
+  if (max_rows > 0) rows = std::min<hsize_t>(rows, max_rows);
+  plan = {rows, static_cast<std::size_t>(rows) * row_bytes, filters.deflate || filters.fletcher32};
+  std::vector<hsize_t> chunk{rows};
   for (hsize_t extent : row_shape) {
     dims.push_back(extent);
     max_dims.push_back(extent);
@@ -231,7 +297,10 @@ constexpr std::size_t kSeriesChunkBytes = 64 * 1024;  // step, time and observab
 
 class Hdf5H5mdWriter final : public H5mdWriter {
  public:
-  explicit Hdf5H5mdWriter(const WriterSetup& setup) : setup_(setup), check_(setup.path) {
+  explicit Hdf5H5mdWriter(const WriterSetup& setup)
+      : setup_(setup),
+        check_(setup.path),
+        write_path_(setup.atomic_publish ? temporary_output_path(setup.path) : setup.path) {
     if (setup.n == 0 || setup.d == 0 || setup.replicas == 0) {
       throw std::invalid_argument("H5mdWriter: n, d and replicas must be positive");
     }
@@ -241,24 +310,35 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     QuietHdf5Errors quiet;
     std::error_code ignored;
     if (!setup.overwrite && std::filesystem::exists(setup.path, ignored)) {
-      throw IoError("output file " + setup.path + " exists (use --overwrite to replace it)");
+      throw OutputExists("output file " + setup.path + " exists (use --overwrite to replace it)");
     }
-    file_ = check_.own(H5Fcreate(setup.path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+    if (setup.overwrite) refuse_if_busy(setup.path);
+    if (setup.atomic_publish) {
+      // A leftover of this process id (a killed run long ago) is ours to replace.
+      ::unlink(write_path_.c_str());
+      pending_.path = write_path_;
+    }
+    file_ = check_.own(H5Fcreate(write_path_.c_str(),
+                                 setup.atomic_publish ? H5F_ACC_EXCL : H5F_ACC_TRUNC, H5P_DEFAULT,
+                                 H5P_DEFAULT),
                        H5Fclose, "creating the file");
+    published_ = !setup.atomic_publish;
+    reserve_space(kMetadataMargin);
     write_h5md_group();
     create_particle_groups();
     create_observables();
     create_group(check_, file_.get(), "parameters");
     run_ = create_group(check_, file_.get(), "run");
-    step_size_ = create_growing_dataset(check_, run_.get(), "step_size", H5T_IEEE_F64LE, {},
-                                        kSeriesChunkBytes, {false, setup_.fletcher32});
+    step_size_ = grow(run_.get(), "step_size", H5T_IEEE_F64LE, {}, kSeriesChunkBytes,
+                      {false, setup_.fletcher32});
     write_run_info("running", 0.0, 0, 0);
-    flush();
+    flush_file();
   }
 
   /// Reopens a file for --resume (see H5mdWriter::open_for_resume).
   Hdf5H5mdWriter(const WriterSetup& setup, ResumePoint& point) : setup_(setup), check_(setup.path) {
     QuietHdf5Errors quiet;
+    refuse_if_busy(setup.path);
     file_ = check_.own(H5Fopen(setup.path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose,
                        "opening the file for --resume");
     auto open = [&](const std::string& name) {
@@ -268,9 +348,16 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     time_ = open("/particles/tokens/position/time");
     run_ = check_.own(H5Gopen2(file_.get(), "/run", H5P_DEFAULT), H5Gclose, "opening", "/run");
     step_size_ = open("/run/step_size");
-    hsize_t frames = std::min(dataset_dims(check_, step_.get(), "step")[0],
-                              dataset_dims(check_, time_.get(), "time")[0]);
-    frames = std::min(frames, dataset_dims(check_, step_size_.get(), "step_size")[0]);
+    auto length = [&](hid_t dataset, const char* what, std::size_t rank) {
+      const auto dims = dataset_dims(check_, dataset, what);
+      if (dims.size() != rank)
+        throw IoError(setup.path + ": " + what + " has rank " + std::to_string(dims.size()) +
+                      ", an mfattn file has " + std::to_string(rank));
+      return dims[0];
+    };
+    hsize_t frames = std::min(length(step_.get(), "position/step", 1),
+                              length(time_.get(), "position/time", 1));
+    frames = std::min(frames, length(step_size_.get(), "run/step_size", 1));
     for (std::size_t r = 0; r < setup.replicas; ++r) {
       const std::string group = "/particles/" + particle_group_name(r);
       particle_groups_.push_back(check_.own(H5Gopen2(file_.get(), group.c_str(), H5P_DEFAULT),
@@ -282,15 +369,18 @@ class Hdf5H5mdWriter final : public H5mdWriter {
       frames = std::min(frames, dims[0]);
       if (setup.velocity) {
         velocities_.push_back(open(group + "/velocity/value"));
-        frames = std::min(frames, dataset_dims(check_, velocities_.back().get(), "velocity")[0]);
+        frames = std::min(frames, length(velocities_.back().get(), "velocity/value", 3));
       }
     }
     for (const auto& [name, components] : setup.observables) {
       observable_values_.push_back(open("/observables/" + name + "/value"));
-      frames = std::min(frames, dataset_dims(check_, observable_values_.back().get(), "value")[0]);
+      const std::size_t rank = 1 + (setup.replicas > 1) + (components > 1);
+      frames = std::min(frames, length(observable_values_.back().get(), name.c_str(), rank));
     }
     if (frames == 0) throw IoError(setup.path + ": --resume found no complete frame");
     frames_ = frames;
+    for (hid_t dataset : growing_datasets()) plans_.push_back(plan_of(dataset));
+    reserve_space(kMetadataMargin);
     point.frames = frames;
     read_row(check_, step_.get(), frames - 1, H5T_NATIVE_INT64, &point.step, "step");
     read_row(check_, time_.get(), frames - 1, H5T_NATIVE_DOUBLE, &point.time, "time");
@@ -315,6 +405,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   /// a failing close (disk full) has nobody to report to from a destructor.
   ~Hdf5H5mdWriter() override {
     QuietHdf5Errors quiet;
+    release_reserved_space();
     observable_values_.clear();
     positions_.clear();
     velocities_.clear();
@@ -392,6 +483,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
       }
     }
     QuietHdf5Errors quiet;
+    reserve_space(frame_space_needed());
     write_row(check_, step_.get(), frames_, H5T_NATIVE_INT64, &step, "position/step");
     write_row(check_, time_.get(), frames_, H5T_NATIVE_DOUBLE, &time, "position/time");
     write_row(check_, step_size_.get(), frames_, H5T_NATIVE_DOUBLE, &step_size, "run/step_size");
@@ -413,8 +505,14 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   void write_run_info(const std::string& status, double wall_seconds, std::int64_t steps,
                       std::int64_t rejected_steps) override {
     QuietHdf5Errors quiet;
+    write_string_attribute(check_, run_.get(), "status", status);
+    write_run_progress(wall_seconds, steps, rejected_steps);
+  }
+
+  void write_run_progress(double wall_seconds, std::int64_t steps,
+                          std::int64_t rejected_steps) override {
+    QuietHdf5Errors quiet;
     const hid_t run = run_.get();
-    write_string_attribute(check_, run, "status", status);
     write_attribute(check_, run, "wall_time_s", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {},
                     &wall_seconds);
     write_attribute(check_, run, "steps", H5T_STD_I64LE, H5T_NATIVE_INT64, {}, &steps);
@@ -423,11 +521,184 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   }
 
   void flush() override {
+    try {
+      flush_file();
+    } catch (const IoError&) {
+      flush_failed_ = true;  // a file whose frame 0 may be partial is never published
+      throw;
+    }
+    if (!published_ && frames_ > 0 && !flush_failed_) publish();
+  }
+
+  std::string current_path() const override { return published_ ? setup_.path : write_path_; }
+
+ private:
+  /// Room for the metadata that a frame, a status or a close may add (B-tree nodes, object
+  /// header continuations, heap blocks), beyond the chunks a frame starts.
+  static constexpr std::size_t kMetadataMargin = 256 * 1024;
+
+  void flush_file() {
     QuietHdf5Errors quiet;
     check_(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), "flushing the file");
   }
 
- private:
+  /// A growing dataset, chunked by at most expected_frames rows; its plan is kept for the
+  /// space reservation.
+  Handle grow(hid_t parent, const std::string& name, hid_t file_type,
+              const std::vector<hsize_t>& row_shape, std::size_t target_chunk_bytes,
+              Filters filters) {
+    ChunkPlan plan;
+    Handle dataset = create_growing_dataset(check_, parent, name, file_type, row_shape,
+                                            target_chunk_bytes, filters, setup_.expected_frames,
+                                            plan);
+    plans_.push_back(plan);
+    return dataset;
+  }
+
+  /// Every dataset append_frame extends.
+  std::vector<hid_t> growing_datasets() const {
+    std::vector<hid_t> all{step_.get(), time_.get(), step_size_.get()};
+    for (const Handle& h : positions_) all.push_back(h.get());
+    for (const Handle& h : velocities_) all.push_back(h.get());
+    for (const Handle& h : observable_values_) all.push_back(h.get());
+    return all;
+  }
+
+  /// The chunking of an existing growing dataset (a resumed file).
+  ChunkPlan plan_of(hid_t dataset) const {
+    ChunkPlan plan;
+    Handle properties = check_.own(H5Dget_create_plist(dataset), H5Pclose, "reading the layout of",
+                                   "a dataset");
+    Handle type = check_.own(H5Dget_type(dataset), H5Tclose, "reading the type of", "a dataset");
+    std::vector<hsize_t> chunk(8, 1);
+    const int rank = H5Pget_chunk(properties.get(), static_cast<int>(chunk.size()), chunk.data());
+    if (rank <= 0) return plan;
+    plan.chunk_rows = chunk[0];
+    plan.chunk_bytes = H5Tget_size(type.get());
+    for (int a = 0; a < rank; ++a) plan.chunk_bytes *= chunk[static_cast<std::size_t>(a)];
+    plan.filtered = H5Pget_nfilters(properties.get()) > 0;
+    return plan;
+  }
+
+  /// Bytes the next frame may allocate: a new chunk of every dataset whose next row starts
+  /// one (or of every filtered dataset), plus the metadata margin.
+  std::size_t frame_space_needed() const {
+    std::size_t bytes = kMetadataMargin;
+    for (const ChunkPlan& plan : plans_)
+      if (plan.filtered || frames_ % plan.chunk_rows == 0) bytes += plan.chunk_bytes + 4096;
+    return bytes;
+  }
+
+  /// The file's descriptor (sec2 driver), or -1.
+  int file_descriptor() const {
+    void* handle = nullptr;
+    if (H5Fget_vfd_handle(file_.get(), H5P_DEFAULT, &handle) < 0 || handle == nullptr) return -1;
+    return *static_cast<int*>(handle);
+  }
+
+  /// Allocates disk blocks up to `bytes` past HDF5's end of allocation, without changing the
+  /// file's size, so that the writes of the next frame cannot meet a full disk. A full disk
+  /// fails here, with nothing of the frame written (IoError). Filesystems that do not
+  /// support fallocate switch the reservation off.
+  void reserve_space(std::size_t bytes) {
+    if (!reserving_) return;
+    const int fd = file_descriptor();
+    haddr_t eoa = 0;
+    if (fd < 0 || H5Fget_eoa(file_.get(), &eoa) < 0) {
+      reserving_ = false;
+      return;
+    }
+    struct stat info {};
+    if (::fstat(fd, &info) != 0) {
+      reserving_ = false;
+      return;
+    }
+    const auto start = static_cast<off_t>(std::min<haddr_t>(eoa, static_cast<haddr_t>(info.st_size)));
+    const auto end = static_cast<off_t>(eoa + bytes);
+    if (end <= reserved_end_) return;
+    int result = 0;
+    do {
+      result = ::fallocate(fd, FALLOC_FL_KEEP_SIZE, start, end - start);
+    } while (result != 0 && errno == EINTR);
+    if (result == 0) {
+      reserved_end_ = end;
+      return;
+    }
+    const int error = errno;
+    if (error == EOPNOTSUPP || error == ENOSYS) {
+      reserving_ = false;
+      return;
+    }
+    throw IoError(setup_.path + ": reserving " + std::to_string(bytes) +
+                  " bytes of disk space for the next frame failed (" + std::strerror(error) + ")");
+  }
+
+  /// Gives back the blocks reserved past the end of the file (a failed or finished run must
+  /// not keep a disk full for others).
+  void release_reserved_space() noexcept {
+    if (reserved_end_ == 0 || !file_.valid()) return;
+    const int fd = file_descriptor();
+    struct stat info {};
+    if (fd < 0 || ::fstat(fd, &info) != 0) return;
+    if (reserved_end_ > info.st_size)
+      ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, info.st_size,
+                  reserved_end_ - info.st_size);
+    reserved_end_ = 0;
+  }
+
+  /// Refuses (OutputBusy) a path that another process holds open for writing: HDF5 takes an
+  /// exclusive flock on every file it writes, so a lock we cannot take belongs to a writer.
+  static void refuse_if_busy(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    const bool busy = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    ::close(fd);
+    if (busy)
+      throw OutputBusy("output file " + path +
+                       " is open for writing in another process (a running mfattn?); it was "
+                       "left untouched");
+  }
+
+  /// Renames the temporary file to its final name: without --overwrite only when that name
+  /// is still free (renameat2 RENAME_NOREPLACE, or link + unlink where it is not supported),
+  /// with --overwrite only when no other process writes the file it replaces.
+  void publish() {
+    const std::string& target = setup_.path;
+    if (setup_.overwrite) {
+      const int fd = ::open(target.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+        ::close(fd);
+        throw OutputBusy("output file " + target +
+                         " is open for writing in another process (a running mfattn?); it was "
+                         "left untouched");
+      }
+      // The lock is held across the rename, so no writer can open the old file meanwhile.
+      const int result = ::rename(write_path_.c_str(), target.c_str());
+      const int error = errno;
+      if (fd >= 0) ::close(fd);
+      if (result != 0)
+        throw IoError("renaming " + write_path_ + " to " + target + " failed (" +
+                      std::strerror(error) + ")");
+    } else {
+      int result = ::renameat2(AT_FDCWD, write_path_.c_str(), AT_FDCWD, target.c_str(),
+                               RENAME_NOREPLACE);
+      if (result != 0 && (errno == EINVAL || errno == ENOSYS)) {
+        result = ::link(write_path_.c_str(), target.c_str());
+        if (result == 0) ::unlink(write_path_.c_str());
+      }
+      if (result != 0) {
+        const int error = errno;
+        if (error == EEXIST)
+          throw OutputExists("output file " + target +
+                             " appeared while this run started (use --overwrite to replace it)");
+        throw IoError("renaming " + write_path_ + " to " + target + " failed (" +
+                      std::strerror(error) + ")");
+      }
+    }
+    published_ = true;
+    pending_.path.clear();
+  }
+
   void write_h5md_group() {
     Handle h5md = create_group(check_, file_.get(), "h5md");
     write_int32_array_attribute(check_, h5md.get(), "version", {1, 1});
@@ -454,20 +725,20 @@ class Hdf5H5mdWriter final : public H5mdWriter {
                               std::vector<std::string>(setup_.d, "none"));
       Handle position = create_group(check_, group.get(), "position");
       if (r == 0) {
-        step_ = create_growing_dataset(check_, position.get(), "step", H5T_STD_I64LE, {},
+        step_ = grow(position.get(), "step", H5T_STD_I64LE, {},
                                        kSeriesChunkBytes, {false, setup_.fletcher32});
-        time_ = create_growing_dataset(check_, position.get(), "time", H5T_IEEE_F64LE, {},
+        time_ = grow(position.get(), "time", H5T_IEEE_F64LE, {},
                                        kSeriesChunkBytes, {false, setup_.fletcher32});
       } else {
         link_step_and_time(position.get());
       }
-      positions_.push_back(create_growing_dataset(check_, position.get(), "value", H5T_IEEE_F64LE,
+      positions_.push_back(grow(position.get(), "value", H5T_IEEE_F64LE,
                                                   frame_shape, kPositionChunkBytes,
                                                   {setup_.deflate, setup_.fletcher32}));
       if (setup_.velocity) {
         Handle velocity = create_group(check_, group.get(), "velocity");
         link_step_and_time(velocity.get());
-        velocities_.push_back(create_growing_dataset(check_, velocity.get(), "value",
+        velocities_.push_back(grow(velocity.get(), "value",
                                                      H5T_IEEE_F64LE, frame_shape,
                                                      kPositionChunkBytes,
                                                      {setup_.deflate, setup_.fletcher32}));
@@ -527,7 +798,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
       if (replicas > 1) row_shape.push_back(replicas);
       if (components > 1) row_shape.push_back(components);
       observable_values_.push_back(
-          create_growing_dataset(check_, group.get(), "value", H5T_IEEE_F64LE, row_shape,
+          grow(group.get(), "value", H5T_IEEE_F64LE, row_shape,
                                  kSeriesChunkBytes, {false, setup_.fletcher32}));
     }
   }
@@ -541,8 +812,24 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     }
   }
 
+  /// Removes the temporary file of a writer that never published it (declared before file_,
+  /// so it runs after the file is closed).
+  struct PendingFile {
+    std::string path;
+    ~PendingFile() {
+      if (!path.empty()) ::unlink(path.c_str());
+    }
+  };
+
   WriterSetup setup_;
   Checker check_;
+  std::string write_path_;
+  PendingFile pending_;
+  bool published_ = true;
+  bool flush_failed_ = false;
+  bool reserving_ = true;
+  off_t reserved_end_ = 0;
+  std::vector<ChunkPlan> plans_;  ///< one per growing dataset (their sum sizes a reservation)
   Handle file_;  // declared first of the handles, so a member-wise destruction closes it last
   Handle run_;
   Handle step_, time_;
@@ -555,6 +842,16 @@ class Hdf5H5mdWriter final : public H5mdWriter {
 };
 
 }  // namespace
+
+std::string temporary_output_path(const std::string& path) {
+  const std::filesystem::path target(path);
+  std::string name = target.filename().string();
+  const std::string suffix = "." + std::to_string(::getpid()) + ".tmp";
+  // NAME_MAX is 255 bytes on every filesystem mfattn is used on; keep the front of the name.
+  constexpr std::size_t kNameMax = 255;
+  if (name.size() + 1 + suffix.size() > kNameMax) name.resize(kNameMax - 1 - suffix.size());
+  return (target.parent_path() / ("." + name + suffix)).string();
+}
 
 std::unique_ptr<H5mdWriter> H5mdWriter::create(const WriterSetup& setup) {
   return std::make_unique<Hdf5H5mdWriter>(setup);
@@ -660,13 +957,21 @@ std::string attribute_text(hid_t attribute) {
       }
       break;
     }
-    case H5T_INTEGER:
-    case H5T_FLOAT: {
-      std::vector<double> values(static_cast<std::size_t>(std::max<hssize_t>(count, 0)));
-      if (!values.empty() && H5Aread(attribute, H5T_NATIVE_DOUBLE, values.data()) < 0) return "?";
-      out << std::setprecision(12);
+    case H5T_INTEGER: {
+      std::vector<std::int64_t> values(static_cast<std::size_t>(std::max<hssize_t>(count, 0)));
+      if (!values.empty() && H5Aread(attribute, H5T_NATIVE_INT64, values.data()) < 0) return "?";
       if (values.size() != 1) out << '[';
       for (std::size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << values[i];
+      if (values.size() != 1) out << ']';
+      break;
+    }
+    case H5T_FLOAT: {
+      // The shortest text that reads back as the same double, so that --resume compares
+      // stored and given values exactly.
+      std::vector<double> values(static_cast<std::size_t>(std::max<hssize_t>(count, 0)));
+      if (!values.empty() && H5Aread(attribute, H5T_NATIVE_DOUBLE, values.data()) < 0) return "?";
+      if (values.size() != 1) out << '[';
+      for (std::size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << exact_number_text(values[i]);
       if (values.size() != 1) out << ']';
       break;
     }
@@ -693,18 +998,23 @@ std::vector<std::pair<std::string, std::string>> attributes_of(hid_t object) {
 
 std::string parameter_text(const ParameterValue& value) {
   std::ostringstream out;
-  out << std::setprecision(12);
-  if (const auto* integer = std::get_if<std::int64_t>(&value)) out << static_cast<double>(*integer);
-  else if (const auto* real = std::get_if<double>(&value)) out << *real;
+  if (const auto* integer = std::get_if<std::int64_t>(&value)) out << *integer;
+  else if (const auto* real = std::get_if<double>(&value)) out << exact_number_text(*real);
   else if (const auto* flag = std::get_if<bool>(&value)) out << (*flag ? 1 : 0);
   else if (const auto* text = std::get_if<std::string>(&value)) out << *text;
   else {
     const auto& list = std::get<std::vector<double>>(value);
     if (list.size() != 1) out << '[';
-    for (std::size_t i = 0; i < list.size(); ++i) out << (i ? ", " : "") << list[i];
+    for (std::size_t i = 0; i < list.size(); ++i) out << (i ? ", " : "") << exact_number_text(list[i]);
     if (list.size() != 1) out << ']';
   }
   return out.str();
+}
+
+std::string exact_number_text(double value) {
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return std::string(buffer, result.ptr);
 }
 
 FileSummary describe_file(const std::string& path) {
@@ -724,6 +1034,8 @@ FileSummary describe_file(const std::string& path) {
   Handle time = check.own(H5Dopen2(file.get(), "/particles/tokens/position/time", H5P_DEFAULT),
                           H5Dclose, "opening", "position/time");
   const auto time_dims = dataset_dims(check, time.get(), "position/time");
+  if (dims.size() != 3 || time_dims.size() != 1)
+    throw IoError(path + " is not an mfattn H5MD file: position/{time, value} are not [T] and [T, n, d]");
   summary.frames = std::min<std::size_t>(dims.at(0), time_dims.at(0));
   summary.n = dims.at(1);
   summary.d = dims.at(2);
