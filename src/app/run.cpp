@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -177,8 +178,10 @@ class Progress {
   bool drawn_ = false, printed_end_ = false;
 };
 
-/// The signal that asked the run to stop (SIGTERM, SIGINT, SIGHUP), 0 while none has.
-volatile std::sig_atomic_t stop_signal = 0;
+/// The signal that asked the run to stop (SIGTERM, SIGINT, SIGHUP), 0 while none has. The
+/// handler may run on any thread (OpenMP workers included); a lock-free atomic is safe there.
+std::atomic<int> stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
 
 extern "C" void request_stop(int signal) {
   stop_signal = signal;
