@@ -444,7 +444,17 @@ int sweep_command(const std::vector<std::string>& args, std::ostream& out, std::
   SweepPlan plan;
   try {
     options = parse_sweep_arguments(args);
-    plan = load_sweep(options.config);
+    SweepCountHook counted;
+    if (options.dry_run)
+      // The count first: expanding and checking a large grid takes a while.
+      counted = [&](const SweepPlan&, std::size_t total) {
+        const Shard shard = options.shard.value_or(Shard{});
+        out << prefix << total << (total == 1 ? " case, " : " cases, ")
+            << assigned_count(total, shard, comm.rank(), comm.size()) << " in this share";
+        if (options.shard) out << " (shard " << shard.index << "/" << shard.count << ")";
+        out << " (dry run: nothing is written)" << std::endl;
+      };
+    plan = load_sweep(options.config, counted);
   } catch (const UsageError& e) {
     if (comm.rank() == 0) err << "mfattn sweep: " << e.what() << std::endl;
     return kExitUsage;

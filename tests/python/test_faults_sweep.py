@@ -118,6 +118,42 @@ def start_sweep(binary: Path, sweep: Path, out: Path, tmp_path: Path, *extra: st
     return proc
 
 
+# --- C: a huge dry run says how many cases there are before it expands them -------------------
+
+def test_dry_run_prints_the_case_count_first(mfattn_binary, tmp_path):
+    # 10^7 cases: the count is the product of the axis lengths, printed at once.
+    seeds = " ".join(str(s) for s in range(10000))
+    betas = " ".join(str(b) for b in range(1, 1001))
+    huge = write_sweep(tmp_path / "huge.ini", f"seed = {seeds}\nbeta = {betas}\n",
+                       base="d = 3\nn = 8\nhorizon = 1\n")
+    proc = subprocess.Popen([str(mfattn_binary), "sweep", "--dry-run", "--config", str(huge),
+                             "--out-dir", str(tmp_path / "huge"), "--shard", "3/4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    first: list[str] = []
+    reader = threading.Thread(target=lambda: first.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    try:
+        # Printing the count needs only the 11000-word file: 30 s is ample. (Before, the first
+        # line came once the whole grid was expanded, after tens of seconds and gigabytes.)
+        reader.join(timeout=30.0)
+    finally:
+        proc.kill()
+        proc.wait(timeout=DEADLINE)
+    assert first, "no line within 30 s"
+    assert first[0].startswith("mfattn sweep: 10000000 cases, 2500000 in this share (shard 3/4)"), first[0]
+    assert not (tmp_path / "huge").exists()
+
+    # The count comes before the cases are expanded and checked: also before the error of a
+    # bad value that only expansion finds.
+    bad = write_sweep(tmp_path / "bad.ini", "seed = 0 1\nn = 8 12 -3\n", base="d = 3\nhorizon = 1\n")
+    done = subprocess.run([str(mfattn_binary), "sweep", "--dry-run", "--config", str(bad),
+                           "--out-dir", str(tmp_path / "bad")], capture_output=True, text=True,
+                          timeout=DEADLINE)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout.startswith("mfattn sweep: 6 cases, 6 in this share"), done.stdout + done.stderr
+    assert "axis n value -3" in done.stderr
+
+
 # --- D: one meaning of the exit codes for input files; the loader's exceptions ----------------
 
 def make_bad_files(tmp_path: Path, good: Path) -> dict[str, tuple[Path, str]]:
