@@ -94,11 +94,12 @@ std::string default_out_dir(const std::string& sweep_path);
 
 /// Where one case stands in DIR.
 struct CaseStatus {
-  enum class State { Complete, Failed, Running, Missing } state = State::Missing;
-  std::string text;  ///< "complete", "failed: ...", "running", "missing"
+  enum class State { Complete, Failed, Running, Interrupted, Missing } state = State::Missing;
+  std::string text;  ///< "complete", "failed: ...", "running", "interrupted: SIGTERM", "missing"
 };
 /// complete / failed: <the file's /run status or the exit code in DIR/<id>.log> / running
-/// (another process holds DIR/<id>.lock) / missing.
+/// (another process holds DIR/<id>.lock) / interrupted: <signal> (the sweep stopped it on a
+/// signal; its .part stays) / missing.
 CaseStatus case_status(const std::string& dir, const std::string& id);
 /// True while some process holds the case lock DIR/<id>.lock.
 bool case_locked(const std::string& dir, const std::string& id);

@@ -342,9 +342,12 @@ std::string sweep_usage() {
          "  --dry-run           print the number of cases, then list the cases of this share, their\n"
          "                      ids and status; write nothing\n"
          "  Under mpirun (builds with MPI) the ranks split the cases and rank 0 writes the manifest.\n"
-         "  Exit codes: 0 every case of this share complete (or running elsewhere), 2 bad sweep\n"
-         "  file or options (nothing runs), 3 a case failed numerically, 4 I/O failure or a case\n"
-         "  that died.\n";
+         "  A case that another process is running is waited for. SIGTERM / SIGINT are passed on to\n"
+         "  the running cases; the sweep then writes the manifest, names the undone cases on stderr\n"
+         "  and exits 128 + signal. Killed, its cases get SIGTERM.\n"
+         "  Exit codes: 0 every case of this share complete, 2 bad sweep file or options (nothing\n"
+         "  runs), 3 a case failed numerically, 4 I/O failure or a case that died, 128 + S stopped\n"
+         "  by signal S (cases undone).\n";
 }
 
 SweepOptions parse_sweep_arguments(const std::vector<std::string>& args) {

@@ -118,6 +118,115 @@ def start_sweep(binary: Path, sweep: Path, out: Path, tmp_path: Path, *extra: st
     return proc
 
 
+# --- A: a killed sweep takes its cases along; a rerun waits for a held case -------------------
+
+def test_sigkilled_sweep_leaves_no_running_case_behind(mfattn_binary, tmp_path, no_strays):
+    """SIGKILL to the sweep alone (not its process group): its running case must die with it
+    (PR_SET_PDEATHSIG), releasing the case lock, keeping the .part and no final file."""
+    sweep = write_sweep(tmp_path / "kill.ini", "n = 24\nhorizon = 1000000\n")
+    out = tmp_path / "out"
+    (case,) = dry_run_ids(mfattn_binary, sweep, out)
+    proc = start_sweep(mfattn_binary, sweep, out, tmp_path)
+    try:
+        wait_for(lambda: (out / f"{case}.h5.part").exists() and processes_writing_into(out),
+                 "the case to start writing")
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=DEADLINE) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Generous: the case only has to notice its parent's death (and flush, once run does that).
+    end = time.monotonic() + 30.0
+    while processes_writing_into(out) and time.monotonic() < end:
+        time.sleep(0.05)
+    orphans = processes_writing_into(out)
+    assert not orphans, f"the killed sweep left its case running as an orphan (pids {orphans})"
+    assert (out / f"{case}.h5.part").exists()
+    assert not (out / f"{case}.h5").exists()
+    # Nobody holds the case lock any more (a process that exits closes its files a moment after
+    # its command line is gone from /proc: poll).
+    wait_for(lambda: lock_is_free(out / f"{case}.lock"), "the case lock to be released", timeout=30.0)
+
+
+def test_rerun_waits_for_a_case_held_elsewhere_and_completes_everything(mfattn_binary, tmp_path,
+                                                                        no_strays):
+    """A case whose lock another process holds (a sweep still running, or an orphan of an old
+    one) is waited for, not skipped: once the lock is free the sweep runs the case itself and
+    exits 0 with every case complete, each run once."""
+    sweep = write_sweep(tmp_path / "held.ini", "n = 8 12 16\nhorizon = 1\n")
+    out = tmp_path / "out"
+    ids = dry_run_ids(mfattn_binary, sweep, out)
+    assert len(ids) == 3
+    out.mkdir()
+    held = ids[1]
+    fd = os.open(out / f"{held}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.lockf(fd, fcntl.LOCK_EX)  # a POSIX record lock conflicts with the sweep's OFD lock
+    released = False
+    proc = start_sweep(mfattn_binary, sweep, out, tmp_path)
+    try:
+        log = tmp_path / "sweep.out"
+        # The sweep has looked at the held case (any verb) and finished the others, or ended.
+        wait_for(lambda: proc.poll() is not None or (
+            re.search(rf": \w+ {held} ", log.read_text()) and
+            all((out / f"{i}.h5").exists() for i in (ids[0], ids[2]))), "the sweep to reach the held case")
+        still_running = proc.poll() is None
+        os.close(fd)
+        released = True
+        code = proc.wait(timeout=DEADLINE)
+    finally:
+        if not released:
+            os.close(fd)
+        if proc.poll() is None:
+            proc.kill()
+    text = (tmp_path / "sweep.out").read_text() + (tmp_path / "sweep.err").read_text()
+    assert still_running, f"the sweep ended while a case of its share was held elsewhere:\n{text}"
+    assert code == 0, text
+    assert manifest_status(out) == {i: "complete" for i in ids}, text
+    runs = re.findall(r": run ([0-9a-f]{16}) ", text)
+    assert sorted(runs) == sorted(ids), text
+    assert re.search(rf": wait {held} running elsewhere", text), text
+    assert not list(out.glob("*.part")) and not list(out.glob("*.lock")), text
+
+
+# --- B: SIGTERM / SIGINT are forwarded; the sweep reports what is undone ----------------------
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stop_signal_is_forwarded_and_the_sweep_reports_undone_cases(mfattn_binary, tmp_path, no_strays,
+                                                                     signum):
+    sweep = write_sweep(tmp_path / "stop.ini", "n = 24 8\nhorizon = 1000000 1\n")
+    out = tmp_path / "out"
+    ids = dry_run_ids(mfattn_binary, sweep, out)
+    long_case = ids[0]  # n=24, horizon=1e6: runs until stopped; the other three never start
+    proc = start_sweep(mfattn_binary, sweep, out, tmp_path, "--jobs", "1")
+    try:
+        wait_for(lambda: (out / f"{long_case}.h5.part").exists() and processes_writing_into(out),
+                 "the first case to start writing")
+        os.kill(proc.pid, signum)  # the sweep alone, as a scheduler or `kill` would
+        code = proc.wait(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = (tmp_path / "sweep.err").read_text()
+    text = (tmp_path / "sweep.out").read_text() + stderr
+    assert code == 128 + signum, f"exit {code}, expected {128 + signum}:\n{text}"
+    end = time.monotonic() + 30.0
+    while processes_writing_into(out) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not processes_writing_into(out), "the signal was not passed on to the running case"
+    # The running case got the same signal (it died of it, or exited 128 + it after flushing).
+    log = (out / f"{long_case}.log").read_text().strip().splitlines()[-1]
+    assert log.startswith(f"mfattn sweep: interrupted: {signal.Signals(signum).name}"), log
+    assert re.search(rf"killed by signal {int(signum)}\b|exit code {128 + int(signum)}\b", log), log
+    # stderr: how many cases are undone, and which.
+    assert "4 of 4 cases of this share undone" in stderr, stderr
+    for case in ids:
+        assert case in stderr, (case, stderr)
+    assert (out / f"{long_case}.h5.part").exists(), "the interrupted case's .part must stay"
+    status = manifest_status(out)
+    assert status[long_case] == f"interrupted: {signal.Signals(signum).name}", status
+    assert all(status[i] == "missing" for i in ids[1:]), status
+
+
 # --- C: a huge dry run says how many cases there are before it expands them -------------------
 
 def test_dry_run_prints_the_case_count_first(mfattn_binary, tmp_path):
@@ -136,11 +245,12 @@ def test_dry_run_prints_the_case_count_first(mfattn_binary, tmp_path):
         # Printing the count needs only the 11000-word file: 30 s is ample. (Before, the first
         # line came once the whole grid was expanded, after tens of seconds and gigabytes.)
         reader.join(timeout=30.0)
+        got = list(first)  # before the kill, whose end of file would read as an empty line
     finally:
         proc.kill()
         proc.wait(timeout=DEADLINE)
-    assert first, "no line within 30 s"
-    assert first[0].startswith("mfattn sweep: 10000000 cases, 2500000 in this share (shard 3/4)"), first[0]
+    assert got and got[0], "the dry run printed nothing within 30 s"
+    assert got[0].startswith("mfattn sweep: 10000000 cases, 2500000 in this share (shard 3/4)"), got[0]
     assert not (tmp_path / "huge").exists()
 
     # The count comes before the cases are expanded and checked: also before the error of a
