@@ -150,21 +150,30 @@ def _attrs(obj: h5py.HLObject) -> dict[str, Any]:
 
 
 def _open(path: str | os.PathLike) -> h5py.File:
-    """Opens ``path`` read-only; ValueError if it is not an HDF5 file at all."""
+    """Opens ``path`` read-only. FileNotFoundError if it does not exist, PermissionError if it
+    cannot be read, ValueError (with the reason) if it is not an HDF5 file that HDF5 can open."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: not an mfattn H5MD file (a directory)")
+    if not os.access(path, os.R_OK):
+        raise PermissionError(f"{path}: cannot be read (permission denied)")
     if not h5py.is_hdf5(path):
         raise ValueError(f"{path}: not an mfattn H5MD file (not an HDF5 file)")
     # No file locking: a running mfattn holds its lock for the whole run, and every frame it
     # has flushed is readable. HDF5 refuses a second open of a file that this process already
     # holds with other locking flags (a caller's own h5py.File): then use the default flags.
     try:
-        return h5py.File(path, "r", locking=False)
+        try:
+            return h5py.File(path, "r", locking=False)
+        except OSError as error:
+            if "locking" not in str(error):
+                raise
+            return h5py.File(path, "r")
     except OSError as error:
-        if "locking" not in str(error):
-            raise
-        return h5py.File(path, "r")
+        raise ValueError(f"{path}: not a readable mfattn H5MD file (HDF5 finds its signature but "
+                         f"cannot open it, truncated or damaged?: {error})") from error
 
 
 def _replica_groups(f: h5py.File, path: str) -> list[str]:
@@ -193,8 +202,14 @@ def _replica_groups(f: h5py.File, path: str) -> list[str]:
         raise reject(f"replica groups are not numbered 0..{count - 1}: {sorted(found.values())}")
     groups = [found[r] for r in range(count)]
     for key in groups:
-        if not isinstance(f["particles"][key].get("position/value"), h5py.Dataset):
-            raise reject(f"no /particles/{key}/position/value dataset")
+        position = f["particles"][key].get("position")
+        for name in ("value", "step", "time"):
+            if not isinstance(position, h5py.Group) or not isinstance(position.get(name), h5py.Dataset):
+                raise reject(f"no /particles/{key}/position/{name} dataset")
+        shapes = tuple(position[name].shape for name in ("value", "step", "time"))
+        if len(shapes[0]) != 3 or len(shapes[1]) != 1 or len(shapes[2]) != 1:
+            raise reject(f"/particles/{key}/position/{{value, step, time}} have shapes "
+                         f"{shapes[0]}, {shapes[1]}, {shapes[2]}, expected [T, n, d], [T], [T]")
     return groups
 
 
@@ -229,8 +244,12 @@ def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajector
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: ``path`` is not an mfattn H5MD file, ``replica`` is out of range, or the
-            replica groups of a stacked load disagree in shape or labels.
+        PermissionError: ``path`` cannot be read.
+        ValueError: ``path`` is not an mfattn H5MD file (a directory, not HDF5, an HDF5 file
+            that cannot be opened, no mfattn creator, position datasets missing or of the wrong
+            shape; the message says which), ``replica`` is out of range, or the replica groups
+            of a stacked load disagree in shape or labels.
+        OSError: reading a dataset of an mfattn file failed.
     """
     spath = os.fspath(path)
     with _open(spath) as f:

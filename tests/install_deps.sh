@@ -4,6 +4,13 @@ mfattn_packages=(cmake g++ make libeigen3-dev libhdf5-dev libboost-program-optio
   libgtest-dev libomp-dev python3-h5py python3-numpy python3-scipy python3-pytest
   python3-matplotlib python3-mdanalysis libopenblas0-pthread openmpi-bin libopenmpi-dev)
 
+# On a freshly booted machine another apt-get (unattended-upgrades, cloud-init) often holds
+# the dpkg and list locks: every apt-get call waits for them (up to MFATTN_APT_LOCK_TIMEOUT
+# seconds, default 600) instead of failing at once.
+mfattn_apt_get() {
+  apt-get -o DPkg::Lock::Timeout="${MFATTN_APT_LOCK_TIMEOUT:-600}" "$@"
+}
+
 install_deps() {
   local missing=()
   for p in "${mfattn_packages[@]}"; do
@@ -13,10 +20,10 @@ install_deps() {
   if [ "$(id -u)" = 0 ]; then
     echo "installing: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    mfattn_apt_get update -qq
+    mfattn_apt_get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   else
-    echo "missing packages; run: sudo apt-get install ${missing[*]}" >&2
+    echo "missing packages; run: sudo apt-get -o DPkg::Lock::Timeout=600 install ${missing[*]}" >&2
     return 1
   fi
 }

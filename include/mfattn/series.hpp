@@ -9,7 +9,10 @@
 /// - frames() is the number of complete frames: the shortest of position/step, position/time
 ///   and the position/value of every replica (a writer killed between two writes may leave
 ///   them one frame apart). Observables are cut to the same length (or shorter, if theirs is).
-/// - Every failure is an IoError naming the file and the problem.
+/// - Every failure is an IoError naming the file and the problem; a file that is missing or is
+///   not a readable mfattn H5MD file at all (not HDF5, cannot be opened, no mfattn creator, the
+///   position datasets missing or of the wrong shape) is a NotMfattnFile, which the commands
+///   report as a usage error (exit 2); any other failure is I/O (exit 4).
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -20,10 +23,17 @@
 
 namespace mfattn {
 
+/// The file given is missing or is not an mfattn H5MD file that can be read (exit code 2).
+struct NotMfattnFile : IoError {
+  using IoError::IoError;
+};
+
 class SeriesFile {
  public:
-  /// Opens `path`; throws IoError when it is missing, not HDF5, or not an mfattn file
-  /// (no /h5md/creator name "mfattn", or no /particles/tokens/position/{step, time, value}).
+  /// Opens `path`; throws NotMfattnFile when it is missing, a directory, not HDF5, cannot be
+  /// opened by HDF5 (truncated or damaged), or is not an mfattn file (no /h5md/creator name
+  /// "mfattn", or /particles/tokens/position/{step, time, value} missing or not [T], [T],
+  /// [T, n, d]); IoError when reading a dataset fails.
   explicit SeriesFile(const std::string& path);
   ~SeriesFile();
   SeriesFile(const SeriesFile&) = delete;

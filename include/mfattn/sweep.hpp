@@ -13,6 +13,7 @@
 /// not change the trajectory (out, config, threads, quiet, overwrite, resume), printed as 16
 /// hex digits. The case writes DIR/<id>.h5 (first DIR/<id>.h5.part, renamed when it ends).
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <optional>
 #include <string>
@@ -43,11 +44,16 @@ struct SweepPlan {
   std::vector<SweepCase> cases;
 };
 
+/// Called once the base and the axes are read, before the cases are expanded and checked:
+/// the plan without cases and the number of cases (the product of the axis lengths).
+using SweepCountHook = std::function<void(const SweepPlan&, std::size_t)>;
+
 /// Reads and expands a sweep file and validates every case. Throws UsageError with one line
-/// naming the key, or the axis and value, at fault.
-SweepPlan load_sweep(const std::string& path);
+/// naming the key, or the axis and value, at fault. `counted`, when given, hears the number
+/// of cases first.
+SweepPlan load_sweep(const std::string& path, const SweepCountHook& counted = {});
 /// The same from the file's text; `origin` names it in messages.
-SweepPlan make_sweep(const std::string& text, const std::string& origin);
+SweepPlan make_sweep(const std::string& text, const std::string& origin, const SweepCountHook& counted = {});
 
 /// 64-bit FNV-1a.
 std::uint64_t fnv1a64(std::string_view bytes);
@@ -70,6 +76,8 @@ std::optional<Shard> slurm_shard();
 /// (index % count == shard index), then every ranks-th of those starting at `rank`.
 std::vector<std::size_t> assigned_cases(std::size_t case_count, Shard shard, int rank = 0,
                                         int ranks = 1);
+/// assigned_cases(...).size(), without listing them.
+std::size_t assigned_count(std::size_t case_count, Shard shard, int rank = 0, int ranks = 1);
 
 struct SweepOptions {
   std::string config;   ///< the sweep file
@@ -86,11 +94,12 @@ std::string default_out_dir(const std::string& sweep_path);
 
 /// Where one case stands in DIR.
 struct CaseStatus {
-  enum class State { Complete, Failed, Running, Missing } state = State::Missing;
-  std::string text;  ///< "complete", "failed: ...", "running", "missing"
+  enum class State { Complete, Failed, Running, Interrupted, Missing } state = State::Missing;
+  std::string text;  ///< "complete", "failed: ...", "running", "interrupted: SIGTERM", "missing"
 };
 /// complete / failed: <the file's /run status or the exit code in DIR/<id>.log> / running
-/// (another process holds DIR/<id>.lock) / missing.
+/// (another process holds DIR/<id>.lock) / interrupted: <signal> (the sweep stopped it on a
+/// signal; its .part stays) / missing.
 CaseStatus case_status(const std::string& dir, const std::string& id);
 /// True while some process holds the case lock DIR/<id>.lock.
 bool case_locked(const std::string& dir, const std::string& id);

@@ -415,6 +415,9 @@ int analyze_command(const std::vector<std::string>& args, std::ostream& out, std
   } catch (const UsageError& e) {
     err << "mfattn analyze: " << e.what() << '\n';
     return kExitUsage;
+  } catch (const NotMfattnFile& e) {
+    err << "mfattn analyze: " << e.what() << '\n';
+    return kExitUsage;
   } catch (const IoError& e) {
     err << "mfattn analyze: " << e.what() << '\n';
     return kExitIo;

@@ -143,7 +143,7 @@ std::string case_id(const RunConfig& cfg) {
   return hex;
 }
 
-SweepPlan make_sweep(const std::string& text, const std::string& origin) {
+SweepPlan make_sweep(const std::string& text, const std::string& origin, const SweepCountHook& counted) {
   RunConfig scratch;
   const auto table = run_options(scratch);
   SweepPlan plan;
@@ -201,6 +201,7 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin) {
       throw UsageError(origin + ": more than 10^8 cases");
     total *= axis.values.size();
   }
+  if (counted) counted(plan, total);
   // Each axis value's tokens once (a bad switch value is named with its axis).
   std::vector<std::vector<std::vector<std::string>>> axis_tokens;
   for (const auto& axis : plan.axes) {
@@ -260,12 +261,12 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin) {
   return plan;
 }
 
-SweepPlan load_sweep(const std::string& path) {
+SweepPlan load_sweep(const std::string& path, const SweepCountHook& counted) {
   std::ifstream file(path);
   if (!file) throw UsageError("--config " + path + ": file cannot be read");
   std::ostringstream text;
   text << file.rdbuf();
-  return make_sweep(text.str(), path);
+  return make_sweep(text.str(), path, counted);
 }
 
 Shard parse_shard(const std::string& text) {
@@ -313,6 +314,12 @@ std::vector<std::size_t> assigned_cases(std::size_t case_count, Shard shard, int
   return mine;
 }
 
+std::size_t assigned_count(std::size_t case_count, Shard shard, int rank, int ranks) {
+  const std::size_t share = shard.index < case_count ? (case_count - shard.index + shard.count - 1) / shard.count : 0;
+  const auto r = static_cast<std::size_t>(rank), k = static_cast<std::size_t>(ranks);
+  return r < share ? (share - r + k - 1) / k : 0;
+}
+
 std::string default_out_dir(const std::string& sweep_path) {
   const std::filesystem::path path(sweep_path);
   return (path.parent_path() / path.stem()).string();
@@ -332,11 +339,15 @@ std::string sweep_usage() {
          "                      SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN and SLURM_ARRAY_TASK_COUNT)\n"
          "  --resume            continue interrupted cases from their last frame (run --resume)\n"
          "                      instead of restarting them\n"
-         "  --dry-run           list the cases of this share, their ids and status; write nothing\n"
+         "  --dry-run           print the number of cases, then list the cases of this share, their\n"
+         "                      ids and status; write nothing\n"
          "  Under mpirun (builds with MPI) the ranks split the cases and rank 0 writes the manifest.\n"
-         "  Exit codes: 0 every case of this share complete (or running elsewhere), 2 bad sweep\n"
-         "  file or options (nothing runs), 3 a case failed numerically, 4 I/O failure or a case\n"
-         "  that died.\n";
+         "  A case that another process is running is waited for. SIGTERM / SIGINT are passed on to\n"
+         "  the running cases; the sweep then writes the manifest, names the undone cases on stderr\n"
+         "  and exits 128 + signal. Killed, its cases get SIGTERM.\n"
+         "  Exit codes: 0 every case of this share complete, 2 bad sweep file or options (nothing\n"
+         "  runs), 3 a case failed numerically, 4 I/O failure or a case that died, 128 + S stopped\n"
+         "  by signal S (cases undone).\n";
 }
 
 SweepOptions parse_sweep_arguments(const std::vector<std::string>& args) {

@@ -1,11 +1,15 @@
 // mfattn sweep, part 3: running the cases. Each case is a child process of the same binary
 // (`/proc/self/exe run ... --out DIR/<id>.h5.part --quiet --overwrite`), guarded by an
 // open-file-description lock on DIR/<id>.lock that the child inherits, renamed to DIR/<id>.h5
-// when it ends; --jobs children at once; shards and MPI ranks split the grid.
+// when it ends; --jobs children at once; shards and MPI ranks split the grid. Children run in
+// their own process groups and die with the sweep (PR_SET_PDEATHSIG); SIGTERM and SIGINT are
+// forwarded to them, and the sweep then reports what is undone and exits 128 + signal.
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
-#include <spawn.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -14,6 +18,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +26,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #ifdef MFATTN_HAVE_MPI
@@ -176,6 +182,110 @@ int available_cores(int local_ranks) {
   return std::max(1, cores);
 }
 
+// ---- Signals ---------------------------------------------------------------------------------
+
+/// SIGTERM and SIGINT: forwarded to the running cases, then the sweep stops.
+constexpr int kStopSignals[] = {SIGTERM, SIGINT};
+constexpr std::size_t kStopSignalCount = sizeof kStopSignals / sizeof kStopSignals[0];
+
+/// The first stop signal received (0: none), how many arrived, and a pipe the handler writes
+/// to, so that a wait for the children (or for a lock) wakes up at once.
+volatile std::sig_atomic_t g_signal = 0;
+volatile std::sig_atomic_t g_signal_count = 0;
+int g_wake[2] = {-1, -1};
+bool g_installed[kStopSignalCount] = {};
+
+extern "C" void on_stop_signal(int signal) {
+  const int saved = errno;
+  if (g_signal == 0) g_signal = signal;
+  g_signal_count = g_signal_count + 1;
+  if (g_wake[1] >= 0) {
+    const char byte = 1;
+    [[maybe_unused]] const ssize_t written = ::write(g_wake[1], &byte, 1);
+  }
+  errno = saved;
+}
+
+std::string signal_name(int signal) {
+  switch (signal) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGKILL: return "SIGKILL";
+    case SIGHUP: return "SIGHUP";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    default: return "signal " + std::to_string(signal);
+  }
+}
+
+/// Installs the stop-signal handlers for as long as it lives (a signal that was ignored when
+/// the sweep started, as under nohup, stays ignored), and restores the previous ones after.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_signal = 0;
+    g_signal_count = 0;
+    if (::pipe2(g_wake, O_CLOEXEC | O_NONBLOCK) != 0) g_wake[0] = g_wake[1] = -1;
+    for (std::size_t k = 0; k < kStopSignalCount; ++k) {
+      struct sigaction current {};
+      ::sigaction(kStopSignals[k], nullptr, &current);
+      if (!(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_IGN) continue;
+      struct sigaction action {};
+      action.sa_handler = on_stop_signal;
+      sigemptyset(&action.sa_mask);
+      action.sa_flags = 0;  // no SA_RESTART: a wait returns early
+      if (::sigaction(kStopSignals[k], &action, &previous_[k]) == 0) g_installed[k] = true;
+    }
+  }
+  ~StopSignals() {
+    for (std::size_t k = 0; k < kStopSignalCount; ++k)
+      if (g_installed[k]) {
+        ::sigaction(kStopSignals[k], &previous_[k], nullptr);
+        g_installed[k] = false;
+      }
+    for (int& fd : g_wake)
+      if (fd >= 0) {
+        ::close(fd);
+        fd = -1;
+      }
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction previous_[kStopSignalCount] = {};
+};
+
+/// Empties the wake-up pipe.
+void drain_wake() {
+  if (g_wake[0] < 0) return;
+  char buffer[64];
+  while (::read(g_wake[0], buffer, sizeof buffer) > 0) {
+  }
+}
+
+/// Waits up to timeout_ms (-1: for ever) or until a stop signal arrives.
+void sleep_or_wake(int timeout_ms) {
+  if (g_wake[0] >= 0) {
+    pollfd fd{g_wake[0], POLLIN, 0};
+    ::poll(&fd, 1, timeout_ms);
+    drain_wake();
+  } else {
+    ::usleep(static_cast<useconds_t>(std::clamp(timeout_ms, 0, 20)) * 1000);
+  }
+}
+
+/// The signal behind an exit status: the one that killed the process, or N of an exit code
+/// 128 + N (how `run` ends after flushing on SIGTERM or SIGINT); 0 for neither.
+int ending_signal(int status) {
+  if (WIFSIGNALED(status)) return WTERMSIG(status);
+  if (WIFEXITED(status) && WEXITSTATUS(status) > 128 && WEXITSTATUS(status) < 128 + 65)
+    return WEXITSTATUS(status) - 128;
+  return 0;
+}
+
 std::string describe_exit(int status) {
   if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
   const int code = WEXITSTATUS(status);
@@ -183,6 +293,7 @@ std::string describe_exit(int status) {
   if (code == kExitUsage) text += " (usage error)";
   if (code == kExitNumerical) text += " (numerical failure)";
   if (code == kExitIo) text += " (I/O failure)";
+  if (const int signal = ending_signal(status)) text += " (interrupted by " + signal_name(signal) + ")";
   return text;
 }
 
@@ -198,8 +309,15 @@ struct Child {
   pid_t pid = -1;
   int pidfd = -1;
   bool resuming = false;
+  bool signalled = false;  ///< the sweep forwarded a stop signal to it
   std::unique_ptr<CaseLock> lock;
   std::chrono::steady_clock::time_point start;
+};
+
+/// What the cases of this share came to, besides the counts.
+struct Undone {
+  std::vector<std::string> interrupted;  ///< ids of cases stopped by the sweep's signal
+  std::vector<std::string> not_started;  ///< ids of cases the signal kept from starting
 };
 
 class Runner {
@@ -214,25 +332,47 @@ class Runner {
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
 
-  /// Runs the given cases, `jobs` at a time; returns the worst exit code.
+  /// Runs the given cases, `jobs` at a time; returns the worst exit code. A case that another
+  /// process holds is waited for: it is looked at again every 200 ms (while the other cases
+  /// run) until its lock is free, then skipped if that process completed it, else run here.
+  /// After a stop signal no case starts, the running ones get the signal and are waited for.
   int run(const std::vector<std::size_t>& mine) {
+    using Clock = std::chrono::steady_clock;
+    constexpr auto kLockPoll = std::chrono::milliseconds(200);
     std::vector<Child> running;
+    std::vector<const SweepCase*> waiting;  // locked by another process
     std::size_t next = 0;
-    while (next < mine.size() || !running.empty()) {
-      while (next < mine.size() && running.size() < static_cast<std::size_t>(options_.jobs)) {
-        const SweepCase& c = plan_.cases[mine[next++]];
-        try {
-          if (auto child = start(c)) running.push_back(std::move(*child));
-        } catch (const IoError& e) {
-          say("failed " + c.id + ": " + e.what());
-          ++failed_;
-          worst(kExitIo);
+    auto next_look = Clock::now() + kLockPoll;
+    const auto free_slot = [&] { return running.size() < static_cast<std::size_t>(options_.jobs); };
+    for (;;) {
+      forward(running);
+      const bool stopping = g_signal != 0;
+      if (!stopping) {
+        while (free_slot() && next < mine.size() && g_signal == 0)
+          launch(plan_.cases[mine[next++]], running, waiting, false);
+        if (free_slot() && !waiting.empty() && Clock::now() >= next_look) {
+          std::vector<const SweepCase*> still;
+          for (const SweepCase* c : waiting) {
+            if (free_slot() && g_signal == 0) launch(*c, running, still, true);
+            else still.push_back(c);
+          }
+          waiting.swap(still);
+          next_look = Clock::now() + kLockPoll;
         }
       }
-      if (running.empty()) continue;
-      const std::size_t done = wait_any(running);
-      Child child = std::move(running[done]);
-      running.erase(running.begin() + static_cast<std::ptrdiff_t>(done));
+      if (running.empty() && (stopping || (next >= mine.size() && waiting.empty()))) break;
+      int timeout = -1;  // a held case is looked at again only when a slot is free for it
+      if (!stopping && !waiting.empty() && free_slot())
+        timeout = static_cast<int>(std::clamp<long long>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(next_look - Clock::now()).count(), 0, 1000));
+      if (running.empty()) {
+        sleep_or_wake(timeout);
+        continue;
+      }
+      const auto done = wait_any(running, timeout);
+      if (!done) continue;
+      Child child = std::move(running[*done]);
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(*done));
       int status = 0;
       ::waitpid(child.pid, &status, 0);
       if (child.pidfd >= 0) ::close(child.pidfd);
@@ -244,13 +384,20 @@ class Runner {
         worst(kExitIo);
       }
     }
+    for (std::size_t k = next; k < mine.size(); ++k) note_not_started(plan_.cases[mine[k]]);
+    for (const SweepCase* c : waiting) note_not_started(*c);
     return code_;
   }
 
   std::size_t ran() const { return ran_; }
   std::size_t skipped_complete() const { return skipped_complete_; }
-  std::size_t skipped_running() const { return skipped_running_; }
+  std::size_t waited() const { return waited_; }
   std::size_t failed() const { return failed_; }
+  /// Cases stopped or kept from starting by a stop signal (the ids of at most kListed of
+  /// those not started).
+  const Undone& undone() const { return undone_; }
+  std::size_t not_started() const { return not_started_; }
+  static constexpr std::size_t kListed = 20;
 
  private:
   void say(const std::string& line) { out_ << prefix_ << line << std::endl; }
@@ -258,6 +405,10 @@ class Runner {
     // Usage errors first, then I/O failures, then numerical failures.
     auto rank = [](int c) { return c == kExitUsage ? 3 : c == kExitIo ? 2 : c == kExitNumerical ? 1 : 0; };
     if (rank(code) > rank(code_)) code_ = code;
+  }
+  void note_not_started(const SweepCase& c) {
+    ++not_started_;
+    if (undone_.not_started.size() < kListed) undone_.not_started.push_back(c.id);
   }
 
   fs::path file(const SweepCase& c, const std::string& suffix) const {
@@ -271,24 +422,57 @@ class Runner {
     return text + ")";
   }
 
-  /// Skips a done or locked case, else starts it.
-  std::optional<Child> start(const SweepCase& c) {
+  /// Sends a stop signal that arrived since the last call to every running case (to its
+  /// process group); a second signal sends SIGKILL.
+  void forward(std::vector<Child>& running) {
+    const int count = g_signal_count;
+    if (count == forwarded_) return;
+    const int signal = forwarded_ > 0 ? SIGKILL : static_cast<int>(g_signal);
+    for (auto& child : running) {
+      if (::kill(-child.pid, signal) != 0) ::kill(child.pid, signal);
+      child.signalled = true;
+    }
+    forwarded_ = count;
+  }
+
+  enum class Started { Yes, Skipped, Locked };
+
+  void launch(const SweepCase& c, std::vector<Child>& running, std::vector<const SweepCase*>& waiting, bool waited) {
+    try {
+      Child child;
+      switch (start(c, waited, child)) {
+        case Started::Yes: running.push_back(std::move(child)); break;
+        case Started::Locked: waiting.push_back(&c); break;
+        case Started::Skipped: break;
+      }
+    } catch (const IoError& e) {
+      say("failed " + c.id + ": " + e.what());
+      ++failed_;
+      worst(kExitIo);
+    }
+  }
+
+  /// Skips a done case, defers a locked one, else starts it.
+  Started start(const SweepCase& c, bool waited, Child& child) {
     const fs::path final_file = file(c, ".h5");
+    const std::string done_elsewhere = waited ? "(finished elsewhere) " : "";
     if (is_complete(final_file)) {
-      say("skip " + c.id + " complete " + label(c));
+      say("skip " + c.id + " complete " + done_elsewhere + label(c));
       ++skipped_complete_;
-      return std::nullopt;
+      return Started::Skipped;
     }
     auto lock = CaseLock::acquire(lock_path(options_.out_dir, c.id));
     if (!lock) {
-      say("skip " + c.id + " running elsewhere " + label(c));
-      ++skipped_running_;
-      return std::nullopt;
+      if (!waited) {
+        say("wait " + c.id + " running elsewhere " + label(c));
+        ++waited_;
+      }
+      return Started::Locked;
     }
     if (is_complete(final_file)) {  // finished by another process since the first look
-      say("skip " + c.id + " complete " + label(c));
+      say("skip " + c.id + " complete " + done_elsewhere + label(c));
       ++skipped_complete_;
-      return std::nullopt;
+      return Started::Skipped;
     }
     const fs::path part = file(c, ".h5.part");
     bool resuming = false;
@@ -297,19 +481,40 @@ class Runner {
       resuming = options_.resume && is_mfattn_file(part.string());
       if (!resuming) remove_file(part);
     }
-    Child child;
     child.c = &c;
     child.lock = std::move(lock);
     child.resuming = resuming;
     spawn(child);
     say(std::string(resuming ? "resume " : "run ") + c.id + " " + label(c));
-    return child;
+    return Started::Yes;
   }
 
   static void remove_file(const fs::path& path) {
     std::error_code error;
     fs::remove(path, error);
     if (error) throw IoError("cannot remove " + path.string() + ": " + error.message());
+  }
+
+  /// The child between fork and exec: only async-signal-safe calls. It gets its own process
+  /// group (the sweep signals the group), and SIGTERM when the sweep dies, however it dies.
+  [[noreturn]] static void exec_child(char* const* argv, int null_fd, int log_fd, int lock_fd, int keep_fd,
+                                      pid_t parent, const sigset_t& mask) {
+    for (std::size_t k = 0; k < kStopSignalCount; ++k)
+      if (g_installed[k]) {
+        struct sigaction standard {};
+        standard.sa_handler = SIG_DFL;
+        ::sigaction(kStopSignals[k], &standard, nullptr);
+      }
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(127);  // the sweep died before prctl took effect
+    if (::dup2(null_fd, STDIN_FILENO) < 0 || ::dup2(log_fd, STDOUT_FILENO) < 0 || ::dup2(log_fd, STDERR_FILENO) < 0)
+      ::_exit(127);
+    // The child keeps the case lock open (dup2 clears close-on-exec on the copy) until it ends.
+    if (keep_fd >= 0 && ::dup2(lock_fd, keep_fd) < 0) ::_exit(127);
+    ::pthread_sigmask(SIG_SETMASK, &mask, nullptr);
+    ::execve("/proc/self/exe", argv, environ);
+    ::_exit(127);
   }
 
   void spawn(Child& child) {
@@ -323,40 +528,67 @@ class Runner {
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     const std::string log = file(c, ".log").string();
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
-    // The child keeps the case lock open (dup2 clears close-on-exec on the copy) until it ends.
-    if (reserved_fd_ >= 0) posix_spawn_file_actions_adddup2(&actions, child.lock->fd(), reserved_fd_);
-    pid_t pid = -1;
-    const int error = ::posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (error != 0) throw IoError("cannot start mfattn run for case " + c.id + ": " + std::strerror(error));
+    const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (log_fd < 0) throw IoError("cannot create " + log + ": " + std::strerror(errno));
+    const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null_fd < 0) {
+      const int error = errno;
+      ::close(log_fd);
+      throw IoError(std::string("cannot open /dev/null: ") + std::strerror(error));
+    }
+    const pid_t parent = ::getpid();
+    // No signal handler may run in the child before exec: block everything around fork.
+    sigset_t all, mask;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_BLOCK, &all, &mask);
+    const pid_t pid = ::fork();
+    if (pid == 0) exec_child(argv.data(), null_fd, log_fd, child.lock->fd(), reserved_fd_, parent, mask);
+    const int error = errno;
+    ::pthread_sigmask(SIG_SETMASK, &mask, nullptr);
+    ::close(log_fd);
+    ::close(null_fd);
+    if (pid < 0) throw IoError("cannot start mfattn run for case " + c.id + ": " + std::strerror(error));
+    ::setpgid(pid, pid);  // the child does the same; whichever comes first
     child.pid = pid;
+    child.signalled = false;
 #ifdef SYS_pidfd_open
     child.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
 #endif
     child.start = std::chrono::steady_clock::now();
   }
 
-  /// Index of a child that has ended (not yet reaped).
-  static std::size_t wait_any(const std::vector<Child>& running) {
-    for (;;) {
+  /// Index of a child that has ended (not yet reaped); nullopt after timeout_ms (-1: none)
+  /// or when a stop signal arrived.
+  std::optional<std::size_t> wait_any(const std::vector<Child>& running, int timeout_ms) const {
+    auto ended = [&]() -> std::optional<std::size_t> {
       for (std::size_t i = 0; i < running.size(); ++i) {
         siginfo_t info{};
         if (::waitid(P_PID, static_cast<id_t>(running[i].pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
             info.si_pid == running[i].pid)
           return i;
       }
+      return std::nullopt;
+    };
+    const auto begin = std::chrono::steady_clock::now();
+    for (;;) {
+      if (auto i = ended()) return i;
+      if (g_signal_count != forwarded_) return std::nullopt;  // for the caller to forward
       const bool pollable = std::all_of(running.begin(), running.end(), [](const Child& c) { return c.pidfd >= 0; });
-      if (pollable) {
-        std::vector<pollfd> fds;
+      std::vector<pollfd> fds;
+      if (g_wake[0] >= 0) fds.push_back({g_wake[0], POLLIN, 0});
+      if (pollable)
         for (const auto& c : running) fds.push_back({c.pidfd, POLLIN, 0});
-        ::poll(fds.data(), fds.size(), 1000);
-      } else {
-        ::usleep(2000);
+      int wait_ms = pollable ? 1000 : 2;
+      if (timeout_ms >= 0) {
+        const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - begin).count();
+        if (spent >= timeout_ms) return ended();
+        wait_ms = std::min<int>(wait_ms, static_cast<int>(timeout_ms - spent));
+      }
+      ::poll(fds.data(), fds.size(), wait_ms);
+      if (g_wake[0] >= 0 && !fds.empty() && (fds[0].revents & POLLIN)) {
+        drain_wake();
+        if (auto i = ended()) return i;
+        return std::nullopt;
       }
     }
   }
@@ -379,7 +611,19 @@ class Runner {
       ++ran_;
       return std::nullopt;  // the lock goes with `child`
     }
-    if (code == kExitUsage && child.resuming) {
+    std::error_code ignored;
+    if (child.signalled && code != kExitNumerical) {
+      // Stopped by the sweep's own signal: not a failure of the case. Its .part stays for a
+      // rerun (which restarts it, or continues it with --resume).
+      const std::string how = signal_name(static_cast<int>(g_signal));
+      std::ofstream(file(c, ".log"), std::ios::app)
+          << "mfattn sweep: interrupted: " << how << " (" << describe_exit(status) << ")\n";
+      say("interrupted " + c.id + " by " + how + " after " + format_seconds(seconds) + ", " +
+          (fs::exists(part, ignored) ? part.filename().string() + " kept" : "no file yet"));
+      undone_.interrupted.push_back(c.id);
+      return std::nullopt;
+    }
+    if (code == kExitUsage && child.resuming && g_signal == 0) {
       say("restart " + c.id + ": its interrupted file cannot be resumed (see " + file(c, ".log").string() + ")");
       remove_file(part);
       child.resuming = false;
@@ -388,12 +632,9 @@ class Runner {
     }
     const std::string reason = describe_exit(status);
     std::ofstream(file(c, ".log"), std::ios::app) << "mfattn sweep: " << reason << '\n';
-    // A killed case keeps its .part (the next sweep restarts it, or continues it with
-    // --resume); a refused one leaves nothing.
-    if (exited && code != kExitNumerical) {
-      std::error_code ignored;
-      fs::remove(part, ignored);
-    }
+    // A killed or interrupted case keeps its .part (the next sweep restarts it, or continues
+    // it with --resume); a refused one leaves nothing.
+    if (exited && code != kExitNumerical && ending_signal(status) == 0) fs::remove(part, ignored);
     say("failed " + c.id + " " + reason + " in " + format_seconds(seconds) + ", see " + file(c, ".log").string());
     ++ran_;
     ++failed_;
@@ -408,7 +649,9 @@ class Runner {
   std::ostream& out_;
   int reserved_fd_ = -1;
   int code_ = kExitOk;
-  std::size_t ran_ = 0, skipped_complete_ = 0, skipped_running_ = 0, failed_ = 0;
+  int forwarded_ = 0;
+  std::size_t ran_ = 0, skipped_complete_ = 0, waited_ = 0, failed_ = 0, not_started_ = 0;
+  Undone undone_;
 };
 
 }  // namespace
@@ -444,7 +687,17 @@ int sweep_command(const std::vector<std::string>& args, std::ostream& out, std::
   SweepPlan plan;
   try {
     options = parse_sweep_arguments(args);
-    plan = load_sweep(options.config);
+    SweepCountHook counted;
+    if (options.dry_run)
+      // The count first: expanding and checking a large grid takes a while.
+      counted = [&](const SweepPlan&, std::size_t total) {
+        const Shard shard = options.shard.value_or(Shard{});
+        out << prefix << total << (total == 1 ? " case, " : " cases, ")
+            << assigned_count(total, shard, comm.rank(), comm.size()) << " in this share";
+        if (options.shard) out << " (shard " << shard.index << "/" << shard.count << ")";
+        out << " (dry run: nothing is written)" << std::endl;
+      };
+    plan = load_sweep(options.config, counted);
   } catch (const UsageError& e) {
     if (comm.rank() == 0) err << "mfattn sweep: " << e.what() << std::endl;
     return kExitUsage;
@@ -472,7 +725,10 @@ int sweep_command(const std::vector<std::string>& args, std::ostream& out, std::
   }
   const int cores = available_cores(comm.local_size());
   const int threads = std::max(1, cores / options.jobs);
-  std::size_t ran = 0, skipped_complete = 0, skipped_running = 0, failed = 0;
+  std::size_t ran = 0, skipped_complete = 0, waited = 0, failed = 0, not_started = 0;
+  Undone undone;
+  // Handlers from here to the end: a signal during the manifest still ends in 128 + signal.
+  const StopSignals stop_signals;
   if (code == kExitOk) {
     std::ostringstream start;
     start << plan.cases.size() << " cases, " << mine.size() << " in this share";
@@ -486,35 +742,64 @@ int sweep_command(const std::vector<std::string>& args, std::ostream& out, std::
     code = runner.run(mine);
     ran = runner.ran();
     skipped_complete = runner.skipped_complete();
-    skipped_running = runner.skipped_running();
+    waited = runner.waited();
     failed = runner.failed();
+    undone = runner.undone();
+    not_started = runner.not_started();
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  out << prefix << mine.size() << " cases here: " << ran << " ran, " << skipped_complete
-      << " skipped (complete), " << skipped_running << " skipped (running elsewhere), " << failed
-      << " failed, in " << format_seconds(seconds) << std::endl;
+  const std::size_t undone_count = undone.interrupted.size() + not_started;
+  out << prefix << mine.size() << " cases here: " << ran << " ran, " << skipped_complete << " skipped (complete), "
+      << waited << " waited for (running elsewhere), " << failed << " failed, " << undone_count << " undone, in "
+      << format_seconds(seconds) << std::endl;
 
   comm.barrier();
   if (comm.rank() == 0 && fs::is_directory(options.out_dir, error)) {
     try {
-      std::size_t complete = 0, bad = 0, busy = 0, missing = 0;
+      std::size_t complete = 0, bad = 0, busy = 0, interrupted = 0, missing = 0;
       for (const auto& status : write_manifest(plan, options.out_dir)) {
         switch (status.state) {
           case CaseStatus::State::Complete: ++complete; break;
           case CaseStatus::State::Failed: ++bad; break;
           case CaseStatus::State::Running: ++busy; break;
+          case CaseStatus::State::Interrupted: ++interrupted; break;
           case CaseStatus::State::Missing: ++missing; break;
         }
       }
       out << prefix << "manifest " << (fs::path(options.out_dir) / "manifest.csv").string() << " (and .json): "
           << plan.cases.size() << " cases, " << complete << " complete, " << bad << " failed, " << busy
-          << " running, " << missing << " missing" << std::endl;
+          << " running, " << interrupted << " interrupted, " << missing << " missing" << std::endl;
     } catch (const IoError& e) {
       err << prefix << e.what() << std::endl;
       code = code == kExitOk || code == kExitNumerical ? kExitIo : code;
     }
   }
+  const int signal = static_cast<int>(g_signal);
+  if (signal != 0) {
+    std::ostringstream line;
+    line << prefix << "stopped by " << signal_name(signal) << ": ";
+    if (undone_count == 0) {
+      line << "no case of this share was left undone";
+    } else {
+      line << undone_count << " of " << mine.size() << " cases of this share undone";
+      if (!undone.interrupted.empty()) {
+        line << "; " << undone.interrupted.size() << " interrupted (.part kept):";
+        for (const auto& id : undone.interrupted) line << ' ' << id;
+      }
+      if (not_started > 0) {
+        line << "; " << not_started << " not started:";
+        for (const auto& id : undone.not_started) line << ' ' << id;
+        if (not_started > undone.not_started.size())
+          line << " and " << not_started - undone.not_started.size() << " more";
+      }
+      line << "; run the same command again to finish them"
+           << (undone.interrupted.empty() ? "" : " (with --resume to continue the interrupted ones)");
+    }
+    err << line.str() << std::endl;
+  }
   const int all = comm.max(code == kExitUsage ? 3 : code == kExitIo ? 2 : code == kExitNumerical ? 1 : 0);
+  const int any_signal = comm.max(signal);
+  if (any_signal != 0) return 128 + any_signal;
   return all == 3 ? kExitUsage : all == 2 ? kExitIo : all == 1 ? kExitNumerical : kExitOk;
 }
 

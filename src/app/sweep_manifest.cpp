@@ -134,7 +134,12 @@ CaseStatus status_and_summary(const std::string& dir, const std::string& id, std
   std::string line, last;
   while (std::getline(log, line))
     if (!line.empty()) last = line;
-  const std::string marker = "mfattn sweep: ";
+  const std::string marker = "mfattn sweep: ", stopped = "mfattn sweep: interrupted: ";
+  if (last.rfind(stopped, 0) == 0) {
+    // "mfattn sweep: interrupted: SIGTERM (exit code 143 ...)": the sweep stopped it on a signal.
+    const std::string rest = last.substr(stopped.size());
+    return {State::Interrupted, "interrupted: " + rest.substr(0, rest.find(' '))};
+  }
   if (last.rfind(marker, 0) == 0) return {State::Failed, "failed: " + last.substr(marker.size())};
   return {State::Missing, "missing"};
 }

@@ -8,7 +8,11 @@
 
 #include "io/hdf5_support.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <utility>
 
@@ -45,7 +49,7 @@ struct SeriesFile::Impl {
     throw IoError(message);
   }
   [[noreturn]] void foreign(const std::string& why) const {
-    throw IoError(path + " is not an mfattn H5MD file: " + why);
+    throw NotMfattnFile(path + " is not an mfattn H5MD file: " + why);
   }
 
   bool exists(const std::string& object) const {
@@ -126,14 +130,22 @@ SeriesFile::SeriesFile(const std::string& path) : impl_(std::make_unique<Impl>()
   f.path = path;
   QuietHdf5Errors quiet;
   std::error_code error;
-  if (!std::filesystem::exists(path, error)) throw IoError("cannot read " + path + ": no such file");
+  if (!std::filesystem::exists(path, error)) throw NotMfattnFile("cannot read " + path + ": no such file");
   if (std::filesystem::is_directory(path, error))
-    throw IoError("cannot read " + path + ": it is a directory");
+    throw NotMfattnFile("cannot read " + path + ": it is a directory");
   const htri_t hdf5 = H5Fis_hdf5(path.c_str());
-  if (hdf5 < 0) f.fail("cannot read the file");
+  if (hdf5 < 0) {
+    if (::access(path.c_str(), R_OK) != 0)
+      throw NotMfattnFile("cannot read " + path + ": " + std::strerror(errno));
+    f.fail("cannot read the file");
+  }
   if (hdf5 == 0) f.foreign("not an HDF5 file");
   f.file = hdf5::open_read_only(path);
-  if (!f.file.valid()) f.fail("opening the file failed");
+  if (!f.file.valid()) {
+    const std::string reason = innermost_hdf5_error();
+    f.foreign("HDF5 finds its signature but cannot open it (truncated or damaged?" +
+              (reason.empty() ? std::string() : ": " + reason) + ")");
+  }
   if (f.string_attribute("/h5md/creator", "name") != std::optional<std::string>("mfattn"))
     f.foreign("no /h5md/creator with name \"mfattn\"");
   const auto value = f.dims("/particles/tokens/position/value");

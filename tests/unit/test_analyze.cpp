@@ -295,7 +295,8 @@ TEST(Analyze, ErrorsNameTheFileAndExitWithTheDocumentedCodes) {
   for (const std::string& path : {missing, text_file, foreign, dir.string()}) {
     for (const std::string mode : {"", " --json"}) {
       const auto result = run_mfattn("analyze " + path + mode);
-      EXPECT_EQ(result.exit_code, kExitIo) << path << result.output;
+      // Missing or not an mfattn file: the caller's mistake.
+      EXPECT_EQ(result.exit_code, kExitUsage) << path << result.output;
       EXPECT_NE(result.output.find(path), std::string::npos) << result.output;
       EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1) << result.output;
     }

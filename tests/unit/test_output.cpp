@@ -244,10 +244,11 @@ TEST(Info, DescribesAFileAndRejectsForeignOnes) {
   EXPECT_EQ(info.exit_code, 0);
   for (const char* expected : {"n = 12", "d = 4", "replicas = 2", "frames     5", "t = 0 .. 2", "complete", "beta = 1"})
     EXPECT_NE(info.output.find(expected), std::string::npos) << expected << "\n" << info.output;
-  EXPECT_EQ(run_mfattn("info " + (dir / "missing.h5").string()).exit_code, 4);
+  // Missing or not an mfattn file: a usage error, as for analyze and run --resume.
+  EXPECT_EQ(run_mfattn("info " + (dir / "missing.h5").string()).exit_code, 2);
   std::ofstream(dir / "foreign.h5") << "not hdf5";
   const auto foreign = run_mfattn("info " + (dir / "foreign.h5").string());
-  EXPECT_EQ(foreign.exit_code, 4);
+  EXPECT_EQ(foreign.exit_code, 2);
   EXPECT_NE(foreign.output.find("not an mfattn"), std::string::npos) << foreign.output;
 }
 
