@@ -22,6 +22,7 @@
 #include "mfattn/integrator.hpp"
 #include "mfattn/observables.hpp"
 #include "mfattn/rng.hpp"
+#include "mfattn/series.hpp"
 #include "mfattn/version.hpp"
 
 namespace mfattn {
@@ -246,6 +247,9 @@ void check_resumable(RunConfig& cfg) {
   if (cfg.overwrite) throw UsageError("--resume: cannot be combined with --overwrite");
   FileSummary stored;
   try {
+    // The layout check of every reader: a file that is not a readable mfattn file is refused
+    // here, before anything is opened for writing.
+    { const SeriesFile checked(cfg.out); }
     stored = describe_file(cfg.out);
   } catch (const IoError& e) {
     throw UsageError(std::string("--resume: ") + e.what());
