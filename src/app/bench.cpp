@@ -68,7 +68,7 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   help_table.add(extra);
   try {
     po::variables_map vm;
-    po::store(po::command_line_parser(args).options(table).run(), vm);
+    store_command_line(args, table, vm);
     po::notify(vm);
     if (cfg.out.empty()) cfg.out = "(bench: no output)";
     validate(cfg);

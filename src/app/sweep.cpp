@@ -261,11 +261,7 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin) {
 }
 
 SweepPlan load_sweep(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) throw UsageError("--config " + path + ": file cannot be read");
-  std::ostringstream text;
-  text << file.rdbuf();
-  return make_sweep(text.str(), path);
+  return make_sweep(read_small_text_file("config", path, kMaxConfigBytes), path);
 }
 
 Shard parse_shard(const std::string& text) {
