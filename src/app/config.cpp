@@ -86,6 +86,17 @@ ParameterValue to_parameter(const boost::any& value) {
 }
 
 
+/// The option named name exactly, or nullptr. An empty name is no option (Boost would match
+/// every option's empty short name and throw).
+const po::option_description* find_option(const po::options_description& table, const std::string& name) {
+  if (name.empty()) return nullptr;
+  try {
+    return table.find_nothrow(name, false);
+  } catch (const po::error&) {
+    return nullptr;
+  }
+}
+
 /// What an option accepts, from its type and the range its description gives ("active
 /// tokens, >= 1" -> "must be an integer >= 1").
 std::string accepted_text(const po::option_description& option) {
@@ -137,7 +148,7 @@ void store_checked(const po::parsed_options& parsed, const po::options_descripti
   } catch (const po::error_with_option_name& e) {
     std::string name = e.get_option_name();
     while (!name.empty() && name.front() == '-') name.erase(name.begin());
-    const po::option_description* option = table.find_nothrow(name, false);
+    const po::option_description* option = find_option(table, name);
     std::string value;
     for (const auto& given : parsed.options)
       if (given.string_key == name && !given.value.empty()) {
@@ -175,7 +186,8 @@ po::parsed_options tidy(const po::parsed_options& parsed, const po::options_desc
       continue;
     }
     const std::string before = last.value.empty() ? "" : " " + shown(last.value.front());
-    const bool is_switch = table.find(last.string_key, false).semantic()->max_tokens() == 0;
+    const po::option_description* described = find_option(table, last.string_key);
+    const bool is_switch = described && described->semantic()->max_tokens() == 0;
     throw UsageError("--" + last.string_key + before + " " + shown(word) + ": stray value '" + shown(word) +
                      "' (" + (is_switch ? "--" + last.string_key + " is a switch and takes no value"
                                         : "--" + last.string_key + " takes one value") +
@@ -252,7 +264,7 @@ std::vector<ConfigEntry> parse_config_text(const std::string& text, const std::s
     const std::string full_key = section.empty() ? written : section + "." + written;
     const auto dot = full_key.rfind('.');
     const std::string key = dot == std::string::npos ? full_key : full_key.substr(dot + 1);
-    if (!table.find_nothrow(key, false))
+    if (!find_option(table, key))
       throw UsageError(where + "unknown key '" + shown(full_key) + "' (not an option of mfattn run)");
     if (const auto [at, fresh] = first_line.emplace(key, line_number); !fresh)
       throw UsageError(where + "--" + key + " given twice (first on line " + std::to_string(at->second) + ")");
@@ -285,7 +297,7 @@ void store_command_line(const std::vector<std::string>& args, const po::options_
   } catch (const po::invalid_command_line_syntax& e) {
     std::string name = e.get_option_name();
     while (!name.empty() && name.front() == '-') name.erase(name.begin());
-    const po::option_description* option = table.find_nothrow(name, false);
+    const po::option_description* option = find_option(table, name);
     if (e.kind() == po::invalid_syntax::missing_parameter && option)
       throw UsageError("--" + name + ": a value is missing (" + accepted_text(*option) + ")");
     throw UsageError(e.what());

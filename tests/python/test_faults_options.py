@@ -165,6 +165,7 @@ def test_large_beta_runs_in_rescaled_time(mfattn_binary, tmp_path):
     ("n = 1e3\n", [":1:", "--n 1e3", "must be an integer >= 1"]),
     ("n = 8\nn = 9\n", [":2:", "--n", "line 1"]),
     ("deflate = maybe\n", [":1:", "--deflate maybe", "true"]),
+    ("[model]\nn = 8\nmodel. = 3\n", [":3:", "unknown key 'model.model.'"]),
 ])
 def test_config_errors_name_file_and_line(mfattn_binary, tmp_path, text, named):
     ini = tmp_path / "bad.ini"
