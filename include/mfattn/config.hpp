@@ -136,6 +136,10 @@ void store_command_line(const std::vector<std::string>& args,
                         const boost::program_options::options_description& table,
                         boost::program_options::variables_map& vm);
 
+/// A one-line message for a Boost option error, made without its what() (which never
+/// returns for a value holding a placeholder such as "%value%").
+std::string option_error_text(const boost::program_options::error& error);
+
 /// Roughly the bytes a run needs at its peak (state, integrator stages, backend buffers,
 /// one frame of observables, matrices, gauge); see the formula in config.cpp.
 double estimated_memory_bytes(const RunConfig& cfg);

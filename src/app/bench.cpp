@@ -77,7 +77,7 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
     err << "mfattn bench: " << e.what() << '\n';
     return kExitUsage;
   } catch (const po::error& e) {
-    err << "mfattn bench: " << e.what() << '\n';
+    err << "mfattn bench: " << option_error_text(e) << '\n';
     return kExitUsage;
   }
   const int threads = resolve_threads(cfg.threads);

@@ -86,6 +86,24 @@ ParameterValue to_parameter(const boost::any& value) {
 }
 
 
+/// The fields of a Boost option error. Its what() substitutes them into a template with a
+/// loop that never ends when a field holds its own placeholder ("%value%" in a value), and
+/// its get_option_name() misreads short options, so messages are made from the fields.
+struct BoostErrorFields : po::error_with_option_name {
+  static std::string field(const po::error_with_option_name& e, const std::string& key) {
+    const auto& fields = e.*(&BoostErrorFields::m_substitutions);
+    const auto at = fields.find(key);
+    return at == fields.end() ? std::string() : at->second;
+  }
+  /// The option's name without leading dashes (the token as given if there is no name).
+  static std::string name(const po::error_with_option_name& e) {
+    std::string text = field(e, "option");
+    if (text.empty()) text = field(e, "original_token");
+    while (!text.empty() && text.front() == '-') text.erase(text.begin());
+    return text;
+  }
+};
+
 /// The option named name exactly, or nullptr. An empty name is no option (Boost would match
 /// every option's empty short name and throw).
 const po::option_description* find_option(const po::options_description& table, const std::string& name) {
@@ -146,8 +164,7 @@ void store_checked(const po::parsed_options& parsed, const po::options_descripti
   try {
     po::store(parsed, vm);
   } catch (const po::error_with_option_name& e) {
-    std::string name = e.get_option_name();
-    while (!name.empty() && name.front() == '-') name.erase(name.begin());
+    const std::string name = BoostErrorFields::name(e);
     const po::option_description* option = find_option(table, name);
     std::string value;
     for (const auto& given : parsed.options)
@@ -161,7 +178,7 @@ void store_checked(const po::parsed_options& parsed, const po::options_descripti
     if (option && (dynamic_cast<const po::validation_error*>(&e) ||
                    dynamic_cast<const po::invalid_bool_value*>(&e)))
       throw UsageError(where + "--" + name + " " + shown(value) + ": " + accepted_text(*option));
-    throw UsageError(where + e.what());
+    throw UsageError(where + option_error_text(e));
   }
 }
 
@@ -212,6 +229,32 @@ UsageError::UsageError(const std::string& message)
           if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
         return line;
       }()) {}
+
+std::string option_error_text(const po::error& error) {
+  const auto* e = dynamic_cast<const po::error_with_option_name*>(&error);
+  if (!e) return error.what();
+  const std::string option = "--" + shown(BoostErrorFields::name(*e));
+  const std::string value = shown(BoostErrorFields::field(*e, "value"));
+  if (dynamic_cast<const po::invalid_config_file_syntax*>(e))
+    return "invalid line '" + shown(BoostErrorFields::field(*e, "invalid_line")) + "' (expected key = value or [section])";
+  if (dynamic_cast<const po::unknown_option*>(e))
+    return "unrecognised option '" + option + "' (option names are given in full; see --help)";
+  if (dynamic_cast<const po::multiple_occurrences*>(e)) return option + ": given more than once";
+  if (dynamic_cast<const po::required_option*>(e)) return option + ": required";
+  if (const auto* syntax = dynamic_cast<const po::invalid_command_line_syntax*>(e)) {
+    switch (syntax->kind()) {
+      case po::invalid_syntax::missing_parameter: return option + ": a value is missing";
+      case po::invalid_syntax::extra_parameter: return option + ": takes no value";
+      case po::invalid_syntax::long_not_allowed:
+      case po::invalid_syntax::long_adjacent_not_allowed:
+      case po::invalid_syntax::short_adjacent_not_allowed:
+      case po::invalid_syntax::empty_adjacent_parameter: return option + ": malformed option (give --name VALUE)";
+      default: return option + ": invalid syntax";
+    }
+  }
+  if (dynamic_cast<const po::validation_error*>(e)) return option + " " + value + ": invalid value";
+  return option + ": invalid option";
+}
 
 std::string read_small_text_file(const std::string& option, const std::string& path, std::size_t limit) {
   namespace fs = std::filesystem;
@@ -292,17 +335,14 @@ void store_command_line(const std::vector<std::string>& args, const po::options_
   po::parsed_options parsed(&table);
   try {
     parsed = po::command_line_parser(args).options(table).style(style).run();
-  } catch (const po::unknown_option& e) {
-    throw UsageError(std::string(e.what()) + " (option names are given in full; see mfattn run --help)");
   } catch (const po::invalid_command_line_syntax& e) {
-    std::string name = e.get_option_name();
-    while (!name.empty() && name.front() == '-') name.erase(name.begin());
+    const std::string name = BoostErrorFields::name(e);
     const po::option_description* option = find_option(table, name);
     if (e.kind() == po::invalid_syntax::missing_parameter && option)
       throw UsageError("--" + name + ": a value is missing (" + accepted_text(*option) + ")");
-    throw UsageError(e.what());
+    throw UsageError(option_error_text(e));
   } catch (const po::error& e) {
-    throw UsageError(e.what());
+    throw UsageError(option_error_text(e));
   }
   store_checked(tidy(parsed, table), table, vm, "");
 }
@@ -735,7 +775,7 @@ RunConfig parse_run_arguments(const std::vector<std::string>& args) {
   } catch (const UsageError&) {
     throw;
   } catch (const po::error& e) {
-    throw UsageError(e.what());
+    throw UsageError(option_error_text(e));
   }
   validate(cfg);
   std::ostringstream command_line;

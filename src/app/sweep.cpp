@@ -153,7 +153,7 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin) {
   try {
     parsed = po::parse_config_file(in, po::options_description(), /*allow_unregistered=*/true);
   } catch (const po::error& e) {
-    throw UsageError(origin + ": " + e.what());
+    throw UsageError(origin + ": " + option_error_text(e));
   }
   std::set<std::string> base_keys;
   std::vector<std::pair<std::string, std::string>> base;  // option name, value
@@ -351,7 +351,7 @@ SweepOptions parse_sweep_arguments(const std::vector<std::string>& args) {
     po::store(po::command_line_parser(args).options(table).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    throw UsageError(e.what());
+    throw UsageError(option_error_text(e));
   }
   if (options.config.empty()) throw UsageError("--config: missing (the sweep file is required)");
   const std::size_t job_count = parse_count("--jobs", jobs, 1);

@@ -215,3 +215,31 @@ def test_eps_den_auto_and_no_negatives(mfattn_binary, tmp_path):
                "--quiet", "--threads", "1", "--out", str(out))
     assert done.returncode == 0, done.stderr
     run_refused(mfattn_binary, tmp_path, ["--eps-den", "-1"], ["--eps-den -1", "auto"])
+
+
+# Found by fuzz/fuzz_options.cpp: Boost's message for a bad option never returned when the
+# name or value held its own placeholder (the process hung); now a message is made here.
+@pytest.mark.parametrize("args", [
+    ["run", "--%canonical_option%"],
+    ["run", "--n", "%value%"],
+    ["sweep", "--%canonical_option%"],
+    ["bench", "--%canonical_option%"],
+])
+def test_placeholders_in_options_do_not_hang(mfattn_binary, tmp_path, args):
+    try:
+        done = subprocess.run([str(mfattn_binary), *args, "--out", str(tmp_path / "x.h5")],
+                              capture_output=True, text=True, timeout=10, preexec_fn=_limit_memory)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"mfattn {' '.join(args)} hung")
+    assert_refused(done, ["%"], tmp_path / "x.h5")
+
+
+def test_placeholder_in_config_value_does_not_hang(mfattn_binary, tmp_path):
+    ini = tmp_path / "v.ini"
+    ini.write_text("n = %value%\n")
+    try:
+        done = subprocess.run([str(mfattn_binary), "run", "--config", str(ini), "--out", str(tmp_path / "x.h5")],
+                              capture_output=True, text=True, timeout=10, preexec_fn=_limit_memory)
+    except subprocess.TimeoutExpired:
+        pytest.fail("mfattn run --config hung")
+    assert_refused(done, [f"{ini}:1:", "--n %value%"], tmp_path / "x.h5")
