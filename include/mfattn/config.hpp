@@ -15,8 +15,18 @@ namespace mfattn {
 
 /// Usage or configuration error (exit code 2): the message names the option, the value and
 /// what is accepted.
+/// The message is kept to one line: control characters (a newline in a value) are shown as
+/// '?' and a very long message is cut.
 struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  explicit UsageError(const std::string& message);
+  explicit UsageError(const char* message) : UsageError(std::string(message)) {}
+};
+
+/// One `key = value` line of a config file.
+struct ConfigEntry {
+  std::string key;  ///< the option name (the last dotted part, section prefix dropped)
+  std::string value;
+  std::size_t line = 0;
 };
 
 /// Every resolved option of `mfattn run`.
@@ -95,10 +105,49 @@ boost::program_options::options_description run_options(RunConfig& cfg);
 RunConfig parse_run_arguments(const std::vector<std::string>& args);
 
 /// Reads an INI config file through the option table: sections are prefixes ("[model]
-/// n = 8" sets --n), unknown keys are UsageErrors. text receives the file's contents.
+/// n = 8" sets --n), unknown keys are UsageErrors. text receives the file's contents. The
+/// file must be a regular file of at most kMaxConfigBytes; errors say "FILE:LINE: ...".
 boost::program_options::parsed_options read_config_file(
     const std::string& path, const boost::program_options::options_description& table,
     std::string& text);
+
+/// The entries of config text (origin names it in messages): '#' starts a comment, "[name]"
+/// a section, every other non-blank line is "key = value" with a key of the table, each key
+/// once. Throws UsageError "ORIGIN:LINE: ...".
+std::vector<ConfigEntry> parse_config_text(const std::string& text, const std::string& origin,
+                                           const boost::program_options::options_description& table);
+
+/// The text of a small regular file named by --option: refuses folders, devices, pipes and
+/// files over limit bytes (UsageError naming the option and the path).
+std::string read_small_text_file(const std::string& option, const std::string& path,
+                                 std::size_t limit);
+
+inline constexpr std::size_t kMaxConfigBytes = std::size_t{1} << 20;
+/// Most tokens in all (n + null tokens + prompts * prefix): token and prompt ids are int.
+inline constexpr std::int64_t kMaxRunTokens = 2147483647;
+/// Most frames of one run (--save-every, --save-log, --save-times).
+inline constexpr std::int64_t kMaxFrames = 10000000;
+
+/// Parses words of a command line strictly through table: full option names only, one value
+/// per option except the lists (--save-times, --rope-freqs, --amplitudes take several words,
+/// joined by commas), no stray words, --eps-den auto. Stores into vm; type errors name the
+/// option, the value and the accepted range from the option's description. Throws UsageError.
+void store_command_line(const std::vector<std::string>& args,
+                        const boost::program_options::options_description& table,
+                        boost::program_options::variables_map& vm);
+
+/// A one-line message for a Boost option error, made without its what() (which never
+/// returns for a value holding a placeholder such as "%value%").
+std::string option_error_text(const boost::program_options::error& error);
+
+/// Roughly the bytes a run needs at its peak (state, integrator stages, backend buffers,
+/// one frame of observables, matrices, gauge); see the formula in config.cpp.
+double estimated_memory_bytes(const RunConfig& cfg);
+
+/// Physical memory, or the cgroup limit (/sys/fs/cgroup/memory.max) or the address-space
+/// limit (ulimit -v) when that is lower;
+/// MFATTN_MEMORY_LIMIT (bytes) overrides both (for tests).
+double available_memory_bytes(std::string* source = nullptr);
 
 /// The parts of a --mask value joined by '+' ("causal+per-prompt" -> {causal, per-prompt}).
 std::vector<std::string> mask_parts(const std::string& mask);

@@ -68,7 +68,7 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   help_table.add(extra);
   try {
     po::variables_map vm;
-    po::store(po::command_line_parser(args).options(table).run(), vm);
+    store_command_line(args, table, vm);
     po::notify(vm);
     if (cfg.out.empty()) cfg.out = "(bench: no output)";
     validate(cfg);
@@ -77,7 +77,7 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
     err << "mfattn bench: " << e.what() << '\n';
     return kExitUsage;
   } catch (const po::error& e) {
-    err << "mfattn bench: " << e.what() << '\n';
+    err << "mfattn bench: " << option_error_text(e) << '\n';
     return kExitUsage;
   }
   const int threads = resolve_threads(cfg.threads);

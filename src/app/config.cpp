@@ -5,9 +5,18 @@
 
 #include <omp.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cfloat>
+#include <charconv>
+#include <climits>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -16,24 +25,36 @@ namespace po = boost::program_options;
 
 namespace {
 
+/// Shortest text that reads back as the same double.
+std::string format_number(double value) {
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return std::string(buffer, result.ptr);
+}
+
 template <class T>
 po::typed_value<T>* bound(T& field) {
   return po::value<T>(&field)->default_value(field);
+}
+po::typed_value<double>* bound(double& field) {
+  return po::value<double>(&field)->default_value(field, format_number(field));
 }
 template <class T>
 po::typed_value<T>* bound(T& field, const std::string& shown) {
   return po::value<T>(&field)->default_value(field, shown);
 }
 
-std::string format_number(double value) {
-  std::ostringstream out;
-  out << value;
-  return out.str();
+/// The options that take a list: several words on the command line are joined by commas.
+const std::set<std::string> kListOptions = {"save-times", "rope-freqs", "amplitudes"};
+
+/// A value as shown in a message: at most 80 characters.
+std::string shown(const std::string& value) {
+  return value.size() <= 80 ? value : value.substr(0, 77) + "...";
 }
 
 [[noreturn]] void reject(const std::string& option, const std::string& value,
                          const std::string& accepted) {
-  throw UsageError("--" + option + " " + value + ": " + accepted);
+  throw UsageError("--" + option + " " + shown(value) + ": " + accepted);
 }
 
 void require_choice(const std::string& option, const std::string& value,
@@ -64,28 +85,266 @@ ParameterValue to_parameter(const boost::any& value) {
   return std::string("<unprintable>");
 }
 
+
+/// The fields of a Boost option error. Its what() substitutes them into a template with a
+/// loop that never ends when a field holds its own placeholder ("%value%" in a value), and
+/// its get_option_name() misreads short options, so messages are made from the fields.
+struct BoostErrorFields : po::error_with_option_name {
+  static std::string field(const po::error_with_option_name& e, const std::string& key) {
+    const auto& fields = e.*(&BoostErrorFields::m_substitutions);
+    const auto at = fields.find(key);
+    return at == fields.end() ? std::string() : at->second;
+  }
+  /// The option's name without leading dashes (the token as given if there is no name).
+  static std::string name(const po::error_with_option_name& e) {
+    std::string text = field(e, "option");
+    if (text.empty()) text = field(e, "original_token");
+    while (!text.empty() && text.front() == '-') text.erase(text.begin());
+    return text;
+  }
+};
+
+/// The option named name exactly, or nullptr. An empty name is no option (Boost would match
+/// every option's empty short name and throw).
+const po::option_description* find_option(const po::options_description& table, const std::string& name) {
+  if (name.empty()) return nullptr;
+  try {
+    return table.find_nothrow(name, false);
+  } catch (const po::error&) {
+    return nullptr;
+  }
+}
+
+/// What an option accepts, from its type and the range its description gives ("active
+/// tokens, >= 1" -> "must be an integer >= 1").
+std::string accepted_text(const po::option_description& option) {
+  const auto semantic = option.semantic();
+  const std::string& about = option.description();
+  if (semantic->max_tokens() == 0 || dynamic_cast<const po::typed_value<bool>*>(semantic.get()))
+    return "a switch: accepted true, false, yes, no, on, off, 1, 0";
+  std::string kind = "must be a value";
+  if (dynamic_cast<const po::typed_value<std::int64_t>*>(semantic.get())) kind = "must be an integer";
+  else if (dynamic_cast<const po::typed_value<double>*>(semantic.get())) kind = "must be a number";
+  // The range: "in [a, b)" / "in (a, b)", else the first ">= x", "> x", "<= x", "< x".
+  for (const char* opening : {"in [", "in ("}) {
+    const auto at = about.find(opening);
+    if (at == std::string::npos) continue;
+    const auto comma = about.find(", ", at);
+    const auto close = comma == std::string::npos ? comma : about.find_first_of(")]", comma);
+    if (close != std::string::npos) return kind + " " + about.substr(at, close + 1 - at);
+  }
+  const auto at = about.find_first_of("<>");
+  if (at != std::string::npos) {
+    auto end = about.find_first_of(",;()", at);
+    std::string range = about.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    while (!range.empty() && range.back() == ' ') range.pop_back();
+    return kind + " " + range;
+  }
+  return kind + " (" + about + ")";
+}
+
+/// Rewrites one option value before it is stored: "auto" for --eps-den (stored as -1, the
+/// automatic value), and refuses a negative --eps-den.
+void prepare_value(const std::string& key, std::string& value) {
+  if (key != "eps-den") return;
+  if (value == "auto") {
+    value = "-1";
+    return;
+  }
+  double number = 0.0;
+  const auto result = std::from_chars(value.data(), value.data() + value.size(), number);
+  if (result.ec == std::errc() && result.ptr == value.data() + value.size() && !(number >= 0.0))
+    reject(key, value, "must be a number >= 0, or auto (0 without presence weights, 1e-12 with)");
+}
+
+/// Stores parsed options into vm; Boost's errors become "--name VALUE: what is accepted",
+/// prefixed with where (for a config line).
+void store_checked(const po::parsed_options& parsed, const po::options_description& table,
+                   po::variables_map& vm, const std::string& where) {
+  try {
+    po::store(parsed, vm);
+  } catch (const po::error_with_option_name& e) {
+    const std::string name = BoostErrorFields::name(e);
+    const po::option_description* option = find_option(table, name);
+    std::string value;
+    for (const auto& given : parsed.options)
+      if (given.string_key == name && !given.value.empty()) {
+        value = given.value.front();
+        break;
+      }
+    if (dynamic_cast<const po::multiple_occurrences*>(&e))
+      throw UsageError(where + "--" + name + ": given more than once (give each option once; "
+                       "--save-times, --rope-freqs and --amplitudes take a comma separated list)");
+    if (option && (dynamic_cast<const po::validation_error*>(&e) ||
+                   dynamic_cast<const po::invalid_bool_value*>(&e)))
+      throw UsageError(where + "--" + name + " " + shown(value) + ": " + accepted_text(*option));
+    throw UsageError(where + option_error_text(e));
+  }
+}
+
+/// Refuses stray words, joins the words of a list option with commas.
+po::parsed_options tidy(const po::parsed_options& parsed, const po::options_description& table) {
+  po::parsed_options result(&table);
+  for (const auto& option : parsed.options) {
+    if (!option.string_key.empty()) {
+      result.options.push_back(option);
+      if (!result.options.back().value.empty())
+        prepare_value(option.string_key, result.options.back().value.front());
+      continue;
+    }
+    const std::string word = option.original_tokens.empty() ? std::string() : option.original_tokens.front();
+    if (result.options.empty())
+      throw UsageError("stray argument '" + shown(word) +
+                       "': every argument is an option --name VALUE (see mfattn run --help)");
+    po::option& last = result.options.back();
+    if (kListOptions.count(last.string_key) && last.value.size() == 1) {
+      last.value.front() += "," + word;
+      last.original_tokens.push_back(word);
+      continue;
+    }
+    const std::string before = last.value.empty() ? "" : " " + shown(last.value.front());
+    const po::option_description* described = find_option(table, last.string_key);
+    const bool is_switch = described && described->semantic()->max_tokens() == 0;
+    throw UsageError("--" + last.string_key + before + " " + shown(word) + ": stray value '" + shown(word) +
+                     "' (" + (is_switch ? "--" + last.string_key + " is a switch and takes no value"
+                                        : "--" + last.string_key + " takes one value") +
+                     "; only --save-times, --rope-freqs and --amplitudes take lists)");
+  }
+  return result;
+}
+
+std::string trimmed(const std::string& text) {
+  const char* space = " \t\r\f\v";
+  const auto begin = text.find_first_not_of(space);
+  if (begin == std::string::npos) return {};
+  return text.substr(begin, text.find_last_not_of(space) + 1 - begin);
+}
+
 }  // namespace
+
+UsageError::UsageError(const std::string& message)
+    : std::runtime_error([&] {
+        std::string line = message.size() <= 2000 ? message : message.substr(0, 1997) + "...";
+        for (char& c : line)
+          if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+        return line;
+      }()) {}
+
+std::string option_error_text(const po::error& error) {
+  const auto* e = dynamic_cast<const po::error_with_option_name*>(&error);
+  if (!e) return error.what();
+  const std::string option = "--" + shown(BoostErrorFields::name(*e));
+  const std::string value = shown(BoostErrorFields::field(*e, "value"));
+  if (dynamic_cast<const po::invalid_config_file_syntax*>(e))
+    return "invalid line '" + shown(BoostErrorFields::field(*e, "invalid_line")) + "' (expected key = value or [section])";
+  if (dynamic_cast<const po::unknown_option*>(e))
+    return "unrecognised option '" + option + "' (option names are given in full; see --help)";
+  if (dynamic_cast<const po::multiple_occurrences*>(e)) return option + ": given more than once";
+  if (dynamic_cast<const po::required_option*>(e)) return option + ": required";
+  if (const auto* syntax = dynamic_cast<const po::invalid_command_line_syntax*>(e)) {
+    switch (syntax->kind()) {
+      case po::invalid_syntax::missing_parameter: return option + ": a value is missing";
+      case po::invalid_syntax::extra_parameter: return option + ": takes no value";
+      case po::invalid_syntax::long_not_allowed:
+      case po::invalid_syntax::long_adjacent_not_allowed:
+      case po::invalid_syntax::short_adjacent_not_allowed:
+      case po::invalid_syntax::empty_adjacent_parameter: return option + ": malformed option (give --name VALUE)";
+      default: return option + ": invalid syntax";
+    }
+  }
+  if (dynamic_cast<const po::validation_error*>(e)) return option + " " + value + ": invalid value";
+  return option + ": invalid option";
+}
+
+std::string read_small_text_file(const std::string& option, const std::string& path, std::size_t limit) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const auto status = fs::status(path, error);
+  if (path.empty() || error || !fs::exists(status)) reject(option, path, "file cannot be read (no such file)");
+  if (fs::is_directory(status)) reject(option, path, "is a folder, not a file");
+  if (!fs::is_regular_file(status))
+    reject(option, path, "is not a regular file (a device, pipe or socket cannot be read as one)");
+  const auto size = fs::file_size(path, error);
+  if (!error && size > limit)
+    reject(option, path, "is " + std::to_string(size) + " bytes, more than the " + std::to_string(limit) +
+                             " accepted");
+  std::ifstream file(path, std::ios::binary);
+  if (!file) reject(option, path, "file cannot be read");
+  std::string text(limit + 1, '\0');
+  file.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(file.gcount()));
+  if (text.size() > limit) reject(option, path, "is more than the " + std::to_string(limit) + " bytes accepted");
+  if (file.bad()) reject(option, path, "file cannot be read");
+  return text;
+}
+
+std::vector<ConfigEntry> parse_config_text(const std::string& text, const std::string& origin,
+                                           const po::options_description& table) {
+  std::vector<ConfigEntry> entries;
+  std::map<std::string, std::size_t> first_line;
+  std::size_t begin = 0, line_number = 0;
+  std::string section;
+  while (begin < text.size()) {
+    const std::size_t end = std::min(text.find('\n', begin), text.size());
+    std::string line = text.substr(begin, end - begin);
+    begin = end + 1;
+    ++line_number;
+    const std::string where = origin + ":" + std::to_string(line_number) + ": ";
+    if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    line = trimmed(line);
+    if (line.empty()) continue;
+    if (line.front() == '[') {
+      if (line.back() != ']')
+        throw UsageError(where + "a section line must be [name], got '" + shown(line) + "'");
+      section = trimmed(line.substr(1, line.size() - 2));
+      continue;  // sections are prefixes only: the key's last dotted part names the option
+    }
+    const auto equals = line.find('=');
+    if (equals == std::string::npos)
+      throw UsageError(where + "expected key = value or [section], got '" + shown(line) + "'");
+    const std::string written = trimmed(line.substr(0, equals));
+    if (written.empty()) throw UsageError(where + "no key before '=' in '" + shown(line) + "'");
+    const std::string full_key = section.empty() ? written : section + "." + written;
+    const auto dot = full_key.rfind('.');
+    const std::string key = dot == std::string::npos ? full_key : full_key.substr(dot + 1);
+    if (!find_option(table, key))
+      throw UsageError(where + "unknown key '" + shown(full_key) + "' (not an option of mfattn run)");
+    if (const auto [at, fresh] = first_line.emplace(key, line_number); !fresh)
+      throw UsageError(where + "--" + key + " given twice (first on line " + std::to_string(at->second) + ")");
+    entries.push_back({key, trimmed(line.substr(equals + 1)), line_number});
+  }
+  return entries;
+}
 
 po::parsed_options read_config_file(const std::string& path, const po::options_description& table,
                                     std::string& text) {
-  std::ifstream file(path);
-  if (!file) reject("config", path, "file cannot be read");
-  std::ostringstream contents;
-  contents << file.rdbuf();
-  text = contents.str();
-  std::istringstream in(text);
-  // Sections are prefixes ("[model] n = 8" is "model.n"): a key is its last dotted part, and
-  // a key that names no option is an error.
-  po::parsed_options parsed = po::parse_config_file(in, table, /*allow_unregistered=*/true);
-  for (auto& option : parsed.options) {
-    const auto dot = option.string_key.rfind('.');
-    const std::string key = dot == std::string::npos ? option.string_key : option.string_key.substr(dot + 1);
-    if (!table.find_nothrow(key, false))
-      reject("config", path, "unknown key '" + option.string_key + "'");
-    option.string_key = key;
-    option.unregistered = false;
+  text = read_small_text_file("config", path, kMaxConfigBytes);
+  po::parsed_options parsed(&table);
+  for (auto& entry : parse_config_text(text, path, table)) {
+    prepare_value(entry.key, entry.value);
+    po::option option(entry.key, {entry.value});
+    option.original_tokens = {entry.key, entry.value};
+    parsed.options.push_back(option);
   }
   return parsed;
+}
+
+void store_command_line(const std::vector<std::string>& args, const po::options_description& table,
+                        po::variables_map& vm) {
+  const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+  po::parsed_options parsed(&table);
+  try {
+    parsed = po::command_line_parser(args).options(table).style(style).run();
+  } catch (const po::invalid_command_line_syntax& e) {
+    const std::string name = BoostErrorFields::name(e);
+    const po::option_description* option = find_option(table, name);
+    if (e.kind() == po::invalid_syntax::missing_parameter && option)
+      throw UsageError("--" + name + ": a value is missing (" + accepted_text(*option) + ")");
+    throw UsageError(option_error_text(e));
+  } catch (const po::error& e) {
+    throw UsageError(option_error_text(e));
+  }
+  store_checked(tidy(parsed, table), table, vm, "");
 }
 
 po::options_description run_options(RunConfig& c) {
@@ -104,7 +363,7 @@ po::options_description run_options(RunConfig& c) {
        "positional gauge G(xi): none | rope | rope-axial | rope-mixed | rope-conjugated | lie")
       ("rope-base", bound(c.rope_base), "RoPE base: omega_b = base^(-2(b-1)/d), > 1")
       ("rope-freqs", bound(c.rope_freqs, "from base"),
-       "explicit RoPE frequencies, floor(d/2) numbers (comma separated)")
+       "explicit RoPE frequencies, floor(d/2) numbers (comma separated, or several words)")
       ("generators", bound(c.generators, "none"),
        "FILE of k skew-symmetric d x d generators (blocks of d rows): G(xi) = exp(sum xi_a Omega_a)")
       ("positions", bound(c.positions),
@@ -118,7 +377,7 @@ po::options_description run_options(RunConfig& c) {
        "cosine (cos(omega dxi), k = 1, USA only)")
       ("aux-lambda", bound(c.aux_lambda), "distance factor lambda >= 0")
       ("aux-sigma", bound(c.aux_sigma), "gaussian factor sigma > 0")
-      ("aux-omega", bound(c.aux_omega), "cosine factor omega")
+      ("aux-omega", bound(c.aux_omega), "cosine factor omega, any finite number")
       ("mask", bound(c.mask),
        "full | causal (xi_j <= xi_i) | window (|xi_i - xi_j| <= window) | per-prompt (prefix "
        "tokens seen only within their prompt); combine with +, e.g. causal+per-prompt")
@@ -130,15 +389,15 @@ po::options_description run_options(RunConfig& c) {
        "prefix placement: random | clustered (one cluster per prompt) | FILE (K * prefix rows of d numbers)")
       ("prefix-weight", bound(c.prefix_weight),
        "presence (mass weight) of every prefix token, > 0 (> 1 counts one as several tokens)")
-      ("prefix-spread", bound(c.prefix_spread), "clustered prefix: spread around each prompt's centre, >= 0")
+      ("prefix-spread", bound(c.prefix_spread), "clustered prefix: spread around each prompt's centre, in [0, 1e6]")
       ("amplitudes", bound(c.amplitudes, "all 1"),
-       "carrier amplitudes a_i >= 0 (one number, a list of n numbers, or a FILE); "
+       "carrier amplitudes a_i in [0, 1.3e154] (one number, a list of n numbers, or a FILE); "
        "presence p_i = a_i^2 / (tau + a_i^2)")
       ("tau", bound(c.tau), "presence scale tau > 0")
       ("eps-den", bound(c.eps_den, "auto"),
-       "SA denominator epsilon >= 0 (auto: 0 without presence weights, 1e-12 with)")
+       "SA denominator epsilon >= 0, or auto (0 without presence weights, 1e-12 with)")
       ("null-tokens", bound(c.null_tokens),
-       "append this many null tokens (amplitude 0) after the n active ones")
+       "append this many null tokens (amplitude 0) after the n active ones, >= 0")
       ("noise-kappa", bound(c.noise_kappa),
        "noise: dx += sqrt(2/kappa) P_x dW (0 = deterministic; needs --integrator euler-maruyama)");
   po::options_description stepping("Time stepping");
@@ -149,9 +408,9 @@ po::options_description run_options(RunConfig& c) {
       ("rtol", bound(c.rtol), "dopri5 relative tolerance, > 0")
       ("atol", bound(c.atol), "dopri5 absolute tolerance, > 0")
       ("horizon", bound(c.horizon), "final time T, > 0")
-      ("save-every", bound(c.save_every, "horizon/100"), "frame every this many time units")
-      ("save-times", bound(c.save_times, "none"), "explicit frame times, comma separated")
-      ("save-log", bound(c.save_log), "N log-spaced frame times in [dt, horizon] (plus t = 0)");
+      ("save-every", bound(c.save_every, "horizon/100"), "frame every this many time units, > 0 (at most 10^7 frames)")
+      ("save-times", bound(c.save_times, "none"), "explicit frame times in [0, horizon], comma separated (or several words)")
+      ("save-log", bound(c.save_log), "N >= 2 log-spaced frame times in [dt, horizon] (plus t = 0), at most 10^7");
   po::options_description initial("Initial state");
   initial.add_options()
       ("init", bound(c.init), "uniform | hemisphere | clustered | equiangular | file")
@@ -159,16 +418,16 @@ po::options_description run_options(RunConfig& c) {
        "text rows of d numbers, or an mfattn .h5 file (its last frame)")
       ("init-rho", bound(c.init_rho), "equiangular: common inner product in [-1/(n-1), 1)")
       ("init-clusters", bound(c.init_clusters), "clustered: number of centres, >= 1")
-      ("init-spread", bound(c.init_spread), "clustered: spread around each centre, >= 0")
+      ("init-spread", bound(c.init_spread), "clustered: spread around each centre, in [0, 1e6]")
       ("normalize-init", po::bool_switch(&c.normalize_init), "normalise the rows of --init-file and of a --prefix-init file")
       ("replicas", bound(c.replicas), "independent initial conditions, >= 1")
       ("seed", bound(c.seed), "random seed, >= 0");
   po::options_description execution("Execution and output");
   execution.add_options()
       ("threads", bound(c.threads, "auto"),
-       "worker threads (auto: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, all cores)")
+       "worker threads in [0, 4096] (0 = auto: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, all cores)")
       ("backend", bound(c.backend), "cpu | reference | cuda")
-      ("out", bound(c.out, "required"), "output H5MD file")
+      ("out", bound(c.out, "required"), "output H5MD file (its folder must exist)")
       ("overwrite", po::bool_switch(&c.overwrite), "replace an existing output file")
       ("resume", po::bool_switch(&c.resume),
        "continue the run in --out from its last frame (same options; the horizon may grow)")
@@ -213,6 +472,141 @@ std::vector<std::string> mask_parts(const std::string& mask) {
   return parts;
 }
 
+namespace {
+
+/// --out must name a file (each name at most NAME_MAX bytes) in a folder that exists.
+void validate_output_path(const std::string& out) {
+  namespace fs = std::filesystem;
+  const fs::path path(out);
+  constexpr std::size_t kNameMax = 255;
+  if (out.size() >= 4096) reject("out", out, "the path is " + std::to_string(out.size()) + " bytes, longer than the 4095 accepted");
+  for (const auto& part : path)
+    if (part.native().size() > kNameMax)
+      reject("out", out, "the name '" + shown(part.native()) + "' is " + std::to_string(part.native().size()) +
+                             " bytes, longer than the " + std::to_string(kNameMax) + " a file name may have");
+  const std::string name = path.filename().native();
+  if (name.empty() || name == "." || name == "..") reject("out", out, "must name a file (e.g. run.h5)");
+  std::error_code error;
+  if (fs::is_directory(path, error)) reject("out", out, "is a folder; name a file in it (e.g. run.h5)");
+  const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  if (!fs::is_directory(folder, error))
+    reject("out", out, "the folder " + shown(folder.native()) + " does not exist (create it first)");
+}
+
+/// Bytes in a human unit.
+std::string format_bytes(double bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int unit = 0;
+  while (bytes >= 1024.0 && unit < 6) {
+    bytes /= 1024.0;
+    ++unit;
+  }
+  std::ostringstream out;
+  out.precision(bytes < 10 ? 2 : 3);
+  out << bytes << ' ' << units[unit];
+  return out.str();
+}
+
+/// Token counts, frame counts and memory, before anything is allocated. Every product is
+/// taken in double (exact far beyond any accepted size) or after bounds that keep int64 exact.
+void validate_sizes(const RunConfig& c) {
+  const std::string limit = std::to_string(kMaxRunTokens);
+  if (c.n > kMaxRunTokens) reject("n", std::to_string(c.n), "must be an integer in [1, " + limit + "]");
+  if (c.d > kMaxRunTokens) reject("d", std::to_string(c.d), "must be an integer in [2, " + limit + "]");
+  if (c.replicas > kMaxRunTokens)
+    reject("replicas", std::to_string(c.replicas), "must be an integer in [1, " + limit + "]");
+  if (c.null_tokens > kMaxRunTokens - c.n)
+    reject("null-tokens", std::to_string(c.null_tokens),
+           "n + null tokens = " + format_number(double(c.n) + double(c.null_tokens)) + " is more than the " +
+               limit + " tokens accepted");
+  const double prefix_count = double(c.prefix) * double(c.prompts);
+  if (prefix_count > double(kMaxRunTokens - c.n - c.null_tokens))
+    reject("prefix", std::to_string(c.prefix),
+           "prompts * prefix = " + std::to_string(c.prompts) + " * " + std::to_string(c.prefix) + " = " +
+               format_number(prefix_count) + " prefix tokens, with n + null tokens more than the " + limit +
+               " tokens accepted");
+  // Frames.
+  if (c.save_log > kMaxFrames)
+    reject("save-log", std::to_string(c.save_log), "must be an integer in [2, 10^7] (frames written)");
+  if (c.save_times.empty() && c.save_log == 0) {
+    const double every = c.save_every > 0 ? c.save_every : c.horizon / 100.0;
+    const double frames = std::floor(c.horizon / every);
+    if (!(frames <= double(kMaxFrames)))
+      reject(c.save_every > 0 ? "save-every" : "horizon",
+             format_number(c.save_every > 0 ? c.save_every : c.horizon),
+             "gives " + format_number(frames) + " frames over the horizon " + format_number(c.horizon) +
+                 ", more than the 10^7 accepted");
+  }
+  const double needed = estimated_memory_bytes(c);
+  std::string source;
+  const double available = available_memory_bytes(&source);
+  if (needed > available)
+    throw UsageError("--n " + std::to_string(c.n) + " --d " + std::to_string(c.d) + " --replicas " +
+                     std::to_string(c.replicas) + " --null-tokens " + std::to_string(c.null_tokens) +
+                     " --prefix " + std::to_string(c.prefix) + " --prompts " + std::to_string(c.prompts) +
+                     ": the run needs about " + format_bytes(needed) + " of memory, more than the " +
+                     format_bytes(available) + " available (" + source + "); make it smaller");
+}
+
+}  // namespace
+
+double estimated_memory_bytes(const RunConfig& c) {
+  // In doubles, with N = n + null tokens (moving), S = N + prompts * prefix (sources),
+  // R replicas, D = d:
+  //   16 R N D     state, up to 10 integrator stage buffers (rk4, dopri5, lie-rk4), the
+  //                backend's queries and output, one frame's velocity and gathered rows
+  //   4 R S (D+1)  backend key and value panels per replica, biases
+  //   (8 + G) D^2  Q, K, V, their products, observables' second moment; G file generators
+  //   S D^2        dense gauge matrices (lie, rope-conjugated)
+  //   8 S          positions, presences, ids, prompt ids
+  // plus threads * N * 24 bytes (cluster forests) and (N / 64)^2 bytes of window-mask tiles.
+  const double N = double(c.n) + double(c.null_tokens);
+  const double S = N + double(c.prefix) * double(c.prompts);
+  const double R = double(c.replicas), D = double(c.d);
+  double doubles = 16.0 * R * N * D + 4.0 * R * S * (D + 1.0) + 8.0 * D * D + 8.0 * S;
+  if (c.geometry == "lie" || c.geometry == "rope-conjugated") doubles += S * D * D;
+  double bytes = 8.0 * doubles;
+  bytes += double(std::max<std::int64_t>(c.threads, 1)) * N * 24.0;
+  if (c.mask.find("window") != std::string::npos) bytes += (N / 64.0 + 1.0) * (N / 64.0 + 1.0);
+  return bytes;
+}
+
+double available_memory_bytes(std::string* source) {
+  double available = std::numeric_limits<double>::infinity();
+  std::string from = "unknown";
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) {
+    available = double(pages) * double(page);
+    from = "physical memory";
+  }
+  if (std::ifstream limit_file{"/sys/fs/cgroup/memory.max"}) {
+    std::string word;
+    limit_file >> word;
+    double limit = 0.0;
+    const auto result = std::from_chars(word.data(), word.data() + word.size(), limit);
+    if (result.ec == std::errc() && limit > 0 && limit < available) {
+      available = limit;
+      from = "cgroup memory.max";
+    }
+  }
+  if (rlimit limit{}; ::getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+                      double(limit.rlim_cur) < available) {
+    available = double(limit.rlim_cur);
+    from = "the address-space limit, ulimit -v";
+  }
+  if (const char* text = std::getenv("MFATTN_MEMORY_LIMIT")) {
+    double limit = 0.0;
+    const std::string word(text);
+    const auto result = std::from_chars(word.data(), word.data() + word.size(), limit);
+    if (result.ec == std::errc() && limit > 0) {
+      available = limit;
+      from = "MFATTN_MEMORY_LIMIT";
+    }
+  }
+  if (source) *source = from;
+  return available;
+}
+
 void validate(const RunConfig& c) {
   if (c.n < 1) reject("n", std::to_string(c.n), "must be an integer >= 1");
   if (c.d < 2) reject("d", std::to_string(c.d), "must be an integer >= 2");
@@ -220,6 +614,12 @@ void validate(const RunConfig& c) {
   if (c.beta < 0) reject("beta", format_number(c.beta), "must be >= 0");
   require_choice("kernel", c.kernel, {"usa", "sa"});
   require_choice("time-scale", c.time_scale, {"natural", "rescaled"});
+  // USA in natural time weighs the token itself by exp(beta <Q x, K x>) = exp(beta) for
+  // Q = K = I: beyond log(DBL_MAX) it overflows at t = 0, and the backends stop.
+  if (c.kernel == "usa" && c.time_scale == "natural" && c.beta > std::log(DBL_MAX))
+    reject("beta", format_number(c.beta),
+           "with --kernel usa and --time-scale natural the weights exp(beta) overflow double for "
+           "beta > 709.78: use --time-scale rescaled (or --kernel sa)");
   const std::vector<std::string> matrix_presets = {"identity", "gaussian", "goe"};
   if (!is_preset_or_file(c.q, matrix_presets))
     reject("q", c.q, "accepted: identity, gaussian, goe or a readable file");
@@ -276,14 +676,18 @@ void validate(const RunConfig& c) {
   require_finite("prefix-weight", c.prefix_weight);
   if (c.prefix_weight <= 0) reject("prefix-weight", format_number(c.prefix_weight), "must be > 0");
   require_finite("prefix-spread", c.prefix_spread);
-  if (c.prefix_spread < 0) reject("prefix-spread", format_number(c.prefix_spread), "must be >= 0");
+  if (!(c.prefix_spread >= 0 && c.prefix_spread <= 1e6))
+    reject("prefix-spread", format_number(c.prefix_spread),
+           "must lie in [0, 1e6] (points spread by a few units are uniform on the sphere already)");
   require_finite("tau", c.tau);
   if (c.tau <= 0) reject("tau", format_number(c.tau), "must be > 0");
   if (!std::isfinite(c.eps_den) || (c.eps_den < 0 && c.eps_den != -1.0))
-    reject("eps-den", format_number(c.eps_den), "must be a finite number >= 0");
+    reject("eps-den", format_number(c.eps_den), "must be a finite number >= 0, or auto");
   if (c.null_tokens < 0) reject("null-tokens", std::to_string(c.null_tokens), "must be >= 0");
   require_finite("noise-kappa", c.noise_kappa);
   if (c.noise_kappa < 0) reject("noise-kappa", format_number(c.noise_kappa), "must be >= 0");
+  if (c.noise_kappa > 0 && !std::isfinite(std::sqrt(2.0 / c.noise_kappa)))
+    reject("noise-kappa", format_number(c.noise_kappa), "must be 0 or large enough that sqrt(2/kappa) is finite");
   require_choice("integrator", c.integrator, integrator_names());
   if (c.noise_kappa > 0 && c.integrator != "euler-maruyama")
     reject("noise-kappa", format_number(c.noise_kappa),
@@ -316,24 +720,29 @@ void validate(const RunConfig& c) {
     if (c.init_rho < lowest || c.init_rho >= 1.0)
       reject("init-rho", format_number(c.init_rho),
              "must lie in [-1/(n-1), 1) = [" + format_number(lowest) + ", 1)");
-    if (c.d < c.n + c.null_tokens)
+    if (double(c.d) < double(c.n) + double(c.null_tokens))
       reject("init", c.init, "equiangular needs --d >= number of tokens (d = " +
                                  std::to_string(c.d) + ", tokens = " +
-                                 std::to_string(c.n + c.null_tokens) + ")");
+                                 format_number(double(c.n) + double(c.null_tokens)) + ")");
   }
   if (c.init_clusters < 1)
     reject("init-clusters", std::to_string(c.init_clusters), "must be an integer >= 1");
   require_finite("init-spread", c.init_spread);
-  if (c.init_spread < 0) reject("init-spread", format_number(c.init_spread), "must be >= 0");
+  if (!(c.init_spread >= 0 && c.init_spread <= 1e6))
+    reject("init-spread", format_number(c.init_spread),
+           "must lie in [0, 1e6] (points spread by a few units are uniform on the sphere already)");
   if (c.replicas < 1) reject("replicas", std::to_string(c.replicas), "must be an integer >= 1");
   if (c.seed < 0) reject("seed", std::to_string(c.seed), "must be an integer >= 0");
-  if (c.threads < 0) reject("threads", std::to_string(c.threads), "must be an integer >= 1");
+  if (c.threads < 0 || c.threads > 4096)
+    reject("threads", std::to_string(c.threads), "must be an integer in [0, 4096] (0: automatic)");
   require_choice("backend", c.backend, {"cpu", "reference", "cuda"});
   for (auto [name, value] : {std::pair{"pair-delta", c.pair_delta}, {"cluster-delta", c.cluster_delta}}) {
     require_finite(name, value);
     if (!(value > 0.0 && value < 2.0)) reject(name, format_number(value), "must lie in (0, 2)");
   }
   if (c.out.empty()) throw UsageError("--out: missing (the output .h5 file is required)");
+  validate_output_path(c.out);
+  validate_sizes(c);
 }
 
 RunConfig parse_run_arguments(const std::vector<std::string>& args) {
@@ -341,20 +750,32 @@ RunConfig parse_run_arguments(const std::vector<std::string>& args) {
   const auto table = run_options(cfg);
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(args).options(table).run(), vm);
+    store_command_line(args, table, vm);
     // The config file is named on the command line, so look it up before notify().
     if (vm.count("config") && !vm["config"].defaulted()) {
       const std::string path = vm["config"].as<std::string>();
-      // The command line was stored first, so its values win over the file's.
-      po::store(read_config_file(path, table, cfg.config_text), vm);
+      cfg.config_text = read_small_text_file("config", path, kMaxConfigBytes);
+      // The command line was stored first, so its values win over the file's. Each line is
+      // stored on its own, so that an error names it.
+      for (auto& entry : parse_config_text(cfg.config_text, path, table)) {
+        const std::string where = path + ":" + std::to_string(entry.line) + ": ";
+        po::parsed_options one(&table);
+        try {
+          prepare_value(entry.key, entry.value);
+        } catch (const UsageError& e) {
+          throw UsageError(where + e.what());
+        }
+        po::option option(entry.key, {entry.value});
+        option.original_tokens = {entry.key, entry.value};
+        one.options.push_back(option);
+        store_checked(one, table, vm, where);
+      }
     }
     po::notify(vm);
   } catch (const UsageError&) {
     throw;
-  } catch (const po::invalid_option_value& e) {
-    throw UsageError(std::string(e.what()) + " (a number of the right kind is expected)");
   } catch (const po::error& e) {
-    throw UsageError(e.what());
+    throw UsageError(option_error_text(e));
   }
   validate(cfg);
   std::ostringstream command_line;

@@ -95,9 +95,11 @@ std::vector<double> amplitudes_option(const RunConfig& cfg) {
   if (values.size() != n)
     throw UsageError("--amplitudes " + cfg.amplitudes + ": needs 1 or n = " + std::to_string(n) +
                      " numbers, found " + std::to_string(values.size()));
+  // presence a^2 / (tau + a^2) needs a finite square.
   for (double a : values)
-    if (!(a >= 0.0) || !std::isfinite(a))
-      throw UsageError("--amplitudes " + cfg.amplitudes + ": amplitudes must be finite and >= 0");
+    if (!(a >= 0.0) || !std::isfinite(a * a))
+      throw UsageError("--amplitudes " + cfg.amplitudes +
+                       ": amplitudes must lie in [0, 1.3e154] (their square must be a finite number)");
   return values;
 }
 
@@ -374,6 +376,10 @@ Model build_model(const RunConfig& cfg) {
       for (std::size_t a = 1; a < k; ++a) xi[a] = 0.0;
     }
   }
+  for (double xi : model.positions)
+    if (!std::isfinite(xi))
+      throw UsageError("--pos-scale " + (std::ostringstream() << cfg.pos_scale).str() +
+                       ": the token positions overflow double (a smaller scale is needed)");
   // Prompts: active token i belongs to prompt floor(i K / n) (contiguous blocks, as K prompts
   // with their texts one after the other); null tokens carry prompt 0.
   model.prompts = static_cast<std::size_t>(cfg.prompts);

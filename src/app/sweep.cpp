@@ -153,7 +153,7 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
   try {
     parsed = po::parse_config_file(in, po::options_description(), /*allow_unregistered=*/true);
   } catch (const po::error& e) {
-    throw UsageError(origin + ": " + e.what());
+    throw UsageError(origin + ": " + option_error_text(e));
   }
   std::set<std::string> base_keys;
   std::vector<std::pair<std::string, std::string>> base;  // option name, value
@@ -262,11 +262,7 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
 }
 
 SweepPlan load_sweep(const std::string& path, const SweepCountHook& counted) {
-  std::ifstream file(path);
-  if (!file) throw UsageError("--config " + path + ": file cannot be read");
-  std::ostringstream text;
-  text << file.rdbuf();
-  return make_sweep(text.str(), path, counted);
+  return make_sweep(read_small_text_file("config", path, kMaxConfigBytes), path, counted);
 }
 
 Shard parse_shard(const std::string& text) {
@@ -366,7 +362,7 @@ SweepOptions parse_sweep_arguments(const std::vector<std::string>& args) {
     po::store(po::command_line_parser(args).options(table).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    throw UsageError(e.what());
+    throw UsageError(option_error_text(e));
   }
   if (options.config.empty()) throw UsageError("--config: missing (the sweep file is required)");
   const std::size_t job_count = parse_count("--jobs", jobs, 1);

@@ -1,5 +1,9 @@
 // mfattn: the thin command-line entry point. Each subcommand lives in src/app/.
+#include <filesystem>
+#include <functional>
+#include <algorithm>
 #include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 #if defined(__GLIBC__)
@@ -25,12 +29,90 @@ constexpr const char* kUsage =
     "  info   what an mfattn file holds: mfattn info FILE.h5\n"
     "  analyze  collapse and metastability summary: mfattn analyze FILE.h5 [--json] [--replica R]\n"
     "  oclosure  zero-token insertion ablation and OAttention precision (mfattn oclosure --help)\n"
-    "  mfattn --help | --version\n";
+    "  mfattn --help | help <command> | --version | -V\n";
+
+constexpr int kExitInternal = 1;
 
 bool wants_help(const std::vector<std::string>& args) {
   for (const auto& a : args)
     if (a == "--help" || a == "-h") return true;
   return false;
+}
+
+bool wants_version(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--version" || a == "-V") return true;
+  return false;
+}
+
+/// Runs one command; nothing escapes as an exception. Running out of memory (past the
+/// up-front estimate) is a resource failure, exit 4; anything else unexpected is an internal
+/// error, exit 1. Messages are one line.
+int guarded(const std::string& command, const std::function<int()>& body) {
+  auto line = [](std::string text) {
+    for (char& c : text)
+      if (static_cast<unsigned char>(c) < 0x20) c = '?';
+    return text;
+  };
+  try {
+    return body();
+  } catch (const mfattn::UsageError& e) {
+    std::cerr << "mfattn " << command << ": " << e.what() << '\n';
+    return mfattn::kExitUsage;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "mfattn " << command << ": out of memory (an allocation failed; make the run smaller)\n";
+    return mfattn::kExitIo;
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::cerr << "mfattn " << command << ": " << line(e.what()) << '\n';
+    return mfattn::kExitIo;
+  } catch (const std::exception& e) {
+    std::cerr << "mfattn " << command << ": internal error: " << line(e.what()) << '\n';
+    return kExitInternal;
+  } catch (...) {
+    std::cerr << "mfattn " << command << ": internal error: unknown exception\n";
+    return kExitInternal;
+  }
+}
+
+int print_help(const std::string& command) {
+  if (command == "run") {
+    mfattn::RunConfig defaults;
+    std::cout << "usage: mfattn run [--config FILE] [options] --out FILE.h5\n"
+              << "  option names in full; one value each, except the lists --save-times, --rope-freqs,\n"
+              << "  --amplitudes (comma separated, or several words)\n"
+              << mfattn::run_options(defaults);
+    return mfattn::kExitOk;
+  }
+  if (command == "sweep") {
+    std::cout << mfattn::sweep_usage();
+    return mfattn::kExitOk;
+  }
+  if (command == "bench") {
+    mfattn::RunConfig defaults;
+    std::cout << "usage: mfattn bench [run options] [--min-time S] [--roofline]\n"
+              << "  --min-time S   measure for at least S seconds (1)\n"
+              << "  --roofline     also print the vectorised exp rate\n"
+              << mfattn::run_options(defaults);
+    return mfattn::kExitOk;
+  }
+  if (command == "info") {
+    std::cout << "usage: mfattn info FILE.h5\n  sizes, frames, time span, status and parameters of an mfattn file\n";
+    return mfattn::kExitOk;
+  }
+  if (command == "analyze") {
+    std::cout << "usage: mfattn analyze FILE.h5 [--json] [--replica R]\n"
+              << "  collapse time, cluster plateaus over log time, merge times, energy staircase\n"
+              << "  --json         one JSON object instead of text\n"
+              << "  --replica R    which replica (0)\n";
+    return mfattn::kExitOk;
+  }
+  if (command == "oclosure") {
+    std::cout << mfattn::oclosure_usage();
+    return mfattn::kExitOk;
+  }
+  std::cerr << "mfattn help: unknown command '" << command
+            << "' (accepted: run, sweep, bench, info, analyze, oclosure)\n";
+  return mfattn::kExitUsage;
 }
 
 }  // namespace
@@ -50,73 +132,40 @@ int main(int argc, char** argv) {
     std::cerr << kUsage;
     return mfattn::kExitUsage;
   }
+  if (wants_version(args)) {
+    std::cout << "mfattn " << mfattn::kVersion << " (" << mfattn::kSourceRevision << ")\n";
+    return mfattn::kExitOk;
+  }
   const std::string command = args.front();
   args.erase(args.begin());
   if (command == "--help" || command == "-h") {
     std::cout << kUsage;
     return mfattn::kExitOk;
   }
-  if (command == "--version") {
-    std::cout << "mfattn " << mfattn::kVersion << " (" << mfattn::kSourceRevision << ")\n";
-    return mfattn::kExitOk;
-  }
-  if (command == "run") {
-    if (wants_help(args)) {
-      mfattn::RunConfig defaults;
-      std::cout << "usage: mfattn run [--config FILE] [options] --out FILE.h5\n"
-                << mfattn::run_options(defaults);
+  if (command == "help") {
+    if (args.empty()) {
+      std::cout << kUsage;
       return mfattn::kExitOk;
     }
-    try {
-      const mfattn::RunConfig cfg = mfattn::parse_run_arguments(args);
-      return mfattn::run_simulation(cfg, std::cerr);
-    } catch (const mfattn::UsageError& e) {
-      std::cerr << "mfattn run: " << e.what() << '\n';
+    if (args.size() > 1) {
+      std::cerr << "mfattn help: one command at a time (got " << args.size() << ")\n";
       return mfattn::kExitUsage;
     }
+    return guarded("help", [&] { return print_help(args.front()); });
   }
-  if (command == "sweep") {
-    if (wants_help(args)) {
-      std::cout << mfattn::sweep_usage();
-      return mfattn::kExitOk;
-    }
-    return mfattn::sweep_command(args, std::cout, std::cerr);
+  const std::vector<std::string> commands = {"run", "sweep", "bench", "info", "analyze", "oclosure"};
+  if (std::find(commands.begin(), commands.end(), command) == commands.end()) {
+    std::cerr << "mfattn: unknown command '" << command
+              << "' (accepted: run, sweep, bench, info, analyze, oclosure, help)\n" << kUsage;
+    return mfattn::kExitUsage;
   }
-  if (command == "bench") {
-    if (wants_help(args)) {
-      mfattn::RunConfig defaults;
-      std::cout << "usage: mfattn bench [run options] [--min-time S] [--roofline]\n"
-                << "  --min-time S   measure for at least S seconds (1)\n"
-                << "  --roofline     also print the vectorised exp rate\n"
-                << mfattn::run_options(defaults);
-      return mfattn::kExitOk;
-    }
-    return mfattn::bench_command(args, std::cout, std::cerr);
-  }
-  if (command == "info") {
-    if (wants_help(args)) {
-      std::cout << "usage: mfattn info FILE.h5\n  sizes, frames, time span, status and parameters of an mfattn file\n";
-      return mfattn::kExitOk;
-    }
-    return mfattn::info_command(args, std::cout, std::cerr);
-  }
-  if (command == "analyze") {
-    if (wants_help(args)) {
-      std::cout << "usage: mfattn analyze FILE.h5 [--json] [--replica R]\n"
-                << "  collapse time, cluster plateaus over log time, merge times, energy staircase\n"
-                << "  --json         one JSON object instead of text\n"
-                << "  --replica R    which replica (0)\n";
-      return mfattn::kExitOk;
-    }
-    return mfattn::analyze_command(args, std::cout, std::cerr);
-  }
-  if (command == "oclosure") {
-    if (wants_help(args)) {
-      std::cout << mfattn::oclosure_usage();
-      return mfattn::kExitOk;
-    }
+  if (wants_help(args)) return guarded(command, [&] { return print_help(command); });
+  return guarded(command, [&]() -> int {
+    if (command == "run") return mfattn::run_simulation(mfattn::parse_run_arguments(args), std::cerr);
+    if (command == "sweep") return mfattn::sweep_command(args, std::cout, std::cerr);
+    if (command == "bench") return mfattn::bench_command(args, std::cout, std::cerr);
+    if (command == "info") return mfattn::info_command(args, std::cout, std::cerr);
+    if (command == "analyze") return mfattn::analyze_command(args, std::cout, std::cerr);
     return mfattn::oclosure_command(args, std::cout, std::cerr);
-  }
-  std::cerr << "mfattn: unknown command '" << command << "' (accepted: run, sweep, bench, info, analyze, oclosure)\n" << kUsage;
-  return mfattn::kExitUsage;
+  });
 }

@@ -2,6 +2,9 @@
 #include <hdf5.h>
 
 #include <fstream>
+#include <sstream>
+
+#include "mfattn/config.hpp"
 
 #include "mfattn/h5md.hpp"
 #include "test_support.hpp"
@@ -79,11 +82,13 @@ TEST(Cli, CudaBackendInCpuBuildSaysSoClearly) {
   EXPECT_FALSE(std::filesystem::exists(dir / "c.h5"));
 }
 
-TEST(Cli, UsaOverflowExitsThreeNamingRescaledTime) {
+TEST(Cli, UsaOverflowIsRefusedUpFrontNamingRescaledTime) {
   const auto dir = scratch_dir("overflow");
   const auto result = run_mfattn("run --beta 1000 --n 8 --quiet --out " + (dir / "o.h5").string());
-  EXPECT_EQ(result.exit_code, 3) << result.output;
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_EQ(line_count(result.output), 1u) << result.output;
   EXPECT_NE(result.output.find("--time-scale rescaled"), std::string::npos) << result.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "o.h5"));
   const auto rescaled = run_mfattn("run --beta 1000 --n 8 --time-scale rescaled --horizon 1 --quiet --out " +
                                    (dir / "r.h5").string());
   EXPECT_EQ(rescaled.exit_code, 0) << rescaled.output;
@@ -133,6 +138,65 @@ TEST(Cli, VersionAndHelpWork) {
   EXPECT_EQ(help.exit_code, 0);
   for (const char* option : {"--n", "--beta", "--kernel", "--integrator", "--null-tokens", "--eps-den"})
     EXPECT_NE(help.output.find(option), std::string::npos) << option;
+}
+
+std::string usage_message(const std::vector<std::string>& args) {
+  try {
+    parse_run_arguments(args);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+TEST(Config, ParserTakesFullNamesOneValueEachAndListsJoined) {
+  const std::string out = (scratch_dir("parser") / "p.h5").string();
+  EXPECT_NE(usage_message({"--kern", "sa", "--out", out}).find("'--kern'"), std::string::npos);
+  EXPECT_NE(usage_message({"--n", "8", "16", "--out", out}).find("stray value '16'"), std::string::npos);
+  EXPECT_NE(usage_message({"oops", "--out", out}).find("stray argument 'oops'"), std::string::npos);
+  EXPECT_EQ(usage_message({"--n", "1e3", "--out", out}), "--n 1e3: must be an integer >= 1");
+  EXPECT_EQ(usage_message({"--pair-delta", "x", "--out", out}), "--pair-delta x: must be a number in (0, 2)");
+  const RunConfig cfg = parse_run_arguments({"--save-times", "0.5", "1", "1.5", "--horizon", "2",
+                                             "--eps-den", "auto", "--out", out});
+  EXPECT_EQ(cfg.save_times, "0.5,1,1.5");
+  EXPECT_EQ(cfg.eps_den, -1.0);
+  EXPECT_NE(usage_message({"--eps-den", "-1", "--out", out}).find("auto"), std::string::npos);
+}
+
+TEST(Config, ConfigErrorsNameTheFileAndLine) {
+  RunConfig scratch;
+  const auto table = run_options(scratch);
+  auto message = [&](const std::string& text) {
+    try {
+      parse_config_text(text, "x.ini", table);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(message("[model]\nn = 8\nwhat\n").rfind("x.ini:3: ", 0), 0u) << message("[model]\nn = 8\nwhat\n");
+  EXPECT_EQ(message("n = 1\n# c\nn = 2\n").rfind("x.ini:3: --n given twice (first on line 1)", 0), 0u);
+  EXPECT_EQ(message("[a]\nbetta = 1\n").rfind("x.ini:2: unknown key 'a.betta'", 0), 0u);
+  EXPECT_EQ(message("[model] # sizes\nmodel.n = 8 # eight\n\n"), "(accepted)");
+  EXPECT_EQ(parse_config_text("[model]\n n = 8 \r\n", "x.ini", table).at(0).value, "8");
+}
+
+TEST(Config, HelpShowsShortestDefaultsAndSizesAreBounded) {
+  RunConfig defaults;
+  std::ostringstream help;
+  help << run_options(defaults);
+  EXPECT_EQ(help.str().find("0.050000000000000003"), std::string::npos);
+  EXPECT_NE(help.str().find("(=0.05)"), std::string::npos);
+  RunConfig big;
+  big.n = 1000;
+  const double small = estimated_memory_bytes(big);
+  big.replicas = 10;
+  EXPECT_GT(estimated_memory_bytes(big), 8.0 * small);
+  EXPECT_GT(available_memory_bytes(), 0.0);
+  const std::string out = (scratch_dir("sizes") / "s.h5").string();
+  EXPECT_NE(usage_message({"--prefix", "4611686018427387904", "--prompts", "4", "--out", out}).find("--prefix"),
+            std::string::npos);
+  EXPECT_NE(usage_message({"--replicas", "1000000000", "--out", out}).find("memory"), std::string::npos);
 }
 
 }  // namespace
