@@ -34,6 +34,14 @@ if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
   export MFATTN_PORTABLE_BINARY="$here/build-sanitize/mfattn"
 fi
 
+# The option parser's fuzz target (clang, libFuzzer + ASan + UBSan): every committed corpus
+# input, then 30 s of fuzzing from them (fuzz/README.md has the long run's figures).
+if [ "${MFATTN_SKIP_FUZZ:-0}" != 1 ]; then
+  nice -n 5 fuzz/run_short.sh 30 "$here/build-fuzz" > build-fuzz.log 2>&1 || {
+    tail -40 build-fuzz.log; echo "fuzz/run_short.sh: a finding (see build-fuzz/)" >&2; exit 1; }
+  grep -E "^stat::number_of_executed_units|Done [0-9]+ runs" build-fuzz.log | tail -2
+fi
+
 if ls tests/python/test_*.py >/dev/null 2>&1; then
   MFATTN_BINARY="$here/build/mfattn" MPLBACKEND=Agg /usr/bin/python3 -m pytest -q tests/python
 fi
