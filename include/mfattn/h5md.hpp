@@ -18,6 +18,10 @@ namespace mfattn {
 struct IoError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+/// The file given is missing or is not an mfattn H5MD file that can be read (exit code 2).
+struct NotMfattnFile : IoError {
+  using IoError::IoError;
+};
 /// The output file exists and replacing it was not asked for (a usage error, exit code 2).
 struct OutputExists : IoError {
   using IoError::IoError;

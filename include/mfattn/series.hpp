@@ -23,10 +23,6 @@
 
 namespace mfattn {
 
-/// The file given is missing or is not an mfattn H5MD file that can be read (exit code 2).
-struct NotMfattnFile : IoError {
-  using IoError::IoError;
-};
 
 class SeriesFile {
  public:

@@ -1,6 +1,7 @@
 #include "mfattn/run.hpp"
 
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -186,10 +187,31 @@ class Progress {
 std::atomic<int> stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free);
 
+/// When the first stop signal came (CLOCK_MONOTONIC nanoseconds).
+std::atomic<std::int64_t> first_stop_ns{0};
+static_assert(std::atomic<std::int64_t>::is_always_lock_free);
+
+std::int64_t monotonic_ns() {
+  struct timespec now {};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
+  return std::int64_t{now.tv_sec} * 1000000000 + now.tv_nsec;
+}
+
 extern "C" void request_stop(int signal) {
-  stop_signal = signal;
-  // A second signal of the same kind ends the process at once (an impatient Ctrl-C).
-  std::signal(signal, SIG_DFL);
+  const std::int64_t now = monotonic_ns();
+  if (stop_signal.load() == 0) {
+    first_stop_ns = now;
+    stop_signal = signal;
+    return;
+  }
+  // A repeat a second or more after the first ends the process at once (an impatient
+  // Ctrl-C). Repeats within the second are the same request delivered twice: a scheduler
+  // that signals every process of a job reaches a sweep's case directly and through the
+  // sweep, and the case must still flush.
+  if (now - first_stop_ns.load() >= 1000000000) {
+    std::signal(signal, SIG_DFL);
+    ::raise(signal);
+  }
 }
 
 /// Thrown from the step hook when a stop was requested; the run ends between two steps.
@@ -203,6 +225,7 @@ class StopSignals {
  public:
   StopSignals() {
     stop_signal = 0;
+    first_stop_ns = 0;
     for (std::size_t i = 0; i < kSignals.size(); ++i) {
       struct sigaction action {};
       action.sa_handler = request_stop;
@@ -253,7 +276,7 @@ void check_resumable(RunConfig& cfg) {
     // here, before anything is opened for writing.
     { const SeriesFile checked(cfg.out); }
     stored = describe_file(cfg.out);
-  } catch (const IoError& e) {
+  } catch (const NotMfattnFile& e) {
     throw UsageError(std::string("--resume: ") + e.what());
   }
   auto stored_value = [&](const std::string& name) -> const std::string* {
@@ -576,6 +599,10 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
   } catch (const std::invalid_argument& e) {
     log << "mfattn run: " << e.what() << '\n';
     return kExitUsage;
+  } catch (const IoError& e) {
+    // A read that failed on a real mfattn file (--resume, --init-file): I/O.
+    log << "mfattn run: " << e.what() << '\n';
+    return kExitIo;
   }
   if (const int signal = stop_signal) {
     log << "mfattn run: stopped by " << signal_name(signal) << " before the output file was created\n";

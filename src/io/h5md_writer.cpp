@@ -339,7 +339,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   /// Reopens a file for --resume (see H5mdWriter::open_for_resume).
   Hdf5H5mdWriter(const WriterSetup& setup, ResumePoint& point) : setup_(setup), check_(setup.path) {
     QuietHdf5Errors quiet;
-    refuse_if_busy(setup.path);
+    refuse_if_busy(setup.path, /*reopen_in_place=*/true);
     file_ = check_.own(H5Fopen(setup.path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose,
                        "opening the file for --resume");
     auto open = [&](const std::string& name) {
@@ -667,19 +667,32 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     const int fd = file_descriptor();
     struct stat info {};
     if (fd < 0 || ::fstat(fd, &info) != 0) return;
-    if (reserved_end_ > info.st_size)
+    if (reserved_end_ > info.st_size) {
+      // ext4 ignores a hole punched at or past the end of the file; a truncate to the same
+      // size frees the blocks reserved past it there (and on xfs and tmpfs).
       ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, info.st_size,
                   reserved_end_ - info.st_size);
+      if (::ftruncate(fd, info.st_size) != 0) {
+        // Nothing to report from a destructor; the blocks go when the file is removed.
+      }
+    }
     reserved_end_ = 0;
   }
 
   /// Refuses (OutputBusy) a path that another process holds open for writing: HDF5 takes an
-  /// exclusive flock on every file it writes, so a lock we cannot take belongs to a writer.
-  static void refuse_if_busy(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  /// exclusive flock on every file it writes (readers take a shared one, which a shared
+  /// probe passes), so a shared lock we cannot take belongs to a writer.
+  /// For --resume (reopen_in_place) the probe is exclusive, as HDF5's own lock for writing
+  /// will be: a reader holding a shared lock (plain h5py) then blocks it too, and says so.
+  static void refuse_if_busy(const std::string& path, bool reopen_in_place = false) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return;
-    const bool busy = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    const bool busy =
+        ::flock(fd, (reopen_in_place ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0 && errno == EWOULDBLOCK;
     ::close(fd);
+    if (busy && reopen_in_place)
+      throw OutputBusy(path + " is open in another process (a running mfattn, or a reader that "
+                       "locks the file, such as h5py without locking=False); it was left untouched");
     if (busy)
       throw OutputBusy("output file " + path +
                        " is open for writing in another process (a running mfattn?); it was "
@@ -692,8 +705,8 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   void publish() {
     const std::string& target = setup_.path;
     if (setup_.overwrite) {
-      const int fd = ::open(target.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+      const int fd = ::open(target.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+      if (fd >= 0 && ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
         ::close(fd);
         throw OutputBusy("output file " + target +
                          " is open for writing in another process (a running mfattn?); it was "
@@ -1049,8 +1062,9 @@ std::string exact_number_text(double value) {
 FileSummary describe_file(const std::string& path) {
   if (!is_mfattn_file(path)) {
     std::error_code ignored;
-    if (!std::filesystem::exists(path, ignored)) throw IoError("cannot read " + path + ": no such file");
-    throw IoError(path + " is not an mfattn H5MD file (no /h5md/creator with name \"mfattn\")");
+    if (!std::filesystem::exists(path, ignored))
+      throw NotMfattnFile("cannot read " + path + ": no such file");
+    throw NotMfattnFile(path + " is not an mfattn H5MD file (no /h5md/creator with name \"mfattn\")");
   }
   QuietHdf5Errors quiet;
   const Checker check(path);
@@ -1064,7 +1078,7 @@ FileSummary describe_file(const std::string& path) {
                           H5Dclose, "opening", "position/time");
   const auto time_dims = dataset_dims(check, time.get(), "position/time");
   if (dims.size() != 3 || time_dims.size() != 1)
-    throw IoError(path + " is not an mfattn H5MD file: position/{time, value} are not [T] and [T, n, d]");
+    throw NotMfattnFile(path + " is not an mfattn H5MD file: position/{time, value} are not [T] and [T, n, d]");
   summary.frames = std::min<std::size_t>(dims.at(0), time_dims.at(0));
   summary.n = dims.at(1);
   summary.d = dims.at(2);

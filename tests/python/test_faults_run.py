@@ -301,3 +301,35 @@ def test_info_and_resume_on_a_malformed_file_say_so_instead_of_aborting(mfattn_b
     resumed = run(mfattn_binary, bad, "--n", 8, "--horizon", 2, resume=True, timeout=60)
     assert resumed.returncode in (2, 4), (resumed.returncode, resumed.stderr)
     assert "bad.h5" in resumed.stderr and resumed.stderr.count("\n") == 1
+
+
+def test_a_signal_delivered_twice_at_once_still_ends_the_run_cleanly(mfattn_binary, tmp_path):
+    """A scheduler that signals every process of a job reaches a sweep's case directly and
+    through the sweep: two SIGTERMs within a moment are one request, and the run flushes."""
+    out = tmp_path / "twice.h5"
+    process = start(mfattn_binary, out, *ENDLESS)
+    wait_for(lambda: frames_in(out) >= 2, "two frames", process=process)
+    process.send_signal(signal.SIGTERM)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=DEADLINE)
+    assert process.returncode == 128 + signal.SIGTERM
+    assert run_attrs(out)["status"] == "interrupted: SIGTERM"
+
+
+def test_a_reader_holding_the_file_does_not_block_overwrite_and_is_named_by_resume(
+        mfattn_binary, tmp_path):
+    out = tmp_path / "read.h5"
+    assert run(mfattn_binary, out, "--n", 8, "--horizon", 1).returncode == 0
+    with h5py.File(out, "r"):  # h5py's default: a shared file lock, held until closed
+        # Writing in place needs HDF5's exclusive lock: refused, saying what holds the file.
+        before = out.read_bytes()
+        resumed = run(mfattn_binary, out, "--n", 8, "--horizon", 2, resume=True)
+        assert resumed.returncode == 4, resumed.stderr
+        assert "locking=False" in resumed.stderr and resumed.stderr.count("\n") == 1
+        assert out.read_bytes() == before
+        # A replacement is a new file renamed over the old one: a reader does not block it.
+        replaced = run(mfattn_binary, out, "--n", 8, "--horizon", 3, overwrite=True)
+        assert replaced.returncode == 0, replaced.stderr
+    assert frames_in(out) == 101
+    with h5py.File(out, "r") as f:
+        assert float(f["particles/tokens/position/time"][-1]) == 3.0
