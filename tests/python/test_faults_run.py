@@ -54,19 +54,40 @@ def positions(path: Path) -> np.ndarray:
         return f["particles/tokens/position/value"][()]
 
 
+_started: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def no_run_outlives_its_test():
+    """Kills every run a test started and left running (a test that failed half-way)."""
+    yield
+    while _started:
+        process = _started.pop()
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
 def start(binary: Path, out: Path, *args, overwrite=False, resume=False, **popen) -> subprocess.Popen:
     command = [str(binary), "run", *map(str, args), "--threads", "1", "--quiet", "--out", str(out)]
     if overwrite:
         command.append("--overwrite")
     if resume:
         command.append("--resume")
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            **popen)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               **popen)
+    _started.append(process)
+    return process
 
 
 def run(binary: Path, out: Path, *args, timeout=300.0, **kw) -> subprocess.CompletedProcess:
     process = start(binary, out, *args, **kw)
-    stdout, stderr = process.communicate(timeout=timeout)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()  # a run that does not end must not outlive its test
+        process.communicate()
+        raise
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
@@ -228,6 +249,7 @@ def test_progress_moves_between_frames_on_a_terminal(mfattn_binary, tmp_path):
                "--save-every", 1000, "--threads", 1, "--out", out]
     process = subprocess.Popen([str(c) for c in command], stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=follower)
+    _started.append(process)
     os.close(follower)
     os.set_blocking(leader, False)
     seen = b""
