@@ -15,6 +15,9 @@ namespace mfattn {
 
 /// Usage or configuration error (exit code 2): the message names the option, the value and
 /// what is accepted.
+/// A message as one line of stderr: control characters shown as '?', a very long one cut.
+std::string one_line(const std::string& message);
+
 /// The message is kept to one line: control characters (a newline in a value) are shown as
 /// '?' and a very long message is cut.
 struct UsageError : std::runtime_error {

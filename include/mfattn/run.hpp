@@ -2,6 +2,7 @@
 /// \file run.hpp
 /// `mfattn run`: resolved options -> Model, initial State, backend, integrator, H5MD output.
 #include <iosfwd>
+#include <string>
 #include <vector>
 
 #include "mfattn/config.hpp"
@@ -23,6 +24,9 @@ State build_initial_state(const RunConfig& cfg, const Model& model);
 /// Frame times: 0, then every --save-every (default horizon/100), --save-times or
 /// --save-log N log-spaced times in [dt, horizon]; the horizon is always the last frame.
 std::vector<double> output_times(const RunConfig& cfg);
+
+/// "SIGTERM", "SIGINT", ... for the signals runs and sweeps report ("signal N" otherwise).
+std::string signal_name(int signal);
 
 /// Runs the whole simulation and writes the output file; returns an ExitCode.
 /// Messages go to `log` (stderr in the CLI).

@@ -26,11 +26,7 @@ namespace po = boost::program_options;
 namespace {
 
 /// Shortest text that reads back as the same double.
-std::string format_number(double value) {
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
-  return std::string(buffer, result.ptr);
-}
+std::string format_number(double value) { return exact_number_text(value); }
 
 template <class T>
 po::typed_value<T>* bound(T& field) {
@@ -222,13 +218,14 @@ std::string trimmed(const std::string& text) {
 
 }  // namespace
 
-UsageError::UsageError(const std::string& message)
-    : std::runtime_error([&] {
-        std::string line = message.size() <= 2000 ? message : message.substr(0, 1997) + "...";
-        for (char& c : line)
-          if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
-        return line;
-      }()) {}
+std::string one_line(const std::string& message) {
+  std::string line = message.size() <= 2000 ? message : message.substr(0, 1997) + "...";
+  for (char& c : line)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  return line;
+}
+
+UsageError::UsageError(const std::string& message) : std::runtime_error(one_line(message)) {}
 
 std::string option_error_text(const po::error& error) {
   const auto* e = dynamic_cast<const po::error_with_option_name*>(&error);

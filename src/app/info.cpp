@@ -4,7 +4,6 @@
 
 #include "mfattn/h5md.hpp"
 #include "mfattn/run.hpp"
-#include "mfattn/series.hpp"
 
 namespace mfattn {
 
@@ -17,10 +16,6 @@ int info_command(const std::vector<std::string>& args, std::ostream& out, std::o
   try {
     // A missing or foreign file is the caller's mistake (2); a failing read of an mfattn file
     // is I/O (4).
-    { const SeriesFile checked(args[0]); }
-    if (!is_mfattn_file(args[0]))
-      throw NotMfattnFile(args[0] + " is not an mfattn H5MD file (its /h5md/creator name is not the "
-                          "variable-length string \"mfattn\" that mfattn writes)");
     summary = describe_file(args[0]);
   } catch (const NotMfattnFile& e) {
     err << "mfattn info: " << e.what() << '\n';

@@ -23,7 +23,6 @@
 #include "mfattn/integrator.hpp"
 #include "mfattn/observables.hpp"
 #include "mfattn/rng.hpp"
-#include "mfattn/series.hpp"
 #include "mfattn/version.hpp"
 
 namespace mfattn {
@@ -245,14 +244,6 @@ class StopSignals {
   std::array<struct sigaction, 3> previous_{};
 };
 
-std::string signal_name(int signal) {
-  switch (signal) {
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-    case SIGHUP: return "SIGHUP";
-    default: return "signal " + std::to_string(signal);
-  }
-}
 
 /// Fixed-step methods may take at most this many steps: beyond it a run cannot finish (at
 /// 0.1 us per step, 10^12 steps take 28 hours) and the step stops moving the clock once
@@ -272,9 +263,8 @@ void check_resumable(RunConfig& cfg) {
   if (cfg.overwrite) throw UsageError("--resume: cannot be combined with --overwrite");
   FileSummary stored;
   try {
-    // The layout check of every reader: a file that is not a readable mfattn file is refused
-    // here, before anything is opened for writing.
-    { const SeriesFile checked(cfg.out); }
+    // describe_file checks the layout as every reader does: a file that is not a readable
+    // mfattn file is refused here, before anything is opened for writing.
     stored = describe_file(cfg.out);
   } catch (const NotMfattnFile& e) {
     throw UsageError(std::string("--resume: ") + e.what());
@@ -303,6 +293,20 @@ void check_resumable(RunConfig& cfg) {
 }
 
 }  // namespace
+
+std::string signal_name(int signal) {
+  switch (signal) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGKILL: return "SIGKILL";
+    case SIGHUP: return "SIGHUP";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    default: return "signal " + std::to_string(signal);
+  }
+}
 
 Model build_model(const RunConfig& cfg) {
   Model model;

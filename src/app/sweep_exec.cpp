@@ -206,19 +206,6 @@ extern "C" void on_stop_signal(int signal) {
   errno = saved;
 }
 
-std::string signal_name(int signal) {
-  switch (signal) {
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-    case SIGKILL: return "SIGKILL";
-    case SIGHUP: return "SIGHUP";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    default: return "signal " + std::to_string(signal);
-  }
-}
 
 /// Installs the stop-signal handlers for as long as it lives (a signal that was ignored when
 /// the sweep started, as under nohup, stays ignored), and restores the previous ones after.

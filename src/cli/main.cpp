@@ -33,6 +33,22 @@ constexpr const char* kUsage =
 
 constexpr int kExitInternal = 1;
 
+/// Every command, in the order the usage lists them.
+const std::vector<std::string> kCommands = {"run", "sweep", "bench", "info", "analyze", "oclosure"};
+
+std::string accepted_commands() {
+  std::string text;
+  for (const auto& name : kCommands) text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
+
+/// The help of run and bench: a usage line, its own options, then the run option table.
+int print_run_option_help(const std::string& usage) {
+  mfattn::RunConfig defaults;
+  std::cout << usage << mfattn::run_options(defaults);
+  return mfattn::kExitOk;
+}
+
 bool wants_help(const std::vector<std::string>& args) {
   for (const auto& a : args)
     if (a == "--help" || a == "-h") return true;
@@ -49,11 +65,6 @@ bool wants_version(const std::vector<std::string>& args) {
 /// up-front estimate) is a resource failure, exit 4; anything else unexpected is an internal
 /// error, exit 1. Messages are one line.
 int guarded(const std::string& command, const std::function<int()>& body) {
-  auto line = [](std::string text) {
-    for (char& c : text)
-      if (static_cast<unsigned char>(c) < 0x20) c = '?';
-    return text;
-  };
   try {
     return body();
   } catch (const mfattn::UsageError& e) {
@@ -63,10 +74,10 @@ int guarded(const std::string& command, const std::function<int()>& body) {
     std::cerr << "mfattn " << command << ": out of memory (an allocation failed; make the run smaller)\n";
     return mfattn::kExitIo;
   } catch (const std::filesystem::filesystem_error& e) {
-    std::cerr << "mfattn " << command << ": " << line(e.what()) << '\n';
+    std::cerr << "mfattn " << command << ": " << mfattn::one_line(e.what()) << '\n';
     return mfattn::kExitIo;
   } catch (const std::exception& e) {
-    std::cerr << "mfattn " << command << ": internal error: " << line(e.what()) << '\n';
+    std::cerr << "mfattn " << command << ": internal error: " << mfattn::one_line(e.what()) << '\n';
     return kExitInternal;
   } catch (...) {
     std::cerr << "mfattn " << command << ": internal error: unknown exception\n";
@@ -75,26 +86,20 @@ int guarded(const std::string& command, const std::function<int()>& body) {
 }
 
 int print_help(const std::string& command) {
-  if (command == "run") {
-    mfattn::RunConfig defaults;
-    std::cout << "usage: mfattn run [--config FILE] [options] --out FILE.h5\n"
-              << "  option names in full; one value each, except the lists --save-times, --rope-freqs,\n"
-              << "  --amplitudes (comma separated, or several words)\n"
-              << mfattn::run_options(defaults);
-    return mfattn::kExitOk;
-  }
+  if (command == "run")
+    return print_run_option_help(
+        "usage: mfattn run [--config FILE] [options] --out FILE.h5\n"
+        "  option names in full; one value each, except the lists --save-times, --rope-freqs,\n"
+        "  --amplitudes (comma separated, or several words)\n");
   if (command == "sweep") {
     std::cout << mfattn::sweep_usage();
     return mfattn::kExitOk;
   }
-  if (command == "bench") {
-    mfattn::RunConfig defaults;
-    std::cout << "usage: mfattn bench [run options] [--min-time S] [--roofline]\n"
-              << "  --min-time S   measure for at least S seconds (1)\n"
-              << "  --roofline     also print the vectorised exp rate\n"
-              << mfattn::run_options(defaults);
-    return mfattn::kExitOk;
-  }
+  if (command == "bench")
+    return print_run_option_help(
+        "usage: mfattn bench [run options] [--min-time S] [--roofline]\n"
+        "  --min-time S   measure for at least S seconds (1)\n"
+        "  --roofline     also print the vectorised exp rate\n");
   if (command == "info") {
     std::cout << "usage: mfattn info FILE.h5\n  sizes, frames, time span, status and parameters of an mfattn file\n";
     return mfattn::kExitOk;
@@ -110,8 +115,8 @@ int print_help(const std::string& command) {
     std::cout << mfattn::oclosure_usage();
     return mfattn::kExitOk;
   }
-  std::cerr << "mfattn help: unknown command '" << command
-            << "' (accepted: run, sweep, bench, info, analyze, oclosure)\n";
+  std::cerr << "mfattn help: unknown command '" << command << "' (accepted: " << accepted_commands()
+            << ")\n";
   return mfattn::kExitUsage;
 }
 
@@ -153,10 +158,9 @@ int main(int argc, char** argv) {
     }
     return guarded("help", [&] { return print_help(args.front()); });
   }
-  const std::vector<std::string> commands = {"run", "sweep", "bench", "info", "analyze", "oclosure"};
-  if (std::find(commands.begin(), commands.end(), command) == commands.end()) {
-    std::cerr << "mfattn: unknown command '" << command
-              << "' (accepted: run, sweep, bench, info, analyze, oclosure, help)\n" << kUsage;
+  if (std::find(kCommands.begin(), kCommands.end(), command) == kCommands.end()) {
+    std::cerr << "mfattn: unknown command '" << command << "' (accepted: " << accepted_commands()
+              << ", help)\n" << kUsage;
     return mfattn::kExitUsage;
   }
   if (wants_help(args)) return guarded(command, [&] { return print_help(command); });

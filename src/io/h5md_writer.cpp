@@ -17,6 +17,7 @@
 /// - With atomic_publish the file is built under a temporary name and renamed once it holds
 ///   frame 0 (see WriterSetup).
 #include "mfattn/h5md.hpp"
+#include "mfattn/series.hpp"
 
 #include <fcntl.h>
 #include <hdf5.h>
@@ -679,24 +680,29 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     reserved_end_ = 0;
   }
 
-  /// Refuses (OutputBusy) a path that another process holds open for writing: HDF5 takes an
-  /// exclusive flock on every file it writes (readers take a shared one, which a shared
-  /// probe passes), so a shared lock we cannot take belongs to a writer.
+  /// Opens `path` and takes a non-blocking flock on it, held until the returned descriptor is
+  /// closed (-1: no such file). HDF5 takes an exclusive flock on every file it writes and
+  /// readers that lock take a shared one, so a shared probe fails only against a writer.
   /// For --resume (reopen_in_place) the probe is exclusive, as HDF5's own lock for writing
   /// will be: a reader holding a shared lock (plain h5py) then blocks it too, and says so.
-  static void refuse_if_busy(const std::string& path, bool reopen_in_place = false) {
+  /// Throws OutputBusy when the lock is held elsewhere. O_NONBLOCK: a FIFO does not hang.
+  static int lock_unless_busy(const std::string& path, bool reopen_in_place = false) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return;
-    const bool busy =
-        ::flock(fd, (reopen_in_place ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    if (fd < 0) return -1;
+    if (::flock(fd, (reopen_in_place ? LOCK_EX : LOCK_SH) | LOCK_NB) == 0 || errno != EWOULDBLOCK)
+      return fd;
     ::close(fd);
-    if (busy && reopen_in_place)
+    if (reopen_in_place)
       throw OutputBusy(path + " is open in another process (a running mfattn, or a reader that "
                        "locks the file, such as h5py without locking=False); it was left untouched");
-    if (busy)
-      throw OutputBusy("output file " + path +
-                       " is open for writing in another process (a running mfattn?); it was "
-                       "left untouched");
+    throw OutputBusy("output file " + path +
+                     " is open for writing in another process (a running mfattn?); it was "
+                     "left untouched");
+  }
+
+  /// Refuses (OutputBusy) a path that another process holds open (see lock_unless_busy).
+  static void refuse_if_busy(const std::string& path, bool reopen_in_place = false) {
+    if (const int fd = lock_unless_busy(path, reopen_in_place); fd >= 0) ::close(fd);
   }
 
   /// Renames the temporary file to its final name: without --overwrite only when that name
@@ -705,14 +711,8 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   void publish() {
     const std::string& target = setup_.path;
     if (setup_.overwrite) {
-      const int fd = ::open(target.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-      if (fd >= 0 && ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
-        ::close(fd);
-        throw OutputBusy("output file " + target +
-                         " is open for writing in another process (a running mfattn?); it was "
-                         "left untouched");
-      }
       // The lock is held across the rename, so no writer can open the old file meanwhile.
+      const int fd = lock_unless_busy(target);
       const int result = ::rename(write_path_.c_str(), target.c_str());
       const int error = errno;
       if (fd >= 0) ::close(fd);
@@ -1060,12 +1060,11 @@ std::string exact_number_text(double value) {
 }
 
 FileSummary describe_file(const std::string& path) {
-  if (!is_mfattn_file(path)) {
-    std::error_code ignored;
-    if (!std::filesystem::exists(path, ignored))
-      throw NotMfattnFile("cannot read " + path + ": no such file");
-    throw NotMfattnFile(path + " is not an mfattn H5MD file (no /h5md/creator with name \"mfattn\")");
-  }
+  // The readers' one layout check: NotMfattnFile for a missing, foreign or malformed file.
+  { const SeriesFile layout(path); }
+  if (!is_mfattn_file(path))
+    throw NotMfattnFile(path + " is not an mfattn H5MD file (its /h5md/creator name is not the "
+                        "variable-length string \"mfattn\" that mfattn writes)");
   QuietHdf5Errors quiet;
   const Checker check(path);
   Handle file = hdf5::open_read_only(path);
