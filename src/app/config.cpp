@@ -25,8 +25,13 @@ namespace po = boost::program_options;
 
 namespace {
 
-/// Shortest text that reads back as the same double.
-std::string format_number(double value) { return exact_number_text(value); }
+/// Shortest text that reads back as the same double (as exact_number_text, which lives in the
+/// writer: the option parser links without it, in the fuzz target).
+std::string format_number(double value) {
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return std::string(buffer, result.ptr);
+}
 
 template <class T>
 po::typed_value<T>* bound(T& field) {
