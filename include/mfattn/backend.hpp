@@ -46,6 +46,16 @@ std::unique_ptr<Backend> make_cpu_backend(const Model& model, int threads);
 std::unique_ptr<Backend> make_reference_backend(const Model& model);
 std::unique_ptr<Backend> make_cuda_backend(const Model& model);
 
+/// The instruction set of the CPU kernels this process uses: "avx512" (x86-64-v4), "avx2"
+/// (x86-64-v3), "sse2", "neon", ... A portable build carries several and takes the best the
+/// CPU runs, or the one named by the environment variable MFATTN_CPU_KERNELS. Throws
+/// BackendUnavailable when that variable names a set the build lacks or the CPU cannot run.
+std::string cpu_kernels_name();
+/// cpu_kernels_name() with its register width, the sets compiled in and how it was chosen.
+std::string cpu_kernels_description();
+/// The sets this build carries that this CPU runs, best first, separated by spaces.
+std::string cpu_kernels_runnable();
+
 /// The energy E = 1 / (2 beta M^2) sum_{i,j} p_i p_j m_ij c_ij exp(s_ij) of one replica, from
 /// the weight sums D_i of its n moving tokens (x: their contents) plus the rows of the prefix
 /// tokens, taken pair by pair (NaN for beta = 0, where E is undefined).

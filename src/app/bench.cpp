@@ -6,7 +6,7 @@
 #include <iomanip>
 #include <iostream>
 
-#include "backends/cpu/vector_math.hpp"
+#include "backends/cpu/cpu_kernels.hpp"
 #include "mfattn/backend.hpp"
 #include "mfattn/config.hpp"
 #include "mfattn/run.hpp"
@@ -18,37 +18,6 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-/// The exp roofline: the pair loop's own exponential (simd::exp2_nonpositive, four vectors in
-/// lockstep and without the underflow select, exactly as the symmetric loop takes them) over
-/// an L1-resident array on every thread: the rate no loop that takes one exp per pair can
-/// beat (the symmetric loop takes one per unordered pair).
-double exp_rate(int threads, double min_seconds) {
-  double total_rate = 0.0;
-#pragma omp parallel num_threads(threads) reduction(+ : total_rate)
-  {
-    std::vector<double> in(2048), out(2048);
-    for (std::size_t i = 0; i < in.size(); ++i) in[i] = -double(i % 97) * 0.37;
-    std::size_t done = 0;
-    const auto start = std::chrono::steady_clock::now();
-    double elapsed = 0.0;
-    while (elapsed < min_seconds) {
-      for (int rep = 0; rep < 100; ++rep) {
-        for (std::size_t i = 0; i < in.size(); i += 4 * simd::kLanes) {
-          simd::Lanes t[4], e[4];
-          for (std::size_t k = 0; k < 4; ++k) t[k] = simd::load(in.data() + i + k * simd::kLanes);
-          simd::exp2_nonpositive<4, false>(t, e);  // inputs in [-36, 0]
-          for (std::size_t k = 0; k < 4; ++k) simd::store(out.data() + i + k * simd::kLanes, e[k]);
-        }
-        in[rep % in.size()] -= out[(rep * 7) % out.size()] * 1e-300;  // keep the loop alive
-      }
-      done += 100 * in.size();
-      elapsed = seconds_since(start);
-    }
-    total_rate += double(done) / elapsed;
-  }
-  return total_rate;
 }
 
 }  // namespace
@@ -100,9 +69,11 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
         << model.d << " kernel " << cfg.kernel << " threads " << threads << " evaluations "
         << evaluations << " seconds_per_evaluation " << elapsed / double(evaluations)
         << " pairs_per_second " << pairs * double(evaluations) / elapsed << " loop "
-        << backend->last_loop() << '\n';
+        << backend->last_loop();
+    if (cfg.backend == "cpu") out << " cpu_kernels " << cpu_kernels_name();
+    out << '\n';
     if (roofline)
-      out << std::setprecision(4) << "exp_per_second " << exp_rate(threads, min_seconds)
+      out << std::setprecision(4) << "exp_per_second " << cpu::kernels().exp_rate(threads, min_seconds)
           << " threads " << threads << '\n';
   } catch (const UsageError& e) {
     err << "mfattn bench: " << e.what() << '\n';

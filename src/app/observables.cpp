@@ -241,21 +241,21 @@ PairStatistics pair_pass(const double* x, std::size_t d, const std::vector<std::
     simd::Lanes best = simd::broadcast(lowest);
     [[maybe_unused]] simd::Lanes top = simd::broadcast(highest);
     [[maybe_unused]] const simd::Lanes close_bound = simd::broadcast(close_above);
-    [[maybe_unused]] simd::LaneInts close_lanes{};
+    [[maybe_unused]] simd::Lanes close_lanes{};  // counts (exact as doubles up to 2^53)
     for (std::size_t j = head_end; j < body_end; j += kLanes) {
       simd::Lanes inner = simd::broadcast(rows[i]) * simd::load(rows.data() + j);
       for (std::size_t c = 1; c < d; ++c)
         inner += simd::broadcast(rows[c * stride + i]) * simd::load(rows.data() + c * stride + j);
-      best = inner < best ? inner : best;
+      best = simd::min(inner, best);
       if constexpr (kStats) {
-        close_lanes -= inner > close_bound;  // a true comparison is -1
-        top = inner > top ? inner : top;
+        close_lanes += simd::select_or_zero(inner > close_bound, simd::broadcast(1.0));
+        top = simd::max(inner, top);
       }
     }
     for (std::size_t l = 0; l < kLanes; ++l) lowest = std::min(lowest, best[l]);
     if constexpr (kStats) {
       for (std::size_t l = 0; l < kLanes; ++l) {
-        close += close_lanes[l];
+        close += static_cast<std::int64_t>(close_lanes[l]);
         highest = std::max(highest, top[l]);
       }
     }

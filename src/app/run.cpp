@@ -655,6 +655,7 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     parameters.push_back({"version", std::string(kVersion)});
     parameters.push_back({"source_revision", std::string(kSourceRevision)});
     parameters.push_back({"backend_used", backend->name()});
+    if (cfg.backend == "cpu") parameters.push_back({"cpu_kernels_used", cpu_kernels_name()});
     parameters.push_back({"threads_used", static_cast<std::int64_t>(threads)});
     parameters.push_back({"eps_den_used", model.eps_den});
     parameters.push_back({"gradient_flow", model.is_gradient_flow()});

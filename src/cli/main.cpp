@@ -11,6 +11,7 @@
 #endif
 
 #include "mfattn/analyze.hpp"
+#include "mfattn/backend.hpp"
 #include "mfattn/bench.hpp"
 #include "mfattn/config.hpp"
 #include "mfattn/info.hpp"
@@ -138,7 +139,15 @@ int main(int argc, char** argv) {
     return mfattn::kExitUsage;
   }
   if (wants_version(args)) {
-    std::cout << "mfattn " << mfattn::kVersion << " (" << mfattn::kSourceRevision << ")\n";
+    try {
+      const std::string kernels = mfattn::cpu_kernels_description();
+      std::cout << "mfattn " << mfattn::kVersion << " (" << mfattn::kSourceRevision << ")\n"
+                << "cpu kernels: " << kernels << '\n'
+                << "cpu kernels this CPU runs: " << mfattn::cpu_kernels_runnable() << '\n';
+    } catch (const mfattn::BackendUnavailable& e) {
+      std::cerr << "mfattn: " << e.what() << '\n';
+      return mfattn::kExitUsage;
+    }
     return mfattn::kExitOk;
   }
   const std::string command = args.front();

@@ -43,12 +43,14 @@
 #include "backends/cpu/micro_kernels.hpp"
 #include "backends/cpu/pair_terms.hpp"
 #include "backends/cpu/symmetric_pairs.hpp"
+#include "backends/cpu/cpu_kernels.hpp"
 #include "backends/cpu/vector_math.hpp"
 
-namespace mfattn {
+MFATTN_CPU_TARGET_BEGIN
+namespace mfattn::cpu {
+inline namespace MFATTN_CPU_NAMESPACE {
 namespace {
 
-using namespace cpu;  // the operands, constants and micro-kernels of micro_kernels.hpp
 
 /// Running sums of one block of receivers over the sources seen so far:
 /// S_i as lanes, and A_i as lanes over sources (small d) or as rows (large d).
@@ -551,8 +553,10 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(const Model& model, int threads) {
+std::unique_ptr<Backend> make_backend(const Model& model, int threads) {
   return std::make_unique<CpuBackend>(model, threads);
 }
 
-}  // namespace mfattn
+}  // namespace MFATTN_CPU_NAMESPACE
+}  // namespace mfattn::cpu
+MFATTN_CPU_TARGET_END

@@ -11,7 +11,9 @@
 #include "backends/cpu/pair_terms.hpp"
 #include "backends/cpu/vector_math.hpp"
 
+MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {
+inline namespace MFATTN_CPU_NAMESPACE {
 
 using simd::Lanes;
 using simd::kLanes;
@@ -96,6 +98,61 @@ struct Prepared {
   }
 };
 
+// Where a register holds fewer than the 8 lanes (AVX2: 4, SSE2 and NEON: 2), the large-d
+// micro-kernels keep their sums as native registers and take them in groups that fit the
+// register file: kAccumulators sums at a time (12 of AVX2's 16 registers, 24 of NEON's 32),
+// kAccumulatorColumns registers of components or sources per receiver times as many
+// receivers as then fit. Every sum is still its own FMA chain over the same terms in the
+// same order: the grouping changes which sums share a pass over the operands, nothing else.
+inline constexpr std::size_t kAccumulators = simd::kVectorRegisters * 3 / 4;
+inline constexpr std::size_t kAccumulatorColumns = 4;
+inline constexpr std::size_t kAccumulatorRows = kAccumulators / kAccumulatorColumns;
+
+/// The logit sums -offset_r + sum_c q_r[c] k_j[c] of receivers [kFirst, kFirst + kGroup) for
+/// the kKeyPanel sources at j, kAccumulatorColumns registers of sources at a time, into
+/// logits (as panel_logits; the bias and log-terms are added by the caller).
+template <std::size_t kReceivers, std::size_t kFirst>
+[[gnu::always_inline]] inline void panel_logit_groups(const Prepared& p, const double* const* q,
+                                                      const double* neg_offset, std::size_t j,
+                                                      Lanes (*logits)[4]) {
+  if constexpr (kFirst < kReceivers) {
+    constexpr std::size_t kGroup = std::min(kAccumulatorRows, kReceivers - kFirst);
+    constexpr std::size_t kPanelRegisters = kKeyPanel / simd::kRegisterLanes;
+    constexpr std::size_t kColumns = std::min(kAccumulatorColumns, kPanelRegisters);
+    static_assert(kPanelRegisters % kColumns == 0);
+    for (std::size_t m0 = 0; m0 < kPanelRegisters; m0 += kColumns) {
+      simd::Register s[kGroup][kColumns];
+#pragma GCC unroll 8
+      for (std::size_t r = 0; r < kGroup; ++r)
+#pragma GCC unroll 8
+        for (std::size_t m = 0; m < kColumns; ++m)
+          s[r][m] = simd::splat<simd::Register>(neg_offset[kFirst + r]);
+      const double* keys = p.key_lanes(0, j) + m0 * simd::kRegisterLanes;
+      for (std::size_t c = 0; c < p.d; ++c, keys += kKeyPanel) {
+        simd::Register k[kColumns];
+#pragma GCC unroll 8
+        for (std::size_t m = 0; m < kColumns; ++m)
+          k[m] = simd::load_register(keys + m * simd::kRegisterLanes);
+#pragma GCC unroll 8
+        for (std::size_t r = 0; r < kGroup; ++r) {
+          const simd::Register qc = simd::splat<simd::Register>(q[kFirst + r][c]);
+#pragma GCC unroll 8
+          for (std::size_t m = 0; m < kColumns; ++m) s[r][m] += qc * k[m];
+        }
+      }
+#pragma GCC unroll 8
+      for (std::size_t r = 0; r < kGroup; ++r)
+#pragma GCC unroll 8
+        for (std::size_t m = 0; m < kColumns; ++m) {
+          const std::size_t flat = m0 + m;  // register `flat` of the panel's 4 lane vectors
+          logits[kFirst + r][flat / simd::kRegistersPerLanes]
+              .part[flat % simd::kRegistersPerLanes] = s[r][m];
+        }
+    }
+    panel_logit_groups<kReceivers, kFirst + kGroup>(p, q, neg_offset, j, logits);
+  }
+}
+
 /// Micro-kernel of the logits: l_ij - offset_i for kReceivers receivers and the kKeyPanel
 /// sources of the key panel at j, lanes over sources, in the units of q: natural (bias =
 /// p.bias, log_scale = 1) or base 2 (q, offsets scaled by log2 e, bias = p.bias_log2,
@@ -109,6 +166,10 @@ template <std::size_t kReceivers, class Terms>
                          const double* neg_offset, const typename Terms::Receiver* receiver_terms,
                          const double* bias_row, double log_scale, std::size_t j,
                          Lanes (*logits)[4]) {
+  if constexpr (simd::kRegistersPerLanes > 1) {
+    // Fewer lanes per register: the sums in register groups that fit (see kAccumulators).
+    panel_logit_groups<kReceivers, 0>(p, q, neg_offset, j, logits);
+  } else {
   Lanes s[kReceivers][4];
 #pragma GCC unroll 8
   for (std::size_t r = 0; r < kReceivers; ++r)
@@ -138,6 +199,65 @@ template <std::size_t kReceivers, class Terms>
         logits[r][h] += terms.log_term(receiver_terms[r], jh) * log_scale;
     }
   }
+    return;
+  }
+#pragma GCC unroll 4
+  for (std::size_t h = 0; h < 4; ++h) {
+    const std::size_t jh = j + h * kLanes;
+    const Lanes bias = bias_row ? simd::load(bias_row + jh) : Lanes{};
+#pragma GCC unroll 8
+    for (std::size_t r = 0; r < kReceivers; ++r) {
+      if (bias_row) logits[r][h] += bias;
+      if constexpr (Terms::kHasLogTerm)
+        logits[r][h] += terms.log_term(receiver_terms[r], jh) * log_scale;
+    }
+  }
+}
+
+/// add_weighted_values with the sums as native registers: receivers [kFirst, kReceivers) in
+/// groups of kAccumulatorRows, kRegisters registers of components from cb in passes of
+/// kAccumulatorColumns (see kAccumulators).
+template <std::size_t kReceivers, std::size_t kFirst, std::size_t kRegisters>
+[[gnu::always_inline]] inline void add_weighted_register_groups(
+    const double* values, std::size_t value_stride, double* acc, std::size_t acc_stride,
+    const double* weights, std::size_t weight_stride, std::size_t weight_step, std::size_t count,
+    std::size_t cb) {
+  if constexpr (kFirst < kReceivers) {
+    constexpr std::size_t kGroup = std::min(kAccumulatorRows, kReceivers - kFirst);
+    constexpr std::size_t kColumns = std::min(kAccumulatorColumns, kRegisters);
+    static_assert(kRegisters % kColumns == 0);
+    constexpr std::size_t kWidth = simd::kRegisterLanes;
+    for (std::size_t m0 = 0; m0 < kRegisters; m0 += kColumns) {
+      const std::size_t column = cb + m0 * kWidth;
+      double* rows = acc + kFirst * acc_stride + column;
+      simd::Register a[kGroup][kColumns];
+#pragma GCC unroll 8
+      for (std::size_t r = 0; r < kGroup; ++r)
+#pragma GCC unroll 8
+        for (std::size_t m = 0; m < kColumns; ++m)
+          a[r][m] = simd::load_register(rows + r * acc_stride + m * kWidth);
+      const double* row = values + column;
+      const double* w_rows = weights + kFirst * weight_stride;
+      for (std::size_t t = 0; t < count; ++t, row += value_stride, w_rows += weight_step) {
+        simd::Register z[kColumns];
+#pragma GCC unroll 8
+        for (std::size_t m = 0; m < kColumns; ++m) z[m] = simd::load_register(row + m * kWidth);
+#pragma GCC unroll 8
+        for (std::size_t r = 0; r < kGroup; ++r) {
+          const simd::Register w = simd::splat<simd::Register>(w_rows[r * weight_stride]);
+#pragma GCC unroll 8
+          for (std::size_t m = 0; m < kColumns; ++m) a[r][m] += w * z[m];
+        }
+      }
+#pragma GCC unroll 8
+      for (std::size_t r = 0; r < kGroup; ++r)
+#pragma GCC unroll 8
+        for (std::size_t m = 0; m < kColumns; ++m)
+          simd::store(rows + r * acc_stride + m * kWidth, a[r][m]);
+    }
+    add_weighted_register_groups<kReceivers, kFirst + kGroup, kRegisters>(
+        values, value_stride, acc, acc_stride, weights, weight_stride, weight_step, count, cb);
+  }
 }
 
 /// Micro-kernel of A_r += sum_t w_rt z_t for kReceivers rows of sums (acc, acc_stride apart)
@@ -152,6 +272,11 @@ inline void add_weighted_values(const double* values, std::size_t value_stride, 
                                 std::size_t acc_stride, const double* weights,
                                 std::size_t weight_stride, std::size_t weight_step,
                                 std::size_t count, std::size_t cb) {
+  if constexpr (simd::kRegistersPerLanes > 1) {
+    add_weighted_register_groups<kReceivers, 0, kVectors * simd::kRegistersPerLanes>(
+        values, value_stride, acc, acc_stride, weights, weight_stride, weight_step, count, cb);
+    return;
+  }
   Lanes a[kReceivers][kVectors];
 #pragma GCC unroll 8
   for (std::size_t r = 0; r < kReceivers; ++r)
@@ -199,4 +324,6 @@ inline void add_weighted_rows(const double* values, std::size_t value_stride, do
                                        weight_stride, weight_step, count, cb);
 }
 
+}  // namespace MFATTN_CPU_NAMESPACE
 }  // namespace mfattn::cpu
+MFATTN_CPU_TARGET_END

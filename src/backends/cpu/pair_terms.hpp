@@ -14,7 +14,9 @@
 #include "backends/cpu/vector_math.hpp"
 #include "mfattn/model.hpp"
 
+MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {
+inline namespace MFATTN_CPU_NAMESPACE {
 
 /// Labels of the sources as lanes, in the backend's source order: the prefix tokens first
 /// (padded to a whole tile), then the moving tokens: position_dim rows of padded_sources
@@ -43,7 +45,8 @@ struct CausalMask {
   static constexpr bool kActive = true;
   simd::Lanes log_term(const SourcePositions& s, const ReceiverPosition& r, std::size_t j) const {
     const simd::Lanes xi = simd::load(s.row(0) + j);
-    return xi > r.xi[0] ? simd::broadcast(-std::numeric_limits<double>::infinity()) : simd::Lanes{};
+    return simd::select(xi > r.xi[0], simd::broadcast(-std::numeric_limits<double>::infinity()),
+                        simd::Lanes{});
   }
 };
 
@@ -63,9 +66,8 @@ struct WindowMask {
   static constexpr bool kActive = true;
   double window_squared = 0.0;
   simd::Lanes log_term(const SourcePositions& s, const ReceiverPosition& r, std::size_t j) const {
-    return squared_distance(s, r, j) > window_squared
-               ? simd::broadcast(-std::numeric_limits<double>::infinity())
-               : simd::Lanes{};
+    return simd::select(squared_distance(s, r, j) > window_squared,
+                        simd::broadcast(-std::numeric_limits<double>::infinity()), simd::Lanes{});
   }
 };
 
@@ -80,7 +82,7 @@ struct PromptMasked {
     simd::Lanes t{};
     if constexpr (Mask::kActive) t = inner.log_term(s, r, j);
     const simd::Lanes prompt = simd::load(s.prompts.data() + j);
-    return prompt != r.prompt ? simd::broadcast(-std::numeric_limits<double>::infinity()) : t;
+    return simd::select(prompt != r.prompt, simd::broadcast(-std::numeric_limits<double>::infinity()), t);
   }
 };
 
@@ -100,9 +102,7 @@ struct DistanceFactor {
   static constexpr bool kLog = true, kMultiply = false;
   double lambda = 1.0;
   simd::Lanes log_term(const SourcePositions& s, const ReceiverPosition& r, std::size_t j) const {
-    simd::Lanes dist2 = squared_distance(s, r, j), dist;
-    for (std::size_t l = 0; l < simd::kLanes; ++l) dist[l] = std::sqrt(dist2[l]);
-    return dist * -lambda;
+    return simd::sqrt(squared_distance(s, r, j)) * -lambda;
   }
   simd::Lanes factor(const SourcePositions&, const ReceiverPosition&, std::size_t) const {
     return simd::broadcast(1.0);
@@ -132,7 +132,7 @@ struct CosineFactor {
   simd::Lanes factor(const SourcePositions& s, const ReceiverPosition& r, std::size_t j) const {
     const simd::Lanes diff = simd::load(s.row(0) + j) - r.xi[0];
     simd::Lanes out;
-    for (std::size_t l = 0; l < simd::kLanes; ++l) out[l] = std::cos(omega * diff[l]);
+    for (std::size_t l = 0; l < simd::kLanes; ++l) out.set(l, std::cos(omega * diff[l]));
     return out;
   }
 };
@@ -254,4 +254,6 @@ class PairTerms {
   std::vector<double> receiver_positions_, receiver_prompts_;
 };
 
+}  // namespace MFATTN_CPU_NAMESPACE
 }  // namespace mfattn::cpu
+MFATTN_CPU_TARGET_END

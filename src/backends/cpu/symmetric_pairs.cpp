@@ -14,7 +14,9 @@
 #include "backends/backend_common.hpp"
 #include "mfattn/backend.hpp"
 
+MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {
+inline namespace MFATTN_CPU_NAMESPACE {
 namespace {
 
 // 64 = 10 x 6 + 4: the large-d micro-kernels take a tile's receivers 6 at a time, then 4.
@@ -30,7 +32,16 @@ using PlainTerms = Terms<FullMask, NoFactor>;
 // 4096; 2 x 4 as fast, but its 32-wide diagonal strips take more pairs twice). The rows
 // of a step are taken in order and the chunks per step unchanged, so every sum keeps its
 // order: the same bits as 2 x 2.
-constexpr std::size_t kSymmetricRows = 4, kSymmetricChunks = 2;
+constexpr std::size_t kSymmetricChunks = 2;
+// Where a register holds fewer than the 8 lanes, the block is walked once per register of
+// the lanes (lanes 0-3, then 4-7 on AVX2): each lane's sums take the same terms in the same
+// order either way (a lane never meets another lane's sources), but the kernel then needs a
+// register per lane vector instead of two or four, which is what fits AVX2's 16 registers
+// (walked as 2 x 4-lane halves in lockstep, GCC spilled half the loop's operands). With 16
+// registers two rows per step fit; eight exps in lockstep were measured best on AVX-512.
+constexpr bool kSymmetricByRegister = simd::kRegistersPerLanes > 1;
+constexpr std::size_t kSymmetricRows =
+    !kSymmetricByRegister || simd::kVectorRegisters >= 32 ? 4 : 2;
 
 }  // namespace
 
@@ -156,25 +167,30 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
   constexpr std::size_t kRows = kSymmetricRows, kChunks = kSymmetricChunks;
   constexpr std::size_t kWidth = kChunks * kLanes, kExps = kRows * kChunks;
   static_assert(kTile % kWidth == 0 && kWidth % kRows == 0 && kKeyPanel % kWidth == 0);
+  // The block is walked once per part of the lanes (see kSymmetricByRegister): V is one
+  // register, and `part` the offset of its lanes in every lane vector of the layout.
+  using V = std::conditional_t<kSymmetricByRegister, simd::Register, Lanes>;
+  constexpr std::size_t kParts = kSymmetricByRegister ? simd::kRegistersPerLanes : 1;
   const std::size_t a_begin = row_tile * kTile, b_begin = column_tile * kTile;
   const std::size_t stride = stride_;
-  const Lanes neg_offset = simd::broadcast(s.neg_offset_log2);
+  const V neg_offset = simd::splat<V>(s.neg_offset_log2);
   double* acc = s.acc.data();
   double* weight_sum = s.weight_sum.data();
   double* row_lanes = s.row_lanes.data();
   const double* values = s.values;
   const double* presence = s.presence.data();
   const double* queries = s.queries.data();
+  for (std::size_t part = 0; part < kParts * simd::kRegisterLanes; part += simd::kRegisterLanes)
   for (std::size_t a0 = a_begin; a0 < a_begin + kTile; a0 += kRows) {
     double q[kRows * kDim], row_presence[kRows], row_values[kRows * kDim];
-    Lanes row_sum[kRows], row_acc[kRows][kDim];
+    V row_sum[kRows], row_acc[kRows][kDim];
     for (std::size_t r = 0; r < kRows; ++r) {
       // A tile's first block in the row role is its diagonal one (round 2 I): its lane sums
       // start there from zero (no clearing of the row lanes per evaluation).
-      const double* lanes = row_lanes + (a0 + r) * (kDim + 1) * kLanes;
-      row_sum[r] = kDiagonal ? Lanes{} : simd::load(lanes);
+      const double* lanes = row_lanes + (a0 + r) * (kDim + 1) * kLanes + part;
+      row_sum[r] = kDiagonal ? V{} : simd::load_as<V>(lanes);
       for (std::size_t c = 0; c < kDim; ++c)
-        row_acc[r][c] = kDiagonal ? Lanes{} : simd::load(lanes + (c + 1) * kLanes);
+        row_acc[r][c] = kDiagonal ? V{} : simd::load_as<V>(lanes + (c + 1) * kLanes);
       row_presence[r] = presence[a0 + r];
       for (std::size_t c = 0; c < kDim; ++c) {
         q[r * kDim + c] = queries[(a0 + r) * kDim + c];
@@ -182,7 +198,7 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
       }
     }
     auto step = [&]<bool kColumn>(std::size_t j) __attribute__((always_inline)) {
-      const double* key_lanes = p.key_lanes(0, j);
+      const double* key_lanes = p.key_lanes(0, j) + part;
       // The row receivers' queries and values are read from memory by the multiply-adds (an
       // embedded broadcast) in every step: hoisted out of the loop, their 24 broadcasts
       // crowded the registers and GCC spilled the row sums instead (7-12 % slower). The
@@ -190,29 +206,30 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
       const double* row_q = q;
       const double* row_z = row_values;
       asm("" : "+r"(row_q), "+r"(row_z));
-      Lanes logits[kExps], weights[kExps];
+      V logits[kExps], weights[kExps];
       for (std::size_t h = 0; h < kChunks; ++h) {
-        Lanes keys[kDim];
+        V keys[kDim];
         for (std::size_t c = 0; c < kDim; ++c)
-          keys[c] = simd::load(key_lanes + c * kKeyPanel + h * kLanes);
+          keys[c] = simd::load_as<V>(key_lanes + c * kKeyPanel + h * kLanes);
         for (std::size_t r = 0; r < kRows; ++r) {
-          Lanes& logit = logits[r * kChunks + h];
+          V& logit = logits[r * kChunks + h];
           logit = row_q[r * kDim] * keys[0] + neg_offset;
           for (std::size_t c = 1; c < kDim; ++c) logit += row_q[r * kDim + c] * keys[c];
           if constexpr (kLogTerms)
-            logit += simd::load(log_terms + (a0 + r - a_begin) * kTile + (j - b_begin) + h * kLanes);
+            logit += simd::load_as<V>(log_terms + (a0 + r - a_begin) * kTile + (j - b_begin) +
+                                      h * kLanes + part);
         }
       }
       // Without log-terms every logit is >= -2 B log2(e) > -1020 (offset_usable): no select
       // for underflow. A log-term can hide a pair (-inf) or take it below -1022: exactly 0.
       simd::exp2_nonpositive<kExps, kLogTerms, true>(logits, weights);
       for (std::size_t h = 0; h < kChunks; ++h) {
-        const std::size_t jh = j + h * kLanes;
-        const Lanes column_presence = simd::load(presence + jh);
-        Lanes column_values[kDim];
-        for (std::size_t c = 0; c < kDim; ++c) column_values[c] = simd::load(values + c * stride + jh);
+        const std::size_t jh = j + h * kLanes + part;
+        const V column_presence = simd::load_as<V>(presence + jh);
+        V column_values[kDim];
+        for (std::size_t c = 0; c < kDim; ++c) column_values[c] = simd::load_as<V>(values + c * stride + jh);
         for (std::size_t r = 0; r < kRows; ++r) {
-          const Lanes w = weights[r * kChunks + h];
+          const V w = weights[r * kChunks + h];
           // With every p = 1 in both tiles the weight sums take plain adds (the same bits as
           // w * 1 + S), which leave the multiply-add pipes to the exponential.
           if constexpr (kAllPresent)
@@ -222,10 +239,10 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
           for (std::size_t c = 0; c < kDim; ++c) row_acc[r][c] += w * column_values[c];
         }
         if constexpr (kColumn) {
-          Lanes column_sum = simd::load(weight_sum + jh), column_acc[kDim];
-          for (std::size_t c = 0; c < kDim; ++c) column_acc[c] = simd::load(acc + c * stride + jh);
+          V column_sum = simd::load_as<V>(weight_sum + jh), column_acc[kDim];
+          for (std::size_t c = 0; c < kDim; ++c) column_acc[c] = simd::load_as<V>(acc + c * stride + jh);
           for (std::size_t r = 0; r < kRows; ++r) {
-            const Lanes w = weights[r * kChunks + h];
+            const V w = weights[r * kChunks + h];
             if constexpr (kAllPresent)
               column_sum += w;
             else
@@ -245,7 +262,7 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
     }
     for (; j < b_begin + kTile; j += kWidth) step.template operator()<true>(j);
     for (std::size_t r = 0; r < kRows; ++r) {
-      double* lanes = row_lanes + (a0 + r) * (kDim + 1) * kLanes;
+      double* lanes = row_lanes + (a0 + r) * (kDim + 1) * kLanes + part;
       simd::store(lanes, row_sum[r]);
       for (std::size_t c = 0; c < kDim; ++c) simd::store(lanes + (c + 1) * kLanes, row_acc[r][c]);
     }
@@ -506,4 +523,6 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
   }
 }
 
+}  // namespace MFATTN_CPU_NAMESPACE
 }  // namespace mfattn::cpu
+MFATTN_CPU_TARGET_END

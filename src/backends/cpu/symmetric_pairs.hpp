@@ -42,7 +42,9 @@
 #include "backends/cpu/pair_terms.hpp"
 #include "mfattn/model.hpp"
 
+MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {
+inline namespace MFATTN_CPU_NAMESPACE {
 
 /// Whether the symmetric loop applies to the model (see the file comment).
 bool symmetric_pairs_apply(const Model& model);
@@ -108,4 +110,6 @@ class SymmetricPairs {
   std::unique_ptr<std::atomic<std::size_t>[]> claimed_;  // blocks claimed per round (2 threads)
 };
 
+}  // namespace MFATTN_CPU_NAMESPACE
 }  // namespace mfattn::cpu
+MFATTN_CPU_TARGET_END

@@ -1,0 +1,114 @@
+// Picks the CPU kernels once per process (cpu_kernels.hpp). Compiled with the build's own
+// flags: it must run on every CPU the binary is meant for.
+#include <cstdlib>
+#include <sstream>
+#include <string>
+
+#include "backends/cpu/cpu_kernels.hpp"
+
+namespace mfattn::cpu {
+
+// The sets compiled into this build (CMake defines MFATTN_CPU_HAVE_<TARGET> for each
+// pragma-selected target; the build's own flags always give one).
+#if defined(MFATTN_CPU_HAVE_AVX512)
+inline namespace avx512 {
+extern const KernelSet kernel_set;
+}
+#endif
+#if defined(MFATTN_CPU_HAVE_AVX2)
+inline namespace avx2 {
+extern const KernelSet kernel_set;
+}
+#endif
+inline namespace build_flags {
+extern const KernelSet kernel_set;
+}
+
+namespace {
+
+constexpr const char* kVariable = "MFATTN_CPU_KERNELS";
+
+const char* requested() {
+  const char* value = std::getenv(kVariable);
+  return value && *value && std::string(value) != "auto" ? value : nullptr;
+}
+
+std::string names(bool only_supported) {
+  std::string out;
+  for (const KernelSet* set : compiled_kernel_sets())
+    if (!only_supported || set->supported()) {
+      if (!out.empty()) out += ", ";
+      out += set->name;
+    }
+  return out;
+}
+
+const KernelSet& choose() {
+  __builtin_cpu_init();
+  const char* wanted = requested();
+  for (const KernelSet* set : compiled_kernel_sets()) {
+    if (wanted && std::string(wanted) != set->name) continue;
+    if (set->supported()) return *set;
+    throw BackendUnavailable(std::string(kVariable) + "=" + wanted +
+                             ": this CPU cannot run those kernels (accepted here: auto, " +
+                             names(true) + ")");
+  }
+  if (wanted)
+    throw BackendUnavailable(std::string(kVariable) + "=" + wanted +
+                             ": not compiled into this build (accepted here: auto, " +
+                             names(true) + ")");
+  return build_flags::kernel_set;  // (unreachable: the build's own set is always supported)
+}
+
+}  // namespace
+
+const std::vector<const KernelSet*>& compiled_kernel_sets() {
+  static const std::vector<const KernelSet*> sets = {
+#if defined(MFATTN_CPU_HAVE_AVX512)
+      &avx512::kernel_set,
+#endif
+#if defined(MFATTN_CPU_HAVE_AVX2)
+      &avx2::kernel_set,
+#endif
+      &build_flags::kernel_set};
+  return sets;
+}
+
+const KernelSet& kernels() {
+  static const KernelSet& chosen = choose();
+  return chosen;
+}
+
+std::string describe_kernels() {
+  const KernelSet& set = kernels();
+  std::ostringstream out;
+  out << set.name << " (" << set.register_lanes << " doubles per register; compiled: ";
+  for (const KernelSet* compiled : compiled_kernel_sets())
+    out << compiled->name << (compiled == compiled_kernel_sets().back() ? "" : " ");
+  out << "; " << (requested() ? std::string("set by ") + kVariable : "the best this CPU runs")
+      << ")";
+  return out.str();
+}
+
+}  // namespace mfattn::cpu
+
+namespace mfattn {
+
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, int threads) {
+  return cpu::kernels().make_backend(model, threads);
+}
+
+std::string cpu_kernels_name() { return cpu::kernels().name; }
+std::string cpu_kernels_description() { return cpu::describe_kernels(); }
+std::string cpu_kernels_runnable() {
+  __builtin_cpu_init();
+  std::string out;
+  for (const cpu::KernelSet* set : cpu::compiled_kernel_sets())
+    if (set->supported()) {
+      if (!out.empty()) out += ' ';
+      out += set->name;
+    }
+  return out;
+}
+
+}  // namespace mfattn
