@@ -14,6 +14,17 @@ cmake --build build -j "$jobs"
 # above, so the MPI sweep test must run rather than skip.
 export MFATTN_REQUIRE_MPI=1
 (cd build && ctest --output-on-failure -j 1)
+# The unit tests again under every other CPU kernel set this CPU runs (the Release binary
+# carries several and ctest ran the best one): the backends' exactness tests (reference
+# agreement, null-token bits, thread counts) then cover each instruction-set path. The long
+# numerical runs do not depend on the kernels' ISA beyond rounding and are left out.
+runnable=$(build/mfattn --version | sed -n 's/^cpu kernels this CPU runs: //p')
+for kernels in ${runnable#* }; do
+  [ "$kernels" = "$runnable" ] && break  # only one set
+  echo "unit tests with MFATTN_CPU_KERNELS=$kernels"
+  MFATTN_CPU_KERNELS=$kernels build/tests/mfattn_tests --gtest_brief=1 \
+    --gtest_filter='-Collapse.*:Noise.*:Resume.*:Sweep.*'
+done
 
 if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
   # AddressSanitizer + UndefinedBehaviorSanitizer build of the unit and CLI tests (portable
