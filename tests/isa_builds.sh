@@ -9,10 +9,9 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 jobs=$(nproc 2>/dev/null || echo 2)
-if [ ! -x build/mfattn ]; then
-  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build build -j "$jobs" --target mfattn
-fi
+# The dispatching Release build, brought up to date (incremental when it is current).
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$jobs" --target mfattn
 extra=()
 for arch in native x86-64-v3 x86-64-v2; do
   dir="build-isa/$arch"
