@@ -26,6 +26,13 @@ extern const KernelSet kernel_set;
 
 namespace {
 
+/// Fills GCC's CPU feature table (x86 only; elsewhere the build's own set is the only one).
+void initialise_cpu_features() {
+#if defined(__x86_64__) || defined(__i386__)
+  initialise_cpu_features();
+#endif
+}
+
 constexpr const char* kVariable = "MFATTN_CPU_KERNELS";
 
 const char* requested() {
@@ -44,7 +51,7 @@ std::string names(bool only_supported) {
 }
 
 const KernelSet& choose() {
-  __builtin_cpu_init();
+  initialise_cpu_features();
   const char* wanted = requested();
   for (const KernelSet* set : compiled_kernel_sets()) {
     if (wanted && std::string(wanted) != set->name) continue;
@@ -101,7 +108,7 @@ std::unique_ptr<Backend> make_cpu_backend(const Model& model, int threads) {
 std::string cpu_kernels_name() { return cpu::kernels().name; }
 std::string cpu_kernels_description() { return cpu::describe_kernels(); }
 std::string cpu_kernels_runnable() {
-  __builtin_cpu_init();
+  cpu::initialise_cpu_features();
   std::string out;
   for (const cpu::KernelSet* set : cpu::compiled_kernel_sets())
     if (set->supported()) {
