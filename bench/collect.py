@@ -7,6 +7,13 @@ initial state, HDF5 output and the observables of its two frames). Each command 
 a contamination check: the CPU time the whole machine spent during the command (from
 /proc/stat) minus the CPU time of the command itself (from getrusage of children); more
 than 10 % of the machine's capacity used by others marks the row "noisy".
+
+mfattn is measured on its default kernels (the run-time choice) and, for the n = 4096 d = 3 and
+d = 64, the n = 256 2000-step and the roofline cases, once more on the AVX2 kernels of the same
+binary (MFATTN_CPU_KERNELS=avx2) against an AVX2 NumPy peer (OPENBLAS_CORETYPE=Haswell, NumPy's
+AVX-512 loops off through NPY_DISABLE_CPU_FEATURES) and the Haswell dgemm rate. The --exp-peers
+programs (bench/exp_peers.cpp) time mfattn's exponential against Eigen's, SLEEF's and libmvec's
+built for the same ISA, and the FMA peak, on one core (taskset -c 0).
 """
 
 import argparse
@@ -122,13 +129,79 @@ def group(name, fn, wait, retries):
     return result
 
 
-def numpy_env():
-    """NumPy's default threading (no *_NUM_THREADS), without the OpenBLAS core overrides."""
+def numpy_env(avx2=False):
+    """NumPy's default threading (no *_NUM_THREADS), without the OpenBLAS core overrides.
+    avx2: the peer an AVX2+FMA machine gets: OpenBLAS's Haswell kernels and NumPy's AVX-512
+    loops switched off (NPY_DISABLE_CPU_FEATURES; NumPy 1.24 honours it at import)."""
     env = dict(os.environ)
     for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
-              "OPENBLAS_VERBOSE"):
+              "OPENBLAS_VERBOSE", "NPY_DISABLE_CPU_FEATURES"):
         env.pop(k, None)
+    if avx2:
+        env["OPENBLAS_CORETYPE"] = "Haswell"
+        env["NPY_DISABLE_CPU_FEATURES"] = NPY_NO_AVX512
+    elif DEFAULT_CORE[0]:
+        env["OPENBLAS_CORETYPE"] = DEFAULT_CORE[0]
     return env
+
+
+# OpenBLAS cores without AVX: when OpenBLAS 0.3.21 does not know a newer CPU it falls back to
+# one of these, and the default peer would then be slower than the CPU allows. The default
+# peer is then given the best core the CPU's flags support (said in the report).
+OPENBLAS_FALLBACK_CORES = {"Prescott", "Core2", "Nehalem", "Katmai", "Coppermine", "Northwood",
+                           "Atom", "unknown"}
+DEFAULT_CORE = [None]
+
+
+def choose_default_core():
+    detected = numpy_features(numpy_env()).get("openblas_core", "unknown")
+    flags = next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo")
+                  if ln.startswith("flags")), [])
+    if detected in OPENBLAS_FALLBACK_CORES:
+        if "avx512f" in flags:
+            DEFAULT_CORE[0] = "SkylakeX"
+        elif "avx2" in flags:
+            DEFAULT_CORE[0] = "Haswell"
+    return detected
+
+
+# NumPy 1.24's dispatch targets above AVX2 (numpy.core._multiarray_umath.__cpu_dispatch__).
+NPY_NO_AVX512 = "AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL"
+
+# The kernel sets of mfattn measured: None = the default (run-time choice, the best this CPU
+# runs), "avx2" = MFATTN_CPU_KERNELS=avx2, the AVX2+FMA kernels of the same binary.
+AVX2_LABEL = "AVX2 kernels (x86-64-v3)"
+
+
+def mf_env(kernels):
+    env = dict(os.environ)
+    env.pop("MFATTN_CPU_KERNELS", None)
+    if kernels:
+        env["MFATTN_CPU_KERNELS"] = kernels
+    return env
+
+
+def numpy_features(env):
+    """What the NumPy/OpenBLAS environment really did: NumPy's AVX-512 features as seen after
+    import, the float64 exp rate of np.exp, and the core OpenBLAS names (OPENBLAS_VERBOSE=2)."""
+    code = ("import json, time, numpy as np, numpy.core._multiarray_umath as m\n"
+            "f = m.__cpu_features__\n"
+            "a = -25 * np.random.default_rng(0).random(1 << 20); o = np.empty_like(a)\n"
+            "np.exp(a, out=o); best = 1e9\n"
+            "for _ in range(5):\n"
+            "    t0 = time.perf_counter(); np.exp(a, out=o); best = min(best, time.perf_counter() - t0)\n"
+            "print(json.dumps({'numpy_avx512f': f.get('AVX512F'), 'numpy_avx512_skx': f.get('AVX512_SKX'), "
+            "'numpy_avx2': f.get('AVX2'), 'np_exp_per_second': a.size / best}))\n")
+    e = dict(env)
+    e["OPENBLAS_VERBOSE"] = "2"
+    p = subprocess.run(["taskset", "-c", "0", PY, "-c", code], env=e, capture_output=True, text=True)
+    if p.returncode != 0:
+        return {"error": p.stderr.strip()[-300:]}
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    core = [ln.split(":", 1)[1].strip() for ln in p.stderr.splitlines() if ln.startswith("Core:")]
+    r["openblas_core"] = core[0] if core else "unknown"
+    r["warnings"] = [ln for ln in p.stderr.splitlines() if not ln.startswith("Core:")][:3]
+    return r
 
 
 def mfattn_run_argv(mf, n, d, kernel, steps, out):
@@ -153,6 +226,8 @@ def parse_bench(text):
     m = re.search(r"exp_per_second (\S+)", text)
     if m:
         r["exp_per_second"] = float(m.group(1))
+    m = re.search(r"cpu_kernels (\S+)", text)
+    r["cpu_kernels"] = m.group(1) if m else "?"
     r["line"] = " ".join(text.split())
     return r
 
@@ -175,10 +250,11 @@ def bench_argv(mf, n, d, kernel, min_time, roofline=False, threads=THREADS, cpu=
     return (["taskset", "-c", str(cpu)] if cpu is not None else []) + argv
 
 
-def mfattn_bench(mf, n, d, kernel, min_time, roofline=False, threads=THREADS, cpu=None):
+def mfattn_bench(mf, n, d, kernel, min_time, roofline=False, threads=THREADS, cpu=None, kernels=None):
     argv = bench_argv(mf, n, d, kernel, min_time, roofline, threads, cpu)
     where = f" on cpu {cpu}" if cpu is not None else ""
-    _, out, _, _ = run(f"mfattn bench n={n} d={d} {kernel} threads={threads}{where}", argv)
+    tag = f", {kernels} kernels" if kernels else ""
+    _, out, _, _ = run(f"mfattn bench n={n} d={d} {kernel} threads={threads}{where}{tag}", argv, env=mf_env(kernels))
     return parse_bench(out)
 
 
@@ -192,15 +268,17 @@ def concurrent_bench(mf, n, d, kernel, min_time, roofline, cpus):
     return [parse_bench(out) for out, _ in outputs]
 
 
-def mfattn_wall(mf, n, d, kernel, steps, tmp, repeats, every_step=False):
-    out = os.path.join(tmp, f"mf_{n}_{d}_{kernel}_{steps}{'_frames' if every_step else ''}.h5")
+def mfattn_wall(mf, n, d, kernel, steps, tmp, repeats, every_step=False, kernels=None):
+    out = os.path.join(tmp, f"mf_{n}_{d}_{kernel}_{steps}{'_frames' if every_step else ''}"
+                            f"{'_' + kernels if kernels else ''}.h5")
     argv = mfattn_run_argv(mf, n, d, kernel, steps, out)
     if every_step:  # a frame (and its observables) after every step
         argv[argv.index("--save-every") + 1] = f"{DT:g}"
     walls = []
     for i in range(repeats):
         w, _, _, _ = run(f"mfattn run n={n} d={d} {kernel} {steps} steps"
-                         f"{', a frame every step' if every_step else ''}", argv, record=(i == 0))
+                         f"{', a frame every step' if every_step else ''}{', ' + kernels + ' kernels' if kernels else ''}",
+                         argv, env=mf_env(kernels), record=(i == 0))
         walls.append(w)
     got = h5_last_step(out)
     if got != steps:
@@ -208,15 +286,15 @@ def mfattn_wall(mf, n, d, kernel, steps, tmp, repeats, every_step=False):
     return {"best": min(walls), "median": statistics.median(walls), "all": walls, "h5": out}
 
 
-def numpy_peer(n, d, kernel, steps, repeats, init_h5=None, gram="gemm"):
+def numpy_peer(n, d, kernel, steps, repeats, init_h5=None, gram="gemm", avx2=False):
     argv = [PY, os.path.join(HERE, "numpy_peer.py"), "--n", str(n), "--d", str(d), "--kernel", kernel,
             "--steps", str(steps), "--beta", "1", "--dt", f"{DT:g}", "--seed", "0", "--gram", gram]
     if init_h5:
         argv += ["--init-h5", init_h5, "--compare"]
     res = []
     for i in range(repeats):
-        _, out, _, _ = run(f"numpy n={n} d={d} {kernel} {steps} steps ({gram})", argv, env=numpy_env(),
-                           record=(i == 0))
+        _, out, _, _ = run(f"numpy n={n} d={d} {kernel} {steps} steps ({gram}"
+                           f"{', AVX2 peer' if avx2 else ''})", argv, env=numpy_env(avx2), record=(i == 0))
         res.append(json.loads(out.strip().splitlines()[-1]))
     best = min(res, key=lambda r: r["seconds_total"])
     best["all_totals"] = [r["seconds_total"] for r in res]
@@ -260,14 +338,22 @@ def main():
     ap.add_argument("--retries", type=int, default=1,
                     help="times a group is measured again when other processes disturbed it")
     ap.add_argument("--note", action="append", default=[], help="line added to the report")
+    ap.add_argument("--exp-peers", action="append", default=[],
+                    help="a build of bench/exp_peers.cpp (one per instruction set; run_bench.sh passes "
+                         "build/bench-exp-peers-v3 and build/bench-exp-peers-native)")
+    ap.add_argument("--avx2-repeats", type=int, default=None,
+                    help="repeats of each timed command for the AVX2-kernel rows (default: min(repeats, 2))")
     a = ap.parse_args()
     mf = a.mfattn
     R = a.repeats
+    R2 = a.avx2_repeats if a.avx2_repeats is not None else min(R, 2)
     t_all = time.perf_counter()
 
     WAIT_LEFT[0] = a.wait_budget
     busy_before = wait_idle(a.idle_wait)
-    version = subprocess.run([mf, "--version"], capture_output=True, text=True).stdout.strip()
+    # --version is several lines (the build, the kernel sets): one line of the report.
+    version = "; ".join(ln.strip() for ln in subprocess.run([mf, "--version"], capture_output=True,
+                                                             text=True).stdout.strip().splitlines())
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
                "?")
     import hashlib
@@ -280,8 +366,27 @@ def main():
                                 ".", ":!bench/results.md"],
                                capture_output=True, text=True).stdout.strip() != ""
 
+    detected_core = choose_default_core()
     gemm = group("GEMM rate", lambda: json.loads(run("gemm_rate", [PY, os.path.join(HERE, "gemm_rate.py"),
-                 "--threads", "1,2"])[1].strip().splitlines()[-1]), a.group_wait, a.retries)
+                 "--threads", "1,2", "--keep-env"], env=numpy_env())[1].strip().splitlines()[-1]),
+                 a.group_wait, a.retries)
+    # The dgemm an AVX2+FMA machine gets: OpenBLAS's Haswell kernels (kept by --keep-env).
+    gemm_avx2 = group("GEMM rate, OpenBLAS Haswell kernels", lambda: json.loads(run(
+        "gemm_rate (OpenBLAS Haswell kernels)", [PY, os.path.join(HERE, "gemm_rate.py"), "--threads", "1,2",
+                                                  "--repeats", "5", "--keep-env"],
+        env=numpy_env(avx2=True))[1].strip().splitlines()[-1]), a.group_wait, a.retries)
+    np_feat = {"default": numpy_features(numpy_env()), "avx2": numpy_features(numpy_env(avx2=True))}
+
+    def exp_peers():
+        # One thread pinned to cpu 0, each build in turn (each interleaves its methods).
+        out = []
+        for path in a.exp_peers:
+            _, text, _, _ = run(f"exp peers {os.path.basename(path)} on cpu 0", ["taskset", "-c", "0", path])
+            r = json.loads(text)
+            r["binary"] = os.path.relpath(path, ROOT)
+            out.append(r)
+        return out
+    peers = group("exp and FMA rooflines, one core", exp_peers, a.group_wait, a.retries) if a.exp_peers else []
 
     rows = {}
     with tempfile.TemporaryDirectory(prefix="mfattn_bench_") as tmp:
@@ -297,13 +402,30 @@ def main():
                 return dict(steps=steps, w20=w20, w1=w1, wf=wf, bench=b, np=npg, np_syrk=nps, target=target)
             rows[(n, d, kernel)] = group(f"n={n} d={d} {kernel}", g4096, a.group_wait, a.retries)
 
-        def g256():
-            w2000 = mfattn_wall(mf, 256, 3, "usa", 2000, tmp, R)
-            w1s = mfattn_wall(mf, 256, 3, "usa", 1, tmp, R)
-            b256 = mfattn_bench(mf, 256, 3, "usa", 1.0)
-            np256 = numpy_peer(256, 3, "usa", 2000, R, init_h5=w2000["h5"])
+        # The same binary on its AVX2 kernels against the AVX2 peer (Haswell OpenBLAS, NumPy
+        # without its AVX-512 loops), R2 repeats, no syrk variant.
+        rows_avx2 = {}
+        for (n, d, kernel, target) in [(4096, 3, "usa", 10.0), (4096, 64, "usa", 3.0)]:
+            def g4096_avx2(n=n, d=d, kernel=kernel, target=target):
+                steps = 20
+                w20 = mfattn_wall(mf, n, d, kernel, steps, tmp, R2, kernels="avx2")
+                w1 = mfattn_wall(mf, n, d, kernel, 1, tmp, R2, kernels="avx2")
+                wf = mfattn_wall(mf, n, d, kernel, steps, tmp, 1, every_step=True, kernels="avx2")
+                b = mfattn_bench(mf, n, d, kernel, 2.0 if d == 64 else 1.0, kernels="avx2")
+                npg = numpy_peer(n, d, kernel, steps, R2, init_h5=w20["h5"], avx2=True)
+                return dict(steps=steps, w20=w20, w1=w1, wf=wf, bench=b, np=npg, np_syrk=None, target=target)
+            rows_avx2[(n, d, kernel)] = group(f"n={n} d={d} {kernel}, {AVX2_LABEL}", g4096_avx2,
+                                              a.group_wait, a.retries)
+
+        def g256(kernels=None, reps=R):
+            w2000 = mfattn_wall(mf, 256, 3, "usa", 2000, tmp, reps, kernels=kernels)
+            w1s = mfattn_wall(mf, 256, 3, "usa", 1, tmp, reps, kernels=kernels)
+            b256 = mfattn_bench(mf, 256, 3, "usa", 1.0, kernels=kernels)
+            np256 = numpy_peer(256, 3, "usa", 2000, reps, init_h5=w2000["h5"], avx2=bool(kernels))
             return w2000, w1s, b256, np256
         w2000, w1s, b256, np256 = group("n=256 d=3 usa 2000 steps", g256, a.group_wait, a.retries)
+        r256_avx2 = group(f"n=256 d=3 usa 2000 steps, {AVX2_LABEL}", lambda: g256("avx2", R2),
+                          a.group_wait, a.retries)
 
         rss = group("n=50000 d=3 one step, peak RSS", lambda: peak_rss(mf, 50000, 3, tmp),
                     a.group_wait, a.retries)
@@ -316,6 +438,19 @@ def main():
             best["all"] = [(r["pairs_per_second"], r["exp_per_second"]) for r in runs]
             return best
         roof3 = group("roofline", roofline, a.group_wait, a.retries)
+
+        def roofline_avx2():
+            runs = [mfattn_bench(mf, 4096, 3, "usa", 1.0, roofline=True, kernels="avx2") for _ in range(R2)]
+            best = dict(max(runs, key=lambda r: r["pairs_per_second"]))
+            best["exp_per_second"] = max(r["exp_per_second"] for r in runs)
+            best["all"] = [(r["pairs_per_second"], r["exp_per_second"]) for r in runs]
+            # One thread on cpu 0, where the exp peers ran: the pair rate per core.
+            one = [mfattn_bench(mf, 4096, 3, "usa", 1.0, roofline=True, threads=1, cpu=0, kernels="avx2")
+                   for _ in range(R2)]
+            best["cpu0"] = dict(pairs=max(r["pairs_per_second"] for r in one),
+                                exps=max(r["exp_per_second"] for r in one))
+            return best
+        roof3_avx2 = group(f"roofline, {AVX2_LABEL}", roofline_avx2, a.group_wait, a.retries)
 
         def per_core():
             # The same roofline on one thread pinned to each core alone, then on every core at
@@ -369,7 +504,10 @@ def main():
     L.append(f"- NumPy {rows[(4096, 3, 'usa')]['np']['numpy']} with {np_core['config']}; "
              f"OpenBLAS core **{np_core['core']}**, {np_core['threads']} OpenBLAS threads (its default; "
              f"element-wise NumPy work is single-threaded). `OPENBLAS_CORETYPE` and `OPENBLAS_L2_SIZE` "
-             f"are unset for the NumPy and GEMM commands only.")
+             f"are unset for the NumPy and GEMM commands only"
+             + (f", except that OpenBLAS detected core {detected_core} (no AVX: it does not know this CPU), "
+                f"so the default peer and GEMM run with `OPENBLAS_CORETYPE={DEFAULT_CORE[0]}`, the best "
+                f"core the CPU's flags support." if DEFAULT_CORE[0] else "."))
     L.append("- NumPy peer (`bench/numpy_peer.py`): the dense float64 Euler step, n x n work in place, "
              "G formed by dgemm (`X @ ascontiguousarray(X.T)`); timed loop only (no imports, no set-up). "
              "Its final state is compared with mfattn's from the same initial state (column max |ΔX|).")
@@ -378,6 +516,31 @@ def main():
              f"marginal = (wall(20 steps) − wall(1 step)) / 19, the per-step cost without fixed costs; "
              f"eval = `mfattn bench` seconds per velocity evaluation; observables / frame = (wall(20 steps, "
              f"21 frames) − wall(20 steps, 2 frames)) / 19, one run.")
+    kset = rows[(4096, 3, "usa")]["bench"]["cpu_kernels"]
+    np_avx2 = rows_avx2[(4096, 3, "usa")]["np"]["openblas"]
+    L.append(f"- mfattn kernel sets: the default rows run the binary's own run-time choice (`cpu_kernels "
+             f"{kset}` in its bench lines); the rows marked **{AVX2_LABEL}** run the same binary with "
+             f"`MFATTN_CPU_KERNELS=avx2`, best of {R2} (fewer repeats than the default rows), against the "
+             f"AVX2 peer: NumPy with `OPENBLAS_CORETYPE=Haswell` (OpenBLAS core **{np_avx2['core']}**) and "
+             f"`NPY_DISABLE_CPU_FEATURES=\"{NPY_NO_AVX512}\"` (NumPy's AVX-512 loops off).")
+    fd, fa = np_feat["default"], np_feat["avx2"]
+    if "error" in fd or "error" in fa:
+        L.append(f"- NumPy feature check failed: {fd.get('error') or fa.get('error')}")
+    else:
+        took = (fa["numpy_avx512f"] is False and fa["numpy_avx512_skx"] is False)
+        L.append(f"- What the peers' settings did (checked in this run, one thread on cpu 0): default NumPy "
+                 f"AVX512F={fd['numpy_avx512f']}, np.exp float64 {fd['np_exp_per_second']:.3e}/s, OpenBLAS "
+                 f"core {fd['openblas_core']}; AVX2 peer AVX512F={fa['numpy_avx512f']}, AVX512_SKX="
+                 f"{fa['numpy_avx512_skx']}, np.exp float64 {fa['np_exp_per_second']:.3e}/s, OpenBLAS core "
+                 f"{fa['openblas_core']}: `NPY_DISABLE_CPU_FEATURES` "
+                 f"{'took effect' if took else 'did NOT take effect'} (NumPy 1.24 has no AVX2 float64 exp "
+                 f"loop, so np.exp falls back to its scalar path), `OPENBLAS_CORETYPE=Haswell` "
+                 f"{'took effect' if fa['openblas_core'].lower() == 'haswell' else 'did NOT take effect'}."
+                 + (f" Warnings: {'; '.join(fa['warnings'])}" if fa["warnings"] else ""))
+    if np_core["core"].lower() in ("prescott", "core2", "penryn", "nehalem", "unknown"):
+        L.append(f"- **Warning: OpenBLAS did not recognise this CPU and runs its {np_core['core']} kernels "
+                 f"(SSE) for the default NumPy and GEMM rows: the default peer and the default dgemm rate "
+                 f"are weaker than this CPU allows.** The AVX2 rows force Haswell and are not affected.")
     for note in a.note:
         L.append(f"- {note}")
     L.append("")
@@ -390,7 +553,7 @@ def main():
              "mfattn observables / frame | NumPy / step (OpenBLAS 2 thr) | ratio NumPy / mfattn marginal | "
              "ratio NumPy / mfattn wall | ratio vs eval | NumPy literal `X @ X.T` / step | max \\|ΔX\\| | target |")
     L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for (n, d, kernel), r in rows.items():
+    def step_row(n, d, kernel, r, label=""):
         s = r["steps"]
         mw = r["w20"]["best"] / s
         marg = (r["w20"]["best"] - r["w1"]["best"]) / (s - 1)
@@ -401,25 +564,34 @@ def main():
         like = nps / marg
         tgt = r["target"]
         tgt_s = f">= {tgt:g}x: {verdict(like >= tgt)}" if tgt else "(none given)"
-        L.append(f"| n={n} d={d} {kernel.upper()} | {r['bench']['loop']} | {fmt_s(mw)} | {fmt_s(marg)} | {fmt_s(ev)} | "
-                 f"{fmt_s(frame)} | {fmt_s(nps)} | **{like:.1f}x** | {ratio:.1f}x | {nps / ev:.1f}x | "
-                 f"{fmt_s(r['np_syrk']['seconds_per_step'])} "
-                 f"({r['np_syrk']['seconds_per_step'] / mw:.1f}x) | {r['np']['max_abs_diff_vs_mfattn']:.1e} | "
-                 f"{tgt_s} |")
+        syrk = (f"{fmt_s(r['np_syrk']['seconds_per_step'])} ({r['np_syrk']['seconds_per_step'] / mw:.1f}x)"
+                if r["np_syrk"] else "(not run)")
+        L.append(f"| n={n} d={d} {kernel.upper()}{label} | {r['bench']['loop']} | {fmt_s(mw)} | {fmt_s(marg)} | "
+                 f"{fmt_s(ev)} | {fmt_s(frame)} | {fmt_s(nps)} | **{like:.1f}x** | {ratio:.1f}x | {nps / ev:.1f}x | "
+                 f"{syrk} | {r['np']['max_abs_diff_vs_mfattn']:.1e} | {tgt_s} |")
+    for (n, d, kernel), r in rows.items():
+        step_row(n, d, kernel, r)
+    for (n, d, kernel), r in rows_avx2.items():
+        step_row(n, d, kernel, r, f", **{AVX2_LABEL}** vs NumPy on OpenBLAS {r['np']['openblas']['core']}, "
+                                  f"no AVX-512 loops")
     L.append("")
 
     L.append("## Whole run, n = 256, d = 3, USA, 2000 Euler steps\n")
-    L.append("| mfattn wall, one process (2 thr) | mfattn wall, 1 step (fixed cost) | mfattn 2000 steps without "
+    L.append("| kernels | mfattn wall, one process (2 thr) | mfattn wall, 1 step (fixed cost) | mfattn 2000 steps without "
              "fixed cost (x 2000/1999) | mfattn eval (bench) x 2000 | NumPy 2000-step loop | ratio NumPy / mfattn "
              "without fixed cost | ratio NumPy / mfattn wall | max \\|ΔX\\| after 2000 steps | target |")
-    L.append("|---|---|---|---|---|---|---|---|---|")
-    r256 = np256["seconds_total"] / w2000["best"]
-    loop256 = (w2000["best"] - w1s["best"]) * 2000 / 1999
-    like256 = np256["seconds_total"] / loop256
-    L.append(f"| {fmt_s(w2000['best'])} (median {fmt_s(w2000['median'])}) | {fmt_s(w1s['best'])} | "
-             f"{fmt_s(loop256)} | {fmt_s(2000 * b256['seconds_per_evaluation'])} | {fmt_s(np256['seconds_total'])} | "
-             f"**{like256:.2f}x** | {r256:.2f}x | {np256['max_abs_diff_vs_mfattn']:.1e} | "
-             f">= 10x: {verdict(like256 >= 10)} |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|")
+    for label, (w2000_, w1s_, b256_, np256_), tgt in [
+            (f"default ({b256['cpu_kernels']})", (w2000, w1s, b256, np256), 10.0),
+            (f"**{AVX2_LABEL}** vs NumPy on OpenBLAS {r256_avx2[3]['openblas']['core']}, no AVX-512 loops",
+             r256_avx2, 8.0)]:
+        r256 = np256_["seconds_total"] / w2000_["best"]
+        loop256 = (w2000_["best"] - w1s_["best"]) * 2000 / 1999
+        like256 = np256_["seconds_total"] / loop256
+        L.append(f"| {label} | {fmt_s(w2000_['best'])} (median {fmt_s(w2000_['median'])}) | {fmt_s(w1s_['best'])} | "
+                 f"{fmt_s(loop256)} | {fmt_s(2000 * b256_['seconds_per_evaluation'])} | "
+                 f"{fmt_s(np256_['seconds_total'])} | **{like256:.2f}x** | {r256:.2f}x | "
+                 f"{np256_['max_abs_diff_vs_mfattn']:.1e} | >= {tgt:g}x: {verdict(like256 >= tgt)} |")
     L.append("")
 
     L.append("## Memory, n = 50000, d = 3, one step\n")
@@ -469,7 +641,83 @@ def main():
     L.append(f"| d=64 USA vs NumPy doing the two d=64 products of a step, 2 threads | {fl64 / 1e9:.1f} GFLOP/s | "
              f"{pair64 / 1e9:.1f} GFLOP/s | {100 * fl64 / pair64:.0f}% | (info: these thin shapes are "
              f"limited by the n x n output, not a roofline) |")
+    # The AVX2 kernels of the same binary, against their own exp rate and the Haswell dgemm.
+    ra = roof3_avx2
+    pa3 = ra["pairs_per_second"] / ra["exp_per_second"]
+    L.append(f"| d=3 USA, **{AVX2_LABEL}**: pairs/s vs exp/s (`--roofline`, best of {R2}), {ra['loop']} loop | "
+             f"{ra['pairs_per_second']:.3e} pairs/s | {ra['exp_per_second']:.3e} exp/s | **{100 * pa3:.0f}%** | "
+             f">= 80%: {verdict(pa3 >= 0.8)} |")
+    roof64a = rows_avx2[(4096, 64, "usa")]["bench"]
+    fpp64a = (3 if roof64a["loop"] == "symmetric" else 4) * 64
+    fl64a = roof64a["pairs_per_second"] * fpp64a
+    g2a = gemm_avx2["threads"]["2"]
+    ref64a = max(g2a[k]["gflops"] for k in ("scores", "wsum", "square")) * 1e9
+    p64a = fl64a / ref64a
+    L.append(f"| d=64 USA, **{AVX2_LABEL}**: pairs/s x {fpp64a // 64}d flops ({roof64a['loop']} loop) vs the best "
+             f"2-thread NumPy dgemm rate of this run on OpenBLAS {g2a['openblas_core']} (any shape) | "
+             f"{fl64a / 1e9:.1f} GFLOP/s | {ref64a / 1e9:.1f} GFLOP/s | **{100 * p64a:.0f}%** | "
+             f">= 80%: {verdict(p64a >= 0.8)} |")
+
+    def peer_for(isa):
+        return next((p for p in peers if p["isa"] == isa), None)
+
+    # The pair rate per core against the external exps built for the same ISA, on the same core.
+    for label, isa, pairs in [(f"default kernels ({kset})", kset, alone.get(0, {}).get("pairs")),
+                              (AVX2_LABEL, "avx2", ra["cpu0"]["pairs"])]:
+        pe = peer_for(isa)
+        if pe is None or pairs is None:
+            L.append(f"| d=3 USA, 1 thread on cpu 0, {label}: pairs/s vs an external exp for {isa} | "
+                     f"{pairs or 0:.3e} pairs/s | (no exp peer built for {isa}) | - | (info) |")
+            continue
+        ee, es = pe["exps_per_second"]["eigen"], pe["exps_per_second"]["sleef"]
+        L.append(f"| d=3 USA, 1 thread on cpu 0, {label}: pairs/s vs Eigen's vectorised exp (SLEEF beside it), "
+                 f"same ISA ({pe['isa']}, `-march={pe['march']}` peers), same core | {pairs:.3e} pairs/s | "
+                 f"Eigen {ee:.3e} exp/s (SLEEF {es:.3e}) | {100 * pairs / ee:.0f}% of Eigen ({100 * pairs / es:.0f}% "
+                 f"of SLEEF) | (info: a loop taking one external exp per pair could not pass 100%; the symmetric "
+                 f"loop takes 0.5) |")
     L.append("")
+
+    if peers:
+        L.append("## Exponential and FMA rooflines (one core)\n")
+        L.append("`bench/exp_peers.cpp`, one thread pinned to cpu 0 (`taskset -c 0`), built twice by "
+                 "`run_bench.sh` with `g++ -O3`: `-march=x86-64-v3` (AVX2+FMA, what most laptops have) and "
+                 "`-march=native` (this CPU's best). Every method runs the instruction set of its build over an "
+                 "L1-resident array of 2048 doubles: mfattn's own exp2 exactly as `--roofline` times it "
+                 "(`simd::exp2_nonpositive<4, false>`, four Lanes in lockstep, t in [-36, 0]); Eigen 3.4's "
+                 "`ArrayXd::exp()`; SLEEF 3.5's 1-ulp exp for that ISA; glibc's libmvec vector exp (called "
+                 "directly); x in [-25, 0] for the external ones. Each rate is timed for >= 0.3 s, the methods "
+                 "interleaved, best of 3 rounds. FMA peak: independent FMA chains on registers of the ISA's "
+                 "width, an FMA counted as 2 flops. max rel err: against a long-double exp over the same "
+                 "array (std::exp's own: ~1e-16).\n")
+        L.append("| build | ISA (mfattn / Eigen / SLEEF / libmvec) | mfattn exp/s | Eigen exp/s | SLEEF exp/s | "
+                 "libmvec exp/s | ratio mfattn / Eigen | ratio mfattn / SLEEF | `mfattn bench --roofline` exp/s, "
+                 "1 thread on cpu 0, same ISA | FMA peak GFLOP/s | lane-FMAs per mfattn exp at peak | "
+                 "max rel err (mfattn, Eigen, SLEEF, libmvec) | target |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for pe in peers:
+            x = pe["exps_per_second"]
+            e = pe["max_rel_error"]
+            ratio = x["mfattn"] / x["eigen"]
+            lib = None
+            if pe["isa"] == "avx2":
+                lib = ra["cpu0"]["exps"]
+            elif pe["isa"] == kset:
+                lib = alone.get(0, {}).get("exps")
+            fmas = pe["fma_peak_gflops"] * 1e9 / 2 / x["mfattn"]
+            eig = "Eigen " + ("AVX-512" if pe["eigen_avx512"] else "AVX2+FMA" if pe["eigen_avx2"] and pe["eigen_fma"]
+                              else pe["eigen_simd"].split(",")[0])
+            bad = "" if pe["accuracy_ok"] else " **ACCURACY CHECK FAILED: a rate above is not of a working exp**"
+            L.append(f"| `-march={pe['march']}` (`{pe['binary']}`) | {pe['mfattn_isa']} / {eig} "
+                     f"({pe['eigen_packet_doubles']} doubles a packet) / `{pe['sleef_function']}` / "
+                     f"`{pe['libmvec_function']}` | {x['mfattn']:.3e} | {x['eigen']:.3e} | {x['sleef']:.3e} | "
+                     f"{x['libmvec']:.3e} | **{ratio:.2f}x** | {x['mfattn'] / x['sleef']:.2f}x | "
+                     f"{f'{lib:.3e}' if lib else '-'} | {pe['fma_peak_gflops']:.1f} | {fmas:.1f} | "
+                     f"{e['mfattn']:.1e}, {e['eigen']:.1e}, {e['sleef']:.1e}, {e['libmvec']:.1e}{bad} | "
+                     f">= 1.5x Eigen: {verdict(ratio >= 1.5 and pe['accuracy_ok'])} |")
+        L.append("")
+        L.append("Eigen's exp on four packets in lockstep (`internal::pexp`, to rule out its loop as the "
+                 "bottleneck): " + "; ".join(f"`-march={pe['march']}` {pe['exps_per_second']['eigen_pexp_x4']:.3e}"
+                                              f" exp/s" for pe in peers) + ".\n")
 
     L.append("## Masks and auxiliary factors (`mfattn bench`, n = 4096, d = 3, USA, 2 threads)\n")
     L.append(f"Best of {R} runs each. Windows and the distance and Gaussian factors are symmetric in "
@@ -485,10 +733,11 @@ def main():
     L.append("## Dense GEMM rate (`bench/gemm_rate.py`, float64, best of 7, GFLOP/s)\n")
     L.append("| threads | OpenBLAS core | (4096x64)@(64x4096) | (4096x4096)@(4096x64) | both d=64 products | 2048³ |")
     L.append("|---|---|---|---|---|---|")
-    for t in ("1", "2"):
-        g = gemm["threads"][t]
-        L.append(f"| {t} | {g['openblas_core']} | {g['scores']['gflops']:.1f} | {g['wsum']['gflops']:.1f} | "
-                 f"{g['pair']['gflops']:.1f} | {g['square']['gflops']:.1f} |")
+    for gm, note in ((gemm, ""), (gemm_avx2, " (`OPENBLAS_CORETYPE=Haswell`, best of 5; the AVX2 rows)")):
+        for t in ("1", "2"):
+            g = gm["threads"][t]
+            L.append(f"| {t} | {g['openblas_core']}{note} | {g['scores']['gflops']:.1f} | {g['wsum']['gflops']:.1f} | "
+                     f"{g['pair']['gflops']:.1f} | {g['square']['gflops']:.1f} |")
     L.append("")
 
     L.append("## mfattn bench lines\n")
@@ -497,6 +746,11 @@ def main():
         L.append(r["bench"]["line"])
     L.append(b256["line"])
     L.append(roof3["line"])
+    L.append(f"# {AVX2_LABEL} (MFATTN_CPU_KERNELS=avx2)")
+    for (n, d, kernel), r in rows_avx2.items():
+        L.append(r["bench"]["line"])
+    L.append(r256_avx2[2]["line"])
+    L.append(roof3_avx2["line"])
     L.append("```\n")
 
     L.append("## Measurement quality\n")
@@ -516,9 +770,20 @@ def main():
     for (n, d, kernel), r in rows.items():
         L.append(f"n={n} d={d} {kernel}: mfattn 20 steps {['%.3f' % x for x in r['w20']['all']]}, "
                  f"1 step {['%.3f' % x for x in r['w1']['all']]}, numpy 20 steps {['%.3f' % x for x in r['np']['all_totals']]}")
+    for (n, d, kernel), r in rows_avx2.items():
+        L.append(f"n={n} d={d} {kernel}, {AVX2_LABEL}: mfattn 20 steps {['%.3f' % x for x in r['w20']['all']]}, "
+                 f"1 step {['%.3f' % x for x in r['w1']['all']]}, numpy 20 steps {['%.3f' % x for x in r['np']['all_totals']]}")
     L.append("roofline d=3 usa (pairs/s, exp/s): " + ", ".join(f"({p:.3e}, {e:.3e})" for p, e in roof3["all"]))
+    L.append(f"roofline d=3 usa, {AVX2_LABEL} (pairs/s, exp/s): "
+             + ", ".join(f"({p:.3e}, {e:.3e})" for p, e in roof3_avx2["all"]))
+    for pe in peers:
+        L.append(f"exp peers -march={pe['march']}, every round: " + "; ".join(
+            f"{k} {', '.join('%.3e' % v for v in vs)}" for k, vs in pe["all"].items()))
     L.append(f"n=256 d=3 usa: mfattn 2000 steps {['%.3f' % x for x in w2000['all']]}, "
              f"1 step {['%.3f' % x for x in w1s['all']]}, numpy 2000 steps {['%.3f' % x for x in np256['all_totals']]}")
+    L.append(f"n=256 d=3 usa, {AVX2_LABEL}: mfattn 2000 steps {['%.3f' % x for x in r256_avx2[0]['all']]}, "
+             f"1 step {['%.3f' % x for x in r256_avx2[1]['all']]}, "
+             f"numpy 2000 steps {['%.3f' % x for x in r256_avx2[3]['all_totals']]}")
     L.append("```\n")
 
     L.append("## Exact commands\n")

@@ -26,6 +26,12 @@ for kernels in ${runnable#* }; do
     --gtest_filter='-Collapse.*:Noise.*:Resume.*:Sweep.*'
 done
 
+# Arm: the numerical core cross-built for aarch64 and its exactness checks run under
+# qemu-aarch64 with the NEON kernels (tests/aarch64/README.md; about a minute).
+if [ "${MFATTN_SKIP_AARCH64:-0}" != 1 ]; then
+  tests/aarch64/run.sh
+fi
+
 if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
   # AddressSanitizer + UndefinedBehaviorSanitizer build of the unit and CLI tests (portable
   # ISA). The long numerical runs (baseline collapse, 4000-replica Brownian motion, the
