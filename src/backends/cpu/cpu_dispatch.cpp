@@ -29,7 +29,7 @@ namespace {
 /// Fills GCC's CPU feature table (x86 only; elsewhere the build's own set is the only one).
 void initialise_cpu_features() {
 #if defined(__x86_64__) || defined(__i386__)
-  initialise_cpu_features();
+  __builtin_cpu_init();
 #endif
 }
 
@@ -53,18 +53,21 @@ std::string names(bool only_supported) {
 const KernelSet& choose() {
   initialise_cpu_features();
   const char* wanted = requested();
+  if (!wanted) {
+    for (const KernelSet* set : compiled_kernel_sets())
+      if (set->supported()) return *set;
+    return build_flags::kernel_set;  // the build's own set always runs
+  }
   for (const KernelSet* set : compiled_kernel_sets()) {
-    if (wanted && std::string(wanted) != set->name) continue;
+    if (std::string(wanted) != set->name) continue;
     if (set->supported()) return *set;
     throw BackendUnavailable(std::string(kVariable) + "=" + wanted +
                              ": this CPU cannot run those kernels (accepted here: auto, " +
                              names(true) + ")");
   }
-  if (wanted)
-    throw BackendUnavailable(std::string(kVariable) + "=" + wanted +
-                             ": not compiled into this build (accepted here: auto, " +
-                             names(true) + ")");
-  return build_flags::kernel_set;  // (unreachable: the build's own set is always supported)
+  throw BackendUnavailable(std::string(kVariable) + "=" + wanted +
+                           ": not compiled into this build (accepted here: auto, " +
+                           names(true) + ")");
 }
 
 }  // namespace
