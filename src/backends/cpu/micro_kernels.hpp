@@ -272,34 +272,9 @@ inline void add_weighted_values(const double* values, std::size_t value_stride, 
                                 std::size_t acc_stride, const double* weights,
                                 std::size_t weight_stride, std::size_t weight_step,
                                 std::size_t count, std::size_t cb) {
-  if constexpr (simd::kRegistersPerLanes > 1) {
-    add_weighted_register_groups<kReceivers, 0, kVectors * simd::kRegistersPerLanes>(
-        values, value_stride, acc, acc_stride, weights, weight_stride, weight_step, count, cb);
-    return;
-  }
-  Lanes a[kReceivers][kVectors];
-#pragma GCC unroll 8
-  for (std::size_t r = 0; r < kReceivers; ++r)
-#pragma GCC unroll 4
-    for (std::size_t v = 0; v < kVectors; ++v)
-      a[r][v] = simd::load(acc + r * acc_stride + cb + v * kLanes);
-  const double* row = values + cb;
-  for (std::size_t t = 0; t < count; ++t, row += value_stride, weights += weight_step) {
-    Lanes z[kVectors];
-#pragma GCC unroll 4
-    for (std::size_t v = 0; v < kVectors; ++v) z[v] = simd::load(row + v * kLanes);
-#pragma GCC unroll 8
-    for (std::size_t r = 0; r < kReceivers; ++r) {
-      const Lanes w = simd::broadcast(weights[r * weight_stride]);
-#pragma GCC unroll 4
-      for (std::size_t v = 0; v < kVectors; ++v) a[r][v] += w * z[v];
-    }
-  }
-#pragma GCC unroll 8
-  for (std::size_t r = 0; r < kReceivers; ++r)
-#pragma GCC unroll 4
-    for (std::size_t v = 0; v < kVectors; ++v)
-      simd::store(acc + r * acc_stride + cb + v * kLanes, a[r][v]);
+  // The sums as native registers in groups that fit (on AVX-512: all kReceivers x kVectors).
+  add_weighted_register_groups<kReceivers, 0, kVectors * simd::kRegistersPerLanes>(
+      values, value_stride, acc, acc_stride, weights, weight_stride, weight_step, count, cb);
 }
 
 /// A_r += W Z over all padded_dim components (blocks of 4 lane vectors, then one of 2, then
