@@ -116,13 +116,7 @@ struct Arrays {
 
 // One pass of each method over `in` into `out`.
 void pass_mfattn(const double* in, double* out) {
-  namespace simd = mfattn::simd;
-  for (std::size_t i = 0; i < kN; i += 4 * simd::kLanes) {
-    simd::Lanes t[4], e[4];
-    for (std::size_t k = 0; k < 4; ++k) t[k] = simd::load(in + i + k * simd::kLanes);
-    simd::exp2_nonpositive<4, false>(t, e);  // inputs in [-36, 0]
-    for (std::size_t k = 0; k < 4; ++k) simd::store(out + i + k * simd::kLanes, e[k]);
-  }
+  mfattn::simd::exp2_nonpositive_array(in, out, kN);  // inputs in [-36, 0]
 }
 
 void pass_eigen(const double* in, double* out) {

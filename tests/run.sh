@@ -18,9 +18,8 @@ export MFATTN_REQUIRE_MPI=1
 # carries several and ctest ran the best one): the backends' exactness tests (reference
 # agreement, null-token bits, thread counts) then cover each instruction-set path. The long
 # numerical runs do not depend on the kernels' ISA beyond rounding and are left out.
-runnable=$(build/mfattn --version | sed -n 's/^cpu kernels this CPU runs: //p')
-for kernels in ${runnable#* }; do
-  [ "$kernels" = "$runnable" ] && break  # only one set
+runnable=($(build/mfattn --version | sed -n 's/^cpu kernels this CPU runs: //p'))
+for kernels in "${runnable[@]:1}"; do
   echo "unit tests with MFATTN_CPU_KERNELS=$kernels"
   MFATTN_CPU_KERNELS=$kernels build/tests/mfattn_tests --gtest_brief=1 \
     --gtest_filter='-Collapse.*:Noise.*:Resume.*:Sweep.*'

@@ -40,11 +40,12 @@ const char* requested() {
   return value && *value && std::string(value) != "auto" ? value : nullptr;
 }
 
-std::string names(bool only_supported) {
+/// The names of the compiled sets (only those this CPU runs, with only_supported), best first.
+std::string names(bool only_supported, const char* separator) {
   std::string out;
   for (const KernelSet* set : compiled_kernel_sets())
     if (!only_supported || set->supported()) {
-      if (!out.empty()) out += ", ";
+      if (!out.empty()) out += separator;
       out += set->name;
     }
   return out;
@@ -63,11 +64,11 @@ const KernelSet& choose() {
     if (set->supported()) return *set;
     throw BackendUnavailable(std::string(kVariable) + "=" + wanted +
                              ": this CPU cannot run those kernels (accepted here: auto, " +
-                             names(true) + ")");
+                             names(true, ", ") + ")");
   }
   throw BackendUnavailable(std::string(kVariable) + "=" + wanted +
                            ": not compiled into this build (accepted here: auto, " +
-                           names(true) + ")");
+                           names(true, ", ") + ")");
 }
 
 }  // namespace
@@ -92,10 +93,8 @@ const KernelSet& kernels() {
 std::string describe_kernels() {
   const KernelSet& set = kernels();
   std::ostringstream out;
-  out << set.name << " (" << set.register_lanes << " doubles per register; compiled: ";
-  for (const KernelSet* compiled : compiled_kernel_sets())
-    out << compiled->name << (compiled == compiled_kernel_sets().back() ? "" : " ");
-  out << "; " << (requested() ? std::string("set by ") + kVariable : "the best this CPU runs")
+  out << set.name << " (" << set.register_lanes << " doubles per register; compiled: "
+      << names(false, " ") << "; " << (requested() ? std::string("set by ") + kVariable : "the best this CPU runs")
       << ")";
   return out.str();
 }
@@ -112,13 +111,7 @@ std::string cpu_kernels_name() { return cpu::kernels().name; }
 std::string cpu_kernels_description() { return cpu::describe_kernels(); }
 std::string cpu_kernels_runnable() {
   cpu::initialise_cpu_features();
-  std::string out;
-  for (const cpu::KernelSet* set : cpu::compiled_kernel_sets())
-    if (set->supported()) {
-      if (!out.empty()) out += ' ';
-      out += set->name;
-    }
-  return out;
+  return cpu::names(true, " ");
 }
 
 }  // namespace mfattn

@@ -170,37 +170,30 @@ template <std::size_t kReceivers, class Terms>
     // Fewer lanes per register: the sums in register groups that fit (see kAccumulators).
     panel_logit_groups<kReceivers, 0>(p, q, neg_offset, j, logits);
   } else {
-  Lanes s[kReceivers][4];
+    Lanes s[kReceivers][4];
 #pragma GCC unroll 8
-  for (std::size_t r = 0; r < kReceivers; ++r)
-    s[r][0] = s[r][1] = s[r][2] = s[r][3] = simd::broadcast(neg_offset[r]);
-  const double* keys = p.key_lanes(0, j);
-  for (std::size_t c = 0; c < p.d; ++c, keys += kKeyPanel) {
-    Lanes k0 = simd::load(keys), k1 = simd::load(keys + kLanes);
-    Lanes k2 = simd::load(keys + 2 * kLanes), k3 = simd::load(keys + 3 * kLanes);
-    simd::keep_in_registers(k0, k1, k2, k3);
+    for (std::size_t r = 0; r < kReceivers; ++r)
+      s[r][0] = s[r][1] = s[r][2] = s[r][3] = simd::broadcast(neg_offset[r]);
+    const double* keys = p.key_lanes(0, j);
+    for (std::size_t c = 0; c < p.d; ++c, keys += kKeyPanel) {
+      Lanes k0 = simd::load(keys), k1 = simd::load(keys + kLanes);
+      Lanes k2 = simd::load(keys + 2 * kLanes), k3 = simd::load(keys + 3 * kLanes);
+      simd::keep_in_registers(k0, k1, k2, k3);
 #pragma GCC unroll 8
-    for (std::size_t r = 0; r < kReceivers; ++r) {
-      const Lanes qc = simd::broadcast(q[r][c]);
-      s[r][0] += qc * k0;
-      s[r][1] += qc * k1;
-      s[r][2] += qc * k2;
-      s[r][3] += qc * k3;
+      for (std::size_t r = 0; r < kReceivers; ++r) {
+        const Lanes qc = simd::broadcast(q[r][c]);
+        s[r][0] += qc * k0;
+        s[r][1] += qc * k1;
+        s[r][2] += qc * k2;
+        s[r][3] += qc * k3;
+      }
     }
-  }
+#pragma GCC unroll 8
+    for (std::size_t r = 0; r < kReceivers; ++r)
 #pragma GCC unroll 4
-  for (std::size_t h = 0; h < 4; ++h) {
-    const std::size_t jh = j + h * kLanes;
-    const Lanes bias = bias_row ? simd::load(bias_row + jh) : Lanes{};
-#pragma GCC unroll 8
-    for (std::size_t r = 0; r < kReceivers; ++r) {
-      logits[r][h] = bias_row ? s[r][h] + bias : s[r][h];
-      if constexpr (Terms::kHasLogTerm)
-        logits[r][h] += terms.log_term(receiver_terms[r], jh) * log_scale;
-    }
+      for (std::size_t h = 0; h < 4; ++h) logits[r][h] = s[r][h];
   }
-    return;
-  }
+  // Then the bias and the log-terms, on either path.
 #pragma GCC unroll 4
   for (std::size_t h = 0; h < 4; ++h) {
     const std::size_t jh = j + h * kLanes;

@@ -329,6 +329,18 @@ MFATTN_SIMD_INLINE void exp2_nonpositive(const V (&t)[kCount], V (&out)[kCount])
   }
 }
 
+/// out[i] = 2^in[i] for a multiple of 4 kLanes numbers, in [-1022, 0], four vectors in
+/// lockstep and without the underflow select, as the symmetric loop takes its exps: the pass
+/// that the exp roofline times (kernel_set.cpp's exp_rate, bench/exp_peers.cpp).
+inline void exp2_nonpositive_array(const double* in, double* out, std::size_t count) {
+  for (std::size_t i = 0; i < count; i += 4 * kLanes) {
+    Lanes t[4], e[4];
+    for (std::size_t k = 0; k < 4; ++k) t[k] = load(in + i + k * kLanes);
+    exp2_nonpositive<4, false>(t, e);
+    for (std::size_t k = 0; k < 4; ++k) store(out + i + k * kLanes, e[k]);
+  }
+}
+
 #undef MFATTN_SIMD_PARTS
 
 }  // namespace MFATTN_CPU_NAMESPACE
