@@ -210,21 +210,28 @@ class PairTerms {
   /// Calls body(terms, prefix_terms) with the Terms types of the model's mask and factor.
   template <class Body>
   void dispatch(Body&& body) const {
+    visit_factor([&](const auto& factor) { dispatch_with(factor, body); });
+  }
+
+  /// Calls body(factor) with the model's auxiliary factor as its own type (a translation
+  /// unit per factor can then hold that factor's instantiations: one_sided_loop.hpp).
+  template <class Body>
+  void visit_factor(Body&& body) const {
     switch (model_.aux_factor) {
       case AuxFactor::None:
-        return with_mask(NoFactor{}, body);
+        return body(NoFactor{});
       case AuxFactor::Distance:
-        return with_mask(DistanceFactor{model_.aux_lambda}, body);
+        return body(DistanceFactor{model_.aux_lambda});
       case AuxFactor::Gaussian:
-        return with_mask(GaussianFactor{0.5 / (model_.aux_sigma * model_.aux_sigma)}, body);
+        return body(GaussianFactor{0.5 / (model_.aux_sigma * model_.aux_sigma)});
       case AuxFactor::Cosine:
-        return with_mask(CosineFactor{model_.aux_omega}, body);
+        return body(CosineFactor{model_.aux_omega});
     }
   }
 
- private:
+  /// dispatch for a factor given by visit_factor.
   template <class Factor, class Body>
-  void with_mask(Factor factor, Body& body) const {
+  void dispatch_with(Factor factor, Body&& body) const {
     switch (model_.mask) {
       case MaskKind::Full:
         return with_prompts(FullMask{}, factor, body);
@@ -235,6 +242,7 @@ class PairTerms {
     }
   }
 
+ private:
   template <class Mask, class Factor, class Body>
   void with_prompts(Mask mask, Factor factor, Body& body) const {
     const auto terms = make(mask, factor);
