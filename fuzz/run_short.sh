@@ -12,17 +12,20 @@ command -v "$cxx" >/dev/null || cxx=clang++
 flags=(-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined
        -I"$root/include" -I/usr/include/eigen3 -fopenmp)
 mkdir -p "$build/corpus"
-# The sources the parser links (geometry and integrator names), compiled once and reused.
-objects=()
-for source in core/gauge core/rng core/init integrators/integrators; do
+# The sources the parser links (geometry and integrator names, the config reader), compiled
+# once, side by side, and reused.
+objects=() pids=()
+for source in core/gauge core/rng core/init integrators/integrators app/config; do
   object="$build/$(basename "$source").o"
   if [[ ! "$object" -nt "$root/src/$source.cpp" ]]; then
-    "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$root/src/$source.cpp" -o "$object"
+    "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$root/src/$source.cpp" -o "$object" &
+    pids+=($!)
   fi
   objects+=("$object")
 done
-"$cxx" "${flags[@]}" -fsanitize=fuzzer "$here/fuzz_options.cpp" "$root/src/app/config.cpp" \
-  "${objects[@]}" -lboost_program_options -o "$build/fuzz_options"
+for pid in "${pids[@]}"; do wait "$pid"; done
+"$cxx" "${flags[@]}" -fsanitize=fuzzer "$here/fuzz_options.cpp" "${objects[@]}" \
+  -lboost_program_options -o "$build/fuzz_options"
 cd "$build"
 # Every seed first, then fuzzing from them; new inputs go to BUILD_DIR/corpus.
 ./fuzz_options -runs=0 "$here/corpus"
