@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Whole trajectories of two or more mfattn binaries (or kernel sets), case by case.
+
+Usage (Debian's Python, which has h5py and NumPy):
+  /usr/bin/python3 tests/compare_builds.py REFERENCE OTHER [OTHER ...] [--bitwise] [--threads T]
+
+Each binary is a path, optionally followed by environment settings for it, comma-separated:
+  build/mfattn  build/mfattn,MFATTN_CPU_KERNELS=avx2  /tmp/old/build/mfattn
+
+Every case runs `mfattn run` for 20 RK4 steps (dopri5 and Euler-Maruyama where the case says)
+at n = 150 with frames at t = 0.5 and 1, once per binary, and compares the whole
+/particles/tokens/position/value arrays with the reference's. The cases cover what a change
+to the pair loops or the physics can break: both CPU loops, d = 3, 4, 20 and 64, SA and USA,
+random Q, K and V, RoPE and axial/mixed gauges, transported and plain values, the causal,
+window and per-prompt masks, every auxiliary factor, prefix tokens, presence amplitudes and
+null tokens, noise, dopri5 and replicas.
+
+Prints one row per case: the largest |x_other - x_reference| for each other binary.
+--bitwise: exit 1 unless every array is identical to the reference's, bit for bit (a
+refactoring's check); otherwise exit 1 when a difference exceeds --tolerance (1e-12: what
+separate builds and kernel sets must meet, docs/cpu-kernels.md).
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+
+# Presence amplitudes for n = 150: some null (p = 0), some fractional, some above 1.
+PRESENCE = ",".join(("1", "0.5", "2", "0", "1", "0.25")[i % 6] for i in range(150))
+
+CASES = {
+    "symmetric d3 usa": ["--d", "3", "--kernel", "usa"],
+    "symmetric d4 sa presence": ["--d", "4", "--kernel", "sa", "--amplitudes", PRESENCE],
+    "symmetric d20 sa rope": ["--d", "20", "--kernel", "sa", "--geometry", "rope"],
+    "symmetric d64 sa": ["--d", "64", "--kernel", "sa", "--beta", "4"],
+    "symmetric d3 window distance": ["--d", "3", "--kernel", "sa", "--mask", "window", "--window", "30",
+                                     "--aux-factor", "distance", "--aux-lambda", "0.05"],
+    "symmetric d20 gaussian null tokens": ["--d", "20", "--kernel", "usa", "--aux-factor", "gaussian",
+                                           "--aux-sigma", "20", "--null-tokens", "13"],
+    "one-sided d3 causal": ["--d", "3", "--kernel", "sa", "--mask", "causal"],
+    "one-sided d20 random q": ["--d", "20", "--kernel", "usa", "--q", "gaussian", "--beta", "0.5"],
+    "one-sided d3 random k v plain values": ["--d", "3", "--kernel", "sa", "--k", "gaussian", "--v", "gaussian",
+                                             "--geometry", "rope", "--values", "plain"],
+    "one-sided d4 cosine": ["--d", "4", "--kernel", "usa", "--aux-factor", "cosine", "--aux-omega", "0.3"],
+    "one-sided d20 causal gaussian": ["--d", "20", "--kernel", "sa", "--mask", "causal", "--aux-factor", "gaussian",
+                                      "--aux-sigma", "20"],
+    "one-sided d3 causal distance": ["--d", "3", "--kernel", "usa", "--mask", "causal", "--aux-factor", "distance",
+                                     "--aux-lambda", "0.1"],
+    "prefix d3 per-prompt": ["--d", "3", "--kernel", "sa", "--prefix", "5", "--mask", "per-prompt", "--prompts", "3"],
+    "prefix d20 weight": ["--d", "20", "--kernel", "sa", "--prefix", "7", "--prefix-weight", "2.5"],
+    "dopri5 d3 sa replicas": ["--d", "3", "--kernel", "sa", "--integrator", "dopri5", "--replicas", "3"],
+    "noise d3 usa": ["--d", "3", "--kernel", "usa", "--integrator", "euler-maruyama", "--noise-kappa", "0.5"],
+}
+
+
+def run_case(spec, extra, out, threads):
+    binary, *settings = spec.split(",")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
+    for setting in settings:
+        key, value = setting.split("=", 1)
+        env[key] = value
+    argv = [binary, "run", "--n", "150", "--horizon", "1", "--save-every", "0.5", "--dt", "0.05",
+            "--seed", "3", "--threads", str(threads), "--quiet", "--overwrite", "--out", out]
+    argv += extra + ([] if "--integrator" in extra else ["--integrator", "rk4"])
+    subprocess.run(argv, check=True, env=env)
+    with h5py.File(out, "r") as f:
+        return f["particles/tokens/position/value"][...]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("binaries", nargs="+", help="REFERENCE OTHER [OTHER ...] (path[,VAR=VALUE...])")
+    parser.add_argument("--bitwise", action="store_true", help="require identical bits")
+    parser.add_argument("--tolerance", type=float, default=1e-12)
+    parser.add_argument("--threads", type=int, default=2)
+    a = parser.parse_args()
+    if len(a.binaries) < 2:
+        parser.error("give a reference and at least one binary to compare with it")
+    failed = False
+    with tempfile.TemporaryDirectory() as tmp:
+        width = max(len(name) for name in CASES)
+        print(f"{'case':{width}s}  " + "  ".join(f"{os.path.basename(b.split(',')[0])}{b[len(b.split(',')[0]):]}"
+                                                 for b in a.binaries[1:]))
+        for name, extra in CASES.items():
+            reference = run_case(a.binaries[0], extra, os.path.join(tmp, "reference.h5"), a.threads)
+            row = []
+            for spec in a.binaries[1:]:
+                other = run_case(spec, extra, os.path.join(tmp, "other.h5"), a.threads)
+                if other.shape != reference.shape:
+                    row.append("shape " + "x".join(map(str, other.shape)))
+                    failed = True
+                    continue
+                diff = float(np.max(np.abs(other - reference)))
+                same = other.tobytes() == reference.tobytes()
+                failed = failed or (not same if a.bitwise else not diff <= a.tolerance)
+                row.append("identical" if same else f"{diff:.2e}")
+            print(f"{name:{width}s}  " + "  ".join(row))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
