@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mfattn_io import load  # noqa: E402  (the analysis folder is not a package)
 
-CLUSTER_DELTA = 1e-4   # delta_c of model.md section 6: cluster graph <x_i, x_j> > 1 - delta_c
+CLUSTER_DELTA = 1e-4   # delta_c of docs/model.md section 6: cluster graph <x_i, x_j> > 1 - delta_c
 PAIR_DELTA = 1e-3      # delta: a pair is "clustered" when <x_i, x_j> > 1 - delta
 COLLAPSE_DELTA = 1e-4  # a run has collapsed when its final min_inner >= 1 - COLLAPSE_DELTA
 DPI = 110

@@ -1,7 +1,7 @@
 #pragma once
 /// \file analyze.hpp
 /// `mfattn analyze FILE [--json] [--replica R]`: collapse and metastability summary of a
-/// finished, running or interrupted mfattn file (model.md section 6, docs/analyze.md).
+/// finished, running or interrupted mfattn file (docs/model.md section 6, docs/analyze.md).
 ///
 /// Per frame f (time t_f) of one replica it uses the stored n_clusters, min_inner and energy;
 /// files without n_clusters (or min_inner) get them recomputed from the stored positions with

@@ -1,6 +1,6 @@
 #pragma once
 /// \file backend.hpp
-/// Backends evaluate the attention velocity of model.md section 2 for every replica:
+/// Backends evaluate the attention velocity of docs/model.md section 2 for every replica:
 ///   v_i = p_i * P_{x_i}(u_i),  u_i as in model.hpp,
 /// and the weight sums D_i = sum_j w_ij (true scale, used for the energy
 ///   E = 1 / (2 beta M^2) * sum_i p_i D_i).

@@ -1,6 +1,6 @@
 #pragma once
 /// \file config.hpp
-/// The option table of `mfattn run` (cli.md). One Boost.Program_options table owns every
+/// The option table of `mfattn run` (docs/cli.md). One Boost.Program_options table owns every
 /// option name: the command line, config files and the /parameters group of the output all
 /// go through it, so there is no second list of keys anywhere.
 #include <boost/program_options.hpp>

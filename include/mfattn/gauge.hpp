@@ -1,6 +1,6 @@
 #pragma once
 /// \file gauge.hpp
-/// Positional gauges G(xi) in SO(d) (model.md section 3):
+/// Positional gauges G(xi) in SO(d) (docs/model.md section 3):
 ///
 ///   G(xi) = exp( sum_{a=1..k} xi_a Omega_a ),   Omega_a skew-symmetric d x d,  xi in R^k.
 ///

@@ -1,6 +1,6 @@
 #pragma once
 /// \file integrator.hpp
-/// Time stepping on (S^{d-1})^n (model.md section 5). Every step ends on the sphere:
+/// Time stepping on (S^{d-1})^n (docs/model.md section 5). Every step ends on the sphere:
 /// |x_i| = 1 to rounding. Tokens with p_i = 0 never move, bit for bit.
 ///   euler            x <- normalize(x + h f(x))                                  order 1
 ///   heun, rk4        explicit Runge-Kutta on the embedded field, normalised       2, 4

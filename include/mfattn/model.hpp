@@ -1,6 +1,6 @@
 #pragma once
 /// \file model.hpp
-/// The physical description of a run as plain data (model.md sections 1-2).
+/// The physical description of a run as plain data (docs/model.md sections 1-2).
 ///
 /// For a receiver i and a source j (active token or frozen prefix token):
 ///   s_ij = beta * < G_i Q x_i , G_j K x_j >                       score
@@ -69,7 +69,7 @@ struct Model {
 
   std::shared_ptr<const Gauge> gauge;  ///< null: G = I (tokens 0..n-1, then prefix n..n+P-1)
 
-  /// Prompts and frozen prefix tokens (model.md sections 1 and 3). Sources are indexed
+  /// Prompts and frozen prefix tokens (docs/model.md sections 1 and 3). Sources are indexed
   /// 0..n-1 (the tokens that move) then n..n+P-1 (prefix token p is source n + p, for the
   /// gauge too). Prefix tokens act as sources for every receiver the masks allow, carry the
   /// presence prefix_weight (> 1 counts a prefix token as several) and never move.
@@ -92,7 +92,7 @@ struct Model {
   double mass() const;
   /// True when every token has p_i = 1 (no amplitudes, no null tokens).
   bool every_token_present() const;
-  /// True when the dynamics is a gradient ascent of the energy (model.md section 4).
+  /// True when the dynamics is a gradient ascent of the energy (docs/model.md section 4).
   bool is_gradient_flow() const;
   /// Weight shift applied in the exponent: beta in rescaled time, 0 in natural time.
   double exponent_shift() const { return time_scale == TimeScale::Rescaled ? beta : 0.0; }

@@ -31,9 +31,9 @@
 /// exponentials, sums) is done in float (accumulator_t<T>). Workspace is allocated once
 /// per call (O((receivers + sources) D) plus one row of logits), never per pair.
 ///
-/// Link to the particle dynamics (model.md section 2): on the sphere, with the presence
+/// Link to the particle dynamics (docs/model.md section 2): on the sphere, with the presence
 /// taken from the amplitude a_i (carrier h_i = a_i x_i, |x_i| = 1, so |h_i|^2 = a_i^2 and
-/// p_i = a_i^2 / (tau + a_i^2), model.md's rule) and queries, keys and values taken from the
+/// p_i = a_i^2 / (tau + a_i^2), docs/model.md's rule) and queries, keys and values taken from the
 /// direction x_i (q_i = G_i Q x_i, k_j = G_j K x_j, values z_j = G_j x_j, c = beta,
 /// o = beta in rescaled time and 0 in natural time, D_head = D = d), the SA kernel is
 ///   u_i = sum_j w_ij v_ij / (eps_den + sum_j w_ij) = V G_i^T OAttention_i / p_i   (p_i > 0)
@@ -185,7 +185,7 @@ void oattention_direct(const QkvView<A>& in, const Visibility& mask, const OAtte
 /// values; V is linear, so it is applied once to the output), the model's
 /// presences (prefix tokens as sources of presence prefix_weight), m_ij from the model's
 /// masks, c = beta, o = exponent_shift() and the model's eps_den. Equals the SA velocity
-/// p_i P_{x_i}(u_i) of model.md section 2 up to rounding. Throws std::invalid_argument for
+/// p_i P_{x_i}(u_i) of docs/model.md section 2 up to rounding. Throws std::invalid_argument for
 /// USA (no denominator: not OAttention) and for auxiliary factors (not part of OAttention).
 void sa_velocity_via_oattention(const Model& model, const double* x, double* velocity);
 

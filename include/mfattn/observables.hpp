@@ -1,6 +1,6 @@
 #pragma once
 /// \file observables.hpp
-/// Per-frame observables of model.md section 6, over the m tokens that move (p_i > 0), in the
+/// Per-frame observables of docs/model.md section 6, over the m tokens that move (p_i > 0), in the
 /// order observable_layout gives them:
 ///   energy                   E = 1 / (2 beta M^2) sum_{i,j} p_i p_j m_ij c_ij exp(s_ij)
 ///   mean_inner               (|sum_i x_i|^2 - m) / (m (m - 1))                   (1 for m = 1)

@@ -11,7 +11,7 @@
 
 namespace mfattn {
 
-/// Exit codes of cli.md.
+/// Exit codes of docs/cli.md.
 enum ExitCode : int { kExitOk = 0, kExitUsage = 2, kExitNumerical = 3, kExitIo = 4 };
 
 /// The Model of a configuration: n active tokens plus null tokens, matrices, presence,

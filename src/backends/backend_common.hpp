@@ -1,5 +1,5 @@
 #pragma once
-// Pieces every backend shares: the receiver-side finish of model.md section 2 and the mask.
+// Pieces every backend shares: the receiver-side finish of docs/model.md section 2 and the mask.
 #include "mfattn/backend.hpp"
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// Auxiliary variables (model.md sections 2-4): gauges, factors, plain values; the exact facts
+// Auxiliary variables (docs/model.md sections 2-4): gauges, factors, plain values; the exact facts
 // of seed 003 and agreement with the pair-by-pair reference backend.
 #include <Eigen/Dense>
 #include <fstream>

@@ -1,4 +1,4 @@
-// The CPU backend against the reference backend (model.md section 2 written pair by pair),
+// The CPU backend against the reference backend (docs/model.md section 2 written pair by pair),
 // determinism across thread counts, null-token inertness and overflow detection.
 #include <fstream>
 

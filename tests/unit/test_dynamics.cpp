@@ -1,4 +1,4 @@
-// Exact facts of model.md sections 4-5: analytic reductions, invariants, convergence orders.
+// Exact facts of docs/model.md sections 4-5: analytic reductions, invariants, convergence orders.
 #include <cmath>
 #include <numbers>
 

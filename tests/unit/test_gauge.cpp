@@ -1,4 +1,4 @@
-// Positional gauges G(xi) = exp(sum_a xi_a Omega_a) (gauge.hpp, model.md section 3).
+// Positional gauges G(xi) = exp(sum_a xi_a Omega_a) (gauge.hpp, docs/model.md section 3).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -242,7 +242,7 @@ TEST(Gauge, RopeFrequenciesFollowBase) {
       GaugeSpec s = spec_of({GeometryKind::Rope, 1}, d, 0, base);
       const auto g = make_gauge(s, {1.0}, 1);
       const Matrix& om = g->generators()[0];
-      for (std::size_t b = 1; b <= d / 2; ++b) {  // 1-based block index, as in model.md
+      for (std::size_t b = 1; b <= d / 2; ++b) {  // 1-based block index, as in docs/model.md
         const double want = std::pow(base, -2.0 * static_cast<double>(b - 1) / static_cast<double>(d));
         const auto r = static_cast<Eigen::Index>(2 * (b - 1));
         EXPECT_NEAR(om(r + 1, r), want, 1e-15 * want) << "d=" << d << " b=" << b;

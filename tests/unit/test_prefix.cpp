@@ -1,4 +1,4 @@
-// Prompts and frozen prefix tokens (model.md sections 1-4): prefix tokens are sources that
+// Prompts and frozen prefix tokens (docs/model.md sections 1-4): prefix tokens are sources that
 // never move, seen by every receiver unless the per-prompt mask hides another prompt's prefix.
 #include <cmath>
 #include <fstream>
@@ -182,7 +182,7 @@ TEST(Prefix, PerPromptPrefixGivesAtLeastAsManyClustersAsPrompts) {
   }
 }
 
-// The energy sums over moving and prefix tokens alike (model.md section 4); with the
+// The energy sums over moving and prefix tokens alike (docs/model.md section 4); with the
 // symmetric per-prompt mask the flow is still a gradient ascent, so E never decreases.
 TEST(Prefix, EnergyCountsPrefixRowsAndAscends) {
   for (const std::string kernel : {"usa", "sa"}) {

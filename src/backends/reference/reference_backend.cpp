@@ -1,4 +1,4 @@
-// The test oracle: model.md section 2 written literally, one pair at a time, with no
+// The test oracle: docs/model.md section 2 written literally, one pair at a time, with no
 // running maximum, no tiling and no shared code with the fast backends. Slow by design.
 #include "backends/backend_common.hpp"
 
