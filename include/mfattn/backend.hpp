@@ -55,6 +55,9 @@ std::string cpu_kernels_name();
 std::string cpu_kernels_description();
 /// The sets this build carries that this CPU runs, best first, separated by spaces.
 std::string cpu_kernels_runnable();
+/// Exponentials per second of the CPU pair loops' own exp (the chosen set's), `threads`
+/// threads each on an L1-resident array, for at least min_seconds: `mfattn bench --roofline`.
+double cpu_exp_rate(int threads, double min_seconds);
 
 /// The energy E = 1 / (2 beta M^2) sum_{i,j} p_i p_j m_ij c_ij exp(s_ij) of one replica, from
 /// the weight sums D_i of its n moving tokens (x: their contents) plus the rows of the prefix

@@ -6,7 +6,6 @@
 #include <iomanip>
 #include <iostream>
 
-#include "backends/cpu/cpu_kernels.hpp"
 #include "mfattn/backend.hpp"
 #include "mfattn/config.hpp"
 #include "mfattn/run.hpp"
@@ -73,7 +72,7 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
     if (cfg.backend == "cpu") out << " cpu_kernels " << cpu_kernels_name();
     out << '\n';
     if (roofline)
-      out << std::setprecision(4) << "exp_per_second " << cpu::kernels().exp_rate(threads, min_seconds)
+      out << std::setprecision(4) << "exp_per_second " << cpu_exp_rate(threads, min_seconds)
           << " threads " << threads << '\n';
   } catch (const UsageError& e) {
     err << "mfattn bench: " << e.what() << '\n';

@@ -109,6 +109,9 @@ std::unique_ptr<Backend> make_cpu_backend(const Model& model, int threads) {
 
 std::string cpu_kernels_name() { return cpu::kernels().name; }
 std::string cpu_kernels_description() { return cpu::describe_kernels(); }
+double cpu_exp_rate(int threads, double min_seconds) {
+  return cpu::kernels().exp_rate(threads, min_seconds);
+}
 std::string cpu_kernels_runnable() {
   cpu::initialise_cpu_features();
   return cpu::names(true, " ");

@@ -98,9 +98,9 @@ struct Prepared {
   }
 };
 
-// Where a register holds fewer than the 8 lanes (AVX2: 4, SSE2 and NEON: 2), the large-d
-// micro-kernels keep their sums as native registers and take them in groups that fit the
-// register file: kAccumulators sums at a time (12 of AVX2's 16 registers, 24 of NEON's 32),
+// The large-d micro-kernels keep their sums as native registers and take them in groups
+// that fit the register file (AVX-512: the whole block in one group; AVX2, SSE2 and NEON,
+// with 4 or 2 doubles per register, in several): kAccumulators sums at a time (12 of AVX2's 16 registers, 24 of NEON's 32),
 // kAccumulatorColumns registers of components or sources per receiver times as many
 // receivers as then fit. Every sum is still its own FMA chain over the same terms in the
 // same order: the grouping changes which sums share a pass over the operands, nothing else.
@@ -131,8 +131,10 @@ template <std::size_t kReceivers, std::size_t kFirst>
       for (std::size_t c = 0; c < p.d; ++c, keys += kKeyPanel) {
         simd::Register k[kColumns];
 #pragma GCC unroll 8
-        for (std::size_t m = 0; m < kColumns; ++m)
+        for (std::size_t m = 0; m < kColumns; ++m) {
           k[m] = simd::load_register(keys + m * simd::kRegisterLanes);
+          simd::keep_in_registers(k[m]);
+        }
 #pragma GCC unroll 8
         for (std::size_t r = 0; r < kGroup; ++r) {
           const simd::Register qc = simd::splat<simd::Register>(q[kFirst + r][c]);
@@ -166,34 +168,10 @@ template <std::size_t kReceivers, class Terms>
                          const double* neg_offset, const typename Terms::Receiver* receiver_terms,
                          const double* bias_row, double log_scale, std::size_t j,
                          Lanes (*logits)[4]) {
-  if constexpr (simd::kRegistersPerLanes > 1) {
-    // Fewer lanes per register: the sums in register groups that fit (see kAccumulators).
-    panel_logit_groups<kReceivers, 0>(p, q, neg_offset, j, logits);
-  } else {
-    Lanes s[kReceivers][4];
-#pragma GCC unroll 8
-    for (std::size_t r = 0; r < kReceivers; ++r)
-      s[r][0] = s[r][1] = s[r][2] = s[r][3] = simd::broadcast(neg_offset[r]);
-    const double* keys = p.key_lanes(0, j);
-    for (std::size_t c = 0; c < p.d; ++c, keys += kKeyPanel) {
-      Lanes k0 = simd::load(keys), k1 = simd::load(keys + kLanes);
-      Lanes k2 = simd::load(keys + 2 * kLanes), k3 = simd::load(keys + 3 * kLanes);
-      simd::keep_in_registers(k0, k1, k2, k3);
-#pragma GCC unroll 8
-      for (std::size_t r = 0; r < kReceivers; ++r) {
-        const Lanes qc = simd::broadcast(q[r][c]);
-        s[r][0] += qc * k0;
-        s[r][1] += qc * k1;
-        s[r][2] += qc * k2;
-        s[r][3] += qc * k3;
-      }
-    }
-#pragma GCC unroll 8
-    for (std::size_t r = 0; r < kReceivers; ++r)
-#pragma GCC unroll 4
-      for (std::size_t h = 0; h < 4; ++h) logits[r][h] = s[r][h];
-  }
-  // Then the bias and the log-terms, on either path.
+  // The sums as native registers in groups that fit (on AVX-512: all kReceivers x 4 lane
+  // vectors in one group).
+  panel_logit_groups<kReceivers, 0>(p, q, neg_offset, j, logits);
+  // Then the bias and the log-terms.
 #pragma GCC unroll 4
   for (std::size_t h = 0; h < 4; ++h) {
     const std::size_t jh = j + h * kLanes;

@@ -182,10 +182,9 @@ MFATTN_SIMD_INLINE Lanes sqrt(Lanes v) {
 /// A no-op that makes the compiler hold the values in registers: GCC otherwise folds each
 /// use of a loaded vector into its FMA as a memory operand, so a micro-kernel that reuses a
 /// load for several receivers turns load-bound (one load per FMA instead of one per row).
-template <class... Vectors>
-MFATTN_SIMD_INLINE void keep_in_registers([[maybe_unused]] Vectors&... values) {
+MFATTN_SIMD_INLINE void keep_in_registers([[maybe_unused]] Register& value) {
 #if defined(__GNUC__) && defined(MFATTN_CPU_ISA_AVX512)
-  ([&] { MFATTN_SIMD_PARTS asm("" : "+v"(values.part[k_])); }(), ...);
+  asm("" : "+v"(value));
 #endif
 }
 
