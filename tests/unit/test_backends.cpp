@@ -203,6 +203,38 @@ TEST(CpuBackend, SymmetricLoopKeepsPairsAtTheWindowEdgeAndReadsEveryPositionCoor
     }
 }
 
+// A tile's odd-round row sums start in its block (I, I + 1). Positions from a file put tiles
+// 0 and 3 side by side and tiles 1 and 2 far from every other: with window 10 the blocks
+// (0, 1), (1, 2), (2, 3) are skipped and (0, 3) runs, so tile 0's odd sums must start from
+// zero without their first block, in every evaluation (each step would otherwise add the
+// previous one's sums). Whole trajectories against the reference backend, 1 and 2 threads.
+TEST(CpuBackend, SymmetricLoopStartsOddRowSumsWhereTheirFirstBlockIsSkipped) {
+  const auto dir = testing::scratch_dir("skipped_first_odd_block");
+  const std::string positions = (dir / "positions.txt").string();
+  {
+    std::ofstream out(positions);
+    const double tile_origin[4] = {0.0, 100.0, 1000.0, 0.5};
+    for (int i = 0; i < 256; ++i) out << tile_origin[i / 64] + 0.01 * (i % 64) << "\n";
+  }
+  for (const std::string kernel : {"usa", "sa"}) {
+    const RunConfig cfg = config({"--n", "256", "--d", "3", "--kernel", kernel, "--beta", "2",
+                                  "--positions", positions, "--mask", "window", "--window", "10",
+                                  "--integrator", "euler", "--dt", "0.05", "--horizon", "0.5",
+                                  "--save-every", "0.1", "--seed", "3"});
+    const Model model = build_model(cfg);
+    const State state = build_initial_state(cfg, model);
+    ASSERT_EQ(loop_of(model, state, 2), "symmetric");
+    const auto ref = simulate(cfg, 1, "reference");
+    for (int threads : {1, 2}) {
+      const auto fast = simulate(cfg, threads);
+      ASSERT_EQ(fast.frames.size(), ref.frames.size());
+      for (std::size_t k = 0; k < ref.frames.size(); ++k)
+        EXPECT_LE(testing::max_abs_difference(fast.frames[k].x, ref.frames[k].x), 1e-12)
+            << kernel << " threads " << threads << " frame " << k;
+    }
+  }
+}
+
 // The causal mask, the cosine factor (sign-changing), prefix tokens and Q != K make the
 // logits one-sided: the one-sided loop runs. A shared offset too loose for the underflow edge (2 beta log2 e >=
 // 1020) or a present receiver whose weight sum would vanish sends the evaluation back to the
@@ -241,25 +273,26 @@ TEST(CpuBackend, SymmetricLoopAppliesOnlyWhereTheLogitsAreSymmetricAndFallsBack)
 }
 
 // Appending null tokens keeps every bit when they fill whole extra tiles and the evaluation
-// moves from one thread (300 tokens) to two (600 tokens: the rounds of the symmetric loop
-// split between the threads).
+// moves from one thread (200 tokens) to two (400 tokens: the rounds of the symmetric loop
+// split between the threads). The last tile of the 200 (tile 3) has no odd-round block in
+// the row role; with the null tokens it gains (3, 4), which must add exact zeros only.
 TEST(NullTokens, SymmetricLoopKeepsEveryBitAcrossTilesAndThreadCounts) {
   const std::vector<std::vector<std::string>> terms = {
       {}, {"--mask", "window", "--window", "90", "--aux-factor", "gaussian", "--aux-sigma", "40"}};
   for (const std::string dim : {"3", "20"})
     for (const std::string kernel : {"usa", "sa"})
       for (const auto& extra : terms) {
-      // With the window the null tokens' own tiles (positions 300 to 599) are partly skipped.
+      // With the window the null tokens' own tiles (positions 200 to 399) are partly skipped.
       const std::vector<std::string> base = testing::with(
-          {"--n", "300", "--d", dim, "--kernel", kernel, "--integrator", "heun", "--dt", "0.05",
+          {"--n", "200", "--d", dim, "--kernel", kernel, "--integrator", "heun", "--dt", "0.05",
            "--horizon", "0.2", "--save-every", "0.1", "--eps-den", "1e-12", "--seed", "11"},
           extra);
       const auto plain = simulate(config(base), 2);
-      const auto padded = simulate(config(testing::with(base, {"--null-tokens", "300"})), 2);
+      const auto padded = simulate(config(testing::with(base, {"--null-tokens", "200"})), 2);
       ASSERT_EQ(loop_of(padded.model, padded.frames[0], 2), "symmetric");
       const std::size_t d = plain.model.d;
       for (std::size_t k = 0; k < plain.frames.size(); ++k)
-        EXPECT_TRUE(bitwise_equal(plain.frames[k].x.data(), padded.frames[k].x.data(), 300 * d))
+        EXPECT_TRUE(bitwise_equal(plain.frames[k].x.data(), padded.frames[k].x.data(), 200 * d))
             << kernel << " d " << dim << " frame " << k << " terms " << extra.size();
       }
 }

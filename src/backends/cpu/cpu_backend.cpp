@@ -77,10 +77,12 @@ class CpuBackend final : public Backend {
                 double* weight_sums_out) override {
     bool fall_back = false;
     std::string failure;
-    // Small evaluations (n = 256 is ~30 us of work) run on one thread: waking a team costs
-    // more than it saves, and on a busy machine a late thread stalls every step.
+    // Small evaluations run on one thread: waking a team costs more than it saves, and on a
+    // busy machine a late thread stalls every step. The symmetric loop's rounds overlap (see
+    // symmetric_pairs.hpp), so a team already pays off there at n = 256.
     const double pairs = double(replicas) * double(model_.n) * double(model_.n);
-    const int team = pairs < kPairsPerExtraThread ? 1 : threads_;
+    const int team =
+        pairs < (symmetric_ ? kSymmetricPairsPerExtraThread : kPairsPerExtraThread) ? 1 : threads_;
     // The loops' worksharing constructs are orphaned: called outside a parallel region (one
     // thread) they run as a team of one, without the cost of opening a region (at n = 256 its
     // futex calls were a fifth of an evaluation).

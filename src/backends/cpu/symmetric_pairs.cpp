@@ -113,15 +113,17 @@ SymmetricPairs::SymmetricPairs(const Model& model, const PairTerms& terms)
 void SymmetricPairs::layout(const Prepared& p, Replica& s) const {
   const std::size_t n = model_.n, d = model_.d;
   const std::size_t sums = d <= kSmallDimension ? d * stride_ : padded_ * p.row_stride;
-  if (s.acc.size() == sums) return;
+  if (s.sums[0].acc.size() == sums) return;
   s.queries.assign(padded_ * d, 0.0);
   s.presence.assign(padded_, 0.0);
   std::copy(model_.presence.begin(), model_.presence.begin() + n, s.presence.begin());
   // With every p_j = 1 the prepared values are already p_j z_j (same layout and strides).
   if (!all_present_) s.weighted_values.assign(sums, 0.0);
-  s.acc.assign(sums, 0.0);
-  s.weight_sum.assign(padded_, 0.0);
-  if (d <= kSmallDimension) s.row_lanes.assign(padded_ * (d + 1) * kLanes, 0.0);
+  for (Replica::Sums& parity : s.sums) {
+    parity.acc.assign(sums, 0.0);
+    parity.weight_sum.assign(padded_, 0.0);
+    if (d <= kSmallDimension) parity.row_lanes.assign(padded_ * (d + 1) * kLanes, 0.0);
+  }
 }
 
 /// Tile t of a replica for this evaluation: sums cleared, queries scaled to base 2, values
@@ -129,17 +131,22 @@ void SymmetricPairs::layout(const Prepared& p, Replica& s) const {
 double SymmetricPairs::build_tile(const Prepared& p, Replica& s, std::size_t t) const {
   const std::size_t n = model_.n, d = model_.d;
   const std::size_t begin = t * kTile, end = begin + kTile, filled = std::min(end, n);
-  std::fill(s.weight_sum.begin() + begin, s.weight_sum.begin() + end, 0.0);
+  for (Replica::Sums& parity : s.sums) {
+    std::fill(parity.weight_sum.begin() + begin, parity.weight_sum.begin() + end, 0.0);
+    if (d <= kSmallDimension)
+      for (std::size_t c = 0; c < d; ++c)
+        std::fill(parity.acc.begin() + c * stride_ + begin, parity.acc.begin() + c * stride_ + end, 0.0);
+    else
+      std::fill(parity.acc.begin() + begin * p.row_stride, parity.acc.begin() + end * p.row_stride, 0.0);
+  }
   for (std::size_t i = begin * d; i < filled * d; ++i) s.queries[i] = p.queries[i] * kLog2e;
   if (d <= kSmallDimension) {
     for (std::size_t c = 0; c < d; ++c) {
-      std::fill(s.acc.begin() + c * stride_ + begin, s.acc.begin() + c * stride_ + end, 0.0);
       if (!all_present_)
         for (std::size_t j = begin; j < filled; ++j)
           s.weighted_values[c * stride_ + j] = s.presence[j] * p.values_t[c * p.source_stride + j];
     }
   } else {
-    std::fill(s.acc.begin() + begin * p.row_stride, s.acc.begin() + end * p.row_stride, 0.0);
     if (!all_present_)
       for (std::size_t j = begin; j < filled; ++j)
         for (std::size_t c = 0; c < d; ++c)
@@ -174,9 +181,15 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
   const std::size_t a_begin = row_tile * kTile, b_begin = column_tile * kTile;
   const std::size_t stride = stride_;
   const V neg_offset = simd::splat<V>(s.neg_offset_log2);
-  double* acc = s.acc.data();
-  double* weight_sum = s.weight_sum.data();
-  double* row_lanes = s.row_lanes.data();
+  Replica::Sums& sums = s.sums[(row_tile + column_tile) % 2];
+  double* acc = sums.acc.data();
+  double* weight_sum = sums.weight_sum.data();
+  double* row_lanes = sums.row_lanes.data();
+  // A tile's first block in the row role of each parity starts its lane sums from zero: the
+  // diagonal one (round 2 I) for the even sums, (I, I + 1) for the odd ones (run_block clears
+  // them where a window skips that block; the last tile's, which no block writes, keep the
+  // zeros of layout), so the row lanes are never cleared in a separate pass.
+  const bool fresh_rows = kDiagonal || column_tile == row_tile + 1;
   const double* values = s.values;
   const double* presence = s.presence.data();
   const double* queries = s.queries.data();
@@ -185,12 +198,10 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
     double q[kRows * kDim], row_presence[kRows], row_values[kRows * kDim];
     V row_sum[kRows], row_acc[kRows][kDim];
     for (std::size_t r = 0; r < kRows; ++r) {
-      // A tile's first block in the row role is its diagonal one (round 2 I): its lane sums
-      // start there from zero (no clearing of the row lanes per evaluation).
       const double* lanes = row_lanes + (a0 + r) * (kDim + 1) * kLanes + part;
-      row_sum[r] = kDiagonal ? V{} : simd::load_as<V>(lanes);
+      row_sum[r] = fresh_rows ? V{} : simd::load_as<V>(lanes);
       for (std::size_t c = 0; c < kDim; ++c)
-        row_acc[r][c] = kDiagonal ? V{} : simd::load_as<V>(lanes + (c + 1) * kLanes);
+        row_acc[r][c] = fresh_rows ? V{} : simd::load_as<V>(lanes + (c + 1) * kLanes);
       row_presence[r] = presence[a0 + r];
       for (std::size_t c = 0; c < kDim; ++c) {
         q[r * kDim + c] = queries[(a0 + r) * kDim + c];
@@ -323,7 +334,8 @@ void SymmetricPairs::large_block(const Prepared& p, Replica& s, std::size_t row_
   exp_rows<kSmallBlock>(p, s.queries.data(), s.neg_offset_log2, a_begin + a, b_begin,
                         terms_of(a), weights + a * kTile);
   const double* presence = s.presence.data();
-  double* weight_sum = s.weight_sum.data();
+  Replica::Sums& sums = s.sums[(row_tile + column_tile) % 2];
+  double* weight_sum = sums.weight_sum.data();
   for (std::size_t r = 0; r < kTile; ++r) {
     Lanes sum{};
     for (std::size_t b = 0; b < kTile; b += kLanes)
@@ -344,9 +356,9 @@ void SymmetricPairs::large_block(const Prepared& p, Replica& s, std::size_t row_
     const double* sources = s.values + source_begin * rs;
     std::size_t t = 0;
     for (; t + kLargeBlock <= kTile; t += kLargeBlock)
-      add_weighted_rows<kLargeBlock>(sources, rs, s.acc.data() + (first + t) * rs, rs,
+      add_weighted_rows<kLargeBlock>(sources, rs, sums.acc.data() + (first + t) * rs, rs,
                                      weights + t * stride, stride, step, kTile, dp);
-    add_weighted_rows<kSmallBlock>(sources, rs, s.acc.data() + (first + t) * rs, rs,
+    add_weighted_rows<kSmallBlock>(sources, rs, sums.acc.data() + (first + t) * rs, rs,
                                    weights + t * stride, stride, step, kTile, dp);
   };
   add(a_begin, b_begin, kTile, 1);
@@ -355,7 +367,14 @@ void SymmetricPairs::large_block(const Prepared& p, Replica& s, std::size_t row_
 
 void SymmetricPairs::run_block(const Prepared& p, Replica& s, std::size_t row_tile,
                                std::size_t column_tile) const {
-  if (!skipped_.empty() && skipped_[row_tile * tiles_ + column_tile]) return;
+  if (!skipped_.empty() && skipped_[row_tile * tiles_ + column_tile]) {
+    // The tile's odd row lanes start in block (I, I + 1) (see small_block).
+    if (column_tile == row_tile + 1 && p.d <= kSmallDimension) {
+      double* lanes = s.sums[1].row_lanes.data() + row_tile * kTile * (p.d + 1) * kLanes;
+      std::fill(lanes, lanes + kTile * (p.d + 1) * kLanes, 0.0);
+    }
+    return;
+  }
   alignas(64) double log_terms[kTile * kTile];
   const bool with_terms = static_cast<bool>(block_log_terms_);
   if (with_terms) block_log_terms_(row_tile, column_tile, log_terms);
@@ -402,14 +421,17 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
 #pragma omp single
   {
     replicas_.resize(replicas);
-    if (progress_size_ < replicas * tiles_) {
-      progress_ = std::make_unique<std::atomic<std::size_t>[]>(replicas * tiles_);
-      progress_size_ = replicas * tiles_;
+    if (progress_size_ < 2 * replicas * tiles_) {
+      progress_ = std::make_unique<std::atomic<std::size_t>[]>(2 * replicas * tiles_);
+      progress_size_ = 2 * replicas * tiles_;
     }
-    // Tile t is first met in round t (block (0, t)).
+    // Tile t is in every round from t (block (0, t)) to t + T - 1: its first round of
+    // parity q is t or t + 1.
     for (std::size_t r = 0; r < replicas; ++r)
       for (std::size_t t = 0; t < tiles_; ++t)
-        progress_[r * tiles_ + t].store(t, std::memory_order_relaxed);
+        for (std::size_t parity = 0; parity < 2; ++parity)
+          progress_[(r * tiles_ + t) * 2 + parity].store(t + (t + parity) % 2,
+                                                         std::memory_order_relaxed);
     if (!claimed_) claimed_ = std::make_unique<std::atomic<std::size_t>[]>(2 * tiles_);
     for (std::size_t round = 0; round < 2 * tiles_; ++round)
       claimed_[round].store(0, std::memory_order_relaxed);
@@ -446,10 +468,12 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
     return;
   }
   // Rounds r = I + J: the blocks (k, r - k), k <= r - k, of every replica. A tile is in one
-  // block of every round from its first to its last, so a block may start as soon as the
-  // blocks of its two tiles in the previous round are done: progress_[tile] counts the
-  // rounds a tile has finished, and threads wait on those two counters instead of a barrier
-  // per round (2 T - 1 barriers, each waiting for the slowest block). Each thread takes a
+  // block of every round from its first to its last, and a block writes the sums of its
+  // round's parity, so it may start as soon as the blocks of its two tiles in round r - 2
+  // are done: progress_[tile, parity] is the next round of that parity the tile may take,
+  // and threads wait on those two counters instead of a barrier per round (2 T - 1
+  // barriers, each waiting for the slowest block). A thread that has finished its share of
+  // round r - 1 goes on with round r while round r - 1 still runs. Each thread takes a
   // contiguous range of each round's blocks, so it keeps its row tiles and mostly meets
   // column tiles it wrote itself (r + 1 - k was the column tile of block k - 1): the written
   // sums rarely move between cores (taking the blocks in turn moved them every round, which
@@ -461,13 +485,13 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
   };
   auto run = [&](std::size_t round, std::size_t first, std::size_t blocks, std::size_t unit) {
     const std::size_t r = unit / blocks, k = first + unit % blocks, j = round - k;
-    std::atomic<std::size_t>& row_done = progress_[r * tiles_ + k];
-    std::atomic<std::size_t>& column_done = progress_[r * tiles_ + j];
-    wait_for(row_done, round);
-    wait_for(column_done, round);
+    std::atomic<std::size_t>& row_ready = progress_[(r * tiles_ + k) * 2 + round % 2];
+    std::atomic<std::size_t>& column_ready = progress_[(r * tiles_ + j) * 2 + round % 2];
+    wait_for(row_ready, round);
+    wait_for(column_ready, round);
     run_block(prepared[r], replicas_[r], k, j);
-    row_done.store(round + 1, std::memory_order_release);
-    column_done.store(round + 1, std::memory_order_release);
+    row_ready.store(round + 2, std::memory_order_release);
+    column_ready.store(round + 2, std::memory_order_release);
   };
   for (std::size_t round = 0; round + 1 < 2 * tiles_; ++round) {
     const std::size_t first = round >= tiles_ ? round - (tiles_ - 1) : 0, last = round / 2;
@@ -484,28 +508,37 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
     const std::size_t begin = units * me / team, end = units * (me + 1) / team;
     for (std::size_t step = begin; step < end; ++step)
       // Odd threads walk their range downwards: the block next to a neighbour's range, the
-      // one that waits on that neighbour's previous round, then comes last (a round of slack).
+      // one that may wait on that neighbour's round r - 2, then comes last (more slack).
       run(round, first, blocks, me % 2 ? begin + end - 1 - step : step);
   }
 #pragma omp barrier
-  Scratch scratch;
+  Scratch scratch, both_parities;
   double* work = scratch.rows(d);
-  double gathered[kSmallDimension];
+  double* gathered = both_parities.rows(d);
 #pragma omp for schedule(static)
   for (std::size_t unit = 0; unit < replicas * n; ++unit) {
     const std::size_t r = unit / n, i = unit % n;
     const Replica& s = replicas_[r];
-    const double* acc = s.acc.data() + i * prepared[r].row_stride;
-    double weight_sum = s.weight_sum[i];
+    const Replica::Sums& even = s.sums[0];
+    const Replica::Sums& odd = s.sums[1];
+    double weight_sum;
     if (d <= kSmallDimension) {
-      // The column part (one term per source in order), then the row part's lanes.
-      const double* lanes = s.row_lanes.data() + i * (d + 1) * kLanes;
-      weight_sum += simd::horizontal_sum(simd::load(lanes));
+      // Per parity the column part (one term per source in order), then the row part's
+      // lanes; then even + odd.
+      const double* even_lanes = even.row_lanes.data() + i * (d + 1) * kLanes;
+      const double* odd_lanes = odd.row_lanes.data() + i * (d + 1) * kLanes;
+      weight_sum = (even.weight_sum[i] + simd::horizontal_sum(simd::load(even_lanes))) +
+                   (odd.weight_sum[i] + simd::horizontal_sum(simd::load(odd_lanes)));
       for (std::size_t c = 0; c < d; ++c)
-        gathered[c] = s.acc[c * stride_ + i] +
-                      simd::horizontal_sum(simd::load(lanes + (c + 1) * kLanes));
-      acc = gathered;
+        gathered[c] =
+            (even.acc[c * stride_ + i] + simd::horizontal_sum(simd::load(even_lanes + (c + 1) * kLanes))) +
+            (odd.acc[c * stride_ + i] + simd::horizontal_sum(simd::load(odd_lanes + (c + 1) * kLanes)));
+    } else {
+      const std::size_t row = i * prepared[r].row_stride;
+      weight_sum = even.weight_sum[i] + odd.weight_sum[i];
+      for (std::size_t c = 0; c < d; ++c) gathered[c] = even.acc[row + c] + odd.acc[row + c];
     }
+    const double* acc = gathered;
     if (model_.presence[i] > 0.0 && !(weight_sum >= kLooseBound)) {
 #pragma omp atomic write
       fall_back = true;

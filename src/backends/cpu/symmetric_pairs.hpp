@@ -22,14 +22,18 @@
 // b in J) are taken once and added to the receivers of I ("row" role, lanes over b) and of J
 // ("column" role, sequential over a); a diagonal block (I, I) takes the pairs of the tile as
 // a triangle of strips (both roles between strips, the row role within one). Blocks run in
-// rounds r = I + J: the blocks of one round share no tile, so threads never write the same
-// sums, and every tile meets its partners in ascending order (I < J in rounds I + J < 2J,
-// itself in round 2J, then J' > J). A block starts once the previous-round blocks of its two
-// tiles are done (per-tile counters, no barrier per round). Each receiver's sums are
-// therefore taken in one fixed order (partner tiles ascending; inside a block the column role
-// adds one term per source in order, the row role a lane vector), whichever thread runs which
-// block; appending null tokens (p = 0, on the sphere, left out of B) only adds exact zeros
-// at the end of that order, so no other bit changes.
+// rounds r = I + J: the blocks of one round share no tile, and every tile meets its partners
+// in ascending order (I < J in rounds I + J < 2J, itself in round 2J, then J' > J). Each
+// receiver keeps two sets of sums, one for the blocks of even rounds and one for odd rounds,
+// added when the receiver is finished: a block of round r writes the sums of parity r mod 2,
+// which the blocks of round r - 2 wrote last, so it starts once those two blocks (one per
+// tile) are done (per-tile, per-parity counters, no barrier per round); the blocks of rounds
+// r - 1 and r run side by side, and two threads already share the work at n = 128 (rounds 0
+// and 1 at once). Each receiver's sums are therefore taken in one fixed order (per parity,
+// partner tiles ascending; inside a block the column role adds one term per source in order,
+// the row role a lane vector; then even + odd), whichever thread runs which block;
+// appending null tokens (p = 0, on the sphere, left out of B) only adds exact zeros at the
+// end of a parity's order, so no other bit changes.
 #include <atomic>
 #include <cstddef>
 #include <functional>
@@ -76,11 +80,15 @@ class SymmetricPairs {
     // values themselves when every p_j = 1, else weighted_values.
     const double* values = nullptr;
     AlignedDoubles weighted_values;
-    AlignedDoubles acc;         // A_i, laid out like values (written by two threads at once)
-    AlignedDoubles weight_sum;  // S_i, padded
-    // d <= 4: the row role's lane sums, d + 1 lane vectors (S_i, A_i) per receiver, reduced
-    // and added to weight_sum, acc when the receiver is finished.
-    AlignedDoubles row_lanes;
+    // The running sums of one round parity (see the file comment).
+    struct Sums {
+      AlignedDoubles acc;         // A_i, laid out like values
+      AlignedDoubles weight_sum;  // S_i, padded
+      // d <= 4: the row role's lane sums, d + 1 lane vectors (S_i, A_i) per receiver, reduced
+      // and added to weight_sum, acc when the receiver is finished.
+      AlignedDoubles row_lanes;
+    };
+    Sums sums[2];  // of the blocks of even rounds, of odd rounds
   };
 
   void layout(const Prepared& p, Replica& replica) const;
@@ -104,7 +112,8 @@ class SymmetricPairs {
   std::function<void(std::size_t, std::size_t, double*)> block_log_terms_;
   std::vector<char> skipped_;  // tiles_ x tiles_: the window hides every pair of the block
   std::vector<Replica> replicas_;
-  // Rounds finished per tile of each replica (see evaluate).
+  // Per tile of each replica and round parity: the next round of that parity the tile may
+  // take part in (see evaluate).
   std::unique_ptr<std::atomic<std::size_t>[]> progress_;
   std::size_t progress_size_ = 0;
   std::unique_ptr<std::atomic<std::size_t>[]> claimed_;  // blocks claimed per round (2 threads)
