@@ -491,7 +491,10 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
     wait_for(column_ready, round);
     run_block(prepared[r], replicas_[r], k, j);
     row_ready.store(round + 2, std::memory_order_release);
-    column_ready.store(round + 2, std::memory_order_release);
+    // A diagonal block's two counters are one: a second store could undo the next block's
+    // (which may start, and end, between the two stores: a window's skipped block takes
+    // nanoseconds), and that tile would wait forever.
+    if (j != k) column_ready.store(round + 2, std::memory_order_release);
   };
   for (std::size_t round = 0; round + 1 < 2 * tiles_; ++round) {
     const std::size_t first = round >= tiles_ ? round - (tiles_ - 1) : 0, last = round / 2;
