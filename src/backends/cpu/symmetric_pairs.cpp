@@ -36,12 +36,21 @@ constexpr std::size_t kSymmetricChunks = 2;
 // Where a register holds fewer than the 8 lanes, the block is walked once per register of
 // the lanes (lanes 0-3, then 4-7 on AVX2): each lane's sums take the same terms in the same
 // order either way (a lane never meets another lane's sources), but the kernel then needs a
-// register per lane vector instead of two or four, which is what fits AVX2's 16 registers
-// (walked as 2 x 4-lane halves in lockstep, GCC spilled half the loop's operands). With 16
-// registers two rows per step fit; eight exps in lockstep were measured best on AVX-512.
+// register per lane vector instead of two or four (NEON; walked as 2 x 4-lane halves in
+// lockstep, GCC spilled half the loop's operands on AVX2). Eight exps in lockstep were
+// measured best on AVX-512.
 constexpr bool kSymmetricByRegister = simd::kRegistersPerLanes > 1;
-constexpr std::size_t kSymmetricRows =
-    !kSymmetricByRegister || simd::kVectorRegisters >= 32 ? 4 : 2;
+constexpr std::size_t kSymmetricRows = 4;
+// With 16 registers (AVX2, SSE2) a block is taken in two passes instead: the weights of a
+// strip of kWidth rows into an L1 buffer (the exp alone: 4 rows x 2 registers in lockstep,
+// the keys loaded once for 4 rows), then the row role (per row, its lane sums in registers)
+// and the column role (per lane vector of columns, its sums in registers) from that buffer.
+// Fused in one pass, the sums and the exp's temporaries did not fit 16 registers (2 rows x
+// 2 lane vectors a step, 33 spills a step). One AVX2 core, n = 2048, best of 10 interleaved:
+// 3.07 ms per evaluation against 3.60 ms fused (2 rows x 4 registers: 3.22 ms; every
+// coefficient read from memory: 3.11 ms); again later: 3.95 against 4.81 ms. Each sum takes
+// the same terms in the same order as in the fused kernel, so the bits are the same.
+constexpr bool kSymmetricTwoPass = kSymmetricByRegister && simd::kVectorRegisters < 32;
 
 }  // namespace
 
@@ -193,89 +202,185 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
   const double* values = s.values;
   const double* presence = s.presence.data();
   const double* queries = s.queries.data();
-  for (std::size_t part = 0; part < kParts * simd::kRegisterLanes; part += simd::kRegisterLanes)
-  for (std::size_t a0 = a_begin; a0 < a_begin + kTile; a0 += kRows) {
-    double q[kRows * kDim], row_presence[kRows], row_values[kRows * kDim];
-    V row_sum[kRows], row_acc[kRows][kDim];
-    for (std::size_t r = 0; r < kRows; ++r) {
-      const double* lanes = row_lanes + (a0 + r) * (kDim + 1) * kLanes + part;
-      row_sum[r] = fresh_rows ? V{} : simd::load_as<V>(lanes);
-      for (std::size_t c = 0; c < kDim; ++c)
-        row_acc[r][c] = fresh_rows ? V{} : simd::load_as<V>(lanes + (c + 1) * kLanes);
-      row_presence[r] = presence[a0 + r];
-      for (std::size_t c = 0; c < kDim; ++c) {
-        q[r * kDim + c] = queries[(a0 + r) * kDim + c];
-        row_values[r * kDim + c] = values[c * stride + a0 + r];
+  if constexpr (kSymmetricTwoPass) {
+    using R = simd::Register;
+    constexpr std::size_t kRL = simd::kRegisterLanes, kPerLanes = simd::kRegistersPerLanes;
+    constexpr std::size_t kStrip = kWidth;  // rows per pass; the diagonal's strips
+    constexpr std::size_t kExpRows = 4, kExpRegisters = 8 / kExpRows;  // 8 exps in lockstep
+    constexpr std::size_t kExpWidth = kExpRegisters * kRL;
+    static_assert(kStrip % kExpRows == 0 && kTile % kExpWidth == 0 && kKeyPanel % kExpWidth == 0);
+    alignas(64) double strip_weights[kStrip * kTile];
+    const R neg_offset_r = simd::splat<R>(s.neg_offset_log2);
+    for (std::size_t s0 = a_begin; s0 < a_begin + kTile; s0 += kStrip) {
+      // The diagonal block: the strip's own columns in the row role only, later strips in
+      // both roles, earlier strips not at all (as in the fused kernel below).
+      const std::size_t row_first = kDiagonal ? b_begin + (s0 - a_begin) : b_begin;
+      const std::size_t column_first = kDiagonal ? row_first + kStrip : b_begin;
+      const std::size_t b_end = b_begin + kTile;
+      for (std::size_t a = s0; a < s0 + kStrip; a += kExpRows) {
+        for (std::size_t j = row_first; j < b_end; j += kExpWidth) {
+          const double* key_lanes = p.key_lanes(0, j);
+          R logits[kExpRows * kExpRegisters], weights[kExpRows * kExpRegisters];
+          for (std::size_t g = 0; g < kExpRegisters; ++g) {
+            R keys[kDim];
+            for (std::size_t c = 0; c < kDim; ++c)
+              keys[c] = simd::load_register(key_lanes + c * kKeyPanel + g * kRL);
+            for (std::size_t r = 0; r < kExpRows; ++r) {
+              const double* row_q = queries + (a + r) * kDim;
+              R& logit = logits[r * kExpRegisters + g];
+              logit = row_q[0] * keys[0] + neg_offset_r;
+              for (std::size_t c = 1; c < kDim; ++c) logit += row_q[c] * keys[c];
+              if constexpr (kLogTerms)
+                logit += simd::load_register(log_terms + (a + r - a_begin) * kTile + (j - b_begin) + g * kRL);
+            }
+          }
+          simd::exp2_nonpositive<kExpRows * kExpRegisters, kLogTerms>(logits, weights);
+          for (std::size_t r = 0; r < kExpRows; ++r)
+            for (std::size_t g = 0; g < kExpRegisters; ++g)
+              simd::store(strip_weights + (a + r - s0) * kTile + (j - b_begin) + g * kRL,
+                          weights[r * kExpRegisters + g]);
+        }
+      }
+      // The row role: receiver a's lane sums over the columns in order.
+      for (std::size_t a = s0; a < s0 + kStrip; ++a) {
+        double* lanes = row_lanes + a * (kDim + 1) * kLanes;
+        R row_sum[kPerLanes], row_acc[kDim][kPerLanes];
+        for (std::size_t q = 0; q < kPerLanes; ++q) {
+          row_sum[q] = fresh_rows ? R{} : simd::load_register(lanes + q * kRL);
+          for (std::size_t c = 0; c < kDim; ++c)
+            row_acc[c][q] = fresh_rows ? R{} : simd::load_register(lanes + (c + 1) * kLanes + q * kRL);
+        }
+        const double* w_row = strip_weights + (a - s0) * kTile - b_begin;
+        for (std::size_t j = row_first; j < b_end; j += kLanes)
+          for (std::size_t q = 0; q < kPerLanes; ++q) {
+            const std::size_t jq = j + q * kRL;
+            const R w = simd::load_register(w_row + jq);
+            if constexpr (kAllPresent)
+              row_sum[q] += w;
+            else
+              row_sum[q] += w * simd::load_register(presence + jq);
+            for (std::size_t c = 0; c < kDim; ++c)
+              row_acc[c][q] += w * simd::load_register(values + c * stride + jq);
+          }
+        for (std::size_t q = 0; q < kPerLanes; ++q) {
+          simd::store(lanes + q * kRL, row_sum[q]);
+          for (std::size_t c = 0; c < kDim; ++c) simd::store(lanes + (c + 1) * kLanes + q * kRL, row_acc[c][q]);
+        }
+      }
+      // The column role: each lane vector of columns takes the strip's rows in order.
+      for (std::size_t j = column_first; j < b_end; j += kLanes) {
+        R column_sum[kPerLanes], column_acc[kDim][kPerLanes];
+        for (std::size_t q = 0; q < kPerLanes; ++q) {
+          column_sum[q] = simd::load_register(weight_sum + j + q * kRL);
+          for (std::size_t c = 0; c < kDim; ++c)
+            column_acc[c][q] = simd::load_register(acc + c * stride + j + q * kRL);
+        }
+        for (std::size_t a = s0; a < s0 + kStrip; ++a) {
+          const double* w_row = strip_weights + (a - s0) * kTile + (j - b_begin);
+          double row_z[kDim];
+          for (std::size_t c = 0; c < kDim; ++c) row_z[c] = values[c * stride + a];
+          const double row_presence = presence[a];
+          for (std::size_t q = 0; q < kPerLanes; ++q) {
+            const R w = simd::load_register(w_row + q * kRL);
+            if constexpr (kAllPresent)
+              column_sum[q] += w;
+            else
+              column_sum[q] += w * row_presence;
+            for (std::size_t c = 0; c < kDim; ++c) column_acc[c][q] += w * row_z[c];
+          }
+        }
+        for (std::size_t q = 0; q < kPerLanes; ++q) {
+          simd::store(weight_sum + j + q * kRL, column_sum[q]);
+          for (std::size_t c = 0; c < kDim; ++c) simd::store(acc + c * stride + j + q * kRL, column_acc[c][q]);
+        }
       }
     }
-    auto step = [&]<bool kColumn>(std::size_t j) __attribute__((always_inline)) {
-      const double* key_lanes = p.key_lanes(0, j) + part;
-      // The row receivers' queries and values are read from memory by the multiply-adds (an
-      // embedded broadcast) in every step: hoisted out of the loop, their 24 broadcasts
-      // crowded the registers and GCC spilled the row sums instead (7-12 % slower). The
-      // empty asm hides that the two arrays do not change between steps.
-      const double* row_q = q;
-      const double* row_z = row_values;
-      asm("" : "+r"(row_q), "+r"(row_z));
-      V logits[kExps], weights[kExps];
-      for (std::size_t h = 0; h < kChunks; ++h) {
-        V keys[kDim];
+  } else {
+    // The fused kernel.
+    for (std::size_t part = 0; part < kParts * simd::kRegisterLanes; part += simd::kRegisterLanes)
+    for (std::size_t a0 = a_begin; a0 < a_begin + kTile; a0 += kRows) {
+      double q[kRows * kDim], row_presence[kRows], row_values[kRows * kDim];
+      V row_sum[kRows], row_acc[kRows][kDim];
+      for (std::size_t r = 0; r < kRows; ++r) {
+        const double* lanes = row_lanes + (a0 + r) * (kDim + 1) * kLanes + part;
+        row_sum[r] = fresh_rows ? V{} : simd::load_as<V>(lanes);
         for (std::size_t c = 0; c < kDim; ++c)
-          keys[c] = simd::load_as<V>(key_lanes + c * kKeyPanel + h * kLanes);
-        for (std::size_t r = 0; r < kRows; ++r) {
-          V& logit = logits[r * kChunks + h];
-          logit = row_q[r * kDim] * keys[0] + neg_offset;
-          for (std::size_t c = 1; c < kDim; ++c) logit += row_q[r * kDim + c] * keys[c];
-          if constexpr (kLogTerms)
-            logit += simd::load_as<V>(log_terms + (a0 + r - a_begin) * kTile + (j - b_begin) +
-                                      h * kLanes + part);
+          row_acc[r][c] = fresh_rows ? V{} : simd::load_as<V>(lanes + (c + 1) * kLanes);
+        row_presence[r] = presence[a0 + r];
+        for (std::size_t c = 0; c < kDim; ++c) {
+          q[r * kDim + c] = queries[(a0 + r) * kDim + c];
+          row_values[r * kDim + c] = values[c * stride + a0 + r];
         }
       }
-      // Without log-terms every logit is >= -2 B log2(e) > -1020 (offset_usable): no select
-      // for underflow. A log-term can hide a pair (-inf) or take it below -1022: exactly 0.
-      simd::exp2_nonpositive<kExps, kLogTerms, true>(logits, weights);
-      for (std::size_t h = 0; h < kChunks; ++h) {
-        const std::size_t jh = j + h * kLanes + part;
-        const V column_presence = simd::load_as<V>(presence + jh);
-        V column_values[kDim];
-        for (std::size_t c = 0; c < kDim; ++c) column_values[c] = simd::load_as<V>(values + c * stride + jh);
-        for (std::size_t r = 0; r < kRows; ++r) {
-          const V w = weights[r * kChunks + h];
-          // With every p = 1 in both tiles the weight sums take plain adds (the same bits as
-          // w * 1 + S), which leave the multiply-add pipes to the exponential.
-          if constexpr (kAllPresent)
-            row_sum[r] += w;
-          else
-            row_sum[r] += w * column_presence;
-          for (std::size_t c = 0; c < kDim; ++c) row_acc[r][c] += w * column_values[c];
+      auto step = [&]<bool kColumn>(std::size_t j) __attribute__((always_inline)) {
+        const double* key_lanes = p.key_lanes(0, j) + part;
+        // The row receivers' queries and values are read from memory by the multiply-adds (an
+        // embedded broadcast) in every step: hoisted out of the loop, their 24 broadcasts
+        // crowded the registers and GCC spilled the row sums instead (7-12 % slower). The
+        // empty asm hides that the two arrays do not change between steps.
+        const double* row_q = q;
+        const double* row_z = row_values;
+        asm("" : "+r"(row_q), "+r"(row_z));
+        V logits[kExps], weights[kExps];
+        for (std::size_t h = 0; h < kChunks; ++h) {
+          V keys[kDim];
+          for (std::size_t c = 0; c < kDim; ++c)
+            keys[c] = simd::load_as<V>(key_lanes + c * kKeyPanel + h * kLanes);
+          for (std::size_t r = 0; r < kRows; ++r) {
+            V& logit = logits[r * kChunks + h];
+            logit = row_q[r * kDim] * keys[0] + neg_offset;
+            for (std::size_t c = 1; c < kDim; ++c) logit += row_q[r * kDim + c] * keys[c];
+            if constexpr (kLogTerms)
+              logit += simd::load_as<V>(log_terms + (a0 + r - a_begin) * kTile + (j - b_begin) +
+                                        h * kLanes + part);
+          }
         }
-        if constexpr (kColumn) {
-          V column_sum = simd::load_as<V>(weight_sum + jh), column_acc[kDim];
-          for (std::size_t c = 0; c < kDim; ++c) column_acc[c] = simd::load_as<V>(acc + c * stride + jh);
+        // Without log-terms every logit is >= -2 B log2(e) > -1020 (offset_usable): no select
+        // for underflow. A log-term can hide a pair (-inf) or take it below -1022: exactly 0.
+        simd::exp2_nonpositive<kExps, kLogTerms, true>(logits, weights);
+        for (std::size_t h = 0; h < kChunks; ++h) {
+          const std::size_t jh = j + h * kLanes + part;
+          const V column_presence = simd::load_as<V>(presence + jh);
+          V column_values[kDim];
+          for (std::size_t c = 0; c < kDim; ++c) column_values[c] = simd::load_as<V>(values + c * stride + jh);
           for (std::size_t r = 0; r < kRows; ++r) {
             const V w = weights[r * kChunks + h];
+            // With every p = 1 in both tiles the weight sums take plain adds (the same bits as
+            // w * 1 + S), which leave the multiply-add pipes to the exponential.
             if constexpr (kAllPresent)
-              column_sum += w;
+              row_sum[r] += w;
             else
-              column_sum += w * row_presence[r];
-            for (std::size_t c = 0; c < kDim; ++c) column_acc[c] += w * row_z[r * kDim + c];
+              row_sum[r] += w * column_presence;
+            for (std::size_t c = 0; c < kDim; ++c) row_acc[r][c] += w * column_values[c];
           }
-          simd::store(weight_sum + jh, column_sum);
-          for (std::size_t c = 0; c < kDim; ++c) simd::store(acc + c * stride + jh, column_acc[c]);
+          if constexpr (kColumn) {
+            V column_sum = simd::load_as<V>(weight_sum + jh), column_acc[kDim];
+            for (std::size_t c = 0; c < kDim; ++c) column_acc[c] = simd::load_as<V>(acc + c * stride + jh);
+            for (std::size_t r = 0; r < kRows; ++r) {
+              const V w = weights[r * kChunks + h];
+              if constexpr (kAllPresent)
+                column_sum += w;
+              else
+                column_sum += w * row_presence[r];
+              for (std::size_t c = 0; c < kDim; ++c) column_acc[c] += w * row_z[r * kDim + c];
+            }
+            simd::store(weight_sum + jh, column_sum);
+            for (std::size_t c = 0; c < kDim; ++c) simd::store(acc + c * stride + jh, column_acc[c]);
+          }
         }
+      };
+      std::size_t j = b_begin;
+      if constexpr (kDiagonal) {
+        j = b_begin + (a0 - a_begin) / kWidth * kWidth;  // the row receivers' own strip
+        step.template operator()<false>(j);
+        j += kWidth;
       }
-    };
-    std::size_t j = b_begin;
-    if constexpr (kDiagonal) {
-      j = b_begin + (a0 - a_begin) / kWidth * kWidth;  // the row receivers' own strip
-      step.template operator()<false>(j);
-      j += kWidth;
-    }
-    for (; j < b_begin + kTile; j += kWidth) step.template operator()<true>(j);
-    for (std::size_t r = 0; r < kRows; ++r) {
-      double* lanes = row_lanes + (a0 + r) * (kDim + 1) * kLanes + part;
-      simd::store(lanes, row_sum[r]);
-      for (std::size_t c = 0; c < kDim; ++c) simd::store(lanes + (c + 1) * kLanes, row_acc[r][c]);
+      for (; j < b_begin + kTile; j += kWidth) step.template operator()<true>(j);
+      for (std::size_t r = 0; r < kRows; ++r) {
+        double* lanes = row_lanes + (a0 + r) * (kDim + 1) * kLanes + part;
+        simd::store(lanes, row_sum[r]);
+        for (std::size_t c = 0; c < kDim; ++c) simd::store(lanes + (c + 1) * kLanes, row_acc[r][c]);
+      }
     }
   }
 }
