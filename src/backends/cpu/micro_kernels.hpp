@@ -33,9 +33,12 @@ inline constexpr std::size_t kKeyPanel = 4 * kLanes;
 static_assert(kTile % kKeyPanel == 0);
 inline constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 inline constexpr double kPairsPerExtraThread = 1 << 18;  // below this, one thread does the work
-// The symmetric loop's threshold: n = 256 (AVX2 kernels, 2 threads: 52.4 against 66.0 us on
-// one; n = 128: 24.5 against 20.3 us).
-inline constexpr double kSymmetricPairsPerExtraThread = 1 << 16;
+// The symmetric loop's threshold (best of 8-12 interleaved runs): with 4-lane registers
+// n = 256 (AVX2 kernels, 2 threads: 52.4 against 66.0 us on one; n = 128: 24.5 against
+// 20.3 us); with 8-lane registers n = 363, above 2^17 pairs (AVX-512, n = 256: 41.0 against
+// 40.5 us; n = 320: 60.8 against 64.2 us; n = 384: 78.0 against 87.2 us).
+inline constexpr double kSymmetricPairsPerExtraThread =
+    simd::kRegisterLanes == simd::kLanes ? 1 << 17 : 1 << 16;
 inline constexpr double kLooseBound = 1e-250;  // S_i below this: take the exact max
 // The pair loops take their weights as 2^(l log2 e): see simd::exp2_nonpositive.
 inline constexpr double kLog2e = 1.4426950408889634074;
