@@ -11,6 +11,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace mfattn {
 
@@ -32,19 +33,46 @@ class Backend {
   /// numbers or nullptr. Throws NumericalError when a USA weight overflows in natural time.
   virtual void velocity(std::size_t replicas, const double* x, double* velocity_out,
                         double* weight_sums_out) = 0;
-  /// The pair loop of the last evaluation, for `mfattn bench` and tests: the CPU backend says
-  /// "symmetric" (one exp per unordered pair) or "one-sided"; other backends their name.
-  virtual std::string last_loop() const { return name(); }
+  /// What the last evaluation ran, as "key value" pairs that `mfattn bench` appends to its
+  /// line: always "loop L" first (the CPU backend: "symmetric", one exp per unordered pair,
+  /// or "one-sided"; others their name), then what else the backend wants to report (the
+  /// CPU backend: "cpu_kernels avx512").
+  virtual std::string describe() const { return "loop " + name(); }
 };
 
-/// "cpu" (tiled, vectorised, OpenMP), "reference" (plain loops, the test oracle) or "cuda".
-/// threads = 0 means the OpenMP default.
-std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model, int threads);
+/// The loop word of Backend::describe() ("symmetric", "one-sided", "reference", ...).
+std::string described_loop(const Backend& backend);
 
-/// Backend factories (one per backend folder).
-std::unique_ptr<Backend> make_cpu_backend(const Model& model, int threads);
-std::unique_ptr<Backend> make_reference_backend(const Model& model);
-std::unique_ptr<Backend> make_cuda_backend(const Model& model);
+/// How a backend is asked to run. threads = 0 means the OpenMP default.
+struct BackendOptions {
+  int threads = 0;
+};
+
+/// One backend of the registry: its name (the value of --backend), a line for --help and its
+/// factory. A backend that this build lacks (cuda without the toolkit) is still listed; its
+/// factory throws BackendUnavailable saying why.
+struct BackendEntry {
+  const char* name;
+  const char* summary;
+  std::unique_ptr<Backend> (*make)(const Model& model, const BackendOptions& options);
+};
+
+/// Every backend, in the order --help lists them: the one place their names live.
+const std::vector<BackendEntry>& backend_registry();
+/// The registry's names, in its order.
+std::vector<std::string> backend_names();
+
+/// The backend of that name from the registry (BackendUnavailable for an unknown name).
+std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model,
+                                      const BackendOptions& options);
+inline std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model, int threads) {
+  return make_backend(name, model, BackendOptions{threads});
+}
+
+/// Backend factories (one per backend folder), as the registry calls them.
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, const BackendOptions& options);
+std::unique_ptr<Backend> make_reference_backend(const Model& model, const BackendOptions& options);
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, const BackendOptions& options);
 
 /// The instruction set of the CPU kernels this process uses: "avx512" (x86-64-v4), "avx2"
 /// (x86-64-v3), "sse2", "neon", ... A portable build carries several and takes the best the

@@ -67,10 +67,8 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
     out << std::setprecision(4) << "backend " << backend->name() << " n " << model.n << " d "
         << model.d << " kernel " << cfg.kernel << " threads " << threads << " evaluations "
         << evaluations << " seconds_per_evaluation " << elapsed / double(evaluations)
-        << " pairs_per_second " << pairs * double(evaluations) / elapsed << " loop "
-        << backend->last_loop();
-    if (cfg.backend == "cpu") out << " cpu_kernels " << cpu_kernels_name();
-    out << '\n';
+        << " pairs_per_second " << pairs * double(evaluations) / elapsed << " "
+        << backend->describe() << '\n';
     if (roofline)
       out << std::setprecision(4) << "exp_per_second " << cpu_exp_rate(threads, min_seconds)
           << " threads " << threads << '\n';

@@ -1,5 +1,6 @@
 #include "mfattn/config.hpp"
 
+#include "mfattn/backend.hpp"
 #include "mfattn/gauge.hpp"
 #include "mfattn/integrator.hpp"
 
@@ -56,6 +57,19 @@ std::string shown(const std::string& value) {
 [[noreturn]] void reject(const std::string& option, const std::string& value,
                          const std::string& accepted) {
   throw UsageError("--" + option + " " + shown(value) + ": " + accepted);
+}
+
+// --backend's help line: the registry's names and summaries.
+const std::string& backend_help() {
+  static const std::string help = [] {
+    std::string names, summaries;
+    for (const BackendEntry& entry : backend_registry()) {
+      names += (names.empty() ? "" : " | ") + std::string(entry.name);
+      summaries += std::string("; ") + entry.name + ": " + entry.summary;
+    }
+    return names + summaries;
+  }();
+  return help;
 }
 
 void require_choice(const std::string& option, const std::string& value,
@@ -428,7 +442,7 @@ po::options_description run_options(RunConfig& c) {
   execution.add_options()
       ("threads", bound(c.threads, "auto"),
        "worker threads in [0, 4096] (0 = auto: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, all cores)")
-      ("backend", bound(c.backend), "cpu | reference | cuda")
+      ("backend", bound(c.backend), backend_help().c_str())
       ("out", bound(c.out, "required"), "output H5MD file (its folder must exist)")
       ("overwrite", po::bool_switch(&c.overwrite), "replace an existing output file")
       ("resume", po::bool_switch(&c.resume),
@@ -737,7 +751,7 @@ void validate(const RunConfig& c) {
   if (c.seed < 0) reject("seed", std::to_string(c.seed), "must be an integer >= 0");
   if (c.threads < 0 || c.threads > 4096)
     reject("threads", std::to_string(c.threads), "must be an integer in [0, 4096] (0: automatic)");
-  require_choice("backend", c.backend, {"cpu", "reference", "cuda"});
+  require_choice("backend", c.backend, backend_names());
   for (auto [name, value] : {std::pair{"pair-delta", c.pair_delta}, {"cluster-delta", c.cluster_delta}}) {
     require_finite(name, value);
     if (!(value > 0.0 && value < 2.0)) reject(name, format_number(value), "must lie in (0, 2)");

@@ -59,11 +59,37 @@ double energy_from_weight_sums(const Model& model, const double* x, const double
   return total / (2.0 * model.beta * mass * mass);
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model, int threads) {
-  if (name == "cpu") return make_cpu_backend(model, threads);
-  if (name == "reference") return make_reference_backend(model);
-  if (name == "cuda") return make_cuda_backend(model);
-  throw BackendUnavailable("--backend " + name + ": unknown backend (accepted: cpu, reference, cuda)");
+const std::vector<BackendEntry>& backend_registry() {
+  static const std::vector<BackendEntry> registry = {
+      {"cpu", "tiled, vectorised pair loops on OpenMP threads", make_cpu_backend},
+      {"reference", "plain loops in the order of the formulas (the test oracle)", make_reference_backend},
+      {"cuda", "NVIDIA GPUs (builds with the CUDA toolkit only)", make_cuda_backend},
+  };
+  return registry;
+}
+
+std::vector<std::string> backend_names() {
+  std::vector<std::string> names;
+  for (const BackendEntry& entry : backend_registry()) names.emplace_back(entry.name);
+  return names;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model,
+                                      const BackendOptions& options) {
+  std::string accepted;
+  for (const BackendEntry& entry : backend_registry()) {
+    if (name == entry.name) return entry.make(model, options);
+    accepted += (accepted.empty() ? "" : ", ") + std::string(entry.name);
+  }
+  throw BackendUnavailable("--backend " + name + ": unknown backend (accepted: " + accepted + ")");
+}
+
+std::string described_loop(const Backend& backend) {
+  const std::string description = backend.describe();
+  const std::string key = "loop ";
+  if (description.rfind(key, 0) != 0) return "";
+  const std::size_t end = description.find(' ', key.size());
+  return description.substr(key.size(), end == std::string::npos ? std::string::npos : end - key.size());
 }
 
 namespace detail {

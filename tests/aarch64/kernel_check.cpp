@@ -209,8 +209,8 @@ void check_against_reference(const std::string& label, const Spec& spec, const s
   try {
     const Model model = make_model(spec);
     const State state = make_state(model, replicas, spec.seed + 100);
-    auto cpu = make_cpu_backend(model, 2);
-    auto reference = make_reference_backend(model);
+    auto cpu = make_cpu_backend(model, BackendOptions{2});
+    auto reference = make_reference_backend(model, BackendOptions{});
     std::vector<double> sums_cpu, sums_ref;
     const auto fast = evaluate(*cpu, state, model.n, &sums_cpu);
     const auto ref = evaluate(*reference, state, model.n, &sums_ref);
@@ -222,11 +222,11 @@ void check_against_reference(const std::string& label, const Spec& spec, const s
     // The velocity must be of order one (a zero field would match anything), the loop the
     // one this case is meant to cover.
     const bool ok = diff <= 1e-12 && scale > 1e-3 && std::isfinite(scale) && sums_rel <= 1e-12 &&
-                    cpu->last_loop() == loop;
+                    described_loop(*cpu) == loop;
     report(ok, "cpu-vs-reference " + label,
            fmt("max |v_cpu - v_ref| = %.3g (<= 1e-12), max |v| = %.3g, weight sums rel %.3g",
                diff, scale, sums_rel) +
-               ", loop " + cpu->last_loop() + " (expected " + loop + ")");
+               ", loop " + described_loop(*cpu) + " (expected " + loop + ")");
   } catch (const std::exception& e) {
     report(false, "cpu-vs-reference " + label, std::string("exception: ") + e.what());
   }
@@ -239,16 +239,16 @@ void check_threads(const std::string& label, const Spec& spec, const std::string
     const State state = make_state(model, 1, spec.seed + 200);
     if (double(model.n) * double(model.n) < double(1 << 18))
       throw std::logic_error("n too small: the backend would run one thread");
-    auto one = make_cpu_backend(model, 1);
-    auto two = make_cpu_backend(model, 2);
+    auto one = make_cpu_backend(model, BackendOptions{1});
+    auto two = make_cpu_backend(model, BackendOptions{2});
     const auto a = evaluate(*one, state, model.n), b = evaluate(*two, state, model.n);
     const bool ok = bitwise_equal(a.data(), b.data(), a.size()) && max_abs(a) > 1e-3 &&
-                    std::isfinite(max_abs(a)) && two->last_loop() == loop;
+                    std::isfinite(max_abs(a)) && described_loop(*two) == loop;
     report(ok, "threads-1-vs-2 " + label,
            std::string(bitwise_equal(a.data(), b.data(), a.size()) ? "bitwise identical"
                                                                   : "DIFFERENT BITS") +
                fmt(", max diff %.3g, max |v| %.3g", max_abs_difference(a, b), max_abs(a)) +
-               ", loop " + two->last_loop() + " (expected " + loop + ")");
+               ", loop " + described_loop(*two) + " (expected " + loop + ")");
   } catch (const std::exception& e) {
     report(false, "threads-1-vs-2 " + label, std::string("exception: ") + e.what());
   }
@@ -268,8 +268,8 @@ void check_null_tokens(const std::string& label, Spec spec, std::size_t nulls, i
     const std::size_t active = spec.n * spec.d;
     if (!bitwise_equal(s_plain.x.data(), s_padded.x.data(), active))
       throw std::logic_error("initial contents of the active tokens differ");
-    auto b_plain = make_cpu_backend(plain, threads);
-    auto b_padded = make_cpu_backend(padded, threads);
+    auto b_plain = make_cpu_backend(plain, BackendOptions{threads});
+    auto b_padded = make_cpu_backend(padded, BackendOptions{threads});
     const auto v_plain = evaluate(*b_plain, s_plain, plain.n);
     const auto v_padded = evaluate(*b_padded, s_padded, padded.n);
     bool ok = bitwise_equal(v_plain.data(), v_padded.data(), active) && max_abs(v_plain) > 1e-3 &&
@@ -302,7 +302,7 @@ void check_null_tokens(const std::string& label, Spec spec, std::size_t nulls, i
                    null_speed) +
                "3 " + integrator_name + " steps " + (same_path ? "bit-identical" : "DIFFER") +
                ", null tokens " + (nulls_still ? "still" : "MOVED") + fmt(", moved %.3g", moved) +
-               ", loop " + b_padded->last_loop());
+               ", loop " + described_loop(*b_padded));
   } catch (const std::exception& e) {
     report(false, "null-tokens " + label, std::string("exception: ") + e.what());
   }
@@ -314,8 +314,8 @@ void check_integration(const std::string& label, const Spec& spec, const std::st
   try {
     const Model model = make_model(spec);
     const State start = make_state(model, 2, spec.seed + 400);
-    auto cpu = make_cpu_backend(model, 2);
-    auto reference = make_reference_backend(model);
+    auto cpu = make_cpu_backend(model, BackendOptions{2});
+    auto reference = make_reference_backend(model, BackendOptions{});
     Dynamics d_cpu(model, *cpu, 2), d_ref(model, *reference, 2);
     auto i_cpu = make_integrator({name});
     auto i_ref = make_integrator({name});

@@ -25,6 +25,48 @@ std::vector<double> evaluate(const Model& model, const State& state, const std::
   return velocity;
 }
 
+// The registry is the one list of backends: --backend accepts exactly its names (an unknown
+// one is refused naming them all), each name builds a backend of that name or says why this
+// build has none, and describe() starts with the loop (the CPU backend adds its kernel set).
+TEST(Backends, RegistryNamesEveryBackendOnceAndValidationFollowsIt) {
+  const std::vector<std::string> names = backend_names();
+  ASSERT_EQ(names, (std::vector<std::string>{"cpu", "reference", "cuda"}));
+  const auto cfg = config({"--n", "8", "--d", "3", "--seed", "2"});
+  const Model model = build_model(cfg);
+  const State state = build_initial_state(cfg, model);
+  for (const std::string& name : names) {
+    EXPECT_NO_THROW(validate(config({"--backend", name})));
+    try {
+      auto backend = make_backend(name, model, BackendOptions{1});
+      EXPECT_EQ(backend->name(), name);
+      std::vector<double> velocity(state.size());
+      backend->velocity(state.replicas, state.x.data(), velocity.data(), nullptr);
+      EXPECT_EQ(backend->describe().rfind("loop ", 0), 0u) << backend->describe();
+      EXPECT_FALSE(described_loop(*backend).empty()) << name;
+    } catch (const BackendUnavailable& error) {
+      EXPECT_EQ(name, "cuda") << error.what();
+      EXPECT_NE(std::string(error.what()).find("accepted here: cpu, reference"), std::string::npos)
+          << error.what();
+    }
+  }
+  auto cpu = make_backend("cpu", model, 1);
+  std::vector<double> velocity(state.size());
+  cpu->velocity(state.replicas, state.x.data(), velocity.data(), nullptr);
+  EXPECT_EQ(cpu->describe(), "loop symmetric cpu_kernels " + cpu_kernels_name());
+  try {
+    validate(config({"--backend", "gpu"}));
+    ADD_FAILURE() << "--backend gpu accepted";
+  } catch (const UsageError& error) {
+    EXPECT_EQ(std::string(error.what()), "--backend gpu: accepted: cpu, reference, cuda");
+  }
+  try {
+    make_backend("gpu", model, 1);
+    ADD_FAILURE() << "make_backend(gpu) built a backend";
+  } catch (const BackendUnavailable& error) {
+    EXPECT_EQ(std::string(error.what()), "--backend gpu: unknown backend (accepted: cpu, reference, cuda)");
+  }
+}
+
 TEST(CpuBackend, MatchesReferenceImplementation) {
   const std::vector<std::string> dims = {"2", "3", "4", "5", "8", "9", "16", "33", "64"};
   const std::vector<std::string> sizes = {"1", "7", "64", "130"};
@@ -64,7 +106,7 @@ std::string loop_of(const Model& model, const State& state, int threads) {
   auto backend = make_backend("cpu", model, threads);
   std::vector<double> velocity(state.size());
   backend->velocity(state.replicas, state.x.data(), velocity.data(), nullptr);
-  return backend->last_loop();
+  return described_loop(*backend);
 }
 
 // Q = K = I with a full mask takes the symmetric loop (one exp per unordered pair, two-sided

@@ -71,7 +71,9 @@ class CpuBackend final : public Backend {
   }
 
   std::string name() const override { return "cpu"; }
-  std::string last_loop() const override { return last_loop_; }
+  std::string describe() const override {
+    return "loop " + last_loop_ + " cpu_kernels " + simd::kInstructionSet;
+  }
 
   void velocity(std::size_t replicas, const double* x, double* velocity_out,
                 double* weight_sums_out) override {

@@ -103,8 +103,8 @@ std::string describe_kernels() {
 
 namespace mfattn {
 
-std::unique_ptr<Backend> make_cpu_backend(const Model& model, int threads) {
-  return cpu::kernels().make_backend(model, threads);
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, const BackendOptions& options) {
+  return cpu::kernels().make_backend(model, options.threads);
 }
 
 std::string cpu_kernels_name() { return cpu::kernels().name; }

@@ -94,7 +94,7 @@ class ReferenceBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_reference_backend(const Model& model) {
+std::unique_ptr<Backend> make_reference_backend(const Model& model, const BackendOptions&) {
   return std::make_unique<ReferenceBackend>(model);
 }
 
