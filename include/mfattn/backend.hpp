@@ -48,19 +48,29 @@ struct BackendOptions {
   int threads = 0;
 };
 
-/// One backend of the registry: its name (the value of --backend), a line for --help and its
-/// factory. A backend that this build lacks (cuda without the toolkit) is still listed; its
-/// factory throws BackendUnavailable saying why.
-struct BackendEntry {
+/// One backend of the registry: its name (the value of --backend) and a line for --help.
+struct BackendName {
   const char* name;
   const char* summary;
-  std::unique_ptr<Backend> (*make)(const Model& model, const BackendOptions& options);
 };
 
-/// Every backend, in the order --help lists them: the one place their names live.
-const std::vector<BackendEntry>& backend_registry();
+/// Every backend, in the order --help lists them: the one place their names live (the option
+/// parser reads them from here without linking any backend). Its factory is at the same index
+/// of backend_common.cpp's table (a static_assert there keeps the two the same length). A
+/// backend that this build lacks (cuda without the toolkit) is still listed; its factory
+/// throws BackendUnavailable saying why.
+inline constexpr BackendName kBackendNames[] = {
+    {"cpu", "tiled, vectorised pair loops on OpenMP threads"},
+    {"reference", "plain loops in the order of the formulas (the test oracle)"},
+    {"cuda", "NVIDIA GPUs (builds with the CUDA toolkit only)"},
+};
+
 /// The registry's names, in its order.
-std::vector<std::string> backend_names();
+inline std::vector<std::string> backend_names() {
+  std::vector<std::string> names;
+  for (const BackendName& entry : kBackendNames) names.emplace_back(entry.name);
+  return names;
+}
 
 /// The backend of that name from the registry (BackendUnavailable for an unknown name).
 std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model,

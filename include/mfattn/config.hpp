@@ -103,6 +103,17 @@ struct RunConfig {
 /// The table of `run` options bound to the fields of cfg.
 boost::program_options::options_description run_options(RunConfig& cfg);
 
+/// What an option of the run table is to the trajectory, the one place that says it:
+///   Trajectory: changes the positions (every option not listed below). A case id of
+///     `mfattn sweep` includes it; `--resume` requires the file's value.
+///   Extent: how far the run goes and which frames it writes (horizon, save-every): the
+///     positions at a time t do not depend on it, but the file does, so a case id includes
+///     it; `--resume` may change it (the horizon may only grow).
+///   Execution: how and where the run executes (threads, out, config, quiet, overwrite,
+///     resume): never in a case id, free on `--resume`.
+enum class OptionRole { Trajectory, Extent, Execution };
+OptionRole option_role(const std::string& name);
+
 /// Parses `mfattn run` arguments (without the subcommand), reads --config if given (the
 /// command line wins), validates every option and resolves defaults. Throws UsageError.
 RunConfig parse_run_arguments(const std::vector<std::string>& args);

@@ -59,11 +59,26 @@ std::string shown(const std::string& value) {
   throw UsageError("--" + option + " " + shown(value) + ": " + accepted);
 }
 
+}  // namespace
+
+OptionRole option_role(const std::string& name) {
+  static const std::map<std::string, OptionRole> roles = {
+      {"horizon", OptionRole::Extent},      {"save-every", OptionRole::Extent},
+      {"threads", OptionRole::Execution},   {"out", OptionRole::Execution},
+      {"config", OptionRole::Execution},    {"quiet", OptionRole::Execution},
+      {"overwrite", OptionRole::Execution}, {"resume", OptionRole::Execution},
+  };
+  const auto found = roles.find(name);
+  return found == roles.end() ? OptionRole::Trajectory : found->second;
+}
+
+namespace {
+
 // --backend's help line: the registry's names and summaries.
 const std::string& backend_help() {
   static const std::string help = [] {
     std::string names, summaries;
-    for (const BackendEntry& entry : backend_registry()) {
+    for (const BackendName& entry : kBackendNames) {
       names += (names.empty() ? "" : " | ") + std::string(entry.name);
       summaries += std::string("; ") + entry.name + ": " + entry.summary;
     }

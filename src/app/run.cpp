@@ -276,11 +276,8 @@ void check_resumable(RunConfig& cfg) {
   };
   if (cfg.save_every == 0.0 && cfg.save_times.empty() && cfg.save_log == 0)
     if (const auto* spacing = stored_value("save_every_used")) cfg.save_every = std::stod(*spacing);
-  static const std::vector<std::string> free_to_change = {
-      "horizon", "resume", "overwrite", "quiet", "threads", "out", "config", "save-every"};
   for (const auto& [name, value] : cfg.parameters) {
-    if (std::find(free_to_change.begin(), free_to_change.end(), name) != free_to_change.end())
-      continue;
+    if (option_role(name) != OptionRole::Trajectory) continue;  // Extent and Execution may change
     const auto* before = stored_value(name);
     const std::string now = parameter_text(value);
     if (!before || *before != now)

@@ -22,8 +22,8 @@ const std::set<std::string> kSweepOwned = {"out", "config", "resume"};
 /// Options that the sweep always passes (--quiet --overwrite): dropped from the base, refused
 /// as axes.
 const std::set<std::string> kAlwaysPassed = {"quiet", "overwrite"};
-/// Options left out of the case id: they do not change the trajectory.
-const std::set<std::string> kNotInId = {"out", "config", "threads", "quiet", "overwrite", "resume"};
+/// Options left out of the case id: how a run executes, not what it computes (option_role).
+bool not_in_id(const std::string& name) { return option_role(name) == OptionRole::Execution; }
 
 std::vector<std::string> split_words(const std::string& text) {
   std::istringstream in(text);
@@ -125,7 +125,7 @@ std::vector<std::string> id_parameters(const RunConfig& cfg) {
   const auto& defaults = default_parameters();
   std::vector<std::string> lines;
   for (const auto& p : cfg.parameters) {
-    if (kNotInId.count(p.name)) continue;
+    if (not_in_id(p.name)) continue;
     const std::string text = exact_text(p.value);
     const auto standard = defaults.find(p.name);
     if (standard != defaults.end() && standard->second == text) continue;
@@ -251,7 +251,7 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
         if (first.values[a] != c.values[a])
           throw UsageError("axis " + plan.axes[a].name + " value " + c.values[a] + ": the same case as value " +
                            first.values[a] + " (case id " + c.id + ": " +
-                           (kNotInId.count(plan.axes[a].name)
+                           (not_in_id(plan.axes[a].name)
                                 ? "--" + plan.axes[a].name + " does not change the trajectory, so it is no axis)"
                                 : std::string("the two values are equal)")));
       throw UsageError(origin + ": two cases with the same id " + c.id);

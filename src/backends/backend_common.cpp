@@ -1,6 +1,7 @@
 #include "backends/backend_common.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <sstream>
 #include <vector>
 
@@ -59,27 +60,23 @@ double energy_from_weight_sums(const Model& model, const double* x, const double
   return total / (2.0 * model.beta * mass * mass);
 }
 
-const std::vector<BackendEntry>& backend_registry() {
-  static const std::vector<BackendEntry> registry = {
-      {"cpu", "tiled, vectorised pair loops on OpenMP threads", make_cpu_backend},
-      {"reference", "plain loops in the order of the formulas (the test oracle)", make_reference_backend},
-      {"cuda", "NVIDIA GPUs (builds with the CUDA toolkit only)", make_cuda_backend},
-  };
-  return registry;
-}
+namespace {
 
-std::vector<std::string> backend_names() {
-  std::vector<std::string> names;
-  for (const BackendEntry& entry : backend_registry()) names.emplace_back(entry.name);
-  return names;
-}
+// The factory of kBackendNames[i] (include/mfattn/backend.hpp) at index i.
+using BackendFactory = std::unique_ptr<Backend> (*)(const Model&, const BackendOptions&);
+constexpr BackendFactory kBackendFactories[] = {make_cpu_backend, make_reference_backend,
+                                                make_cuda_backend};
+static_assert(std::size(kBackendFactories) == std::size(kBackendNames),
+              "every backend in kBackendNames needs its factory here, at the same index");
+
+}  // namespace
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model,
                                       const BackendOptions& options) {
   std::string accepted;
-  for (const BackendEntry& entry : backend_registry()) {
-    if (name == entry.name) return entry.make(model, options);
-    accepted += (accepted.empty() ? "" : ", ") + std::string(entry.name);
+  for (std::size_t i = 0; i < std::size(kBackendNames); ++i) {
+    if (name == kBackendNames[i].name) return kBackendFactories[i](model, options);
+    accepted += (accepted.empty() ? "" : ", ") + std::string(kBackendNames[i].name);
   }
   throw BackendUnavailable("--backend " + name + ": unknown backend (accepted: " + accepted + ")");
 }

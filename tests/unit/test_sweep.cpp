@@ -187,6 +187,44 @@ TEST(Sweep, IdHashesTheNonDefaultTrajectoryParameters) {
   }
 }
 
+// option_role is the one rule for both: the case id leaves out exactly the Execution
+// options, --resume lets exactly the Extent and Execution options change (docs/cli.md).
+// Every option of the run table has a role; horizon and save-every are Extent: two runs to
+// different horizons are different cases, and a resumed run may go further or write frames
+// at another spacing.
+TEST(Sweep, OptionRolesDecideCaseIdsAndResume) {
+  RunConfig scratch;
+  const auto table = run_options(scratch);
+  std::set<std::string> extent, execution;
+  for (const auto& option : table.options()) {
+    const std::string name = option->long_name();
+    if (option_role(name) == OptionRole::Extent) extent.insert(name);
+    if (option_role(name) == OptionRole::Execution) execution.insert(name);
+  }
+  EXPECT_EQ(extent, (std::set<std::string>{"horizon", "save-every"}));
+  EXPECT_EQ(execution, (std::set<std::string>{"threads", "out", "config", "quiet", "overwrite", "resume"}));
+  auto id_of = [](const std::string& horizon, const std::string& save_every,
+                  std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--n", "8", "--horizon", horizon, "--save-every", save_every};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--out", "a.h5"});
+    return case_id(parse_run_arguments(args));
+  };
+  const std::string id = id_of("1", "0.5", {});
+  EXPECT_NE(id_of("2", "0.5", {}), id);
+  EXPECT_NE(id_of("1", "0.25", {}), id);
+  EXPECT_EQ(id_of("1", "0.5", {"--threads", "2", "--quiet", "--overwrite"}), id);
+  const auto dir = testing::scratch_dir("option_roles");
+  const std::string out = (dir / "run.h5").string();
+  ASSERT_EQ(testing::run_mfattn("run --n 8 --horizon 1 --save-every 0.5 --quiet --out " + out).exit_code, 0);
+  const auto further = testing::run_mfattn(
+      "run --n 8 --horizon 2 --save-every 0.25 --threads 1 --resume --quiet --out " + out);
+  EXPECT_EQ(further.exit_code, 0) << further.output;
+  const auto reseeded = testing::run_mfattn("run --n 8 --horizon 3 --seed 5 --resume --quiet --out " + out);
+  EXPECT_EQ(reseeded.exit_code, 2);
+  EXPECT_NE(reseeded.output.find("--seed"), std::string::npos) << reseeded.output;
+}
+
 TEST(Sweep, ShardsAndRanksSplitTheGrid) {
   const std::size_t cases = 10;
   std::vector<int> seen(cases, 0);

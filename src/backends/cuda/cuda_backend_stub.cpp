@@ -5,7 +5,7 @@ namespace mfattn {
 
 std::unique_ptr<Backend> make_cuda_backend(const Model&, const BackendOptions&) {
   std::string accepted;
-  for (const BackendEntry& entry : backend_registry())
+  for (const BackendName& entry : kBackendNames)
     if (std::string(entry.name) != "cuda") accepted += (accepted.empty() ? "" : ", ") + std::string(entry.name);
   throw BackendUnavailable("--backend cuda: this build of mfattn has no CUDA support (accepted here: " +
                            accepted + ")");
