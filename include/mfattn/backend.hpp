@@ -65,6 +65,14 @@ inline constexpr BackendName kBackendNames[] = {
     {"cuda", "NVIDIA GPUs (builds with the CUDA toolkit only)"},
 };
 
+/// The registry's names joined by separator, leaving out `except` (for messages and help).
+inline std::string backend_names_text(const std::string& separator, const std::string& except = "") {
+  std::string text;
+  for (const BackendName& entry : kBackendNames)
+    if (entry.name != except) text += (text.empty() ? "" : separator) + std::string(entry.name);
+  return text;
+}
+
 /// The registry's names, in its order.
 inline std::vector<std::string> backend_names() {
   std::vector<std::string> names;

@@ -77,12 +77,10 @@ namespace {
 // --backend's help line: the registry's names and summaries.
 const std::string& backend_help() {
   static const std::string help = [] {
-    std::string names, summaries;
-    for (const BackendName& entry : kBackendNames) {
-      names += (names.empty() ? "" : " | ") + std::string(entry.name);
-      summaries += std::string("; ") + entry.name + ": " + entry.summary;
-    }
-    return names + summaries;
+    std::string help = backend_names_text(" | ");
+    for (const BackendName& entry : kBackendNames)
+      help += std::string("; ") + entry.name + ": " + entry.summary;
+    return help;
   }();
   return help;
 }

@@ -73,11 +73,9 @@ static_assert(std::size(kBackendFactories) == std::size(kBackendNames),
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model,
                                       const BackendOptions& options) {
-  std::string accepted;
-  for (std::size_t i = 0; i < std::size(kBackendNames); ++i) {
+  for (std::size_t i = 0; i < std::size(kBackendNames); ++i)
     if (name == kBackendNames[i].name) return kBackendFactories[i](model, options);
-    accepted += (accepted.empty() ? "" : ", ") + std::string(kBackendNames[i].name);
-  }
+  const std::string accepted = backend_names_text(", ");
   throw BackendUnavailable("--backend " + name + ": unknown backend (accepted: " + accepted + ")");
 }
 
