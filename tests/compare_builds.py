@@ -16,6 +16,8 @@ window and per-prompt masks, every auxiliary factor, prefix tokens, presence amp
 null tokens, noise, dopri5 and replicas.
 
 Prints one row per case: the largest |x_other - x_reference| for each other binary.
+--observables: compare every /observables series too (the energy, inner products, ...), and
+name the series that differ.
 --bitwise: exit 1 unless every array is identical to the reference's, bit for bit (a
 refactoring's check); otherwise exit 1 when a difference exceeds --tolerance (1e-12: what
 separate builds and kernel sets must meet, docs/cpu-kernels.md).
@@ -54,10 +56,31 @@ CASES = {
     "prefix d20 weight": ["--d", "20", "--kernel", "sa", "--prefix", "7", "--prefix-weight", "2.5"],
     "dopri5 d3 sa replicas": ["--d", "3", "--kernel", "sa", "--integrator", "dopri5", "--replicas", "3"],
     "noise d3 usa": ["--d", "3", "--kernel", "usa", "--integrator", "euler-maruyama", "--noise-kappa", "0.5"],
+    # The scalar consumers of the kernels layer: the reference backend and, with a prefix, the
+    # energy's prefix rows (compared with --observables).
+    "reference d3 causal distance prefix": ["--d", "3", "--kernel", "sa", "--backend", "reference", "--mask",
+                                            "causal", "--aux-factor", "distance", "--aux-lambda", "0.1",
+                                            "--prefix", "4"],
+    "reference d4 cosine rope": ["--d", "4", "--kernel", "usa", "--backend", "reference", "--aux-factor",
+                                 "cosine", "--aux-omega", "0.3", "--geometry", "rope"],
+    "reference d3 gaussian prefix": ["--d", "3", "--kernel", "usa", "--backend", "reference", "--aux-factor",
+                                     "gaussian", "--aux-sigma", "3", "--prefix", "4", "--positions", "uniform"],
+    "reference d3 per-prompt window": ["--d", "3", "--kernel", "usa", "--backend", "reference", "--prefix", "5",
+                                       "--mask", "per-prompt", "--prompts", "3"],
 }
 
 
-def run_case(spec, extra, out, threads):
+def observed(f):
+    """Every time series under /observables, by name (--observables)."""
+    series = {}
+    if "observables" in f:
+        for name, group in f["observables"].items():
+            if isinstance(group, h5py.Group) and "value" in group:
+                series["observables/" + name] = group["value"][...]
+    return series
+
+
+def run_case(spec, extra, out, threads, observables=False):
     binary, *settings = spec.split(",")
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
     for setting in settings:
@@ -68,7 +91,10 @@ def run_case(spec, extra, out, threads):
     argv += extra + ([] if "--integrator" in extra else ["--integrator", "rk4"])
     subprocess.run(argv, check=True, env=env)
     with h5py.File(out, "r") as f:
-        return f["particles/tokens/position/value"][...]
+        arrays = {"position": f["particles/tokens/position/value"][...]}
+        if observables:
+            arrays.update(observed(f))
+        return arrays
 
 
 def main():
@@ -77,6 +103,8 @@ def main():
     parser.add_argument("--bitwise", action="store_true", help="require identical bits")
     parser.add_argument("--tolerance", type=float, default=1e-12)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--observables", action="store_true",
+                        help="compare every /observables series too (energy, inner products, ...)")
     a = parser.parse_args()
     if len(a.binaries) < 2:
         parser.error("give a reference and at least one binary to compare with it")
@@ -86,18 +114,28 @@ def main():
         print(f"{'case':{width}s}  " + "  ".join(f"{os.path.basename(b.split(',')[0])}{b[len(b.split(',')[0]):]}"
                                                  for b in a.binaries[1:]))
         for name, extra in CASES.items():
-            reference = run_case(a.binaries[0], extra, os.path.join(tmp, "reference.h5"), a.threads)
+            reference = run_case(a.binaries[0], extra, os.path.join(tmp, "reference.h5"), a.threads,
+                                 a.observables)
             row = []
             for spec in a.binaries[1:]:
-                other = run_case(spec, extra, os.path.join(tmp, "other.h5"), a.threads)
-                if other.shape != reference.shape:
-                    row.append("shape " + "x".join(map(str, other.shape)))
-                    failed = True
-                    continue
-                diff = float(np.max(np.abs(other - reference)))
-                same = other.tobytes() == reference.tobytes()
-                failed = failed or (not same if a.bitwise else not diff <= a.tolerance)
-                row.append("identical" if same else f"{diff:.2e}")
+                other = run_case(spec, extra, os.path.join(tmp, "other.h5"), a.threads, a.observables)
+                worst, identical, notes = 0.0, True, []
+                for key, expected in reference.items():
+                    got = other.get(key)
+                    if got is None or got.shape != expected.shape:
+                        notes.append(f"{key}: shape {'missing' if got is None else got.shape}")
+                        failed = True
+                        continue
+                    same = got.tobytes() == expected.tobytes()
+                    both_nan = np.isnan(got) & np.isnan(expected)
+                    diff = float(np.max(np.where(both_nan, 0.0, np.abs(got - expected)), initial=0.0))
+                    if not same and key != "position":
+                        notes.append(f"{key.split('/')[-1]} {diff:.1e}")
+                    identical = identical and same
+                    worst = max(worst, diff)
+                    failed = failed or (not same if a.bitwise else not diff <= a.tolerance)
+                row.append(("identical" if identical else f"{worst:.2e}") +
+                           (" (" + ", ".join(notes) + ")" if notes else ""))
             print(f"{name:{width}s}  " + "  ".join(row))
     sys.exit(1 if failed else 0)
 

@@ -12,6 +12,8 @@
 /// Nothing here computes: backends (backend.hpp) evaluate a Model.
 #include <Eigen/Dense>
 
+#include "mfattn/pair_kinds.hpp"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -25,10 +27,6 @@ using Vector = Eigen::VectorXd;
 enum class Normalization { Usa, Sa };
 enum class TimeScale { Natural, Rescaled };
 enum class ValueTransport { Transported, Plain };
-enum class MaskKind { Full, Causal, Window };
-/// Auxiliary factor c_ij = c(xi_i - xi_j): 1, exp(-lambda |dxi|), exp(-|dxi|^2 / (2 sigma^2)),
-/// cos(omega dxi) (k = 1; sign-changing, so SA rejects it).
-enum class AuxFactor { None, Distance, Gaussian, Cosine };
 
 /// Positional gauge G(xi_i) in SO(d), applied once per token and evaluation, never per pair.
 /// The identity gauge is represented by a null pointer in Model.

@@ -1,32 +1,13 @@
 #include "backends/backend_common.hpp"
 
+#include "kernels/token_operands.hpp"
+
 #include <algorithm>
 #include <iterator>
 #include <sstream>
 #include <vector>
 
 namespace mfattn {
-
-namespace {
-
-/// out = G_source M y (M skipped when identity), written out pair-free for the energy.
-void gauged(const Model& model, const Matrix& m, bool identity, std::size_t source,
-            const double* y, double* out) {
-  const std::size_t d = model.d;
-  std::vector<double> tmp(y, y + d);
-  if (!identity)
-    for (std::size_t a = 0; a < d; ++a) {
-      double sum = 0.0;
-      for (std::size_t b = 0; b < d; ++b) sum += m(a, b) * y[b];
-      tmp[a] = sum;
-    }
-  if (model.gauge)
-    model.gauge->apply(source, tmp.data(), out);
-  else
-    std::copy(tmp.begin(), tmp.end(), out);
-}
-
-}  // namespace
 
 double energy_from_weight_sums(const Model& model, const double* x, const double* weight_sums) {
   if (model.beta <= 0.0) return std::numeric_limits<double>::quiet_NaN();
@@ -37,21 +18,20 @@ double energy_from_weight_sums(const Model& model, const double* x, const double
   // rows are taken here, pair by pair (P (n + P) pairs per frame).
   const std::size_t prefix = model.prefix_count(), sources = model.n + prefix, d = model.d;
   if (prefix > 0) {
-    std::vector<double> keys(sources * d), query(d);
-    for (std::size_t j = 0; j < sources; ++j)
-      gauged(model, model.k, model.k_identity, j, detail::source_content(model, x, j),
-             keys.data() + j * d);
+    thread_local kernels::TokenOperands operands;
+    kernels::prepare_token_operands(model, x, operands);
+    const kernels::PairTermParameters terms = kernels::pair_term_parameters(model);
     const double shift = model.exponent_shift();
     for (std::size_t p = model.n; p < sources; ++p) {
-      gauged(model, model.q, model.q_identity, p, detail::source_content(model, x, p), query.data());
-      const double* pos_p = detail::source_position(model, p);
+      const double* query = operands.query(p);
       double row = 0.0;
       for (std::size_t j = 0; j < sources; ++j) {
-        const double* pos_j = detail::source_position(model, j);
-        if (!detail::prompt_visible(model, p, j) || !detail::visible(model, pos_p, pos_j)) continue;
+        const kernels::ScalarPair pair = kernels::scalar_pair(model, p, j);
+        if (!kernels::pair_visible(terms, pair, kernels::prompt_rule_applies(model, p, j))) continue;
+        const double* key = operands.key(j);
         double score = 0.0;
-        for (std::size_t c = 0; c < d; ++c) score += query[c] * keys[j * d + c];
-        row += detail::source_presence(model, j) * detail::aux_factor_value(model, pos_p, pos_j) *
+        for (std::size_t c = 0; c < d; ++c) score += query[c] * key[c];
+        row += operands.presence[j] * kernels::pair_factor(terms, pair) *
                std::exp(model.beta * score - shift);
       }
       total += model.prefix_weight * row;

@@ -9,7 +9,7 @@
 #include <string>
 #include <type_traits>
 
-#include "backends/backend_common.hpp"
+#include "kernels/token_operands.hpp"
 
 namespace mfattn::oattn {
 
@@ -260,7 +260,6 @@ void sa_velocity_via_oattention(const Model& model, const double* x, double* vel
     throw std::invalid_argument("sa_velocity_via_oattention: auxiliary factors are not part of OAttention");
   const std::size_t n = model.n, d = model.d, sources = n + model.prefix_count();
   const bool transported = model.gauge && model.values == ValueTransport::Transported;
-  std::vector<double> q(n * d), k(sources * d), z(sources * d), tmp(d), p_source(sources);
   auto multiply = [d](const Matrix& m, bool identity, const double* in, double* out) {
     for (std::size_t a = 0; a < d; ++a) {
       if (identity) {
@@ -272,31 +271,18 @@ void sa_velocity_via_oattention(const Model& model, const double* x, double* vel
       out[a] = sum;
     }
   };
-  auto gauged = [&](std::size_t token, const double* in, double* out) {
-    if (model.gauge) model.gauge->apply(token, in, out);
-    else std::copy(in, in + d, out);
-  };
-  for (std::size_t i = 0; i < n; ++i) {
-    multiply(model.q, model.q_identity, x + i * d, tmp.data());
-    gauged(i, tmp.data(), q.data() + i * d);
-  }
-  for (std::size_t j = 0; j < sources; ++j) {
-    const double* y = detail::source_content(model, x, j);
-    multiply(model.k, model.k_identity, y, tmp.data());
-    gauged(j, tmp.data(), k.data() + j * d);
-    if (transported) gauged(j, y, z.data() + j * d);
-    else std::copy(y, y + d, z.data() + j * d);
-    p_source[j] = detail::source_presence(model, j);
-  }
+  // q_i = G_i Q x_i, k_j = G_j K y_j, z_j and p_j, as every backend prepares them.
+  kernels::TokenOperands operands;
+  kernels::prepare_token_operands(model, x, operands);
   // m_ij: the model's positional mask and the per-prompt rule, as the backends apply them.
   Visibility mask = Visibility::full();
   if (model.mask != MaskKind::Full || model.per_prompt_mask) {
+    const kernels::PairTermParameters terms = kernels::pair_term_parameters(model);
     std::vector<std::uint8_t> m(n * sources);
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t j = 0; j < sources; ++j)
-        m[i * sources + j] = detail::visible(model, model.positions.data() + i * model.position_dim,
-                                             detail::source_position(model, j)) &&
-                             detail::prompt_visible(model, i, j);
+        m[i * sources + j] = kernels::pair_visible(terms, kernels::scalar_pair(model, i, j),
+                                                   kernels::prompt_rule_applies(model, i, j));
     mask = Visibility::dense(n, sources, std::move(m));
   }
   OAttentionOptions options;
@@ -304,8 +290,8 @@ void sa_velocity_via_oattention(const Model& model, const double* x, double* vel
   options.score_scale = model.beta;
   options.score_offset = model.exponent_shift();
   std::vector<double> out(n * d), r(d), s(d);
-  const QkvView<double> view{n, sources, d, d, q.data(), k.data(), z.data(), model.presence.data(),
-                             p_source.data()};
+  const QkvView<double> view{n, sources, d, d, operands.queries.data(), operands.keys.data(),
+                             operands.values.data(), model.presence.data(), operands.presence.data()};
   oattention_qkv(view, mask, options, out.data());
   for (std::size_t i = 0; i < n; ++i) {
     const double* o = out.data() + i * d;

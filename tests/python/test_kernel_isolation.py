@@ -1,7 +1,7 @@
 """The dispatching binary runs on every x86-64 CPU: AVX and AVX-512 instructions appear only in
 the kernels compiled for those targets (the namespaces mfattn::cpu::avx2 / ::avx512 and
 mfattn::simd::avx2 / ::avx512), never in code every CPU runs, such as an inline library
-function whose one kept copy came from a kernel file (see src/backends/cpu/cpu_target.hpp).
+function whose one kept copy came from a kernel file (see src/kernels/compile_target.hpp).
 
 Checked on the machine code: objdump's disassembly of build/mfattn, function by function.
 """

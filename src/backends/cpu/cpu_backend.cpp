@@ -46,6 +46,7 @@
 #include "backends/cpu/symmetric_pairs.hpp"
 #include "backends/cpu/cpu_kernels.hpp"
 #include "backends/cpu/vector_math.hpp"
+#include "kernels/token_operands.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {
@@ -65,9 +66,8 @@ class CpuBackend final : public Backend {
         symmetric_(cpu::symmetric_pairs_apply(model) ? std::make_unique<cpu::SymmetricPairs>(model, pair_terms_)
                                                      : nullptr) {
     // b_j = log p_j is fixed for the whole run: taken once here, not per evaluation.
-    auto bias_of = [](double presence) { return presence > 0.0 ? std::log(presence) : kNegInf; };
-    for (double p : model.presence) token_bias_.push_back(bias_of(p));
-    prefix_bias_ = bias_of(model.prefix_weight);
+    for (double p : model.presence) token_bias_.push_back(kernels::log_presence(p));
+    prefix_bias_ = kernels::log_presence(model.prefix_weight);
   }
 
   std::string name() const override { return "cpu"; }
@@ -187,7 +187,8 @@ class CpuBackend final : public Backend {
       const double* xi = x + unit * d;
       Scratch scratch;
       double* work = scratch.rows(d);
-      const double* query = transform(model_.q, model_.q_identity, i, xi, work + d, work);
+      const double* query =
+          kernels::gauged_product(model_, model_.q, model_.q_identity, i, xi, work + d, work);
       for (std::size_t c = 0; c < d; ++c) p.queries[i * d + c] = model_.beta * query[c];
       add_source(p, p.first_moving + i, i, xi, key[r], bias[r]);
     }
@@ -227,18 +228,15 @@ class CpuBackend final : public Backend {
     const std::size_t d = model_.d;
     Scratch scratch;
     double* out = scratch.rows(d);
-    const double* key = transform(model_.k, model_.k_identity, token, y, out + d, out);
+    const double* key =
+        kernels::gauged_product(model_, model_.k, model_.k_identity, token, y, out + d, out);
     double key_norm2 = 0.0;
     double* panel = p.key_panels.data() + p.key_index(0, s);
     for (std::size_t c = 0; c < d; ++c) {
       panel[c * kKeyPanel] = key[c];
       key_norm2 += key[c] * key[c];
     }
-    const double* z = y;
-    if (model_.gauge && model_.values == ValueTransport::Transported) {
-      model_.gauge->apply(token, y, out);
-      z = out;
-    }
+    const double* z = kernels::source_value(model_, token, y, out);
     if (d <= kSmallDimension)
       for (std::size_t c = 0; c < d; ++c) p.values_t[c * p.source_stride + s] = z[c];
     else
@@ -247,25 +245,6 @@ class CpuBackend final : public Backend {
       largest_key_norm2 = std::max(largest_key_norm2, key_norm2);
       largest_bias = std::max(largest_bias, p.bias[s]);
     }
-  }
-
-  /// G_token M x (M skipped when identity); returns where the result is: x itself when there
-  /// is nothing to apply (no copy per token), tmp = M x without a gauge, else out.
-  const double* transform(const Matrix& m, bool identity, std::size_t token, const double* x,
-                          double* tmp, double* out) const {
-    const std::size_t d = model_.d;
-    const double* in = x;
-    if (!identity) {
-      for (std::size_t a = 0; a < d; ++a) {
-        double sum = 0.0;
-        for (std::size_t b = 0; b < d; ++b) sum += m(a, b) * x[b];
-        tmp[a] = sum;
-      }
-      in = tmp;
-    }
-    if (!model_.gauge) return in;
-    model_.gauge->apply(token, in, out);
-    return out;
   }
 
   static std::size_t block_size(std::size_t d) {

@@ -1,6 +1,6 @@
 #pragma once
 // The CPU kernels of one instruction set, as one table of entry points. A build has one set
-// per target it compiled (cpu_target.hpp); cpu_dispatch.cpp picks the set once per process:
+// per target it compiled (kernels/compile_target.hpp); cpu_dispatch.cpp picks the set once per process:
 // the best one the CPU runs, or the one named by the environment variable MFATTN_CPU_KERNELS.
 #include <memory>
 #include <string>
@@ -37,7 +37,7 @@ const std::vector<const KernelSet*>& compiled_kernel_sets();
 /// avx2 sse2; chosen: best the CPU runs)".
 std::string describe_kernels();
 
-// Each target's translation units define, in the target's namespace (cpu_target.hpp),
+// Each target's translation units define, in the target's namespace (kernels/compile_target.hpp),
 //   std::unique_ptr<Backend> make_backend(const Model&, int)   (cpu_backend.cpp)
 //   extern const KernelSet kernel_set                          (kernel_set.cpp)
 

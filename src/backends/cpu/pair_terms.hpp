@@ -1,5 +1,6 @@
 #pragma once
-// Pair terms of the CPU pair loop: the mask m_ij and the auxiliary factor c_ij, written as
+// The pair terms of the CPU pair loops: the kernels' masks and factors (kernels/pair_terms.hpp,
+// where the formulas are) read through SourceLanes, a receiver and kLanes sources at once:
 //   log-term  l_ij += log(m_ij) [+ log c_ij for nonnegative factors]   (-inf hides a source)
 //   factor    w_ij *= c_ij                                             (sign-changing factors)
 // Each combination is a small type chosen once per evaluation by PairTerms::dispatch and
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include "backends/cpu/vector_math.hpp"
+#include "kernels/model_terms.hpp"
+#include "kernels/pair_terms.hpp"
 #include "mfattn/model.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
@@ -33,135 +36,50 @@ struct ReceiverPosition {
   double prompt = 0;
 };
 
-struct FullMask {
-  static constexpr bool kActive = false;
-  simd::Lanes log_term(const SourcePositions&, const ReceiverPosition&, std::size_t) const {
-    return simd::Lanes{};
-  }
+/// The pair of a receiver and the kLanes sources from j on, as the kernels' terms read it
+/// (kernels/pair_terms.hpp): source labels as lanes, the receiver's as scalars.
+struct SourceLanes {
+  using Real = simd::Lanes;
+  const SourcePositions& sources;
+  const ReceiverPosition& receiver_position;
+  std::size_t j;
+  std::size_t dim() const { return sources.dim; }
+  simd::Lanes source(std::size_t a) const { return simd::load(sources.row(a) + j); }
+  double receiver(std::size_t a) const { return receiver_position.xi[a]; }
+  simd::Lanes source_prompt() const { return simd::load(sources.prompts.data() + j); }
+  double receiver_prompt() const { return receiver_position.prompt; }
 };
 
-/// m_ij = [xi_j <= xi_i] on the first position coordinate.
-struct CausalMask {
-  static constexpr bool kActive = true;
-  simd::Lanes log_term(const SourcePositions& s, const ReceiverPosition& r, std::size_t j) const {
-    const simd::Lanes xi = simd::load(s.row(0) + j);
-    return simd::select(xi > r.xi[0], simd::broadcast(-std::numeric_limits<double>::infinity()),
-                        simd::Lanes{});
-  }
-};
+using kernels::CausalMask;
+using kernels::CosineFactor;
+using kernels::DistanceFactor;
+using kernels::FullMask;
+using kernels::GaussianFactor;
+using kernels::NoFactor;
+using kernels::WindowMask;
 
-/// |xi_i - xi_j|^2 over the position coordinates, lanes over sources.
-inline simd::Lanes squared_distance(const SourcePositions& s, const ReceiverPosition& r,
-                                    std::size_t j) {
-  simd::Lanes dist2{};
-  for (std::size_t a = 0; a < s.dim; ++a) {
-    const simd::Lanes diff = simd::load(s.row(a) + j) - r.xi[a];
-    dist2 += diff * diff;
-  }
-  return dist2;
-}
-
-/// m_ij = [|xi_i - xi_j| <= window] (Euclidean over the position coordinates).
-struct WindowMask {
-  static constexpr bool kActive = true;
-  double window_squared = 0.0;
-  simd::Lanes log_term(const SourcePositions& s, const ReceiverPosition& r, std::size_t j) const {
-    return simd::select(squared_distance(s, r, j) > window_squared,
-                        simd::broadcast(-std::numeric_limits<double>::infinity()), simd::Lanes{});
-  }
-};
-
-/// The per-prompt mask on top of another mask: a source of another prompt is hidden. Used
-/// for the prefix sources only (active tokens see the active tokens of every prompt).
-template <class Mask>
-struct PromptMasked {
-  static constexpr bool kActive = true;
-  static constexpr bool kPerPrompt = true;
-  Mask inner;
-  simd::Lanes log_term(const SourcePositions& s, const ReceiverPosition& r, std::size_t j) const {
-    simd::Lanes t{};
-    if constexpr (Mask::kActive) t = inner.log_term(s, r, j);
-    const simd::Lanes prompt = simd::load(s.prompts.data() + j);
-    return simd::select(prompt != r.prompt, simd::broadcast(-std::numeric_limits<double>::infinity()), t);
-  }
-};
-
-/// c_ij = 1.
-struct NoFactor {
-  static constexpr bool kLog = false, kMultiply = false;
-  simd::Lanes log_term(const SourcePositions&, const ReceiverPosition&, std::size_t) const {
-    return simd::Lanes{};
-  }
-  simd::Lanes factor(const SourcePositions&, const ReceiverPosition&, std::size_t) const {
-    return simd::broadcast(1.0);
-  }
-};
-
-/// c_ij = exp(-lambda |xi_i - xi_j|): distance bias (ALiBi-like), as a log-term.
-struct DistanceFactor {
-  static constexpr bool kLog = true, kMultiply = false;
-  double lambda = 1.0;
-  simd::Lanes log_term(const SourcePositions& s, const ReceiverPosition& r, std::size_t j) const {
-    return simd::sqrt(squared_distance(s, r, j)) * -lambda;
-  }
-  simd::Lanes factor(const SourcePositions&, const ReceiverPosition&, std::size_t) const {
-    return simd::broadcast(1.0);
-  }
-};
-
-/// c_ij = exp(-|xi_i - xi_j|^2 / (2 sigma^2)): Gaussian, as a log-term.
-struct GaussianFactor {
-  static constexpr bool kLog = true, kMultiply = false;
-  double inverse_two_sigma2 = 0.5;
-  simd::Lanes log_term(const SourcePositions& s, const ReceiverPosition& r, std::size_t j) const {
-    return squared_distance(s, r, j) * -inverse_two_sigma2;
-  }
-  simd::Lanes factor(const SourcePositions&, const ReceiverPosition&, std::size_t) const {
-    return simd::broadcast(1.0);
-  }
-};
-
-/// c_ij = cos(omega (xi_i - xi_j)) (k = 1): cosine Toeplitz, sign-changing, so it multiplies
-/// the weight instead of entering the logit.
-struct CosineFactor {
-  static constexpr bool kLog = false, kMultiply = true;
-  double omega = 1.0;
-  simd::Lanes log_term(const SourcePositions&, const ReceiverPosition&, std::size_t) const {
-    return simd::Lanes{};
-  }
-  simd::Lanes factor(const SourcePositions& s, const ReceiverPosition& r, std::size_t j) const {
-    const simd::Lanes diff = simd::load(s.row(0) + j) - r.xi[0];
-    simd::Lanes out;
-    for (std::size_t l = 0; l < simd::kLanes; ++l) out.set(l, std::cos(omega * diff[l]));
-    return out;
-  }
-};
-
-/// One mask and one factor, bound to the source positions.
+/// A mask and a factor (kernels::PairTerms) bound to the lane-packed source positions: the
+/// terms of a receiver and kLanes sources at once.
 template <class Mask, class Factor>
 struct Terms {
   using Receiver = ReceiverPosition;
-  static constexpr bool kHasLogTerm = Mask::kActive || Factor::kLog;
-  static constexpr bool kHasFactor = Factor::kMultiply;
-  static constexpr bool kPromptMasked = requires { Mask::kPerPrompt; };
+  using Formula = kernels::PairTerms<Mask, Factor>;
+  static constexpr bool kHasLogTerm = Formula::kHasLogTerm;
+  static constexpr bool kHasFactor = Formula::kHasFactor;
+  static constexpr bool kPromptMasked = Formula::kPromptMasked;
   const SourcePositions* sources;
   const std::vector<double>* receiver_positions;
-  Mask mask;
-  Factor aux_factor;
-
+  Formula formula;
   const std::vector<double>* receiver_prompts;
 
   Receiver receiver(std::size_t i) const {
     return Receiver{receiver_positions->data() + i * sources->dim, (*receiver_prompts)[i]};
   }
   simd::Lanes log_term(const Receiver& r, std::size_t j) const {
-    simd::Lanes t{};
-    if constexpr (Mask::kActive) t += mask.log_term(*sources, r, j);
-    if constexpr (Factor::kLog) t += aux_factor.log_term(*sources, r, j);
-    return t;
+    return formula.log_term(SourceLanes{*sources, r, j});
   }
   simd::Lanes factor(const Receiver& r, std::size_t j) const {
-    return aux_factor.factor(*sources, r, j);
+    return formula.factor(SourceLanes{*sources, r, j});
   }
 };
 
@@ -183,7 +101,7 @@ class PairTerms {
   PairTerms(const PairTerms&) = delete;
   PairTerms& operator=(const PairTerms&) = delete;
 
-  explicit PairTerms(const Model& model) : model_(model) {
+  explicit PairTerms(const Model& model) : parameters_(kernels::pair_term_parameters(model)) {
     const std::size_t k = model.position_dim, first = prefix_region(model);
     sources_.dim = k;
     sources_.padded_sources = padded_sources(model);
@@ -217,47 +135,24 @@ class PairTerms {
   /// unit per factor can then hold that factor's instantiations: one_sided_loop.hpp).
   template <class Body>
   void visit_factor(Body&& body) const {
-    switch (model_.aux_factor) {
-      case AuxFactor::None:
-        return body(NoFactor{});
-      case AuxFactor::Distance:
-        return body(DistanceFactor{model_.aux_lambda});
-      case AuxFactor::Gaussian:
-        return body(GaussianFactor{0.5 / (model_.aux_sigma * model_.aux_sigma)});
-      case AuxFactor::Cosine:
-        return body(CosineFactor{model_.aux_omega});
-    }
+    kernels::visit_factor(parameters_, body);
   }
 
   /// dispatch for a factor given by visit_factor.
   template <class Factor, class Body>
   void dispatch_with(Factor factor, Body&& body) const {
-    switch (model_.mask) {
-      case MaskKind::Full:
-        return with_prompts(FullMask{}, factor, body);
-      case MaskKind::Causal:
-        return with_prompts(CausalMask{}, factor, body);
-      case MaskKind::Window:
-        return with_prompts(WindowMask{model_.window * model_.window}, factor, body);
-    }
+    kernels::visit_pair_terms_with(parameters_, factor, [&](const auto& terms, const auto& prefix_terms) {
+      body(bind(terms), bind(prefix_terms));
+    });
   }
 
  private:
-  template <class Mask, class Factor, class Body>
-  void with_prompts(Mask mask, Factor factor, Body& body) const {
-    const auto terms = make(mask, factor);
-    if (model_.per_prompt_mask)
-      body(terms, make(PromptMasked<Mask>{mask}, factor));
-    else
-      body(terms, terms);
-  }
-
   template <class Mask, class Factor>
-  Terms<Mask, Factor> make(Mask mask, Factor factor) const {
-    return Terms<Mask, Factor>{&sources_, &receiver_positions_, mask, factor, &receiver_prompts_};
+  Terms<Mask, Factor> bind(const kernels::PairTerms<Mask, Factor>& formula) const {
+    return Terms<Mask, Factor>{&sources_, &receiver_positions_, formula, &receiver_prompts_};
   }
 
-  const Model& model_;
+  kernels::PairTermParameters parameters_;
   SourcePositions sources_;
   std::vector<double> receiver_positions_, receiver_prompts_;
 };

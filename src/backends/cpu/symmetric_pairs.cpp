@@ -55,11 +55,9 @@ constexpr bool kSymmetricTwoPass = kSymmetricByRegister && simd::kVectorRegister
 }  // namespace
 
 bool symmetric_pairs_apply(const Model& model) {
-  const bool symmetric_mask = model.mask == MaskKind::Full || model.mask == MaskKind::Window;
-  const bool symmetric_factor = model.aux_factor == AuxFactor::None ||
-                                model.aux_factor == AuxFactor::Distance ||
-                                model.aux_factor == AuxFactor::Gaussian;
-  return model.q_identity && model.k_identity && symmetric_mask && symmetric_factor &&
+  // The terms declare their symmetry (kernels/pair_terms.hpp); the loop takes log-terms only.
+  return model.q_identity && model.k_identity &&
+         kernels::symmetric_log_terms(kernels::pair_term_parameters(model)) &&
          model.prefix_count() == 0 && model.beta > 0.0;
 }
 

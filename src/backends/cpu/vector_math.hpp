@@ -14,7 +14,7 @@
 // instruction per register.
 //
 // The functions are compiled for the target of the including translation unit
-// (cpu_target.hpp): each target has its own copy, in its own inline namespace.
+// (kernels/compile_target.hpp): each target has its own copy, in its own inline namespace.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -23,7 +23,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "backends/cpu/cpu_target.hpp"
+#include "kernels/compile_target.hpp"
 
 // Lanes are passed by value between inline functions only, never across a library boundary:
 // GCC's note that vector arguments pass differently under other ISAs does not apply.
@@ -177,6 +177,17 @@ MFATTN_SIMD_INLINE Lanes min(Lanes a, Lanes b) { return select(a < b, a, b); }
 MFATTN_SIMD_INLINE Lanes sqrt(Lanes v) {
   for (std::size_t lane = 0; lane < kLanes; ++lane) v.set(lane, std::sqrt(v[lane]));
   return v;
+}
+
+/// The cosine of each lane (the C library's, lane by lane: the same bits as in double).
+inline Lanes cos(Lanes v) {
+  for (std::size_t lane = 0; lane < kLanes; ++lane) v.set(lane, std::cos(v[lane]));
+  return v;
+}
+
+/// where ? -inf : otherwise, lane by lane: the log-term of hidden pairs (kernels/pair_terms.hpp).
+MFATTN_SIMD_INLINE Lanes hide_where(LaneMask where, Lanes otherwise) {
+  return select(where, broadcast(-std::numeric_limits<double>::infinity()), otherwise);
 }
 
 /// A no-op that makes the compiler hold the values in registers: GCC otherwise folds each

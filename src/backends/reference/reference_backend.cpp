@@ -1,6 +1,9 @@
 // The test oracle: docs/model.md section 2 written literally, one pair at a time, with no
-// running maximum, no tiling and no shared code with the fast backends. Slow by design.
+// running maximum and no tiling. Slow by design. It shares with the fast backends only the
+// definitions of the physics (kernels/: the token operands and the pair terms' formulas),
+// none of their loops, bounds or sums.
 #include "backends/backend_common.hpp"
+#include "kernels/token_operands.hpp"
 
 #include <vector>
 
@@ -9,43 +12,39 @@ namespace {
 
 class ReferenceBackend final : public Backend {
  public:
-  explicit ReferenceBackend(const Model& model) : model_(model) {}
+  explicit ReferenceBackend(const Model& model)
+      : model_(model), terms_(kernels::pair_term_parameters(model)) {}
   std::string name() const override { return "reference"; }
 
   void velocity(std::size_t replicas, const double* x, double* velocity_out,
                 double* weight_sums_out) override {
     const std::size_t n = model_.n, d = model_.d;
-    std::vector<double> qx(d), kx(d), gq(d), gk(d), value(d), tmp(d), u(d), numerator(d);
+    std::vector<double> value(d), tmp(d), u(d), numerator(d);
     const double shift = model_.exponent_shift();
     for (std::size_t r = 0; r < replicas; ++r) {
       const double* xr = x + r * n * d;
+      kernels::prepare_token_operands(model_, xr, operands_);
       for (std::size_t i = 0; i < n; ++i) {
         const double* xi = xr + i * d;
         std::fill(numerator.begin(), numerator.end(), 0.0);
         double denominator = 0.0;
-        apply_matrix(model_.q, model_.q_identity, xi, qx.data());
-        apply_gauge(i, qx.data(), gq.data());
+        const double* gq = operands_.query(i);
         // Sources: the n tokens of this replica, then the P frozen prefix tokens.
         for (std::size_t j = 0; j < n + model_.prefix_count(); ++j) {
-          const double* xj = detail::source_content(model_, xr, j);
-          const double* pos_i = model_.positions.data() + i * model_.position_dim;
-          const double* pos_j = detail::source_position(model_, j);
-          if (!detail::visible(model_, pos_i, pos_j) || !detail::prompt_visible(model_, i, j))
+          const kernels::ScalarPair pair = kernels::scalar_pair(model_, i, j);
+          if (!kernels::pair_visible(terms_, pair, kernels::prompt_rule_applies(model_, i, j)))
             continue;
-          apply_matrix(model_.k, model_.k_identity, xj, kx.data());
-          apply_gauge(j, kx.data(), gk.data());
+          const double* gk = operands_.key(j);
           double score = 0.0;
           for (std::size_t c = 0; c < d; ++c) score += gq[c] * gk[c];
-          const double weight = detail::source_presence(model_, j) *
-                                detail::aux_factor_value(model_, pos_i, pos_j) *
+          const double weight = operands_.presence[j] * kernels::pair_factor(terms_, pair) *
                                 std::exp(model_.beta * score - shift);
-          // v_ij = V G_i^T G_j x_j (transported) or V x_j (plain)
-          if (model_.values == ValueTransport::Transported && model_.gauge) {
-            model_.gauge->apply(j, xj, tmp.data());
-            model_.gauge->apply_transpose(i, tmp.data(), value.data());
-          } else {
-            std::copy(xj, xj + d, value.data());
-          }
+          // v_ij = V G_i^T z_j = V G_i^T G_j x_j (transported) or V x_j (plain), per pair.
+          const double* zj = operands_.value(j);
+          if (model_.values == ValueTransport::Transported && model_.gauge)
+            model_.gauge->apply_transpose(i, zj, value.data());
+          else
+            std::copy(zj, zj + d, value.data());
           apply_matrix(model_.v, model_.v_identity, value.data(), tmp.data());
           for (std::size_t c = 0; c < d; ++c) numerator[c] += weight * tmp[c];
           denominator += weight;
@@ -82,14 +81,9 @@ class ReferenceBackend final : public Backend {
       out[a] = sum;
     }
   }
-  void apply_gauge(std::size_t token, const double* in, double* out) const {
-    if (model_.gauge)
-      model_.gauge->apply(token, in, out);
-    else
-      std::copy(in, in + model_.d, out);
-  }
-
   const Model& model_;
+  const kernels::PairTermParameters terms_;
+  kernels::TokenOperands operands_;
 };
 
 }  // namespace

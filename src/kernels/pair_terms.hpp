@@ -1,0 +1,300 @@
+#pragma once
+// The pair terms of docs/model.md section 2, written once for every backend and number type:
+//   mask        m_ij in {0, 1}, as the log-term log m_ij in {0, -inf}
+//   factor      c_ij = c(xi_i - xi_j), as a log-term log c_ij when it is positive, or as a
+//               multiplier of the weight when it changes sign
+//   per prompt  a pair with a prefix token is hidden unless both share a prompt
+// so that the weight is w_ij = exp(s_ij + log p_j + log m_ij [+ log c_ij]) [* c_ij].
+//
+// Each term is a small struct over plain numbers (no Eigen, no std::vector, no pointer into
+// host memory), with a formula templated on the pair it reads, so the same line serves
+//   - one pair in double (the reference backend, the energy, the OAttention link: ScalarPair),
+//   - eight sources at once in SIMD lanes (the CPU pair loops: cpu::SourceLanes),
+//   - a CUDA thread's pair (the same header compiles under nvcc: MFATTN_HOST_DEVICE).
+// A Pair provides: Real (double or a lane type); dim(); source(a) (Real) and receiver(a)
+// (double), the coordinates of the two positions; source_prompt() (Real) and
+// receiver_prompt() (double). Where Real is a lane type, comparisons give lane masks, and
+// hide_where, sqrt and cos have overloads for them beside the lane type (found by argument-
+// dependent lookup).
+//
+// Each term also says whether it is symmetric (c_ij = c_ji, m_ij = m_ji): the CPU backend's
+// symmetric loop, one exp per unordered pair, is taken exactly when every term of the model is
+// (symmetric_pairs_apply), and the energy of section 4 is then a Lyapunov function of USA.
+//
+// Adding a term: its struct here, its case in visit_factor or visit_mask, its enum value in
+// include/mfattn/pair_kinds.hpp, its parameters in PairTermParameters (docs/architecture.md).
+#include <cmath>
+#include <cstddef>
+#include <type_traits>
+
+#include "kernels/compile_target.hpp"
+#include "mfattn/pair_kinds.hpp"
+
+#if defined(__CUDACC__)
+#define MFATTN_HOST_DEVICE __host__ __device__
+#else
+#define MFATTN_HOST_DEVICE
+#endif
+
+MFATTN_CPU_TARGET_BEGIN
+namespace mfattn::kernels {
+// Kernel code of each instruction set has a namespace of its own (kernels/compile_target.hpp):
+// no two targets share an instantiation of these templates.
+inline namespace MFATTN_CPU_NAMESPACE {
+
+/// The parameters of a model's pair terms, as plain numbers a device can copy.
+struct PairTermParameters {
+  MaskKind mask = MaskKind::Full;
+  double window_squared = 0.0;      ///< window^2 of MaskKind::Window
+  AuxFactor factor = AuxFactor::None;
+  double lambda = 1.0;              ///< distance factor exp(-lambda |dxi|)
+  double inverse_two_sigma2 = 0.5;  ///< Gaussian factor exp(-|dxi|^2 / (2 sigma^2))
+  double omega = 1.0;               ///< cosine factor cos(omega dxi)
+  bool per_prompt = false;          ///< the per-prompt rule on pairs with a prefix token
+};
+
+// The scalar forms of the functions the formulas call; lane types bring their own.
+MFATTN_HOST_DEVICE inline double sqrt(double x) { return std::sqrt(x); }
+MFATTN_HOST_DEVICE inline double cos(double x) { return std::cos(x); }
+MFATTN_HOST_DEVICE inline double exp(double x) { return std::exp(x); }
+/// -inf (numeric_limits is host-only under nvcc; the builtin serves both compilers).
+MFATTN_HOST_DEVICE constexpr double negative_infinity() { return -__builtin_huge_val(); }
+/// condition ? -inf : otherwise: the log-term of a hidden pair.
+MFATTN_HOST_DEVICE inline double hide_where(bool condition, double otherwise) {
+  return condition ? negative_infinity() : otherwise;
+}
+
+/// |xi_i - xi_j|^2 over the position coordinates, summed in coordinate order.
+template <class Pair>
+MFATTN_HOST_DEVICE inline typename Pair::Real squared_distance(const Pair& pair) {
+  typename Pair::Real sum{};
+  for (std::size_t a = 0; a < pair.dim(); ++a) {
+    const typename Pair::Real difference = pair.source(a) - pair.receiver(a);
+    sum += difference * difference;
+  }
+  return sum;
+}
+
+// ---- masks: log_term(pair) is 0 (visible) or -inf (hidden) ----
+
+/// m_ij = 1.
+struct FullMask {
+  static constexpr bool kActive = false, kSymmetric = true;
+  template <class Pair>
+  MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair&) const {
+    return typename Pair::Real{};
+  }
+};
+
+/// m_ij = [xi_j <= xi_i] on the first position coordinate.
+struct CausalMask {
+  static constexpr bool kActive = true, kSymmetric = false;
+  template <class Pair>
+  MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
+    return hide_where(pair.source(0) > pair.receiver(0), typename Pair::Real{});
+  }
+};
+
+/// m_ij = [|xi_i - xi_j| <= window] (Euclidean over the position coordinates).
+struct WindowMask {
+  static constexpr bool kActive = true, kSymmetric = true;
+  double window_squared = 0.0;
+  template <class Pair>
+  MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
+    return hide_where(squared_distance(pair) > window_squared, typename Pair::Real{});
+  }
+};
+
+/// The per-prompt rule on top of a mask: a source of another prompt is hidden. Backends apply
+/// it to the pairs with a prefix token only (active tokens see the active tokens of every
+/// prompt); symmetric, since sharing a prompt is.
+template <class Mask>
+struct PromptMasked {
+  static constexpr bool kActive = true, kSymmetric = Mask::kSymmetric, kPerPrompt = true;
+  Mask inner;
+  template <class Pair>
+  MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
+    typename Pair::Real term{};
+    if constexpr (Mask::kActive) term = inner.log_term(pair);
+    return hide_where(pair.source_prompt() != pair.receiver_prompt(), term);
+  }
+};
+
+// ---- auxiliary factors: kLog (log_term(pair) = log c_ij) or kMultiply (factor(pair) = c_ij) ----
+
+/// c_ij = 1.
+struct NoFactor {
+  static constexpr bool kLog = false, kMultiply = false, kSymmetric = true;
+};
+
+/// c_ij = exp(-lambda |xi_i - xi_j|): the distance bias (ALiBi-like), as a log-term.
+struct DistanceFactor {
+  static constexpr bool kLog = true, kMultiply = false, kSymmetric = true;
+  double lambda = 1.0;
+  template <class Pair>
+  MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
+    return sqrt(squared_distance(pair)) * -lambda;
+  }
+};
+
+/// c_ij = exp(-|xi_i - xi_j|^2 / (2 sigma^2)): Gaussian, as a log-term.
+struct GaussianFactor {
+  static constexpr bool kLog = true, kMultiply = false, kSymmetric = true;
+  double inverse_two_sigma2 = 0.5;
+  template <class Pair>
+  MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
+    return squared_distance(pair) * -inverse_two_sigma2;
+  }
+};
+
+/// c_ij = cos(omega (xi_i - xi_j)) (k = 1): the cosine Toeplitz factor. It changes sign, so it
+/// multiplies the weight instead of entering the logit. Symmetric (cos is even), but the
+/// symmetric loop takes log-terms only.
+struct CosineFactor {
+  static constexpr bool kLog = false, kMultiply = true, kSymmetric = true;
+  double omega = 1.0;
+  template <class Pair>
+  MFATTN_HOST_DEVICE typename Pair::Real factor(const Pair& pair) const {
+    return cos(omega * (pair.source(0) - pair.receiver(0)));
+  }
+};
+
+/// One mask and one factor: the log-term and the multiplier of a pair's weight.
+template <class Mask, class Factor>
+struct PairTerms {
+  static constexpr bool kHasLogTerm = Mask::kActive || Factor::kLog;
+  static constexpr bool kHasFactor = Factor::kMultiply;
+  static constexpr bool kPromptMasked = requires { Mask::kPerPrompt; };
+  static constexpr bool kSymmetric = Mask::kSymmetric && Factor::kSymmetric;
+  Mask mask;
+  Factor aux_factor;
+
+  /// log m_ij [+ log c_ij]: 0 when the pair has no log-term, -inf when it is hidden.
+  template <class Pair>
+  MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
+    typename Pair::Real term{};
+    if constexpr (Mask::kActive) term += mask.log_term(pair);
+    if constexpr (Factor::kLog) term += aux_factor.log_term(pair);
+    return term;
+  }
+  /// The multiplier of the weight: c_ij for a sign-changing factor, else 1.
+  template <class Pair>
+  MFATTN_HOST_DEVICE typename Pair::Real factor(const Pair& pair) const {
+    if constexpr (Factor::kMultiply)
+      return aux_factor.factor(pair);
+    else
+      return typename Pair::Real{} + 1.0;
+  }
+};
+
+/// Calls body(factor) with the parameters' auxiliary factor as its own type.
+template <class Body>
+MFATTN_HOST_DEVICE inline decltype(auto) visit_factor(const PairTermParameters& parameters,
+                                                      Body&& body) {
+  switch (parameters.factor) {
+    case AuxFactor::Distance:
+      return body(DistanceFactor{parameters.lambda});
+    case AuxFactor::Gaussian:
+      return body(GaussianFactor{parameters.inverse_two_sigma2});
+    case AuxFactor::Cosine:
+      return body(CosineFactor{parameters.omega});
+    case AuxFactor::None:
+      break;
+  }
+  return body(NoFactor{});
+}
+
+/// Calls body(mask) with the parameters' mask as its own type (without the per-prompt rule).
+template <class Body>
+MFATTN_HOST_DEVICE inline decltype(auto) visit_mask(const PairTermParameters& parameters,
+                                                    Body&& body) {
+  switch (parameters.mask) {
+    case MaskKind::Causal:
+      return body(CausalMask{});
+    case MaskKind::Window:
+      return body(WindowMask{parameters.window_squared});
+    case MaskKind::Full:
+      break;
+  }
+  return body(FullMask{});
+}
+
+/// Calls body(terms, prefix_terms) with the PairTerms of the moving sources and of the prefix
+/// sources (the same type unless the per-prompt rule is on), for a factor given by
+/// visit_factor.
+template <class Factor, class Body>
+MFATTN_HOST_DEVICE inline void visit_pair_terms_with(const PairTermParameters& parameters,
+                                                     Factor factor, Body&& body) {
+  visit_mask(parameters, [&](auto mask) {
+    using Mask = decltype(mask);
+    const PairTerms<Mask, Factor> terms{mask, factor};
+    if (parameters.per_prompt)
+      body(terms, PairTerms<PromptMasked<Mask>, Factor>{PromptMasked<Mask>{mask}, factor});
+    else
+      body(terms, terms);
+  });
+}
+
+/// visit_pair_terms_with for the parameters' own factor.
+template <class Body>
+MFATTN_HOST_DEVICE inline void visit_pair_terms(const PairTermParameters& parameters, Body&& body) {
+  visit_factor(parameters, [&](auto factor) { visit_pair_terms_with(parameters, factor, body); });
+}
+
+/// True when every term is symmetric in (i, j) and none multiplies the weight: the condition
+/// of the symmetric pair loop on the terms.
+MFATTN_HOST_DEVICE inline bool symmetric_log_terms(const PairTermParameters& parameters) {
+  bool symmetric = false;
+  visit_pair_terms(parameters, [&](const auto& terms, const auto& prefix_terms) {
+    using Terms = std::remove_cvref_t<decltype(terms)>;
+    using PrefixTerms = std::remove_cvref_t<decltype(prefix_terms)>;
+    symmetric = Terms::kSymmetric && PrefixTerms::kSymmetric && !Terms::kHasFactor;
+  });
+  return symmetric;
+}
+
+/// One pair in double: positions of position_dim coordinates and the two prompts.
+struct ScalarPair {
+  using Real = double;
+  const double* receiver_position;
+  const double* source_position;
+  std::size_t position_dim;
+  double receiver_prompt_id = 0, source_prompt_id = 0;
+  MFATTN_HOST_DEVICE std::size_t dim() const { return position_dim; }
+  MFATTN_HOST_DEVICE double source(std::size_t a) const { return source_position[a]; }
+  MFATTN_HOST_DEVICE double receiver(std::size_t a) const { return receiver_position[a]; }
+  MFATTN_HOST_DEVICE double source_prompt() const { return source_prompt_id; }
+  MFATTN_HOST_DEVICE double receiver_prompt() const { return receiver_prompt_id; }
+};
+
+/// c_ij of one pair: exp of a log-term factor, or the multiplier of a sign-changing one.
+MFATTN_HOST_DEVICE inline double pair_factor(const PairTermParameters& parameters,
+                                             const ScalarPair& pair) {
+  return visit_factor(parameters, [&](const auto& factor) -> double {
+    using Factor = std::remove_cvref_t<decltype(factor)>;
+    if constexpr (Factor::kLog)
+      return exp(factor.log_term(pair));
+    else if constexpr (Factor::kMultiply)
+      return factor.factor(pair);
+    else
+      return 1.0;
+  });
+}
+
+/// m_ij of one pair (the mask and, when prompt_rule, the per-prompt rule; no factor).
+MFATTN_HOST_DEVICE inline bool pair_visible(const PairTermParameters& parameters,
+                                            const ScalarPair& pair, bool prompt_rule) {
+  bool visible = true;
+  visit_mask(parameters, [&](auto mask) {
+    using Mask = decltype(mask);
+    if (prompt_rule && parameters.per_prompt)
+      visible = PromptMasked<Mask>{mask}.log_term(pair) == 0.0;
+    else
+      visible = mask.log_term(pair) == 0.0;
+  });
+  return visible;
+}
+
+}  // namespace MFATTN_CPU_NAMESPACE
+}  // namespace mfattn::kernels
+MFATTN_CPU_TARGET_END
