@@ -2,7 +2,7 @@
 
 Pure h5py + numpy (Python >= 3.11); runs under /usr/bin/python3 with Debian's python3-h5py.
 
-Layout read (README, "Output (H5MD 1.1)"):
+Layout read (docs/output.md, "Layout"):
 
     /h5md                              creator/name = "mfattn"
     /particles/tokens                  replica 0

@@ -2,8 +2,8 @@
 
 Nothing here draws a whole figure; it loads one replica of an mfattn file with the loader
 (mfattn_io.load, frozen prefix tokens included), gives every per-frame observable either as
-stored in the file or, when the file lacks it, recomputed from the positions (README, "Model conventions
-and choices"), and holds the small pieces every script needs: the CLI
+stored in the file or, when the file lacks it, recomputed from the positions (docs/model.md
+section 6), and holds the small pieces every script needs: the CLI
 error wrapper, the recursive file search, the "which parameters differ between runs" rule,
 the predicted cluster count k* of the circle and figure saving.
 

@@ -1,7 +1,7 @@
 #pragma once
 /// \file h5md.hpp
-/// H5MD 1.1 writer and reader for mfattn runs (layout: README "Output (H5MD 1.1)"
-/// section). Replicas: replica 0 is /particles/tokens, replica r >= 1 is
+/// H5MD 1.1 writer and reader for mfattn runs (layout: docs/output.md, "Layout").
+/// Replicas: replica 0 is /particles/tokens, replica r >= 1 is
 /// /particles/tokens_r<r>; observables live in /observables/<name> with value shape
 /// [T] (scalar) or [T, c] (vector) for one replica and [T, R] / [T, R, c] for R > 1.
 #include <cstdint>

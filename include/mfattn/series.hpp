@@ -1,7 +1,7 @@
 #pragma once
 /// \file series.hpp
-/// Read-only access to the time series of an mfattn H5MD file (layout: h5md.hpp, README
-/// "Output"), for analysis of finished runs and of runs still being written or killed.
+/// Read-only access to the time series of an mfattn H5MD file (layout: h5md.hpp,
+/// docs/output.md), for analysis of finished runs and of runs still being written or killed.
 ///
 /// - The file is opened read-only with HDF5 file locking off (the effect of
 ///   HDF5_USE_FILE_LOCKING=FALSE), so a file that a running `mfattn run` holds open for writing

@@ -1,5 +1,5 @@
 /// \file h5md_writer.cpp
-/// H5MD 1.1 output through the HDF5 C API (layout: README "Output (H5MD 1.1)").
+/// H5MD 1.1 output through the HDF5 C API (layout: docs/output.md).
 ///
 /// Choices made here:
 /// - All growing elements are sampled together, so /particles/tokens/position/{step,time} are

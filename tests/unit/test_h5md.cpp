@@ -1,4 +1,4 @@
-// H5MD writer and reader: exact round trips, the layout contract of the README's "Output (H5MD 1.1)" section
+// H5MD writer and reader: exact round trips, the layout contract of docs/output.md ("Layout")
 // (checked through the HDF5 C API, independently of the writer's own code), refusal to
 // overwrite, rejection of foreign files, and survival of flushed frames across SIGKILL.
 #include <gtest/gtest.h>
