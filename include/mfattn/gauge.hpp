@@ -60,17 +60,28 @@
 #include <string>
 #include <vector>
 
+#include "mfattn/choice_table.hpp"
 #include "mfattn/model.hpp"
 
 namespace mfattn {
 
 enum class GeometryKind { None, Rope, RopeAxial, RopeMixed, RopeConjugated, Lie };
 
-/// Name as accepted by parse_geometry ("none", "rope", "rope-axial", "rope-mixed",
-/// "rope-conjugated", "lie").
+/// Every geometry by name, in the order --geometry's help lists them: the one list that
+/// geometry_name, parse_geometry and the option table (run_choices.hpp) read.
+inline constexpr Choice<GeometryKind> kGeometryChoices[] = {
+    {"none", GeometryKind::None},
+    {"rope", GeometryKind::Rope},
+    {"rope-axial", GeometryKind::RopeAxial},
+    {"rope-mixed", GeometryKind::RopeMixed},
+    {"rope-conjugated", GeometryKind::RopeConjugated},
+    {"lie", GeometryKind::Lie},
+};
+
+/// The name of kind in kGeometryChoices ("rope-axial").
 std::string geometry_name(GeometryKind kind);
 
-/// The names parse_geometry accepts, in a fixed order.
+/// The names parse_geometry accepts, in kGeometryChoices' order.
 std::vector<std::string> geometry_names();
 
 /// Inverse of geometry_name. Throws std::invalid_argument listing the accepted names.
