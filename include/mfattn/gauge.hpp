@@ -110,6 +110,8 @@ class PositionalGauge : public Gauge {
   std::size_t position_dim() const { return k_; }
   /// The k skew generators actually used, so a reader can rebuild G(xi) = exp(sum xi_a Omega_a).
   const std::vector<Matrix>& generators() const { return generators_; }
+  /// What the output records: generators(), for every family (block or dense).
+  std::vector<Matrix> recorded_generators() const override;
   /// True when all generators commute (then G(xi)^T G(zeta) = G(zeta - xi)). Block families:
   /// always; lie: max |[Omega_a, Omega_b]| <= 1e-12 max(1, |Omega_a| |Omega_b|) (max norms).
   bool commuting() const { return commuting_; }

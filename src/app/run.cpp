@@ -16,6 +16,7 @@
 #include <iostream>
 #include <numbers>
 #include <sstream>
+#include <stdexcept>
 
 #include "mfattn/gauge.hpp"
 #include "mfattn/h5md.hpp"
@@ -496,6 +497,37 @@ Model build_model(const RunConfig& cfg) {
   return model;
 }
 
+TokenLabels token_labels(const Model& model) {
+  TokenLabels labels;
+  labels.aux_position = model.positions;
+  labels.prompt_id.assign(model.prompt_id.begin(), model.prompt_id.end());
+  labels.presence = model.presence;
+  for (std::size_t i = 0; i < model.n; ++i) labels.id.push_back(static_cast<std::int64_t>(i));
+  // Every gauge says what to record (Gauge::recorded_generators), so a new kind of gauge
+  // cannot be left out of the file by a cast that does not know it.
+  if (model.gauge) {
+    const std::vector<Matrix> generators = model.gauge->recorded_generators();
+    for (const Matrix& generator : generators) {
+      if (static_cast<std::size_t>(generator.rows()) != model.d ||
+          static_cast<std::size_t>(generator.cols()) != model.d)
+        throw std::logic_error("Gauge::recorded_generators: a generator is " + std::to_string(generator.rows()) +
+                               " x " + std::to_string(generator.cols()) + ", not d x d = " +
+                               std::to_string(model.d) + " x " + std::to_string(model.d));
+      labels.gauge_generators.insert(labels.gauge_generators.end(), generator.data(),
+                                     generator.data() + generator.size());
+    }
+    labels.generator_count = generators.size();
+  }
+  labels.prefix_count = model.prefix_count();
+  labels.prefix_position = model.prefix;
+  labels.prefix_aux_position = model.prefix_positions;
+  labels.prefix_prompt_id.assign(model.prefix_prompt_id.begin(), model.prefix_prompt_id.end());
+  labels.prefix_presence.assign(labels.prefix_count, model.prefix_weight);
+  for (std::size_t p = 0; p < labels.prefix_count; ++p)
+    labels.prefix_id.push_back(static_cast<std::int64_t>(model.n + p));
+  return labels;
+}
+
 State build_initial_state(const RunConfig& cfg, const Model& model) {
   State state(static_cast<std::size_t>(cfg.replicas), model.n, model.d);
   InitSpec spec;
@@ -664,25 +696,7 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     parameters.push_back({"save_every_used", resolved_save_every(cfg)});
     if (cfg.resume) parameters.push_back({"resumed_from_time", resumed.time});
     writer->write_parameters(parameters);
-    TokenLabels labels;
-    labels.aux_position = model.positions;
-    labels.prompt_id.assign(model.prompt_id.begin(), model.prompt_id.end());
-    labels.presence = model.presence;
-    for (std::size_t i = 0; i < model.n; ++i) labels.id.push_back(static_cast<std::int64_t>(i));
-    if (const auto* gauge = dynamic_cast<const PositionalGauge*>(model.gauge.get())) {
-      for (const Matrix& generator : gauge->generators())
-        labels.gauge_generators.insert(labels.gauge_generators.end(), generator.data(),
-                                       generator.data() + generator.size());
-      labels.generator_count = gauge->generators().size();
-    }
-    labels.prefix_count = model.prefix_count();
-    labels.prefix_position = model.prefix;
-    labels.prefix_aux_position = model.prefix_positions;
-    labels.prefix_prompt_id.assign(model.prefix_prompt_id.begin(), model.prefix_prompt_id.end());
-    labels.prefix_presence.assign(labels.prefix_count, model.prefix_weight);
-    for (std::size_t p = 0; p < labels.prefix_count; ++p)
-      labels.prefix_id.push_back(static_cast<std::int64_t>(model.n + p));
-    writer->write_labels(labels);
+    writer->write_labels(token_labels(model));
   } catch (const OutputExists& e) {
     log << "mfattn run: " << e.what() << '\n';
     return kExitUsage;

@@ -341,6 +341,8 @@ Matrix PositionalGauge::matrix(std::size_t token) const {
   return g;
 }
 
+std::vector<Matrix> PositionalGauge::recorded_generators() const { return generators_; }
+
 std::string geometry_name(GeometryKind kind) {
   for (const Choice<GeometryKind>& choice : kGeometryChoices)
     if (choice.value == kind) return std::string(choice.name);
