@@ -32,7 +32,9 @@ struct ConfigEntry {
   std::size_t line = 0;
 };
 
-/// Every resolved option of `mfattn run`.
+/// Every resolved option of `mfattn run`. A choice option (kernel, time_scale, q, k, v,
+/// geometry, positions, values, aux_factor, mask, prefix_init, init) keeps the name given, as
+/// /parameters records it; its table in run_choices.hpp says what the name selects.
 struct RunConfig {
   // model
   std::int64_t n = 64;

@@ -60,17 +60,28 @@
 #include <string>
 #include <vector>
 
+#include "mfattn/choice_table.hpp"
 #include "mfattn/model.hpp"
 
 namespace mfattn {
 
 enum class GeometryKind { None, Rope, RopeAxial, RopeMixed, RopeConjugated, Lie };
 
-/// Name as accepted by parse_geometry ("none", "rope", "rope-axial", "rope-mixed",
-/// "rope-conjugated", "lie").
+/// Every geometry by name, in the order --geometry's help lists them: the one list that
+/// geometry_name, parse_geometry and the option table (run_choices.hpp) read.
+inline constexpr Choice<GeometryKind> kGeometryChoices[] = {
+    {"none", GeometryKind::None},
+    {"rope", GeometryKind::Rope},
+    {"rope-axial", GeometryKind::RopeAxial},
+    {"rope-mixed", GeometryKind::RopeMixed},
+    {"rope-conjugated", GeometryKind::RopeConjugated},
+    {"lie", GeometryKind::Lie},
+};
+
+/// The name of kind in kGeometryChoices ("rope-axial").
 std::string geometry_name(GeometryKind kind);
 
-/// The names parse_geometry accepts, in a fixed order.
+/// The names parse_geometry accepts, in kGeometryChoices' order.
 std::vector<std::string> geometry_names();
 
 /// Inverse of geometry_name. Throws std::invalid_argument listing the accepted names.
@@ -99,6 +110,8 @@ class PositionalGauge : public Gauge {
   std::size_t position_dim() const { return k_; }
   /// The k skew generators actually used, so a reader can rebuild G(xi) = exp(sum xi_a Omega_a).
   const std::vector<Matrix>& generators() const { return generators_; }
+  /// What the output records: generators(), for every family (block or dense).
+  std::vector<Matrix> recorded_generators() const override;
   /// True when all generators commute (then G(xi)^T G(zeta) = G(zeta - xi)). Block families:
   /// always; lie: max |[Omega_a, Omega_b]| <= 1e-12 max(1, |Omega_a| |Omega_b|) (max norms).
   bool commuting() const { return commuting_; }

@@ -37,6 +37,9 @@ class Gauge {
   virtual void apply(std::size_t token, const double* in, double* out) const = 0;
   /// out = G(xi_token)^T * in
   virtual void apply_transpose(std::size_t token, const double* in, double* out) const = 0;
+  /// The skew d x d generators of G(xi) = exp(sum_a xi_a Omega_a), which the run records in
+  /// /particles/tokens/gauge_generators (every gauge answers; {} says there are none to record).
+  virtual std::vector<Matrix> recorded_generators() const = 0;
 };
 
 struct Model {

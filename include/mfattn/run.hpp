@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "mfattn/config.hpp"
+#include "mfattn/h5md.hpp"
 #include "mfattn/model.hpp"
 #include "mfattn/state.hpp"
 
@@ -17,6 +18,11 @@ enum ExitCode : int { kExitOk = 0, kExitUsage = 2, kExitNumerical = 3, kExitIo =
 /// The Model of a configuration: n active tokens plus null tokens, matrices, presence,
 /// positions, mask. Throws UsageError for unreadable or malformed inputs.
 Model build_model(const RunConfig& cfg);
+
+/// What a run writes about its tokens: ids, positions, prompts, presences, the prefix tokens
+/// and the generators the gauge says to record (Gauge::recorded_generators). Throws
+/// std::logic_error when a gauge records a generator that is not d x d.
+TokenLabels token_labels(const Model& model);
 
 /// The initial state (all replicas). Throws UsageError for unusable inputs.
 State build_initial_state(const RunConfig& cfg, const Model& model);

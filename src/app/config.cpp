@@ -3,6 +3,7 @@
 #include "mfattn/backend.hpp"
 #include "mfattn/gauge.hpp"
 #include "mfattn/integrator.hpp"
+#include "mfattn/run_choices.hpp"
 
 #include <omp.h>
 
@@ -85,23 +86,40 @@ const std::string& backend_help() {
   return help;
 }
 
+/// The names joined by separator ("euler | heun | ...").
+std::string joined(const std::vector<std::string>& names, const std::string& separator) {
+  std::string text;
+  for (std::size_t i = 0; i < names.size(); ++i) text += (i ? separator : "") + names[i];
+  return text;
+}
+
+/// For the registries (integrators, backends), whose names select factories.
 void require_choice(const std::string& option, const std::string& value,
                     const std::vector<std::string>& choices) {
   for (const auto& c : choices)
     if (value == c) return;
-  std::string accepted = "accepted: ";
-  for (std::size_t i = 0; i < choices.size(); ++i) accepted += (i ? ", " : "") + choices[i];
-  reject(option, value, accepted);
+  reject(option, value, "accepted: " + joined(choices, ", "));
+}
+
+/// The value a choice option's name selects; any other name is refused, naming the option,
+/// the value and the table's names.
+template <class Value>
+Value require_choice(const ChoiceOption<Value>& option, const std::string& value) {
+  if (const Choice<Value>* found = option.find(value)) return found->value;
+  reject(std::string(option.option), value, option.accepted());
+}
+
+/// The preset an option that also takes a file names, or nothing for a readable file; any
+/// other value is refused as require_choice refuses it.
+template <class Value>
+std::optional<Value> require_preset_or_file(const ChoiceOption<Value>& option, const std::string& value) {
+  if (const Choice<Value>* found = option.find(value)) return found->value;
+  if (!std::ifstream(value).good()) reject(std::string(option.option), value, option.accepted());
+  return std::nullopt;
 }
 
 void require_finite(const std::string& option, double value) {
   if (!std::isfinite(value)) reject(option, format_number(value), "must be a finite number");
-}
-
-bool is_preset_or_file(const std::string& value, const std::vector<std::string>& presets) {
-  for (const auto& p : presets)
-    if (value == p) return true;
-  return std::ifstream(value).good();
 }
 
 /// Converts one stored option value to a typed /parameters attribute.
@@ -382,40 +400,30 @@ po::options_description run_options(RunConfig& c) {
       ("n", bound(c.n), "active tokens, >= 1")
       ("d", bound(c.d), "ambient dimension, >= 2")
       ("beta", bound(c.beta), "inverse temperature, >= 0")
-      ("kernel", bound(c.kernel), "usa (unnormalised) | sa (softmax)")
-      ("time-scale", bound(c.time_scale),
-       "natural | rescaled (weights times exp(-beta); needed for large beta)")
-      ("q", bound(c.q), "query matrix: identity | gaussian | goe | FILE (d rows of d numbers)")
-      ("k", bound(c.k), "key matrix: identity | gaussian | goe | FILE")
-      ("v", bound(c.v), "value matrix: identity | gaussian | goe | plus-qk | minus-qk | FILE")
-      ("geometry", bound(c.geometry),
-       "positional gauge G(xi): none | rope | rope-axial | rope-mixed | rope-conjugated | lie")
+      ("kernel", bound(c.kernel), kKernelOption.help().c_str())
+      ("time-scale", bound(c.time_scale), kTimeScaleOption.help().c_str())
+      ("q", bound(c.q), kQueryOption.help().c_str())
+      ("k", bound(c.k), kKeyOption.help().c_str())
+      ("v", bound(c.v), kValueOption.help().c_str())
+      ("geometry", bound(c.geometry), kGeometryOption.help().c_str())
       ("rope-base", bound(c.rope_base), "RoPE base: omega_b = base^(-2(b-1)/d), > 1")
       ("rope-freqs", bound(c.rope_freqs, "from base"),
        "explicit RoPE frequencies, floor(d/2) numbers (comma separated, or several words)")
       ("generators", bound(c.generators, "none"),
        "FILE of k skew-symmetric d x d generators (blocks of d rows): G(xi) = exp(sum xi_a Omega_a)")
-      ("positions", bound(c.positions),
-       "token positions xi: index (i * pos-scale) | uniform (2 pi i / n) | random (seeded) | "
-       "grid (k = 2; the default for rope-axial and rope-mixed) | FILE (n rows of k numbers)")
+      ("positions", bound(c.positions), kPositionsOption.help().c_str())
       ("pos-scale", bound(c.pos_scale), "scale of index, random and grid positions, > 0")
-      ("values", bound(c.values),
-       "transported (v_ij = V G_i^T G_j x_j, gradient flow) | plain (v_ij = V x_j, practical RoPE)")
-      ("aux-factor", bound(c.aux_factor),
-       "none | distance (exp(-lambda |dxi|)) | gaussian (exp(-|dxi|^2/(2 sigma^2))) | "
-       "cosine (cos(omega dxi), k = 1, USA only)")
+      ("values", bound(c.values), kValuesOption.help().c_str())
+      ("aux-factor", bound(c.aux_factor), kAuxFactorOption.help().c_str())
       ("aux-lambda", bound(c.aux_lambda), "distance factor lambda >= 0")
       ("aux-sigma", bound(c.aux_sigma), "gaussian factor sigma > 0")
       ("aux-omega", bound(c.aux_omega), "cosine factor omega, any finite number")
-      ("mask", bound(c.mask),
-       "full | causal (xi_j <= xi_i) | window (|xi_i - xi_j| <= window) | per-prompt (prefix "
-       "tokens seen only within their prompt); combine with +, e.g. causal+per-prompt")
+      ("mask", bound(c.mask), kMaskOption.help().c_str())
       ("window", bound(c.window), "window half-width for --mask window, > 0")
       ("prefix", bound(c.prefix), "frozen prefix tokens per prompt, >= 0 (they act as sources, never move)")
       ("prompts", bound(c.prompts),
        "prompts K >= 1: active token i belongs to prompt floor(i K / n), each prompt has --prefix tokens")
-      ("prefix-init", bound(c.prefix_init),
-       "prefix placement: random | clustered (one cluster per prompt) | FILE (K * prefix rows of d numbers)")
+      ("prefix-init", bound(c.prefix_init), kPrefixInitOption.help().c_str())
       ("prefix-weight", bound(c.prefix_weight),
        "presence (mass weight) of every prefix token, > 0 (> 1 counts one as several tokens)")
       ("prefix-spread", bound(c.prefix_spread), "clustered prefix: spread around each prompt's centre, in [0, 1e6]")
@@ -431,8 +439,7 @@ po::options_description run_options(RunConfig& c) {
        "noise: dx += sqrt(2/kappa) P_x dW (0 = deterministic; needs --integrator euler-maruyama)");
   po::options_description stepping("Time stepping");
   stepping.add_options()
-      ("integrator", bound(c.integrator),
-       "euler | heun | rk4 | lie-euler | lie-rk4 | dopri5 | euler-maruyama")
+      ("integrator", bound(c.integrator), joined(integrator_names(), " | ").c_str())
       ("dt", bound(c.dt), "step (fixed methods) or first step (dopri5), > 0")
       ("rtol", bound(c.rtol), "dopri5 relative tolerance, > 0")
       ("atol", bound(c.atol), "dopri5 absolute tolerance, > 0")
@@ -442,7 +449,7 @@ po::options_description run_options(RunConfig& c) {
       ("save-log", bound(c.save_log), "N >= 2 log-spaced frame times in [dt, horizon] (plus t = 0), at most 10^7");
   po::options_description initial("Initial state");
   initial.add_options()
-      ("init", bound(c.init), "uniform | hemisphere | clustered | equiangular | file")
+      ("init", bound(c.init), kInitOption.help().c_str())
       ("init-file", bound(c.init_file, "none"),
        "text rows of d numbers, or an mfattn .h5 file (its last frame)")
       ("init-rho", bound(c.init_rho), "equiangular: common inner product in [-1/(n-1), 1)")
@@ -499,6 +506,25 @@ std::vector<std::string> mask_parts(const std::string& mask) {
     begin = end + 1;
   }
   return parts;
+}
+
+std::optional<MaskSelection> parse_mask(const std::string& mask) {
+  const auto parts = mask_parts(mask);
+  MaskSelection selection;
+  int kinds = 0;
+  for (const std::string& name : parts) {
+    const Choice<MaskPart>* part = kMaskOption.find(name);
+    if (!part) return std::nullopt;
+    if (part->value.per_prompt) {
+      selection.per_prompt = true;
+      continue;
+    }
+    // "full" is no mask at all, so joining it to a part would say two things at once.
+    if (part->value.kind == MaskKind::Full && parts.size() > 1) return std::nullopt;
+    if (++kinds > 1) return std::nullopt;  // one kind of mask: causal+window means nothing
+    selection.kind = part->value.kind;
+  }
+  return selection;
 }
 
 namespace {
@@ -593,10 +619,13 @@ double estimated_memory_bytes(const RunConfig& c) {
   const double S = N + double(c.prefix) * double(c.prompts);
   const double R = double(c.replicas), D = double(c.d);
   double doubles = 16.0 * R * N * D + 4.0 * R * S * (D + 1.0) + 8.0 * D * D + 8.0 * S;
-  if (c.geometry == "lie" || c.geometry == "rope-conjugated") doubles += S * D * D;
+  const Choice<GeometryKind>* geometry = kGeometryOption.find(c.geometry);
+  if (geometry && (geometry->value == GeometryKind::Lie || geometry->value == GeometryKind::RopeConjugated))
+    doubles += S * D * D;
   double bytes = 8.0 * doubles;
   bytes += double(std::max<std::int64_t>(c.threads, 1)) * N * 24.0;
-  if (c.mask.find("window") != std::string::npos) bytes += (N / 64.0 + 1.0) * (N / 64.0 + 1.0);
+  if (const auto mask = parse_mask(c.mask); mask && mask->kind == MaskKind::Window)
+    bytes += (N / 64.0 + 1.0) * (N / 64.0 + 1.0);
   return bytes;
 }
 
@@ -641,56 +670,44 @@ void validate(const RunConfig& c) {
   if (c.d < 2) reject("d", std::to_string(c.d), "must be an integer >= 2");
   require_finite("beta", c.beta);
   if (c.beta < 0) reject("beta", format_number(c.beta), "must be >= 0");
-  require_choice("kernel", c.kernel, {"usa", "sa"});
-  require_choice("time-scale", c.time_scale, {"natural", "rescaled"});
+  const Normalization kernel = require_choice(kKernelOption, c.kernel);
+  const TimeScale time_scale = require_choice(kTimeScaleOption, c.time_scale);
   // USA in natural time weighs the token itself by exp(beta <Q x, K x>) = exp(beta) for
   // Q = K = I: beyond log(DBL_MAX) it overflows at t = 0, and the backends stop.
-  if (c.kernel == "usa" && c.time_scale == "natural" && c.beta > std::log(DBL_MAX))
+  if (kernel == Normalization::Usa && time_scale == TimeScale::Natural && c.beta > std::log(DBL_MAX))
     reject("beta", format_number(c.beta),
            "with --kernel usa and --time-scale natural the weights exp(beta) overflow double for "
            "beta > 709.78: use --time-scale rescaled (or --kernel sa)");
-  const std::vector<std::string> matrix_presets = {"identity", "gaussian", "goe"};
-  if (!is_preset_or_file(c.q, matrix_presets))
-    reject("q", c.q, "accepted: identity, gaussian, goe or a readable file");
-  if (!is_preset_or_file(c.k, matrix_presets))
-    reject("k", c.k, "accepted: identity, gaussian, goe or a readable file");
-  if (!is_preset_or_file(c.v, {"identity", "gaussian", "goe", "plus-qk", "minus-qk"}))
-    reject("v", c.v, "accepted: identity, gaussian, goe, plus-qk, minus-qk or a readable file");
-  require_choice("geometry", c.geometry, geometry_names());
+  require_preset_or_file(kQueryOption, c.q);
+  require_preset_or_file(kKeyOption, c.k);
+  require_preset_or_file(kValueOption, c.v);
+  const GeometryKind geometry = require_choice(kGeometryOption, c.geometry);
   require_finite("rope-base", c.rope_base);
   if (c.rope_base <= 1.0) reject("rope-base", format_number(c.rope_base), "must be > 1");
   if (!c.generators.empty() && !std::ifstream(c.generators).good())
     reject("generators", c.generators, "file cannot be read");
-  if (!c.generators.empty() && c.geometry != "lie")
+  if (!c.generators.empty() && geometry != GeometryKind::Lie)
     reject("generators", c.generators, "needs --geometry lie (got " + c.geometry + ")");
-  if (!is_preset_or_file(c.positions, {"index", "uniform", "random", "grid"}))
-    reject("positions", c.positions, "accepted: index, uniform, random, grid or a readable file");
-  require_choice("values", c.values, {"transported", "plain"});
-  require_choice("aux-factor", c.aux_factor, {"none", "distance", "gaussian", "cosine"});
+  require_preset_or_file(kPositionsOption, c.positions);
+  require_choice(kValuesOption, c.values);
+  const AuxFactorChoice aux_factor = require_choice(kAuxFactorOption, c.aux_factor);
   require_finite("aux-lambda", c.aux_lambda);
   if (c.aux_lambda < 0) reject("aux-lambda", format_number(c.aux_lambda), "must be >= 0");
   require_finite("aux-sigma", c.aux_sigma);
   if (c.aux_sigma <= 0) reject("aux-sigma", format_number(c.aux_sigma), "must be > 0");
   require_finite("aux-omega", c.aux_omega);
-  if (c.aux_factor == "cosine" && c.kernel == "sa")
+  if (aux_factor.changes_sign && kernel == Normalization::Sa)
     reject("aux-factor", c.aux_factor,
-           "the cosine factor changes sign, so the SA denominator can vanish: use --kernel usa");
+           "the " + c.aux_factor + " factor changes sign, so the SA denominator can vanish: use --kernel usa");
   require_finite("pos-scale", c.pos_scale);
   if (c.pos_scale <= 0) reject("pos-scale", format_number(c.pos_scale), "must be > 0");
   {
-    const auto parts = mask_parts(c.mask);
-    const std::string accepted =
-        "accepted: full, causal, window, per-prompt, or causal / window joined with per-prompt by + "
-        "(e.g. causal+per-prompt)";
-    int positional = 0;
-    for (const auto& part : parts) {
-      if (part != "full" && part != "causal" && part != "window" && part != "per-prompt")
-        reject("mask", c.mask, accepted);
-      positional += part == "causal" || part == "window";
-      if (part == "full" && parts.size() > 1) reject("mask", c.mask, accepted);
-    }
-    if (parts.empty() || positional > 1) reject("mask", c.mask, accepted);
-    if (std::find(parts.begin(), parts.end(), "per-prompt") != parts.end() && c.prefix == 0)
+    const auto mask = parse_mask(c.mask);
+    if (!mask)
+      reject("mask", c.mask,
+             "accepted: " + kMaskOption.names(", ") +
+                 ", or causal / window joined with per-prompt by + (e.g. causal+per-prompt)");
+    if (mask->per_prompt && c.prefix == 0)
       reject("mask", c.mask, "per-prompt needs prefix tokens (--prefix >= 1)");
   }
   require_finite("window", c.window);
@@ -700,8 +717,7 @@ void validate(const RunConfig& c) {
   if (c.prompts > c.n)
     reject("prompts", std::to_string(c.prompts),
            "must be <= n = " + std::to_string(c.n) + " (every prompt needs an active token)");
-  if (!is_preset_or_file(c.prefix_init, {"random", "clustered"}))
-    reject("prefix-init", c.prefix_init, "accepted: random, clustered or a readable file");
+  require_preset_or_file(kPrefixInitOption, c.prefix_init);
   require_finite("prefix-weight", c.prefix_weight);
   if (c.prefix_weight <= 0) reject("prefix-weight", format_number(c.prefix_weight), "must be > 0");
   require_finite("prefix-spread", c.prefix_spread);
@@ -736,15 +752,15 @@ void validate(const RunConfig& c) {
   if (schedules > 1)
     reject("save-every", format_number(c.save_every),
            "give only one of --save-every, --save-times, --save-log");
-  require_choice("init", c.init, {"uniform", "hemisphere", "clustered", "equiangular", "file"});
-  if (c.init == "file" && c.init_file.empty())
+  const InitKind init = require_choice(kInitOption, c.init);
+  if (init == InitKind::File && c.init_file.empty())
     reject("init", c.init, "--init file needs --init-file FILE");
-  if (!c.init_file.empty() && c.init != "file")
+  if (!c.init_file.empty() && init != InitKind::File)
     reject("init-file", c.init_file, "needs --init file (got --init " + c.init + ")");
   if (!c.init_file.empty() && !std::ifstream(c.init_file).good())
     reject("init-file", c.init_file, "file cannot be read");
   require_finite("init-rho", c.init_rho);
-  if (c.init == "equiangular") {
+  if (init == InitKind::Equiangular) {
     const double lowest = c.n > 1 ? -1.0 / double(c.n - 1) : -1.0;
     if (c.init_rho < lowest || c.init_rho >= 1.0)
       reject("init-rho", format_number(c.init_rho),

@@ -16,6 +16,7 @@
 #include <iostream>
 #include <numbers>
 #include <sstream>
+#include <stdexcept>
 
 #include "mfattn/gauge.hpp"
 #include "mfattn/h5md.hpp"
@@ -23,6 +24,7 @@
 #include "mfattn/integrator.hpp"
 #include "mfattn/observables.hpp"
 #include "mfattn/rng.hpp"
+#include "mfattn/run_choices.hpp"
 #include "mfattn/version.hpp"
 
 namespace mfattn {
@@ -49,21 +51,27 @@ bool parse_number_list(const std::string& text, std::vector<double>& out) {
   return !out.empty();
 }
 
-Matrix random_matrix(const std::string& kind, std::size_t d, std::uint64_t seed, std::uint64_t which) {
+/// A Gaussian (kind Gaussian) or GOE (kind Goe) matrix from the matrix stream `which`.
+Matrix random_matrix(MatrixPreset kind, std::size_t d, std::uint64_t seed, std::uint64_t which) {
   RandomStream stream(seed, static_cast<std::uint64_t>(StreamTag::Matrices), which);
   Matrix a(d, d);
   for (std::size_t r = 0; r < d; ++r)
     for (std::size_t c = 0; c < d; ++c) a(r, c) = stream.normal();
-  if (kind == "gaussian") return a / std::sqrt(double(d));  // entries N(0, 1/d)
+  if (kind == MatrixPreset::Gaussian) return a / std::sqrt(double(d));  // entries N(0, 1/d)
   // GOE: symmetric, off-diagonal variance 1/d, diagonal variance 2/d.
   return (a + a.transpose()) / std::sqrt(2.0 * double(d));
 }
 
-Matrix matrix_option(const std::string& option, const std::string& value, std::size_t d,
+/// Q, K or V (matrix: kQueryOption, kKeyOption or kValueOption) from identity, a random
+/// preset or the file value names; V's products of Q and K are made by the caller.
+Matrix matrix_option(const ChoiceOption<MatrixPreset>& matrix, const std::string& value, std::size_t d,
                      std::uint64_t seed, std::uint64_t which, bool& identity) {
-  identity = value == "identity";
+  const std::string option(matrix.option);
+  const std::optional<MatrixPreset> preset = matrix.preset(value);
+  identity = preset == MatrixPreset::Identity;
   if (identity) return Matrix::Identity(d, d);
-  if (value == "gaussian" || value == "goe") return random_matrix(value, d, seed, which);
+  if (preset == MatrixPreset::Gaussian || preset == MatrixPreset::Goe)
+    return random_matrix(*preset, d, seed, which);
   std::size_t rows = 0;
   std::vector<double> numbers;
   try {
@@ -311,17 +319,17 @@ Model build_model(const RunConfig& cfg) {
   model.n = active + static_cast<std::size_t>(cfg.null_tokens);
   model.d = static_cast<std::size_t>(cfg.d);
   model.beta = cfg.beta;
-  model.normalization = cfg.kernel == "sa" ? Normalization::Sa : Normalization::Usa;
-  model.time_scale = cfg.time_scale == "rescaled" ? TimeScale::Rescaled : TimeScale::Natural;
+  model.normalization = choice(kKernelOption, cfg.kernel);
+  model.time_scale = choice(kTimeScaleOption, cfg.time_scale);
   const auto seed = static_cast<std::uint64_t>(cfg.seed);
-  model.q = matrix_option("q", cfg.q, model.d, seed, 0, model.q_identity);
-  model.k = matrix_option("k", cfg.k, model.d, seed, 1, model.k_identity);
-  if (cfg.v == "plus-qk" || cfg.v == "minus-qk") {
+  model.q = matrix_option(kQueryOption, cfg.q, model.d, seed, 0, model.q_identity);
+  model.k = matrix_option(kKeyOption, cfg.k, model.d, seed, 1, model.k_identity);
+  if (const auto v = kValueOption.preset(cfg.v); v == MatrixPreset::PlusQk || v == MatrixPreset::MinusQk) {
     model.v = model.q.transpose() * model.k;
-    if (cfg.v == "minus-qk") model.v = -model.v;
+    if (v == MatrixPreset::MinusQk) model.v = -model.v;
     model.v_identity = false;
   } else {
-    model.v = matrix_option("v", cfg.v, model.d, seed, 2, model.v_identity);
+    model.v = matrix_option(kValueOption, cfg.v, model.d, seed, 2, model.v_identity);
   }
   const bool weighted = !cfg.amplitudes.empty() || cfg.null_tokens > 0;
   model.presence.assign(model.n, 1.0);
@@ -344,12 +352,13 @@ Model build_model(const RunConfig& cfg) {
     }
   }
   std::size_t k = 1;
-  const bool planar = cfg.geometry == "rope-axial" || cfg.geometry == "rope-mixed";
-  if (planar || cfg.positions == "grid") k = 2;
+  const GeometryKind geometry = choice(kGeometryOption, cfg.geometry);
+  const bool planar = geometry == GeometryKind::RopeAxial || geometry == GeometryKind::RopeMixed;
+  // No layout: the positions are read from the file --positions names.
+  const std::optional<PositionLayout> layout = kPositionsOption.preset(cfg.positions);
+  if (planar || layout == PositionLayout::Grid) k = 2;
   std::vector<double> position_rows;
-  const bool positions_from_file =
-      cfg.positions != "index" && cfg.positions != "uniform" && cfg.positions != "random" &&
-      cfg.positions != "grid";
+  const bool positions_from_file = !layout;
   if (positions_from_file) {
     std::size_t rows = 0;
     // The column count is that of the first row: try k = 1, 2, 3, 4.
@@ -376,8 +385,10 @@ Model build_model(const RunConfig& cfg) {
   if (planar && k != 2)
     throw UsageError("--geometry " + cfg.geometry + ": needs 2-D positions (k = 2), got k = " +
                      std::to_string(k));
-  if (cfg.aux_factor == "cosine" && k != 1)
-    throw UsageError("--aux-factor cosine: needs 1-D positions (k = 1), got k = " + std::to_string(k));
+  const AuxFactorChoice aux_factor = choice(kAuxFactorOption, cfg.aux_factor);
+  if (aux_factor.needs_one_dimensional_positions && k != 1)
+    throw UsageError("--aux-factor " + cfg.aux_factor + ": needs 1-D positions (k = 1), got k = " +
+                     std::to_string(k));
   model.position_dim = k;
   model.positions.assign(model.n * k, 0.0);
   RandomStream position_stream(seed, static_cast<std::uint64_t>(StreamTag::Positions));
@@ -386,14 +397,14 @@ Model build_model(const RunConfig& cfg) {
     double* xi = model.positions.data() + i * k;
     if (positions_from_file) {
       std::copy(position_rows.begin() + i * k, position_rows.begin() + (i + 1) * k, xi);
-    } else if (k == 2 && (cfg.positions == "index" || cfg.positions == "grid")) {
+    } else if (k == 2 && (layout == PositionLayout::Index || layout == PositionLayout::Grid)) {
       // Grid positions: row-major on a side x side grid (the default for 2-D geometries).
       xi[0] = double(i % side) * cfg.pos_scale;
       xi[1] = double(i / side) * cfg.pos_scale;
-    } else if (cfg.positions == "uniform") {
+    } else if (layout == PositionLayout::Uniform) {
       xi[0] = 2.0 * std::numbers::pi * double(i) / double(active);
       for (std::size_t a = 1; a < k; ++a) xi[a] = 0.0;
-    } else if (cfg.positions == "random") {
+    } else if (layout == PositionLayout::Random) {
       for (std::size_t a = 0; a < k; ++a) xi[a] = position_stream.uniform() * double(active) * cfg.pos_scale;
     } else {
       xi[0] = double(i) * cfg.pos_scale;
@@ -422,9 +433,10 @@ Model build_model(const RunConfig& cfg) {
     spec.d = model.d;
     spec.spread = cfg.prefix_spread;
     spec.normalize_file_rows = cfg.normalize_init;
-    if (cfg.prefix_init == "clustered") {
-      spec.placement = PrefixPlacement::Clustered;
-    } else if (cfg.prefix_init != "random") {
+    // No placement of the table: the prefix contents are read from the file it names.
+    if (const auto placement = kPrefixInitOption.preset(cfg.prefix_init)) {
+      spec.placement = *placement;
+    } else {
       spec.placement = PrefixPlacement::File;
       std::size_t rows = 0;
       try {
@@ -442,8 +454,8 @@ Model build_model(const RunConfig& cfg) {
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
-    const double step = cfg.positions == "uniform" ? 2.0 * std::numbers::pi / double(active)
-                                                   : cfg.pos_scale;
+    const double step = layout == PositionLayout::Uniform ? 2.0 * std::numbers::pi / double(active)
+                                                          : cfg.pos_scale;
     model.prefix_positions.assign(prefix_count * k, 0.0);
     for (std::size_t p = 0; p < prefix_count; ++p) {
       model.prefix_prompt_id.push_back(static_cast<int>(p / per_prompt));
@@ -451,9 +463,9 @@ Model build_model(const RunConfig& cfg) {
     }
     model.prefix_weight = cfg.prefix_weight;
   }
-  if (cfg.geometry != "none") {
+  if (geometry != GeometryKind::None) {
     GaugeSpec spec;
-    spec.kind = parse_geometry(cfg.geometry);
+    spec.kind = geometry;
     spec.d = model.d;
     spec.position_dim = k;
     spec.base = cfg.rope_base;
@@ -471,21 +483,49 @@ Model build_model(const RunConfig& cfg) {
       throw UsageError("--geometry " + cfg.geometry + ": " + e.what());
     }
   }
-  model.values = cfg.values == "plain" ? ValueTransport::Plain : ValueTransport::Transported;
-  model.aux_factor = cfg.aux_factor == "distance" ? AuxFactor::Distance
-                     : cfg.aux_factor == "gaussian" ? AuxFactor::Gaussian
-                     : cfg.aux_factor == "cosine"   ? AuxFactor::Cosine
-                                                    : AuxFactor::None;
+  model.values = choice(kValuesOption, cfg.values);
+  model.aux_factor = aux_factor.factor;
   model.aux_lambda = cfg.aux_lambda;
   model.aux_sigma = cfg.aux_sigma;
   model.aux_omega = cfg.aux_omega;
-  const auto parts = mask_parts(cfg.mask);
-  auto has = [&](const char* part) { return std::find(parts.begin(), parts.end(), part) != parts.end(); };
-  model.mask = has("causal") ? MaskKind::Causal : has("window") ? MaskKind::Window : MaskKind::Full;
-  model.per_prompt_mask = has("per-prompt");
+  const std::optional<MaskSelection> mask = parse_mask(cfg.mask);
+  if (!mask) throw UsageError("--mask " + cfg.mask + ": accepted: " + kMaskOption.names(", ") + " joined by +");
+  model.mask = mask->kind;
+  model.per_prompt_mask = mask->per_prompt;
   model.window = cfg.window;
   model.noise_kappa = cfg.noise_kappa;
   return model;
+}
+
+TokenLabels token_labels(const Model& model) {
+  TokenLabels labels;
+  labels.aux_position = model.positions;
+  labels.prompt_id.assign(model.prompt_id.begin(), model.prompt_id.end());
+  labels.presence = model.presence;
+  for (std::size_t i = 0; i < model.n; ++i) labels.id.push_back(static_cast<std::int64_t>(i));
+  // Every gauge says what to record (Gauge::recorded_generators), so a new kind of gauge
+  // cannot be left out of the file by a cast that does not know it.
+  if (model.gauge) {
+    const std::vector<Matrix> generators = model.gauge->recorded_generators();
+    for (const Matrix& generator : generators) {
+      if (static_cast<std::size_t>(generator.rows()) != model.d ||
+          static_cast<std::size_t>(generator.cols()) != model.d)
+        throw std::logic_error("Gauge::recorded_generators: a generator is " + std::to_string(generator.rows()) +
+                               " x " + std::to_string(generator.cols()) + ", not d x d = " +
+                               std::to_string(model.d) + " x " + std::to_string(model.d));
+      labels.gauge_generators.insert(labels.gauge_generators.end(), generator.data(),
+                                     generator.data() + generator.size());
+    }
+    labels.generator_count = generators.size();
+  }
+  labels.prefix_count = model.prefix_count();
+  labels.prefix_position = model.prefix;
+  labels.prefix_aux_position = model.prefix_positions;
+  labels.prefix_prompt_id.assign(model.prefix_prompt_id.begin(), model.prefix_prompt_id.end());
+  labels.prefix_presence.assign(labels.prefix_count, model.prefix_weight);
+  for (std::size_t p = 0; p < labels.prefix_count; ++p)
+    labels.prefix_id.push_back(static_cast<std::int64_t>(model.n + p));
+  return labels;
 }
 
 State build_initial_state(const RunConfig& cfg, const Model& model) {
@@ -496,12 +536,8 @@ State build_initial_state(const RunConfig& cfg, const Model& model) {
   spec.spread = cfg.init_spread;
   spec.rho = cfg.init_rho;
   spec.normalize_file_rows = cfg.normalize_init;
-  if (cfg.init == "uniform") spec.kind = InitKind::Uniform;
-  if (cfg.init == "hemisphere") spec.kind = InitKind::Hemisphere;
-  if (cfg.init == "clustered") spec.kind = InitKind::Clustered;
-  if (cfg.init == "equiangular") spec.kind = InitKind::Equiangular;
-  if (cfg.init == "file") {
-    spec.kind = InitKind::File;
+  spec.kind = choice(kInitOption, cfg.init);
+  if (spec.kind == InitKind::File) {
     std::size_t rows = 0;
     try {
       if (is_mfattn_file(cfg.init_file)) {
@@ -660,25 +696,7 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     parameters.push_back({"save_every_used", resolved_save_every(cfg)});
     if (cfg.resume) parameters.push_back({"resumed_from_time", resumed.time});
     writer->write_parameters(parameters);
-    TokenLabels labels;
-    labels.aux_position = model.positions;
-    labels.prompt_id.assign(model.prompt_id.begin(), model.prompt_id.end());
-    labels.presence = model.presence;
-    for (std::size_t i = 0; i < model.n; ++i) labels.id.push_back(static_cast<std::int64_t>(i));
-    if (const auto* gauge = dynamic_cast<const PositionalGauge*>(model.gauge.get())) {
-      for (const Matrix& generator : gauge->generators())
-        labels.gauge_generators.insert(labels.gauge_generators.end(), generator.data(),
-                                       generator.data() + generator.size());
-      labels.generator_count = gauge->generators().size();
-    }
-    labels.prefix_count = model.prefix_count();
-    labels.prefix_position = model.prefix;
-    labels.prefix_aux_position = model.prefix_positions;
-    labels.prefix_prompt_id.assign(model.prefix_prompt_id.begin(), model.prefix_prompt_id.end());
-    labels.prefix_presence.assign(labels.prefix_count, model.prefix_weight);
-    for (std::size_t p = 0; p < labels.prefix_count; ++p)
-      labels.prefix_id.push_back(static_cast<std::int64_t>(model.n + p));
-    writer->write_labels(labels);
+    writer->write_labels(token_labels(model));
   } catch (const OutputExists& e) {
     log << "mfattn run: " << e.what() << '\n';
     return kExitUsage;

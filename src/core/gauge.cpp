@@ -341,33 +341,23 @@ Matrix PositionalGauge::matrix(std::size_t token) const {
   return g;
 }
 
+std::vector<Matrix> PositionalGauge::recorded_generators() const { return generators_; }
+
 std::string geometry_name(GeometryKind kind) {
-  switch (kind) {
-    case GeometryKind::None: return "none";
-    case GeometryKind::Rope: return "rope";
-    case GeometryKind::RopeAxial: return "rope-axial";
-    case GeometryKind::RopeMixed: return "rope-mixed";
-    case GeometryKind::RopeConjugated: return "rope-conjugated";
-    case GeometryKind::Lie: return "lie";
-  }
+  for (const Choice<GeometryKind>& choice : kGeometryChoices)
+    if (choice.value == kind) return std::string(choice.name);
   return "unknown";
 }
 
-namespace {
-constexpr GeometryKind kGeometries[] = {GeometryKind::None,      GeometryKind::Rope,
-                                        GeometryKind::RopeAxial, GeometryKind::RopeMixed,
-                                        GeometryKind::RopeConjugated, GeometryKind::Lie};
-}  // namespace
-
 std::vector<std::string> geometry_names() {
   std::vector<std::string> names;
-  for (GeometryKind k : kGeometries) names.push_back(geometry_name(k));
+  for (const Choice<GeometryKind>& choice : kGeometryChoices) names.emplace_back(choice.name);
   return names;
 }
 
 GeometryKind parse_geometry(const std::string& name) {
-  for (GeometryKind k : kGeometries)
-    if (name == geometry_name(k)) return k;
+  for (const Choice<GeometryKind>& choice : kGeometryChoices)
+    if (name == choice.name) return choice.value;
   std::string accepted;
   for (const auto& known : geometry_names()) accepted += (accepted.empty() ? "" : ", ") + known;
   throw std::invalid_argument("unknown geometry '" + name + "' (accepted: " + accepted + ")");

@@ -2,9 +2,11 @@
 #include <hdf5.h>
 
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "mfattn/config.hpp"
+#include "mfattn/run_choices.hpp"
 
 #include "mfattn/h5md.hpp"
 #include "test_support.hpp"
@@ -197,6 +199,79 @@ TEST(Config, HelpShowsShortestDefaultsAndSizesAreBounded) {
   EXPECT_NE(usage_message({"--prefix", "4611686018427387904", "--prompts", "4", "--out", out}).find("--prefix"),
             std::string::npos);
   EXPECT_NE(usage_message({"--replicas", "1000000000", "--out", out}).find("memory"), std::string::npos);
+}
+
+// A choice option's table is its --help line, its validation and the value the model gets:
+// every name of the table is accepted (another rule may still ask for more, as --init file
+// asks for --init-file, but never as an unknown name), any other name is refused with the
+// table's list, and choice() gives the name's value.
+template <class Value>
+void expect_table_drives_option(const ChoiceOption<Value>& option, const std::string& out) {
+  const std::string flag = "--" + std::string(option.option);
+  SCOPED_TRACE(flag);
+  RunConfig defaults;
+  const auto table = run_options(defaults);
+  const auto* described = table.find_nothrow(std::string(option.option), false);
+  ASSERT_NE(described, nullptr);
+  EXPECT_EQ(described->description(), option.help());
+  std::set<std::string_view> names;
+  for (const Choice<Value>& entry : option.choices) EXPECT_TRUE(names.insert(entry.name).second) << entry.name;
+  // (--mask goes on to say how its parts join.)
+  const std::string refused = usage_message({flag, "no-such-choice", "--out", out});
+  EXPECT_EQ(refused.rfind(flag + " no-such-choice: " + option.accepted(), 0), 0u) << refused;
+  for (const Choice<Value>& entry : option.choices) {
+    const std::string name(entry.name);
+    const std::string message = usage_message({flag, name, "--out", out});
+    EXPECT_EQ(message.find(flag + " " + name + ": accepted:"), std::string::npos) << message;
+    EXPECT_TRUE(choice(option, name) == entry.value) << name;
+    EXPECT_EQ(option.name_of(entry.value), entry.name);
+  }
+}
+
+TEST(Config, ChoiceTablesDriveHelpValidationAndValues) {
+  const std::string out = (scratch_dir("choices") / "c.h5").string();
+  expect_table_drives_option(kKernelOption, out);
+  expect_table_drives_option(kTimeScaleOption, out);
+  expect_table_drives_option(kQueryOption, out);
+  expect_table_drives_option(kKeyOption, out);
+  expect_table_drives_option(kValueOption, out);
+  expect_table_drives_option(kGeometryOption, out);
+  expect_table_drives_option(kPositionsOption, out);
+  expect_table_drives_option(kValuesOption, out);
+  expect_table_drives_option(kAuxFactorOption, out);
+  expect_table_drives_option(kMaskOption, out);
+  expect_table_drives_option(kPrefixInitOption, out);
+  expect_table_drives_option(kInitOption, out);
+  EXPECT_EQ(kQueryOption.accepted(), "accepted: identity, gaussian, goe or a readable file");
+  EXPECT_EQ(kKernelOption.help(), "usa (unnormalised) | sa (softmax)");
+}
+
+TEST(Config, ModelTakesTheValueEachChoiceNames) {
+  for (const auto& entry : kKernelChoices)
+    EXPECT_EQ(build_model(testing::config({"--kernel", std::string(entry.name)})).normalization, entry.value);
+  for (const auto& entry : kTimeScaleChoices)
+    EXPECT_EQ(build_model(testing::config({"--time-scale", std::string(entry.name)})).time_scale, entry.value);
+  for (const auto& entry : kValuesChoices)
+    EXPECT_EQ(build_model(testing::config({"--values", std::string(entry.name)})).values, entry.value);
+  for (const auto& entry : kAuxFactorChoices) {
+    const std::string name(entry.name);
+    EXPECT_EQ(build_model(testing::config({"--aux-factor", name})).aux_factor, entry.value.factor) << name;
+    // The rules read the table's properties, so a factor that changes sign is refused with SA.
+    const std::string with_sa =
+        usage_message({"--aux-factor", name, "--kernel", "sa", "--out", (scratch_dir("choices") / "a.h5").string()});
+    EXPECT_EQ(with_sa.find("changes sign") != std::string::npos, entry.value.changes_sign) << with_sa;
+  }
+  for (const auto& entry : kMaskChoices) {
+    const Model model = build_model(testing::config({"--mask", std::string(entry.name), "--prefix", "1"}));
+    EXPECT_EQ(model.mask, entry.value.kind) << entry.name;
+    EXPECT_EQ(model.per_prompt_mask, entry.value.per_prompt) << entry.name;
+  }
+  const Model joined = build_model(testing::config({"--mask", "window+per-prompt", "--prefix", "1"}));
+  EXPECT_EQ(joined.mask, MaskKind::Window);
+  EXPECT_TRUE(joined.per_prompt_mask);
+  EXPECT_FALSE(parse_mask("full+per-prompt"));
+  EXPECT_FALSE(parse_mask("causal+window"));
+  EXPECT_FALSE(parse_mask(""));
 }
 
 }  // namespace

@@ -4,8 +4,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
+#include <stdexcept>
+#include <type_traits>
 
 #include "mfattn/gauge.hpp"
 #include "mfattn/h5md.hpp"
@@ -193,6 +197,73 @@ TEST(Gauges, OutputRecordsGeneratorsAndPositions) {
   for (const Matrix& generator : gauge.generators())
     expected.append(reinterpret_cast<const char*>(generator.data()), generator.size() * sizeof(double));
   EXPECT_EQ(dataset_bytes(out, "/particles/tokens/gauge_generators"), expected);
+}
+
+// A gauge made to the recipe of docs/architecture.md must say what the output records:
+// recorded_generators is pure in Gauge, so a gauge that only applies itself is abstract.
+struct AppliesOnly : Gauge {
+  void apply(std::size_t, const double* in, double* out) const override { std::copy(in, in + 3, out); }
+  void apply_transpose(std::size_t, const double* in, double* out) const override { std::copy(in, in + 3, out); }
+};
+static_assert(std::is_abstract_v<AppliesOnly>, "every gauge must say what the output records");
+
+/// A test-only gauge that is no PositionalGauge: G(xi_i) turns the plane of coordinates 0
+/// and 1 by omega xi_i, and it records whatever it is given.
+class PlaneTurn final : public Gauge {
+ public:
+  PlaneTurn(const Model& model, double omega, std::vector<Matrix> recorded)
+      : d_(model.d), positions_(model.positions), omega_(omega), recorded_(std::move(recorded)) {}
+  void apply(std::size_t token, const double* in, double* out) const override { turn(token, in, out, 1.0); }
+  void apply_transpose(std::size_t token, const double* in, double* out) const override {
+    turn(token, in, out, -1.0);
+  }
+  std::vector<Matrix> recorded_generators() const override { return recorded_; }
+
+ private:
+  void turn(std::size_t token, const double* in, double* out, double sense) const {
+    const double angle = sense * omega_ * positions_[token];
+    out[0] = std::cos(angle) * in[0] - std::sin(angle) * in[1];
+    out[1] = std::sin(angle) * in[0] + std::cos(angle) * in[1];
+    std::copy(in + 2, in + d_, out + 2);
+  }
+  std::size_t d_;
+  std::vector<double> positions_;
+  double omega_;
+  std::vector<Matrix> recorded_;
+};
+
+// The labels a run writes hold exactly what the gauge returns, whatever its class, and the
+// writer puts them into /particles/tokens/gauge_generators.
+TEST(Gauges, OutputRecordsWhatAnyGaugeSaysToRecord) {
+  Model model = build_model(testing::config({"--n", "6", "--d", "3"}));
+  Matrix generator = Matrix::Zero(3, 3);
+  generator(0, 1) = -0.3;
+  generator(1, 0) = 0.3;
+  model.gauge = std::make_shared<PlaneTurn>(model, 0.3, std::vector<Matrix>{generator});
+  const TokenLabels labels = token_labels(model);
+  ASSERT_EQ(labels.generator_count, 1u);
+  EXPECT_EQ(labels.gauge_generators, std::vector<double>(generator.data(), generator.data() + generator.size()));
+  const std::string out = (scratch_dir("recorded_generators") / "g.h5").string();
+  {
+    WriterSetup setup;
+    setup.path = out;
+    setup.overwrite = true;
+    setup.n = model.n;
+    setup.d = model.d;
+    setup.position_dim = model.position_dim;
+    setup.creator_version = "test";
+    setup.observables = {{"energy", 1}};
+    H5mdWriter::create(setup)->write_labels(labels);
+  }
+  EXPECT_EQ(dataset_bytes(out, "/particles/tokens/gauge_generators"),
+            std::string(reinterpret_cast<const char*>(generator.data()), generator.size() * sizeof(double)));
+  // A gauge with nothing to record says so, and the file gets no generators.
+  model.gauge = std::make_shared<PlaneTurn>(model, 0.3, std::vector<Matrix>{});
+  EXPECT_EQ(token_labels(model).generator_count, 0u);
+  EXPECT_TRUE(token_labels(model).gauge_generators.empty());
+  // A generator of the wrong shape is a mistake of the gauge, refused before the writer.
+  model.gauge = std::make_shared<PlaneTurn>(model, 0.3, std::vector<Matrix>{Matrix::Zero(2, 2)});
+  EXPECT_THROW(token_labels(model), std::logic_error);
 }
 
 TEST(Config, ConfigFileGivesTheSameBytesAsTheCommandLine) {

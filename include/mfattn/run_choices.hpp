@@ -1,0 +1,156 @@
+#pragma once
+/// \file run_choices.hpp
+/// The choice options of `mfattn run` (docs/cli.md): each option's accepted names and what
+/// each one selects, in one table (choice_table.hpp) that run_options' --help, validate()'s
+/// messages and build_model / build_initial_state all read. RunConfig keeps the names as
+/// given, because they are what /parameters records and what sweep case ids are made of;
+/// choice(kKernelOption, cfg.kernel) turns one into its value. Adding a choice is one entry
+/// in its array (and, for a new enum value, the code that acts on it).
+///
+/// The integrator and backend names are registries of their own (integrator_names(),
+/// kBackendNames): there a name selects a factory, not an enum value.
+#include <optional>
+#include <span>
+#include <string>
+
+#include "mfattn/choice_table.hpp"
+#include "mfattn/config.hpp"
+#include "mfattn/gauge.hpp"
+#include "mfattn/init.hpp"
+#include "mfattn/model.hpp"
+
+namespace mfattn {
+
+inline constexpr Choice<Normalization> kKernelChoices[] = {
+    {"usa", Normalization::Usa, "unnormalised"},
+    {"sa", Normalization::Sa, "softmax"},
+};
+inline constexpr ChoiceOption<Normalization> kKernelOption{.option = "kernel", .choices = kKernelChoices};
+
+inline constexpr Choice<TimeScale> kTimeScaleChoices[] = {
+    {"natural", TimeScale::Natural},
+    {"rescaled", TimeScale::Rescaled, "weights times exp(-beta); needed for large beta"},
+};
+inline constexpr ChoiceOption<TimeScale> kTimeScaleOption{.option = "time-scale",
+                                                          .choices = kTimeScaleChoices};
+
+/// The preset matrices of --q, --k and --v (any other value is a file of d rows of d numbers).
+enum class MatrixPreset { Identity, Gaussian, Goe, PlusQk, MinusQk };
+/// Q and K take the first kQueryKeyPresets (identity and the random ones); V may also be the
+/// product of Q and K, which only exists once they are built.
+inline constexpr Choice<MatrixPreset> kMatrixChoices[] = {
+    {"identity", MatrixPreset::Identity},
+    {"gaussian", MatrixPreset::Gaussian},  // entries N(0, 1/d)
+    {"goe", MatrixPreset::Goe},            // symmetric, off-diagonal variance 1/d
+    {"plus-qk", MatrixPreset::PlusQk},     // V = Q^T K
+    {"minus-qk", MatrixPreset::MinusQk},   // V = -Q^T K
+};
+inline constexpr std::size_t kQueryKeyPresets = 3;
+static_assert(kMatrixChoices[kQueryKeyPresets - 1].value == MatrixPreset::Goe,
+              "Q and K take the presets up to goe");
+inline constexpr ChoiceOption<MatrixPreset> kQueryOption{
+    .option = "q",
+    .choices = std::span(kMatrixChoices).first(kQueryKeyPresets),
+    .file_help = "FILE (d rows of d numbers)",
+    .lead = "query matrix"};
+inline constexpr ChoiceOption<MatrixPreset> kKeyOption{
+    .option = "k",
+    .choices = std::span(kMatrixChoices).first(kQueryKeyPresets),
+    .file_help = "FILE",
+    .lead = "key matrix"};
+inline constexpr ChoiceOption<MatrixPreset> kValueOption{
+    .option = "v", .choices = kMatrixChoices, .file_help = "FILE", .lead = "value matrix"};
+
+inline constexpr ChoiceOption<GeometryKind> kGeometryOption{
+    .option = "geometry", .choices = kGeometryChoices, .lead = "positional gauge G(xi)"};
+
+/// How --positions places the tokens when it names no file.
+enum class PositionLayout { Index, Uniform, Random, Grid };
+inline constexpr Choice<PositionLayout> kPositionChoices[] = {
+    {"index", PositionLayout::Index, "i * pos-scale"},
+    {"uniform", PositionLayout::Uniform, "2 pi i / n"},
+    {"random", PositionLayout::Random, "seeded"},
+    {"grid", PositionLayout::Grid, "k = 2; the default for rope-axial and rope-mixed"},
+};
+inline constexpr ChoiceOption<PositionLayout> kPositionsOption{
+    .option = "positions",
+    .choices = kPositionChoices,
+    .file_help = "FILE (n rows of k numbers)",
+    .lead = "token positions xi"};
+
+inline constexpr Choice<ValueTransport> kValuesChoices[] = {
+    {"transported", ValueTransport::Transported, "v_ij = V G_i^T G_j x_j, gradient flow"},
+    {"plain", ValueTransport::Plain, "v_ij = V x_j, practical RoPE"},
+};
+inline constexpr ChoiceOption<ValueTransport> kValuesOption{.option = "values", .choices = kValuesChoices};
+
+/// An auxiliary factor and what validation must know of it: a factor that changes sign can
+/// make the SA denominator vanish (so SA refuses it), and one defined on a line needs 1-D
+/// positions. The rules read these fields, so a new factor is one entry below.
+struct AuxFactorChoice {
+  AuxFactor factor;
+  bool changes_sign = false;
+  bool needs_one_dimensional_positions = false;
+  bool operator==(const AuxFactorChoice&) const = default;
+};
+inline constexpr Choice<AuxFactorChoice> kAuxFactorChoices[] = {
+    {"none", {AuxFactor::None}},
+    {"distance", {AuxFactor::Distance}, "exp(-lambda |dxi|)"},
+    {"gaussian", {AuxFactor::Gaussian}, "exp(-|dxi|^2/(2 sigma^2))"},
+    {"cosine", {AuxFactor::Cosine, true, true}, "cos(omega dxi), k = 1, USA only"},
+};
+inline constexpr ChoiceOption<AuxFactorChoice> kAuxFactorOption{.option = "aux-factor",
+                                                                .choices = kAuxFactorChoices};
+
+/// One part of --mask (parts are joined by '+'): a mask kind, or per-prompt, which adds the
+/// per-prompt rule to the kind of the other part.
+struct MaskPart {
+  MaskKind kind;
+  bool per_prompt = false;
+  bool operator==(const MaskPart&) const = default;
+};
+inline constexpr Choice<MaskPart> kMaskChoices[] = {
+    {"full", {MaskKind::Full}},
+    {"causal", {MaskKind::Causal}, "xi_j <= xi_i"},
+    {"window", {MaskKind::Window}, "|xi_i - xi_j| <= window"},
+    {"per-prompt", {MaskKind::Full, true}, "prefix tokens seen only within their prompt"},
+};
+inline constexpr ChoiceOption<MaskPart> kMaskOption{
+    .option = "mask", .choices = kMaskChoices, .tail = "; combine with +, e.g. causal+per-prompt"};
+
+/// What a whole --mask value selects.
+struct MaskSelection {
+  MaskKind kind = MaskKind::Full;
+  bool per_prompt = false;
+};
+/// The selection of a --mask value, or nothing when a part is not in kMaskChoices, "full" is
+/// joined with another part, or two parts both name a kind (causal+window).
+std::optional<MaskSelection> parse_mask(const std::string& mask);
+
+/// --prefix-init: a placement, or (any other value) a file of the prefix contents.
+inline constexpr Choice<PrefixPlacement> kPrefixInitChoices[] = {
+    {"random", PrefixPlacement::Random},
+    {"clustered", PrefixPlacement::Clustered, "one cluster per prompt"},
+};
+inline constexpr ChoiceOption<PrefixPlacement> kPrefixInitOption{
+    .option = "prefix-init",
+    .choices = kPrefixInitChoices,
+    .file_help = "FILE (K * prefix rows of d numbers)",
+    .lead = "prefix placement"};
+
+inline constexpr Choice<InitKind> kInitChoices[] = {
+    {"uniform", InitKind::Uniform},         {"hemisphere", InitKind::Hemisphere},
+    {"clustered", InitKind::Clustered},     {"equiangular", InitKind::Equiangular},
+    {"file", InitKind::File},
+};
+inline constexpr ChoiceOption<InitKind> kInitOption{.option = "init", .choices = kInitChoices};
+
+/// The value that name selects. validate() has refused every other name already; one that
+/// comes here anyway (a RunConfig made in code) is a UsageError worded as validate()'s.
+template <class Value>
+Value choice(const ChoiceOption<Value>& option, const std::string& name) {
+  if (const Choice<Value>* found = option.find(name)) return found->value;
+  throw UsageError("--" + std::string(option.option) + " " + name + ": " + option.accepted());
+}
+
+}  // namespace mfattn
