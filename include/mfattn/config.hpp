@@ -52,6 +52,7 @@ struct RunConfig {
   std::string values = "transported";
   std::string aux_factor = "none";
   double aux_lambda = 1.0, aux_sigma = 1.0, aux_omega = 1.0;
+  std::string toeplitz_coefficients = "1", toeplitz_frequencies = "1";  ///< lists, --aux-factor toeplitz
   std::string mask = "full";
   double window = 1.0;
   std::int64_t prefix = 0;   ///< frozen prefix tokens per prompt
@@ -170,6 +171,9 @@ std::vector<std::string> mask_parts(const std::string& mask);
 
 /// Validates values once, before anything is written. Throws UsageError.
 void validate(const RunConfig& cfg);
+
+/// Splits "1, 2 3" into numbers; false if any item is not a finite number or there is none.
+bool parse_number_list(const std::string& text, std::vector<double>& out);
 
 /// The thread count: --threads, else OMP_NUM_THREADS, else SLURM_CPUS_PER_TASK, else cores;
 /// also made the default team size of every OpenMP region.

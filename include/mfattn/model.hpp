@@ -67,6 +67,9 @@ struct Model {
 
   AuxFactor aux_factor = AuxFactor::None;
   double aux_lambda = 1.0, aux_sigma = 1.0, aux_omega = 1.0;
+  /// a_k and omega_k of AuxFactor::Toeplitz, c(dxi) = sum_k a_k cos(omega_k dxi) (equal
+  /// lengths, 1 to 16 terms).
+  std::vector<double> toeplitz_coefficients, toeplitz_frequencies;
 
   std::shared_ptr<const Gauge> gauge;  ///< null: G = I (tokens 0..n-1, then prefix n..n+P-1)
 

@@ -98,6 +98,7 @@ inline constexpr Choice<AuxFactorChoice> kAuxFactorChoices[] = {
     {"distance", {AuxFactor::Distance}, "exp(-lambda |dxi|)"},
     {"gaussian", {AuxFactor::Gaussian}, "exp(-|dxi|^2/(2 sigma^2))"},
     {"cosine", {AuxFactor::Cosine, true, true}, "cos(omega dxi), k = 1, USA only"},
+    {"toeplitz", {AuxFactor::Toeplitz, true, true}, "sum_k a_k cos(omega_k dxi), k = 1, USA only"},
 };
 inline constexpr ChoiceOption<AuxFactorChoice> kAuxFactorOption{.option = "aux-factor",
                                                                 .choices = kAuxFactorChoices};

@@ -21,8 +21,29 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 namespace mfattn {
+
+bool parse_number_list(const std::string& text, std::vector<double>& out) {
+  std::string normalized = text;
+  std::replace(normalized.begin(), normalized.end(), ',', ' ');
+  std::istringstream in(normalized);
+  std::string item;
+  out.clear();
+  while (in >> item) {
+    std::size_t used = 0;
+    double value = 0.0;
+    try {
+      value = std::stod(item, &used);
+    } catch (...) {
+      return false;
+    }
+    if (used != item.size() || !std::isfinite(value)) return false;
+    out.push_back(value);
+  }
+  return !out.empty();
+}
 namespace po = boost::program_options;
 
 namespace {
@@ -48,7 +69,18 @@ po::typed_value<T>* bound(T& field, const std::string& shown) {
 }
 
 /// The options that take a list: several words on the command line are joined by commas.
-const std::set<std::string> kListOptions = {"save-times", "rope-freqs", "amplitudes"};
+const std::vector<std::string> kListOptions = {"save-times", "rope-freqs", "amplitudes",
+                                               "toeplitz-coefficients", "toeplitz-frequencies"};
+bool is_list_option(const std::string& name) {
+  return std::find(kListOptions.begin(), kListOptions.end(), name) != kListOptions.end();
+}
+/// "--save-times, --rope-freqs, ... and --toeplitz-frequencies", for the messages.
+std::string list_options_text() {
+  std::string text;
+  for (std::size_t i = 0; i < kListOptions.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == kListOptions.size() ? " and " : ", ") + ("--" + kListOptions[i]);
+  return text;
+}
 
 /// A value as shown in a message: at most 80 characters.
 std::string shown(const std::string& value) {
@@ -219,8 +251,8 @@ void store_checked(const po::parsed_options& parsed, const po::options_descripti
         break;
       }
     if (dynamic_cast<const po::multiple_occurrences*>(&e))
-      throw UsageError(where + "--" + name + ": given more than once (give each option once; "
-                       "--save-times, --rope-freqs and --amplitudes take a comma separated list)");
+      throw UsageError(where + "--" + name + ": given more than once (give each option once; " +
+                       list_options_text() + " take a comma separated list)");
     if (option && (dynamic_cast<const po::validation_error*>(&e) ||
                    dynamic_cast<const po::invalid_bool_value*>(&e)))
       throw UsageError(where + "--" + name + " " + shown(value) + ": " + accepted_text(*option));
@@ -243,7 +275,7 @@ po::parsed_options tidy(const po::parsed_options& parsed, const po::options_desc
       throw UsageError("stray argument '" + shown(word) +
                        "': every argument is an option --name VALUE (see mfattn run --help)");
     po::option& last = result.options.back();
-    if (kListOptions.count(last.string_key) && last.value.size() == 1) {
+    if (is_list_option(last.string_key) && last.value.size() == 1) {
       last.value.front() += "," + word;
       last.original_tokens.push_back(word);
       continue;
@@ -254,7 +286,7 @@ po::parsed_options tidy(const po::parsed_options& parsed, const po::options_desc
     throw UsageError("--" + last.string_key + before + " " + shown(word) + ": stray value '" + shown(word) +
                      "' (" + (is_switch ? "--" + last.string_key + " is a switch and takes no value"
                                         : "--" + last.string_key + " takes one value") +
-                     "; only --save-times, --rope-freqs and --amplitudes take lists)");
+                     "; only " + list_options_text() + " take lists)");
   }
   return result;
 }
@@ -418,6 +450,10 @@ po::options_description run_options(RunConfig& c) {
       ("aux-lambda", bound(c.aux_lambda), "distance factor lambda >= 0")
       ("aux-sigma", bound(c.aux_sigma), "gaussian factor sigma > 0")
       ("aux-omega", bound(c.aux_omega), "cosine factor omega, any finite number")
+      ("toeplitz-coefficients", bound(c.toeplitz_coefficients, "1"),
+       "toeplitz factor coefficients a_1,...,a_K (1 to 16 finite numbers)")
+      ("toeplitz-frequencies", bound(c.toeplitz_frequencies, "1"),
+       "toeplitz factor frequencies omega_1,...,omega_K, as many as the coefficients")
       ("mask", bound(c.mask), kMaskOption.help().c_str())
       ("window", bound(c.window), "window half-width for --mask window, > 0")
       ("prefix", bound(c.prefix), "frozen prefix tokens per prompt, >= 0 (they act as sources, never move)")
@@ -696,6 +732,19 @@ void validate(const RunConfig& c) {
   require_finite("aux-sigma", c.aux_sigma);
   if (c.aux_sigma <= 0) reject("aux-sigma", format_number(c.aux_sigma), "must be > 0");
   require_finite("aux-omega", c.aux_omega);
+  if (aux_factor.factor == AuxFactor::Toeplitz) {
+    std::vector<double> coefficients, frequencies;
+    for (const auto& [name, text, out] :
+         {std::tuple{"toeplitz-coefficients", &c.toeplitz_coefficients, &coefficients},
+          std::tuple{"toeplitz-frequencies", &c.toeplitz_frequencies, &frequencies}})
+      if (!parse_number_list(*text, *out) || out->size() > kMaxToeplitzTerms)
+        reject(name, *text, "needs 1 to " + std::to_string(kMaxToeplitzTerms) +
+                                " finite numbers, comma separated");
+    if (coefficients.size() != frequencies.size())
+      reject("toeplitz-frequencies", c.toeplitz_frequencies,
+             "needs as many numbers as --toeplitz-coefficients (" + std::to_string(coefficients.size()) +
+                 "), got " + std::to_string(frequencies.size()));
+  }
   if (aux_factor.changes_sign && kernel == Normalization::Sa)
     reject("aux-factor", c.aux_factor,
            "the " + c.aux_factor + " factor changes sign, so the SA denominator can vanish: use --kernel usa");

@@ -30,27 +30,6 @@
 namespace mfattn {
 namespace {
 
-/// Splits "1, 2 3" into numbers; false if any item is not a finite number.
-bool parse_number_list(const std::string& text, std::vector<double>& out) {
-  std::string normalized = text;
-  std::replace(normalized.begin(), normalized.end(), ',', ' ');
-  std::istringstream in(normalized);
-  std::string item;
-  out.clear();
-  while (in >> item) {
-    std::size_t used = 0;
-    double value = 0.0;
-    try {
-      value = std::stod(item, &used);
-    } catch (...) {
-      return false;
-    }
-    if (used != item.size() || !std::isfinite(value)) return false;
-    out.push_back(value);
-  }
-  return !out.empty();
-}
-
 /// A Gaussian (kind Gaussian) or GOE (kind Goe) matrix from the matrix stream `which`.
 Matrix random_matrix(MatrixPreset kind, std::size_t d, std::uint64_t seed, std::uint64_t which) {
   RandomStream stream(seed, static_cast<std::uint64_t>(StreamTag::Matrices), which);
@@ -488,6 +467,11 @@ Model build_model(const RunConfig& cfg) {
   model.aux_lambda = cfg.aux_lambda;
   model.aux_sigma = cfg.aux_sigma;
   model.aux_omega = cfg.aux_omega;
+  if (model.aux_factor == AuxFactor::Toeplitz) {
+    // validate() checked both lists (finite numbers, equal lengths, 1 to 16 terms).
+    parse_number_list(cfg.toeplitz_coefficients, model.toeplitz_coefficients);
+    parse_number_list(cfg.toeplitz_frequencies, model.toeplitz_frequencies);
+  }
   const std::optional<MaskSelection> mask = parse_mask(cfg.mask);
   if (!mask) throw UsageError("--mask " + cfg.mask + ": accepted: " + kMaskOption.names(", ") + " joined by +");
   model.mask = mask->kind;

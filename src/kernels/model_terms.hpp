@@ -2,6 +2,7 @@
 // The host side of the kernels layer: a Model's pair terms as kernels::PairTermParameters, and
 // the labels of its sources. Sources are numbered 0..n-1 (the tokens that move) then
 // n..n+P-1 (the frozen prefix tokens), for positions, prompts, presences and the gauge alike.
+#include <algorithm>
 #include <cstddef>
 
 #include "kernels/pair_terms.hpp"
@@ -19,7 +20,20 @@ inline PairTermParameters pair_term_parameters(const Model& model) {
   parameters.factor = model.aux_factor;
   parameters.lambda = model.aux_lambda;
   parameters.inverse_two_sigma2 = 0.5 / (model.aux_sigma * model.aux_sigma);
-  parameters.omega = model.aux_omega;
+  if (model.aux_factor == AuxFactor::Cosine) {
+    parameters.toeplitz.terms = 1;
+    parameters.toeplitz.coefficient[0] = 1.0;
+    parameters.toeplitz.frequency[0] = model.aux_omega;
+  } else if (model.aux_factor == AuxFactor::Toeplitz) {
+    // The model's builder checks 1..kMaxTerms terms (run.cpp); a longer series is cut here
+    // rather than written past the arrays.
+    const std::size_t terms = std::min(model.toeplitz_coefficients.size(), ToeplitzSeries::kMaxTerms);
+    parameters.toeplitz.terms = terms;
+    for (std::size_t k = 0; k < terms; ++k) {
+      parameters.toeplitz.coefficient[k] = model.toeplitz_coefficients[k];
+      parameters.toeplitz.frequency[k] = model.toeplitz_frequencies[k];
+    }
+  }
   parameters.per_prompt = model.per_prompt_mask;
   return parameters;
 }

@@ -42,6 +42,14 @@ namespace mfattn::kernels {
 // no two targets share an instantiation of these templates.
 inline namespace MFATTN_CPU_NAMESPACE {
 
+/// The coefficients a_k and frequencies omega_k of a Toeplitz factor, at most kMaxTerms.
+struct ToeplitzSeries {
+  static constexpr std::size_t kMaxTerms = kMaxToeplitzTerms;
+  std::size_t terms = 1;
+  double coefficient[kMaxTerms] = {1.0};
+  double frequency[kMaxTerms] = {1.0};
+};
+
 /// The parameters of a model's pair terms, as plain numbers a device can copy.
 struct PairTermParameters {
   MaskKind mask = MaskKind::Full;
@@ -49,7 +57,7 @@ struct PairTermParameters {
   AuxFactor factor = AuxFactor::None;
   double lambda = 1.0;              ///< distance factor exp(-lambda |dxi|)
   double inverse_two_sigma2 = 0.5;  ///< Gaussian factor exp(-|dxi|^2 / (2 sigma^2))
-  double omega = 1.0;               ///< cosine factor cos(omega dxi)
+  ToeplitzSeries toeplitz;          ///< the cosine and Toeplitz factors' series
   bool per_prompt = false;          ///< the per-prompt rule on pairs with a prefix token
 };
 
@@ -147,15 +155,21 @@ struct GaussianFactor {
   }
 };
 
-/// c_ij = cos(omega (xi_i - xi_j)) (k = 1): the cosine Toeplitz factor. It changes sign, so it
-/// multiplies the weight instead of entering the logit. Symmetric (cos is even), but the
+/// c_ij = sum_k a_k cos(omega_k (xi_i - xi_j)) (k = 1): a Toeplitz factor (a function of
+/// xi_i - xi_j alone), as a finite cosine series. The cosine factor cos(omega dxi) is its
+/// one-term case (a_1 = 1: the same bits as the cosine alone). It changes sign, so it
+/// multiplies the weight instead of entering the logit; symmetric (cos is even), but the
 /// symmetric loop takes log-terms only.
-struct CosineFactor {
+struct ToeplitzFactor {
   static constexpr bool kLog = false, kMultiply = true, kSymmetric = true;
-  double omega = 1.0;
+  ToeplitzSeries series;
   template <class Pair>
   MFATTN_HOST_DEVICE typename Pair::Real factor(const Pair& pair) const {
-    return cos(omega * (pair.source(0) - pair.receiver(0)));
+    const typename Pair::Real difference = pair.source(0) - pair.receiver(0);
+    typename Pair::Real sum = series.coefficient[0] * cos(series.frequency[0] * difference);
+    for (std::size_t k = 1; k < series.terms; ++k)
+      sum += series.coefficient[k] * cos(series.frequency[k] * difference);
+    return sum;
   }
 };
 
@@ -196,8 +210,9 @@ MFATTN_HOST_DEVICE inline decltype(auto) visit_factor(const PairTermParameters& 
       return body(DistanceFactor{parameters.lambda});
     case AuxFactor::Gaussian:
       return body(GaussianFactor{parameters.inverse_two_sigma2});
-    case AuxFactor::Cosine:
-      return body(CosineFactor{parameters.omega});
+    case AuxFactor::Cosine:  // the one-term series
+    case AuxFactor::Toeplitz:
+      return body(ToeplitzFactor{parameters.toeplitz});
     case AuxFactor::None:
       break;
   }

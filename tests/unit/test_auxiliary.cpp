@@ -32,6 +32,10 @@ TEST(Auxiliary, EveryChoiceAgreesWithTheReferenceBackend) {
       {"--aux-factor", "cosine", "--aux-omega", "0.7", "--positions", "uniform"},
       {"--aux-factor", "distance", "--positions", "grid", "--d", "9", "--mask", "window", "--window", "3"},
       {"--geometry", "rope", "--aux-factor", "cosine", "--amplitudes", "0.9", "--null-tokens", "4"},
+      {"--aux-factor", "toeplitz", "--toeplitz-coefficients", "0.6,-0.3,0.2", "--toeplitz-frequencies",
+       "0.2,0.9,2.5", "--positions", "uniform"},
+      {"--geometry", "rope", "--aux-factor", "toeplitz", "--toeplitz-coefficients", "1,0.5",
+       "--toeplitz-frequencies", "0.1,0.35", "--null-tokens", "3", "--mask", "causal"},
   };
   for (const auto& extra : cases) {
     const auto args = with({"--n", "37", "--beta", "1.5", "--seed", "6", "--horizon", "0.5",
@@ -123,7 +127,9 @@ TEST(Auxiliary, EnergyAscendsForEveryGradientFlowKernel) {
   const std::vector<std::vector<std::string>> kernels = {
       {"--geometry", "rope"}, {"--geometry", "rope-conjugated", "--d", "4"},
       {"--aux-factor", "distance", "--aux-lambda", "0.1"}, {"--aux-factor", "gaussian", "--aux-sigma", "8"},
-      {"--aux-factor", "cosine", "--positions", "uniform"}, {"--geometry", "rope", "--kernel", "sa"}};
+      {"--aux-factor", "cosine", "--positions", "uniform"}, {"--geometry", "rope", "--kernel", "sa"},
+      {"--aux-factor", "toeplitz", "--toeplitz-coefficients", "1,-0.4,0.3", "--toeplitz-frequencies",
+       "0.15,0.6,1.7", "--positions", "uniform"}};
   for (const auto& extra : kernels) {
     const auto t = simulate(config(with({"--n", "40", "--horizon", "8", "--save-every", "0.1"}, extra)));
     ASSERT_TRUE(t.model.is_gradient_flow());
@@ -226,8 +232,62 @@ TEST(Auxiliary, EveryGeometryAgreesWithADenseImplementationWrittenHere) {
     }
 }
 
+// The Toeplitz factor c(dxi) = sum_k a_k cos(omega_k dxi): its one-term series with a_1 = 1 is
+// the cosine factor, bit for bit; and USA is linear in the weights, so its velocity is the
+// sum of the cosine velocities scaled by a_k (to rounding), on the reference and the CPU.
+TEST(Auxiliary, ToeplitzSeriesIsTheCosineFactorTermByTerm) {
+  const std::vector<std::string> base = {"--n", "70", "--d", "3", "--beta", "1.5", "--seed", "4",
+                                         "--positions", "uniform", "--horizon", "0.5", "--dt", "0.05",
+                                         "--save-every", "0.5"};
+  const auto cosine = simulate(config(with(base, {"--aux-factor", "cosine", "--aux-omega", "0.45"})));
+  const auto one_term = simulate(config(with(base, {"--aux-factor", "toeplitz", "--toeplitz-coefficients",
+                                                    "1", "--toeplitz-frequencies", "0.45"})));
+  ASSERT_EQ(cosine.frames.size(), one_term.frames.size());
+  for (std::size_t f = 0; f < cosine.frames.size(); ++f)
+    EXPECT_TRUE(testing::bitwise_equal(cosine.frames[f].x.data(), one_term.frames[f].x.data(),
+                                       cosine.frames[f].x.size()))
+        << "frame " << f;
+
+  const std::vector<double> a = {0.7, -0.4, 0.25}, omega = {0.2, 0.9, 2.5};
+  const auto series_cfg = config(with(base, {"--aux-factor", "toeplitz", "--toeplitz-coefficients",
+                                             "0.7,-0.4,0.25", "--toeplitz-frequencies", "0.2,0.9,2.5"}));
+  const Model series = build_model(series_cfg);
+  const State state = build_initial_state(series_cfg, series);
+  for (const std::string backend_name : {"reference", "cpu"}) {
+    std::vector<double> expected(state.size(), 0.0), velocity(state.size());
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      Model term = series;
+      term.aux_factor = AuxFactor::Cosine;
+      term.aux_omega = omega[k];
+      make_backend(backend_name, term, 1)->velocity(1, state.x.data(), velocity.data(), nullptr);
+      for (std::size_t e = 0; e < expected.size(); ++e) expected[e] += a[k] * velocity[e];
+    }
+    make_backend(backend_name, series, 1)->velocity(1, state.x.data(), velocity.data(), nullptr);
+    EXPECT_LE(testing::max_abs_difference(velocity, expected), 1e-14) << backend_name;
+  }
+}
+
+std::string usage_message(const std::vector<std::string>& args) {
+  try {
+    config(args);
+  } catch (const UsageError& error) {
+    return error.what();
+  }
+  return "<accepted>";
+}
+
 TEST(Auxiliary, SoftmaxWithSignChangingFactorIsRefused) {
   EXPECT_THROW(config({"--kernel", "sa", "--aux-factor", "cosine"}), UsageError);
+  EXPECT_EQ(usage_message({"--kernel", "sa", "--aux-factor", "toeplitz"}),
+            "--aux-factor toeplitz: the toeplitz factor changes sign, so the SA denominator can vanish: "
+            "use --kernel usa");
+  EXPECT_EQ(usage_message({"--aux-factor", "toeplitz", "--toeplitz-coefficients", "1,2", "--toeplitz-frequencies", "1"}),
+            "--toeplitz-frequencies 1: needs as many numbers as --toeplitz-coefficients (2), got 1");
+  EXPECT_EQ(usage_message({"--aux-factor", "toeplitz", "--toeplitz-coefficients",
+                           "1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", "--toeplitz-frequencies", "1"}),
+            "--toeplitz-coefficients 1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1: needs 1 to 16 finite numbers, comma "
+            "separated");
+  EXPECT_THROW(build_model(config({"--aux-factor", "toeplitz", "--positions", "grid"})), UsageError);
   EXPECT_THROW(build_model(config({"--geometry", "rope", "--d", "6", "--rope-freqs", "1,2"})), UsageError);
 }
 

@@ -67,40 +67,8 @@ TEST(Backends, RegistryNamesEveryBackendOnceAndValidationFollowsIt) {
   }
 }
 
-TEST(CpuBackend, MatchesReferenceImplementation) {
-  const std::vector<std::string> dims = {"2", "3", "4", "5", "8", "9", "16", "33", "64"};
-  const std::vector<std::string> sizes = {"1", "7", "64", "130"};
-  int checked = 0;
-  for (const auto& d : dims)
-    for (const auto& n : sizes)
-      for (const std::string kernel : {"usa", "sa"}) {
-        std::vector<std::string> args = {"--n", n, "--d", d, "--kernel", kernel, "--beta", "2.5",
-                                         "--seed", std::to_string(checked), "--replicas", "2"};
-        // Vary the orthogonal choices across cases.
-        switch (checked % 6) {
-          case 0: break;
-          case 1: args.insert(args.end(), {"--q", "gaussian", "--k", "gaussian", "--v", "goe"}); break;
-          case 2: args.insert(args.end(), {"--mask", "causal", "--time-scale", "rescaled"}); break;
-          case 3: args.insert(args.end(), {"--mask", "window", "--window", "3", "--v", "minus-qk", "--q", "goe"}); break;
-          case 4: args.insert(args.end(), {"--amplitudes", "0.7", "--null-tokens", "3", "--tau", "0.5"}); break;
-          case 5: args.insert(args.end(), {"--init", "clustered", "--k", "goe", "--mask", "causal"}); break;
-        }
-        const auto cfg = config(args);
-        const Model model = build_model(cfg);
-        const State state = build_initial_state(cfg, model);
-        std::vector<double> sums_fast, sums_ref;
-        const auto fast = evaluate(model, state, "cpu", 2, &sums_fast);
-        const auto ref = evaluate(model, state, "reference", 1, &sums_ref);
-        double scale = 0.0;
-        for (double v : ref) scale = std::max(scale, std::fabs(v));
-        EXPECT_LE(testing::max_abs_difference(fast, ref), 1e-13 * std::max(scale, 1.0))
-            << "d " << d << " n " << n << " " << kernel << " case " << checked % 6;
-        for (std::size_t i = 0; i < sums_ref.size(); ++i)
-          EXPECT_NEAR(sums_fast[i], sums_ref[i], 1e-12 * sums_ref[i]) << "weight sum " << i;
-        ++checked;
-      }
-  EXPECT_EQ(checked, 72);
-}
+// CpuBackend against the reference on every model option: test_backend_conformance.cpp, one
+// body for every registered backend.
 
 std::string loop_of(const Model& model, const State& state, int threads) {
   auto backend = make_backend("cpu", model, threads);

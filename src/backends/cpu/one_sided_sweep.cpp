@@ -1,6 +1,6 @@
 // The one-sided loop's instantiations (one_sided_loop.hpp) for one auxiliary factor:
 // MFATTN_ONE_SIDED_FACTOR names its type (NoFactor, DistanceFactor, GaussianFactor or
-// CosineFactor; CMake compiles this file once for each). Without it, for all four (a build
+// ToeplitzFactor, which also serves the cosine factor; CMake compiles this file once for each). Without it, for all four (a build
 // that lists the file once, such as tests/aarch64/run.sh).
 #include "backends/cpu/one_sided_loop.hpp"
 
@@ -26,7 +26,7 @@ MFATTN_ONE_SIDED_INSTANTIATE(MFATTN_ONE_SIDED_FACTOR)
 MFATTN_ONE_SIDED_INSTANTIATE(NoFactor)
 MFATTN_ONE_SIDED_INSTANTIATE(DistanceFactor)
 MFATTN_ONE_SIDED_INSTANTIATE(GaussianFactor)
-MFATTN_ONE_SIDED_INSTANTIATE(CosineFactor)
+MFATTN_ONE_SIDED_INSTANTIATE(ToeplitzFactor)
 #endif
 #undef MFATTN_ONE_SIDED_INSTANTIATE
 

@@ -51,11 +51,11 @@ struct SourceLanes {
 };
 
 using kernels::CausalMask;
-using kernels::CosineFactor;
 using kernels::DistanceFactor;
 using kernels::FullMask;
 using kernels::GaussianFactor;
 using kernels::NoFactor;
+using kernels::ToeplitzFactor;
 using kernels::WindowMask;
 
 /// A mask and a factor (kernels::PairTerms) bound to the lane-packed source positions: the
