@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <numbers>
@@ -199,6 +200,14 @@ extern "C" void request_stop(int signal) {
     ::raise(signal);
   }
 }
+
+/// One thing a run records: a name that says what, when, and the code that computes and
+/// writes it.
+struct RunObserver {
+  std::string name;
+  ObserverSchedule when;
+  std::function<void(const State&)> record;
+};
 
 /// Thrown from the step hook when a stop was requested; the run ends between two steps.
 struct Interrupted {
@@ -694,15 +703,37 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
   std::vector<double> frame_velocity;
   IntegrationStats so_far;  // this invocation's counts, as of the last step
   double last_frame_time = resumed.time;
+  std::size_t frame_index = resumed.frames;  // the frames before this one (0 at t = 0)
   auto rejected_total = [&] { return resumed.rejected_steps + so_far.rejected; };
+  // Everything the run records, in the order it is recorded: one entry each, with its
+  // schedule. The frame is one entry because positions and every observable of
+  // observable_layout share /particles/tokens/position's step and time (hard links), so
+  // they are appended together.
+  const std::vector<RunObserver> observers = {
+      {"frame: positions, observables, step size, velocity", ObserverSchedule::every_frame(),
+       [&](const State& s) {
+         const auto observables = compute_observables(dynamics, s, observable_settings,
+                                                      cfg.save_velocity ? &frame_velocity : nullptr);
+         writer->append_frame(s.step, s.time, s.x.data(), observables, h,
+                              cfg.save_velocity ? frame_velocity.data() : nullptr);
+       }},
+      // /run's counts follow every frame, so a killed run's counts match its last frame.
+      {"/run progress", ObserverSchedule::every_frame(),
+       [&](const State& s) {
+         writer->write_run_progress(resumed.wall_seconds + elapsed(), s.step, rejected_total());
+       }},
+      // The final state's step counts every accepted step since t = 0, resumed parts included.
+      {"/run complete", ObserverSchedule::at_end(),
+       [&](const State& s) {
+         writer->write_run_info("complete", resumed.wall_seconds + elapsed(), s.step, rejected_total());
+       }},
+  };
   auto observer = [&](const State& s) {
-    const auto observables =
-        compute_observables(dynamics, s, observable_settings,
-                            cfg.save_velocity ? &frame_velocity : nullptr);
-    writer->append_frame(s.step, s.time, s.x.data(), observables, h,
-                         cfg.save_velocity ? frame_velocity.data() : nullptr);
-    writer->write_run_progress(resumed.wall_seconds + elapsed(), s.step, rejected_total());
+    for (const RunObserver& entry : observers)
+      if (entry.when.at_frame(frame_index)) entry.record(s);
+    // The frame survives a SIGKILL from here on; only then is it reported.
     writer->flush();
+    ++frame_index;
     last_frame_time = s.time;
     progress.update(s.time, s.step);
   };
@@ -723,8 +754,8 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
   };
   try {
     integrate(*integrator, dynamics, state, h, cfg.dt, times, observer, after_step);
-    // state.step counts every accepted step since t = 0, resumed parts included.
-    writer->write_run_info("complete", resumed.wall_seconds + elapsed(), state.step, rejected_total());
+    for (const RunObserver& entry : observers)
+      if (entry.when.at_end_of_run()) entry.record(state);
     writer->flush();
     progress.finish();
   } catch (const Interrupted& stop) {

@@ -56,18 +56,39 @@ void for_each_moving_token(const Dynamics& dynamics, Fn&& fn) {
       if (dynamics.moves(i)) fn(r, i, (r * n + i) * d);
 }
 
-struct Tableau {
-  std::string name;
-  int order;
-  std::vector<std::vector<double>> a;  // strictly lower triangular rows
-  std::vector<double> b;
-  std::vector<double> error;           // b - b_hat (empty: no error estimate)
+/// A weight that is a fraction, applied as numerator * k / denominator: a weight such as
+/// -1/40 is no double, and dividing rounds once where multiplying by a rounded -1/40 would
+/// round twice.
+struct ExactWeight {
+  double numerator = 0.0, denominator = 1.0;
+  double times(double k) const { return numerator * k / denominator; }
 };
 
-Tableau euler_tableau() { return {"euler", 1, {{}}, {1.0}, {}}; }
-Tableau heun_tableau() { return {"heun", 2, {{}, {1.0}}, {0.5, 0.5}, {}}; }
+/// An explicit Runge-Kutta method as data: the stages (a, b) and, for an embedded pair, the
+/// error estimate and its order. The stepper (RungeKutta) runs any tableau; how the error
+/// sets the next step is StepSizeController's business, not the method's.
+struct Tableau {
+  std::string name;
+  int order;                           ///< of the solution b
+  std::vector<std::vector<double>> a;  ///< strictly lower triangular rows
+  std::vector<double> b;
+  /// Embedded pair (empty error: none, a fixed step): the error weights b - b_hat of the
+  /// stages, the weight of f at the new state (the first-same-as-last stage, which the next
+  /// step reuses from the Dynamics cache), and the order of the embedded solution b_hat, so
+  /// the local error estimate is O(h^(embedded_order + 1)).
+  std::vector<double> error{};
+  ExactWeight last_stage_error{};
+  int embedded_order = 0;
+};
+
+// Fixed-step methods: no error estimate.
+Tableau euler_tableau() { return {.name = "euler", .order = 1, .a = {{}}, .b = {1.0}}; }
+Tableau heun_tableau() { return {.name = "heun", .order = 2, .a = {{}, {1.0}}, .b = {0.5, 0.5}}; }
 Tableau rk4_tableau() {
-  return {"rk4", 4, {{}, {0.5}, {0.0, 0.5}, {0.0, 0.0, 1.0}}, {1.0 / 6, 1.0 / 3, 1.0 / 3, 1.0 / 6}, {}};
+  return {.name = "rk4",
+          .order = 4,
+          .a = {{}, {0.5}, {0.0, 0.5}, {0.0, 0.0, 1.0}},
+          .b = {1.0 / 6, 1.0 / 3, 1.0 / 3, 1.0 / 6}};
 }
 Tableau dopri5_tableau() {
   Tableau t;
@@ -82,14 +103,40 @@ Tableau dopri5_tableau() {
   t.b = {35.0 / 384, 0.0, 500.0 / 1113, 125.0 / 192, -2187.0 / 6784, 11.0 / 84};
   // b - b_hat for the six stages; the seventh (FSAL) stage enters with -1/40.
   t.error = {71.0 / 57600, 0.0, -71.0 / 16695, 71.0 / 1920, -17253.0 / 339200, 22.0 / 525};
+  t.last_stage_error = {-1.0, 40.0};
+  t.embedded_order = 4;
   return t;
 }
+
+/// The step-size rule of an embedded pair, apart from the method: an error norm err (<= 1 is
+/// accepted) gives h_next = h clamp(safety err^exponent, min_factor, max_factor), with
+/// exponent = -1 / (q + 1) for an estimate of order q; at most max_factor_after_rejection
+/// h after a rejection, and max_factor for err = 0.
+struct StepSizeController {
+  double rtol = 1e-8, atol = 1e-10;  ///< err = max_e |h diff_e| / (atol + rtol max(|x_e|, |x_new_e|))
+  double safety = 0.9;
+  double min_factor = 0.2, max_factor = 5.0;
+  double max_factor_after_rejection = 0.9;
+  /// A non-finite error norm (a stage overflowed) counts as this: far beyond 1, a rejection.
+  double error_if_not_finite = 1e10;
+
+  /// The exponent for an estimate of order q (dopri5: q = 4, -1/5, the same double as -0.2).
+  static double exponent(int estimate_order) { return -1.0 / double(estimate_order + 1); }
+  static_assert(-1.0 / 5.0 == -0.2, "the quotient rounds to the literal's double");
+  double scale(double x, double x_new) const { return atol + rtol * std::max(std::fabs(x), std::fabs(x_new)); }
+  /// h_next / h for an accepted step of that error norm.
+  double factor(double error, double exponent) const {
+    return error == 0.0 ? max_factor : std::clamp(safety * std::pow(error, exponent), min_factor, max_factor);
+  }
+};
 
 /// Explicit Runge-Kutta on the embedded field, then projection to the sphere.
 class RungeKutta final : public Integrator {
  public:
-  RungeKutta(Tableau tableau, double rtol, double atol)
-      : tableau_(std::move(tableau)), rtol_(rtol), atol_(atol) {}
+  RungeKutta(Tableau tableau, StepSizeController controller = {})
+      : tableau_(std::move(tableau)),
+        controller_(controller),
+        exponent_(StepSizeController::exponent(tableau_.embedded_order)) {}
   std::string name() const override { return tableau_.name; }
   int order() const override { return tableau_.order; }
   bool adaptive() const override { return !tableau_.error.empty(); }
@@ -125,17 +172,16 @@ class RungeKutta final : public Integrator {
       // Max norm: tokens that do not move contribute exact zeros and never change the step.
       double error = 0.0;
       for (std::size_t e = 0; e < size; ++e) {
-        double diff = -k_last[e] / 40.0;
+        double diff = tableau_.last_stage_error.times(k_last[e]);
         for (std::size_t m = 0; m < stages; ++m) diff += tableau_.error[m] * stage_k_[m][e];
-        const double scale = atol_ + rtol_ * std::max(std::fabs(state.x[e]), std::fabs(new_x_[e]));
-        error = std::max(error, std::fabs(h * diff) / scale);
+        error = std::max(error, std::fabs(h * diff) / controller_.scale(state.x[e], new_x_[e]));
       }
-      if (!std::isfinite(error)) error = 1e10;
-      const double factor = error == 0.0 ? 5.0 : std::clamp(0.9 * std::pow(error, -0.2), 0.2, 5.0);
+      if (!std::isfinite(error)) error = controller_.error_if_not_finite;
+      const double factor = controller_.factor(error, exponent_);
       outcome.h_next = h * factor;
       if (error > 1.0) {
         outcome.accepted = false;
-        outcome.h_next = h * std::min(factor, 0.9);
+        outcome.h_next = h * std::min(factor, controller_.max_factor_after_rejection);
         return outcome;
       }
     }
@@ -147,7 +193,8 @@ class RungeKutta final : public Integrator {
 
  private:
   Tableau tableau_;
-  double rtol_, atol_;
+  StepSizeController controller_;
+  double exponent_;  ///< the controller's exponent for this tableau's estimate, computed once
   std::vector<std::vector<double>> stage_k_;
   std::vector<double> stage_x_, new_x_;
 };
@@ -353,10 +400,13 @@ const std::vector<std::string>& integrator_names() {
 }
 
 std::unique_ptr<Integrator> make_integrator(const IntegratorSettings& s) {
-  if (s.name == "euler") return std::make_unique<RungeKutta>(euler_tableau(), s.rtol, s.atol);
-  if (s.name == "heun") return std::make_unique<RungeKutta>(heun_tableau(), s.rtol, s.atol);
-  if (s.name == "rk4") return std::make_unique<RungeKutta>(rk4_tableau(), s.rtol, s.atol);
-  if (s.name == "dopri5") return std::make_unique<RungeKutta>(dopri5_tableau(), s.rtol, s.atol);
+  StepSizeController controller;
+  controller.rtol = s.rtol;
+  controller.atol = s.atol;
+  if (s.name == "euler") return std::make_unique<RungeKutta>(euler_tableau());
+  if (s.name == "heun") return std::make_unique<RungeKutta>(heun_tableau());
+  if (s.name == "rk4") return std::make_unique<RungeKutta>(rk4_tableau());
+  if (s.name == "dopri5") return std::make_unique<RungeKutta>(dopri5_tableau(), controller);
   if (s.name == "lie-euler") return std::make_unique<LieEuler>();
   if (s.name == "lie-rk4") return std::make_unique<LieRk4>();
   if (s.name == "euler-maruyama") return std::make_unique<EulerMaruyama>(s.noise_kappa, s.seed);
