@@ -11,7 +11,7 @@
 #include <ostream>
 #include <sstream>
 
-#include "app/json_text.hpp"
+#include "io/json_text.hpp"
 #include "mfattn/oattention.hpp"
 #include "mfattn/oclosure.hpp"
 #include "mfattn/run.hpp"

@@ -45,7 +45,7 @@
 #include "backends/cpu/pair_terms.hpp"
 #include "backends/cpu/symmetric_pairs.hpp"
 #include "backends/cpu/cpu_kernels.hpp"
-#include "backends/cpu/vector_math.hpp"
+#include "kernels/vector_math.hpp"
 #include "kernels/token_operands.hpp"
 
 MFATTN_CPU_TARGET_BEGIN

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_kernels.hpp"
-#include "backends/cpu/vector_math.hpp"
+#include "kernels/vector_math.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {

@@ -15,7 +15,7 @@
 
 #include "backends/cpu/micro_kernels.hpp"
 #include "backends/cpu/pair_terms.hpp"
-#include "backends/cpu/vector_math.hpp"
+#include "kernels/vector_math.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {

@@ -12,7 +12,7 @@
 #include <variant>
 #include <vector>
 
-#include "backends/cpu/vector_math.hpp"
+#include "kernels/vector_math.hpp"
 #include "kernels/model_terms.hpp"
 #include "kernels/pair_terms.hpp"
 #include "mfattn/model.hpp"

@@ -1,6 +1,6 @@
 #include "mfattn/analyze.hpp"
 
-#include "app/json_text.hpp"
+#include "io/json_text.hpp"
 
 #include <algorithm>
 #include <cmath>

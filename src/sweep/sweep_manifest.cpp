@@ -9,7 +9,7 @@
 #include <optional>
 #include <sstream>
 
-#include "app/json_text.hpp"
+#include "io/json_text.hpp"
 #include "mfattn/h5md.hpp"
 #include "mfattn/series.hpp"
 #include "mfattn/sweep.hpp"

@@ -3,7 +3,7 @@
 #include <Eigen/Dense>
 #include <omp.h>
 
-#include "backends/cpu/vector_math.hpp"
+#include "kernels/vector_math.hpp"
 
 #include <algorithm>
 #include <cmath>
