@@ -142,14 +142,7 @@ TEST(Cli, VersionAndHelpWork) {
     EXPECT_NE(help.output.find(option), std::string::npos) << option;
 }
 
-std::string usage_message(const std::vector<std::string>& args) {
-  try {
-    parse_run_arguments(args);
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(accepted)";
-}
+using testing::usage_message;
 
 TEST(Config, ParserTakesFullNamesOneValueEachAndListsJoined) {
   const std::string out = (scratch_dir("parser") / "p.h5").string();

@@ -50,6 +50,16 @@ inline RunConfig config(std::vector<std::string> args) {
   return parse_run_arguments(args);
 }
 
+/// The UsageError message parse_run_arguments gives for args, or "(accepted)".
+inline std::string usage_message(const std::vector<std::string>& args) {
+  try {
+    parse_run_arguments(args);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
 struct Trajectory {
   Model model;
   std::vector<State> frames;
