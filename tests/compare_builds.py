@@ -56,6 +56,8 @@ CASES = {
     "one-sided d3 causal distance": ["--d", "3", "--kernel", "usa", "--mask", "causal", "--aux-factor", "distance",
                                      "--aux-lambda", "0.1"],
     "prefix d3 per-prompt": ["--d", "3", "--kernel", "sa", "--prefix", "5", "--mask", "per-prompt", "--prompts", "3"],
+    "prefix d3 gaussian energy": ["--d", "3", "--kernel", "usa", "--prefix", "4", "--aux-factor", "gaussian",
+                                  "--aux-sigma", "3", "--positions", "uniform"],
     "prefix d20 weight": ["--d", "20", "--kernel", "sa", "--prefix", "7", "--prefix-weight", "2.5"],
     "dopri5 d3 sa replicas": ["--d", "3", "--kernel", "sa", "--integrator", "dopri5", "--replicas", "3"],
     "noise d3 usa": ["--d", "3", "--kernel", "usa", "--integrator", "euler-maruyama", "--noise-kappa", "0.5"],
@@ -92,7 +94,8 @@ def run_case(spec, extra, out, threads, observables=False):
     argv = [binary, "run", "--n", "150", "--horizon", "1", "--save-every", "0.5", "--dt", "0.05",
             "--seed", "3", "--threads", str(threads), "--quiet", "--overwrite", "--out", out]
     argv += extra + ([] if "--integrator" in extra else ["--integrator", "rk4"])
-    subprocess.run(argv, check=True, env=env, stderr=subprocess.DEVNULL if spec == REFERENCE[0] else None)
+    subprocess.run(argv, check=True, env=env, stderr=subprocess.PIPE if spec == REFERENCE[0] else None,
+                   text=True)
     with h5py.File(out, "r") as f:
         arrays = {"position": f["particles/tokens/position/value"][...]}
         if observables:
@@ -115,6 +118,7 @@ def main():
     if len(a.binaries) < 2:
         parser.error("give a reference and at least one binary to compare with it")
     failed = False
+    skipped = 0
     REFERENCE[0] = a.binaries[0]
     with tempfile.TemporaryDirectory() as tmp:
         width = max(len(name) for name in CASES)
@@ -124,10 +128,14 @@ def main():
             try:
                 reference = run_case(a.binaries[0], extra, os.path.join(tmp, "reference.h5"), a.threads,
                                      a.observables)
-            except subprocess.CalledProcessError:
-                # An older reference binary without an option of the case (exit 2): nothing to
-                # compare with.
+            except subprocess.CalledProcessError as error:
+                if error.returncode != 2:
+                    sys.stderr.write(error.stderr or "")
+                    raise
+                # An older reference binary without an option of the case (exit 2, a usage
+                # error): nothing to compare with.
                 print(f"{name:{width}s}  skipped: the reference binary refuses these options")
+                skipped += 1
                 continue
             row = []
             for spec in a.binaries[1:]:
@@ -150,6 +158,9 @@ def main():
                 row.append(("identical" if identical else f"{worst:.2e}") +
                            (" (" + ", ".join(notes) + ")" if notes else ""))
             print(f"{name:{width}s}  " + "  ".join(row))
+    if skipped == len(CASES):
+        print("no case ran: the reference binary refused every one")
+        failed = True
     sys.exit(1 if failed else 0)
 
 

@@ -272,10 +272,20 @@ void check_resumable(RunConfig& cfg) {
   };
   if (cfg.save_every == 0.0 && cfg.save_times.empty() && cfg.save_log == 0)
     if (const auto* spacing = stored_value("save_every_used")) cfg.save_every = std::stod(*spacing);
+  // A file from a build that lacked an option was made with that option's default (the
+  // option did not exist, so nothing else could be meant): it resumes when the option is
+  // still at its default.
+  const RunConfig defaults = parse_run_arguments({"--out", cfg.out});
+  auto default_text = [&](const std::string& name) -> std::string {
+    for (const auto& [key, value] : defaults.parameters)
+      if (key == name) return parameter_text(value);
+    return "";
+  };
   for (const auto& [name, value] : cfg.parameters) {
     if (option_role(name) != OptionRole::Trajectory) continue;  // Extent and Execution may change
     const auto* before = stored_value(name);
     const std::string now = parameter_text(value);
+    if (!before && now == default_text(name)) continue;
     if (!before || *before != now)
       throw UsageError("--resume " + cfg.out + ": --" + name + " is " + now + " but the file was made with " +
                        (before ? *before : std::string("no such option")));
@@ -477,9 +487,15 @@ Model build_model(const RunConfig& cfg) {
   model.aux_sigma = cfg.aux_sigma;
   model.aux_omega = cfg.aux_omega;
   if (model.aux_factor == AuxFactor::Toeplitz) {
-    // validate() checked both lists (finite numbers, equal lengths, 1 to 16 terms).
-    parse_number_list(cfg.toeplitz_coefficients, model.toeplitz_coefficients);
-    parse_number_list(cfg.toeplitz_frequencies, model.toeplitz_frequencies);
+    // validate() refuses bad lists with its own words; a RunConfig built in code meets the
+    // same rule here.
+    if (!parse_number_list(cfg.toeplitz_coefficients, model.toeplitz_coefficients) ||
+        !parse_number_list(cfg.toeplitz_frequencies, model.toeplitz_frequencies) ||
+        model.toeplitz_coefficients.size() != model.toeplitz_frequencies.size() ||
+        model.toeplitz_coefficients.size() > kMaxToeplitzTerms)
+      throw UsageError("--toeplitz-coefficients " + cfg.toeplitz_coefficients + " --toeplitz-frequencies " +
+                       cfg.toeplitz_frequencies + ": need 1 to " + std::to_string(kMaxToeplitzTerms) +
+                       " finite numbers each, as many frequencies as coefficients");
   }
   const std::optional<MaskSelection> mask = parse_mask(cfg.mask);
   if (!mask) throw UsageError("--mask " + cfg.mask + ": accepted: " + kMaskOption.names(", ") + " joined by +");

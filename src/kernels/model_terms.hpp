@@ -25,9 +25,10 @@ inline PairTermParameters pair_term_parameters(const Model& model) {
     parameters.toeplitz.coefficient[0] = 1.0;
     parameters.toeplitz.frequency[0] = model.aux_omega;
   } else if (model.aux_factor == AuxFactor::Toeplitz) {
-    // The model's builder checks 1..kMaxTerms terms (run.cpp); a longer series is cut here
-    // rather than written past the arrays.
-    const std::size_t terms = std::min(model.toeplitz_coefficients.size(), ToeplitzSeries::kMaxTerms);
+    // build_model refuses unequal lists and more than kMaxTerms terms (run.cpp); a Model
+    // built otherwise is read no further than its shorter list and the arrays.
+    const std::size_t terms = std::min({model.toeplitz_coefficients.size(),
+                                        model.toeplitz_frequencies.size(), ToeplitzSeries::kMaxTerms});
     parameters.toeplitz.terms = terms;
     for (std::size_t k = 0; k < terms; ++k) {
       parameters.toeplitz.coefficient[k] = model.toeplitz_coefficients[k];

@@ -45,7 +45,7 @@ inline namespace MFATTN_CPU_NAMESPACE {
 /// The coefficients a_k and frequencies omega_k of a Toeplitz factor, at most kMaxTerms.
 struct ToeplitzSeries {
   static constexpr std::size_t kMaxTerms = kMaxToeplitzTerms;
-  std::size_t terms = 1;
+  std::size_t terms = 1;  ///< at most kMaxTerms
   double coefficient[kMaxTerms] = {1.0};
   double frequency[kMaxTerms] = {1.0};
 };
@@ -166,8 +166,10 @@ struct ToeplitzFactor {
   template <class Pair>
   MFATTN_HOST_DEVICE typename Pair::Real factor(const Pair& pair) const {
     const typename Pair::Real difference = pair.source(0) - pair.receiver(0);
-    typename Pair::Real sum = series.coefficient[0] * cos(series.frequency[0] * difference);
-    for (std::size_t k = 1; k < series.terms; ++k)
+    // From zero, so that an empty series is c = 0, not a read of an unset term; 0 + a_1 cos is
+    // a_1 cos exactly (a cosine is never -0), so the one-term case keeps the cosine's bits.
+    typename Pair::Real sum{};
+    for (std::size_t k = 0; k < series.terms; ++k)
       sum += series.coefficient[k] * cos(series.frequency[k] * difference);
     return sum;
   }

@@ -49,7 +49,8 @@ QEMU=$(command -v qemu-aarch64 || command -v qemu-aarch64-static)
 $CXX -print-file-name=libgomp.a | grep -q / || { echo "FAIL: no libgomp for aarch64"; exit 1; }
 
 # --- build ---------------------------------------------------------------------------------
-# The numerical core only: no src/app, src/io, src/cli (HDF5, Boost); the CUDA stub because
+# The numerical core only: no src/app, src/io, src/sweep, src/analyze, src/cli (HDF5, Boost),
+# src/observers or src/oattn (unused by the checks); the CUDA stub because
 # make_backend (backend_common.cpp) refers to make_cuda_backend.
 # Longest compiles first, so that the parallel jobs end together.
 sources=(

@@ -193,6 +193,26 @@ def test_resume_refuses_a_beta_that_differs_past_the_twelfth_digit(mfattn_binary
     assert done.returncode == 2 and "--dt" in done.stderr, done.stderr
 
 
+def test_a_file_from_a_build_without_an_option_resumes_while_the_option_keeps_its_default(
+        mfattn_binary, tmp_path):
+    # A file written before --toeplitz-* existed has no such parameter: it was made with the
+    # default, so it resumes with the default and is refused with another value.
+    out = tmp_path / "old.h5"
+    assert run(mfattn_binary, out, "--n", 8, "--horizon", 1).returncode == 0
+    with h5py.File(out, "r+") as f:
+        for name in ("toeplitz-coefficients", "toeplitz-frequencies"):
+            del f["parameters"].attrs[name]
+    before = out.read_bytes()
+    refused = run(mfattn_binary, out, "--n", 8, "--horizon", 2, "--toeplitz-coefficients", "2",
+                  resume=True)
+    assert refused.returncode == 2, refused.stderr
+    assert "--toeplitz-coefficients is 2 but the file was made with no such option" in refused.stderr
+    assert out.read_bytes() == before
+    done = run(mfattn_binary, out, "--n", 8, "--horizon", 2, resume=True)
+    assert done.returncode == 0, done.stderr
+    assert frames_in(out) > 0 and positions(out).shape[0] == frames_in(out)
+
+
 def test_a_run_killed_before_frame_zero_leaves_no_file_under_its_name(mfattn_binary, tmp_path):
     out = tmp_path / "early.h5"
     # Frame 0's observables at n = 12000, d = 64 take seconds on one thread: the kill lands

@@ -1,6 +1,6 @@
 """The dispatching binary runs on every x86-64 CPU: AVX and AVX-512 instructions appear only in
-the kernels compiled for those targets (the namespaces mfattn::cpu::avx2 / ::avx512 and
-mfattn::simd::avx2 / ::avx512), never in code every CPU runs, such as an inline library
+the kernels compiled for those targets (the namespaces mfattn::cpu::avx2 / ::avx512,
+mfattn::simd::avx2 / ::avx512 and mfattn::kernels::avx2 / ::avx512), never in code every CPU runs, such as an inline library
 function whose one kept copy came from a kernel file (see src/kernels/compile_target.hpp).
 
 Checked on the machine code: objdump's disassembly of build/mfattn, function by function.
