@@ -788,7 +788,8 @@ def main():
 
     L.append("## Exact commands\n")
     L.append("Run from any directory; each was run as shown (repeats not listed twice). "
-             "`$TMP` stands for the temporary output directory.\n")
+             "`$TMP` stands for the temporary output directory and `$ROOT` for the repository's "
+             "root.\n")
     L.append("```sh")
     for label, cmd in COMMANDS:
         L.append(f"# {label}")
@@ -796,6 +797,9 @@ def main():
     L.append("```")
 
     text = "\n".join(L) + "\n"
+    # The report names the checkout by its role, not by where it happened to be cloned.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = text.replace(root + "/", "$ROOT/")
     with open(a.out, "w") as f:
         f.write(text)
     print(text)
