@@ -37,7 +37,8 @@ if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
   # them: the long numerical runs whose point is the physics, not a code path another test
   # misses (baseline collapse, 4000-replica Brownian motion, the equiangular rho ODEs, energy
   # monotonicity over whole runs, per-prompt prefix clustering at n = 256, the cosine and
-  # distance-bias outcomes); the SIGKILL-and-resume run and the sweep's SIGKILL-and-rerun
+  # distance-bias outcomes, the 400-token null-token trajectories, which the kernel-set reruns
+  # take again); the SIGKILL-and-resume run and the sweep's SIGKILL-and-rerun
   # test; and the mpirun sweep test (Open MPI's own allocations fail LeakSanitizer).
   # -O1 -g1 (line tables only) compiles in half the time of -O2 -g (the template-heavy pair
   # loop: 1.6 instead of 3.3 minutes) and still names file and line in every report.
@@ -49,14 +50,31 @@ if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
     'Prefix.EnergyCountsPrefixRowsAndAscends'
     'Resume.KilledRunKeepsFlushedFramesAndResumesExactly'
     'Sweep.KilledSweepCompletesOnRerunAndRunsEachCaseOnce' 'Sweep.MpiRanksRunEveryCaseOnce'
+    'NullTokens.InsertionLeavesTrajectoriesBitIdentical'
   )
   cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMFATTN_SANITIZE=ON \
     -DMFATTN_CPU_DISPATCH=OFF -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
     -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" >/dev/null
   cmake --build build-sanitize -j "$jobs" --target mfattn_tests mfattn
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    build-sanitize/tests/mfattn_tests --gtest_brief=1 \
-    --gtest_filter="-$(IFS=:; echo "${sanitizer_skips[*]}")"
+  # Two shards side by side: under the sanitizers most tests keep one core busy (one process
+  # took 145 s, two shards 90 s). Each shard's log is shown when it fails.
+  shard_pids=()
+  for shard in 0 1; do
+    GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$shard \
+      ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      build-sanitize/tests/mfattn_tests --gtest_brief=1 \
+      --gtest_filter="-$(IFS=:; echo "${sanitizer_skips[*]}")" > "build-sanitize/shard$shard.log" 2>&1 &
+    shard_pids+=($!)
+  done
+  sanitizer_failed=0
+  for shard in 0 1; do
+    if ! wait "${shard_pids[$shard]}"; then
+      cat "build-sanitize/shard$shard.log"
+      sanitizer_failed=1
+    fi
+    tail -n 3 "build-sanitize/shard$shard.log"
+  done
+  [ "$sanitizer_failed" = 0 ] || { echo "sanitizer tests failed" >&2; exit 1; }
   # The portable build's mfattn, for the native-versus-portable comparison in pytest.
   export MFATTN_PORTABLE_BINARY="$here/build-sanitize/mfattn"
 fi
