@@ -85,7 +85,7 @@ def observed(f):
     return series
 
 
-def run_case(spec, extra, out, threads, observables=False):
+def run_case(spec, extra, out, threads, observables=False, is_reference=False):
     binary, *settings = spec.split(",")
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
     for setting in settings:
@@ -94,16 +94,13 @@ def run_case(spec, extra, out, threads, observables=False):
     argv = [binary, "run", "--n", "150", "--horizon", "1", "--save-every", "0.5", "--dt", "0.05",
             "--seed", "3", "--threads", str(threads), "--quiet", "--overwrite", "--out", out]
     argv += extra + ([] if "--integrator" in extra else ["--integrator", "rk4"])
-    subprocess.run(argv, check=True, env=env, stderr=subprocess.PIPE if spec == REFERENCE[0] else None,
-                   text=True)
+    # The reference's stderr is kept for its refusals (an older binary without an option).
+    subprocess.run(argv, check=True, env=env, stderr=subprocess.PIPE if is_reference else None, text=True)
     with h5py.File(out, "r") as f:
         arrays = {"position": f["particles/tokens/position/value"][...]}
         if observables:
             arrays.update(observed(f))
         return arrays
-
-
-REFERENCE = [None]  # the reference binary's spec: its refusals are expected, not shown
 
 
 def main():
@@ -119,7 +116,6 @@ def main():
         parser.error("give a reference and at least one binary to compare with it")
     failed = False
     skipped = 0
-    REFERENCE[0] = a.binaries[0]
     with tempfile.TemporaryDirectory() as tmp:
         width = max(len(name) for name in CASES)
         print(f"{'case':{width}s}  " + "  ".join(f"{os.path.basename(b.split(',')[0])}{b[len(b.split(',')[0]):]}"
@@ -127,7 +123,7 @@ def main():
         for name, extra in CASES.items():
             try:
                 reference = run_case(a.binaries[0], extra, os.path.join(tmp, "reference.h5"), a.threads,
-                                     a.observables)
+                                     a.observables, is_reference=True)
             except subprocess.CalledProcessError as error:
                 if error.returncode != 2:
                     sys.stderr.write(error.stderr or "")

@@ -172,6 +172,11 @@ std::vector<std::string> mask_parts(const std::string& mask);
 /// Validates values once, before anything is written. Throws UsageError.
 void validate(const RunConfig& cfg);
 
+/// The Toeplitz factor's a_k and omega_k from --toeplitz-coefficients and
+/// --toeplitz-frequencies; UsageError unless each is 1 to 16 finite numbers, of equal length.
+void toeplitz_series(const RunConfig& cfg, std::vector<double>& coefficients,
+                     std::vector<double>& frequencies);
+
 /// Splits "1, 2 3" into numbers; false if any item is not a finite number or there is none.
 bool parse_number_list(const std::string& text, std::vector<double>& out);
 

@@ -94,6 +94,20 @@ std::string shown(const std::string& value) {
 
 }  // namespace
 
+void toeplitz_series(const RunConfig& c, std::vector<double>& coefficients,
+                     std::vector<double>& frequencies) {
+  for (const auto& [name, text, out] :
+       {std::tuple{"toeplitz-coefficients", &c.toeplitz_coefficients, &coefficients},
+        std::tuple{"toeplitz-frequencies", &c.toeplitz_frequencies, &frequencies}})
+    if (!parse_number_list(*text, *out) || out->size() > kMaxToeplitzTerms)
+      reject(name, *text, "needs 1 to " + std::to_string(kMaxToeplitzTerms) +
+                              " finite numbers, comma separated");
+  if (coefficients.size() != frequencies.size())
+    reject("toeplitz-frequencies", c.toeplitz_frequencies,
+           "needs as many numbers as --toeplitz-coefficients (" + std::to_string(coefficients.size()) +
+               "), got " + std::to_string(frequencies.size()));
+}
+
 OptionRole option_role(const std::string& name) {
   static const std::map<std::string, OptionRole> roles = {
       {"horizon", OptionRole::Extent},      {"save-every", OptionRole::Extent},
@@ -734,16 +748,7 @@ void validate(const RunConfig& c) {
   require_finite("aux-omega", c.aux_omega);
   if (aux_factor.factor == AuxFactor::Toeplitz) {
     std::vector<double> coefficients, frequencies;
-    for (const auto& [name, text, out] :
-         {std::tuple{"toeplitz-coefficients", &c.toeplitz_coefficients, &coefficients},
-          std::tuple{"toeplitz-frequencies", &c.toeplitz_frequencies, &frequencies}})
-      if (!parse_number_list(*text, *out) || out->size() > kMaxToeplitzTerms)
-        reject(name, *text, "needs 1 to " + std::to_string(kMaxToeplitzTerms) +
-                                " finite numbers, comma separated");
-    if (coefficients.size() != frequencies.size())
-      reject("toeplitz-frequencies", c.toeplitz_frequencies,
-             "needs as many numbers as --toeplitz-coefficients (" + std::to_string(coefficients.size()) +
-                 "), got " + std::to_string(frequencies.size()));
+    toeplitz_series(c, coefficients, frequencies);
   }
   if (aux_factor.changes_sign && kernel == Normalization::Sa)
     reject("aux-factor", c.aux_factor,

@@ -487,15 +487,8 @@ Model build_model(const RunConfig& cfg) {
   model.aux_sigma = cfg.aux_sigma;
   model.aux_omega = cfg.aux_omega;
   if (model.aux_factor == AuxFactor::Toeplitz) {
-    // validate() refuses bad lists with its own words; a RunConfig built in code meets the
-    // same rule here.
-    if (!parse_number_list(cfg.toeplitz_coefficients, model.toeplitz_coefficients) ||
-        !parse_number_list(cfg.toeplitz_frequencies, model.toeplitz_frequencies) ||
-        model.toeplitz_coefficients.size() != model.toeplitz_frequencies.size() ||
-        model.toeplitz_coefficients.size() > kMaxToeplitzTerms)
-      throw UsageError("--toeplitz-coefficients " + cfg.toeplitz_coefficients + " --toeplitz-frequencies " +
-                       cfg.toeplitz_frequencies + ": need 1 to " + std::to_string(kMaxToeplitzTerms) +
-                       " finite numbers each, as many frequencies as coefficients");
+    // The rule validate() applies, so a RunConfig built in code meets it too.
+    toeplitz_series(cfg, model.toeplitz_coefficients, model.toeplitz_frequencies);
   }
   const std::optional<MaskSelection> mask = parse_mask(cfg.mask);
   if (!mask) throw UsageError("--mask " + cfg.mask + ": accepted: " + kMaskOption.names(", ") + " joined by +");

@@ -4,6 +4,7 @@
 // (the CUDA stub, or no device) skips itself; a new backend is covered by registering it.
 // Tier 1 (interfaces without a backend: options, registry, output layout) and tier 3 (exact
 // facts: analytic reductions, invariants, convergence orders) are the other test files.
+#include "mfattn/run_choices.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {
@@ -65,8 +66,9 @@ TEST_P(BackendAgreesWithReference, OnEveryModelOption) {
         for (std::size_t option = 0; option < kModelOptions.size(); ++option) {
           // Sign-changing factors are USA only (validate refuses them under SA).
           const std::vector<std::string>& extra = kModelOptions[option];
-          const bool sign_changing = std::find(extra.begin(), extra.end(), "cosine") != extra.end() ||
-                                     std::find(extra.begin(), extra.end(), "toeplitz") != extra.end();
+          const auto factor = std::find(extra.begin(), extra.end(), "--aux-factor");
+          const bool sign_changing =
+              factor != extra.end() && choice(kAuxFactorOption, *std::next(factor)).changes_sign;
           if (sign_changing && kernel == "sa") continue;
           // Two prompts need two active tokens.
           if (n == "1" && std::find(extra.begin(), extra.end(), "--prompts") != extra.end()) continue;

@@ -7,9 +7,6 @@
 // compiled into the loop, so the loop has no branch per pair and no class per combination.
 // A type says whether it contributes (kHasLogTerm, kHasFactor); the loop skips what it lacks.
 #include <algorithm>
-#include <cmath>
-#include <limits>
-#include <variant>
 #include <vector>
 
 #include "kernels/vector_math.hpp"
