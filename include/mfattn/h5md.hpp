@@ -70,7 +70,7 @@ struct WriterSetup {
   PositionFrames position_frames = PositionFrames::All;
   std::size_t n = 0, d = 0, replicas = 1;
   std::size_t position_dim = 1; ///< k, columns of aux_position
-  bool deflate = false;         ///< deflate + shuffle on positions
+  bool deflate = false;         ///< deflate + shuffle on positions (and, with Ends and None, observables)
   bool fletcher32 = false;
   bool velocity = false;        ///< also write velocity/{step, time, value} per replica group
   std::string author = "unknown";

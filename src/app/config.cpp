@@ -517,7 +517,7 @@ po::options_description run_options(RunConfig& c) {
       ("overwrite", po::bool_switch(&c.overwrite), "replace an existing output file")
       ("resume", po::bool_switch(&c.resume),
        "continue the run in --out from its last frame (same options; the horizon may grow)")
-      ("deflate", po::bool_switch(&c.deflate), "compress positions (deflate level 4 + shuffle)")
+      ("deflate", po::bool_switch(&c.deflate), "compress positions (deflate level 4 + shuffle); with --save-positions ends or none also the observables")
       ("fletcher32", po::bool_switch(&c.fletcher32), "checksum every growing dataset")
       ("save-velocity", po::bool_switch(&c.save_velocity),
        "also write dx/dt of every frame whose positions are written (particles/tokens/velocity)")

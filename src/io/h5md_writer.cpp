@@ -1033,11 +1033,14 @@ class Hdf5H5mdWriter final : public H5mdWriter {
                      {false, setup_.fletcher32});
       }
       std::vector<hsize_t> row_shape;
+      // Without every frame's positions the observables are the bulk of the file, so
+      // --deflate compresses them too. Not by default: a compressed chunk is compressed again
+      // at every flush, which costs more than a small run's steps.
       if (replicas > 1) row_shape.push_back(replicas);
       if (components > 1) row_shape.push_back(components);
       observable_values_.push_back(
           grow(group.get(), "value", H5T_IEEE_F64LE, row_shape, kSeriesChunkBytes,
-               {keeps_checkpoint(), setup_.fletcher32}));
+               {setup_.deflate && keeps_checkpoint(), setup_.fletcher32}));
     }
   }
 

@@ -273,16 +273,27 @@ def test_init_file_of_a_none_file_starts_from_its_checkpoint(mfattn_binary, mode
 PHASE_CASE = ("--n", 32, "--d", 2, "--replicas", 512, "--horizon", 1, "--seed", 1)
 
 
-@pytest.mark.parametrize("mode, frames, bound_mb", [("none", 200, 8.5), ("ends", 2, 3.5),
-                                                    ("none", 2, 2.0)])
-def test_a_512_replica_file_stays_small(mfattn_binary, tmp_path, mode, frames, bound_mb):
+@pytest.mark.parametrize("mode, frames, deflate, bound_mb", [
+    ("none", 200, False, 11.0), ("none", 200, True, 8.0), ("ends", 2, False, 3.0),
+    ("none", 2, False, 1.6)])
+def test_a_512_replica_file_stays_small(mfattn_binary, tmp_path, mode, frames, deflate, bound_mb):
     spacing = ("--save-times", 0) if frames == 2 else ("--save-every", 1 / (frames - 1))
-    out = ok(mfattn_binary, tmp_path / "phase.h5", *PHASE_CASE, *spacing, "--save-positions", mode)
+    out = ok(mfattn_binary, tmp_path / "phase.h5", *PHASE_CASE, *spacing, "--save-positions", mode,
+             *(("--deflate",) if deflate else ()))
     size = out.stat().st_size
     assert load(out).frames == frames
     # For scale: every frame's positions alone are 512 * frames * 32 * 2 * 8 bytes (52 MB at
     # 200 frames); the observables of 200 frames are 9 MB before compression.
     assert size <= bound_mb * 1e6, f"{mode}, {frames} frames: {size / 1e6:.2f} MB"
+
+
+def test_deflate_compresses_observables_only_without_every_frames_positions(mfattn_binary, tmp_path):
+    for mode, expected in (("all", None), ("none", "gzip")):
+        out = ok(mfattn_binary, tmp_path / f"{mode}.h5", "--n", 8, "--horizon", 1, "--deflate",
+                 "--save-positions", mode)
+        with h5py.File(out, "r") as f:
+            for name in f["observables"]:
+                assert f["observables"][name]["value"].compression == expected, (mode, name)
 
 
 # --- readers ----------------------------------------------------------------------------------
