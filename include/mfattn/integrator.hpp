@@ -51,9 +51,10 @@ class Dynamics {
   const Model& model_;
   Backend& backend_;
   std::size_t replicas_;
-  void evaluate(const double* x, bool with_attention_output);
+  void evaluate(const double* x, bool with_attention_output, bool with_weight_sums);
   std::int64_t evaluations_ = 0;
-  bool cached_ = false, cached_attention_output_ = false, wants_attention_output_ = false;
+  bool cached_ = false, cached_attention_output_ = false, cached_weight_sums_ = false;
+  bool wants_attention_output_ = false;
   std::vector<double> cached_x_, cached_v_, cached_sums_, cached_output_;  ///< the last evaluation
 };
 

@@ -78,8 +78,13 @@ double finish_receiver(const Model& model, const AttentionMatrices& matrices, do
                        std::size_t token, const double* x_i, double log_max,
                        double weight_sum_shifted, const double* acc, ReceiverOutput out,
                        double* scratch) {
-  return finish_receiver(model, matrices, mass, token, x_i, log_max, receiver_scale(model, log_max),
-                         weight_sum_shifted, acc, out, scratch);
+  // The scale exp(log_max - shift) enters USA's u_i, eps_den's share and D_i; SA without
+  // eps_den needs it for D_i only.
+  const bool needs_scale = out.weight_sum_wanted || model.normalization == Normalization::Usa ||
+                           model.eps_den > 0.0;
+  return finish_receiver(model, matrices, mass, token, x_i, log_max,
+                         needs_scale ? receiver_scale(model, log_max) : 1.0, weight_sum_shifted, acc, out,
+                         scratch);
 }
 
 double finish_receiver(const Model& model, const AttentionMatrices& matrices, double mass,

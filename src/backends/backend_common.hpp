@@ -12,6 +12,9 @@ namespace mfattn::detail {
 struct ReceiverOutput {
   double* velocity;
   double* attention_output = nullptr;
+  /// false: the caller does not read D_i, so SA without eps_den skips the exp of its scale
+  /// (the returned number is then not D_i).
+  bool weight_sum_wanted = true;
 };
 
 /// Turns the shifted sums of one receiver into its velocity.

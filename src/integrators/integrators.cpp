@@ -16,12 +16,15 @@ namespace mfattn {
 Dynamics::Dynamics(const Model& model, Backend& backend, std::size_t replicas)
     : model_(model), backend_(backend), replicas_(replicas) {}
 
-void Dynamics::evaluate(const double* x, bool with_attention_output) {
+void Dynamics::evaluate(const double* x, bool with_attention_output, bool with_weight_sums) {
   const std::size_t count = size();
   // The last evaluation is remembered: a frame's observables and the next step's first stage
   // (or dopri5's first-same-as-last stage) ask for the same state, and get the same bits.
+  // Weight sums are taken only when asked (the energy at frames): a frame asks first, so
+  // the next step still finds the state (dopri5's last stage before a frame is taken again
+  // with its sums: the same bits).
   if (cached_ && (cached_attention_output_ || !with_attention_output) &&
-      std::equal(x, x + count, cached_x_.begin()))
+      (cached_weight_sums_ || !with_weight_sums) && std::equal(x, x + count, cached_x_.begin()))
     return;
   ++evaluations_;
   // A non-finite stage state means the step already diverged; say so rather than let the
@@ -36,21 +39,22 @@ void Dynamics::evaluate(const double* x, bool with_attention_output) {
   cached_sums_.resize(replicas_ * model_.n);
   cached_output_.resize(wants_attention_output_ ? count : 0);
   backend_.evaluate(replicas_, x,
-                    FieldOutputs{cached_v_.data(), cached_sums_.data(),
+                    FieldOutputs{cached_v_.data(), with_weight_sums ? cached_sums_.data() : nullptr,
                                  wants_attention_output_ ? cached_output_.data() : nullptr});
   cached_x_.assign(x, x + count);
   cached_attention_output_ = wants_attention_output_;
+  cached_weight_sums_ = with_weight_sums;
   cached_ = true;
 }
 
 void Dynamics::velocity(const double* x, double* v, double* weight_sums) {
-  evaluate(x, false);
+  evaluate(x, false, weight_sums != nullptr);
   std::copy(cached_v_.begin(), cached_v_.end(), v);
   if (weight_sums) std::copy(cached_sums_.begin(), cached_sums_.end(), weight_sums);
 }
 
 void Dynamics::attention_output(const double* x, double* output) {
-  evaluate(x, true);
+  evaluate(x, true, false);
   std::copy(cached_output_.begin(), cached_output_.end(), output);
 }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <vector>
@@ -116,6 +117,75 @@ class ThreadForests {
 /// The pair pass over `moving` (indices of rows of x), d <= kLanes, lanes over partners j:
 /// min <x_i, x_j> and, with kStats, the pairs with <x_i, x_j> > close_above and the
 /// components of the graph <x_i, x_j> > edge_above. Identical results on every thread count.
+/// Up to this many tokens take small_pair_pass (its cluster graph is one 64-bit set per token).
+inline constexpr std::size_t kSmallPairTokens = 64;
+
+/// The pair pass of a small system (m <= kSmallPairTokens): lanes over eight tokens i, the
+/// partners j one at a time, so a 32-token replica costs 128 lane products instead of 32
+/// rows' worth of per-row set-up. The counts and the minimum are exact, so they equal the
+/// row pass's. rows: d rows of `stride` coordinates (zeros beyond m).
+template <bool kStats>
+PairStatistics small_pair_pass(const std::vector<double>& rows, std::size_t d, std::size_t m,
+                               std::size_t stride, double close_above, double edge_above) {
+  constexpr std::size_t kLanes = simd::kLanes;
+  PairStatistics stats;
+  stats.pairs = static_cast<std::int64_t>(m * (m - 1) / 2);
+  const std::size_t vectors = stride / kLanes;
+  // inner[(v * m + j) * kLanes + lane] = <x_{8v + lane}, x_j>, kept for the cluster edges.
+  thread_local std::vector<double> inner;
+  inner.resize(vectors * m * kLanes);
+  simd::Lanes lowest = simd::broadcast(1.0), close{}, lane_index{};
+  for (std::size_t l = 0; l < kLanes; ++l) lane_index.set(l, double(l));
+  const simd::Lanes positive_infinity = simd::broadcast(std::numeric_limits<double>::infinity());
+  const simd::Lanes close_bound = simd::broadcast(close_above), one = simd::broadcast(1.0);
+  for (std::size_t v = 0; v < vectors; ++v) {
+    const simd::Lanes first = simd::broadcast(double(v * kLanes)) + lane_index;
+    for (std::size_t j = 0; j < m; ++j) {
+      simd::Lanes product = simd::load(rows.data() + v * kLanes) * rows[j];
+      for (std::size_t c = 1; c < d; ++c) product += simd::load(rows.data() + c * stride + v * kLanes) * rows[c * stride + j];
+      if constexpr (kStats) simd::store(inner.data() + (v * m + j) * kLanes, product);
+      // Pairs i < j only (lanes i >= j, the padding among them, stay out).
+      const simd::LaneMask pair = first < double(j);
+      lowest = simd::min(lowest, simd::select(pair, product, positive_infinity));
+      if constexpr (kStats) close += simd::select_or_zero(pair, simd::select_or_zero(product > close_bound, one));
+    }
+  }
+  stats.min_inner = 1.0;
+  for (std::size_t l = 0; l < kLanes; ++l) stats.min_inner = std::min(stats.min_inner, lowest[l]);
+  stats.clusters = m;
+  if constexpr (kStats) {
+    for (std::size_t l = 0; l < kLanes; ++l) stats.close_pairs += static_cast<std::int64_t>(close[l]);
+    // The cluster graph as bit sets (m <= 64): neighbours[j] holds every i with
+    // <x_i, x_j> > edge_above (j itself included); components by growing each from its
+    // lowest token, every token taken once.
+    std::uint64_t neighbours[kSmallPairTokens] = {};
+    for (std::size_t v = 0; v < vectors; ++v)
+      for (std::size_t j = 0; j < m; ++j) {
+        const double* lanes = inner.data() + (v * m + j) * kLanes;
+        std::uint64_t bits = 0;
+        for (std::size_t l = 0; l < kLanes && v * kLanes + l < m; ++l)
+          bits |= std::uint64_t{lanes[l] > edge_above} << l;
+        neighbours[j] |= bits << (v * kLanes);
+      }
+    std::uint64_t remaining = m == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << m) - 1;
+    std::size_t components = 0;
+    while (remaining) {
+      std::uint64_t component = remaining & (~remaining + 1), frontier = component;
+      while (frontier) {
+        const int k = __builtin_ctzll(frontier);
+        frontier &= frontier - 1;
+        const std::uint64_t added = neighbours[k] & remaining & ~component;
+        component |= added;
+        frontier |= added;
+      }
+      remaining &= ~component;
+      ++components;
+    }
+    stats.clusters = components;
+  }
+  return stats;
+}
+
 template <bool kStats>
 PairStatistics lane_pair_pass(const double* x, std::size_t d, const std::vector<std::size_t>& moving,
                               double close_above, double edge_above) {
@@ -130,15 +200,13 @@ PairStatistics lane_pair_pass(const double* x, std::size_t d, const std::vector<
   std::vector<double> rows(d * stride, 0.0);
   for (std::size_t a = 0; a < m; ++a)
     for (std::size_t c = 0; c < d; ++c) rows[c * stride + a] = x[moving[a] * d + c];
+  if (m <= kSmallPairTokens) return small_pair_pass<kStats>(rows, d, m, stride, close_above, edge_above);
   ThreadForests forests(kStats ? m : 0);
   const auto count = static_cast<std::ptrdiff_t>(m);
   double lowest = 1.0;
   std::int64_t close = 0;
-  // A minimum and an integer count do not depend on the order they are taken in, and the
-  // forests are merged after the loop, so threads cannot change any result.
-#pragma omp parallel for reduction(min : lowest) reduction(+ : close) schedule(dynamic, 16) if (m > 512)
-  for (std::ptrdiff_t a = 0; a < count; ++a) {
-    const auto i = static_cast<std::size_t>(a);
+  // Row i's pairs (i, j > i); lowest and close are the calling thread's.
+  auto row_pass = [&](std::size_t i, double& lowest, std::int64_t& close) {
     // Partners j > i: a scalar head up to the next lane boundary, whole lanes, a scalar tail.
     const std::size_t head_end = std::min(m, (i + 1 + kLanes - 1) / kLanes * kLanes);
     const std::size_t body_end = head_end + (m - head_end) / kLanes * kLanes;
@@ -200,6 +268,16 @@ PairStatistics lane_pair_pass(const double* x, std::size_t d, const std::vector<
                   edge_above, slot.scratch);
       }
     }
+  };
+  // A minimum and an integer count do not depend on the order they are taken in, and the
+  // forests are merged after the loop, so threads cannot change any result. Small systems
+  // (thousands of replicas of n = 32 per frame) run without a parallel region: opening
+  // one, even of one thread, cost more than their pairs.
+  if (m > 512) {
+#pragma omp parallel for reduction(min : lowest) reduction(+ : close) schedule(dynamic, 16)
+    for (std::ptrdiff_t a = 0; a < count; ++a) row_pass(static_cast<std::size_t>(a), lowest, close);
+  } else {
+    for (std::size_t i = 0; i < m; ++i) row_pass(i, lowest, close);
   }
   stats.min_inner = lowest;
   if constexpr (kStats) {

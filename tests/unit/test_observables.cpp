@@ -17,7 +17,7 @@ namespace {
 
 TEST(Observables, MinAndMeanInnerProductMatchBruteForce) {
   for (const std::string d : {"2", "3", "8", "9", "64"})
-    for (const std::string n : {"1", "2", "9", "130", "600"}) {
+    for (const std::string n : {"1", "2", "9", "64", "65", "130", "600"}) {
       const auto cfg = testing::config({"--n", n, "--d", d, "--null-tokens", "5", "--amplitudes",
                                         "0.8", "--init", "clustered", "--seed", "3"});
       const Model model = build_model(cfg);

@@ -233,7 +233,7 @@ class CpuBackend final : public Backend {
         double* output = out.attention_output ? out.attention_output + (r * n + i) * d : nullptr;
         const double weight_sum = detail::finish_receiver(
             model_, matrices, mass_, i, x + i * d, log2_max > kNegInf ? log2_max / kLog2e : kNegInf,
-            sum[lane], sums, {velocity, output}, work);
+            sum[lane], sums, {velocity, output, out.weight_sums != nullptr}, work);
         if (out.weight_sums) out.weight_sums[r * n + i] = weight_sum;
       }
     }
@@ -420,7 +420,8 @@ class CpuBackend final : public Backend {
         const double sum = detail::finish_receiver(
             model_, matrices, mass_, i, x + i * model_.d, block.offset[r], block.weight_sum[r],
             block.acc + r * block.acc_stride,
-            {velocity + i * model_.d, attention_output ? attention_output + i * model_.d : nullptr},
+            {velocity + i * model_.d, attention_output ? attention_output + i * model_.d : nullptr,
+             weight_sums != nullptr},
             work);
         if (weight_sums) weight_sums[i] = sum;
       }

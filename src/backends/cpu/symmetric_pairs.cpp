@@ -660,7 +660,9 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
       const std::size_t row = (r * n + i) * d;
       const double sum = detail::finish_receiver(
           model_, model_.matrices_of(r), mass_, i, x + row, s.offset, s.scale, weight_sum, acc,
-          {out.velocity + row, out.attention_output ? out.attention_output + row : nullptr}, work);
+          {out.velocity + row, out.attention_output ? out.attention_output + row : nullptr,
+           out.weight_sums != nullptr},
+          work);
       if (out.weight_sums) out.weight_sums[r * n + i] = sum;
     } catch (const NumericalError& error) {
 #pragma omp critical(mfattn_cpu_failure)
