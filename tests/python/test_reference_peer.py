@@ -315,3 +315,20 @@ def test_statistic_comparison_has_power(small_phase):
     other = rp.phase_diagram([1.5, 6.0, 12.0], seed=1, backend="numpy", **common)
     res = rp.agreement(other.per_system, runs.diagram.per_system, mask=other.unique)
     assert not res.ok, "a peer at other betas should not agree: " + res.summary()
+
+
+def test_benchmark_script_runs_quick(mfattn_binary, tmp_path):
+    """bench/reference_workloads.py --quick runs to completion with whatever the binary offers
+    (falling back where a feature is missing) and reports agreement in its JSON line."""
+    out = tmp_path / "bench.json"
+    done = subprocess.run([PYTHON, str(REPO_ROOT / "bench/reference_workloads.py"), "--quick",
+                           "--mfattn", str(mfattn_binary), "--peer-backend", "numpy",
+                           "--jobs", "1", "--mfattn-threads", "1", "--json-out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    import json
+    record = json.loads(out.read_text())
+    names = [r["workload"] for r in record["rows"]]
+    assert any(n.startswith("phase") for n in names) and any(n.startswith("sphere") for n in names)
+    assert all(r["agreement"]["ok"] for r in record["rows"])
+    assert "| workload |" in done.stdout
