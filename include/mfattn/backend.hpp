@@ -25,14 +25,26 @@ struct BackendUnavailable : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// What one evaluation writes. Every pointer but velocity may be null.
+struct FieldOutputs {
+  double* velocity = nullptr;     ///< replicas * n * d: v_i = p_i P_{x_i}(u_i)
+  double* weight_sums = nullptr;  ///< replicas * n: D_i = sum_j w_ij
+  /// replicas * n * d: p_i u_i, the attention output before the tangent projection (the
+  /// step of euler-unprojected takes it; 0 for a token that sees no weighted source).
+  double* attention_output = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
-  /// x: replicas * n * d contents; velocity_out: same size. weight_sums_out: replicas * n
-  /// numbers or nullptr. Throws NumericalError when a USA weight overflows in natural time.
-  virtual void velocity(std::size_t replicas, const double* x, double* velocity_out,
-                        double* weight_sums_out) = 0;
+  /// x: replicas * n * d contents; the outputs as FieldOutputs says. Throws NumericalError
+  /// when a USA weight overflows in natural time.
+  virtual void evaluate(std::size_t replicas, const double* x, const FieldOutputs& out) = 0;
+  /// evaluate() for the velocity and (when not null) the weight sums.
+  void velocity(std::size_t replicas, const double* x, double* velocity_out, double* weight_sums_out) {
+    evaluate(replicas, x, FieldOutputs{velocity_out, weight_sums_out});
+  }
   /// What the last evaluation ran, as "key value" pairs that `mfattn bench` appends to its
   /// line: always "loop L" first (the CPU backend: "symmetric", one exp per unordered pair,
   /// or "one-sided"; others their name), then what else the backend wants to report (the
@@ -108,6 +120,8 @@ double cpu_exp_rate(int threads, double min_seconds);
 /// The energy E = 1 / (2 beta M^2) sum_{i,j} p_i p_j m_ij c_ij exp(s_ij) of one replica, from
 /// the weight sums D_i of its n moving tokens (x: their contents) plus the rows of the prefix
 /// tokens, taken pair by pair (NaN for beta = 0, where E is undefined).
-double energy_from_weight_sums(const Model& model, const double* x, const double* weight_sums);
+/// replica: whose matrices (Model::matrices_of) the prefix rows take.
+double energy_from_weight_sums(const Model& model, const double* x, const double* weight_sums,
+                               std::size_t replica = 0);
 
 }  // namespace mfattn

@@ -33,7 +33,7 @@ struct ConfigEntry {
 };
 
 /// Every resolved option of `mfattn run`. A choice option (kernel, time_scale, q, k, v,
-/// geometry, positions, values, aux_factor, mask, prefix_init, init) keeps the name given, as
+/// matrices, geometry, positions, values, aux_factor, mask, prefix_init, init) keeps the name given, as
 /// /parameters records it; its table in run_choices.hpp says what the name selects.
 struct RunConfig {
   // model
@@ -43,6 +43,8 @@ struct RunConfig {
   std::string kernel = "usa";
   std::string time_scale = "natural";
   std::string q = "identity", k = "identity", v = "identity";
+  std::string matrices = "shared";  ///< who shares random Q, K, V: shared | per-replica
+  double regen_period = 0.0;        ///< > 0: new Q, K, V every this many time units (layers)
   std::string geometry = "none";
   double rope_base = 10000.0;
   std::string rope_freqs;
@@ -142,6 +144,8 @@ std::string read_small_text_file(const std::string& option, const std::string& p
 inline constexpr std::size_t kMaxConfigBytes = std::size_t{1} << 20;
 /// Most tokens in all (n + null tokens + prompts * prefix): token and prompt ids are int.
 inline constexpr std::int64_t kMaxRunTokens = 2147483647;
+/// Most layers of one run (--horizon / --regen-period).
+inline constexpr std::int64_t kMaxLayers = 1000000;
 /// Most frames of one run (--save-every, --save-log, --save-times).
 inline constexpr std::int64_t kMaxFrames = 10000000;
 

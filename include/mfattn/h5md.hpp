@@ -80,6 +80,14 @@ struct TokenLabels {
   std::vector<std::int32_t> prefix_prompt_id{};
   std::vector<double> prefix_presence{};
   std::vector<std::int64_t> prefix_id{};
+  /// The Q, K, V in force, per matrix set and layer: sets 1 (shared by every replica,
+  /// written to /particles/tokens) or R (one per replica, written to each replica's group),
+  /// layers L (one, or one per --regen-period span starting at layer_start[l]). Each group
+  /// gets attention_matrices/{query, key, value} [L, d, d] and layer_start [L]; nothing is
+  /// written when matrix_sets is 0.
+  std::size_t matrix_sets = 0, matrix_layers = 0;
+  std::vector<double> layer_start{};
+  std::vector<double> query_matrices{}, key_matrices{}, value_matrices{};  ///< [set][layer][d][d]
 };
 
 /// Where a run stopped: its last complete frame (every dataset holds it), for --resume.

@@ -3,6 +3,10 @@
 /// Time stepping on (S^{d-1})^n (docs/model.md section 5). Every step ends on the sphere:
 /// |x_i| = 1 to rounding. Tokens with p_i = 0 never move, bit for bit.
 ///   euler            x <- normalize(x + h f(x))                                  order 1
+///   euler-unprojected x <- normalize(x + h p u(x)), u the attention output before the
+///                    tangent projection: the step of the field's reference code. It is
+///                    projected euler with the per-token step h / (1 + h <x, p u>), so
+///                    its clock depends on <x, u> (slower where tokens agree)          1
 ///   heun, rk4        explicit Runge-Kutta on the embedded field, normalised       2, 4
 ///   lie-euler        x <- cos(h|w|) x + sin(h|w|) w/|w|, w = f(x)                 1
 ///   lie-rk4          commutator-free Lie group method CF4 (Celledoni, Marthinsen,
@@ -31,6 +35,11 @@ class Dynamics {
   Dynamics(const Model& model, Backend& backend, std::size_t replicas);
   /// v = f(x) and, if asked, the weight sums D_i. Repeating the last x costs a copy.
   void velocity(const double* x, double* v, double* weight_sums = nullptr);
+  /// The attention outputs p_i u_i before the tangent projection (euler-unprojected).
+  void attention_output(const double* x, double* output);
+  /// The model's matrices were replaced (a new layer of --regen-period): the remembered
+  /// evaluation no longer holds.
+  void matrices_changed() { cached_ = false; }
   const Model& model() const { return model_; }
   std::size_t replicas() const { return replicas_; }
   std::size_t size() const { return replicas_ * model_.n * model_.d; }
@@ -42,9 +51,10 @@ class Dynamics {
   const Model& model_;
   Backend& backend_;
   std::size_t replicas_;
+  void evaluate(const double* x, bool with_attention_output);
   std::int64_t evaluations_ = 0;
-  bool cached_ = false;
-  std::vector<double> cached_x_, cached_v_, cached_sums_;  ///< the last evaluation
+  bool cached_ = false, cached_attention_output_ = false, wants_attention_output_ = false;
+  std::vector<double> cached_x_, cached_v_, cached_sums_, cached_output_;  ///< the last evaluation
 };
 
 struct StepOutcome {

@@ -42,6 +42,13 @@ class Gauge {
   virtual std::vector<Matrix> recorded_generators() const = 0;
 };
 
+/// Q, K and V of one replica (d x d). The *_identity flags let backends skip the products;
+/// a default set is the identity (its matrices are never read).
+struct AttentionMatrices {
+  Matrix q, k, v;
+  bool q_identity = true, k_identity = true, v_identity = true;
+};
+
 struct Model {
   std::size_t n = 0;           ///< tokens that move (active ones, null tokens included)
   std::size_t d = 3;           ///< ambient dimension, >= 2
@@ -50,9 +57,18 @@ struct Model {
   TimeScale time_scale = TimeScale::Natural;
   ValueTransport values = ValueTransport::Transported;
 
-  /// Q, K, V (d x d). The *_identity flags let backends skip the products.
-  Matrix q, k, v;
-  bool q_identity = true, k_identity = true, v_identity = true;
+  /// Q, K, V in force: one set shared by every replica (--matrices shared), or one per
+  /// replica (--matrices per-replica); none means identity. A run with --regen-period
+  /// replaces them at the start of every layer (Dynamics::matrices_changed).
+  std::vector<AttentionMatrices> matrices;
+  /// The set replica r uses.
+  const AttentionMatrices& matrices_of(std::size_t replica) const {
+    static const AttentionMatrices identity{};
+    if (matrices.empty()) return identity;
+    return matrices.size() == 1 ? matrices.front() : matrices[replica];
+  }
+  /// True when every set has Q = K = I (the weights are symmetric in i and j).
+  bool query_key_identity() const;
 
   /// presence p_i in [0, 1] of each token (size n); p_i = a_i^2 / (tau + a_i^2).
   std::vector<double> presence;

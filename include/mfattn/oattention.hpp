@@ -187,6 +187,8 @@ void oattention_direct(const QkvView<A>& in, const Visibility& mask, const OAtte
 /// masks, c = beta, o = exponent_shift() and the model's eps_den. Equals the SA velocity
 /// p_i P_{x_i}(u_i) of docs/model.md section 2 up to rounding. Throws std::invalid_argument for
 /// USA (no denominator: not OAttention) and for auxiliary factors (not part of OAttention).
-void sa_velocity_via_oattention(const Model& model, const double* x, double* velocity);
+/// x: one replica's n rows; replica says whose matrices (Model::matrices_of) it takes.
+void sa_velocity_via_oattention(const Model& model, const double* x, double* velocity,
+                                std::size_t replica = 0);
 
 }  // namespace mfattn::oattn

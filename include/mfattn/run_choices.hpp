@@ -35,19 +35,38 @@ inline constexpr ChoiceOption<TimeScale> kTimeScaleOption{.option = "time-scale"
                                                           .choices = kTimeScaleChoices};
 
 /// The preset matrices of --q, --k and --v (any other value is a file of d rows of d numbers).
-enum class MatrixPreset { Identity, Gaussian, Goe, PlusQk, MinusQk };
-/// Q and K take the first kQueryKeyPresets (identity and the random ones); V may also be the
-/// product of Q and K, which only exists once they are built.
+/// G, G1, G2 are d x d matrices of independent N(0, 1) entries from the replica's matrix
+/// stream (docs/model.md, "Random matrices").
+enum class MatrixPreset {
+  Identity, Gaussian, Goe, GaussianProduct, WignerUnit, GoeUnit,  // Q, K or V
+  Wishart, PlusQk, MinusQk, PlusForm, MinusForm,                  // V only
+};
+/// Q and K take the first kQueryKeyPresets (identity and the random ones); V also takes
+/// the rest: the Wishart law, and the products of Q and K, which exist once those are built.
+/// The unit-variance laws are those of the field's reference code (docs/reference.md), whose
+/// bilinear form K^T Q is mfattn's K with Q = I.
 inline constexpr Choice<MatrixPreset> kMatrixChoices[] = {
     {"identity", MatrixPreset::Identity},
     {"gaussian", MatrixPreset::Gaussian},  // entries N(0, 1/d)
-    {"goe", MatrixPreset::Goe},            // symmetric, off-diagonal variance 1/d
-    {"plus-qk", MatrixPreset::PlusQk},     // V = Q^T K
-    {"minus-qk", MatrixPreset::MinusQk},   // V = -Q^T K
+    {"goe", MatrixPreset::Goe},            // (G + G^T) / sqrt(2d): off-diagonal variance 1/d
+    {"gaussian-product", MatrixPreset::GaussianProduct, "G1 G2 / sqrt(d)"},
+    {"wigner-unit", MatrixPreset::WignerUnit, "symmetric, every entry variance 1"},
+    {"goe-unit", MatrixPreset::GoeUnit, "(G + G^T) / sqrt(2)"},
+    {"wishart", MatrixPreset::Wishart, "G G^T / sqrt(d)"},
+    {"plus-qk", MatrixPreset::PlusQk},      // V = Q^T K
+    {"minus-qk", MatrixPreset::MinusQk},    // V = -Q^T K
+    {"plus-form", MatrixPreset::PlusForm, "K^T Q / c"},
+    {"minus-form", MatrixPreset::MinusForm, "-K^T Q / c"},
 };
-inline constexpr std::size_t kQueryKeyPresets = 3;
-static_assert(kMatrixChoices[kQueryKeyPresets - 1].value == MatrixPreset::Goe,
-              "Q and K take the presets up to goe");
+inline constexpr std::size_t kQueryKeyPresets = 6;
+static_assert(kMatrixChoices[kQueryKeyPresets - 1].value == MatrixPreset::GoeUnit,
+              "Q and K take the presets up to goe-unit");
+/// Whether a preset draws random numbers (so replicas and layers may differ).
+constexpr bool is_random_preset(MatrixPreset preset) {
+  return preset == MatrixPreset::Gaussian || preset == MatrixPreset::Goe ||
+         preset == MatrixPreset::GaussianProduct || preset == MatrixPreset::WignerUnit ||
+         preset == MatrixPreset::GoeUnit || preset == MatrixPreset::Wishart;
+}
 inline constexpr ChoiceOption<MatrixPreset> kQueryOption{
     .option = "q",
     .choices = std::span(kMatrixChoices).first(kQueryKeyPresets),
@@ -60,6 +79,15 @@ inline constexpr ChoiceOption<MatrixPreset> kKeyOption{
     .lead = "key matrix"};
 inline constexpr ChoiceOption<MatrixPreset> kValueOption{
     .option = "v", .choices = kMatrixChoices, .file_help = "FILE", .lead = "value matrix"};
+
+/// --matrices: who shares the random Q, K, V draws.
+enum class MatrixSharing { Shared, PerReplica };
+inline constexpr Choice<MatrixSharing> kMatrixSharingChoices[] = {
+    {"shared", MatrixSharing::Shared, "one draw for every replica"},
+    {"per-replica", MatrixSharing::PerReplica, "each replica its own draw"},
+};
+inline constexpr ChoiceOption<MatrixSharing> kMatrixSharingOption{.option = "matrices",
+                                                                  .choices = kMatrixSharingChoices};
 
 inline constexpr ChoiceOption<GeometryKind> kGeometryOption{
     .option = "geometry", .choices = kGeometryChoices, .lead = "positional gauge G(xi)"};

@@ -4,9 +4,11 @@
 ///
 /// A sweep file is a base config (any `run` option; sections are prefixes, as for
 /// `run --config`) plus an [axes] section whose keys are `run` option names and whose values
-/// are whitespace-separated lists. The cases are the Cartesian product of the axes (file
-/// order, last axis fastest); each is the base plus one value per axis, turned into `run`
-/// arguments and parsed by parse_run_arguments (the one option table, no second key list).
+/// are whitespace-separated lists, [zip] / [zip.LABEL] groups of axes that advance together,
+/// and a [derived] section of `option = expression` lines. The cases are the Cartesian
+/// product of the factors (each plain axis, each zip group; file order, last fastest); each
+/// is the base plus one value per axis plus the derived values, turned into `run` arguments
+/// and parsed by parse_run_arguments (the one option table, no second key list).
 ///
 /// Case id: 64-bit FNV-1a of the case's resolved parameters that differ from the `run`
 /// defaults, as "name=value\n" lines sorted by name, leaving out the execution options that do
@@ -27,29 +29,45 @@ namespace mfattn {
 struct SweepAxis {
   std::string name;                 ///< a `run` option name, e.g. "n"
   std::vector<std::string> values;  ///< as written in the sweep file
+  bool zipped = false;              ///< from a [zip] or [zip.LABEL] section
+  std::string zip_label;            ///< LABEL of [zip.LABEL]; empty for [zip] and for [axes]
+};
+
+/// One `option = expression` line of [derived].
+struct SweepDerived {
+  std::string name;        ///< a numeric `run` option, e.g. "dt"
+  std::string expression;  ///< as written
+  std::size_t line = 0;    ///< its line in the sweep file
 };
 
 struct SweepCase {
-  std::size_t index = 0;               ///< position in the grid (last axis fastest)
+  std::size_t index = 0;               ///< position in the grid (last factor fastest)
   std::string id;                      ///< 16 hex digits
   std::vector<std::string> values;     ///< one per axis
-  std::vector<std::string> arguments;  ///< `run` arguments (base, then axes), without --out
+  std::vector<std::string> derived;    ///< one per derived option, the text passed to `run`
+  std::vector<std::string> arguments;  ///< `run` arguments (base, axes, derived), without --out
 };
 
 struct SweepPlan {
   std::string path;                         ///< the sweep file
   std::vector<std::string> base_arguments;  ///< `run` arguments of the base config
-  bool sets_threads = false;                ///< the file sets --threads (base or axis)
+  bool sets_threads = false;                ///< the file sets --threads (base, axis or derived)
+  /// Every axis, factor by factor: a zip group's axes side by side (in file order).
   std::vector<SweepAxis> axes;
+  /// The factors of the product, first (slowest) to last (fastest), each as the indices into
+  /// `axes` of its axes: one for a plain axis, the group's for a zip group.
+  std::vector<std::vector<std::size_t>> factors;
+  std::vector<SweepDerived> derived;  ///< in file order
   std::vector<SweepCase> cases;
 };
 
-/// Called once the base and the axes are read, before the cases are expanded and checked:
-/// the plan without cases and the number of cases (the product of the axis lengths).
+/// Called once the base, the axes and the derived expressions are read, before the cases
+/// are expanded and checked: the plan without cases and the number of cases (the product of
+/// the factor lengths).
 using SweepCountHook = std::function<void(const SweepPlan&, std::size_t)>;
 
 /// Reads and expands a sweep file and validates every case. Throws UsageError with one line
-/// naming the key, or the axis and value, at fault. `counted`, when given, hears the number
+/// naming the key, the axis and value, or the derived option's line, at fault. `counted`, when given, hears the number
 /// of cases first.
 SweepPlan load_sweep(const std::string& path, const SweepCountHook& counted = {});
 /// The same from the file's text; `origin` names it in messages.
@@ -61,6 +79,8 @@ std::uint64_t fnv1a64(std::string_view bytes);
 std::vector<std::string> id_parameters(const RunConfig& cfg);
 /// The case id of a resolved configuration: 16 lower-case hex digits.
 std::string case_id(const RunConfig& cfg);
+/// "name=value" for each axis, then each derived option, of a case, joined by `separator`.
+std::string case_values_text(const SweepPlan& plan, const SweepCase& c, const std::string& separator);
 
 /// One share of a sweep: cases with index % count == index.
 struct Shard {

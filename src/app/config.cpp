@@ -451,6 +451,9 @@ po::options_description run_options(RunConfig& c) {
       ("q", bound(c.q), kQueryOption.help().c_str())
       ("k", bound(c.k), kKeyOption.help().c_str())
       ("v", bound(c.v), kValueOption.help().c_str())
+      ("matrices", bound(c.matrices), kMatrixSharingOption.help().c_str())
+      ("regen-period", bound(c.regen_period),
+       "new random Q, K, V every this many time units (a new layer), >= 0 (0: never)")
       ("geometry", bound(c.geometry), kGeometryOption.help().c_str())
       ("rope-base", bound(c.rope_base), "RoPE base: omega_b = base^(-2(b-1)/d), > 1")
       ("rope-freqs", bound(c.rope_freqs, "from base"),
@@ -664,11 +667,16 @@ double estimated_memory_bytes(const RunConfig& c) {
   //   (8 + G) D^2  Q, K, V, their products, observables' second moment; G file generators
   //   S D^2        dense gauge matrices (lie, rope-conjugated)
   //   8 S          positions, presences, ids, prompt ids
+  //   3 L M D^2    the Q, K, V the file records: L layers (--regen-period) of M sets (1, or
+  //                R with --matrices per-replica)
   // plus threads * N * 24 bytes (cluster forests) and (N / 64)^2 bytes of window-mask tiles.
   const double N = double(c.n) + double(c.null_tokens);
   const double S = N + double(c.prefix) * double(c.prompts);
   const double R = double(c.replicas), D = double(c.d);
   double doubles = 16.0 * R * N * D + 4.0 * R * S * (D + 1.0) + 8.0 * D * D + 8.0 * S;
+  const double layers = c.regen_period > 0 ? std::ceil(c.horizon / c.regen_period) : 1.0;
+  const double sets = c.matrices == "per-replica" ? R : 1.0;
+  doubles += 3.0 * layers * sets * D * D;
   const Choice<GeometryKind>* geometry = kGeometryOption.find(c.geometry);
   if (geometry && (geometry->value == GeometryKind::Lie || geometry->value == GeometryKind::RopeConjugated))
     doubles += S * D * D;
@@ -728,9 +736,27 @@ void validate(const RunConfig& c) {
     reject("beta", format_number(c.beta),
            "with --kernel usa and --time-scale natural the weights exp(beta) overflow double for "
            "beta > 709.78: use --time-scale rescaled (or --kernel sa)");
-  require_preset_or_file(kQueryOption, c.q);
-  require_preset_or_file(kKeyOption, c.k);
-  require_preset_or_file(kValueOption, c.v);
+  {
+    const std::optional<MatrixPreset> presets[] = {require_preset_or_file(kQueryOption, c.q),
+                                                   require_preset_or_file(kKeyOption, c.k),
+                                                   require_preset_or_file(kValueOption, c.v)};
+    const bool random = std::any_of(std::begin(presets), std::end(presets), [](const auto& preset) {
+      return preset && is_random_preset(*preset);
+    });
+    const std::string named = "--q " + shown(c.q) + " --k " + shown(c.k) + " --v " + shown(c.v);
+    if (require_choice(kMatrixSharingOption, c.matrices) == MatrixSharing::PerReplica && !random)
+      reject("matrices", c.matrices,
+             "per-replica draws only change random presets, and " + named + " has none");
+    require_finite("regen-period", c.regen_period);
+    if (c.regen_period < 0) reject("regen-period", format_number(c.regen_period), "must be >= 0");
+    if (c.regen_period > 0 && !random)
+      reject("regen-period", format_number(c.regen_period),
+             "a new layer redraws random presets only, and " + named + " has none");
+    if (c.regen_period > 0 && c.horizon / c.regen_period > double(kMaxLayers))
+      reject("regen-period", format_number(c.regen_period),
+             "the horizon " + format_number(c.horizon) + " would take more than " +
+                 std::to_string(kMaxLayers) + " layers");
+  }
   const GeometryKind geometry = require_choice(kGeometryOption, c.geometry);
   require_finite("rope-base", c.rope_base);
   if (c.rope_base <= 1.0) reject("rope-base", format_number(c.rope_base), "must be > 1");

@@ -31,27 +31,55 @@
 namespace mfattn {
 namespace {
 
-/// A Gaussian (kind Gaussian) or GOE (kind Goe) matrix from the matrix stream `which`.
-Matrix random_matrix(MatrixPreset kind, std::size_t d, std::uint64_t seed, std::uint64_t which) {
-  RandomStream stream(seed, static_cast<std::uint64_t>(StreamTag::Matrices), which);
+/// A d x d matrix of independent N(0, 1) entries, row by row, from stream.
+Matrix standard_gaussian(RandomStream& stream, std::size_t d) {
   Matrix a(d, d);
   for (std::size_t r = 0; r < d; ++r)
     for (std::size_t c = 0; c < d; ++c) a(r, c) = stream.normal();
-  if (kind == MatrixPreset::Gaussian) return a / std::sqrt(double(d));  // entries N(0, 1/d)
-  // GOE: symmetric, off-diagonal variance 1/d, diagonal variance 2/d.
-  return (a + a.transpose()) / std::sqrt(2.0 * double(d));
+  return a;
+}
+
+/// A random preset's matrix from stream (docs/model.md, "Random matrices").
+Matrix random_matrix(MatrixPreset kind, std::size_t d, RandomStream& stream) {
+  const double size = double(d);
+  const Matrix a = standard_gaussian(stream, d);
+  switch (kind) {
+    case MatrixPreset::Gaussian: return a / std::sqrt(size);  // entries N(0, 1/d)
+    // GOE: symmetric, off-diagonal variance 1/d, diagonal variance 2/d.
+    case MatrixPreset::Goe: return (a + a.transpose()) / std::sqrt(2.0 * size);
+    case MatrixPreset::GaussianProduct: {
+      const Matrix b = standard_gaussian(stream, d);
+      return a * b / std::sqrt(size);
+    }
+    case MatrixPreset::WignerUnit: {
+      // (G + G^T) / sqrt(2) off the diagonal, G_aa on it: every entry has variance 1.
+      Matrix w = (a + a.transpose()) / std::sqrt(2.0);
+      for (std::size_t r = 0; r < d; ++r) w(r, r) = a(r, r);
+      return w;
+    }
+    case MatrixPreset::GoeUnit: return (a + a.transpose()) / std::sqrt(2.0);
+    case MatrixPreset::Wishart: return a * a.transpose() / std::sqrt(size);
+    default: throw std::logic_error("random_matrix: not a random preset");
+  }
+}
+
+/// The stream of matrix `which` (0: Q, 1: K, 2: V) of one layer and matrix set: layer 0 of
+/// the shared set is the stream (seed, Matrices, which) that runs without these options
+/// have always used.
+RandomStream matrix_stream(std::uint64_t seed, std::uint64_t which, std::uint64_t layer,
+                           std::uint64_t set_key) {
+  return RandomStream(seed, static_cast<std::uint64_t>(StreamTag::Matrices), which + 4 * layer, set_key);
 }
 
 /// Q, K or V (matrix: kQueryOption, kKeyOption or kValueOption) from identity, a random
 /// preset or the file value names; V's products of Q and K are made by the caller.
 Matrix matrix_option(const ChoiceOption<MatrixPreset>& matrix, const std::string& value, std::size_t d,
-                     std::uint64_t seed, std::uint64_t which, bool& identity) {
+                     RandomStream stream, bool& identity) {
   const std::string option(matrix.option);
   const std::optional<MatrixPreset> preset = matrix.preset(value);
   identity = preset == MatrixPreset::Identity;
   if (identity) return Matrix::Identity(d, d);
-  if (preset == MatrixPreset::Gaussian || preset == MatrixPreset::Goe)
-    return random_matrix(*preset, d, seed, which);
+  if (preset) return random_matrix(*preset, d, stream);
   std::size_t rows = 0;
   std::vector<double> numbers;
   try {
@@ -64,6 +92,34 @@ Matrix matrix_option(const ChoiceOption<MatrixPreset>& matrix, const std::string
                      " rows of d numbers, found " + std::to_string(rows) + " rows");
   Matrix m(d, d);
   std::copy(numbers.begin(), numbers.end(), m.data());
+  return m;
+}
+
+/// The Q, K, V of one layer and matrix set (set_key 0: the shared set, r + 1: replica r's).
+AttentionMatrices draw_matrices(const RunConfig& cfg, std::uint64_t layer, std::uint64_t set_key) {
+  const auto d = static_cast<std::size_t>(cfg.d);
+  const auto seed = static_cast<std::uint64_t>(cfg.seed);
+  AttentionMatrices m;
+  m.q = matrix_option(kQueryOption, cfg.q, d, matrix_stream(seed, 0, layer, set_key), m.q_identity);
+  m.k = matrix_option(kKeyOption, cfg.k, d, matrix_stream(seed, 1, layer, set_key), m.k_identity);
+  const std::optional<MatrixPreset> v = kValueOption.preset(cfg.v);
+  if (v == MatrixPreset::PlusQk || v == MatrixPreset::MinusQk) {
+    m.v = m.q.transpose() * m.k;
+    if (v == MatrixPreset::MinusQk) m.v = -m.v;
+    m.v_identity = false;
+  } else if (v == MatrixPreset::PlusForm || v == MatrixPreset::MinusForm) {
+    // The reference code's V = +-B / c applied to row vectors, B = K^T Q its bilinear form:
+    // as a matrix acting on columns, V = +-B^T / c = +-(Q^T K)^T / c, with c = 1 for the
+    // identity form, sqrt(d + 1) for goe-unit, sqrt(d) otherwise.
+    const double c = m.q_identity && m.k_identity ? 1.0
+                     : kKeyOption.preset(cfg.k) == MatrixPreset::GoeUnit ? std::sqrt(double(d) + 1.0)
+                                                                         : std::sqrt(double(d));
+    m.v = (m.q.transpose() * m.k).transpose() / c;
+    if (v == MatrixPreset::MinusForm) m.v = -m.v;
+    m.v_identity = false;
+  } else {
+    m.v = matrix_option(kValueOption, cfg.v, d, matrix_stream(seed, 2, layer, set_key), m.v_identity);
+  }
   return m;
 }
 
@@ -311,6 +367,51 @@ std::string signal_name(int signal) {
   }
 }
 
+std::vector<AttentionMatrices> layer_matrices(const RunConfig& cfg, std::size_t layer) {
+  if (choice(kMatrixSharingOption, cfg.matrices) == MatrixSharing::Shared) return {draw_matrices(cfg, layer, 0)};
+  std::vector<AttentionMatrices> sets;
+  for (std::int64_t r = 0; r < cfg.replicas; ++r)
+    sets.push_back(draw_matrices(cfg, layer, static_cast<std::uint64_t>(r) + 1));
+  return sets;
+}
+
+std::vector<double> layer_start_times(const RunConfig& cfg) {
+  std::vector<double> starts{0.0};
+  if (cfg.regen_period > 0)
+    for (std::size_t l = 1; double(l) * cfg.regen_period < cfg.horizon; ++l)
+      starts.push_back(double(l) * cfg.regen_period);
+  return starts;
+}
+
+std::size_t layer_at(const RunConfig& cfg, double time) {
+  if (!(cfg.regen_period > 0)) return 0;
+  const std::vector<double> starts = layer_start_times(cfg);
+  // The last layer whose start is <= time, a start within rounding (the tolerance at which
+  // output_times merges frames) counting as reached: the run lands on a frame time there.
+  const double reached = time + 1e-12 * std::max(1.0, cfg.horizon);
+  return static_cast<std::size_t>(std::upper_bound(starts.begin(), starts.end(), reached) - starts.begin()) - 1;
+}
+
+void record_attention_matrices(const RunConfig& cfg, TokenLabels& labels) {
+  labels.layer_start = layer_start_times(cfg);
+  labels.matrix_layers = labels.layer_start.size();
+  std::vector<std::vector<AttentionMatrices>> layers;
+  for (std::size_t l = 0; l < labels.matrix_layers; ++l) layers.push_back(layer_matrices(cfg, l));
+  labels.matrix_sets = layers.front().size();
+  const auto d = static_cast<std::size_t>(cfg.d);
+  for (std::size_t set = 0; set < labels.matrix_sets; ++set)
+    for (const auto& layer : layers) {
+      const AttentionMatrices& m = layer[set];
+      auto append = [d](std::vector<double>& to, const Matrix& matrix) {
+        // Row-major d x d (Matrix is row-major).
+        to.insert(to.end(), matrix.data(), matrix.data() + d * d);
+      };
+      append(labels.query_matrices, m.q);
+      append(labels.key_matrices, m.k);
+      append(labels.value_matrices, m.v);
+    }
+}
+
 Model build_model(const RunConfig& cfg) {
   Model model;
   const std::size_t active = static_cast<std::size_t>(cfg.n);
@@ -320,15 +421,7 @@ Model build_model(const RunConfig& cfg) {
   model.normalization = choice(kKernelOption, cfg.kernel);
   model.time_scale = choice(kTimeScaleOption, cfg.time_scale);
   const auto seed = static_cast<std::uint64_t>(cfg.seed);
-  model.q = matrix_option(kQueryOption, cfg.q, model.d, seed, 0, model.q_identity);
-  model.k = matrix_option(kKeyOption, cfg.k, model.d, seed, 1, model.k_identity);
-  if (const auto v = kValueOption.preset(cfg.v); v == MatrixPreset::PlusQk || v == MatrixPreset::MinusQk) {
-    model.v = model.q.transpose() * model.k;
-    if (v == MatrixPreset::MinusQk) model.v = -model.v;
-    model.v_identity = false;
-  } else {
-    model.v = matrix_option(kValueOption, cfg.v, model.d, seed, 2, model.v_identity);
-  }
+  model.matrices = layer_matrices(cfg, 0);
   const bool weighted = !cfg.amplitudes.empty() || cfg.null_tokens > 0;
   model.presence.assign(model.n, 1.0);
   if (!cfg.amplitudes.empty()) {
@@ -698,7 +791,9 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     parameters.push_back({"save_every_used", resolved_save_every(cfg)});
     if (cfg.resume) parameters.push_back({"resumed_from_time", resumed.time});
     writer->write_parameters(parameters);
-    writer->write_labels(token_labels(model));
+    TokenLabels labels = token_labels(model);
+    record_attention_matrices(cfg, labels);
+    writer->write_labels(labels);
   } catch (const OutputExists& e) {
     log << "mfattn run: " << e.what() << '\n';
     return kExitUsage;
@@ -706,6 +801,24 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     log << "mfattn run: " << e.what() << '\n';
     return kExitIo;
   }
+
+  // Layers (--regen-period): the run also lands on every layer start and draws that layer's
+  // matrices there, before a frame at the same time is recorded. A resumed run starts in the
+  // layer of its last frame.
+  std::size_t layer = layer_at(cfg, state.time);
+  if (layer != 0) {
+    model.matrices = layer_matrices(cfg, layer);
+    dynamics.matrices_changed();
+  }
+  std::vector<double> targets = times;
+  for (double start : layer_start_times(cfg)) {
+    const double tolerance = 1e-12 * std::max(1.0, cfg.horizon);
+    const bool near_frame = std::any_of(times.begin(), times.end(),
+                                        [&](double t) { return std::fabs(t - start) <= tolerance; });
+    if (start > state.time + tolerance && !near_frame) targets.push_back(start);
+  }
+  std::sort(targets.begin(), targets.end());
+  auto is_frame = [&](double time) { return std::binary_search(times.begin(), times.end(), time); };
 
   Progress progress(cfg.quiet, state.time, cfg.horizon, state.step, log);
   double h = cfg.resume && resumed.step_size > 0.0 ? resumed.step_size : cfg.dt;
@@ -738,6 +851,12 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
        }},
   };
   auto observer = [&](const State& s) {
+    if (const std::size_t now = layer_at(cfg, s.time); now != layer) {
+      layer = now;
+      model.matrices = layer_matrices(cfg, layer);
+      dynamics.matrices_changed();
+    }
+    if (!is_frame(s.time)) return;
     for (const RunObserver& entry : observers)
       if (entry.when.at_frame(frame_index)) entry.record(s);
     // The frame survives a SIGKILL from here on; only then is it reported.
@@ -762,7 +881,7 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     }
   };
   try {
-    integrate(*integrator, dynamics, state, h, cfg.dt, times, observer, after_step);
+    integrate(*integrator, dynamics, state, h, cfg.dt, targets, observer, after_step);
     for (const RunObserver& entry : observers)
       if (entry.when.at_end_of_run()) entry.record(state);
     writer->flush();

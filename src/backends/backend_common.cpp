@@ -9,7 +9,8 @@
 
 namespace mfattn {
 
-double energy_from_weight_sums(const Model& model, const double* x, const double* weight_sums) {
+double energy_from_weight_sums(const Model& model, const double* x, const double* weight_sums,
+                               std::size_t replica) {
   if (model.beta <= 0.0) return std::numeric_limits<double>::quiet_NaN();
   const double mass = model.mass();
   double total = 0.0;
@@ -19,7 +20,7 @@ double energy_from_weight_sums(const Model& model, const double* x, const double
   const std::size_t prefix = model.prefix_count(), sources = model.n + prefix, d = model.d;
   if (prefix > 0) {
     thread_local kernels::TokenOperands operands;
-    kernels::prepare_token_operands(model, x, operands);
+    kernels::prepare_token_operands(model, model.matrices_of(replica), x, operands);
     const kernels::PairTermParameters terms = kernels::pair_term_parameters(model);
     const double shift = model.exponent_shift();
     for (std::size_t p = model.n; p < sources; ++p) {
@@ -73,23 +74,27 @@ double receiver_scale(const Model& model, double log_max) {
   return std::exp(log_max - model.exponent_shift());
 }
 
-double finish_receiver(const Model& model, double mass, std::size_t token, const double* x_i,
-                       double log_max,
-                       double weight_sum_shifted, const double* acc, double* velocity,
+double finish_receiver(const Model& model, const AttentionMatrices& matrices, double mass,
+                       std::size_t token, const double* x_i, double log_max,
+                       double weight_sum_shifted, const double* acc, ReceiverOutput out,
                        double* scratch) {
-  return finish_receiver(model, mass, token, x_i, log_max, receiver_scale(model, log_max),
-                         weight_sum_shifted, acc, velocity, scratch);
+  return finish_receiver(model, matrices, mass, token, x_i, log_max, receiver_scale(model, log_max),
+                         weight_sum_shifted, acc, out, scratch);
 }
 
-double finish_receiver(const Model& model, double mass, std::size_t token, const double* x_i,
-                       double log_max, double scale,
-                       double weight_sum_shifted, const double* acc, double* velocity,
+double finish_receiver(const Model& model, const AttentionMatrices& matrices, double mass,
+                       std::size_t token, const double* x_i, double log_max, double scale,
+                       double weight_sum_shifted, const double* acc, ReceiverOutput out,
                        double* scratch) {
   const std::size_t d = model.d;
   const double p_i = model.presence[token];
+  auto stay = [&] {
+    std::fill(out.velocity, out.velocity + d, 0.0);
+    if (out.attention_output) std::fill(out.attention_output, out.attention_output + d, 0.0);
+  };
   if (log_max == -std::numeric_limits<double>::infinity()) {
     // No source with weight is visible: the receiver does not move.
-    std::fill(velocity, velocity + d, 0.0);
+    stay();
     return 0.0;
   }
   // True weights are exp(log_max - shift) times the shifted ones; the sums are combined in
@@ -99,7 +104,7 @@ double finish_receiver(const Model& model, double mass, std::size_t token, const
                                                  : std::exp(log_scale + std::log(weight_sum_shifted));
   if (p_i == 0.0) {
     // A null receiver does not move, whatever its sums.
-    std::fill(velocity, velocity + d, 0.0);
+    stay();
     return weight_sum;
   }
   double* u_pre = scratch;
@@ -132,17 +137,19 @@ double finish_receiver(const Model& model, double mass, std::size_t token, const
     model.gauge->apply_transpose(token, u_pre, u);
     std::copy(u, u + d, u_pre);
   }
-  if (!model.v_identity) {
+  if (!matrices.v_identity) {
     for (std::size_t r = 0; r < d; ++r) {
       double sum = 0.0;
-      for (std::size_t c = 0; c < d; ++c) sum += model.v(r, c) * rotated[c];
+      for (std::size_t c = 0; c < d; ++c) sum += matrices.v(r, c) * rotated[c];
       u[r] = sum;
     }
     rotated = u;
   }
   double radial = 0.0;
   for (std::size_t c = 0; c < d; ++c) radial += x_i[c] * rotated[c];
-  for (std::size_t c = 0; c < d; ++c) velocity[c] = p_i * (rotated[c] - radial * x_i[c]);
+  for (std::size_t c = 0; c < d; ++c) out.velocity[c] = p_i * (rotated[c] - radial * x_i[c]);
+  if (out.attention_output)
+    for (std::size_t c = 0; c < d; ++c) out.attention_output[c] = p_i * rotated[c];
   return weight_sum;
 }
 

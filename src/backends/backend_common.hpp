@@ -7,21 +7,30 @@
 
 namespace mfattn::detail {
 
+/// Where one receiver's results go: velocity (d numbers) always, attention_output (d
+/// numbers, p_i u_i before the projection) when not null.
+struct ReceiverOutput {
+  double* velocity;
+  double* attention_output = nullptr;
+};
+
 /// Turns the shifted sums of one receiver into its velocity.
 ///   log_max: running maximum m of the log-weights (-inf: no visible source)
 ///   weight_sum_shifted = sum_j exp(l_ij - m),  acc = sum_j exp(l_ij - m) z_j  (z-space)
-/// Writes v_i = p_i P_{x_i}(u_i) and returns D_i = exp(m - shift) * weight_sum_shifted.
+/// Writes v_i = p_i P_{x_i}(u_i), u_i = V G_i^T (acc / normaliser) with V = matrices.v, and
+/// returns D_i = exp(m - shift) * weight_sum_shifted.
 /// mass: model.mass(), computed once per evaluation by the caller. scratch: 2 * d doubles.
-double finish_receiver(const Model& model, double mass, std::size_t token, const double* x_i,
-                       double log_max,
-                       double weight_sum_shifted, const double* acc, double* velocity,
+double finish_receiver(const Model& model, const AttentionMatrices& matrices, double mass,
+                       std::size_t token, const double* x_i, double log_max,
+                       double weight_sum_shifted, const double* acc, ReceiverOutput out,
                        double* scratch);
 
 /// The same with scale = receiver_scale(model, log_max) = exp(log_max - shift) given, for
 /// callers whose receivers share one log_max.
-double finish_receiver(const Model& model, double mass, std::size_t token, const double* x_i,
-                       double log_max, double scale, double weight_sum_shifted,
-                       const double* acc, double* velocity, double* scratch);
+double finish_receiver(const Model& model, const AttentionMatrices& matrices, double mass,
+                       std::size_t token, const double* x_i, double log_max, double scale,
+                       double weight_sum_shifted, const double* acc, ReceiverOutput out,
+                       double* scratch);
 double receiver_scale(const Model& model, double log_max);
 
 }  // namespace mfattn::detail

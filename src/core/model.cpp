@@ -14,10 +14,18 @@ bool Model::every_token_present() const {
   return true;
 }
 
+bool Model::query_key_identity() const {
+  for (const AttentionMatrices& set : matrices)
+    if (!set.q_identity || !set.k_identity) return false;
+  return true;
+}
+
 bool Model::is_gradient_flow() const {
   // Section 4: Q = K = V = I, transported values, a symmetric mask and a symmetric factor.
   // Causal masks are not symmetric; noise makes the dynamics stochastic.
-  return q_identity && k_identity && v_identity && values == ValueTransport::Transported &&
+  bool value_identity = true;
+  for (const AttentionMatrices& set : matrices) value_identity = value_identity && set.v_identity;
+  return query_key_identity() && value_identity && values == ValueTransport::Transported &&
          mask != MaskKind::Causal && noise_kappa == 0.0 && beta > 0.0;
 }
 

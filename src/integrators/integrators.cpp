@@ -16,27 +16,42 @@ namespace mfattn {
 Dynamics::Dynamics(const Model& model, Backend& backend, std::size_t replicas)
     : model_(model), backend_(backend), replicas_(replicas) {}
 
-void Dynamics::velocity(const double* x, double* v, double* weight_sums) {
+void Dynamics::evaluate(const double* x, bool with_attention_output) {
   const std::size_t count = size();
   // The last evaluation is remembered: a frame's observables and the next step's first stage
   // (or dopri5's first-same-as-last stage) ask for the same state, and get the same bits.
-  if (cached_ && std::equal(x, x + count, cached_x_.begin())) {
-    std::copy(cached_v_.begin(), cached_v_.end(), v);
-    if (weight_sums) std::copy(cached_sums_.begin(), cached_sums_.end(), weight_sums);
+  if (cached_ && (cached_attention_output_ || !with_attention_output) &&
+      std::equal(x, x + count, cached_x_.begin()))
     return;
-  }
   ++evaluations_;
   // A non-finite stage state means the step already diverged; say so rather than let the
   // backend report a misleading overflow (integrate() adds the step and time).
   for (std::size_t e = 0; e < count; ++e)
     if (!std::isfinite(x[e])) throw NonFiniteState("non-finite state");
   cached_ = false;
+  // Once a step has asked for the attention output, every evaluation keeps it, so that a
+  // frame's evaluation serves the next step.
+  wants_attention_output_ = wants_attention_output_ || with_attention_output;
+  cached_v_.resize(count);
   cached_sums_.resize(replicas_ * model_.n);
-  backend_.velocity(replicas_, x, v, cached_sums_.data());
+  cached_output_.resize(wants_attention_output_ ? count : 0);
+  backend_.evaluate(replicas_, x,
+                    FieldOutputs{cached_v_.data(), cached_sums_.data(),
+                                 wants_attention_output_ ? cached_output_.data() : nullptr});
   cached_x_.assign(x, x + count);
-  cached_v_.assign(v, v + count);
+  cached_attention_output_ = wants_attention_output_;
   cached_ = true;
+}
+
+void Dynamics::velocity(const double* x, double* v, double* weight_sums) {
+  evaluate(x, false);
+  std::copy(cached_v_.begin(), cached_v_.end(), v);
   if (weight_sums) std::copy(cached_sums_.begin(), cached_sums_.end(), weight_sums);
+}
+
+void Dynamics::attention_output(const double* x, double* output) {
+  evaluate(x, true);
+  std::copy(cached_output_.begin(), cached_output_.end(), output);
 }
 
 namespace {
@@ -269,6 +284,35 @@ void geodesic_step(double* x, const double* w, double h, std::size_t d) {
   for (std::size_t c = 0; c < d; ++c) x[c] /= norm;
 }
 
+/// The step of the field's reference code: x <- normalize(x + h p u), u the attention output
+/// before the tangent projection. Its radial part <x, p u> x only rescales x + h P_x(p u)
+/// before the normalisation, so this is projected euler with the step h / (1 + h <x, p u>)
+/// per token: first order, with a clock that runs slow where <x, u> > 0 (near collapse).
+class EulerUnprojected final : public Integrator {
+ public:
+  std::string name() const override { return "euler-unprojected"; }
+  int order() const override { return 1; }
+  StepOutcome step(Dynamics& dynamics, State& state, double h) override {
+    output_.resize(state.size());
+    dynamics.attention_output(state.x.data(), output_.data());
+    // Only moving tokens are touched, so a token with p_i = 0 keeps its bits (even a -0.0).
+    const std::size_t d = state.d;
+    for_each_moving_token(dynamics, [&](std::size_t, std::size_t, std::size_t offset) {
+      double* x = state.x.data() + offset;
+      const double* u = output_.data() + offset;
+      for (std::size_t c = 0; c < d; ++c) x[c] = x[c] + h * u[c];
+      const double norm = std::sqrt(dot(x, x, d));
+      for (std::size_t c = 0; c < d; ++c) x[c] /= norm;
+    });
+    state.time += h;
+    ++state.step;
+    return {true, h};
+  }
+
+ private:
+  std::vector<double> output_;
+};
+
 class LieEuler final : public Integrator {
  public:
   std::string name() const override { return "lie-euler"; }
@@ -394,8 +438,9 @@ void normalize_tokens(const Dynamics& dynamics, double* x) {
 }
 
 const std::vector<std::string>& integrator_names() {
-  static const std::vector<std::string> names = {"euler",   "heun",   "rk4",           "lie-euler",
-                                                 "lie-rk4", "dopri5", "euler-maruyama"};
+  static const std::vector<std::string> names = {"euler",  "euler-unprojected", "heun",
+                                                 "rk4",    "lie-euler",         "lie-rk4",
+                                                 "dopri5", "euler-maruyama"};
   return names;
 }
 
@@ -404,6 +449,7 @@ std::unique_ptr<Integrator> make_integrator(const IntegratorSettings& s) {
   controller.rtol = s.rtol;
   controller.atol = s.atol;
   if (s.name == "euler") return std::make_unique<RungeKutta>(euler_tableau());
+  if (s.name == "euler-unprojected") return std::make_unique<EulerUnprojected>();
   if (s.name == "heun") return std::make_unique<RungeKutta>(heun_tableau());
   if (s.name == "rk4") return std::make_unique<RungeKutta>(rk4_tableau());
   if (s.name == "dopri5") return std::make_unique<RungeKutta>(dopri5_tableau(), controller);

@@ -468,6 +468,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
       }
     }
     if (labels.prefix_count > 0) write_prefix(labels);
+    if (labels.matrix_sets > 0) write_attention_matrices(labels);
   }
 
   void append_frame(std::int64_t step, double time, const double* positions,
@@ -818,6 +819,34 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   }
 
   /// aux_position [count, k], prompt_id, presence and id [count] of a particle group.
+  /// Each matrix set's Q, K, V [L, d, d] and the layers' start times, in its particle group
+  /// (a shared set in /particles/tokens only).
+  void write_attention_matrices(const TokenLabels& labels) {
+    const std::size_t d = setup_.d, layers = labels.matrix_layers, sets = labels.matrix_sets;
+    const std::size_t per_set = layers * d * d;
+    if ((sets != 1 && sets != particle_groups_.size()) || labels.layer_start.size() != layers ||
+        labels.query_matrices.size() != sets * per_set || labels.key_matrices.size() != sets * per_set ||
+        labels.value_matrices.size() != sets * per_set)
+      throw std::invalid_argument("write_labels: attention matrices need 1 or R sets of L x d x d");
+    for (std::size_t set = 0; set < sets; ++set) {
+      // A resumed run rewrites them (a longer horizon may add layers).
+      const hid_t parent = particle_groups_[set].get();
+      const htri_t exists = H5Lexists(parent, "attention_matrices", H5P_DEFAULT);
+      check_(exists, "looking up", "attention_matrices");
+      Handle group = exists > 0 ? check_.own(H5Gopen2(parent, "attention_matrices", H5P_DEFAULT),
+                                             H5Gclose, "opening group", "attention_matrices")
+                                : create_group(check_, parent, "attention_matrices");
+      const hid_t g = group.get();
+      write_fixed_dataset(check_, g, "layer_start", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {layers},
+                          labels.layer_start.data());
+      for (const auto& [name, values] : {std::pair{"query", &labels.query_matrices},
+                                         std::pair{"key", &labels.key_matrices},
+                                         std::pair{"value", &labels.value_matrices}})
+        write_fixed_dataset(check_, g, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {layers, d, d},
+                            values->data() + set * per_set);
+    }
+  }
+
   void write_label_datasets(hid_t g, std::size_t count, std::size_t k, const double* aux_position,
                             const std::int32_t* prompt_id, const double* presence,
                             const std::int64_t* id) {

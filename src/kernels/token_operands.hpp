@@ -72,8 +72,10 @@ struct TokenOperands {
   const double* value(std::size_t j) const { return values.data() + j * d; }
 };
 
-/// Fills `out` for the state x (n rows of d); its arrays are reused between calls.
-inline void prepare_token_operands(const Model& model, const double* x, TokenOperands& out) {
+/// Fills `out` for the state x (n rows of d) of a replica whose Q and K are `matrices`; its
+/// arrays are reused between calls.
+inline void prepare_token_operands(const Model& model, const AttentionMatrices& matrices,
+                                   const double* x, TokenOperands& out) {
   const std::size_t d = model.d, sources = model.n + model.prefix_count();
   out.sources = sources;
   out.d = d;
@@ -86,9 +88,9 @@ inline void prepare_token_operands(const Model& model, const double* x, TokenOpe
   auto store = [d](const double* from, double* to) { std::copy(from, from + d, to); };
   for (std::size_t j = 0; j < sources; ++j) {
     const double* y = source_content(model, x, j);
-    store(gauged_product(model, model.q, model.q_identity, j, y, tmp.data(), gauged.data()),
+    store(gauged_product(model, matrices.q, matrices.q_identity, j, y, tmp.data(), gauged.data()),
           out.queries.data() + j * d);
-    store(gauged_product(model, model.k, model.k_identity, j, y, tmp.data(), gauged.data()),
+    store(gauged_product(model, matrices.k, matrices.k_identity, j, y, tmp.data(), gauged.data()),
           out.keys.data() + j * d);
     store(source_value(model, j, y, gauged.data()), out.values.data() + j * d);
     out.presence[j] = source_presence(model, j);

@@ -253,7 +253,8 @@ template void oattention_direct<double>(const QkvView<double>&, const Visibility
 template void oattention_direct<float>(const QkvView<float>&, const Visibility&, const OAttentionOptions&,
                                        float*);
 
-void sa_velocity_via_oattention(const Model& model, const double* x, double* velocity) {
+void sa_velocity_via_oattention(const Model& model, const double* x, double* velocity,
+                                std::size_t replica) {
   if (model.normalization != Normalization::Sa)
     throw std::invalid_argument("sa_velocity_via_oattention: USA has no denominator, it is not OAttention");
   if (model.aux_factor != AuxFactor::None)
@@ -273,7 +274,8 @@ void sa_velocity_via_oattention(const Model& model, const double* x, double* vel
   };
   // q_i = G_i Q x_i, k_j = G_j K y_j, z_j and p_j, as every backend prepares them.
   kernels::TokenOperands operands;
-  kernels::prepare_token_operands(model, x, operands);
+  const AttentionMatrices& matrices = model.matrices_of(replica);
+  kernels::prepare_token_operands(model, matrices, x, operands);
   // m_ij: the model's positional mask and the per-prompt rule, as the backends apply them.
   Visibility mask = Visibility::full();
   if (model.mask != MaskKind::Full || model.per_prompt_mask) {
@@ -299,7 +301,7 @@ void sa_velocity_via_oattention(const Model& model, const double* x, double* vel
     // r = V R_i OAttention_i, then the tangent projection; OAttention_i already carries p_i.
     if (transported) model.gauge->apply_transpose(i, o, s.data());
     else std::copy(o, o + d, s.data());
-    multiply(model.v, model.v_identity, s.data(), r.data());
+    multiply(matrices.v, matrices.v_identity, s.data(), r.data());
     double radial = 0.0;
     for (std::size_t c = 0; c < d; ++c) radial += xi[c] * r[c];
     for (std::size_t c = 0; c < d; ++c) velocity[i * d + c] = r[c] - radial * xi[c];

@@ -409,7 +409,7 @@ std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const S
   std::vector<double> gathered(m * d);
   for (std::size_t r = 0; r < R; ++r) {
     const double* x = state.replica(r);
-    values[0][r] = energy_from_weight_sums(model, x, weight_sums.data() + r * n);
+    values[0][r] = energy_from_weight_sums(model, x, weight_sums.data() + r * n, r);
     values[1][r] = mean_inner_product(model, x);
     const PairStatistics pairs = pair_statistics(x, d, moving, settings);
     values[2][r] = pairs.min_inner;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -11,6 +12,8 @@
 #include <map>
 #include <set>
 #include <sstream>
+
+#include "sweep/sweep_expression.hpp"
 
 namespace mfattn {
 namespace po = boost::program_options;
@@ -91,16 +94,112 @@ std::string exact_text(const ParameterValue& value) {
   return joined;
 }
 
-/// The resolved parameters of `run` with nothing given: the reference the id is taken against.
-const std::map<std::string, std::string>& default_parameters() {
-  static const std::map<std::string, std::string> defaults = [] {
-    std::map<std::string, std::string> values;
-    for (const auto& p : parse_run_arguments({"--out", "default.h5"}).parameters)
-      values[p.name] = exact_text(p.value);
+/// The resolved parameters of `run` with nothing given: run's defaults, typed.
+const std::map<std::string, ParameterValue>& default_values() {
+  static const std::map<std::string, ParameterValue> defaults = [] {
+    std::map<std::string, ParameterValue> values;
+    for (const auto& p : parse_run_arguments({"--out", "default.h5"}).parameters) values[p.name] = p.value;
     return values;
   }();
   return defaults;
 }
+
+/// The same as text: the reference the id is taken against.
+const std::map<std::string, std::string>& default_parameters() {
+  static const std::map<std::string, std::string> defaults = [] {
+    std::map<std::string, std::string> values;
+    for (const auto& [name, value] : default_values()) values[name] = exact_text(value);
+    return values;
+  }();
+  return defaults;
+}
+
+/// What an option of the run table holds, from its Boost value type.
+enum class ValueKind { Integer, Real, Switch, Text };
+ValueKind value_kind(const po::options_description& table, const std::string& name) {
+  const auto* semantic = table.find(name, false).semantic().get();
+  if (semantic->max_tokens() == 0) return ValueKind::Switch;
+  if (dynamic_cast<const po::typed_value<std::int64_t>*>(semantic)) return ValueKind::Integer;
+  if (dynamic_cast<const po::typed_value<double>*>(semantic)) return ValueKind::Real;
+  return ValueKind::Text;
+}
+
+/// Why an option cannot be a number in an expression ("" when it can).
+std::string not_numeric(ValueKind kind, const std::string& name) {
+  if (kind == ValueKind::Switch) return "--" + name + " is a switch (true / false), not a number";
+  if (kind == ValueKind::Text) return "--" + name + " takes text, not a number";
+  return {};
+}
+
+/// The number an option value's text stands for, read as run reads it (Boost accepts a
+/// leading '+'); nullopt when it is no number of the option's kind (run then refuses it).
+std::optional<double> read_number(const std::string& text, ValueKind kind) {
+  std::string_view digits = text;
+  if (digits.size() > 1 && digits.front() == '+') digits.remove_prefix(1);
+  const char* end = digits.data() + digits.size();
+  if (kind == ValueKind::Integer) {
+    std::int64_t integer = 0;
+    const auto result = std::from_chars(digits.data(), end, integer);
+    if (digits.empty() || result.ec != std::errc() || result.ptr != end) return std::nullopt;
+    return static_cast<double>(integer);
+  }
+  double real = 0.0;
+  const auto result = std::from_chars(digits.data(), end, real);
+  if (digits.empty() || result.ec != std::errc() || result.ptr != end || !std::isfinite(real)) return std::nullopt;
+  return real;
+}
+
+/// The number of a resolved parameter (integers and doubles only).
+std::optional<double> parameter_number(const ParameterValue& value) {
+  if (const auto* integer = std::get_if<std::int64_t>(&value)) return static_cast<double>(*integer);
+  if (const auto* real = std::get_if<double>(&value)) return *real;
+  return std::nullopt;
+}
+
+/// The line of every `key = value` line of a sweep file, in order: the lines that Boost's
+/// parse_config_file turns into options (it drops '#' comments and blank lines and reads
+/// "[section]" lines; any other line without '=' is its error), so entry i is the line of
+/// parsed option i.
+std::vector<std::size_t> option_lines(const std::string& text) {
+  std::vector<std::size_t> lines;
+  std::istringstream in(text);
+  std::size_t number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    const auto begin = line.find_first_not_of(" \t\r\f\v");
+    if (begin == std::string::npos || line[begin] == '[') continue;
+    if (line.find('=') != std::string::npos) lines.push_back(number);
+  }
+  return lines;
+}
+
+/// "FILE:LINE: ", or "FILE: " when the line is not known.
+std::string at_line(const std::string& origin, std::size_t line) {
+  std::string text = origin;
+  if (line) {
+    text += ':';
+    text += std::to_string(line);
+  }
+  text += ": ";
+  return text;
+}
+
+/// Where a variable of a derived expression takes its value from, in every case.
+struct VariableSource {
+  enum class From { Derived, Axis, Fixed } from = From::Fixed;
+  std::size_t index = 0;        ///< Derived: into plan.derived; Axis: into plan.axes
+  std::string option;           ///< the run option
+  std::string text;             ///< Fixed: the base value as written (or run's default)
+  std::optional<double> fixed;  ///< Fixed: its number (nullopt: not a number)
+};
+
+/// A [derived] line ready for evaluation.
+struct DerivedRule {
+  Expression expression;
+  ValueKind kind = ValueKind::Real;
+  std::vector<VariableSource> sources;  ///< one per expression variable
+};
 
 std::size_t parse_count(const std::string& option, const std::string& text, std::size_t lowest) {
   std::size_t value = 0;
@@ -143,6 +242,15 @@ std::string case_id(const RunConfig& cfg) {
   return hex;
 }
 
+std::string case_values_text(const SweepPlan& plan, const SweepCase& c, const std::string& separator) {
+  std::string text;
+  for (std::size_t a = 0; a < plan.axes.size() && a < c.values.size(); ++a)
+    text += (text.empty() ? "" : separator) + plan.axes[a].name + "=" + c.values[a];
+  for (std::size_t k = 0; k < plan.derived.size() && k < c.derived.size(); ++k)
+    text += (text.empty() ? "" : separator) + plan.derived[k].name + "=" + c.derived[k];
+  return text;
+}
+
 SweepPlan make_sweep(const std::string& text, const std::string& origin, const SweepCountHook& counted) {
   RunConfig scratch;
   const auto table = run_options(scratch);
@@ -155,24 +263,67 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
   } catch (const po::error& e) {
     throw UsageError(origin + ": " + option_error_text(e));
   }
+  const std::vector<std::size_t> lines = option_lines(text);
   std::set<std::string> base_keys;
   std::vector<std::pair<std::string, std::string>> base;  // option name, value
-  for (const auto& option : parsed.options) {
+  // Factors in file order: a plain axis, or a zip group (by label) at its first key.
+  struct Factor {
+    bool zipped = false;
+    std::string label;
+    std::vector<SweepAxis> axes;
+    std::vector<std::size_t> lines;
+  };
+  std::vector<Factor> factors;
+  const auto is_axis_name = [&factors](const std::string& name) {
+    for (const auto& factor : factors)
+      for (const auto& axis : factor.axes)
+        if (axis.name == name) return true;
+    return false;
+  };
+  for (std::size_t i = 0; i < parsed.options.size(); ++i) {
+    const auto& option = parsed.options[i];
     const std::string& key = option.string_key;
+    const std::size_t line = i < lines.size() && lines.size() == parsed.options.size() ? lines[i] : 0;
+    const std::string at = at_line(origin, line);
     const std::string name = last_part(key);
     const std::string value = option.value.empty() ? std::string() : option.value.front();
-    const bool is_axis = key.find('.') != std::string::npos && key.substr(0, key.find('.')) == "axes";
-    if (is_axis) {
+    const auto dot = key.find('.');
+    const std::string section = dot == std::string::npos ? std::string() : key.substr(0, dot);
+    if (section == "axes" || section == "zip") {
       if (!table.find_nothrow(name, false))
         throw UsageError("axis " + name + ": not an option of mfattn run (" + origin +
                          ": unknown key '" + key + "')");
       if (kSweepOwned.count(name) || kAlwaysPassed.count(name))
         throw UsageError("axis " + name + ": not allowed (the sweep sets --" + name + " itself)");
-      for (const auto& axis : plan.axes)
-        if (axis.name == name) throw UsageError("axis " + name + ": given twice");
-      SweepAxis axis{name, split_words(value)};
+      if (is_axis_name(name)) throw UsageError("axis " + name + ": given twice");
+      SweepAxis axis{name, split_words(value), section == "zip", {}};
       if (axis.values.empty()) throw UsageError("axis " + name + ": no values");
-      plan.axes.push_back(axis);
+      Factor* factor = nullptr;
+      if (axis.zipped) {
+        // "zip.beta" is [zip]; "zip.LABEL.beta" is [zip.LABEL] (LABEL may hold dots).
+        const auto last_dot = key.rfind('.');
+        axis.zip_label = last_dot > dot ? key.substr(dot + 1, last_dot - dot - 1) : std::string();
+        for (auto& candidate : factors)
+          if (candidate.zipped && candidate.label == axis.zip_label) factor = &candidate;
+      }
+      if (!factor) {
+        factor = &factors.emplace_back();
+        factor->zipped = axis.zipped;
+        factor->label = axis.zip_label;
+      }
+      factor->axes.push_back(axis);
+      factor->lines.push_back(line);
+    } else if (section == "derived") {
+      const std::string derived = key.substr(dot + 1);
+      if (!table.find_nothrow(derived, false))
+        throw UsageError(at + "unknown key '" + key + "' (not an option of mfattn run)");
+      if (kSweepOwned.count(derived) || kAlwaysPassed.count(derived))
+        throw UsageError(at + "derived " + derived + ": not allowed (the sweep sets --" + derived + " itself)");
+      for (const auto& earlier : plan.derived)
+        if (earlier.name == derived)
+          throw UsageError(at + "derived " + derived + ": given twice (first on line " +
+                           std::to_string(earlier.line) + ")");
+      plan.derived.push_back({derived, value, line});
     } else {
       if (!table.find_nothrow(name, false))
         throw UsageError(origin + ": unknown key '" + key + "' (not an option of mfattn run)");
@@ -184,22 +335,108 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
       base.emplace_back(name, value);
     }
   }
-  for (const auto& axis : plan.axes)
-    if (base_keys.count(axis.name))
-      throw UsageError("axis " + axis.name + ": also set in the base config (keep one)");
+  for (const auto& factor : factors) {
+    for (std::size_t a = 0; a < factor.axes.size(); ++a) {
+      const SweepAxis& axis = factor.axes[a];
+      if (base_keys.count(axis.name))
+        throw UsageError("axis " + axis.name + ": also set in the base config (keep one)");
+      if (axis.values.size() != factor.axes.front().values.size()) {
+        const SweepAxis& first = factor.axes.front();
+        const std::size_t line = factor.lines[a];
+        throw UsageError(at_line(origin, line) + "[zip" + (factor.label.empty() ? "" : "." + factor.label) + "]: axis " +
+                         axis.name + " has " + std::to_string(axis.values.size()) +
+                         (axis.values.size() == 1 ? " value, axis " : " values, axis ") +
+                         first.name + " " + std::to_string(first.values.size()) +
+                         " (the axes of a zip group advance together: give each as many values)");
+      }
+    }
+    std::vector<std::size_t> members;
+    for (const auto& axis : factor.axes) {
+      members.push_back(plan.axes.size());
+      plan.axes.push_back(axis);
+    }
+    plan.factors.push_back(members);
+  }
   plan.sets_threads = base_keys.count("threads") > 0;
   for (const auto& axis : plan.axes) plan.sets_threads = plan.sets_threads || axis.name == "threads";
+  for (const auto& derived : plan.derived) plan.sets_threads = plan.sets_threads || derived.name == "threads";
   for (const auto& [name, value] : base) {
     const auto tokens = option_tokens(table, name, value, origin + ": ");
     plan.base_arguments.insert(plan.base_arguments.end(), tokens.begin(), tokens.end());
   }
 
-  // The grid: mixed radix over the axes, last axis fastest.
+  // The derived expressions: parsed, and each variable tied to where its value comes from.
+  const auto derived_at = [&origin](const SweepDerived& derived) {
+    return at_line(origin, derived.line) + "derived " + derived.name + ": ";
+  };
+  std::vector<DerivedRule> rules;
+  for (std::size_t k = 0; k < plan.derived.size(); ++k) {
+    const SweepDerived& derived = plan.derived[k];
+    const std::string at = derived_at(derived);
+    if (is_axis_name(derived.name)) throw UsageError(at + "also an axis (keep one)");
+    if (base_keys.count(derived.name)) throw UsageError(at + "also set in the base config (keep one)");
+    DerivedRule rule;
+    rule.kind = value_kind(table, derived.name);
+    if (const std::string why = not_numeric(rule.kind, derived.name); !why.empty())
+      throw UsageError(at + why + "; only numeric options can be derived");
+    try {
+      rule.expression = Expression::parse(derived.expression);
+    } catch (const ExpressionSyntaxError& e) {
+      throw UsageError(at + "syntax error at column " + std::to_string(e.column) + " of '" + derived.expression +
+                       "': " + e.what());
+    }
+    for (const auto& variable : rule.expression.variables()) {
+      std::string option = variable;
+      std::replace(option.begin(), option.end(), '_', '-');
+      if (!table.find_nothrow(option, false))
+        throw UsageError(at + "unknown variable '" + variable +
+                         "' (variables are the numeric options of mfattn run, with '-' written as '_', e.g. "
+                         "save_every; constants: pi, e)");
+      const std::string here = at + "variable " + variable + ": ";
+      if (const std::string why = not_numeric(value_kind(table, option), option); !why.empty())
+        throw UsageError(here + why);
+      VariableSource source;
+      source.option = option;
+      const auto derived_as = std::find_if(plan.derived.begin(), plan.derived.end(),
+                                           [&option](const SweepDerived& d) { return d.name == option; });
+      const auto position = static_cast<std::size_t>(derived_as - plan.derived.begin());
+      const auto axis_as = std::find_if(plan.axes.begin(), plan.axes.end(),
+                                        [&option](const SweepAxis& axis) { return axis.name == option; });
+      if (position == k)
+        throw UsageError(here + "it is the option being derived (a derived option may use only the options "
+                                "derived above it)");
+      if (derived_as != plan.derived.end() && position > k)
+        throw UsageError(here + "it is derived below (line " + std::to_string(derived_as->line) +
+                         "): a derived option may use only the options derived above it");
+      if (derived_as != plan.derived.end()) {
+        source.from = VariableSource::From::Derived;
+        source.index = position;
+      } else if (axis_as != plan.axes.end()) {
+        source.from = VariableSource::From::Axis;
+        source.index = static_cast<std::size_t>(axis_as - plan.axes.begin());
+      } else {
+        const ValueKind kind = value_kind(table, option);
+        for (const auto& [name, value] : base)
+          if (name == option) source.text = value, source.fixed = read_number(value, kind);
+        if (!base_keys.count(option)) {
+          const auto standard = default_values().find(option);
+          if (standard == default_values().end())
+            throw UsageError(here + "not set in the sweep file, and --" + option + " has no default");
+          source.text = exact_text(standard->second);
+          source.fixed = parameter_number(standard->second);
+        }
+      }
+      rule.sources.push_back(source);
+    }
+    rules.push_back(std::move(rule));
+  }
+
+  // The grid: mixed radix over the factors, last factor fastest.
   std::size_t total = 1;
-  for (const auto& axis : plan.axes) {
-    if (total > 100000000 / axis.values.size())
-      throw UsageError(origin + ": more than 10^8 cases");
-    total *= axis.values.size();
+  for (const auto& members : plan.factors) {
+    const std::size_t length = plan.axes[members.front()].values.size();
+    if (total > 100000000 / length) throw UsageError(origin + ": more than 10^8 cases");
+    total *= length;
   }
   if (counted) counted(plan, total);
   // Each axis value's tokens once (a bad switch value is named with its axis).
@@ -209,44 +446,146 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
     for (const auto& value : axis.values)
       per_value.push_back(option_tokens(table, axis.name, value, "axis " + axis.name + " value " + value + ": "));
   }
+  // The numbers of the axis values that expressions use (nullopt: not a number).
+  std::vector<std::vector<std::optional<double>>> axis_numbers(plan.axes.size());
+  for (const auto& rule : rules)
+    for (const auto& source : rule.sources)
+      if (source.from == VariableSource::From::Axis && axis_numbers[source.index].empty())
+        for (const auto& value : plan.axes[source.index].values)
+          axis_numbers[source.index].push_back(read_number(value, value_kind(table, source.option)));
+
+  const auto case_where = [&plan, total](const SweepCase& c) {
+    if (plan.axes.empty()) return std::string();
+    std::string where;
+    for (std::size_t a = 0; a < plan.axes.size(); ++a)
+      where += (a ? ", " : "") + plan.axes[a].name + "=" + c.values[a];
+    return " in case " + std::to_string(c.index) + " of " + std::to_string(total) + " (" + where + ")";
+  };
+  // A message of parse_run_arguments about a case, naming the axis value or derived value at
+  // fault, else the case.
+  const auto explain = [&](const std::string& message, const SweepCase& c) {
+    const std::string named = option_named_in(message);
+    for (std::size_t a = 0; a < plan.axes.size(); ++a)
+      if (plan.axes[a].name == named) return UsageError("axis " + named + " value " + c.values[a] + ": " + message);
+    for (std::size_t k = 0; k < c.derived.size(); ++k)
+      if (plan.derived[k].name == named) {
+        const SweepDerived& derived = plan.derived[k];
+        return UsageError(at_line(origin, derived.line) + "derived " + named + " = " + c.derived[k] + case_where(c) + ": " + message);
+      }
+    if (plan.axes.empty()) return UsageError(origin + ": " + message);
+    std::string where;
+    for (std::size_t a = 0; a < plan.axes.size(); ++a)
+      where += (a ? ", " : "") + plan.axes[a].name + "=" + c.values[a];
+    return UsageError("case " + std::to_string(c.index) + " of " + std::to_string(total) + " (" + where +
+                      "): " + message);
+  };
+  const auto parse_case = [&](const SweepCase& c) {
+    std::vector<std::string> args = c.arguments;
+    args.insert(args.end(), {"--out", "sweep-case.h5"});
+    try {
+      return parse_run_arguments(args);
+    } catch (const UsageError& e) {
+      throw explain(e.what(), c);
+    }
+  };
+
   std::map<std::string, std::size_t> seen;
   plan.cases.reserve(total);
+  std::vector<std::size_t> digit(plan.axes.size());
+  std::vector<double> derived_numbers, variable_values;
   for (std::size_t index = 0; index < total; ++index) {
     SweepCase c;
     c.index = index;
     c.arguments = plan.base_arguments;
-    std::vector<std::size_t> digit(plan.axes.size());
     std::size_t rest = index;
-    for (std::size_t a = plan.axes.size(); a-- > 0;) {
-      digit[a] = rest % plan.axes[a].values.size();
-      rest /= plan.axes[a].values.size();
+    for (std::size_t f = plan.factors.size(); f-- > 0;) {
+      const std::size_t length = plan.axes[plan.factors[f].front()].values.size();
+      for (const std::size_t a : plan.factors[f]) digit[a] = rest % length;
+      rest /= length;
     }
     for (std::size_t a = 0; a < plan.axes.size(); ++a) {
       c.values.push_back(plan.axes[a].values[digit[a]]);
       const auto& tokens = axis_tokens[a][digit[a]];
       c.arguments.insert(c.arguments.end(), tokens.begin(), tokens.end());
     }
-    std::vector<std::string> args = c.arguments;
-    args.insert(args.end(), {"--out", "sweep-case.h5"});
-    RunConfig cfg;
-    try {
-      cfg = parse_run_arguments(args);
-    } catch (const UsageError& e) {
-      const std::string message = e.what();
-      const std::string named = option_named_in(message);
-      for (std::size_t a = 0; a < plan.axes.size(); ++a)
-        if (plan.axes[a].name == named)
-          throw UsageError("axis " + named + " value " + c.values[a] + ": " + message);
-      std::string where;
-      for (std::size_t a = 0; a < plan.axes.size(); ++a)
-        where += (a ? ", " : "") + plan.axes[a].name + "=" + c.values[a];
-      if (plan.axes.empty()) throw UsageError(origin + ": " + message);
-      throw UsageError("case " + std::to_string(index) + " of " + std::to_string(total) + " (" + where +
-                       "): " + message);
+    const std::size_t given_arguments = c.arguments.size();  // base and axes
+    derived_numbers.clear();
+    for (std::size_t k = 0; k < rules.size(); ++k) {
+      const DerivedRule& rule = rules[k];
+      const std::string at = derived_at(plan.derived[k]);
+      variable_values.clear();
+      for (std::size_t v = 0; v < rule.sources.size(); ++v) {
+        const VariableSource& source = rule.sources[v];
+        std::optional<double> number;
+        std::string written = source.text;
+        switch (source.from) {
+          case VariableSource::From::Derived: number = derived_numbers[source.index]; break;
+          case VariableSource::From::Axis:
+            number = axis_numbers[source.index][digit[source.index]];
+            written = c.values[source.index];
+            break;
+          case VariableSource::From::Fixed: number = source.fixed; break;
+        }
+        if (!number) {
+          // Not a number of the option's kind: run's own message says what is wrong with it
+          // (the case without its derived values), else this one.
+          SweepCase plain = c;
+          plain.derived.clear();
+          plain.arguments.resize(given_arguments);
+          (void)parse_case(plain);
+          throw UsageError(at + "variable " + rule.expression.variables()[v] + ": --" + source.option + " " +
+                           written + " is not a number" + case_where(c));
+        }
+        variable_values.push_back(*number);
+      }
+      double value = 0.0;
+      try {
+        value = rule.expression.evaluate(variable_values);
+      } catch (const ExpressionValueError& e) {
+        throw UsageError(at + e.what() + case_where(c));
+      }
+      std::string value_text;
+      if (rule.kind == ValueKind::Integer) {
+        // Integral and inside the int64 range (2^63 is exactly representable; it is not in range).
+        if (std::floor(value) != value || !(std::fabs(value) < 9223372036854775808.0))
+          throw UsageError(at + "--" + plan.derived[k].name + " takes an integer, the expression gives " +
+                           format_double(value) + case_where(c));
+        value_text = std::to_string(static_cast<std::int64_t>(value));
+        value = static_cast<double>(static_cast<std::int64_t>(value));  // no -0 for later expressions
+      } else {
+        value_text = format_double(value);
+      }
+      derived_numbers.push_back(value);
+      c.derived.push_back(value_text);
+      c.arguments.push_back("--" + plan.derived[k].name + "=" + value_text);
+    }
+    const RunConfig cfg = parse_case(c);
+    if (!rules.empty()) {
+      // The values used are the case's resolved ones, and each derived value reads back as
+      // computed: what the expressions saw is what the case runs with.
+      const auto resolved = [&cfg](const std::string& option) -> std::optional<double> {
+        for (const auto& p : cfg.parameters)
+          if (p.name == option) return parameter_number(p.value);
+        return std::nullopt;
+      };
+      for (std::size_t k = 0; k < rules.size(); ++k) {
+        if (resolved(plan.derived[k].name) != derived_numbers[k])
+          throw UsageError(derived_at(plan.derived[k]) + "the value " + c.derived[k] +
+                           " does not read back as itself in run" + case_where(c));
+        for (const auto& source : rules[k].sources) {
+          const double used = source.from == VariableSource::From::Derived ? derived_numbers[source.index]
+                              : source.from == VariableSource::From::Axis
+                                  ? *axis_numbers[source.index][digit[source.index]]
+                                  : *source.fixed;
+          if (resolved(source.option) != used)
+            throw UsageError(derived_at(plan.derived[k]) + "--" + source.option + " resolves to another value " +
+                             "than the " + format_double(used) + " read from the sweep file" + case_where(c));
+        }
+      }
     }
     c.id = case_id(cfg);
-    if (const auto [at, fresh] = seen.emplace(c.id, index); !fresh) {
-      const SweepCase& first = plan.cases[at->second];
+    if (const auto [seen_at, fresh] = seen.emplace(c.id, index); !fresh) {
+      const SweepCase& first = plan.cases[seen_at->second];
       for (std::size_t a = 0; a < plan.axes.size(); ++a)
         if (first.values[a] != c.values[a])
           throw UsageError("axis " + plan.axes[a].name + " value " + c.values[a] + ": the same case as value " +
@@ -324,8 +663,10 @@ std::string default_out_dir(const std::string& sweep_path) {
 std::string sweep_usage() {
   return "usage: mfattn sweep --config SWEEP.ini [--out-dir DIR] [--jobs N] [--shard I/N] [--resume] [--dry-run]\n"
          "  Runs every case of a sweep file (a base config plus an [axes] section of run options,\n"
-         "  each with a whitespace-separated list of values; cases = Cartesian product, last axis\n"
-         "  fastest) as `mfattn run` into DIR/<case id>.h5, skipping complete cases, and writes\n"
+         "  each with a whitespace-separated list of values; [zip] / [zip.LABEL] groups of axes\n"
+         "  that advance together; cases = Cartesian product of the axes and groups in file order,\n"
+         "  the last fastest; a [derived] section of option = expression lines evaluated per case)\n"
+         "  as `mfattn run` into DIR/<case id>.h5, skipping complete cases, and writes\n"
          "  DIR/manifest.csv and DIR/manifest.json. See docs/sweeps.md.\n"
          "  --config SWEEP.ini  the sweep file (required)\n"
          "  --out-dir DIR       case files and manifest (default: the sweep file's stem next to it)\n"
@@ -336,7 +677,7 @@ std::string sweep_usage() {
          "  --resume            continue interrupted cases from their last frame (run --resume)\n"
          "                      instead of restarting them\n"
          "  --dry-run           print the number of cases, then list the cases of this share, their\n"
-         "                      ids and status; write nothing\n"
+         "                      ids, status, axis and derived values; write nothing\n"
          "  Under mpirun (builds with MPI) the ranks split the cases and rank 0 writes the manifest.\n"
          "  A case that another process is running is waited for. SIGTERM / SIGINT are passed on to\n"
          "  the running cases; the sweep then writes the manifest, names the undone cases on stderr\n"

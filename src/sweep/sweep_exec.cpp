@@ -404,8 +404,8 @@ class Runner {
 
   std::string label(const SweepCase& c) const {
     std::string text = "(case " + std::to_string(c.index) + " of " + std::to_string(plan_.cases.size());
-    for (std::size_t a = 0; a < plan_.axes.size(); ++a)
-      text += (a ? " " : ": ") + plan_.axes[a].name + "=" + c.values[a];
+    const std::string values = case_values_text(plan_, c, " ");
+    if (!values.empty()) text += ": " + values;
     return text + ")";
   }
 
@@ -696,8 +696,8 @@ int sweep_command(const std::vector<std::string>& args, std::ostream& out, std::
     for (const std::size_t index : mine) {
       const SweepCase& c = plan.cases[index];
       out << index << ' ' << c.id << ' ' << case_status(options.out_dir, c.id).text;
-      for (std::size_t a = 0; a < plan.axes.size(); ++a) out << ' ' << plan.axes[a].name << '=' << c.values[a];
-      out << '\n';
+      const std::string values = case_values_text(plan, c, " ");
+      out << (values.empty() ? "" : " ") << values << '\n';
     }
     out << std::flush;
     return kExitOk;

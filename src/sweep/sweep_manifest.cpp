@@ -180,6 +180,7 @@ std::vector<CaseStatus> write_manifest(const SweepPlan& plan, const std::string&
   std::ostringstream csv;
   csv << "index,case_id,file,status";
   for (const auto& axis : plan.axes) csv << ',' << csv_field(axis.name);
+  for (const auto& derived : plan.derived) csv << ',' << csv_field(derived.name);
   csv << ",final_time";
   for (const auto& column : columns) csv << ',' << csv_field(column);
   csv << "\r\n";
@@ -192,13 +193,22 @@ std::vector<CaseStatus> write_manifest(const SweepPlan& plan, const std::string&
       json << (v ? ", " : "") << quoted(plan.axes[a].values[v]);
     json << ']';
   }
-  json << "},\n  \"cases\": [";
+  json << '}';
+  // Only a sweep with [derived] has these keys, so older manifests stay as they were.
+  if (!plan.derived.empty()) {
+    json << ",\n  \"derived\": {";
+    for (std::size_t k = 0; k < plan.derived.size(); ++k)
+      json << (k ? ", " : "") << quoted(plan.derived[k].name) << ": " << quoted(plan.derived[k].expression);
+    json << '}';
+  }
+  json << ",\n  \"cases\": [";
   for (std::size_t i = 0; i < plan.cases.size(); ++i) {
     const SweepCase& c = plan.cases[i];
     const Row& row = rows[i];
     const std::string file = c.id + ".h5";
     csv << c.index << ',' << c.id << ',' << csv_field(file) << ',' << csv_field(row.status.text);
     for (const auto& value : c.values) csv << ',' << csv_field(value);
+    for (const auto& value : c.derived) csv << ',' << csv_field(value);
     csv << ',' << (row.final.has_time ? number_text(row.final.time) : "");
     for (const auto& [name, count] : seen) {
       const std::vector<double>* values = nullptr;
@@ -213,7 +223,14 @@ std::vector<CaseStatus> write_manifest(const SweepPlan& plan, const std::string&
          << ", \"axes\": {";
     for (std::size_t a = 0; a < plan.axes.size(); ++a)
       json << (a ? ", " : "") << quoted(plan.axes[a].name) << ": " << quoted(c.values[a]);
-    json << "}, \"final_time\": " << (row.final.has_time ? number(row.final.time) : "null")
+    json << '}';
+    if (!plan.derived.empty()) {
+      json << ", \"derived\": {";
+      for (std::size_t k = 0; k < plan.derived.size(); ++k)
+        json << (k ? ", " : "") << quoted(plan.derived[k].name) << ": " << quoted(c.derived[k]);
+      json << '}';
+    }
+    json << ", \"final_time\": " << (row.final.has_time ? number(row.final.time) : "null")
          << ", \"final_observables\": {";
     for (std::size_t k = 0; k < row.final.observables.size(); ++k) {
       const auto& [name, values] = row.final.observables[k];

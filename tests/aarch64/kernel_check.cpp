@@ -78,17 +78,19 @@ Model make_model(const Spec& s) {
   model.normalization = s.norm;
   model.time_scale = s.time_scale;
   model.values = s.values;
-  model.q = Matrix::Identity(s.d, s.d);
-  model.k = Matrix::Identity(s.d, s.d);
-  model.v = Matrix::Identity(s.d, s.d);
+  AttentionMatrices matrices;
+  matrices.q = Matrix::Identity(s.d, s.d);
+  matrices.k = Matrix::Identity(s.d, s.d);
+  matrices.v = Matrix::Identity(s.d, s.d);
   if (s.random_q) {
-    model.q = random_matrix(s.d, s.seed, 0, 1.0, false);
-    model.q_identity = false;
+    matrices.q = random_matrix(s.d, s.seed, 0, 1.0, false);
+    matrices.q_identity = false;
   }
   if (s.random_v) {
-    model.v = random_matrix(s.d, s.seed, 2, 0.0, true);
-    model.v_identity = false;
+    matrices.v = random_matrix(s.d, s.seed, 2, 0.0, true);
+    matrices.v_identity = false;
   }
+  model.matrices = {matrices};
   model.presence.assign(model.n, 0.0);
   for (std::size_t i = 0; i < s.n; ++i) model.presence[i] = s.presence;
   model.eps_den = s.eps_den;

@@ -228,6 +228,7 @@ TEST(Config, ChoiceTablesDriveHelpValidationAndValues) {
   expect_table_drives_option(kQueryOption, out);
   expect_table_drives_option(kKeyOption, out);
   expect_table_drives_option(kValueOption, out);
+  expect_table_drives_option(kMatrixSharingOption, out);
   expect_table_drives_option(kGeometryOption, out);
   expect_table_drives_option(kPositionsOption, out);
   expect_table_drives_option(kValuesOption, out);
@@ -235,7 +236,8 @@ TEST(Config, ChoiceTablesDriveHelpValidationAndValues) {
   expect_table_drives_option(kMaskOption, out);
   expect_table_drives_option(kPrefixInitOption, out);
   expect_table_drives_option(kInitOption, out);
-  EXPECT_EQ(kQueryOption.accepted(), "accepted: identity, gaussian, goe or a readable file");
+  EXPECT_EQ(kQueryOption.accepted(),
+            "accepted: identity, gaussian, goe, gaussian-product, wigner-unit, goe-unit or a readable file");
   EXPECT_EQ(kKernelOption.help(), "usa (unnormalised) | sa (softmax)");
 }
 

@@ -39,8 +39,8 @@ TEST_P(EveryIntegrator, EveryStepKeepsUnitNorm) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Integrators, EveryIntegrator,
-                         ::testing::Values("euler", "heun", "rk4", "lie-euler", "lie-rk4", "dopri5",
-                                           "euler-maruyama"));
+                         ::testing::Values("euler", "euler-unprojected", "heun", "rk4", "lie-euler",
+                                           "lie-rk4", "dopri5", "euler-maruyama"));
 
 // d = 2, x = (cos theta, sin theta): USA reduces to
 //   dtheta_i/dt = -(1/n) sum_j exp(beta cos(theta_i - theta_j)) sin(theta_i - theta_j).
@@ -168,6 +168,8 @@ double measured_order(const std::string& integrator, double coarse) {
 
 TEST(Convergence, FixedStepMethodsHaveTheirOrder) {
   EXPECT_NEAR(measured_order("euler", 1.0 / 64), 1.0, 0.1);
+  // Its clock h / (1 + h <x, u>) tends to h: first order towards the same ODE.
+  EXPECT_NEAR(measured_order("euler-unprojected", 1.0 / 64), 1.0, 0.1);
   EXPECT_NEAR(measured_order("heun", 1.0 / 32), 2.0, 0.15);
   EXPECT_NEAR(measured_order("rk4", 1.0 / 8), 4.0, 0.25);
   EXPECT_NEAR(measured_order("lie-euler", 1.0 / 64), 1.0, 0.1);

@@ -75,8 +75,7 @@ class CpuBackend final : public Backend {
     return "loop " + last_loop_ + " cpu_kernels " + simd::kInstructionSet;
   }
 
-  void velocity(std::size_t replicas, const double* x, double* velocity_out,
-                double* weight_sums_out) override {
+  void evaluate(std::size_t replicas, const double* x, const FieldOutputs& out) override {
     bool fall_back = false;
     std::string failure;
     // Small evaluations run on one thread: waking a team costs more than it saves, and on a
@@ -96,17 +95,16 @@ class CpuBackend final : public Backend {
     on_team([&] {
       prepare(replicas, x);
       if (symmetric_)
-        symmetric_->evaluate(prepared_, replicas, x, velocity_out, weight_sums_out, fall_back,
-                             failure);
+        symmetric_->evaluate(prepared_, replicas, x, out, fall_back, failure);
       else
-        one_sided(replicas, x, velocity_out, weight_sums_out, failure);
+        one_sided(replicas, x, out, failure);
     });
     last_loop_ = symmetric_ && !fall_back ? "symmetric" : "one-sided";
     if (fall_back) {
       // The shared offset of the symmetric loop was too loose: every receiver again, each
       // with its own offset (and its exact maximum where that is loose too).
       failure.clear();
-      on_team([&] { one_sided(replicas, x, velocity_out, weight_sums_out, failure); });
+      on_team([&] { one_sided(replicas, x, out, failure); });
     }
     if (!failure.empty()) throw NumericalError(failure);
   }
@@ -114,8 +112,8 @@ class CpuBackend final : public Backend {
  private:
   /// The one-sided loop, called by every thread of a team: panels of receivers walk every
   /// source.
-  void one_sided(std::size_t replicas, const double* x, double* velocity_out,
-                 double* weight_sums_out, std::string& failure) const {
+  void one_sided(std::size_t replicas, const double* x, const FieldOutputs& out,
+                 std::string& failure) const {
     const std::size_t n = model_.n;
     const std::size_t panel = kPanelBlocks * block_size(model_.d);
     const std::size_t panels_per_replica = (n + panel - 1) / panel;
@@ -125,9 +123,11 @@ class CpuBackend final : public Backend {
       const std::size_t r = unit / panels_per_replica;
       const std::size_t first = (unit % panels_per_replica) * panel;
       try {
-        run_panel(r, first, std::min(panel, n - first), x + r * n * model_.d,
-                  velocity_out + r * n * model_.d,
-                  weight_sums_out ? weight_sums_out + r * n : nullptr);
+        const std::size_t replica_start = r * n * model_.d;
+        run_panel(r, first, std::min(panel, n - first), x + replica_start,
+                  out.velocity + replica_start,
+                  out.attention_output ? out.attention_output + replica_start : nullptr,
+                  out.weight_sums ? out.weight_sums + r * n : nullptr);
       } catch (const NumericalError& error) {
 #pragma omp critical(mfattn_cpu_failure)
         failure = error.what();
@@ -175,8 +175,8 @@ class CpuBackend final : public Backend {
       for (std::size_t r = 0; r < replicas; ++r) {
         prepare_layout(prepared_[r]);
         for (std::size_t q = 0; q < model_.prefix_count(); ++q)
-          add_source(prepared_[r], q, n + q, model_.prefix.data() + q * d, largest_key_[r],
-                     largest_bias_[r]);
+          add_source(prepared_[r], model_.matrices_of(r), q, n + q, model_.prefix.data() + q * d,
+                     largest_key_[r], largest_bias_[r]);
       }
     }
     std::vector<double> key(replicas, 0.0), bias(replicas, 0.0);
@@ -187,10 +187,11 @@ class CpuBackend final : public Backend {
       const double* xi = x + unit * d;
       Scratch scratch;
       double* work = scratch.rows(d);
+      const AttentionMatrices& matrices = model_.matrices_of(r);
       const double* query =
-          kernels::gauged_product(model_, model_.q, model_.q_identity, i, xi, work + d, work);
+          kernels::gauged_product(model_, matrices.q, matrices.q_identity, i, xi, work + d, work);
       for (std::size_t c = 0; c < d; ++c) p.queries[i * d + c] = model_.beta * query[c];
-      add_source(p, p.first_moving + i, i, xi, key[r], bias[r]);
+      add_source(p, matrices, p.first_moving + i, i, xi, key[r], bias[r]);
     }
 #pragma omp critical(mfattn_cpu_prepare)
     for (std::size_t r = 0; r < replicas; ++r) {
@@ -223,13 +224,13 @@ class CpuBackend final : public Backend {
   /// Source s of p holds gauge token `token` with contents y: its key, value, and its share
   /// of the largest squared key norm and bias. Null sources stay out of the bound, so that
   /// adding them changes no offset.
-  void add_source(Prepared& p, std::size_t s, std::size_t token, const double* y,
-                  double& largest_key_norm2, double& largest_bias) const {
+  void add_source(Prepared& p, const AttentionMatrices& matrices, std::size_t s, std::size_t token,
+                  const double* y, double& largest_key_norm2, double& largest_bias) const {
     const std::size_t d = model_.d;
     Scratch scratch;
     double* out = scratch.rows(d);
     const double* key =
-        kernels::gauged_product(model_, model_.k, model_.k_identity, token, y, out + d, out);
+        kernels::gauged_product(model_, matrices.k, matrices.k_identity, token, y, out + d, out);
     double key_norm2 = 0.0;
     double* panel = p.key_panels.data() + p.key_index(0, s);
     for (std::size_t c = 0; c < d; ++c) {
@@ -252,7 +253,8 @@ class CpuBackend final : public Backend {
   }
 
   void run_panel(std::size_t replica, std::size_t first, std::size_t receivers_in_panel,
-                 const double* x, double* velocity, double* weight_sums) const {
+                 const double* x, double* velocity, double* attention_output,
+                 double* weight_sums) const {
     const Prepared& p = prepared_[replica];
     const std::size_t size = block_size(p.d);
     const std::size_t blocks = (receivers_in_panel + size - 1) / size;
@@ -281,13 +283,16 @@ class CpuBackend final : public Backend {
     });
     Scratch scratch;
     double* work = scratch.rows(model_.d);
+    const AttentionMatrices& matrices = model_.matrices_of(replica);
     for (std::size_t b = 0; b < blocks; ++b) {
       const BlockSums& block = panel[b];
       for (std::size_t r = 0; r < block.count; ++r) {
         const std::size_t i = block.receivers[r];
         const double sum = detail::finish_receiver(
-            model_, mass_, i, x + i * model_.d, block.offset[r], block.weight_sum[r],
-            block.acc + r * block.acc_stride, velocity + i * model_.d, work);
+            model_, matrices, mass_, i, x + i * model_.d, block.offset[r], block.weight_sum[r],
+            block.acc + r * block.acc_stride,
+            {velocity + i * model_.d, attention_output ? attention_output + i * model_.d : nullptr},
+            work);
         if (weight_sums) weight_sums[i] = sum;
       }
     }

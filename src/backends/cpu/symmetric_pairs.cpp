@@ -56,7 +56,7 @@ constexpr bool kSymmetricTwoPass = kSymmetricByRegister && simd::kVectorRegister
 
 bool symmetric_pairs_apply(const Model& model) {
   // The terms declare their symmetry (kernels/pair_terms.hpp); the loop takes log-terms only.
-  return model.q_identity && model.k_identity &&
+  return model.query_key_identity() &&
          kernels::symmetric_log_terms(kernels::pair_term_parameters(model)) &&
          model.prefix_count() == 0 && model.beta > 0.0;
 }
@@ -518,8 +518,8 @@ void SymmetricPairs::run_block(const Prepared& p, Replica& s, std::size_t row_ti
 }
 
 void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t replicas,
-                              const double* x, double* velocity, double* weight_sums,
-                              bool& fall_back, std::string& failure) {
+                              const double* x, const FieldOutputs& out, bool& fall_back,
+                              std::string& failure) {
   const std::size_t n = model_.n, d = model_.d;
 #pragma omp single
   {
@@ -651,10 +651,11 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
       continue;
     }
     try {
-      const double sum = detail::finish_receiver(model_, mass_, i, x + (r * n + i) * d, s.offset,
-                                                 s.scale, weight_sum, acc,
-                                                 velocity + (r * n + i) * d, work);
-      if (weight_sums) weight_sums[r * n + i] = sum;
+      const std::size_t row = (r * n + i) * d;
+      const double sum = detail::finish_receiver(
+          model_, model_.matrices_of(r), mass_, i, x + row, s.offset, s.scale, weight_sum, acc,
+          {out.velocity + row, out.attention_output ? out.attention_output + row : nullptr}, work);
+      if (out.weight_sums) out.weight_sums[r * n + i] = sum;
     } catch (const NumericalError& error) {
 #pragma omp critical(mfattn_cpu_failure)
       if (failure.empty()) failure = error.what();

@@ -44,6 +44,7 @@
 
 #include "backends/cpu/micro_kernels.hpp"
 #include "backends/cpu/pair_terms.hpp"
+#include "mfattn/backend.hpp"
 #include "mfattn/model.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
@@ -60,12 +61,12 @@ class SymmetricPairs {
 
   /// Called by every thread of an OpenMP team, after prepared[r] holds the operands of each
   /// replica (no prefix region: source j is token j). Writes every receiver's velocity and,
-  /// when weight_sums is not null, D_i. Sets `fall_back` (and leaves the outputs unfinished)
+  /// where out asks, D_i and the attention output. Sets `fall_back` (and leaves the outputs unfinished)
   /// when the shared offset is too loose for some replica: 2 B log2(e) >= 1020 (weights could
   /// underflow) or a present receiver's S_i < kLooseBound; the caller then evaluates with the
   /// one-sided loop. A NumericalError of a receiver is recorded in `failure` (first one kept).
   void evaluate(const std::vector<Prepared>& prepared, std::size_t replicas, const double* x,
-                double* velocity, double* weight_sums, bool& fall_back, std::string& failure);
+                const FieldOutputs& out, bool& fall_back, std::string& failure);
 
  private:
   /// One replica's operands and running sums, token-major padded to whole tiles.

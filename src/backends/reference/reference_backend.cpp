@@ -16,14 +16,14 @@ class ReferenceBackend final : public Backend {
       : model_(model), terms_(kernels::pair_term_parameters(model)) {}
   std::string name() const override { return "reference"; }
 
-  void velocity(std::size_t replicas, const double* x, double* velocity_out,
-                double* weight_sums_out) override {
+  void evaluate(std::size_t replicas, const double* x, const FieldOutputs& out) override {
     const std::size_t n = model_.n, d = model_.d;
     std::vector<double> value(d), tmp(d), u(d), numerator(d);
     const double shift = model_.exponent_shift();
     for (std::size_t r = 0; r < replicas; ++r) {
       const double* xr = x + r * n * d;
-      kernels::prepare_token_operands(model_, xr, operands_);
+      const AttentionMatrices& matrices = model_.matrices_of(r);
+      kernels::prepare_token_operands(model_, matrices, xr, operands_);
       for (std::size_t i = 0; i < n; ++i) {
         const double* xi = xr + i * d;
         std::fill(numerator.begin(), numerator.end(), 0.0);
@@ -45,7 +45,7 @@ class ReferenceBackend final : public Backend {
             model_.gauge->apply_transpose(i, zj, value.data());
           else
             std::copy(zj, zj + d, value.data());
-          apply_matrix(model_.v, model_.v_identity, value.data(), tmp.data());
+          apply_matrix(matrices.v, matrices.v_identity, value.data(), tmp.data());
           for (std::size_t c = 0; c < d; ++c) numerator[c] += weight * tmp[c];
           denominator += weight;
         }
@@ -60,10 +60,13 @@ class ReferenceBackend final : public Backend {
         }
         double radial = 0.0;
         for (std::size_t c = 0; c < d; ++c) radial += xi[c] * u[c];
-        double* vi = velocity_out + (r * n + i) * d;
+        double* vi = out.velocity + (r * n + i) * d;
         for (std::size_t c = 0; c < d; ++c)
           vi[c] = model_.presence[i] * (u[c] - radial * xi[c]);
-        if (weight_sums_out) weight_sums_out[r * n + i] = denominator;
+        if (out.attention_output)
+          for (std::size_t c = 0; c < d; ++c)
+            out.attention_output[(r * n + i) * d + c] = model_.presence[i] * u[c];
+        if (out.weight_sums) out.weight_sums[r * n + i] = denominator;
       }
     }
   }
