@@ -10,7 +10,8 @@ DATA is the folder experiments/reference/run_reference.py writes (default data/r
     DATA/phase_diagram/<kernel>_<matrices>_<integrator>.npz   -> FIGURES/phase_<kernel>_<matrices>.png
         beta x t maps (pcolormesh, RdBu_r, as the reference draws them) of the batch-mean
         clustered-pair fraction: the reference step, rk4, and their difference
-        (reference - rk4, a symmetric colour scale) where both exist.
+        (reference - rk4, a symmetric colour scale) where both exist. Checkpoints after a run
+        failed numerically (NaN) are grey.
     DATA/sphere/{reference,rk4}.h5                             -> FIGURES/sphere.png
         3-D scatter of the tokens on the sphere at a few times, one row per integrator.
 
@@ -62,9 +63,15 @@ def phase_figures(folder: Path, out: Path) -> list[Path]:
         first = runs[order[0]]
         for ax, (label, values, run) in zip(axes[0], panels):
             src = run or first
+            failed = bool(np.isnan(values).any())
+            values = np.ma.masked_invalid(values)
             T, B = np.meshgrid(src["checkpoints"], src["betas"])
+            if failed:
+                label += "\n(grey: the run failed numerically)"
+                ax.set_facecolor("0.7")
             if run is None:
-                lim = float(np.max(np.abs(values))) or 1e-16
+                lim = float(np.ma.max(np.abs(values))) if values.count() else 0.0
+                lim = lim or 1e-16
                 pc = ax.pcolormesh(T, B, values, cmap="RdBu_r", vmin=-lim, vmax=lim,
                                    shading="nearest", rasterized=True)
             else:

@@ -163,8 +163,9 @@ def run_arguments(plan: CheckpointPlan, feats: Features, *, kernel: str, n: int,
     return args, notes
 
 
-def read_pair_fraction(path, plan: CheckpointPlan) -> np.ndarray:
-    """clustered_pair_fraction at each checkpoint of ``plan``: [nc, R]."""
+def read_pair_fraction(path, plan: CheckpointPlan, missing_ok: bool = False) -> np.ndarray:
+    """clustered_pair_fraction at each checkpoint of ``plan``: [nc, R]. With ``missing_ok``
+    the checkpoints past the file's last frame (a failed run) are NaN."""
     import h5py
     with h5py.File(path, "r", locking=False) as f:
         group = f["observables/clustered_pair_fraction"]
@@ -175,7 +176,10 @@ def read_pair_fraction(path, plan: CheckpointPlan) -> np.ndarray:
     idx = np.searchsorted(times, plan.save_times - 1e-9 * np.maximum(1.0, plan.save_times))
     idx = np.minimum(idx, times.size - 1)
     bad = np.abs(times[idx] - plan.save_times) > 1e-9 * np.maximum(1.0, plan.save_times)
-    if bad.any():
+    if missing_ok and bad.any():
+        value = np.concatenate([value, np.full((1,) + value.shape[1:], np.nan)])
+        idx = np.where(bad, value.shape[0] - 1, idx)
+    elif bad.any():
         raise ValueError(f"{path}: no frame at t = {plan.save_times[bad][0]!r} (the file holds "
                          f"{times.size} frames up to {times[-1]!r})")
     by_step = dict(zip(plan.frame_steps.tolist(), idx.tolist()))
@@ -203,10 +207,15 @@ def run_phase_diagram(binary, out_dir, betas, *, batch: int = 512, n: int = 32, 
                       random_v: int = 0, noanneal: int = 0, regen_period: float = 0.0,
                       seed: int = 0, integrator: str = "reference", jobs: int | None = None,
                       feats: Features | None = None, tag: str = "", keep_files: bool = True,
-                      timeout: float = 3600.0) -> PhaseRuns:
+                      timeout: float = 3600.0, allow_numerical_failure: bool = False) -> PhaseRuns:
     """One `mfattn run` per beta (``jobs`` at once, cores / jobs threads each), seed
     ``seed + index`` (noanneal 2: ``seed`` for every beta, so the initial states are shared
-    too). Returns the statistic at the reference's checkpoints."""
+    too). Returns the statistic at the reference's checkpoints.
+
+    A run that fails raises RuntimeError, except with ``allow_numerical_failure`` a numerical
+    failure (exit 3, e.g. USA weights overflowing when rk4's unnormalised stages leave the
+    sphere): its checkpoints after the failure are NaN and ``notes`` says which beta failed
+    and why."""
     binary = Path(binary)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -229,15 +238,19 @@ def run_phase_diagram(binary, out_dir, betas, *, batch: int = 512, n: int = 32, 
         commands.append([str(binary), "run", *args, "--threads", str(threads), "--quiet",
                          "--overwrite", "--out", str(path)])
 
-    def one(cmd):
+    failed: dict[int, str] = {}
+
+    def one(i, cmd):
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        if done.returncode != 0:
+        if done.returncode == 3 and allow_numerical_failure:
+            failed[i] = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "exit 3"
+        elif done.returncode != 0:
             raise RuntimeError(f"mfattn exited with {done.returncode}: {' '.join(cmd[:12])} ...\n"
                                f"{done.stderr.strip()[-2000:]}")
 
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        for fut in [pool.submit(one, c) for c in commands]:
+        for fut in [pool.submit(one, i, c) for i, c in enumerate(commands)]:
             fut.result()
     seconds = time.perf_counter() - t0
 
@@ -246,10 +259,15 @@ def run_phase_diagram(binary, out_dir, betas, *, batch: int = 512, n: int = 32, 
     steps = np.zeros((nb, nc), dtype=np.int64)
     unique = np.zeros((nb, nc), dtype=bool)
     for i, (plan, path) in enumerate(zip(plans, files)):
-        per_system[i] = read_pair_fraction(path, plan)
+        if i in failed:
+            notes.append(f"beta = {plan.beta:g}: {failed[i]}")
+            per_system[i] = read_pair_fraction(path, plan, missing_ok=True) if path.is_file() \
+                else np.nan
+        else:
+            per_system[i] = read_pair_fraction(path, plan)
         steps[i] = plan.steps
         unique[i] = np.concatenate([[True], plan.steps[1:] != plan.steps[:-1]])
-        if not keep_files:
+        if not keep_files and path.exists():
             path.unlink()
     diagram = rp.PhaseDiagram(
         betas=betas, checkpoints=plans[0].checkpoints, etas=np.array([p.eta for p in plans]),

@@ -74,7 +74,8 @@ def phase(a) -> int:
                     binary, out / "runs", betas, batch=a.batch, n=a.n, d=a.d, kernel=kernel,
                     step=a.step, maxtime=maxtimes[kernel], checkpoints=a.checkpoints,
                     random_kq=kq, random_v=v, noanneal=0, seed=a.seed, integrator=integrator,
-                    jobs=a.jobs, feats=feats, tag=name, keep_files=False)
+                    jobs=a.jobs, feats=feats, tag=name, keep_files=False,
+                    allow_numerical_failure=True)
                 seconds = time.perf_counter() - t0
                 dg = runs.diagram
                 settings = dict(dg.settings, name=name, matrices=matrices, seconds=seconds,
@@ -85,6 +86,7 @@ def phase(a) -> int:
                          etas=dg.etas, steps=dg.steps, mean=dg.mean,
                          se=rp.standard_error(dg.per_system), settings=json.dumps(settings))
                 for w in runs.notes:
+                    w = f"{name}: {w}" if w.startswith("beta =") else w
                     if w not in notes:
                         notes.append(w)
                 print(f"run_reference: {name}: {len(betas)} betas x {a.batch} systems in "

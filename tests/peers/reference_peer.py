@@ -73,7 +73,7 @@ import numpy as np
 
 __all__ = [
     "THRESHOLD", "reference_eta", "reference_checkpoints", "checkpoint_steps", "draw_matrices",
-    "from_mfattn_matrices", "mfattn_matrices", "mfattn_initial_states", "simulate", "pair_fraction", "phase_diagram", "PhaseDiagram",
+    "from_mfattn_matrices", "mfattn_matrices", "mfattn_layers", "mfattn_initial_states", "simulate", "pair_fraction", "phase_diagram", "PhaseDiagram",
     "sphere_run", "agreement", "Agreement", "random_unit_rows",
 ]
 
@@ -355,58 +355,53 @@ def from_mfattn_matrices(Q=None, K=None, V=None):
     return bf, v
 
 
-_MATRIX_NAMES = {"q": "Q", "k": "K", "v": "V", "query": "Q", "key": "K",
-                 "q_matrix": "Q", "k_matrix": "K", "v_matrix": "V", "query_matrix": "Q",
-                 "key_matrix": "K", "value_matrix": "V"}
-# H5MD time series (every element's datasets are step, time, value) are never matrices.
-_NOT_MATRICES = re.compile(r"(^|/)(observables|position|velocity|h5md)(/|$)")
 _REPLICA_GROUP = re.compile(r"tokens(?:_r([1-9][0-9]*))?$")
+_ATTENTION = {"Q": "query", "K": "key", "V": "value"}
 
 
-def mfattn_matrices(path, replicas: int | None = None) -> dict[str, np.ndarray | None]:
-    """The Q, K, V an mfattn run used, from its H5MD file: {"Q": ..., "K": ..., "V": ...},
-    each [R, d, d] (one per replica), [d, d] (shared) or None (identity).
-
-    Looks for d x d datasets named Q, K, V (or q, k, v, query, key, q_matrix, ...) anywhere in
-    the file but the H5MD time series (observables, position, velocity): under a replica's particle group (tokens, tokens_r<r>) they are that replica's, a
-    leading axis of length R is the replica axis. A matrix that the file does not hold is
-    taken from /parameters: "identity" (or "") is None, an existing text file (a path given to
-    --q/--k/--v) is read with numpy.loadtxt. Raises LookupError when a matrix was drawn (a
-    preset) but the file does not store it.
-    """
+def mfattn_layers(path) -> dict[str, Any]:
+    """Every layer's matrices an mfattn run used, as its file records them
+    (/particles/tokens[_r<r>]/attention_matrices: layer_start [L], query, key, value
+    [L, d, d], acting on column vectors; replica groups other than replica 0 hold them only
+    with --matrices per-replica). Returns {"layer_start": [L], "Q", "K", "V": [R, L, d, d]}
+    (R = 1 for shared matrices), or None for a file without the record."""
     import h5py
 
-    found: dict[str, dict[int | None, np.ndarray]] = {"Q": {}, "K": {}, "V": {}}
     with h5py.File(path, "r", locking=False) as f:
-        d = int(f["particles/tokens/position/value"].shape[-1])
+        groups = sorted((int(m.group(1) or 0), key) for key in f["particles"]
+                        for m in [_REPLICA_GROUP.match(key)] if m)
+        records = [f[f"particles/{key}/attention_matrices"] for _, key in groups
+                   if "attention_matrices" in f[f"particles/{key}"]]
+        if not records:
+            return None
+        out: dict[str, Any] = {"layer_start": np.asarray(records[0]["layer_start"][()])}
+        for key, name in _ATTENTION.items():
+            out[key] = np.stack([np.asarray(r[name][()], dtype=np.float64) for r in records])
+    return out
+
+
+def mfattn_matrices(path, layer: int = 0) -> dict[str, np.ndarray | None]:
+    """The Q, K, V of one layer (default the first) of an mfattn run: {"Q", "K", "V"}, each
+    [R, d, d] (one per replica, --matrices per-replica) or [d, d] (shared).
+
+    Read from the file's attention_matrices record (:func:`mfattn_layers`). A file without it
+    (a build that does not record them) falls back to /parameters: "identity" (or "") is None,
+    an existing text file given to --q/--k/--v is read as mfattn reads it; a drawn preset then
+    raises LookupError.
+    """
+    layers = mfattn_layers(path)
+    if layers is not None:
+        out = {}
+        for key in ("Q", "K", "V"):
+            m = layers[key][:, layer]
+            out[key] = m[0] if m.shape[0] == 1 else m
+        return out
+    import h5py
+
+    with h5py.File(path, "r", locking=False) as f:
         params = {k: f["parameters"].attrs[k] for k in f["parameters"].attrs} if "parameters" in f else {}
-
-        def visit(name, obj):
-            if not isinstance(obj, h5py.Dataset) or obj.ndim < 2 or obj.shape[-2:] != (d, d):
-                return
-            if _NOT_MATRICES.search(name):
-                return
-            parts = name.split("/")
-            key = _MATRIX_NAMES.get(parts[-1].lower())
-            if key is None:
-                return
-            replica = None
-            for part in parts[:-1]:
-                m = _REPLICA_GROUP.match(part)
-                if m:
-                    replica = int(m.group(1) or 0)
-            found[key][replica] = np.asarray(obj[()], dtype=np.float64)
-
-        f.visititems(visit)
     out: dict[str, np.ndarray | None] = {}
-    for key, by_replica in found.items():
-        if by_replica:
-            if None in by_replica and len(by_replica) == 1:
-                out[key] = by_replica[None]
-            else:
-                ordered = [by_replica[r] for r in sorted(k for k in by_replica if k is not None)]
-                out[key] = np.stack(ordered) if len(ordered) > 1 else ordered[0]
-            continue
+    for key in ("Q", "K", "V"):
         value = params.get(key.lower(), "identity")
         value = value.decode() if isinstance(value, bytes) else str(value)
         if value in ("", "identity"):
@@ -415,7 +410,7 @@ def mfattn_matrices(path, replicas: int | None = None) -> dict[str, np.ndarray |
             out[key] = _load_matrix_text(value)
         else:
             raise LookupError(f"{path}: --{key.lower()} {value} was drawn, but the file stores "
-                              f"no {key} matrix")
+                              f"no attention_matrices")
     return out
 
 
