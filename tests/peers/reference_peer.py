@@ -493,7 +493,8 @@ class PhaseDiagram:
     step count at which each checkpoint was taken; unique [nb, nc]: True for the first
     checkpoint of each distinct step (later ones repeat its value); mean [nb, nc]: the batch
     mean (the reference's density_tensor); per_system [nb, nc, B]; seconds: the wall time of
-    the simulation loop (matrix and state draws included, set-up and imports not).
+    the simulation loop (matrix and state draws included, set-up and imports not); states
+    [nb, B, n, d]: the final state of each beta, with ``keep_states``.
     """
     betas: np.ndarray
     checkpoints: np.ndarray
@@ -504,6 +505,7 @@ class PhaseDiagram:
     per_system: np.ndarray
     seconds: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
+    states: np.ndarray | None = None
 
 
 def phase_diagram(betas, batch: int = 512, n: int = 32, d: int = 2, kernel: str = "sa",
@@ -511,7 +513,8 @@ def phase_diagram(betas, batch: int = 512, n: int = 32, d: int = 2, kernel: str 
                   checkpoints: int = 200, random_kq: int = 0, random_v: int = 0,
                   noanneal: int = 0, regen_period: float = 0.0, seed: int = 0,
                   backend: str = "torch", threads: int | None = None, project: bool = False,
-                  threshold: float = THRESHOLD, x0=None, bf=None, v=None) -> PhaseDiagram:
+                  threshold: float = THRESHOLD, x0=None, bf=None, v=None,
+                  keep_states: bool = False) -> PhaseDiagram:
     """phase-diagrams.py's loop for each beta (a fresh batch of states per beta).
 
     x0 ([nb, B, n, d] or [B, n, d], the same for every beta), bf and v ([B or 1, d, d]) may be
@@ -529,6 +532,7 @@ def phase_diagram(betas, batch: int = 512, n: int = 32, d: int = 2, kernel: str 
     steps_of = np.zeros((nb, nc), dtype=np.int64)
     unique = np.zeros((nb, nc), dtype=bool)
     etas = np.zeros(nb)
+    states = np.zeros((nb, batch, n, d)) if keep_states else None
     given = bf is not None or v is not None
     if given:
         bf = None if bf is None else ops.asarray(bf)
@@ -576,6 +580,8 @@ def phase_diagram(betas, batch: int = 512, n: int = 32, d: int = 2, kernel: str 
                 if not given and shared_run is None:
                     mats = draw_matrices(ops, random_kq, random_v, 1 if noanneal == 1 else batch, d)
                 regen_time += regen_period
+        if states is not None:
+            states[b] = ops.to_numpy(x)
     seconds = time.perf_counter() - t0
     settings = dict(batch=batch, n=n, d=d, kernel=kernel, step=step, rawstep=rawstep,
                     maxtime=maxtime, checkpoints=checkpoints, random_kq=random_kq,
@@ -583,7 +589,7 @@ def phase_diagram(betas, batch: int = 512, n: int = 32, d: int = 2, kernel: str 
                     backend=ops.name, threads=threads, project=project, threshold=threshold)
     return PhaseDiagram(betas=betas, checkpoints=ckpts, etas=etas, steps=steps_of,
                         unique=unique, mean=mean, per_system=per_system, seconds=seconds,
-                        settings=settings)
+                        settings=settings, states=states)
 
 
 def sphere_run(n: int = 64, d: int = 3, beta: float = 1.0, T: float = 15.0, dt: float = 0.1,

@@ -91,6 +91,11 @@ def test_numpy_and_torch_peers_agree():
     pa = rp.phase_diagram([1.0, 6.0], batch=64, kernel="sa", maxtime=3, backend="numpy", x0=x)
     pb = rp.phase_diagram([1.0, 6.0], batch=64, kernel="sa", maxtime=3, backend="torch", x0=x, threads=1)
     assert np.array_equal(pa.per_system, pb.per_system)
+    # The states: the phase diagram's last state is simulate's after as many steps.
+    pc = rp.phase_diagram([6.0], batch=64, kernel="sa", maxtime=3, backend="numpy", x0=x, keep_states=True)
+    last = rp.simulate(x, 6.0, int(pc.steps[0, -1]), 0.1, "sa", keep="last")
+    assert np.array_equal(pc.states[0], last)
+    assert np.array_equal(rp.pair_fraction(last), pc.per_system[0, -1])
 
 
 def literal_reference_loop(eta, maxtime, checkpoints):
