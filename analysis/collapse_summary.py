@@ -6,6 +6,10 @@ pairwise inner product, the energy, the flatness (smallest eigenvalue of the sec
 <x_i, x_j> > 1 - 1e-4, as the n_clusters observable), the prompts and prefix tokens per prompt,
 and collapsed = min inner > 0.999. Optional figures:
 1 - min inner against time, and the final states of the d = 3 runs on the sphere.
+A file written with --save-positions none has no final positions: its clusters come from the
+stored n_clusters observable, its flatness and last-coordinate spread are nan, and the
+final-state figure leaves it out (with a note). With --save-positions ends the last kept
+frame is the final one, as with all.
 Runs under /usr/bin/python3 (Debian's h5py, numpy, matplotlib)."""
 import argparse
 import pathlib
@@ -24,10 +28,10 @@ def summarize(path):
     with h5py.File(path, "r") as f:
         params = f["parameters"].attrs
         obs = f["observables"]
-        x = f["particles/tokens/position/value"][-1]
+        stored = f["particles/tokens/position/value"]
         presence = f["particles/tokens/presence"][()]
-        x = x[presence > 0]
-        moment = x.T @ x / len(x)
+        x = stored[-1][presence > 0] if stored.shape[0] else None  # None: --save-positions none
+        moment = x.T @ x / len(x) if x is not None else None
         min_inner = obs["min_inner/value"][()]
         return {
             "file": path.name,
@@ -43,10 +47,10 @@ def summarize(path):
             "min_inner": float(min_inner[-1]),
             "mean_inner": float(obs["mean_inner/value"][-1]),
             "energy": float(obs["energy/value"][-1]),
-            "flatness": float(np.linalg.eigvalsh(moment)[0]),
-            "last_spread": float(np.ptp(x[:, -1])),
+            "flatness": float(np.linalg.eigvalsh(moment)[0]) if x is not None else float("nan"),
+            "last_spread": float(np.ptp(x[:, -1])) if x is not None else float("nan"),
             "collapsed": bool(min_inner[-1] > 0.999),
-            "clusters": cluster_count(x),
+            "clusters": cluster_count(x) if x is not None else int(obs["n_clusters/value"][-1]),
             "prompts": int(params["prompts"]) if "prompts" in params else 1,
             "prefix": int(params["prefix"]) if "prefix" in params else 0,
             "prefix_tokens": f["particles/prefix/position"][()] if "particles/prefix" in f else None,
@@ -95,6 +99,10 @@ def final_state_figure(rows, path):
     import matplotlib.pyplot as plt
     path = pathlib.Path(path)
     finals = [r for r in rows if r["d"] == 3 and r["n"] == 256]
+    for r in finals:
+        if r["final"] is None:
+            print(f"note: {r['file']} has no positions (--save-positions none); left out of {path.name}")
+    finals = [r for r in finals if r["final"] is not None]
     if not finals:
         return None
     columns = min(3, len(finals))

@@ -56,7 +56,7 @@ def seed003_figures(folder: Path, out_dir: Path) -> list[Path]:
     written = [collapse_summary.min_inner_figure(rows, out_dir / "seed003_min_inner.png", cases=True)]
     final = collapse_summary.final_state_figure(rows, out_dir / "seed003_final.png")
     if final is None:
-        print(f"note: {folder} has no d = 3, n = 256 run; seed003_final.png not drawn")
+        print(f"note: {folder} has no d = 3, n = 256 run with positions; seed003_final.png not drawn")
     else:
         written.append(final)
     largest = {}

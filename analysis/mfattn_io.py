@@ -41,6 +41,15 @@ A run that was killed leaves every flushed frame readable: if position/value, st
 differ in length, the loader keeps their common leading frames (for a complete file they agree
 and nothing is cut). Use :func:`is_complete` to tell finished files from interrupted ones.
 
+Files written with ``--save-positions ends`` or ``none`` (docs/output.md) keep positions of
+only some frames: ``times`` / ``steps`` are then every frame's (the frame clock in
+/observables/<name>/{step, time}, which every observable shares), observables have a row per
+frame as always, and ``positions`` has a row per *kept* frame, at ``position_times``: the first
+(t = 0) and the last frame for ``ends`` (one more per resumed part that reached a longer
+horizon), none for ``none`` (shape [0, n, d]). ``save_positions`` says which; with ``all``
+(every older file) ``position_times`` equals ``times``. The last frame's full state of such a
+file is in /run/checkpoint (for ``--resume``), which the loader does not read.
+
 Example::
 
     from mfattn_io import load
@@ -71,9 +80,13 @@ class Trajectory:
 
     Attributes:
         path: the file that was read.
-        positions: float64 [T, n, d], or [T, R, n, d] when ``stacked``.
-        times: float64 [T], the frame times (position/time).
-        steps: int64 [T], the integrator step of every frame (position/step).
+        positions: float64 [P, n, d], or [P, R, n, d] when ``stacked``: the frames whose
+            positions the file keeps (P = T with save_positions "all").
+        times: float64 [T], the frame times (the frame clock).
+        steps: int64 [T], the integrator step of every frame.
+        position_times: float64 [P], the times of the rows of ``positions``.
+        position_steps: int64 [P].
+        save_positions: "all", "ends" or "none" (see the module docstring).
         labels: ``aux_position`` [n, k], ``prompt_id`` [n], ``presence`` [n], ``id`` [n].
         observables: name -> value array; replica axis as for positions
             ([T] or [T, c] per replica; [T, R] or [T, R, c] when ``stacked``).
@@ -109,11 +122,19 @@ class Trajectory:
     stacked: bool
     creator_version: str = ""
     prefix: dict[str, np.ndarray] = field(default_factory=dict)
+    position_times: np.ndarray | None = None
+    position_steps: np.ndarray | None = None
+    save_positions: str = "all"
 
     @property
     def frames(self) -> int:
         """Number of frames T."""
         return int(self.times.shape[0])
+
+    @property
+    def position_frames(self) -> int:
+        """Number of frames P whose positions the file keeps."""
+        return int(self.positions.shape[0])
 
     @property
     def status(self) -> str:
@@ -213,6 +234,24 @@ def _replica_groups(f: h5py.File, path: str) -> list[str]:
     return groups
 
 
+def _frame_clock(f: h5py.File, path: str) -> h5py.Group | None:
+    """The group holding every frame's step and time of a file that keeps the positions of
+    only some frames (it has /run/checkpoint): the first observable in name order (all of
+    them hard-link the same two datasets). None for a file that keeps every frame's
+    positions, whose position element is its clock. ValueError when the clock is missing."""
+    run = f.get("run")
+    if not isinstance(run, h5py.Group) or "checkpoint" not in run:
+        return None
+    observables = f.get("observables")
+    for name in sorted(observables) if isinstance(observables, h5py.Group) else ():
+        group = observables[name]
+        if isinstance(group, h5py.Group) and isinstance(group.get("time"), h5py.Dataset) \
+                and isinstance(group.get("step"), h5py.Dataset):
+            return group
+    raise ValueError(f"{path}: not an mfattn H5MD file (it has /run/checkpoint but no "
+                     "observable with step and time)")
+
+
 def replicas(path: str | os.PathLike) -> int:
     """Number of replicas R stored in an mfattn file (particle groups tokens, tokens_r1, ...)."""
     with _open(path) as f:
@@ -285,17 +324,23 @@ def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajector
                 raise ValueError(f"{spath}: replica {r} has position shape {pos['value'].shape},"
                                  f" replica {selected[0]} has [T, {n}, {d}]")
             lengths += [pos["value"].shape[0], pos["step"].shape[0], pos["time"].shape[0]]
-        T = min(lengths)
+        P = min(lengths)
 
         pos0 = first["position"]
-        times = np.asarray(pos0["time"][:T])
-        steps = np.asarray(pos0["step"][:T])
-        if stacked:
-            positions = np.empty((T, len(selected), n, d), dtype=value0.dtype)
-            for slot, r in enumerate(selected):
-                positions[:, slot] = particles[groups[r]]["position/value"][:T]
+        position_times = np.asarray(pos0["time"][:P])
+        position_steps = np.asarray(pos0["step"][:P])
+        clock = _frame_clock(f, spath)
+        if clock is None:  # every frame's positions: the position element is the clock
+            times, steps = position_times, position_steps
         else:
-            positions = np.asarray(value0[:T])
+            T = min(clock["time"].shape[0], clock["step"].shape[0])
+            times, steps = np.asarray(clock["time"][:T]), np.asarray(clock["step"][:T])
+        if stacked:
+            positions = np.empty((P, len(selected), n, d), dtype=value0.dtype)
+            for slot, r in enumerate(selected):
+                positions[:, slot] = particles[groups[r]]["position/value"][:P]
+        else:
+            positions = np.asarray(value0[:P])
 
         labels = {name: np.asarray(first[name][()]) for name in LABELS if name in first}
         if stacked:
@@ -330,6 +375,8 @@ def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajector
                     observable_steps[name] = np.asarray(group["step"][()])
 
         parameters = _attrs(f["parameters"]) if isinstance(f.get("parameters"), h5py.Group) else {}
+        save_positions = str(parameters.get("save-positions", "all" if clock is None else
+                                            "ends" if P else "none"))
         run = _attrs(f["run"]) if isinstance(f.get("run"), h5py.Group) else {}
         creator_version = _python_value(f["h5md/creator"].attrs.get("version", ""))
         prefix_group = particles.get("prefix")
@@ -356,4 +403,7 @@ def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajector
         stacked=stacked,
         creator_version=str(creator_version),
         prefix=prefix,
+        position_times=position_times,
+        position_steps=position_steps,
+        save_positions=save_positions,
     )

@@ -22,8 +22,12 @@ replicas):
                              generalised RoPE).
 
 Observables come from the file when stored and are otherwise recomputed from the positions
-(plotting_common). Only tokens with presence > 0 are drawn. Exit status 1 with one line on
-stderr for a missing or foreign file or a replica out of range.
+(plotting_common). Only tokens with presence > 0 are drawn. A file written with
+--save-positions ends has the first and last frames only: its sphere figure shows the final
+state without trajectories (and, d = 2, without the angle panel). One written with
+--save-positions none has no positions: only STEM_energy_clusters.png is drawn, and a note on
+stderr says why. Exit status 1 with one line on stderr for a missing or foreign file or a
+replica out of range.
 
 From Python: ``plot_run(path, out_dir, replica=0) -> [Path, ...]``; the panel functions
 (state_axes, energy_clusters_axes, ...) are reused by make_figures.py.
@@ -31,6 +35,7 @@ From Python: ``plot_run(path, out_dir, replica=0) -> [Path, ...]``; the panel fu
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -74,7 +79,7 @@ def prefix_style(run: Run) -> dict:
 def drawn_frames(run: Run) -> np.ndarray:
     """Indices of the frames used for lines: about MAX_DRAWN_FRAMES of them, the last frame
     always included (points are always the last frame itself)."""
-    frames = run.times.size
+    frames = run.positions.shape[0]
     step = max(1, int(np.ceil(frames / MAX_DRAWN_FRAMES)))
     return np.unique(np.r_[np.arange(0, frames, step), frames - 1])
 
@@ -144,7 +149,7 @@ def draw_angles(ax, run: Run) -> None:
     dotted horizontal lines in their star colour."""
     from matplotlib.collections import LineCollection
     keep = drawn_frames(run)
-    x, t = run.x[keep], run.times[keep]
+    x, t = run.x[keep], run.position_times[keep]
     mean = run.final.mean(axis=0)
     centre = np.arctan2(mean[1], mean[0]) if np.linalg.norm(mean) > 1e-12 else 0.0
 
@@ -196,7 +201,11 @@ def state_axes(fig, spec, run: Run, trajectories: bool = True):
 def sphere_figure(run: Run, out_dir: Path) -> Path:
     """STEM_sphere.png (see the module docstring)."""
     plt = pyplot()
-    if run.d == 3:
+    if not run.keeps_every_frame:
+        # --save-positions ends: two frames make no trajectory; the final state only.
+        fig = plt.figure(figsize=(5.5, 5.5))
+        state_axes(fig, (1, 1, 1), run, trajectories=False)
+    elif run.d == 3:
         fig = plt.figure(figsize=(5.5, 5.5))
         state_axes(fig, (1, 1, 1), run)
     elif run.d == 2:
@@ -214,6 +223,8 @@ def sphere_figure(run: Run, out_dir: Path) -> Path:
     title = run.title()
     if run.d > 3:
         title += "\nprojection on the top eigenvectors of the final (1/n) sum x x^T"
+    if not run.keeps_every_frame:
+        title += f"\nfinal state (--save-positions {run.save_positions}: no trajectories)"
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return save_figure(fig, out_dir / f"{run.stem}_sphere.png")
@@ -326,7 +337,13 @@ def final_states_figure(runs: list[Run], path: str | Path, columns: int = 3) -> 
     rows = -(-len(runs) // columns)
     fig = plt.figure(figsize=(3.6 * columns, 3.8 * rows))
     for k, run in enumerate(runs):
-        ax = state_axes(fig, (rows, columns, k + 1), run, trajectories=False)
+        if not run.has_positions:
+            ax = fig.add_subplot(rows, columns, k + 1)
+            ax.text(0.5, 0.5, f"no positions in the file\n(--save-positions {run.save_positions})",
+                    ha="center", va="center", fontsize=8, transform=ax.transAxes)
+            ax.set_axis_off()
+        else:
+            ax = state_axes(fig, (rows, columns, k + 1), run, trajectories=False)
         ax.set_title(run.title().replace(": ", ":\n", 1), fontsize=7)
     fig.tight_layout()
     return save_figure(fig, path)
@@ -337,6 +354,10 @@ def plot_run(path: str | Path, out_dir: str | Path, replica: int = 0) -> list[Pa
     FileNotFoundError / ValueError for a missing or foreign file or a bad replica."""
     run = load_run(path, replica)
     out_dir = Path(out_dir)
+    if not run.has_positions:
+        print(f"plot_run.py: note: {run.no_positions_note()}: drawing "
+              f"{run.stem}_energy_clusters.png only", file=sys.stderr)
+        return [energy_clusters_figure(run, out_dir)]
     written = [sphere_figure(run, out_dir), energy_clusters_figure(run, out_dir),
                gram_figure(run, out_dir)]
     if uses_positions(run):

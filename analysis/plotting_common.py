@@ -45,7 +45,7 @@ BOOKKEEPING = frozenset({
     "out", "overwrite", "resume", "quiet", "threads", "threads_used", "backend", "backend_used",
     "command_line", "config", "config_text", "source_revision", "version", "deflate",
     "fletcher32", "save-velocity", "seed_used", "eps_den_used", "save_every_used",
-    "active_tokens", "resumed_from_time", "gradient_flow",
+    "active_tokens", "resumed_from_time", "gradient_flow", "save-positions",
 })
 # Column order of the parameters that usually define a case; the rest follow alphabetically.
 PARAMETER_ORDER = ("kernel", "geometry", "values", "aux-factor", "mask", "n", "d", "beta",
@@ -59,11 +59,14 @@ PARAMETER_ORDER = ("kernel", "geometry", "values", "aux-factor", "mask", "n", "d
 class Run:
     """One replica of one mfattn file.
 
-    positions [T, n, d] hold every stored token (null tokens included); ``active`` [n] is the
-    presence > 0 mask that observables and plots use. ``observables`` maps a name to
-    (times [T_obs], values [T_obs] or [T_obs, c]) as stored for this replica. ``prefix`` is
-    None or the loader's frozen prefix tokens (/particles/prefix): position [P, d],
-    aux_position [P, k], prompt_id [P], presence [P], id [P].
+    positions [P, n, d] hold every stored token (null tokens included) at the frames whose
+    positions the file keeps, ``position_times`` [P] (every frame with --save-positions all;
+    t = 0 and the last frame with ends; none with none: see ``has_positions`` and
+    ``keeps_every_frame``). ``active`` [n] is the presence > 0 mask that observables and
+    plots use. ``observables`` maps a name to (times [T_obs], values [T_obs] or [T_obs, c]) as
+    stored for this replica. ``prefix`` is None or the loader's frozen prefix tokens
+    (/particles/prefix): position [P, d], aux_position [P, k], prompt_id [P], presence [P],
+    id [P].
     """
 
     path: Path
@@ -76,7 +79,28 @@ class Run:
     parameters: dict[str, Any]
     status: str
     prefix: dict[str, np.ndarray] | None = None
+    position_times: np.ndarray | None = None  # None: the same as times
+    save_positions: str = "all"
     _cache: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.position_times is None:
+            self.position_times = self.times
+
+    @property
+    def has_positions(self) -> bool:
+        """False for a file written with --save-positions none (observables only)."""
+        return self.positions.shape[0] > 0
+
+    @property
+    def keeps_every_frame(self) -> bool:
+        """True when there are positions at every frame (trajectories can be drawn and
+        observables recomputed)."""
+        return self.has_positions and self.positions.shape[0] == self.times.shape[0]
+
+    def no_positions_note(self) -> str:
+        return (f"{self.path}: the file has no positions (--save-positions "
+                f"{self.save_positions}); only its observables can be used")
 
     @property
     def stem(self) -> str:
@@ -101,7 +125,10 @@ class Run:
 
     @property
     def final(self) -> np.ndarray:
-        """Active tokens of the last frame, [m, d]."""
+        """Active tokens of the last frame whose positions are kept, [m, d] (with
+        --save-positions ends the last frame itself). ValueError when there is none."""
+        if not self.has_positions:
+            raise ValueError(self.no_positions_note())
         return self.positions[-1, self.active]
 
     @property
@@ -149,7 +176,8 @@ def load_runs(path: str | os.PathLike, replica: int | None = None) -> list[Run]:
                        for name, value in tr.observables.items()}
         runs.append(Run(path=path, replica=r, replicas=tr.replicas, times=tr.times,
                         positions=pick(tr.positions), labels=tr.labels, observables=observables,
-                        parameters=tr.parameters, status=tr.status, prefix=prefix))
+                        parameters=tr.parameters, status=tr.status, prefix=prefix,
+                        position_times=tr.position_times, save_positions=tr.save_positions))
     return runs
 
 
@@ -220,11 +248,12 @@ RECOMPUTE: dict[str, Callable[[np.ndarray], Any]] = {
 def observable(run: Run, name: str) -> tuple[np.ndarray, np.ndarray] | None:
     """(times, values) of observable ``name``: as stored in the file when it is there,
     otherwise recomputed from the positions of every frame (RECOMPUTE); None when neither
-    is possible (e.g. the energy of a file without it)."""
+    is possible (e.g. the energy of a file without it, or any observable missing from a file
+    without every frame's positions)."""
     if name in run.observables:
         times, values = run.observables[name]
         return np.asarray(times, dtype=float), np.asarray(values, dtype=float)
-    if name not in RECOMPUTE:
+    if name not in RECOMPUTE or not run.keeps_every_frame:
         return None
     if name not in run._cache:
         x = run.x

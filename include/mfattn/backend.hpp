@@ -7,6 +7,7 @@
 /// Backends are chosen by name at run time (make_backend); each one computes every
 /// receiver's sums in a fixed order, so results do not depend on the thread count.
 #include "mfattn/model.hpp"
+#include "mfattn/pair_statistics.hpp"
 
 #include <memory>
 #include <stdexcept>
@@ -116,6 +117,12 @@ std::string cpu_kernels_runnable();
 /// Exponentials per second of the CPU pair loops' own exp (the chosen set's), `threads`
 /// threads each on an L1-resident array, for at least min_seconds: `mfattn bench --roofline`.
 double cpu_exp_rate(int threads, double min_seconds);
+
+/// The observables' pair pass (d <= 8 only) in the CPU kernel set this process uses: min
+/// <x_i, x_j> over the pairs of `tokens` (rows of x), and with with_stats the pairs above
+/// close_above and the components of the graph of the pairs above edge_above.
+PairStatistics cpu_pair_statistics(const double* x, std::size_t d, const std::vector<std::size_t>& tokens,
+                                   double close_above, double edge_above, bool with_stats);
 
 /// The energy E = 1 / (2 beta M^2) sum_{i,j} p_i p_j m_ij c_ij exp(s_ij) of one replica, from
 /// the weight sums D_i of its n moving tokens (x: their contents) plus the rows of the prefix

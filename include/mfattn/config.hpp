@@ -93,6 +93,7 @@ struct RunConfig {
   bool deflate = false;
   bool fletcher32 = false;
   bool save_velocity = false;
+  std::string save_positions = "all";  ///< kSavePositionsOption: which frames keep positions
   double pair_delta = 1e-3;     ///< clustered_pair_fraction: pairs with <x_i, x_j> > 1 - delta
   double cluster_delta = 1e-4;  ///< n_clusters: components of <x_i, x_j> > 1 - delta
   bool quiet = false;

@@ -39,6 +39,19 @@ struct Parameter {
   ParameterValue value;
 };
 
+/// Which frames keep the particles' positions (and velocities): `--save-positions`
+/// (docs/output.md, "What --save-positions writes"). Observables, step size and /run are
+/// written at every frame in every mode.
+enum class PositionFrames {
+  All,   ///< every frame (position/step and time are the frames' clock)
+  Ends,  ///< frame 0 (t = 0) and the final frame of every run part that reaches its horizon
+  None,  ///< none: position/{step, time, value} are empty
+};
+
+/// Whether a frame is the last of the run (at the horizon): with PositionFrames::Ends its
+/// positions are kept.
+enum class FrameRole { Intermediate, Final };
+
 struct WriterSetup {
   std::string path;
   bool overwrite = false;       ///< false: an existing file is an error (OutputExists)
@@ -51,9 +64,13 @@ struct WriterSetup {
   /// Frames the run will write (0: unknown). Growing datasets are chunked by at most this
   /// many rows, so a short run's file is not inflated to a whole 256 KiB chunk per dataset.
   std::size_t expected_frames = 0;
+  /// All: as ever. Ends and None: the frames' step and time live in /observables (hard links
+  /// shared by every observable), positions have their own step and time (Ends) or none, and
+  /// /run/checkpoint holds the state of the last flushed frame for --resume.
+  PositionFrames position_frames = PositionFrames::All;
   std::size_t n = 0, d = 0, replicas = 1;
   std::size_t position_dim = 1; ///< k, columns of aux_position
-  bool deflate = false;         ///< deflate + shuffle on positions
+  bool deflate = false;         ///< deflate + shuffle on positions (and, with Ends and None, observables)
   bool fletcher32 = false;
   bool velocity = false;        ///< also write velocity/{step, time, value} per replica group
   std::string author = "unknown";
@@ -115,10 +132,13 @@ class H5mdWriter {
   /// Appends one frame: positions of all replicas (R * n * d, replica-major) and one value
   /// array per observable in setup order (R * components numbers each). step_size is the
   /// integrator's next step (/run/step_size), which a resumed run continues with.
-  /// velocities (R * n * d) are required when the setup asks for velocity.
+  /// velocities (R * n * d) are required when the setup asks for velocity. role says whether
+  /// this is the run's final frame (PositionFrames::Ends keeps its positions). Positions are
+  /// always given: with Ends and None they also go to /run/checkpoint.
   virtual void append_frame(std::int64_t step, double time, const double* positions,
                             const std::vector<std::vector<double>>& observables,
-                            double step_size = 0.0, const double* velocities = nullptr) = 0;
+                            double step_size = 0.0, const double* velocities = nullptr,
+                            FrameRole role = FrameRole::Intermediate) = 0;
   /// Writes /run: status, wall time, steps, rejected steps.
   virtual void write_run_info(const std::string& status, double wall_seconds, std::int64_t steps,
                               std::int64_t rejected_steps) = 0;
@@ -127,7 +147,9 @@ class H5mdWriter {
   virtual void write_run_progress(double wall_seconds, std::int64_t steps,
                                   std::int64_t rejected_steps) = 0;
   /// H5Fflush: everything appended so far survives a SIGKILL. With atomic_publish, the
-  /// first flush after a frame renames the file to its final name.
+  /// first flush after a frame renames the file to its final name. With a checkpoint
+  /// (PositionFrames Ends and None) the frame's checkpoint slot is marked complete after a
+  /// first H5Fflush has put its data in the file, and a second one writes the mark.
   virtual void flush() = 0;
   /// The name the file has now (the temporary name until it is published).
   virtual std::string current_path() const = 0;
@@ -137,7 +159,9 @@ class H5mdWriter {
 /// the same folder (the name shortened when it would exceed 255 bytes).
 std::string temporary_output_path(const std::string& path);
 
-/// The last frame of replica 0 of an mfattn file: n rows of d numbers, row-major.
+/// The last frame of replica 0 of an mfattn file: n rows of d numbers, row-major. Of a file
+/// that does not keep every frame's positions (--save-positions ends or none) it is the
+/// latest of its last saved positions and its /run/checkpoint.
 struct Frame {
   std::size_t n = 0, d = 0;
   double time = 0.0;
@@ -149,6 +173,10 @@ Frame read_last_frame(const std::string& path);
 /// What `mfattn info` shows of a file: sizes, time span, /parameters and /run as text.
 struct FileSummary {
   std::size_t n = 0, d = 0, replicas = 0, frames = 0;
+  /// Frames whose positions the file holds (frames with --save-positions all) and the
+  /// /parameters save-positions it was written with ("all" for files from before the option).
+  std::size_t position_frames = 0;
+  std::string save_positions = "all";
   double first_time = 0.0, last_time = 0.0;
   std::vector<std::pair<std::string, std::string>> parameters, run;
 };

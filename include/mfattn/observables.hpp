@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "mfattn/integrator.hpp"
+#include "mfattn/pair_statistics.hpp"
 
 namespace mfattn {
 
@@ -70,12 +71,6 @@ std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const S
                                                      std::vector<double>* velocity_out = nullptr);
 
 /// What one pass over the pairs i < j of `tokens` (rows of x, d numbers each) gives.
-struct PairStatistics {
-  double min_inner = 1.0;            ///< min <x_i, x_j> (1 for fewer than two tokens)
-  std::int64_t close_pairs = 0;      ///< #{i < j : <x_i, x_j> > 1 - pair_delta}
-  std::int64_t pairs = 0;            ///< m (m - 1) / 2
-  std::size_t clusters = 0;          ///< components of <x_i, x_j> > 1 - cluster_delta
-};
 /// The pair pass of compute_observables for any token subset (mfattn analyze uses it on
 /// stored positions). Identical results for every thread count.
 PairStatistics pair_statistics(const double* x, std::size_t d,

@@ -156,6 +156,19 @@ struct MaskSelection {
 /// joined with another part, or two parts both name a kind (causal+window).
 std::optional<MaskSelection> parse_mask(const std::string& mask);
 
+/// --save-positions: which frames keep every replica's positions (observables are written at
+/// every frame whatever the choice; docs/output.md, "What --save-positions writes").
+inline constexpr Choice<PositionFrames> kSavePositionsChoices[] = {
+    {"all", PositionFrames::All, "every frame"},
+    {"ends", PositionFrames::Ends, "t = 0 and the horizon only"},
+    {"none", PositionFrames::None, "observables only"},
+};
+inline constexpr ChoiceOption<PositionFrames> kSavePositionsOption{
+    .option = "save-positions",
+    .choices = kSavePositionsChoices,
+    .lead = "frames whose positions are written",
+    .tail = "; ends and none keep a checkpoint of the last frame for --resume"};
+
 /// --prefix-init: a placement, or (any other value) a file of the prefix contents.
 inline constexpr Choice<PrefixPlacement> kPrefixInitChoices[] = {
     {"random", PrefixPlacement::Random},

@@ -9,6 +9,10 @@
 /// - frames() is the number of complete frames: the shortest of position/step, position/time
 ///   and the position/value of every replica (a writer killed between two writes may leave
 ///   them one frame apart). Observables are cut to the same length (or shorter, if theirs is).
+///   A file written with --save-positions ends or none (it has /run/checkpoint) keeps its
+///   frame clock in /observables/<name>/{step, time} instead: frames() is the shorter of
+///   those, and the positions are separate rows, position_frames() of them (2 or more for
+///   ends, 0 for none) with their own position_times().
 /// - Every failure is an IoError naming the file and the problem; a file that is missing or is
 ///   not a readable mfattn H5MD file at all (not HDF5, cannot be opened, no mfattn creator, the
 ///   position datasets missing or of the wrong shape) is a NotMfattnFile, which the commands
@@ -40,9 +44,15 @@ class SeriesFile {
   std::size_t d() const;
   std::size_t replicas() const;  ///< particle groups tokens, tokens_r1, ...
   std::size_t frames() const;    ///< complete frames (see above)
+  /// Rows of positions every replica holds: frames() with --save-positions all, else fewer.
+  std::size_t position_frames() const;
+  /// "all", "ends" or "none": /parameters save-positions, or what the layout shows when the
+  /// file lacks it ("all" for files from before the option).
+  const std::string& save_positions() const;
 
   std::vector<double> times() const;          ///< [frames]
   std::vector<std::int64_t> steps() const;    ///< [frames]
+  std::vector<double> position_times() const; ///< [position_frames], the rows' frame times
 
   /// Names of the groups under /observables.
   std::vector<std::string> observable_names() const;
@@ -53,8 +63,9 @@ class SeriesFile {
   std::vector<double> observable(const std::string& name, std::size_t replica,
                                  std::size_t* components = nullptr) const;
 
-  /// Positions of one frame of one replica, n rows of d numbers.
-  std::vector<double> positions(std::size_t frame, std::size_t replica) const;
+  /// Positions of one row of one replica, n rows of d numbers: row < position_frames(), the
+  /// frame index when the file keeps every frame's positions (IoError otherwise).
+  std::vector<double> positions(std::size_t row, std::size_t replica) const;
   /// The presence p_i of the replica's tokens ([n]); empty when the file has none.
   std::vector<double> presence(std::size_t replica) const;
 

@@ -131,7 +131,15 @@ Analysis analyze_file(const std::string& path, std::size_t replica, AnalysisSett
   for (std::size_t i = 0; i < file.n(); ++i)
     if (presence.empty() || presence[i] > 0.0) moving.push_back(i);
   const bool recompute = clusters.empty() || min_inner.empty();
+  // Only files that keep every frame's positions can stand in for a missing observable.
+  auto need_positions = [&](const char* what) {
+    if (file.position_frames() < frames)
+      throw IoError(path + ": " + what + " is not in the file and cannot be recomputed: it keeps the "
+                    "positions of " + std::to_string(file.position_frames()) + " of its " +
+                    std::to_string(frames) + " frames (--save-positions " + file.save_positions() + ")");
+  };
   if (recompute) {
+    need_positions(clusters.empty() ? "n_clusters" : "min_inner");
     ObservableSettings observable_settings;
     observable_settings.cluster_delta = settings.cluster_delta;
     std::vector<double> counted(frames), lowest(frames);
@@ -164,6 +172,7 @@ Analysis analyze_file(const std::string& path, std::size_t replica, AnalysisSett
     a.marginal_spread_final = marginal[frames - 1];
   } else {
     // Older files: 1 - largest eigenvalue of the second moment of the last frame.
+    need_positions("marginal_spread");
     const std::vector<double> x = file.positions(frames - 1, replica);
     std::vector<double> rows;
     for (std::size_t i : moving) rows.insert(rows.end(), x.begin() + static_cast<std::ptrdiff_t>(i * file.d()),

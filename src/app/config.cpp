@@ -520,10 +520,11 @@ po::options_description run_options(RunConfig& c) {
       ("overwrite", po::bool_switch(&c.overwrite), "replace an existing output file")
       ("resume", po::bool_switch(&c.resume),
        "continue the run in --out from its last frame (same options; the horizon may grow)")
-      ("deflate", po::bool_switch(&c.deflate), "compress positions (deflate level 4 + shuffle)")
+      ("deflate", po::bool_switch(&c.deflate), "compress positions (deflate level 4 + shuffle); with --save-positions ends or none also the observables")
       ("fletcher32", po::bool_switch(&c.fletcher32), "checksum every growing dataset")
       ("save-velocity", po::bool_switch(&c.save_velocity),
-       "also write dx/dt of every frame (particles/tokens/velocity)")
+       "also write dx/dt of every frame whose positions are written (particles/tokens/velocity)")
+      ("save-positions", bound(c.save_positions), kSavePositionsOption.help().c_str())
       ("pair-delta", bound(c.pair_delta),
        "clustered_pair_fraction counts pairs with <x_i, x_j> > 1 - pair-delta, in (0, 2)")
       ("cluster-delta", bound(c.cluster_delta),
@@ -814,6 +815,10 @@ void validate(const RunConfig& c) {
   if (c.noise_kappa > 0 && !std::isfinite(std::sqrt(2.0 / c.noise_kappa)))
     reject("noise-kappa", format_number(c.noise_kappa), "must be 0 or large enough that sqrt(2/kappa) is finite");
   require_choice("integrator", c.integrator, integrator_names());
+  if (require_choice(kSavePositionsOption, c.save_positions) == PositionFrames::None && c.save_velocity)
+    reject("save-positions", c.save_positions,
+           "writes no positions, and --save-velocity writes dx/dt at the frames that have them: "
+           "drop --save-velocity or take --save-positions ends or all");
   if (c.noise_kappa > 0 && c.integrator != "euler-maruyama")
     reject("noise-kappa", format_number(c.noise_kappa),
            "noise needs --integrator euler-maruyama (got " + c.integrator + ")");

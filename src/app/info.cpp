@@ -1,11 +1,26 @@
 #include "mfattn/info.hpp"
 
 #include <iostream>
+#include <string>
 
 #include "mfattn/h5md.hpp"
 #include "mfattn/run.hpp"
 
 namespace mfattn {
+
+namespace {
+
+/// Which frames the file holds positions of (--save-positions).
+std::string positions_text(const FileSummary& summary) {
+  const std::string frames = std::to_string(summary.position_frames) + " frame" +
+                             (summary.position_frames == 1 ? "" : "s");
+  if (summary.save_positions == "all") return "every frame (--save-positions all)";
+  if (summary.save_positions == "ends")
+    return frames + ": t = 0 and the horizon (--save-positions ends); /run/checkpoint holds the last frame";
+  return "none (--save-positions " + summary.save_positions + "); /run/checkpoint holds the last frame";
+}
+
+}  // namespace
 
 int info_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   if (args.size() != 1 || args[0].empty() || args[0][0] == '-') {
@@ -34,6 +49,7 @@ int info_command(const std::vector<std::string>& args, std::ostream& out, std::o
       << "), d = " << summary.d << ", replicas = " << summary.replicas << '\n'
       << "frames     " << summary.frames << ", t = " << summary.first_time << " .. "
       << summary.last_time << '\n'
+      << "positions  " << positions_text(summary) << '\n'
       << "status     " << lookup(summary.run, "status") << " (steps " << lookup(summary.run, "steps")
       << ", rejected " << lookup(summary.run, "rejected_steps") << ", wall "
       << lookup(summary.run, "wall_time_s") << " s)\n"

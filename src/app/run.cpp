@@ -764,6 +764,7 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     setup.deflate = cfg.deflate;
     setup.fletcher32 = cfg.fletcher32;
     setup.velocity = cfg.save_velocity;
+    setup.position_frames = choice(kSavePositionsOption, cfg.save_positions);
     if (const char* user = std::getenv("USER")) setup.author = user;
     setup.observables = observable_layout(model, observable_settings);
     if (cfg.resume) {
@@ -836,8 +837,10 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
        [&](const State& s) {
          const auto observables = compute_observables(dynamics, s, observable_settings,
                                                       cfg.save_velocity ? &frame_velocity : nullptr);
+         // The horizon is the last output time, landed on exactly (output_times).
+         const FrameRole role = s.time == times.back() ? FrameRole::Final : FrameRole::Intermediate;
          writer->append_frame(s.step, s.time, s.x.data(), observables, h,
-                              cfg.save_velocity ? frame_velocity.data() : nullptr);
+                              cfg.save_velocity ? frame_velocity.data() : nullptr, role);
        }},
       // /run's counts follow every frame, so a killed run's counts match its last frame.
       {"/run progress", ObserverSchedule::every_frame(),

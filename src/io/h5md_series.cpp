@@ -40,7 +40,9 @@ std::string group_of_replica(std::size_t replica) {
 struct SeriesFile::Impl {
   std::string path;
   Handle file;
-  std::size_t n = 0, d = 0, replicas = 1, frames = 0;
+  std::size_t n = 0, d = 0, replicas = 1, frames = 0, position_frames = 0;
+  std::string clock;  ///< the frame clock's group (hdf5::frame_clock_group)
+  std::string save_positions;
 
   [[noreturn]] void fail(const std::string& what) const {
     std::string message = path + ": " + what;
@@ -155,15 +157,29 @@ SeriesFile::SeriesFile(const std::string& path) : impl_(std::make_unique<Impl>()
     f.foreign("position/{step, time, value} are not [T], [T], [T, n, d]");
   f.n = value[1];
   f.d = value[2];
-  hsize_t frames = std::min({value[0], step[0], time[0]});
+  hsize_t position_rows = std::min({value[0], step[0], time[0]});
   while (f.exists(group_of_replica(f.replicas))) {
     const auto other = f.dims(group_of_replica(f.replicas) + "/position/value");
     if (other.size() != 3 || other[1] != f.n || other[2] != f.d)
       f.foreign(group_of_replica(f.replicas) + "/position/value is not [T, n, d]");
-    frames = std::min(frames, other[0]);
+    position_rows = std::min(position_rows, other[0]);
     ++f.replicas;
   }
-  f.frames = frames;
+  f.position_frames = position_rows;
+  f.clock = hdf5::frame_clock_group(f.file.get());
+  if (f.clock.empty()) f.foreign("it has /run/checkpoint but no observable with step and time");
+  const bool every_frame = f.clock == "/particles/tokens/position/";
+  if (every_frame) {
+    f.frames = position_rows;
+  } else {
+    const auto clock_step = f.dims(f.clock + "step"), clock_time = f.dims(f.clock + "time");
+    if (clock_step.size() != 1 || clock_time.size() != 1)
+      f.foreign(f.clock + "{step, time} are not [T], [T]");
+    f.frames = std::min(clock_step[0], clock_time[0]);
+  }
+  // Files from before --save-positions kept every frame's positions.
+  const auto recorded = f.string_attribute("/parameters", "save-positions");
+  f.save_positions = recorded ? *recorded : every_frame ? "all" : position_rows > 0 ? "ends" : "none";
 }
 
 SeriesFile::~SeriesFile() {
@@ -177,18 +193,27 @@ std::size_t SeriesFile::n() const { return impl_->n; }
 std::size_t SeriesFile::d() const { return impl_->d; }
 std::size_t SeriesFile::replicas() const { return impl_->replicas; }
 std::size_t SeriesFile::frames() const { return impl_->frames; }
+std::size_t SeriesFile::position_frames() const { return impl_->position_frames; }
+const std::string& SeriesFile::save_positions() const { return impl_->save_positions; }
 
 std::vector<double> SeriesFile::times() const {
   QuietHdf5Errors quiet;
-  auto values = impl_->read_all<double>("/particles/tokens/position/time", H5T_NATIVE_DOUBLE);
+  auto values = impl_->read_all<double>(impl_->clock + "time", H5T_NATIVE_DOUBLE);
   values.resize(impl_->frames);
   return values;
 }
 
 std::vector<std::int64_t> SeriesFile::steps() const {
   QuietHdf5Errors quiet;
-  auto values = impl_->read_all<std::int64_t>("/particles/tokens/position/step", H5T_NATIVE_INT64);
+  auto values = impl_->read_all<std::int64_t>(impl_->clock + "step", H5T_NATIVE_INT64);
   values.resize(impl_->frames);
+  return values;
+}
+
+std::vector<double> SeriesFile::position_times() const {
+  QuietHdf5Errors quiet;
+  auto values = impl_->read_all<double>("/particles/tokens/position/time", H5T_NATIVE_DOUBLE);
+  values.resize(impl_->position_frames);
   return values;
 }
 
@@ -245,23 +270,24 @@ std::vector<double> SeriesFile::observable(const std::string& name, std::size_t 
   return values;
 }
 
-std::vector<double> SeriesFile::positions(std::size_t frame, std::size_t replica) const {
+std::vector<double> SeriesFile::positions(std::size_t row, std::size_t replica) const {
   QuietHdf5Errors quiet;
   const Impl& f = *impl_;
-  if (frame >= f.frames || replica >= f.replicas)
-    throw IoError(f.path + ": frame " + std::to_string(frame) + " of replica " +
-                  std::to_string(replica) + " is not in the file");
+  if (row >= f.position_frames || replica >= f.replicas)
+    throw IoError(f.path + ": position row " + std::to_string(row) + " of replica " +
+                  std::to_string(replica) + " is not in the file (it holds " +
+                  std::to_string(f.position_frames) + ", --save-positions " + f.save_positions + ")");
   const std::string name = group_of_replica(replica) + "/position/value";
   Handle set = f.dataset(name);
   Handle space(H5Dget_space(set.get()), H5Sclose);
-  const hsize_t start[3] = {frame, 0, 0}, count[3] = {1, f.n, f.d};
+  const hsize_t start[3] = {row, 0, 0}, count[3] = {1, f.n, f.d};
   if (!space.valid() ||
       H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr) < 0)
-    f.fail("selecting frame " + std::to_string(frame) + " of " + name + " failed");
+    f.fail("selecting row " + std::to_string(row) + " of " + name + " failed");
   Handle memory(H5Screate_simple(3, count, nullptr), H5Sclose);
   std::vector<double> x(f.n * f.d);
   if (H5Dread(set.get(), H5T_NATIVE_DOUBLE, memory.get(), space.get(), H5P_DEFAULT, x.data()) < 0)
-    f.fail("reading frame " + std::to_string(frame) + " of " + name + " failed");
+    f.fail("reading row " + std::to_string(row) + " of " + name + " failed");
   return x;
 }
 

@@ -16,6 +16,12 @@
 ///   not at all. Filesystems without fallocate skip the reservation.
 /// - With atomic_publish the file is built under a temporary name and renamed once it holds
 ///   frame 0 (see WriterSetup).
+/// - PositionFrames Ends and None (docs/output.md, "What --save-positions writes") move the
+///   frame clock to /observables, give the positions their own step and time (Ends) or empty
+///   datasets (None), hard-link replica r >= 1's labels to replica 0's (every replica has the
+///   same), and keep the last flushed frame's whole state in /run/checkpoint: two slots used
+///   in turn, each marked complete (its frame number) only after its data has been flushed,
+///   so a writer killed at any moment leaves the other slot, or both, complete.
 #include "mfattn/h5md.hpp"
 #include "mfattn/series.hpp"
 
@@ -35,6 +41,7 @@
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
+#include <limits>
 #include <iomanip>
 #include <sstream>
 #include <string_view>
@@ -267,6 +274,15 @@ void write_row(const Checker& check, hid_t dataset, hsize_t row, hid_t memory_ty
         "writing", what);
 }
 
+/// Writes row `row` of `dataset` in place (the dataset keeps its extent).
+void overwrite_row(const Checker& check, hid_t dataset, hsize_t row, hid_t memory_type,
+                   const void* data, const char* what) {
+  const RowSelection selection = select_row(check, dataset, row, what);
+  check(H5Dwrite(dataset, memory_type, selection.memory_space.get(), selection.file_space.get(),
+                 H5P_DEFAULT, data),
+        "writing", what);
+}
+
 void read_row(const Checker& check, hid_t dataset, hsize_t row, hid_t memory_type, void* out,
               const char* what) {
   const RowSelection selection = select_row(check, dataset, row, what);
@@ -294,8 +310,32 @@ std::string particle_group_name(std::size_t replica) {
   return replica == 0 ? "tokens" : "tokens_r" + std::to_string(replica);
 }
 
+/// Replica 0's position group: the frame clock of a file that keeps every frame's positions,
+/// and the kept frames' step and time of one that keeps the ends.
+const std::string kPositionClockGroup = "/particles/tokens/position/";
 constexpr std::size_t kPositionChunkBytes = 256 * 1024;
 constexpr std::size_t kSeriesChunkBytes = 64 * 1024;  // step, time and observables
+/// PositionFrames::Ends keeps two position rows (t = 0 and the horizon); a run resumed to a
+/// longer horizon adds one more, in a chunk of its own.
+constexpr std::size_t kEndsPositionRows = 2;
+/// The chunk B-tree's K (H5Pset_istore_k) of files written with Ends or None.
+constexpr unsigned kSmallFileChunkIndexK = 4;
+/// Slots of /run/checkpoint: the one being written and the last complete one.
+constexpr hsize_t kCheckpointSlots = 2;
+/// The frame number a checkpoint slot holds until it holds one.
+constexpr std::int64_t kEmptyCheckpointSlot = -1;
+
+/// The slot of /run/checkpoint whose complete frame is the latest one below `frames` (the
+/// frames every growing dataset holds), or -1. `marks` are the slots' frame numbers.
+int latest_usable_checkpoint(const std::int64_t (&marks)[kCheckpointSlots], hsize_t frames) {
+  int best = -1;
+  for (int slot = 0; slot < static_cast<int>(kCheckpointSlots); ++slot) {
+    const std::int64_t frame = marks[slot];
+    if (frame < 0 || static_cast<hsize_t>(frame) >= frames) continue;
+    if (best < 0 || frame > marks[best]) best = slot;
+  }
+  return best;
+}
 
 class Hdf5H5mdWriter final : public H5mdWriter {
  public:
@@ -309,6 +349,13 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     for (const auto& [name, components] : setup.observables) {
       if (components == 0) throw std::invalid_argument("observable " + name + " has no components");
     }
+    if (keeps_checkpoint() && setup.observables.empty())
+      throw std::invalid_argument("H5mdWriter: without every frame's positions the frame clock "
+                                  "lives in /observables, so at least one observable is needed");
+    if (setup.position_frames == PositionFrames::None && setup.velocity)
+      throw std::invalid_argument("H5mdWriter: velocities follow the positions' frames, and "
+                                  "PositionFrames::None keeps none");
+    clock_group_ = frame_clock_path(setup);
     QuietHdf5Errors quiet;
     std::error_code ignored;
     if (!setup.overwrite && std::filesystem::exists(setup.path, ignored)) {
@@ -320,9 +367,14 @@ class Hdf5H5mdWriter final : public H5mdWriter {
       ::unlink(write_path_.c_str());
       pending_.path = write_path_;
     }
+    Handle creation = check_.own(H5Pcreate(H5P_FILE_CREATE), H5Pclose, "creating properties");
+    // Every chunked dataset has a B-tree node of 2K entries, 3 KiB at HDF5's K = 32: more
+    // than the two position rows of a replica with Ends. Files meant to be small take K = 4.
+    if (keeps_checkpoint())
+      check_(H5Pset_istore_k(creation.get(), kSmallFileChunkIndexK), "setting the chunk index size");
     file_ = check_.own(H5Fcreate(write_path_.c_str(),
-                                 setup.atomic_publish ? H5F_ACC_EXCL : H5F_ACC_TRUNC, H5P_DEFAULT,
-                                 H5P_DEFAULT),
+                                 setup.atomic_publish ? H5F_ACC_EXCL : H5F_ACC_TRUNC,
+                                 creation.get(), H5P_DEFAULT),
                        H5Fclose, "creating the file");
     published_ = !setup.atomic_publish;
     reserve_space(kMetadataMargin);
@@ -333,6 +385,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     run_ = create_group(check_, file_.get(), "run");
     step_size_ = grow(run_.get(), "step_size", H5T_IEEE_F64LE, {}, kSeriesChunkBytes,
                       {false, setup_.fletcher32});
+    if (keeps_checkpoint()) create_checkpoint();
     write_run_info("running", 0.0, 0, 0);
     flush_file();
   }
@@ -343,11 +396,20 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     refuse_if_busy(setup.path, /*reopen_in_place=*/true);
     file_ = check_.own(H5Fopen(setup.path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose,
                        "opening the file for --resume");
+    if (keeps_checkpoint() && setup.observables.empty())
+      throw std::invalid_argument("H5mdWriter: a file without every frame's positions keeps its "
+                                  "frame clock in /observables, so at least one observable is needed");
+    clock_group_ = frame_clock_path(setup);
+    // A file written with another --save-positions has its clock elsewhere (check_resumable
+    // refuses that first; a file edited by hand meets this).
+    if (H5Lexists(file_.get(), "/run", H5P_DEFAULT) > 0 &&
+        (H5Lexists(file_.get(), "/run/checkpoint", H5P_DEFAULT) > 0) != keeps_checkpoint())
+      throw IoError(setup.path + ": --resume needs the --save-positions the file was written with");
     auto open = [&](const std::string& name) {
       return check_.own(H5Dopen2(file_.get(), name.c_str(), H5P_DEFAULT), H5Dclose, "opening", name);
     };
-    step_ = open("/particles/tokens/position/step");
-    time_ = open("/particles/tokens/position/time");
+    step_ = open(clock_group_ + "step");
+    time_ = open(clock_group_ + "time");
     run_ = check_.own(H5Gopen2(file_.get(), "/run", H5P_DEFAULT), H5Gclose, "opening", "/run");
     step_size_ = open("/run/step_size");
     auto length = [&](hid_t dataset, const char* what, std::size_t rank) {
@@ -357,21 +419,33 @@ class Hdf5H5mdWriter final : public H5mdWriter {
                       ", an mfattn file has " + std::to_string(rank));
       return dims[0];
     };
-    hsize_t frames = std::min(length(step_.get(), "position/step", 1),
-                              length(time_.get(), "position/time", 1));
+    hsize_t frames = std::min(length(step_.get(), "frame step", 1),
+                              length(time_.get(), "frame time", 1));
     frames = std::min(frames, length(step_size_.get(), "run/step_size", 1));
+    // Rows of the position element that every position dataset holds (Ends).
+    hsize_t position_rows = std::numeric_limits<hsize_t>::max();
+    const bool ends = setup.position_frames == PositionFrames::Ends;
+    if (ends) {
+      position_step_ = open("/particles/tokens/position/step");
+      position_time_ = open("/particles/tokens/position/time");
+      position_rows = std::min(length(position_step_.get(), "position/step", 1),
+                               length(position_time_.get(), "position/time", 1));
+    }
     for (std::size_t r = 0; r < setup.replicas; ++r) {
       const std::string group = "/particles/" + particle_group_name(r);
       particle_groups_.push_back(check_.own(H5Gopen2(file_.get(), group.c_str(), H5P_DEFAULT),
                                             H5Gclose, "opening", group));
-      positions_.push_back(open(group + "/position/value"));
-      const auto dims = dataset_dims(check_, positions_.back().get(), "position/value");
+      Handle value = open(group + "/position/value");
+      const auto dims = dataset_dims(check_, value.get(), "position/value");
       if (dims.size() != 3 || dims[1] != setup.n || dims[2] != setup.d)
         throw IoError(setup.path + ": --resume needs the same n and d as the file");
-      frames = std::min(frames, dims[0]);
+      if (setup.position_frames == PositionFrames::None) continue;  // empty, never written
+      hsize_t& rows = ends ? position_rows : frames;
+      rows = std::min(rows, dims[0]);
+      positions_.push_back(std::move(value));
       if (setup.velocity) {
         velocities_.push_back(open(group + "/velocity/value"));
-        frames = std::min(frames, length(velocities_.back().get(), "velocity/value", 3));
+        rows = std::min(rows, length(velocities_.back().get(), "velocity/value", 3));
       }
     }
     for (const auto& [name, components] : setup.observables) {
@@ -380,19 +454,38 @@ class Hdf5H5mdWriter final : public H5mdWriter {
       frames = std::min(frames, length(observable_values_.back().get(), name.c_str(), rank));
     }
     if (frames == 0) throw IoError(setup.path + ": --resume found no complete frame");
+    const std::size_t frame_size = setup.n * setup.d;
+    point.x.resize(setup.replicas * frame_size);
+    if (keeps_checkpoint()) {
+      // The state comes from the checkpoint's latest complete slot; frames after it are
+      // rewritten (a writer killed after a frame's rows but before its mark leaves them).
+      frames = resume_from_checkpoint(frames, point);
+    } else {
+      read_row(check_, step_size_.get(), frames - 1, H5T_NATIVE_DOUBLE, &point.step_size, "step_size");
+      for (std::size_t r = 0; r < setup.replicas; ++r)
+        read_row(check_, positions_[r].get(), frames - 1, H5T_NATIVE_DOUBLE,
+                 point.x.data() + r * frame_size, "position/value");
+    }
     frames_ = frames;
     flushed_frames_ = frames;
-    for (hid_t dataset : growing_datasets()) plans_.push_back(plan_of(dataset));
-    reserve_space(kMetadataMargin);
     point.frames = frames;
     read_row(check_, step_.get(), frames - 1, H5T_NATIVE_INT64, &point.step, "step");
     read_row(check_, time_.get(), frames - 1, H5T_NATIVE_DOUBLE, &point.time, "time");
-    read_row(check_, step_size_.get(), frames - 1, H5T_NATIVE_DOUBLE, &point.step_size, "step_size");
-    const std::size_t frame_size = setup.n * setup.d;
-    point.x.resize(setup.replicas * frame_size);
-    for (std::size_t r = 0; r < setup.replicas; ++r)
-      read_row(check_, positions_[r].get(), frames - 1, H5T_NATIVE_DOUBLE,
-               point.x.data() + r * frame_size, "position/value");
+    if (ends) {
+      // Position rows up to the resumed frame stay; one of a frame after it (the final frame
+      // of a part killed before its checkpoint was marked) is rewritten.
+      std::vector<std::int64_t> steps(position_rows);
+      if (position_rows > 0)
+        check_(H5Dread(position_step_.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                       steps.data()),
+               "reading", "position/step");
+      position_rows_ = static_cast<hsize_t>(
+          std::count_if(steps.begin(), steps.end(), [&](std::int64_t s) { return s <= point.step; }));
+      flushed_position_rows_ = position_rows_;
+    }
+    for (hid_t dataset : growing_datasets()) plans_.push_back(plan_of(dataset));
+    for (hid_t dataset : position_row_datasets()) position_plans_.push_back(plan_of(dataset));
+    reserve_space(kMetadataMargin);
     auto read_attribute = [&](const char* name, hid_t type, void* out) {
       if (H5Aexists(run_.get(), name) > 0) {
         Handle attribute(H5Aopen(run_.get(), name, H5P_DEFAULT), H5Aclose);
@@ -413,6 +506,9 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     positions_.clear();
     velocities_.clear();
     particle_groups_.clear();
+    checkpoint_.clear();
+    position_step_.reset();
+    position_time_.reset();
     step_.reset();
     time_.reset();
     step_size_.reset();
@@ -455,8 +551,13 @@ class Hdf5H5mdWriter final : public H5mdWriter {
       throw std::invalid_argument("write_labels: label sizes do not match n and position_dim");
     }
     QuietHdf5Errors quiet;
-    for (const Handle& group : particle_groups_) {
-      const hid_t g = group.get();
+    for (std::size_t r = 0; r < particle_groups_.size(); ++r) {
+      const hid_t g = particle_groups_[r].get();
+      if (r > 0 && keeps_checkpoint()) {
+        // Every replica has the same labels: one copy, as the frame clock is one copy.
+        link_labels_of_replica_0(g, labels.generator_count > 0);
+        continue;
+      }
       write_label_datasets(g, n, k, labels.aux_position.data(), labels.prompt_id.data(),
                            labels.presence.data(), labels.id.data());
       if (labels.generator_count > 0) {
@@ -473,7 +574,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
 
   void append_frame(std::int64_t step, double time, const double* positions,
                     const std::vector<std::vector<double>>& observables,
-                    double step_size, const double* velocities) override {
+                    double step_size, const double* velocities, FrameRole role) override {
     if (setup_.velocity && velocities == nullptr) {
       throw std::invalid_argument("append_frame: this file records velocities; none given");
     }
@@ -486,25 +587,37 @@ class Hdf5H5mdWriter final : public H5mdWriter {
                                     " needs replicas * components numbers");
       }
     }
+    const bool ends_row = setup_.position_frames == PositionFrames::Ends &&
+                          (frames_ == 0 || role == FrameRole::Final);
     QuietHdf5Errors quiet;
-    reserve_space(frame_space_needed());
+    reserve_space(frame_space_needed(ends_row));
     // A write that fails half-way leaves rows that write_run_info takes back.
     write_failed_ = true;
-    write_row(check_, step_.get(), frames_, H5T_NATIVE_INT64, &step, "position/step");
-    write_row(check_, time_.get(), frames_, H5T_NATIVE_DOUBLE, &time, "position/time");
+    write_row(check_, step_.get(), frames_, H5T_NATIVE_INT64, &step, "frame step");
+    write_row(check_, time_.get(), frames_, H5T_NATIVE_DOUBLE, &time, "frame time");
     write_row(check_, step_size_.get(), frames_, H5T_NATIVE_DOUBLE, &step_size, "run/step_size");
     const std::size_t frame_size = setup_.n * setup_.d;
-    for (std::size_t r = 0; r < setup_.replicas; ++r) {
-      write_row(check_, positions_[r].get(), frames_, H5T_NATIVE_DOUBLE, positions + r * frame_size,
-                "position/value");
-      if (setup_.velocity)
-        write_row(check_, velocities_[r].get(), frames_, H5T_NATIVE_DOUBLE,
-                  velocities + r * frame_size, "velocity/value");
+    if (keeps_every_position() || ends_row) {
+      // All: the row of this frame. Ends: the next row of the positions' own step and time.
+      const hsize_t row = keeps_every_position() ? frames_ : position_rows_;
+      if (ends_row) {
+        write_row(check_, position_step_.get(), row, H5T_NATIVE_INT64, &step, "position/step");
+        write_row(check_, position_time_.get(), row, H5T_NATIVE_DOUBLE, &time, "position/time");
+      }
+      for (std::size_t r = 0; r < setup_.replicas; ++r) {
+        write_row(check_, positions_[r].get(), row, H5T_NATIVE_DOUBLE, positions + r * frame_size,
+                  "position/value");
+        if (setup_.velocity)
+          write_row(check_, velocities_[r].get(), row, H5T_NATIVE_DOUBLE,
+                    velocities + r * frame_size, "velocity/value");
+      }
+      if (ends_row) ++position_rows_;
     }
     for (std::size_t o = 0; o < observables.size(); ++o) {
       write_row(check_, observable_values_[o].get(), frames_, H5T_NATIVE_DOUBLE,
                 observables[o].data(), setup_.observables[o].first.c_str());
     }
+    if (keeps_checkpoint()) write_checkpoint_slot(step, time, step_size, positions);
     ++frames_;
     write_failed_ = false;
   }
@@ -531,11 +644,19 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   void flush() override {
     try {
       flush_file();
+      // Only now is the slot's data in the file: its mark goes after it, in a second flush.
+      if (checkpoint_pending_ && !flush_failed_) {
+        mark_checkpoint_slot();
+        flush_file();
+      }
     } catch (const IoError&) {
       flush_failed_ = true;  // a file whose frame 0 may be partial is never published
       throw;
     }
-    if (!flush_failed_) flushed_frames_ = frames_;
+    if (!flush_failed_) {
+      flushed_frames_ = frames_;
+      flushed_position_rows_ = position_rows_;
+    }
     if (!published_ && frames_ > 0 && !flush_failed_) publish();
   }
 
@@ -555,18 +676,23 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   /// fallocate), shrinks every growing dataset back to the frames of the last successful
   /// flush, so that a partly written frame does not stay in the file as a frame of zeros.
   void roll_back_to_flushed_frames() {
-    for (hid_t dataset : growing_datasets()) {
+    auto shrink = [&](hid_t dataset, hsize_t rows) {
       std::vector<hsize_t> dims = dataset_dims(check_, dataset, "a growing dataset");
-      if (dims.empty() || dims[0] <= flushed_frames_) continue;
-      dims[0] = flushed_frames_;
+      if (dims.empty() || dims[0] <= rows) return;
+      dims[0] = rows;
       check_(H5Dset_extent(dataset, dims.data()), "shrinking", "a growing dataset");
-    }
+    };
+    for (hid_t dataset : growing_datasets()) shrink(dataset, flushed_frames_);
+    for (hid_t dataset : position_row_datasets()) shrink(dataset, flushed_position_rows_);
     frames_ = flushed_frames_;
+    position_rows_ = flushed_position_rows_;
+    // An unmarked slot stays unmarked: its older mark keeps it from being taken.
+    checkpoint_pending_ = false;
     write_failed_ = flush_failed_ = false;
   }
 
-  /// A growing dataset, chunked by at most expected_frames rows; its plan is kept for the
-  /// space reservation.
+  /// A growing dataset with a row per frame, chunked by at most expected_frames rows; its
+  /// plan is kept for the space reservation.
   Handle grow(hid_t parent, const std::string& name, hid_t file_type,
               const std::vector<hsize_t>& row_shape, std::size_t target_chunk_bytes,
               Filters filters) {
@@ -578,12 +704,55 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     return dataset;
   }
 
-  /// Every dataset append_frame extends.
+  /// A dataset of the position element (position and velocity step, time and value): a row
+  /// per frame (All, as grow), a row per kept frame (Ends: chunks of kEndsPositionRows rows,
+  /// so that 512 replicas do not take 512 chunks of a whole run's frames), or none (None: a
+  /// fixed, empty dataset, which keeps the element's shape [0, n, d] for readers). An invalid
+  /// handle for None.
+  Handle position_dataset(hid_t parent, const std::string& name, hid_t file_type,
+                          const std::vector<hsize_t>& row_shape, std::size_t target_chunk_bytes,
+                          Filters filters) {
+    switch (setup_.position_frames) {
+      case PositionFrames::All:
+        return grow(parent, name, file_type, row_shape, target_chunk_bytes, filters);
+      case PositionFrames::Ends: {
+        ChunkPlan plan;
+        Handle dataset = create_growing_dataset(check_, parent, name, file_type, row_shape,
+                                                target_chunk_bytes, filters, kEndsPositionRows,
+                                                plan);
+        position_plans_.push_back(plan);
+        return dataset;
+      }
+      case PositionFrames::None:
+        break;
+    }
+    std::vector<hsize_t> dims{0};
+    dims.insert(dims.end(), row_shape.begin(), row_shape.end());
+    // No element is written, so the memory type is never used.
+    write_fixed_dataset(check_, parent, name, file_type, file_type, dims, nullptr);
+    return {};
+  }
+
+  /// Every dataset that append_frame extends by a row per frame.
   std::vector<hid_t> growing_datasets() const {
     std::vector<hid_t> all{step_.get(), time_.get(), step_size_.get()};
-    for (const Handle& h : positions_) all.push_back(h.get());
-    for (const Handle& h : velocities_) all.push_back(h.get());
+    if (keeps_every_position()) {
+      for (const Handle& h : positions_) all.push_back(h.get());
+      for (const Handle& h : velocities_) all.push_back(h.get());
+    }
     for (const Handle& h : observable_values_) all.push_back(h.get());
+    return all;
+  }
+
+  /// Ends: the datasets that grow by a row per kept frame, in the order of position_plans_.
+  std::vector<hid_t> position_row_datasets() const {
+    std::vector<hid_t> all;
+    if (setup_.position_frames != PositionFrames::Ends) return all;
+    all = {position_step_.get(), position_time_.get()};
+    for (std::size_t r = 0; r < positions_.size(); ++r) {
+      all.push_back(positions_[r].get());
+      if (setup_.velocity) all.push_back(velocities_[r].get());
+    }
     return all;
   }
 
@@ -605,10 +774,13 @@ class Hdf5H5mdWriter final : public H5mdWriter {
 
   /// Bytes the next frame may allocate: a new chunk of every dataset whose next row starts
   /// one (or of every filtered dataset), plus the metadata margin.
-  std::size_t frame_space_needed() const {
+  std::size_t frame_space_needed(bool position_row) const {
     std::size_t bytes = kMetadataMargin;
     for (const ChunkPlan& plan : plans_)
       if (plan.filtered || frames_ % plan.chunk_rows == 0) bytes += plan.chunk_bytes + 4096;
+    if (position_row)
+      for (const ChunkPlan& plan : position_plans_)
+        if (plan.filtered || position_rows_ % plan.chunk_rows == 0) bytes += plan.chunk_bytes + 4096;
     return bytes;
   }
 
@@ -759,30 +931,48 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     const auto dimension = static_cast<std::int32_t>(setup_.d);
     for (std::size_t r = 0; r < setup_.replicas; ++r) {
       Handle group = create_group(check_, particles.get(), particle_group_name(r));
-      Handle box = create_group(check_, group.get(), "box");
-      write_attribute(check_, box.get(), "dimension", H5T_STD_I32LE, H5T_NATIVE_INT32, {},
-                      &dimension);
-      write_strings_attribute(check_, box.get(), "boundary",
-                              std::vector<std::string>(setup_.d, "none"));
+      if (r > 0 && keeps_checkpoint()) {
+        // Files meant to be small share what is the same in every replica group: the box, and
+        // with None the (empty) position element. A group costs about 1 KiB of metadata.
+        link_group_of_replica_0(group.get(), "box");
+        if (setup_.position_frames == PositionFrames::None) {
+          link_group_of_replica_0(group.get(), "position");
+          particle_groups_.push_back(std::move(group));
+          continue;
+        }
+      } else {
+        Handle box = create_group(check_, group.get(), "box");
+        write_attribute(check_, box.get(), "dimension", H5T_STD_I32LE, H5T_NATIVE_INT32, {},
+                        &dimension);
+        write_strings_attribute(check_, box.get(), "boundary",
+                                std::vector<std::string>(setup_.d, "none"));
+      }
       Handle position = create_group(check_, group.get(), "position");
       if (r == 0) {
-        step_ = grow(position.get(), "step", H5T_STD_I64LE, {},
+        // All: the frame clock. Ends: the kept frames' own step and time. None: empty.
+        Handle step = position_dataset(position.get(), "step", H5T_STD_I64LE, {},
                                        kSeriesChunkBytes, {false, setup_.fletcher32});
-        time_ = grow(position.get(), "time", H5T_IEEE_F64LE, {},
+        Handle time = position_dataset(position.get(), "time", H5T_IEEE_F64LE, {},
                                        kSeriesChunkBytes, {false, setup_.fletcher32});
+        if (keeps_every_position()) {
+          step_ = std::move(step);
+          time_ = std::move(time);
+        } else {
+          position_step_ = std::move(step);
+          position_time_ = std::move(time);
+        }
       } else {
-        link_step_and_time(position.get());
+        link_step_and_time(position.get(), kPositionClockGroup);
       }
-      positions_.push_back(grow(position.get(), "value", H5T_IEEE_F64LE,
-                                                  frame_shape, kPositionChunkBytes,
-                                                  {setup_.deflate, setup_.fletcher32}));
+      Handle value = position_dataset(position.get(), "value", H5T_IEEE_F64LE, frame_shape,
+                                      kPositionChunkBytes, {setup_.deflate, setup_.fletcher32});
+      if (value.valid()) positions_.push_back(std::move(value));
       if (setup_.velocity) {
         Handle velocity = create_group(check_, group.get(), "velocity");
-        link_step_and_time(velocity.get());
-        velocities_.push_back(grow(velocity.get(), "value",
-                                                     H5T_IEEE_F64LE, frame_shape,
-                                                     kPositionChunkBytes,
-                                                     {setup_.deflate, setup_.fletcher32}));
+        link_step_and_time(velocity.get(), kPositionClockGroup);
+        velocities_.push_back(position_dataset(velocity.get(), "value", H5T_IEEE_F64LE,
+                                               frame_shape, kPositionChunkBytes,
+                                               {setup_.deflate, setup_.fletcher32}));
       }
       particle_groups_.push_back(std::move(group));
     }
@@ -862,23 +1052,158 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     const hsize_t replicas = setup_.replicas;
     for (const auto& [name, components] : setup_.observables) {
       Handle group = create_group(check_, observables.get(), name);
-      link_step_and_time(group.get());
+      if (keeps_every_position() || step_.valid()) {
+        link_step_and_time(group.get(), clock_group_);
+      } else {
+        // The first observable holds the frame clock that every other one links to.
+        step_ = grow(group.get(), "step", H5T_STD_I64LE, {}, kSeriesChunkBytes,
+                     {false, setup_.fletcher32});
+        time_ = grow(group.get(), "time", H5T_IEEE_F64LE, {}, kSeriesChunkBytes,
+                     {false, setup_.fletcher32});
+      }
       std::vector<hsize_t> row_shape;
+      // Without every frame's positions the observables are the bulk of the file, so
+      // --deflate compresses them too. Not by default: a compressed chunk is compressed again
+      // at every flush, which costs more than a small run's steps.
       if (replicas > 1) row_shape.push_back(replicas);
       if (components > 1) row_shape.push_back(components);
       observable_values_.push_back(
-          grow(group.get(), "value", H5T_IEEE_F64LE, row_shape,
-                                 kSeriesChunkBytes, {false, setup_.fletcher32}));
+          grow(group.get(), "value", H5T_IEEE_F64LE, row_shape, kSeriesChunkBytes,
+               {setup_.deflate && keeps_checkpoint(), setup_.fletcher32}));
     }
   }
 
-  /// Hard links `step` and `time` in `group` to those of /particles/tokens/position.
-  void link_step_and_time(hid_t group) {
+  /// Hard links `step` and `time` in `group` to those in `source_group` (a path ending in '/').
+  void link_step_and_time(hid_t group, const std::string& source_group) {
     for (const char* name : {"step", "time"}) {
-      const std::string source = std::string("/particles/tokens/position/") + name;
+      const std::string source = source_group + name;
       check_(H5Lcreate_hard(file_.get(), source.c_str(), group, name, H5P_DEFAULT, H5P_DEFAULT),
              "linking", source);
     }
+  }
+
+  /// Replaces the labels of a replica group r >= 1 by hard links to replica 0's (which
+  /// write_labels has just written); gauge_generators too when the run has a gauge.
+  void link_labels_of_replica_0(hid_t group, bool gauge) {
+    std::vector<const char*> names{"aux_position", "prompt_id", "presence", "id"};
+    if (gauge) names.push_back("gauge_generators");
+    for (const char* name : names) {
+      const htri_t exists = H5Lexists(group, name, H5P_DEFAULT);
+      check_(exists, "looking up", name);
+      if (exists > 0) check_(H5Ldelete(group, name, H5P_DEFAULT), "deleting", name);
+      const std::string source = std::string("/particles/tokens/") + name;
+      check_(H5Lcreate_hard(file_.get(), source.c_str(), group, name, H5P_DEFAULT, H5P_DEFAULT),
+             "linking", source);
+    }
+  }
+
+  /// Hard links `name` in a replica group r >= 1 to /particles/tokens/<name>.
+  void link_group_of_replica_0(hid_t group, const char* name) {
+    const std::string source = std::string("/particles/tokens/") + name;
+    check_(H5Lcreate_hard(file_.get(), source.c_str(), group, name, H5P_DEFAULT, H5P_DEFAULT),
+           "linking", source);
+  }
+
+  bool keeps_every_position() const { return setup_.position_frames == PositionFrames::All; }
+  /// Ends and None: the positions of the last flushed frame are not in the position element,
+  /// so /run/checkpoint holds them for --resume.
+  bool keeps_checkpoint() const { return !keeps_every_position(); }
+
+  /// The group of the frame clock a writer with this setup uses (see frame_clock_group).
+  static std::string frame_clock_path(const WriterSetup& setup) {
+    if (setup.position_frames == PositionFrames::All) return kPositionClockGroup;
+    return "/observables/" + setup.observables.front().first + "/";
+  }
+
+  /// A fixed-size dataset whose space is allocated when it is created: the checkpoint is
+  /// rewritten in place every frame, so it never asks the disk for more.
+  Handle allocated_dataset(hid_t parent, const char* name, hid_t file_type,
+                           const std::vector<hsize_t>& dims) {
+    Handle space = dataspace(check_, dims);
+    Handle properties = check_.own(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "creating properties");
+    check_(H5Pset_alloc_time(properties.get(), H5D_ALLOC_TIME_EARLY), "allocating", name);
+    return check_.own(H5Dcreate2(parent, name, file_type, space.get(), H5P_DEFAULT,
+                                 properties.get(), H5P_DEFAULT),
+                      H5Dclose, "creating dataset", name);
+  }
+
+  /// /run/checkpoint: x [2, R, n, d], step, time, step_size and frame [2]; frame[s] is the
+  /// frame slot s holds (kEmptyCheckpointSlot while it holds none), written after the rest.
+  void create_checkpoint() {
+    Handle group = create_group(check_, run_.get(), "checkpoint");
+    const hid_t g = group.get();
+    checkpoint_.x = allocated_dataset(g, "x", H5T_IEEE_F64LE,
+                                      {kCheckpointSlots, setup_.replicas, setup_.n, setup_.d});
+    checkpoint_.step = allocated_dataset(g, "step", H5T_STD_I64LE, {kCheckpointSlots});
+    checkpoint_.time = allocated_dataset(g, "time", H5T_IEEE_F64LE, {kCheckpointSlots});
+    checkpoint_.step_size = allocated_dataset(g, "step_size", H5T_IEEE_F64LE, {kCheckpointSlots});
+    checkpoint_.frame = allocated_dataset(g, "frame", H5T_STD_I64LE, {kCheckpointSlots});
+    const std::int64_t empty[kCheckpointSlots] = {kEmptyCheckpointSlot, kEmptyCheckpointSlot};
+    check_(H5Dwrite(checkpoint_.frame.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, empty),
+           "writing", "run/checkpoint/frame");
+  }
+
+  /// The state of the frame being appended, into the slot that does not hold the latest
+  /// complete frame; its mark follows in flush().
+  void write_checkpoint_slot(std::int64_t step, double time, double step_size, const double* x) {
+    const hsize_t slot = checkpoint_slot_;
+    overwrite_row(check_, checkpoint_.x.get(), slot, H5T_NATIVE_DOUBLE, x, "run/checkpoint/x");
+    overwrite_row(check_, checkpoint_.step.get(), slot, H5T_NATIVE_INT64, &step, "run/checkpoint/step");
+    overwrite_row(check_, checkpoint_.time.get(), slot, H5T_NATIVE_DOUBLE, &time, "run/checkpoint/time");
+    overwrite_row(check_, checkpoint_.step_size.get(), slot, H5T_NATIVE_DOUBLE, &step_size,
+                  "run/checkpoint/step_size");
+    checkpoint_pending_ = true;
+  }
+
+  /// Marks the slot written by write_checkpoint_slot as holding the last appended frame;
+  /// the next frame goes to the other slot.
+  void mark_checkpoint_slot() {
+    const auto frame = static_cast<std::int64_t>(frames_ - 1);
+    overwrite_row(check_, checkpoint_.frame.get(), checkpoint_slot_, H5T_NATIVE_INT64, &frame,
+                  "run/checkpoint/frame");
+    checkpoint_slot_ = 1 - checkpoint_slot_;
+    checkpoint_pending_ = false;
+  }
+
+  /// --resume of a file with a checkpoint: the state of its latest complete slot below
+  /// `frames` goes to point (x, step size); returns the frames up to and including that
+  /// slot's, which the run continues after.
+  hsize_t resume_from_checkpoint(hsize_t frames, ResumePoint& point) {
+    auto open = [&](const char* name) {
+      const std::string path = std::string("/run/checkpoint/") + name;
+      return check_.own(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), H5Dclose, "opening", path);
+    };
+    checkpoint_.x = open("x");
+    checkpoint_.step = open("step");
+    checkpoint_.time = open("time");
+    checkpoint_.step_size = open("step_size");
+    checkpoint_.frame = open("frame");
+    const auto dims = dataset_dims(check_, checkpoint_.x.get(), "run/checkpoint/x");
+    if (dims != std::vector<hsize_t>{kCheckpointSlots, setup_.replicas, setup_.n, setup_.d})
+      throw IoError(setup_.path + ": run/checkpoint/x is not [2, R, n, d] of this run");
+    std::int64_t marks[kCheckpointSlots];
+    check_(H5Dread(checkpoint_.frame.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, marks),
+           "reading", "run/checkpoint/frame");
+    const int slot = latest_usable_checkpoint(marks, frames);
+    if (slot < 0)
+      throw IoError(setup_.path + ": --resume found no complete slot in /run/checkpoint");
+    const auto s = static_cast<hsize_t>(slot);
+    const hsize_t resumed = static_cast<hsize_t>(marks[slot]) + 1;
+    std::int64_t step = 0, clock_step = 0;
+    double time = 0.0, clock_time = 0.0;
+    read_row(check_, checkpoint_.x.get(), s, H5T_NATIVE_DOUBLE, point.x.data(), "run/checkpoint/x");
+    read_row(check_, checkpoint_.step.get(), s, H5T_NATIVE_INT64, &step, "run/checkpoint/step");
+    read_row(check_, checkpoint_.time.get(), s, H5T_NATIVE_DOUBLE, &time, "run/checkpoint/time");
+    read_row(check_, checkpoint_.step_size.get(), s, H5T_NATIVE_DOUBLE, &point.step_size,
+             "run/checkpoint/step_size");
+    read_row(check_, step_.get(), resumed - 1, H5T_NATIVE_INT64, &clock_step, "frame step");
+    read_row(check_, time_.get(), resumed - 1, H5T_NATIVE_DOUBLE, &clock_time, "frame time");
+    if (step != clock_step || time != clock_time)
+      throw IoError(setup_.path + ": /run/checkpoint slot " + std::to_string(slot) + " holds step " +
+                    std::to_string(step) + " but frame " + std::to_string(resumed - 1) +
+                    " has step " + std::to_string(clock_step) + " (the file was changed by hand?)");
+    checkpoint_slot_ = 1 - slot;
+    return resumed;
   }
 
   /// Removes the temporary file of a writer that never published it (declared before file_,
@@ -901,8 +1226,31 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   std::vector<ChunkPlan> plans_;  ///< one per growing dataset (their sum sizes a reservation)
   Handle file_;  // declared first of the handles, so a member-wise destruction closes it last
   Handle run_;
+  /// The frame clock: every frame's step and time (in /particles/tokens/position with All,
+  /// else in the first observable's group), and the group that holds it.
   Handle step_, time_;
+  std::string clock_group_;
   Handle step_size_;  ///< /run/step_size [T], the integrator's next step at each frame
+  /// Ends: the step and time of the kept position rows, position_rows_ of them so far (and
+  /// flushed_position_rows_ at the last successful flush); position_plans_ for the space
+  /// reservation of the datasets that grow with them.
+  Handle position_step_, position_time_;
+  hsize_t position_rows_ = 0, flushed_position_rows_ = 0;
+  std::vector<ChunkPlan> position_plans_;
+  /// Ends and None: /run/checkpoint's datasets, the slot the next frame goes to, and whether
+  /// a frame has been written to it whose mark flush() has yet to write.
+  struct Checkpoint {
+    Handle x, step, time, step_size, frame;
+    void clear() {
+      frame.reset();
+      step_size.reset();
+      time.reset();
+      step.reset();
+      x.reset();
+    }
+  } checkpoint_;
+  int checkpoint_slot_ = 0;
+  bool checkpoint_pending_ = false;
   std::vector<Handle> particle_groups_;    ///< one per replica
   std::vector<Handle> positions_;          ///< position/value, one per replica
   std::vector<Handle> velocities_;         ///< velocity/value, one per replica (when asked)
@@ -946,8 +1294,8 @@ Frame read_last_frame(const std::string& path) {
   if (H5Fis_hdf5(path.c_str()) <= 0) throw IoError(foreign + "not an HDF5 file");
   Handle file = hdf5::open_read_only(path);
   if (!file.valid()) check.fail("opening the file");
-  auto open = [&](const char* name) {
-    const hid_t dataset = H5Dopen2(file.get(), name, H5P_DEFAULT);
+  auto open = [&](const std::string& name) {
+    const hid_t dataset = H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT);
     if (dataset < 0) throw IoError(foreign + "it has no dataset " + name);
     return Handle(dataset, H5Dclose);
   };
@@ -963,15 +1311,56 @@ Frame read_last_frame(const std::string& path) {
   // A writer killed between flushes may leave the three lengths unequal; the shortest one
   // bounds the frames that are complete.
   const hsize_t frames = std::min({value_dims[0], step_dims[0], time_dims[0]});
-  if (frames == 0) throw IoError(path + " holds no frames");
 
   Frame frame;
   frame.n = value_dims[1];
   frame.d = value_dims[2];
   frame.x.resize(frame.n * frame.d);
-  read_row(check, step.get(), frames - 1, H5T_NATIVE_INT64, &frame.step, "position/step");
-  read_row(check, time.get(), frames - 1, H5T_NATIVE_DOUBLE, &frame.time, "position/time");
-  read_row(check, value.get(), frames - 1, H5T_NATIVE_DOUBLE, frame.x.data(), "position/value");
+  bool found = frames > 0;
+  if (found) {
+    read_row(check, step.get(), frames - 1, H5T_NATIVE_INT64, &frame.step, "position/step");
+    read_row(check, time.get(), frames - 1, H5T_NATIVE_DOUBLE, &frame.time, "position/time");
+    read_row(check, value.get(), frames - 1, H5T_NATIVE_DOUBLE, frame.x.data(), "position/value");
+  }
+  // --save-positions ends or none: the checkpoint holds the last flushed frame, which is at
+  // least as late as the last kept positions.
+  if (H5Lexists(file.get(), "/run", H5P_DEFAULT) > 0 &&
+      H5Lexists(file.get(), "/run/checkpoint", H5P_DEFAULT) > 0) {
+    const std::string clock = hdf5::frame_clock_group(file.get());
+    if (clock.empty()) throw IoError(foreign + "it has /run/checkpoint but no observable with step and time");
+    Handle clock_step = open(clock + "step"), clock_time = open(clock + "time");
+    const hsize_t clock_frames = std::min(dataset_dims(check, clock_step.get(), "frame step").at(0),
+                                          dataset_dims(check, clock_time.get(), "frame time").at(0));
+    Handle x = open("/run/checkpoint/x"), marks_set = open("/run/checkpoint/frame");
+    const auto x_dims = dataset_dims(check, x.get(), "run/checkpoint/x");
+    if (x_dims.size() != 4 || x_dims[0] != kCheckpointSlots || x_dims[2] != frame.n || x_dims[3] != frame.d)
+      throw IoError(foreign + "run/checkpoint/x is not [2, R, n, d]");
+    std::int64_t marks[kCheckpointSlots];
+    if (dataset_dims(check, marks_set.get(), "run/checkpoint/frame") != std::vector<hsize_t>{kCheckpointSlots})
+      throw IoError(foreign + "run/checkpoint/frame is not [2]");
+    check(H5Dread(marks_set.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, marks),
+          "reading", "run/checkpoint/frame");
+    if (const int slot = latest_usable_checkpoint(marks, clock_frames); slot >= 0) {
+      const auto s = static_cast<hsize_t>(slot);
+      std::int64_t checkpoint_step = 0;
+      Handle steps = open("/run/checkpoint/step"), times = open("/run/checkpoint/time");
+      read_row(check, steps.get(), s, H5T_NATIVE_INT64, &checkpoint_step, "run/checkpoint/step");
+      if (!found || checkpoint_step >= frame.step) {
+        frame.step = checkpoint_step;
+        read_row(check, times.get(), s, H5T_NATIVE_DOUBLE, &frame.time, "run/checkpoint/time");
+        // Replica 0 of slot s: the first n * d numbers of row s.
+        Handle space = check.own(H5Dget_space(x.get()), H5Sclose, "getting the space of", "run/checkpoint/x");
+        const hsize_t start[4] = {s, 0, 0, 0}, count[4] = {1, 1, frame.n, frame.d};
+        check(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr),
+              "selecting replica 0 of", "run/checkpoint/x");
+        Handle memory = dataspace(check, {1, 1, frame.n, frame.d});
+        check(H5Dread(x.get(), H5T_NATIVE_DOUBLE, memory.get(), space.get(), H5P_DEFAULT, frame.x.data()),
+              "reading", "run/checkpoint/x");
+        found = true;
+      }
+    }
+  }
+  if (!found) throw IoError(path + " holds no frames");
   return frame;
 }
 
@@ -1090,7 +1479,8 @@ std::string exact_number_text(double value) {
 
 FileSummary describe_file(const std::string& path) {
   // The readers' one layout check: NotMfattnFile for a missing, foreign or malformed file.
-  { const SeriesFile layout(path); }
+  // It also gives the frame count, replicas, n and d as every reader sees them.
+  const SeriesFile series(path);
   if (!is_mfattn_file(path))
     throw NotMfattnFile(path + " is not an mfattn H5MD file (its /h5md/creator name is not the "
                         "variable-length string \"mfattn\" that mfattn writes)");
@@ -1099,26 +1489,17 @@ FileSummary describe_file(const std::string& path) {
   Handle file = hdf5::open_read_only(path);
   if (!file.valid()) check.fail("opening the file");
   FileSummary summary;
-  Handle value = check.own(H5Dopen2(file.get(), "/particles/tokens/position/value", H5P_DEFAULT),
-                           H5Dclose, "opening", "position/value");
-  const auto dims = dataset_dims(check, value.get(), "position/value");
-  Handle time = check.own(H5Dopen2(file.get(), "/particles/tokens/position/time", H5P_DEFAULT),
-                          H5Dclose, "opening", "position/time");
-  const auto time_dims = dataset_dims(check, time.get(), "position/time");
-  if (dims.size() != 3 || time_dims.size() != 1)
-    throw NotMfattnFile(path + " is not an mfattn H5MD file: position/{time, value} are not [T] and [T, n, d]");
-  summary.frames = std::min<std::size_t>(dims.at(0), time_dims.at(0));
-  summary.n = dims.at(1);
-  summary.d = dims.at(2);
+  summary.frames = series.frames();
+  summary.position_frames = series.position_frames();
+  summary.n = series.n();
+  summary.d = series.d();
+  summary.replicas = series.replicas();
+  summary.save_positions = series.save_positions();
   if (summary.frames > 0) {
-    read_row(check, time.get(), 0, H5T_NATIVE_DOUBLE, &summary.first_time, "position/time");
-    read_row(check, time.get(), summary.frames - 1, H5T_NATIVE_DOUBLE, &summary.last_time,
-             "position/time");
+    const std::vector<double> times = series.times();
+    summary.first_time = times.front();
+    summary.last_time = times.back();
   }
-  summary.replicas = 1;
-  while (H5Lexists(file.get(), ("/particles/tokens_r" + std::to_string(summary.replicas)).c_str(),
-                   H5P_DEFAULT) > 0)
-    ++summary.replicas;
   Handle parameters = check.own(H5Gopen2(file.get(), "/parameters", H5P_DEFAULT), H5Gclose,
                                 "opening", "/parameters");
   summary.parameters = attributes_of(parameters.get());

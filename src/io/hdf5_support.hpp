@@ -81,4 +81,37 @@ inline Handle open_read_only(const std::string& path) {
   return Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, access.get()), H5Fclose);
 }
 
+/// The group that holds a file's frame clock, the step and time of every frame, with a
+/// trailing '/': "/particles/tokens/position/" for a file that keeps the positions of every
+/// frame (--save-positions all, and every file from before the option), or, for a file with
+/// /run/checkpoint (ends or none), "/observables/<name>/" of its first observable in name
+/// order (every observable's step and time are hard links to the same two datasets there).
+/// "" when a checkpointed file has no observable with step and time.
+inline std::string frame_clock_group(hid_t file) {
+  if (H5Lexists(file, "/run", H5P_DEFAULT) <= 0 ||
+      H5Lexists(file, "/run/checkpoint", H5P_DEFAULT) <= 0)
+    return "/particles/tokens/position/";
+  if (H5Lexists(file, "/observables", H5P_DEFAULT) <= 0) return "";
+  Handle observables(H5Gopen2(file, "/observables", H5P_DEFAULT), H5Gclose);
+  if (!observables.valid()) return "";
+  struct Search {
+    hid_t group;
+    std::string found;
+  } search{observables.get(), {}};
+  auto visit = [](hid_t group, const char* name, const H5L_info_t*, void* data) -> herr_t {
+    auto& s = *static_cast<Search*>(data);
+    const std::string step = std::string(name) + "/step", time = std::string(name) + "/time";
+    if (H5Lexists(group, step.c_str(), H5P_DEFAULT) > 0 &&
+        H5Lexists(group, time.c_str(), H5P_DEFAULT) > 0) {
+      s.found = "/observables/" + std::string(name) + "/";
+      return 1;  // stop: the first in name order
+    }
+    return 0;
+  };
+  // H5Lexists on "name/step" fails (no error printed under QuietHdf5Errors) when name is a
+  // dataset; that is a "no".
+  H5Literate(observables.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, visit, &search);
+  return search.found;
+}
+
 }  // namespace mfattn::hdf5

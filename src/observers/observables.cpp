@@ -3,7 +3,9 @@
 #include <Eigen/Dense>
 #include <omp.h>
 
+#include "kernels/pair_statistics.hpp"
 #include "kernels/vector_math.hpp"
+#include "mfattn/backend.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -37,99 +39,8 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-/// Union-find over 0..m-1; roots are the smallest index of their set, path halving.
-class UnionFind {
- public:
-  explicit UnionFind(std::size_t count) : parent_(count) {
-    std::iota(parent_.begin(), parent_.end(), std::uint32_t{0});
-  }
-  std::uint32_t find(std::uint32_t a) {
-    while (parent_[a] != a) {
-      parent_[a] = parent_[parent_[a]];
-      a = parent_[a];
-    }
-    return a;
-  }
-  /// Joins two different roots; returns the root of the union.
-  std::uint32_t link(std::uint32_t root_a, std::uint32_t root_b) {
-    if (root_b < root_a) std::swap(root_a, root_b);
-    parent_[root_b] = root_a;
-    ++unions_;
-    return root_a;
-  }
-  /// Joins the sets of a and b.
-  void unite(std::uint32_t a, std::uint32_t b) {
-    a = find(a);
-    b = find(b);
-    if (a != b) link(a, b);
-  }
-  /// Every element in one set: further edges change nothing.
-  bool whole() const { return unions_ + 1 >= parent_.size(); }
-  std::size_t components() const { return parent_.size() - unions_; }
-
- private:
-  std::vector<std::uint32_t> parent_;
-  std::size_t unions_ = 0;
-};
-
-/// The cluster edges of one receiver row i: inner[j] = <x_i, x_{base + j}> for j in
-/// [from, to). Unites i with every base + j where inner[j] > edge_above (indices gathered
-/// without branches first, so a row of random cluster labels costs no mispredictions).
-void unite_row(UnionFind& forest, std::uint32_t i, const double* inner, std::size_t base,
-               std::size_t from, std::size_t to, double edge_above,
-               std::vector<std::uint32_t>& scratch) {
-  scratch.resize(to - from + 1);
-  std::size_t found = 0;
-  for (std::size_t j = from; j < to; ++j) {
-    scratch[found] = static_cast<std::uint32_t>(base + j);
-    found += inner[j] > edge_above;
-  }
-  std::uint32_t root = forest.find(i);
-  for (std::size_t e = 0; e < found && !forest.whole(); ++e) {
-    const std::uint32_t other = forest.find(scratch[e]);
-    if (other != root) root = forest.link(root, other);
-  }
-}
-
-/// Per-thread state of the pair pass: a private union-find forest (made on first use) and
-/// row buffers. The forests are merged serially at the end; the components of a graph do not
-/// depend on the order its edges are added in, so neither the thread count nor the schedule
-/// changes the count.
-class ThreadForests {
- public:
-  explicit ThreadForests(std::size_t m)
-      : m_(m), slots_(static_cast<std::size_t>(std::max(1, omp_get_max_threads()))) {}
-  struct Slot {
-    std::optional<UnionFind> forest;  ///< made on the thread's first row
-    std::vector<double> row;
-    std::vector<std::uint32_t> scratch;
-  };
-  /// The calling thread's slot, with its forest and an m-long row buffer.
-  Slot& local() {
-    Slot& slot = slots_[static_cast<std::size_t>(omp_get_thread_num())];
-    if (!slot.forest) {
-      slot.forest.emplace(m_);
-      slot.row.resize(m_ + simd::kLanes);
-    }
-    return slot;
-  }
-  /// Components after merging the forests serially.
-  std::size_t components() {
-    UnionFind merged(m_);
-    for (auto& slot : slots_) {
-      if (!slot.forest) continue;
-      for (std::size_t a = 0; a < m_; ++a) {
-        const std::uint32_t root = slot.forest->find(static_cast<std::uint32_t>(a));
-        if (root != a) merged.unite(static_cast<std::uint32_t>(a), root);
-      }
-    }
-    return merged.components();
-  }
-
- private:
-  std::size_t m_;
-  std::vector<Slot> slots_;  ///< one per thread
-};
+using kernels::ThreadForests;
+using kernels::unite_row;
 
 /// Large d: Gram blocks G = X_I X_J^T (64 rows at a time, j >= i) through Eigen's GEMM.
 /// kStats: also count close pairs and unite cluster edges.
@@ -182,7 +93,8 @@ PairStatistics pairs_by_blocks(const double* x, std::size_t d, const std::vector
 }
 
 /// The pair pass over `moving` (indices of rows of x): min <x_i, x_j> and, with kStats, the
-/// close-pair count and the cluster components. d <= kLanes: lanes over partners j.
+/// close-pair count and the cluster components. d <= 8 runs in the CPU kernel set this
+/// process uses (cpu_pair_statistics), larger d through Eigen's GEMM.
 template <bool kStats>
 PairStatistics pair_pass(const double* x, std::size_t d, const std::vector<std::size_t>& moving,
                          const ObservableSettings& settings) {
@@ -197,90 +109,7 @@ PairStatistics pair_pass(const double* x, std::size_t d, const std::vector<std::
     if constexpr (!kStats) blocks.clusters = m;
     return blocks;
   }
-  // Lanes over tokens: the moving tokens' coordinates as d rows of `stride` numbers.
-  constexpr std::size_t kLanes = simd::kLanes;
-  const std::size_t stride = (m + kLanes - 1) / kLanes * kLanes;
-  std::vector<double> rows(d * stride, 0.0);
-  for (std::size_t a = 0; a < m; ++a)
-    for (std::size_t c = 0; c < d; ++c) rows[c * stride + a] = x[moving[a] * d + c];
-  const double close_above = 1.0 - settings.pair_delta, edge_above = 1.0 - settings.cluster_delta;
-  ThreadForests forests(kStats ? m : 0);
-  const auto count = static_cast<std::ptrdiff_t>(m);
-  double lowest = 1.0;
-  std::int64_t close = 0;
-  // A minimum and an integer count do not depend on the order they are taken in, and the
-  // forests are merged after the loop, so threads cannot change any result.
-#pragma omp parallel for reduction(min : lowest) reduction(+ : close) schedule(dynamic, 16) if (m > 512)
-  for (std::ptrdiff_t a = 0; a < count; ++a) {
-    const auto i = static_cast<std::size_t>(a);
-    // Partners j > i: a scalar head up to the next lane boundary, whole lanes, a scalar tail.
-    const std::size_t head_end = std::min(m, (i + 1 + kLanes - 1) / kLanes * kLanes);
-    const std::size_t body_end = head_end + (m - head_end) / kLanes * kLanes;
-    // With kStats: close pairs are counted in lanes, and the row's largest inner product
-    // decides whether it has a cluster edge at all; only such rows are gathered into row[j]
-    // (the scalar head and tail as they go, the lanes in a second pass) for the union-find.
-    double* row = nullptr;
-    bool edges = false;
-    if constexpr (kStats) {
-      auto& slot = forests.local();
-      edges = !slot.forest->whole();
-      row = slot.row.data();
-    }
-    double highest = -2.0;
-    auto scalar = [&](std::size_t j) {
-      double inner = 0.0;
-      for (std::size_t c = 0; c < d; ++c) inner += rows[c * stride + i] * rows[c * stride + j];
-      lowest = std::min(lowest, inner);
-      if constexpr (kStats) {
-        close += inner > close_above;
-        highest = std::max(highest, inner);
-        row[j] = inner;
-      }
-    };
-    for (std::size_t j = i + 1; j < head_end; ++j) scalar(j);
-    simd::Lanes best = simd::broadcast(lowest);
-    [[maybe_unused]] simd::Lanes top = simd::broadcast(highest);
-    [[maybe_unused]] const simd::Lanes close_bound = simd::broadcast(close_above);
-    [[maybe_unused]] simd::Lanes close_lanes{};  // counts (exact as doubles up to 2^53)
-    for (std::size_t j = head_end; j < body_end; j += kLanes) {
-      simd::Lanes inner = simd::broadcast(rows[i]) * simd::load(rows.data() + j);
-      for (std::size_t c = 1; c < d; ++c)
-        inner += simd::broadcast(rows[c * stride + i]) * simd::load(rows.data() + c * stride + j);
-      best = simd::min(inner, best);
-      if constexpr (kStats) {
-        close_lanes += simd::select_or_zero(inner > close_bound, simd::broadcast(1.0));
-        top = simd::max(inner, top);
-      }
-    }
-    for (std::size_t l = 0; l < kLanes; ++l) lowest = std::min(lowest, best[l]);
-    if constexpr (kStats) {
-      for (std::size_t l = 0; l < kLanes; ++l) {
-        close += static_cast<std::int64_t>(close_lanes[l]);
-        highest = std::max(highest, top[l]);
-      }
-    }
-    for (std::size_t j = body_end; j < m; ++j) scalar(j);
-    if constexpr (kStats) {
-      if (edges && highest > edge_above) {
-        // Only rows with an edge keep their inner products: the lanes again, stored.
-        for (std::size_t j = head_end; j < body_end; j += kLanes) {
-          simd::Lanes inner = simd::broadcast(rows[i]) * simd::load(rows.data() + j);
-          for (std::size_t c = 1; c < d; ++c)
-            inner += simd::broadcast(rows[c * stride + i]) * simd::load(rows.data() + c * stride + j);
-          simd::store(row + j, inner);
-        }
-        auto& slot = forests.local();
-        unite_row(*slot.forest, static_cast<std::uint32_t>(i), row, 0, i + 1, m,
-                  edge_above, slot.scratch);
-      }
-    }
-  }
-  stats.min_inner = lowest;
-  if constexpr (kStats) {
-    stats.close_pairs = close;
-    stats.clusters = forests.components();
-  }
-  return stats;
+  return cpu_pair_statistics(x, d, moving, 1.0 - settings.pair_delta, 1.0 - settings.cluster_delta, kStats);
 }
 
 std::vector<std::size_t> moving_tokens(const Model& model) {

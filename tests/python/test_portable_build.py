@@ -11,7 +11,7 @@ The builds compared:
 
 All of them take every sum in the same order (8 logical lanes on every ISA, see
 docs/cpu-kernels.md); only contracted multiply-adds (none on SSE2) change last bits. Both pair
-loops (symmetric and one-sided) and both kernel widths (d <= 4 lanes over sources, d > 4
+loops (symmetric and one-sided), the small-system loop and both kernel widths (d <= 4 lanes over sources, d > 4
 micro-kernels) are compared.
 """
 from __future__ import annotations
@@ -35,6 +35,8 @@ CASES = {
                                      "--aux-lambda", "0.05"],
     "one-sided-d3-causal": ["--d", "3", "--kernel", "sa", "--mask", "causal"],
     "one-sided-d20-gaussian-q": ["--d", "20", "--kernel", "usa", "--q", "gaussian", "--beta", "0.5"],
+    "small-systems-d2-sa-per-replica": ["--n", "32", "--d", "2", "--kernel", "sa", "--k", "goe-unit",
+                                        "--matrices", "per-replica", "--replicas", "4"],
 }
 
 

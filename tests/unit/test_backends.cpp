@@ -52,7 +52,7 @@ TEST(Backends, RegistryNamesEveryBackendOnceAndValidationFollowsIt) {
   auto cpu = make_backend("cpu", model, 1);
   std::vector<double> velocity(state.size());
   cpu->velocity(state.replicas, state.x.data(), velocity.data(), nullptr);
-  EXPECT_EQ(cpu->describe(), "loop symmetric cpu_kernels " + cpu_kernels_name());
+  EXPECT_EQ(cpu->describe(), "loop small-systems cpu_kernels " + cpu_kernels_name());  // n = 8
   try {
     validate(config({"--backend", "gpu"}));
     ADD_FAILURE() << "--backend gpu accepted";
@@ -70,6 +70,15 @@ TEST(Backends, RegistryNamesEveryBackendOnceAndValidationFollowsIt) {
 // CpuBackend against the reference on every model option: test_backend_conformance.cpp, one
 // body for every registered backend.
 
+/// While it lives, the CPU backends made keep small systems on the tiled loops
+/// (MFATTN_CPU_SMALL_SYSTEMS=off): the tests of those loops take small n too.
+struct TiledLoopsOnly {
+  TiledLoopsOnly() { ::setenv("MFATTN_CPU_SMALL_SYSTEMS", "off", 1); }
+  ~TiledLoopsOnly() { ::unsetenv("MFATTN_CPU_SMALL_SYSTEMS"); }
+  TiledLoopsOnly(const TiledLoopsOnly&) = delete;
+  TiledLoopsOnly& operator=(const TiledLoopsOnly&) = delete;
+};
+
 std::string loop_of(const Model& model, const State& state, int threads) {
   auto backend = make_backend("cpu", model, threads);
   std::vector<double> velocity(state.size());
@@ -82,6 +91,7 @@ std::string loop_of(const Model& model, const State& state, int threads) {
 // diagonal triangle, partial tiles, several rounds), small and large d, gauges with
 // transported and plain values, zero and non-unit presences, V, rescaled time, replicas.
 TEST(CpuBackend, SymmetricLoopMatchesReferenceAcrossTilesAndOptions) {
+  const TiledLoopsOnly tiled;
   const std::vector<std::vector<std::string>> variants = {
       {},
       {"--geometry", "rope", "--v", "goe"},
@@ -126,6 +136,7 @@ TEST(CpuBackend, SymmetricLoopMatchesReferenceAcrossTilesAndOptions) {
 // backend with sorted (index, uniform), unsorted (random) and two-dimensional (grid)
 // positions, windows that hide whole blocks, part of a block or nothing, small and large d.
 TEST(CpuBackend, SymmetricLoopTakesWindowsAndSymmetricFactors) {
+  const TiledLoopsOnly tiled;
   const std::vector<std::vector<std::string>> variants = {
       {"--mask", "window", "--window", "70"},
       {"--mask", "window", "--window", "9", "--aux-factor", "gaussian", "--aux-sigma", "4"},
@@ -173,6 +184,7 @@ TEST(CpuBackend, SymmetricLoopTakesWindowsAndSymmetricFactors) {
 // at exactly the window) while tiles 0 and 3 are skipped. And five position coordinates (a
 // Lie gauge with five generators): the mask, the factor and the tile boxes read all of them.
 TEST(CpuBackend, SymmetricLoopKeepsPairsAtTheWindowEdgeAndReadsEveryPositionCoordinate) {
+  const TiledLoopsOnly tiled;
   const auto dir = testing::scratch_dir("five_generators");
   const std::string generators = (dir / "generators.txt").string();
   {
@@ -219,6 +231,7 @@ TEST(CpuBackend, SymmetricLoopKeepsPairsAtTheWindowEdgeAndReadsEveryPositionCoor
 // zero without their first block, in every evaluation (each step would otherwise add the
 // previous one's sums). Whole trajectories against the reference backend, 1 and 2 threads.
 TEST(CpuBackend, SymmetricLoopStartsOddRowSumsWhereTheirFirstBlockIsSkipped) {
+  const TiledLoopsOnly tiled;
   const auto dir = testing::scratch_dir("skipped_first_odd_block");
   const std::string positions = (dir / "positions.txt").string();
   {
@@ -250,6 +263,7 @@ TEST(CpuBackend, SymmetricLoopStartsOddRowSumsWhereTheirFirstBlockIsSkipped) {
 // 1020) or a present receiver whose weight sum would vanish sends the evaluation back to the
 // one-sided loop, whose per-receiver offsets (and exact maxima) keep every weight.
 TEST(CpuBackend, SymmetricLoopAppliesOnlyWhereTheLogitsAreSymmetricAndFallsBack) {
+  const TiledLoopsOnly tiled;
   for (const auto& args : std::vector<std::vector<std::string>>{
            {"--mask", "causal"},
            {"--aux-factor", "cosine"}, {"--q", "gaussian"}, {"--k", "goe"},
@@ -287,6 +301,7 @@ TEST(CpuBackend, SymmetricLoopAppliesOnlyWhereTheLogitsAreSymmetricAndFallsBack)
 // split between the threads). The last tile of the 200 (tile 3) has no odd-round block in
 // the row role; with the null tokens it gains (3, 4), which must add exact zeros only.
 TEST(NullTokens, SymmetricLoopKeepsEveryBitAcrossTilesAndThreadCounts) {
+  const TiledLoopsOnly tiled;
   const std::vector<std::vector<std::string>> terms = {
       {}, {"--mask", "window", "--window", "90", "--aux-factor", "gaussian", "--aux-sigma", "40"}};
   for (const std::string dim : {"3", "20"})
@@ -312,6 +327,7 @@ TEST(NullTokens, SymmetricLoopKeepsEveryBitAcrossTilesAndThreadCounts) {
 // zeros and the exact-maximum pass must recover the velocity. The expected SA velocity is
 // computed here with an explicit maximum (the reference backend would underflow too).
 TEST(CpuBackend, LooseBoundFallsBackToExactMaximum) {
+  const TiledLoopsOnly tiled;
   const auto dir = testing::scratch_dir("loose");
   const std::string minus_identity = (dir / "minus_identity.txt").string();
   std::ofstream(minus_identity) << "-1 0 0\n0 -1 0\n0 0 -1\n";
@@ -348,6 +364,53 @@ TEST(CpuBackend, LooseBoundFallsBackToExactMaximum) {
     }
   }
   EXPECT_GT(largest, 1e-3);
+}
+
+// Ensembles of small systems (at most 48 tokens that weigh, d <= 4, no gauge, full mask, no
+// factor, no prefix) take the small-system loop: against the reference backend on every
+// size from one token to the threshold, both kernels, both time scales, presences and null
+// tokens, random Q, K, V per replica; identical bytes on one and two threads.
+TEST(CpuBackend, SmallSystemLoopMatchesReferenceAndKeepsItsBits) {
+  const std::vector<std::vector<std::string>> variants = {
+      {},
+      {"--k", "goe-unit", "--v", "wishart", "--matrices", "per-replica"},
+      {"--q", "gaussian", "--k", "gaussian-product", "--v", "minus-form", "--time-scale", "rescaled"},
+      {"--amplitudes", "0.7", "--tau", "0.5", "--null-tokens", "5"},
+  };
+  int checked = 0;
+  for (const std::string d : {"2", "3", "4"})
+    for (const std::string n : {"1", "7", "8", "9", "32", "45", "48"})
+      for (const std::string kernel : {"usa", "sa"}) {
+        const auto cfg = config(testing::with({"--n", n, "--d", d, "--kernel", kernel, "--beta", "2.5",
+                                               "--replicas", "3", "--seed", std::to_string(checked)},
+                                              variants[checked % variants.size()]));
+        ++checked;
+        const Model model = build_model(cfg);
+        const State state = build_initial_state(cfg, model);
+        ASSERT_EQ(loop_of(model, state, 2), "small-systems") << "d " << d << " n " << n;
+        std::vector<double> sums_fast, sums_ref;
+        const auto fast = evaluate(model, state, "cpu", 2, &sums_fast);
+        const auto one = evaluate(model, state, "cpu", 1);
+        const auto ref = evaluate(model, state, "reference", 1, &sums_ref);
+        double scale = 0.0;
+        for (double v : ref) scale = std::max(scale, std::fabs(v));
+        EXPECT_LE(testing::max_abs_difference(fast, ref), 1e-13 * std::max(scale, 1.0)) << "d " << d << " n " << n;
+        for (std::size_t i = 0; i < sums_ref.size(); ++i)
+          EXPECT_NEAR(sums_fast[i], sums_ref[i], 1e-12 * sums_ref[i]) << "weight sum " << i;
+        EXPECT_TRUE(bitwise_equal(one.data(), fast.data(), one.size())) << "threads, d " << d << " n " << n;
+      }
+  // 49 tokens that weigh go to the tiled loops, however many null tokens follow them; 40
+  // stay small with 30 null tokens appended.
+  auto loop_for = [](const std::vector<std::string>& args) {
+    const auto cfg = config(args);
+    const Model model = build_model(cfg);
+    return loop_of(model, build_initial_state(cfg, model), 1);
+  };
+  EXPECT_EQ(loop_for({"--n", "49", "--d", "3"}), "symmetric");
+  EXPECT_EQ(loop_for({"--n", "40", "--d", "3", "--null-tokens", "30"}), "small-systems");
+  EXPECT_EQ(loop_for({"--n", "40", "--d", "5"}), "symmetric");
+  EXPECT_EQ(loop_for({"--n", "40", "--d", "3", "--geometry", "rope"}), "symmetric");
+  EXPECT_EQ(loop_for({"--n", "40", "--d", "3", "--mask", "causal"}), "one-sided");
 }
 
 TEST(CpuBackend, OneAndTwoThreadsGiveIdenticalBytes) {

@@ -528,4 +528,68 @@ TEST_F(H5md, UnflushedWriterKilledLeavesFlushedFramesReadable) {
   EXPECT_EQ(read_string(h5, "/run", "status"), "running");
 }
 
+// --save-positions ends: a frame's checkpoint slot counts only once flush() has marked it.
+// A writer killed after appending a frame but before flushing it leaves the previous slot
+// as the latest complete one; --resume continues from it and rewrites the frame after it.
+TEST_F(H5md, EndsCheckpointIsMarkedOnlyByFlushAndResumesFromTheLastFlushedFrame) {
+  const std::string path = file("ends.h5");
+  auto setup = setup_for(path, 2);
+  setup.position_frames = mfattn::PositionFrames::Ends;
+  const std::size_t frame_size = 2 * 3 * 2;
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    try {
+      auto writer = H5mdWriter::create(setup);
+      for (std::size_t f = 0; f < 3; ++f) {
+        writer->append_frame(static_cast<std::int64_t>(f), 0.5 * static_cast<double>(f),
+                             positions_for(f, frame_size).data(), observables_for(f, 2), 0.1);
+        writer->flush();
+      }
+      writer->append_frame(3, 1.5, positions_for(3, frame_size).data(), observables_for(3, 2), 0.1);
+      raise(SIGKILL);  // no flush, no close
+    } catch (...) {
+    }
+    _exit(3);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "child failed before the kill";
+  {
+    Id h5(open_read_only(path));
+    ASSERT_GE(h5, 0);
+    const auto marks = read_all<std::int64_t>(h5, "/run/checkpoint/frame", H5T_NATIVE_INT64);
+    EXPECT_EQ(marks, (std::vector<std::int64_t>{2, 1}));
+    EXPECT_EQ(dims_of(h5, "/particles/tokens/position/value"), (std::vector<hsize_t>{1, 3, 2}));
+  }
+  const mfattn::Frame last = mfattn::read_last_frame(path);
+  EXPECT_EQ(last.step, 2);
+  EXPECT_EQ(last.time, 1.0);
+  const auto expected = positions_for(2, frame_size);
+  EXPECT_EQ(last.x, std::vector<double>(expected.begin(), expected.begin() + 6));
+
+  mfattn::ResumePoint point;
+  {
+    auto writer = H5mdWriter::open_for_resume(setup, point);
+    EXPECT_EQ(point.frames, 3u);
+    EXPECT_EQ(point.step, 2);
+    EXPECT_EQ(point.step_size, 0.1);
+    EXPECT_EQ(point.x, expected);
+    writer->append_frame(3, 1.5, positions_for(30, frame_size).data(), observables_for(30, 2), 0.1,
+                         nullptr, mfattn::FrameRole::Final);
+    writer->flush();
+  }
+  Id h5(open_read_only(path));
+  EXPECT_EQ(read_all<std::int64_t>(h5, "/particles/tokens/position/step", H5T_NATIVE_INT64),
+            (std::vector<std::int64_t>{0, 3}));
+  EXPECT_EQ(read_all<double>(h5, "/observables/moment_eigenvalues/time", H5T_NATIVE_DOUBLE),
+            (std::vector<double>{0.0, 0.5, 1.0, 1.5}));
+  const auto replica1 = read_all<double>(h5, "/particles/tokens_r1/position/value", H5T_NATIVE_DOUBLE);
+  const auto final_positions = positions_for(30, frame_size);
+  EXPECT_EQ(std::vector<double>(replica1.begin() + 6, replica1.end()),
+            std::vector<double>(final_positions.begin() + 6, final_positions.end()));
+  EXPECT_EQ(read_all<std::int64_t>(h5, "/run/checkpoint/frame", H5T_NATIVE_INT64),
+            (std::vector<std::int64_t>{2, 3}));
+}
+
 }  // namespace

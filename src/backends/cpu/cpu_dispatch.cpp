@@ -112,6 +112,10 @@ std::string cpu_kernels_description() { return cpu::describe_kernels(); }
 double cpu_exp_rate(int threads, double min_seconds) {
   return cpu::kernels().exp_rate(threads, min_seconds);
 }
+PairStatistics cpu_pair_statistics(const double* x, std::size_t d, const std::vector<std::size_t>& tokens,
+                                   double close_above, double edge_above, bool with_stats) {
+  return cpu::kernels().pair_statistics(x, d, tokens, close_above, edge_above, with_stats);
+}
 std::string cpu_kernels_runnable() {
   cpu::initialise_cpu_features();
   return cpu::names(true, " ");

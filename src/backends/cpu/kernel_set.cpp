@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_kernels.hpp"
+#include "kernels/pair_statistics.hpp"
 #include "kernels/vector_math.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
@@ -51,10 +52,16 @@ bool supported() {
 #endif
 }
 
+PairStatistics pair_statistics(const double* x, std::size_t d, const std::vector<std::size_t>& tokens,
+                               double close_above, double edge_above, bool with_stats) {
+  return with_stats ? kernels::lane_pair_pass<true>(x, d, tokens, close_above, edge_above)
+                    : kernels::lane_pair_pass<false>(x, d, tokens, close_above, edge_above);
+}
+
 }  // namespace
 
 extern const KernelSet kernel_set{simd::kInstructionSet, simd::kRegisterLanes, supported,
-                                  make_backend, exp_rate};
+                                  make_backend, exp_rate, pair_statistics};
 
 }  // namespace MFATTN_CPU_NAMESPACE
 }  // namespace mfattn::cpu

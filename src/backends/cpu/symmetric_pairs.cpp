@@ -186,6 +186,13 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
   using V = std::conditional_t<kSymmetricByRegister, simd::Register, Lanes>;
   constexpr std::size_t kParts = kSymmetricByRegister ? simd::kRegistersPerLanes : 1;
   const std::size_t a_begin = row_tile * kTile, b_begin = column_tile * kTile;
+  // The last tile's padding (tokens n .. padded - 1, presence 0 and value 0) adds exact +0s
+  // to every sum that is read, so whole strips of it are skipped: the same bits, and at
+  // n = 32 (one tile, half padding) a quarter of the pairs. Rows end on a whole kWidth strip
+  // so that the diagonal's strips stay whole; columns on a whole kWidth chunk.
+  const std::size_t n = model_.n;
+  const std::size_t a_end = a_begin + std::min(kTile, round_up(n - a_begin, kWidth));
+  const std::size_t b_end = b_begin + std::min(kTile, round_up(n - b_begin, kWidth));
   const std::size_t stride = stride_;
   const V neg_offset = simd::splat<V>(s.neg_offset_log2);
   Replica::Sums& sums = s.sums[(row_tile + column_tile) % 2];
@@ -209,12 +216,11 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
     static_assert(kStrip % kExpRows == 0 && kTile % kExpWidth == 0 && kKeyPanel % kExpWidth == 0);
     alignas(64) double strip_weights[kStrip * kTile];
     const R neg_offset_r = simd::splat<R>(s.neg_offset_log2);
-    for (std::size_t s0 = a_begin; s0 < a_begin + kTile; s0 += kStrip) {
+    for (std::size_t s0 = a_begin; s0 < a_end; s0 += kStrip) {
       // The diagonal block: the strip's own columns in the row role only, later strips in
       // both roles, earlier strips not at all (as in the fused kernel below).
       const std::size_t row_first = kDiagonal ? b_begin + (s0 - a_begin) : b_begin;
       const std::size_t column_first = kDiagonal ? row_first + kStrip : b_begin;
-      const std::size_t b_end = b_begin + kTile;
       for (std::size_t a = s0; a < s0 + kStrip; a += kExpRows) {
         for (std::size_t j = row_first; j < b_end; j += kExpWidth) {
           const double* key_lanes = p.key_lanes(0, j);
@@ -296,7 +302,7 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
   } else {
     // The fused kernel.
     for (std::size_t part = 0; part < kParts * simd::kRegisterLanes; part += simd::kRegisterLanes)
-    for (std::size_t a0 = a_begin; a0 < a_begin + kTile; a0 += kRows) {
+    for (std::size_t a0 = a_begin; a0 < a_end; a0 += kRows) {
       double q[kRows * kDim], row_presence[kRows], row_values[kRows * kDim];
       V row_sum[kRows], row_acc[kRows][kDim];
       for (std::size_t r = 0; r < kRows; ++r) {
@@ -373,7 +379,7 @@ void SymmetricPairs::small_block(const Prepared& p, Replica& s, std::size_t row_
         step.template operator()<false>(j);
         j += kWidth;
       }
-      for (; j < b_begin + kTile; j += kWidth) step.template operator()<true>(j);
+      for (; j < b_end; j += kWidth) step.template operator()<true>(j);
       for (std::size_t r = 0; r < kRows; ++r) {
         double* lanes = row_lanes + (a0 + r) * (kDim + 1) * kLanes + part;
         simd::store(lanes, row_sum[r]);
