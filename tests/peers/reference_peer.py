@@ -615,18 +615,21 @@ def sphere_run(n: int = 64, d: int = 3, beta: float = 1.0, T: float = 15.0, dt: 
 @dataclass
 class Agreement:
     """z [cells]: (mean_a - mean_b) / sqrt(se_a^2 + se_b^2) (0 where both means are equal,
-    inf where they differ with zero error); beyond3: cells with |z| > 3; allowed3: the count
-    of cells beyond 3 SE that chance allows (the 0.999 quantile of Binomial(cells,
-    P(|N(0,1)| > 3)), at least 1); max_abs_z; ok: beyond3 <= allowed3 and max_abs_z <= 4.5."""
+    inf where they differ with zero error); beyond3: cells with |z| > 3; allowed3: how many
+    cells beyond 3 SE chance allows (see :func:`agreement`); binomial3 and permutation3 the two
+    bounds it is the larger of; max_abs_z; ok: beyond3 <= allowed3 and max_abs_z <= 4.5."""
     z: np.ndarray
     cells: int
     beyond3: int
     allowed3: int
     max_abs_z: float
     ok: bool
+    binomial3: int = 0
+    permutation3: int = 0
 
     def summary(self) -> str:
-        return (f"{self.cells} cells: {self.beyond3} beyond 3 SE (chance allows {self.allowed3}),"
+        return (f"{self.cells} cells: {self.beyond3} beyond 3 SE (chance allows {self.allowed3}:"
+                f" binomial {self.binomial3}, permutation {self.permutation3}),"
                 f" max |z| = {self.max_abs_z:.2f} -> {'agree' if self.ok else 'DISAGREE'}")
 
 
@@ -636,31 +639,77 @@ def standard_error(per_system: np.ndarray) -> np.ndarray:
     return per_system.std(axis=-1, ddof=1) / math.sqrt(B) if B > 1 else np.zeros(per_system.shape[:-1])
 
 
+def _z_scores(per_a: np.ndarray, per_b: np.ndarray) -> np.ndarray:
+    diff = per_a.mean(axis=-1) - per_b.mean(axis=-1)
+    se = np.sqrt(standard_error(per_a) ** 2 + standard_error(per_b) ** 2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(se > 0, diff / np.where(se > 0, se, 1.0),
+                        np.where(diff == 0, 0.0, np.inf * np.sign(diff)))
+
+
 def agreement(per_a: np.ndarray, per_b: np.ndarray, mask: np.ndarray | None = None,
-              max_z: float = 4.5, quantile: float = 0.999) -> Agreement:
-    """Compares two samples cell by cell: per_a [..., Ba] and per_b [..., Bb] are per-system
-    statistics over the same cells; mask [...] selects the cells compared (default all)."""
+              max_z: float = 4.5, quantile: float = 0.999, permutations: int = 1000,
+              seed: int = 0) -> Agreement:
+    """Compares two samples cell by cell: per_a [nb, nc, Ba] and per_b [nb, nc, Bb] are the
+    per-system statistics of nb independent groups of systems (one per beta), each followed
+    over nc cells (checkpoints); mask [nb, nc] selects the cells compared (default all).
+
+    Fails when a cell's |z| exceeds ``max_z`` or more cells exceed 3 than chance allows. The
+    checkpoints of one system are strongly correlated, so cells beyond 3 SE come in runs: the
+    count that chance allows is the larger of the ``quantile`` of Binomial(cells, P(|N(0,1)| >
+    3)) (independent cells, at least 1) and the same quantile of the count under the null
+    hypothesis, by ``permutations`` random reassignments of each beta's pooled systems (whole
+    time series) to the two samples (seeded: deterministic). ``permutations=0`` keeps the
+    binomial bound alone. Leading axes other than [nb, nc] are taken as the groups' cells.
+    """
     from scipy.stats import binom, norm
 
     per_a, per_b = np.asarray(per_a, dtype=np.float64), np.asarray(per_b, dtype=np.float64)
     if per_a.shape[:-1] != per_b.shape[:-1]:
         raise ValueError(f"cells differ: {per_a.shape[:-1]} vs {per_b.shape[:-1]}")
-    ma, mb = per_a.mean(axis=-1), per_b.mean(axis=-1)
-    se = np.sqrt(standard_error(per_a) ** 2 + standard_error(per_b) ** 2)
-    diff = ma - mb
-    with np.errstate(divide="ignore", invalid="ignore"):
-        z = np.where(se > 0, diff / np.where(se > 0, se, 1.0),
-                     np.where(diff == 0, 0.0, np.inf * np.sign(diff)))
-    if mask is not None:
-        z = z[np.asarray(mask, dtype=bool)]
-    z = z.reshape(-1)
-    cells = int(z.size)
+    z = _z_scores(per_a, per_b)
+    keep = np.ones(z.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    zc = z[keep].reshape(-1)
+    cells = int(zc.size)
     p3 = 2.0 * norm.sf(3.0)
-    allowed = max(1, int(binom.ppf(quantile, cells, p3))) if cells else 0
-    beyond = int(np.sum(np.abs(z) > 3.0))
-    max_abs = float(np.max(np.abs(z))) if cells else 0.0
-    return Agreement(z=z, cells=cells, beyond3=beyond, allowed3=allowed, max_abs_z=max_abs,
-                     ok=bool(beyond <= allowed and max_abs <= max_z))
+    binomial = max(1, int(binom.ppf(quantile, cells, p3))) if cells else 0
+    permuted = 0
+    if permutations > 0 and cells:
+        groups = per_a.reshape((-1,) + per_a.shape[-2:]) if per_a.ndim >= 3 else per_a[np.newaxis]
+        other = per_b.reshape((-1,) + per_b.shape[-2:]) if per_b.ndim >= 3 else per_b[np.newaxis]
+        gmask = keep.reshape((groups.shape[0], groups.shape[1]))
+        pooled = np.concatenate([groups, other], axis=-1)       # [G, nc, Ba + Bb]
+        Ba, total = groups.shape[-1], pooled.shape[-1]
+        Bb = total - Ba
+        rng = np.random.default_rng(seed)
+        counts = np.zeros(permutations, dtype=np.int64)
+        for g in range(pooled.shape[0]):
+            X = pooled[g][gmask[g]]                               # [cells of g, Ba + Bb]
+            if X.shape[0] == 0:
+                continue
+            # Each column of pick marks the Ba systems that a reassignment gives to sample a;
+            # the sums of both samples for every reassignment are two matrix products.
+            order = np.argsort(rng.random((permutations, total)), axis=1)[:, :Ba]
+            pick = np.zeros((total, permutations))
+            pick[order.T, np.arange(permutations)[None, :]] = 1.0
+            sa, qa = X @ pick, (X * X) @ pick
+            sb, qb = X.sum(axis=1)[:, None] - sa, (X * X).sum(axis=1)[:, None] - qa
+            ma, mb = sa / Ba, sb / Bb
+            va = np.maximum(qa - Ba * ma * ma, 0.0) / max(Ba - 1, 1)
+            vb = np.maximum(qb - Bb * mb * mb, 0.0) / max(Bb - 1, 1)
+            se = np.sqrt(va / Ba + vb / Bb)
+            diff = ma - mb
+            with np.errstate(divide="ignore", invalid="ignore"):
+                zk = np.where(se > 1e-12, diff / np.where(se > 1e-12, se, 1.0),
+                              np.where(np.abs(diff) <= 1e-12, 0.0, np.inf))
+            counts += np.sum(np.abs(zk) > 3.0, axis=0)
+        permuted = int(np.quantile(counts, quantile, method="higher"))
+    allowed = max(binomial, permuted)
+    beyond = int(np.sum(np.abs(zc) > 3.0))
+    max_abs = float(np.max(np.abs(zc))) if cells else 0.0
+    return Agreement(z=zc, cells=cells, beyond3=beyond, allowed3=allowed, max_abs_z=max_abs,
+                     ok=bool(beyond <= allowed and max_abs <= max_z), binomial3=binomial,
+                     permutation3=permuted)
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,8 +12,11 @@ mfattn against it.
 3. The statistic: the peer's batch-mean clustered-pair fraction against mfattn's
    clustered_pair_fraction at the reference's checkpoints (n = 32, d = 2, 128 systems, 3 betas;
    SA to T = 10 and USA to T = 2 with the capped step, identity and per-replica matrices),
-   cell by cell within the standard error of both batch means; and the same comparison against
-   a peer at other betas, which must disagree (the test has power).
+   cell by cell within the standard error of both batch means (reference_peer.agreement: no
+   |z| > 4.5, and no more cells beyond 3 SE than chance allows, the bound taken from a
+   permutation null that keeps each system's time series whole, as the checkpoints are
+   correlated); and the same comparison against a peer at other betas, and between the
+   projected and the unprojected step, which must disagree (the test has power).
 """
 from __future__ import annotations
 
@@ -356,10 +359,28 @@ def test_statistic_agrees_with_mfattn(mfattn_binary, feats, sa_phase, tmp_path, 
 
 
 def test_statistic_comparison_has_power(sa_phase):
-    runs, _, common = sa_phase
+    runs, peer, common = sa_phase
     other = rp.phase_diagram([1.5, 6.0, 12.0], seed=1, backend="numpy", **common)
     res = rp.agreement(other.per_system, runs.diagram.per_system, mask=other.unique)
     assert not res.ok, "a peer at other betas should not agree: " + res.summary()
+    # The first-order difference between the projected and the unprojected step at h = 0.1.
+    flipped = rp.phase_diagram([1.0, 4.0, 8.0], seed=1, backend="numpy",
+                               project=not peer.settings["project"], **common)
+    res = rp.agreement(flipped.per_system, runs.diagram.per_system, mask=flipped.unique)
+    assert not res.ok, "the other Euler step should not agree: " + res.summary()
+
+
+def test_agreement_permutation_bound():
+    """Two samples of one law, a correlated time series each: the permutation bound is at least
+    the binomial one and admits what chance gives; a shift of one cell's worth fails."""
+    rng = np.random.default_rng(4)
+    walk = np.cumsum(rng.standard_normal((2, 100, 300)), axis=1) / 10.0  # [groups, cells, B]
+    a, b = walk[..., :150], walk[..., 150:]
+    res = rp.agreement(a, b, permutations=400)
+    assert res.ok and res.permutation3 >= 0 and res.allowed3 == max(res.binomial3, res.permutation3)
+    assert res.allowed3 >= res.binomial3 >= 1
+    shifted = rp.agreement(a + 0.6 * a.std(axis=-1, keepdims=True), b, permutations=400)
+    assert not shifted.ok and shifted.max_abs_z > 4.5
 
 
 def test_benchmark_script_runs_quick(mfattn_binary, tmp_path):
