@@ -79,6 +79,15 @@ for arch in x86-64-v3 native; do
   PEERS+=(--exp-peers "$out")
 done
 
+# (a'') opt-in (MFATTN_BENCH_REFERENCE=1, about 5 minutes more): the workloads of the reference
+# code of arXiv:2312.10794 against its peer (bench/reference_workloads.py, docs/reference.md);
+# its table and JSON line go to build/reference_workloads.{md,json}.
+if [[ ${MFATTN_BENCH_REFERENCE:-0} == 1 ]]; then
+  /usr/bin/python3 "$ROOT/bench/reference_workloads.py" --mfattn "$BIN" \
+    --json-out "$BUILD/reference_workloads.json" | tee "$BUILD/reference_workloads.md" ||
+    NOTES+=(--note "WARNING: bench/reference_workloads.py failed or found a disagreement (build/reference_workloads.md).")
+fi
+
 # (b) measure and write bench/results.md.
 exec /usr/bin/python3 "$ROOT/bench/collect.py" --mfattn "$BIN" --out "$ROOT/bench/results.md" \
   ${PEERS[@]+"${PEERS[@]}"} ${NOTES[@]+"${NOTES[@]}"} "$@"

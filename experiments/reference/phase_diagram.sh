@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The phase diagrams of arXiv:2312.10794 (phase-diagrams.py of borjanG/2023-transformers-rotf)
+# run by mfattn: SA and USA, identity and random per-replica matrices (randomKQ 1, randomV 1),
+# each with the reference step (--integrator euler-unprojected, the USA step capped at
+# 0.1 / max(sqrt(beta) e^(beta - 1/2), 1)) and with --integrator rk4 at the same dt; the
+# reference's workload (2048 systems of n = 32 in d = 2, 90 betas in [0.1, 9], T = 30 for SA
+# and 1 for USA, 200 checkpoints). Writes data/reference/phase_diagram/*.npz and the figures
+# data/reference/figures/phase_<kernel>_<matrices>.png (analysis/plot_reference.py).
+#
+# Usage: experiments/reference/phase_diagram.sh [run_reference.py phase options, e.g. --quick,
+#        --kernels sa, --matrices identity, --batch 512, --betas 10, --jobs 2, --out-dir DIR]
+# MFATTN_BINARY=path uses that binary and builds nothing. Times on 2 cores: docs/reference.md.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$here"
+if [[ -z ${MFATTN_BINARY:-} ]]; then
+  source "$here/tests/install_deps.sh"
+  install_deps
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build -j "$(nproc 2>/dev/null || echo 2)" --target mfattn
+  export MFATTN_BINARY="$here/build/mfattn"
+fi
+out="$here/data/reference"
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[$i]}" in
+    --out-dir) out="${args[$((i + 1))]}" ;;
+    --out-dir=*) out="${args[$i]#--out-dir=}" ;;
+  esac
+done
+/usr/bin/python3 experiments/reference/run_reference.py phase --out-dir "$out" "$@"
+MPLBACKEND=Agg /usr/bin/python3 analysis/plot_reference.py "$out"

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# sphere.py of arXiv:2312.10794's code (borjanG/2023-transformers-rotf) run by mfattn: n = 64
+# tokens on S^2, beta = 1, SA, T = 15, dt = 0.1, every step a frame, with the reference step
+# (--integrator euler-unprojected) and with --integrator rk4; checks the reference run against
+# the NumPy peer of sphere.py (tests/peers/reference_peer.py) from the same start, and draws
+# the tokens at a few times (data/reference/figures/sphere.png, analysis/plot_reference.py).
+#
+# Usage: experiments/reference/sphere.sh [run_reference.py sphere options: --quick, --n 256,
+#        --T 15, --seed S, --out-dir DIR]. MFATTN_BINARY=path uses that binary, builds nothing.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$here"
+if [[ -z ${MFATTN_BINARY:-} ]]; then
+  source "$here/tests/install_deps.sh"
+  install_deps
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build -j "$(nproc 2>/dev/null || echo 2)" --target mfattn
+  export MFATTN_BINARY="$here/build/mfattn"
+fi
+out="$here/data/reference"
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[$i]}" in
+    --out-dir) out="${args[$((i + 1))]}" ;;
+    --out-dir=*) out="${args[$i]#--out-dir=}" ;;
+  esac
+done
+/usr/bin/python3 experiments/reference/run_reference.py sphere --out-dir "$out" "$@"
+MPLBACKEND=Agg /usr/bin/python3 analysis/plot_reference.py "$out"
