@@ -131,11 +131,16 @@ PairStatistics small_pair_pass(const std::vector<double>& rows, std::size_t d, s
   PairStatistics stats;
   stats.pairs = static_cast<std::int64_t>(m * (m - 1) / 2);
   const std::size_t vectors = stride / kLanes;
-  // inner[(v * m + j) * kLanes + lane] = <x_{8v + lane}, x_j>, kept for the cluster edges.
-  thread_local std::vector<double> inner;
-  inner.resize(vectors * m * kLanes);
-  simd::Lanes lowest = simd::broadcast(1.0), close{}, lane_index{};
-  for (std::size_t l = 0; l < kLanes; ++l) lane_index.set(l, double(l));
+  // The cluster graph as bit sets (m <= 64): neighbours[j] holds every i with
+  // <x_i, x_j> > edge_above (j itself included, and padding bits that nothing reads). A lane
+  // vector's edges become its bits as the sum of 2^lane over the lanes that have one (exact).
+  std::uint64_t neighbours[kSmallPairTokens] = {};
+  simd::Lanes lowest = simd::broadcast(1.0), close{}, lane_index{}, lane_bit{};
+  for (std::size_t l = 0; l < kLanes; ++l) {
+    lane_index.set(l, double(l));
+    lane_bit.set(l, double(1u << l));
+  }
+  const simd::Lanes edge_bound = simd::broadcast(edge_above);
   const simd::Lanes positive_infinity = simd::broadcast(std::numeric_limits<double>::infinity());
   const simd::Lanes close_bound = simd::broadcast(close_above), one = simd::broadcast(1.0);
   for (std::size_t v = 0; v < vectors; ++v) {
@@ -143,7 +148,10 @@ PairStatistics small_pair_pass(const std::vector<double>& rows, std::size_t d, s
     for (std::size_t j = 0; j < m; ++j) {
       simd::Lanes product = simd::load(rows.data() + v * kLanes) * rows[j];
       for (std::size_t c = 1; c < d; ++c) product += simd::load(rows.data() + c * stride + v * kLanes) * rows[c * stride + j];
-      if constexpr (kStats) simd::store(inner.data() + (v * m + j) * kLanes, product);
+      if constexpr (kStats) {
+        const double bits = simd::horizontal_sum(simd::select_or_zero(product > edge_bound, lane_bit));
+        neighbours[j] |= static_cast<std::uint64_t>(bits) << (v * kLanes);
+      }
       // Pairs i < j only (lanes i >= j, the padding among them, stay out).
       const simd::LaneMask pair = first < double(j);
       lowest = simd::min(lowest, simd::select(pair, product, positive_infinity));
@@ -155,18 +163,7 @@ PairStatistics small_pair_pass(const std::vector<double>& rows, std::size_t d, s
   stats.clusters = m;
   if constexpr (kStats) {
     for (std::size_t l = 0; l < kLanes; ++l) stats.close_pairs += static_cast<std::int64_t>(close[l]);
-    // The cluster graph as bit sets (m <= 64): neighbours[j] holds every i with
-    // <x_i, x_j> > edge_above (j itself included); components by growing each from its
-    // lowest token, every token taken once.
-    std::uint64_t neighbours[kSmallPairTokens] = {};
-    for (std::size_t v = 0; v < vectors; ++v)
-      for (std::size_t j = 0; j < m; ++j) {
-        const double* lanes = inner.data() + (v * m + j) * kLanes;
-        std::uint64_t bits = 0;
-        for (std::size_t l = 0; l < kLanes && v * kLanes + l < m; ++l)
-          bits |= std::uint64_t{lanes[l] > edge_above} << l;
-        neighbours[j] |= bits << (v * kLanes);
-      }
+    // Components by growing each from its lowest token, every token taken once.
     std::uint64_t remaining = m == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << m) - 1;
     std::size_t components = 0;
     while (remaining) {

@@ -58,6 +58,7 @@ namespace {
 /// evaluations per second against the tiled loops (symmetric there): n = 16 3.8x, n = 32
 /// 1.9x (one replica) to 2.5x (512), n = 48 1.3x to 1.7x, n = 64 0.92x to 1.2x.
 constexpr std::size_t kSmallSystemTokens = 48;
+constexpr double kLn2 = 0.69314718055994530942;  // 1 / log2(e): log-weights back to base e
 
 /// MFATTN_CPU_SMALL_SYSTEMS=off keeps small systems on the tiled loops (for tests of those
 /// loops at small n, and for comparisons).
@@ -169,9 +170,11 @@ class CpuBackend final : public Backend {
     }
   }
 
-  template <std::size_t kMaxDim>
+  template <std::size_t kDim>
   void small_replica(std::size_t r, const double* x_all, const FieldOutputs& out) const {
-    const std::size_t n = model_.n, d = model_.d, vectors = (n + kLanes - 1) / kLanes;
+    // d as a constant (small_systems dispatches d = 2, 3, 4), so every loop over it unrolls.
+    constexpr std::size_t d = kDim, kMaxDim = kDim;
+    const std::size_t n = model_.n, vectors = (n + kLanes - 1) / kLanes;
     const std::size_t padded = vectors * kLanes;
     const double* x = x_all + r * n * d;
     const AttentionMatrices& matrices = model_.matrices_of(r);
@@ -232,7 +235,7 @@ class CpuBackend final : public Backend {
         double* velocity = out.velocity + (r * n + i) * d;
         double* output = out.attention_output ? out.attention_output + (r * n + i) * d : nullptr;
         const double weight_sum = detail::finish_receiver(
-            model_, matrices, mass_, i, x + i * d, log2_max > kNegInf ? log2_max / kLog2e : kNegInf,
+            model_, matrices, mass_, i, x + i * d, log2_max > kNegInf ? log2_max * kLn2 : kNegInf,
             sum[lane], sums, {velocity, output, out.weight_sums != nullptr}, work);
         if (out.weight_sums) out.weight_sums[r * n + i] = weight_sum;
       }
