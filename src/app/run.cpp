@@ -385,11 +385,18 @@ std::vector<double> layer_start_times(const RunConfig& cfg) {
 
 std::size_t layer_at(const RunConfig& cfg, double time) {
   if (!(cfg.regen_period > 0)) return 0;
-  const std::vector<double> starts = layer_start_times(cfg);
-  // The last layer whose start is <= time, a start within rounding (the tolerance at which
-  // output_times merges frames) counting as reached: the run lands on a frame time there.
-  const double reached = time + 1e-12 * std::max(1.0, cfg.horizon);
-  return static_cast<std::size_t>(std::upper_bound(starts.begin(), starts.end(), reached) - starts.begin()) - 1;
+  // The last layer whose start l T is <= time, a start within rounding (the tolerance at
+  // which output_times merges frames) counting as reached: the run lands on a frame time
+  // there. The quotient is a first guess; the starts themselves decide (O(1) per call).
+  const double reached = time + 1e-12 * std::max(1.0, cfg.horizon), period = cfg.regen_period;
+  // Layers are the l >= 0 with l T < horizon (layer_start_times): ceil(horizon / T), checked.
+  auto layers = static_cast<std::size_t>(std::max(1.0, std::ceil(cfg.horizon / period)));
+  while (layers > 1 && double(layers - 1) * period >= cfg.horizon) --layers;
+  while (double(layers) * period < cfg.horizon) ++layers;
+  auto l = static_cast<std::size_t>(std::clamp(std::floor(reached / period), 0.0, double(layers - 1)));
+  while (l + 1 < layers && double(l + 1) * period <= reached) ++l;
+  while (l > 0 && double(l) * period > reached) --l;
+  return l;
 }
 
 void record_attention_matrices(const RunConfig& cfg, TokenLabels& labels) {
@@ -814,8 +821,9 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
   std::vector<double> targets = times;
   for (double start : layer_start_times(cfg)) {
     const double tolerance = 1e-12 * std::max(1.0, cfg.horizon);
-    const bool near_frame = std::any_of(times.begin(), times.end(),
-                                        [&](double t) { return std::fabs(t - start) <= tolerance; });
+    // times is sorted: the frame nearest to start is at or just before its lower bound.
+    const auto next = std::lower_bound(times.begin(), times.end(), start - tolerance);
+    const bool near_frame = next != times.end() && *next <= start + tolerance;
     if (start > state.time + tolerance && !near_frame) targets.push_back(start);
   }
   std::sort(targets.begin(), targets.end());
