@@ -55,7 +55,9 @@ def _positions(binary: Path | str, extra: list[str], out: Path, kernels: str | N
     env.pop("MFATTN_CPU_KERNELS", None)
     if kernels:
         env["MFATTN_CPU_KERNELS"] = kernels
-    subprocess.run([str(binary), "run", "--n", str(n), "--horizon", "1", "--save-every", "0.5",
+    # A case that names its own token count (the small-system loop's) keeps it.
+    size = [] if "--n" in extra else ["--n", str(n)]
+    subprocess.run([str(binary), "run", *size, "--horizon", "1", "--save-every", "0.5",
                     "--integrator", "rk4", "--dt", "0.05", "--seed", "3", "--threads",
                     str(threads), "--quiet", "--overwrite", "--out", str(out), *extra],
                    check=True, env=env)
