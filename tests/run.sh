@@ -80,13 +80,24 @@ if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
 fi
 
 # The option parser's fuzz target (clang, libFuzzer + ASan + UBSan): every committed corpus
-# input, then 30 s of fuzzing from them (fuzz/README.md has the long run's figures).
+# input, then 30 s of fuzzing from them (fuzz/README.md has the long run's figures). It runs
+# on one core beside pytest (mostly one core too), and its result is checked after pytest.
+fuzz_pid=""
 if [ "${MFATTN_SKIP_FUZZ:-0}" != 1 ]; then
-  nice -n 5 fuzz/run_short.sh 30 "$here/build-fuzz" > build-fuzz.log 2>&1 || {
-    tail -40 build-fuzz.log; echo "fuzz/run_short.sh: a finding (see build-fuzz/)" >&2; exit 1; }
-  grep -E "^stat::number_of_executed_units|Done [0-9]+ runs" build-fuzz.log | tail -2
+  nice -n 5 fuzz/run_short.sh 30 "$here/build-fuzz" > build-fuzz.log 2>&1 &
+  fuzz_pid=$!
 fi
 
+pytest_status=0
 if ls tests/python/test_*.py >/dev/null 2>&1; then
-  MFATTN_BINARY="$here/build/mfattn" MPLBACKEND=Agg /usr/bin/python3 -m pytest -q tests/python
+  MFATTN_BINARY="$here/build/mfattn" MPLBACKEND=Agg /usr/bin/python3 -m pytest -q tests/python ||
+    pytest_status=$?
 fi
+
+if [ -n "$fuzz_pid" ]; then
+  if ! wait "$fuzz_pid"; then
+    tail -40 build-fuzz.log; echo "fuzz/run_short.sh: a finding (see build-fuzz/)" >&2; exit 1
+  fi
+  grep -E "^stat::number_of_executed_units|Done [0-9]+ runs" build-fuzz.log | tail -2
+fi
+[ "$pytest_status" = 0 ] || { echo "pytest failed" >&2; exit "$pytest_status"; }
