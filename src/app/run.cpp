@@ -375,11 +375,23 @@ std::vector<AttentionMatrices> layer_matrices(const RunConfig& cfg, std::size_t 
   return sets;
 }
 
+namespace {
+/// The number of layers: the l >= 0 with l T < horizon (1 without --regen-period), from
+/// ceil(horizon / T) corrected for its rounding.
+std::size_t layer_count(const RunConfig& cfg) {
+  const double period = cfg.regen_period;
+  if (!(period > 0)) return 1;
+  auto layers = static_cast<std::size_t>(std::max(1.0, std::ceil(cfg.horizon / period)));
+  while (layers > 1 && double(layers - 1) * period >= cfg.horizon) --layers;
+  while (double(layers) * period < cfg.horizon) ++layers;
+  return layers;
+}
+}  // namespace
+
 std::vector<double> layer_start_times(const RunConfig& cfg) {
-  std::vector<double> starts{0.0};
-  if (cfg.regen_period > 0)
-    for (std::size_t l = 1; double(l) * cfg.regen_period < cfg.horizon; ++l)
-      starts.push_back(double(l) * cfg.regen_period);
+  std::vector<double> starts;
+  for (std::size_t l = 0, layers = layer_count(cfg); l < layers; ++l)
+    starts.push_back(double(l) * cfg.regen_period);
   return starts;
 }
 
@@ -389,10 +401,7 @@ std::size_t layer_at(const RunConfig& cfg, double time) {
   // which output_times merges frames) counting as reached: the run lands on a frame time
   // there. The quotient is a first guess; the starts themselves decide (O(1) per call).
   const double reached = time + 1e-12 * std::max(1.0, cfg.horizon), period = cfg.regen_period;
-  // Layers are the l >= 0 with l T < horizon (layer_start_times): ceil(horizon / T), checked.
-  auto layers = static_cast<std::size_t>(std::max(1.0, std::ceil(cfg.horizon / period)));
-  while (layers > 1 && double(layers - 1) * period >= cfg.horizon) --layers;
-  while (double(layers) * period < cfg.horizon) ++layers;
+  const std::size_t layers = layer_count(cfg);
   auto l = static_cast<std::size_t>(std::clamp(std::floor(reached / period), 0.0, double(layers - 1)));
   while (l + 1 < layers && double(l + 1) * period <= reached) ++l;
   while (l > 0 && double(l) * period > reached) --l;

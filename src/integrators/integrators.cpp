@@ -302,12 +302,9 @@ class EulerUnprojected final : public Integrator {
     // Only moving tokens are touched, so a token with p_i = 0 keeps its bits (even a -0.0).
     const std::size_t d = state.d;
     for_each_moving_token(dynamics, [&](std::size_t, std::size_t, std::size_t offset) {
-      double* x = state.x.data() + offset;
-      const double* u = output_.data() + offset;
-      for (std::size_t c = 0; c < d; ++c) x[c] = x[c] + h * u[c];
-      const double norm = std::sqrt(dot(x, x, d));
-      for (std::size_t c = 0; c < d; ++c) x[c] /= norm;
+      for (std::size_t c = 0; c < d; ++c) state.x[offset + c] += h * output_[offset + c];
     });
+    normalize_tokens(dynamics, state.x.data());
     state.time += h;
     ++state.step;
     return {true, h};

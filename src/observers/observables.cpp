@@ -98,18 +98,17 @@ PairStatistics pairs_by_blocks(const double* x, std::size_t d, const std::vector
 template <bool kStats>
 PairStatistics pair_pass(const double* x, std::size_t d, const std::vector<std::size_t>& moving,
                          const ObservableSettings& settings) {
+  if (d <= simd::kLanes)
+    return cpu_pair_statistics(x, d, moving, 1.0 - settings.pair_delta, 1.0 - settings.cluster_delta, kStats);
   const std::size_t m = moving.size();
   PairStatistics stats;
   stats.pairs = static_cast<std::int64_t>(m * (m > 0 ? m - 1 : 0) / 2);
   stats.clusters = m;
   if (m < 2) return stats;
-  if (d > simd::kLanes) {
-    PairStatistics blocks = pairs_by_blocks<kStats>(x, d, moving, settings);
-    blocks.pairs = stats.pairs;
-    if constexpr (!kStats) blocks.clusters = m;
-    return blocks;
-  }
-  return cpu_pair_statistics(x, d, moving, 1.0 - settings.pair_delta, 1.0 - settings.cluster_delta, kStats);
+  PairStatistics blocks = pairs_by_blocks<kStats>(x, d, moving, settings);
+  blocks.pairs = stats.pairs;
+  if constexpr (!kStats) blocks.clusters = m;
+  return blocks;
 }
 
 std::vector<std::size_t> moving_tokens(const Model& model) {
