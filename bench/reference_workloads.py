@@ -14,8 +14,10 @@ borjanG/2023-transformers-rotf) on that code's two workloads.
     fraction, cell by cell over the 10 x 200 cells, z = difference / combined standard error;
     it prints the cells beyond 3 SE (and how many chance allows: reference_peer.agreement,
     a permutation null that keeps each system's time series whole) and the largest |z|.
-(b) sphere: sphere.py's loop at n = 256 (d = 3, beta = 1, T = 15, dt = 0.1, SA, every frame
-    kept). Peer: the NumPy backend, every state kept in memory. mfattn: `mfattn run
+(b) sphere: sphere.py's loop at n = 256 (d = 3, beta = 1, dt = 0.1, SA, every frame kept)
+    for 2000 steps (T = 200, 2001 frames: the run the speed target names), and sphere-short
+    with sphere.py's own T = 15 (150 steps, where mfattn's fixed cost of about 10 ms, process
+    start and file layout, is a third of its time). Peer: the NumPy backend, every state kept in memory. mfattn: `mfattn run
     --integrator euler-unprojected --save-every 0.1 --threads 1` writing every frame. Agreement: the
     peer from mfattn's frame 0 against every frame of mfattn's file (max |dx|).
 
@@ -103,8 +105,9 @@ def phase_workload(a, feats, random, notes, workdir):
                               + ("" if res.ok else " DISAGREE")}
 
 
-def sphere_workload(a, feats, notes, workdir):
-    n, T, dt = a.sphere_n, a.sphere_T, 0.1
+def sphere_workload(a, feats, notes, workdir, T=None):
+    n, dt = a.sphere_n, 0.1
+    T = a.sphere_T if T is None else T
     integrator = "euler-unprojected" if feats.unprojected else "euler"
     if not feats.unprojected:
         notes.append("sphere: no euler-unprojected in this binary: projected euler on both sides")
@@ -160,9 +163,12 @@ def main(argv=None) -> int:
     p.add_argument("--random-kq", type=int, default=1, choices=[1, 2, 3])
     p.add_argument("--random-v", type=int, default=1, choices=[0, 1, 2, 3])
     p.add_argument("--sphere-n", type=int, default=256)
-    p.add_argument("--sphere-T", type=float, default=15.0)
-    p.add_argument("--workloads", default="phase,phase-random,sphere",
-                   help="comma separated: phase, phase-random, sphere")
+    p.add_argument("--sphere-T", type=float, default=200.0,
+                   help="horizon of the sphere workload (default 200: 2000 steps and 2001 "
+                        "frames, the run the speed target names; sphere-short takes sphere.py's "
+                        "own T = 15)")
+    p.add_argument("--workloads", default="phase,phase-random,sphere,sphere-short",
+                   help="comma separated: phase, phase-random, sphere, sphere-short")
     p.add_argument("--quick", action="store_true",
                    help="small: 64 systems, 3 betas, T = 3, sphere n = 32 T = 3, one repeat")
     p.add_argument("--json-out", type=Path, default=None, help="also write the JSON here")
@@ -185,6 +191,8 @@ def main(argv=None) -> int:
                 rows.append(phase_workload(a, feats, True, notes, workdir))
             elif w == "sphere":
                 rows.append(sphere_workload(a, feats, notes, workdir))
+            elif w == "sphere-short":
+                rows.append(sphere_workload(a, feats, notes, workdir, T=min(a.sphere_T, 15.0)))
             else:
                 raise SystemExit(f"reference_workloads: unknown workload {w!r}")
     rows = [r for r in rows if r is not None]

@@ -134,7 +134,8 @@ class H5mdWriter {
   /// integrator's next step (/run/step_size), which a resumed run continues with.
   /// velocities (R * n * d) are required when the setup asks for velocity. role says whether
   /// this is the run's final frame (PositionFrames::Ends keeps its positions). Positions are
-  /// always given: with Ends and None they also go to /run/checkpoint.
+  /// always given: with Ends and None they also go to /run/checkpoint. The frame is staged
+  /// in memory (copied): it reaches the file at the next flush().
   virtual void append_frame(std::int64_t step, double time, const double* positions,
                             const std::vector<std::vector<double>>& observables,
                             double step_size = 0.0, const double* velocities = nullptr,
@@ -146,7 +147,11 @@ class H5mdWriter {
   /// frame, so a killed run's counts match its last frame and a resumed run adds to them.
   virtual void write_run_progress(double wall_seconds, std::int64_t steps,
                                   std::int64_t rejected_steps) = 0;
-  /// H5Fflush: everything appended so far survives a SIGKILL. With atomic_publish, the
+  /// Bytes of the frames staged since the last flush (what a flush would write).
+  virtual std::size_t staged_bytes() const = 0;
+  /// Writes the staged frames (one block per dataset; IoError, with none of them written,
+  /// when the disk space for them cannot be reserved), then H5Fflush: everything appended
+  /// so far survives a SIGKILL. With atomic_publish, the
   /// first flush after a frame renames the file to its final name. With a checkpoint
   /// (PositionFrames Ends and None) the frame's checkpoint slot is marked complete after a
   /// first H5Fflush has put its data in the file, and a second one writes the mark.

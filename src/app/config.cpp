@@ -114,6 +114,7 @@ OptionRole option_role(const std::string& name) {
       {"threads", OptionRole::Execution},   {"out", OptionRole::Execution},
       {"config", OptionRole::Execution},    {"quiet", OptionRole::Execution},
       {"overwrite", OptionRole::Execution}, {"resume", OptionRole::Execution},
+      {"flush-interval", OptionRole::Execution},
   };
   const auto found = roles.find(name);
   return found == roles.end() ? OptionRole::Trajectory : found->second;
@@ -529,6 +530,9 @@ po::options_description run_options(RunConfig& c) {
        "clustered_pair_fraction counts pairs with <x_i, x_j> > 1 - pair-delta, in (0, 2)")
       ("cluster-delta", bound(c.cluster_delta),
        "n_clusters: connected components of the graph <x_i, x_j> > 1 - cluster-delta, in (0, 2)")
+      ("flush-interval", bound(c.flush_interval),
+       "wall seconds between flushes of the output, in [0, 86400]: frames made meanwhile are "
+       "written together (0: flush every frame; frame 0 and the last frame are flushed at once)")
       ("quiet", po::bool_switch(&c.quiet), "no progress output")
       ("config", bound(c.config, "none"), "INI file of options (the command line wins)");
   po::options_description all("mfattn run options");
@@ -870,6 +874,10 @@ void validate(const RunConfig& c) {
     require_finite(name, value);
     if (!(value > 0.0 && value < 2.0)) reject(name, format_number(value), "must lie in (0, 2)");
   }
+  require_finite("flush-interval", c.flush_interval);
+  if (!(c.flush_interval >= 0.0 && c.flush_interval <= 86400.0))
+    reject("flush-interval", format_number(c.flush_interval),
+           "must lie in [0, 86400] seconds (0: flush every frame)");
   if (c.out.empty()) throw UsageError("--out: missing (the output .h5 file is required)");
   validate_output_path(c.out);
   validate_sizes(c);

@@ -193,6 +193,14 @@ class Progress {
     }
   }
 
+  /// Whether update(time) prints a plain line (stderr not a terminal): the run flushes its
+  /// frames first, so that a line reports only frames that survive a SIGKILL.
+  bool line_due(double time) const {
+    if (quiet_ || terminal_) return false;
+    const double fraction = horizon_ - start_time_ > 0 ? (time - start_time_) / (horizon_ - start_time_) : 1.0;
+    return fraction >= 1.0 ? !printed_end_ : time >= next_line_;
+  }
+
   void finish() {
     if (drawn_) log_ << '\n';
     drawn_ = false;
@@ -842,9 +850,29 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
   double h = cfg.resume && resumed.step_size > 0.0 ? resumed.step_size : cfg.dt;
   std::vector<double> frame_velocity;
   IntegrationStats so_far;  // this invocation's counts, as of the last step
-  double last_frame_time = resumed.time;
+  double last_frame_time = resumed.time;  // the last frame appended
+  double flushed_time = resumed.time;     // the last frame in the file (flushed)
   std::size_t frame_index = resumed.frames;  // the frames before this one (0 at t = 0)
   auto rejected_total = [&] { return resumed.rejected_steps + so_far.rejected; };
+  // Frames are staged in the writer and flushed together (--flush-interval): frame 0 at
+  // once (it publishes the file), then whenever the interval has passed since the last
+  // flush or the staged frames reach kMaxStagedBytes, and before each plain progress line;
+  // the end of the run flushes the rest.
+  constexpr std::size_t kMaxStagedBytes = std::size_t{64} << 20;
+  double last_flush_seconds = 0.0;
+  auto flush_due = [&](std::size_t frame) {
+    return frame == 0 || elapsed() - last_flush_seconds >= cfg.flush_interval ||
+           writer->staged_bytes() >= kMaxStagedBytes;
+  };
+  // /run's counts go with every flush, as of the last frame, so a killed run's counts match
+  // its last flushed frame; the frames survive a SIGKILL from here on.
+  std::int64_t frame_step = resumed.step, frame_rejected = resumed.rejected_steps;
+  auto flush_frames = [&] {
+    writer->write_run_progress(resumed.wall_seconds + elapsed(), frame_step, frame_rejected);
+    writer->flush();
+    last_flush_seconds = elapsed();
+    flushed_time = last_frame_time;
+  };
   // Everything the run records, in the order it is recorded: one entry each, with its
   // schedule. The frame is one entry because positions and every observable of
   // observable_layout share /particles/tokens/position's step and time (hard links), so
@@ -858,11 +886,6 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
          const FrameRole role = s.time == times.back() ? FrameRole::Final : FrameRole::Intermediate;
          writer->append_frame(s.step, s.time, s.x.data(), observables, h,
                               cfg.save_velocity ? frame_velocity.data() : nullptr, role);
-       }},
-      // /run's counts follow every frame, so a killed run's counts match its last frame.
-      {"/run progress", ObserverSchedule::every_frame(),
-       [&](const State& s) {
-         writer->write_run_progress(resumed.wall_seconds + elapsed(), s.step, rejected_total());
        }},
       // The final state's step counts every accepted step since t = 0, resumed parts included.
       {"/run complete", ObserverSchedule::at_end(),
@@ -879,15 +902,17 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     if (!is_frame(s.time)) return;
     for (const RunObserver& entry : observers)
       if (entry.when.at_frame(frame_index)) entry.record(s);
-    // The frame survives a SIGKILL from here on; only then is it reported.
-    writer->flush();
-    ++frame_index;
     last_frame_time = s.time;
+    frame_step = s.step;
+    frame_rejected = rejected_total();
+    if (flush_due(frame_index) || progress.line_due(s.time)) flush_frames();
+    ++frame_index;
     progress.update(s.time, s.step);
   };
   auto after_step = [&](const State& s, const IntegrationStats& counts) {
     so_far = counts;
     if (const int signal = stop_signal) throw Interrupted{signal};
+    if (last_frame_time > flushed_time && progress.line_due(s.time)) flush_frames();
     progress.update(s.time, s.step);
   };
   // Records why the run ended in /run, if the file still takes it (a full disk may not).
@@ -909,10 +934,11 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
   } catch (const Interrupted& stop) {
     progress.finish();
     const std::string name = signal_name(stop.signal);
-    record_status("interrupted: " + name);
+    // The status goes with the staged frames' flush.
+    if (record_status("interrupted: " + name)) flushed_time = last_frame_time;
     log << "mfattn run: interrupted by " << name << " at t = " << state.time << " (step "
         << state.step << "); " << writer->current_path() << " keeps every frame up to t = "
-        << last_frame_time << " (continue it with --resume)\n";
+        << flushed_time << " (continue it with --resume)\n";
     return 128 + stop.signal;
   } catch (const NumericalError& e) {
     progress.finish();
@@ -929,7 +955,7 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     const bool recorded = record_status(std::string("failed: I/O: ") + e.what());
     log << "mfattn run: " << e.what() << '\n';
     if (where == cfg.out)
-      log << "mfattn run: " << cfg.out << " keeps every frame up to t = " << last_frame_time
+      log << "mfattn run: " << cfg.out << " keeps every frame up to t = " << flushed_time
           << (recorded ? " and records the failure" : "") << " (continue it with --resume once the fault is fixed)\n";
     return kExitIo;
   }

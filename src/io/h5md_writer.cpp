@@ -9,11 +9,14 @@
 ///   writer killed with SIGKILL leaves a file that plain h5py opens.
 /// - HDF5's automatic error printing is switched off for the duration of every call into this
 ///   file, and each failed HDF5 call becomes an IoError naming the file and the operation.
-/// - Disk space is reserved before each frame is written (fallocate beyond the end of the
-///   file, FALLOC_FL_KEEP_SIZE): the chunks the frame may start plus a margin for metadata.
-///   A disk that fills therefore fails the reservation, before any byte of the frame is
-///   written, and the margin still holds the failed status: a frame is in the file whole or
-///   not at all. Filesystems without fallocate skip the reservation.
+/// - append_frame copies a frame into staged rows; flush() writes them, one block per
+///   dataset, and calls H5Fflush. The caller chooses how many frames a flush carries (run:
+///   --flush-interval).
+/// - Disk space is reserved before the staged rows are written (fallocate beyond the end of
+///   the file, FALLOC_FL_KEEP_SIZE): the chunks they may start plus a margin for metadata.
+///   A disk that fills therefore fails the reservation, before any byte of them is written,
+///   and the margin still holds the failed status: a frame is in the file whole or not at
+///   all. Filesystems without fallocate skip the reservation.
 /// - With atomic_publish the file is built under a temporary name and renamed once it holds
 ///   frame 0 (see WriterSetup).
 /// - PositionFrames Ends and None (docs/output.md, "What --save-positions writes") move the
@@ -247,12 +250,14 @@ struct RowSelection {
   Handle file_space, memory_space;
 };
 
-/// Selects row `row` of `dataset` (one element of a 1-D dataset) and a memory space to match.
-RowSelection select_row(const Checker& check, hid_t dataset, hsize_t row, const char* what) {
+/// Selects rows [first, first + rows) of `dataset` (elements of a 1-D dataset) and a memory
+/// space to match.
+RowSelection select_rows(const Checker& check, hid_t dataset, hsize_t first, hsize_t rows,
+                         const char* what) {
   std::vector<hsize_t> count = dataset_dims(check, dataset, what);
   std::vector<hsize_t> start(count.size(), 0);
-  start[0] = row;
-  count[0] = 1;
+  start[0] = first;
+  count[0] = rows;
   RowSelection selection{check.own(H5Dget_space(dataset), H5Sclose, "getting the space of", what),
                          {}};
   check(H5Sselect_hyperslab(selection.file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
@@ -262,13 +267,17 @@ RowSelection select_row(const Checker& check, hid_t dataset, hsize_t row, const 
   return selection;
 }
 
-/// Grows `dataset` to `row + 1` rows and writes row `row` from `data`.
-void write_row(const Checker& check, hid_t dataset, hsize_t row, hid_t memory_type,
-               const void* data, const char* what) {
+RowSelection select_row(const Checker& check, hid_t dataset, hsize_t row, const char* what) {
+  return select_rows(check, dataset, row, 1, what);
+}
+
+/// Sets the length of `dataset` to `first + rows` rows and writes those rows from `data`.
+void write_rows(const Checker& check, hid_t dataset, hsize_t first, hsize_t rows,
+                hid_t memory_type, const void* data, const char* what) {
   std::vector<hsize_t> dims = dataset_dims(check, dataset, what);
-  dims[0] = row + 1;
+  dims[0] = first + rows;
   check(H5Dset_extent(dataset, dims.data()), "extending", what);
-  const RowSelection selection = select_row(check, dataset, row, what);
+  const RowSelection selection = select_rows(check, dataset, first, rows, what);
   check(H5Dwrite(dataset, memory_type, selection.memory_space.get(), selection.file_space.get(),
                  H5P_DEFAULT, data),
         "writing", what);
@@ -483,8 +492,6 @@ class Hdf5H5mdWriter final : public H5mdWriter {
           std::count_if(steps.begin(), steps.end(), [&](std::int64_t s) { return s <= point.step; }));
       flushed_position_rows_ = position_rows_;
     }
-    for (hid_t dataset : growing_datasets()) plans_.push_back(plan_of(dataset));
-    for (hid_t dataset : position_row_datasets()) position_plans_.push_back(plan_of(dataset));
     reserve_space(kMetadataMargin);
     auto read_attribute = [&](const char* name, hid_t type, void* out) {
       if (H5Aexists(run_.get(), name) > 0) {
@@ -497,10 +504,19 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     read_attribute("wall_time_s", H5T_NATIVE_DOUBLE, &point.wall_seconds);
   }
 
-  /// Closes every object, then the file (which flushes it), with error printing still off:
-  /// a failing close (disk full) has nobody to report to from a destructor.
+  /// Flushes frames still staged in a published file (as a stream's destructor does; an
+  /// unpublished one is removed, as ever), then closes every object, then the file, with
+  /// error printing still off: a failing flush or close (disk full) has nobody to report to
+  /// from a destructor, and the file keeps its last flushed frames.
   ~Hdf5H5mdWriter() override {
     QuietHdf5Errors quiet;
+    if (published_ && frames_ > flushed_frames_ && !write_failed_ && !flush_failed_) {
+      try {
+        flush();
+      } catch (...) {
+        roll_back_quietly();
+      }
+    }
     release_reserved_space();
     observable_values_.clear();
     positions_.clear();
@@ -589,37 +605,48 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     }
     const bool ends_row = setup_.position_frames == PositionFrames::Ends &&
                           (frames_ == 0 || role == FrameRole::Final);
-    QuietHdf5Errors quiet;
-    reserve_space(frame_space_needed(ends_row));
-    // A write that fails half-way leaves rows that write_run_info takes back.
-    write_failed_ = true;
-    write_row(check_, step_.get(), frames_, H5T_NATIVE_INT64, &step, "frame step");
-    write_row(check_, time_.get(), frames_, H5T_NATIVE_DOUBLE, &time, "frame time");
-    write_row(check_, step_size_.get(), frames_, H5T_NATIVE_DOUBLE, &step_size, "run/step_size");
+    // The frame is copied into the staged rows; flush() writes them (see StagedRows).
+    stage(step_.get(), frames_, H5T_NATIVE_INT64, &step, sizeof step, "frame step");
+    stage(time_.get(), frames_, H5T_NATIVE_DOUBLE, &time, sizeof time, "frame time");
+    stage(step_size_.get(), frames_, H5T_NATIVE_DOUBLE, &step_size, sizeof step_size,
+          "run/step_size");
+    const std::size_t frame_bytes = setup_.n * setup_.d * sizeof(double);
     const std::size_t frame_size = setup_.n * setup_.d;
     if (keeps_every_position() || ends_row) {
       // All: the row of this frame. Ends: the next row of the positions' own step and time.
       const hsize_t row = keeps_every_position() ? frames_ : position_rows_;
       if (ends_row) {
-        write_row(check_, position_step_.get(), row, H5T_NATIVE_INT64, &step, "position/step");
-        write_row(check_, position_time_.get(), row, H5T_NATIVE_DOUBLE, &time, "position/time");
+        stage(position_step_.get(), row, H5T_NATIVE_INT64, &step, sizeof step, "position/step", false);
+        stage(position_time_.get(), row, H5T_NATIVE_DOUBLE, &time, sizeof time, "position/time", false);
       }
+      const bool per_frame = keeps_every_position();
       for (std::size_t r = 0; r < setup_.replicas; ++r) {
-        write_row(check_, positions_[r].get(), row, H5T_NATIVE_DOUBLE, positions + r * frame_size,
-                  "position/value");
+        stage(positions_[r].get(), row, H5T_NATIVE_DOUBLE, positions + r * frame_size,
+              frame_bytes, "position/value", per_frame);
         if (setup_.velocity)
-          write_row(check_, velocities_[r].get(), row, H5T_NATIVE_DOUBLE,
-                    velocities + r * frame_size, "velocity/value");
+          stage(velocities_[r].get(), row, H5T_NATIVE_DOUBLE, velocities + r * frame_size,
+                frame_bytes, "velocity/value", per_frame);
       }
       if (ends_row) ++position_rows_;
     }
     for (std::size_t o = 0; o < observables.size(); ++o) {
-      write_row(check_, observable_values_[o].get(), frames_, H5T_NATIVE_DOUBLE,
-                observables[o].data(), setup_.observables[o].first.c_str());
+      stage(observable_values_[o].get(), frames_, H5T_NATIVE_DOUBLE, observables[o].data(),
+            observables[o].size() * sizeof(double), setup_.observables[o].first.c_str());
     }
-    if (keeps_checkpoint()) write_checkpoint_slot(step, time, step_size, positions);
+    if (keeps_checkpoint()) {
+      // Only the latest frame's state goes to the checkpoint slot, at the flush.
+      latest_.step = step;
+      latest_.time = time;
+      latest_.step_size = step_size;
+      latest_.x.assign(positions, positions + setup_.replicas * frame_size);
+    }
     ++frames_;
-    write_failed_ = false;
+  }
+
+  std::size_t staged_bytes() const override {
+    std::size_t bytes = 0;
+    for (const StagedRows& rows : staged_) bytes += rows.bytes.size();
+    return bytes;
   }
 
   void write_run_info(const std::string& status, double wall_seconds, std::int64_t steps,
@@ -642,6 +669,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   }
 
   void flush() override {
+    if (frames_ > flushed_frames_) write_staged_frames();
     try {
       flush_file();
       // Only now is the slot's data in the file: its mark goes after it, in a second flush.
@@ -672,10 +700,125 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     check_(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), "flushing the file");
   }
 
+  /// Rows appended since the last flush, one block per growing dataset: append_frame copies
+  /// a frame here and flush() writes each block with one H5Dwrite, so a frame costs a copy
+  /// rather than an extent change and a write per dataset, and a flush writes the datasets'
+  /// metadata once for all the frames it carries.
+  struct StagedRows {
+    hid_t dataset = -1;
+    hid_t memory_type = -1;
+    const char* what = "";
+    ChunkPlan plan;             ///< the dataset's chunking, for the space reservation
+    bool per_frame = true;      ///< a row per frame (false: Ends' position rows)
+    hsize_t first_row = 0;      ///< the dataset's row that bytes[0] starts
+    std::size_t row_bytes = 0;
+    std::vector<unsigned char> bytes;
+    hsize_t rows() const { return bytes.size() / row_bytes; }
+    /// Rows of the first `frames` staged frames (Ends' position rows: all of them or none,
+    /// as they belong to frame 0, flushed at once, or to the last frame).
+    hsize_t rows_of(hsize_t frames, hsize_t staged_frames) const {
+      return per_frame ? std::min(frames, rows()) : (frames == staged_frames ? rows() : 0);
+    }
+  };
+
+  /// Copies one row of `dataset` (row number `row`, the next after its staged ones) into
+  /// its staged block.
+  void stage(hid_t dataset, hsize_t row, hid_t memory_type, const void* data, std::size_t row_bytes,
+             const char* what, bool per_frame = true) {
+    auto entry = std::find_if(staged_.begin(), staged_.end(),
+                              [&](const StagedRows& rows) { return rows.dataset == dataset; });
+    if (entry == staged_.end()) {
+      staged_.push_back(
+          StagedRows{dataset, memory_type, what, plan_of(dataset), per_frame, row, row_bytes, {}});
+      entry = staged_.end() - 1;
+    }
+    if (entry->bytes.empty()) entry->first_row = row;
+    const auto* first = static_cast<const unsigned char*>(data);
+    entry->bytes.insert(entry->bytes.end(), first, first + row_bytes);
+  }
+
+  /// Bytes the first `frames` staged frames may allocate: every chunk their rows start (and
+  /// every chunk of a filtered dataset they touch, compressed anew), plus the metadata margin.
+  std::size_t staged_space_needed(hsize_t frames) const {
+    const hsize_t staged_frames = frames_ - flushed_frames_;
+    std::size_t bytes = kMetadataMargin;
+    for (const StagedRows& rows : staged_) {
+      const hsize_t count = rows.rows_of(frames, staged_frames);
+      if (count == 0) continue;
+      const hsize_t first = rows.first_row, last = first + count - 1;
+      const hsize_t per_chunk = rows.plan.chunk_rows;
+      const hsize_t chunks = rows.plan.filtered ? last / per_chunk - first / per_chunk + 1
+                                                : last / per_chunk + 1 - (first + per_chunk - 1) / per_chunk;
+      bytes += static_cast<std::size_t>(chunks) * (rows.plan.chunk_bytes + 4096);
+    }
+    return bytes;
+  }
+
+  /// Writes the rows of the first `frames` staged frames and, when that is all of them and
+  /// the file has a checkpoint, the latest frame's state into its slot (its space reserved
+  /// by the caller). Clears the staged rows.
+  void write_staged(hsize_t frames) {
+    QuietHdf5Errors quiet;
+    const hsize_t staged_frames = frames_ - flushed_frames_;
+    for (StagedRows& rows : staged_) {
+      const hsize_t count = rows.rows_of(frames, staged_frames);
+      if (count > 0)
+        write_rows(check_, rows.dataset, rows.first_row, count, rows.memory_type, rows.bytes.data(),
+                   rows.what);
+      rows.bytes.clear();
+    }
+    if (keeps_checkpoint() && frames == staged_frames)
+      write_checkpoint_slot(latest_.step, latest_.time, latest_.step_size, latest_.x.data());
+  }
+
+  /// Writes the staged frames. The disk space for them is reserved first, so a disk that
+  /// fills fails before any byte of them is written; then the largest number of whole frames
+  /// that still fits is written and flushed (without a new checkpoint slot: --resume then
+  /// continues from the last one), the rest dropped, and the IoError passed on.
+  void write_staged_frames() {
+    const hsize_t staged_frames = frames_ - flushed_frames_;
+    // A write that fails half-way leaves rows that write_run_info takes back.
+    write_failed_ = true;
+    try {
+      reserve_space(staged_space_needed(staged_frames));
+    } catch (const IoError&) {
+      hsize_t fits = 0, fails = staged_frames;
+      while (fits + 1 < fails) {
+        const hsize_t middle = fits + (fails - fits) / 2;
+        try {
+          reserve_space(staged_space_needed(middle));
+          fits = middle;
+        } catch (const IoError&) {
+          fails = middle;
+        }
+      }
+      if (fits > 0) {
+        write_staged(fits);
+        flush_file();
+        flushed_frames_ += fits;
+        frames_ = flushed_frames_;
+        position_rows_ = flushed_position_rows_;
+      }
+      throw;
+    }
+    write_staged(staged_frames);
+    write_failed_ = false;
+  }
+
+  /// roll_back_to_flushed_frames for a destructor: whatever fails is left as it is.
+  void roll_back_quietly() noexcept {
+    try {
+      roll_back_to_flushed_frames();
+    } catch (...) {
+    }
+  }
+
   /// After a failed write or flush (where no reservation protected it: a filesystem without
   /// fallocate), shrinks every growing dataset back to the frames of the last successful
-  /// flush, so that a partly written frame does not stay in the file as a frame of zeros.
+  /// flush, so that a partly written frame does not stay in the file as a frame of zeros, and
+  /// drops the rows still staged.
   void roll_back_to_flushed_frames() {
+    for (StagedRows& rows : staged_) rows.bytes.clear();
     auto shrink = [&](hid_t dataset, hsize_t rows) {
       std::vector<hsize_t> dims = dataset_dims(check_, dataset, "a growing dataset");
       if (dims.empty() || dims[0] <= rows) return;
@@ -691,8 +834,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     write_failed_ = flush_failed_ = false;
   }
 
-  /// A growing dataset with a row per frame, chunked by at most expected_frames rows; its
-  /// plan is kept for the space reservation.
+  /// A growing dataset with a row per frame, chunked by at most expected_frames rows.
   Handle grow(hid_t parent, const std::string& name, hid_t file_type,
               const std::vector<hsize_t>& row_shape, std::size_t target_chunk_bytes,
               Filters filters) {
@@ -700,7 +842,6 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     Handle dataset = create_growing_dataset(check_, parent, name, file_type, row_shape,
                                             target_chunk_bytes, filters, setup_.expected_frames,
                                             plan);
-    plans_.push_back(plan);
     return dataset;
   }
 
@@ -720,7 +861,6 @@ class Hdf5H5mdWriter final : public H5mdWriter {
         Handle dataset = create_growing_dataset(check_, parent, name, file_type, row_shape,
                                                 target_chunk_bytes, filters, kEndsPositionRows,
                                                 plan);
-        position_plans_.push_back(plan);
         return dataset;
       }
       case PositionFrames::None:
@@ -744,7 +884,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     return all;
   }
 
-  /// Ends: the datasets that grow by a row per kept frame, in the order of position_plans_.
+  /// Ends: the datasets that grow by a row per kept frame.
   std::vector<hid_t> position_row_datasets() const {
     std::vector<hid_t> all;
     if (setup_.position_frames != PositionFrames::Ends) return all;
@@ -770,18 +910,6 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     for (int a = 0; a < rank; ++a) plan.chunk_bytes *= chunk[static_cast<std::size_t>(a)];
     plan.filtered = H5Pget_nfilters(properties.get()) > 0;
     return plan;
-  }
-
-  /// Bytes the next frame may allocate: a new chunk of every dataset whose next row starts
-  /// one (or of every filtered dataset), plus the metadata margin.
-  std::size_t frame_space_needed(bool position_row) const {
-    std::size_t bytes = kMetadataMargin;
-    for (const ChunkPlan& plan : plans_)
-      if (plan.filtered || frames_ % plan.chunk_rows == 0) bytes += plan.chunk_bytes + 4096;
-    if (position_row)
-      for (const ChunkPlan& plan : position_plans_)
-        if (plan.filtered || position_rows_ % plan.chunk_rows == 0) bytes += plan.chunk_bytes + 4096;
-    return bytes;
   }
 
   /// The file's descriptor (sec2 driver), or -1.
@@ -1223,7 +1351,6 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   bool flush_failed_ = false;
   bool reserving_ = true;
   off_t reserved_end_ = 0;
-  std::vector<ChunkPlan> plans_;  ///< one per growing dataset (their sum sizes a reservation)
   Handle file_;  // declared first of the handles, so a member-wise destruction closes it last
   Handle run_;
   /// The frame clock: every frame's step and time (in /particles/tokens/position with All,
@@ -1232,11 +1359,9 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   std::string clock_group_;
   Handle step_size_;  ///< /run/step_size [T], the integrator's next step at each frame
   /// Ends: the step and time of the kept position rows, position_rows_ of them so far (and
-  /// flushed_position_rows_ at the last successful flush); position_plans_ for the space
-  /// reservation of the datasets that grow with them.
+  /// flushed_position_rows_ at the last successful flush).
   Handle position_step_, position_time_;
   hsize_t position_rows_ = 0, flushed_position_rows_ = 0;
-  std::vector<ChunkPlan> position_plans_;
   /// Ends and None: /run/checkpoint's datasets, the slot the next frame goes to, and whether
   /// a frame has been written to it whose mark flush() has yet to write.
   struct Checkpoint {
@@ -1255,9 +1380,16 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   std::vector<Handle> positions_;          ///< position/value, one per replica
   std::vector<Handle> velocities_;         ///< velocity/value, one per replica (when asked)
   std::vector<Handle> observable_values_;  ///< in setup order
-  hsize_t frames_ = 0;
+  hsize_t frames_ = 0;          ///< frames appended (flushed and staged)
   hsize_t flushed_frames_ = 0;  ///< frames_ at the last successful flush
-  bool write_failed_ = false;   ///< an append_frame stopped part-way
+  bool write_failed_ = false;   ///< a flush stopped part-way through its rows
+  std::vector<StagedRows> staged_;
+  /// Ends and None: the state of the latest appended frame, for the checkpoint slot.
+  struct LatestFrame {
+    std::int64_t step = 0;
+    double time = 0.0, step_size = 0.0;
+    std::vector<double> x;
+  } latest_;
 };
 
 }  // namespace

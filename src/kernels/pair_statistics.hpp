@@ -117,45 +117,71 @@ class ThreadForests {
 /// The pair pass over `moving` (indices of rows of x), d <= kLanes, lanes over partners j:
 /// min <x_i, x_j> and, with kStats, the pairs with <x_i, x_j> > close_above and the
 /// components of the graph <x_i, x_j> > edge_above. Identical results on every thread count.
-/// Up to this many tokens take small_pair_pass (its cluster graph is one 64-bit set per token).
-inline constexpr std::size_t kSmallPairTokens = 64;
+/// Up to this many tokens take bitset_pair_pass (its cluster graph, m^2 bits, fits L2).
+inline constexpr std::size_t kBitsetPairTokens = 1024;
 
-/// The pair pass of a small system (m <= kSmallPairTokens): lanes over eight tokens i, the
-/// partners j one at a time, so a 32-token replica costs 128 lane products instead of 32
-/// rows' worth of per-row set-up. The counts and the minimum are exact, so they equal the
-/// row pass's. rows: d rows of `stride` coordinates (zeros beyond m).
+/// The pair pass of a system of m <= kBitsetPairTokens tokens: the partners j one at a time
+/// (broadcast), lanes over eight tokens i, every ordered pair once. The cluster graph is a
+/// bit set per token (row j: every i with <x_i, x_j> > edge_above, j itself included), one
+/// byte per lane vector, and its components are grown from bit sets, each token taken once,
+/// so the graph costs no union-find per edge. The minimum and the close pairs take the
+/// pairs i < j only: the vectors before j's own whole, j's own under a lane mask. The
+/// counts and the minimum are exact, and every inner product is the one the row pass forms
+/// (a product commutes), so the results equal the row pass's. rows: d rows of `stride`
+/// coordinates (zeros beyond m).
 template <bool kStats>
-PairStatistics small_pair_pass(const std::vector<double>& rows, std::size_t d, std::size_t m,
-                               std::size_t stride, double close_above, double edge_above) {
+PairStatistics bitset_pair_pass(const std::vector<double>& rows, std::size_t d, std::size_t m,
+                                std::size_t stride, double close_above, double edge_above) {
   constexpr std::size_t kLanes = simd::kLanes;
+  static_assert(kLanes == 8, "a lane vector's edges are one byte of a bit set");
   PairStatistics stats;
   stats.pairs = static_cast<std::int64_t>(m * (m - 1) / 2);
-  const std::size_t vectors = stride / kLanes;
-  // The cluster graph as bit sets (m <= 64): neighbours[j] holds every i with
-  // <x_i, x_j> > edge_above (j itself included, and padding bits that nothing reads). A lane
-  // vector's edges become its bits as the sum of 2^lane over the lanes that have one (exact).
-  std::uint64_t neighbours[kSmallPairTokens] = {};
-  simd::Lanes lowest = simd::broadcast(1.0), close{}, lane_index{}, lane_bit{};
-  for (std::size_t l = 0; l < kLanes; ++l) {
-    lane_index.set(l, double(l));
-    lane_bit.set(l, double(1u << l));
-  }
-  const simd::Lanes edge_bound = simd::broadcast(edge_above);
+  const std::size_t vectors = stride / kLanes, words = (m + 63) / 64;
+  thread_local std::vector<std::uint64_t> neighbours;  // every word is written below
+  if constexpr (kStats) neighbours.resize(m * words);
+  simd::Lanes lowest = simd::broadcast(1.0), close{}, lane_index{};
+  for (std::size_t l = 0; l < kLanes; ++l) lane_index.set(l, double(l));
+  const simd::Lanes edge_bound = simd::broadcast(edge_above), close_bound = simd::broadcast(close_above);
   const simd::Lanes positive_infinity = simd::broadcast(std::numeric_limits<double>::infinity());
-  const simd::Lanes close_bound = simd::broadcast(close_above), one = simd::broadcast(1.0);
-  for (std::size_t v = 0; v < vectors; ++v) {
-    const simd::Lanes first = simd::broadcast(double(v * kLanes)) + lane_index;
-    for (std::size_t j = 0; j < m; ++j) {
-      simd::Lanes product = simd::load(rows.data() + v * kLanes) * rows[j];
-      for (std::size_t c = 1; c < d; ++c) product += simd::load(rows.data() + c * stride + v * kLanes) * rows[c * stride + j];
+  const simd::Lanes one = simd::broadcast(1.0);
+  double partner[8];
+  for (std::size_t j = 0; j < m; ++j) {
+    for (std::size_t c = 0; c < d; ++c) partner[c] = rows[c * stride + j];
+    auto product = [&](std::size_t v) {
+      simd::Lanes inner = simd::load(rows.data() + v * kLanes) * partner[0];
+      for (std::size_t c = 1; c < d; ++c) inner += simd::load(rows.data() + c * stride + v * kLanes) * partner[c];
+      return inner;
+    };
+    // Row j's bits gather in a register, a word (eight lane vectors) at a time.
+    [[maybe_unused]] std::uint64_t* row = kStats ? neighbours.data() + j * words : nullptr;
+    [[maybe_unused]] std::uint64_t word = 0;
+    auto edges = [&](std::size_t v, const simd::Lanes& inner) {
       if constexpr (kStats) {
-        const double bits = simd::horizontal_sum(simd::select_or_zero(product > edge_bound, lane_bit));
-        neighbours[j] |= static_cast<std::uint64_t>(bits) << (v * kLanes);
+        word |= std::uint64_t{simd::mask_bits(inner > edge_bound)} << (8 * (v % 8));
+        if (v % 8 == 7) {
+          row[v / 8] = word;
+          word = 0;
+        }
       }
-      // Pairs i < j only (lanes i >= j, the padding among them, stay out).
-      const simd::LaneMask pair = first < double(j);
-      lowest = simd::min(lowest, simd::select(pair, product, positive_infinity));
-      if constexpr (kStats) close += simd::select_or_zero(pair, simd::select_or_zero(product > close_bound, one));
+    };
+    const std::size_t own = j / kLanes;
+    for (std::size_t v = 0; v < own; ++v) {  // every lane i < j
+      const simd::Lanes inner = product(v);
+      lowest = simd::min(lowest, inner);
+      if constexpr (kStats) close += simd::select_or_zero(inner > close_bound, one);
+      edges(v, inner);
+    }
+    {  // j's own vector: lanes i < j only (padding lanes are beyond m > j)
+      const simd::Lanes inner = product(own);
+      const simd::LaneMask pair = simd::broadcast(double(own * kLanes)) + lane_index < double(j);
+      lowest = simd::min(lowest, simd::select(pair, inner, positive_infinity));
+      if constexpr (kStats)
+        close += simd::select_or_zero(pair, simd::select_or_zero(inner > close_bound, one));
+      edges(own, inner);
+    }
+    if constexpr (kStats) {
+      for (std::size_t v = own + 1; v < vectors; ++v) edges(v, product(v));
+      if (vectors % 8 != 0) row[words - 1] = word;  // the last, partial word
     }
   }
   stats.min_inner = 1.0;
@@ -163,19 +189,35 @@ PairStatistics small_pair_pass(const std::vector<double>& rows, std::size_t d, s
   stats.clusters = m;
   if constexpr (kStats) {
     for (std::size_t l = 0; l < kLanes; ++l) stats.close_pairs += static_cast<std::int64_t>(close[l]);
-    // Components by growing each from its lowest token, every token taken once.
-    std::uint64_t remaining = m == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << m) - 1;
-    std::size_t components = 0;
-    while (remaining) {
-      std::uint64_t component = remaining & (~remaining + 1), frontier = component;
-      while (frontier) {
-        const int k = __builtin_ctzll(frontier);
-        frontier &= frontier - 1;
-        const std::uint64_t added = neighbours[k] & remaining & ~component;
-        component |= added;
-        frontier |= added;
+    // Components: each grown from the lowest token not yet taken, through bit sets (bits
+    // of padding tokens, beyond m, are never in `remaining`, so they are never taken).
+    thread_local std::vector<std::uint64_t> remaining, component, frontier;
+    remaining.assign(words, ~std::uint64_t{0});
+    if (m % 64) remaining[words - 1] = (std::uint64_t{1} << (m % 64)) - 1;
+    component.assign(words, 0);
+    frontier.assign(words, 0);
+    std::size_t components = 0, first_word = 0;
+    while (true) {
+      while (first_word < words && remaining[first_word] == 0) ++first_word;
+      if (first_word == words) break;
+      const std::uint64_t seed = remaining[first_word] & (~remaining[first_word] + 1);
+      std::fill(component.begin(), component.end(), 0);
+      component[first_word] = frontier[first_word] = seed;
+      std::size_t frontier_word = first_word;  // frontier is empty below this word
+      while (true) {
+        while (frontier_word < words && frontier[frontier_word] == 0) ++frontier_word;
+        if (frontier_word == words) break;
+        const std::size_t k = frontier_word * 64 + static_cast<std::size_t>(__builtin_ctzll(frontier[frontier_word]));
+        frontier[frontier_word] &= frontier[frontier_word] - 1;
+        const std::uint64_t* next = neighbours.data() + k * words;
+        for (std::size_t w = 0; w < words; ++w) {
+          const std::uint64_t added = next[w] & remaining[w] & ~component[w];
+          component[w] |= added;
+          frontier[w] |= added;
+          if (added && w < frontier_word) frontier_word = w;
+        }
       }
-      remaining &= ~component;
+      for (std::size_t w = 0; w < words; ++w) remaining[w] &= ~component[w];
       ++components;
     }
     stats.clusters = components;
@@ -194,10 +236,14 @@ PairStatistics lane_pair_pass(const double* x, std::size_t d, const std::vector<
   // Lanes over tokens: the moving tokens' coordinates as d rows of `stride` numbers.
   constexpr std::size_t kLanes = simd::kLanes;
   const std::size_t stride = (m + kLanes - 1) / kLanes * kLanes;
-  std::vector<double> rows(d * stride, 0.0);
+  // The calling thread's buffer (no allocation per replica and frame), by a reference that
+  // the parallel row pass below captures: a thread_local named there would be each worker's own.
+  thread_local std::vector<double> calling_thread_rows;
+  std::vector<double>& rows = calling_thread_rows;
+  rows.assign(d * stride, 0.0);
   for (std::size_t a = 0; a < m; ++a)
     for (std::size_t c = 0; c < d; ++c) rows[c * stride + a] = x[moving[a] * d + c];
-  if (m <= kSmallPairTokens) return small_pair_pass<kStats>(rows, d, m, stride, close_above, edge_above);
+  if (m <= kBitsetPairTokens) return bitset_pair_pass<kStats>(rows, d, m, stride, close_above, edge_above);
   ThreadForests forests(kStats ? m : 0);
   const auto count = static_cast<std::ptrdiff_t>(m);
   double lowest = 1.0;

@@ -25,6 +25,10 @@
 
 #include "kernels/compile_target.hpp"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 // Lanes are passed by value between inline functions only, never across a library boundary:
 // GCC's note that vector arguments pass differently under other ISAs does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -168,6 +172,25 @@ MFATTN_SIMD_INLINE Lanes select(LaneMask where, Lanes a, Lanes b) {
 }
 /// where ? a : 0, lane by lane.
 MFATTN_SIMD_INLINE Lanes select_or_zero(LaneMask where, Lanes a) { return select(where, a, Lanes{}); }
+
+/// Bit l set where lane l of the mask holds (a movemask: one instruction per register on
+/// x86, a loop over the lanes elsewhere).
+MFATTN_SIMD_INLINE unsigned mask_bits(LaneMask where) {
+  unsigned bits = 0;
+#if defined(MFATTN_CPU_ISA_AVX512)
+  bits = _mm512_movepi64_mask(reinterpret_cast<__m512i>(where.part[0]));
+#elif defined(MFATTN_CPU_ISA_AVX2) || defined(MFATTN_CPU_ISA_AVX)
+  MFATTN_SIMD_PARTS bits |= static_cast<unsigned>(_mm256_movemask_pd(reinterpret_cast<__m256d>(where.part[k_])))
+                            << (k_ * kRegisterLanes);
+#elif (defined(MFATTN_CPU_ISA_SSE42) || defined(MFATTN_CPU_ISA_SSE2)) && defined(__SSE2__)
+  MFATTN_SIMD_PARTS bits |= static_cast<unsigned>(_mm_movemask_pd(reinterpret_cast<__m128d>(where.part[k_])))
+                            << (k_ * kRegisterLanes);
+#else
+  for (std::size_t lane = 0; lane < kLanes; ++lane)
+    bits |= static_cast<unsigned>(where.part[lane / kRegisterLanes][lane % kRegisterLanes] != 0) << lane;
+#endif
+  return bits;
+}
 
 MFATTN_SIMD_INLINE Lanes max(Lanes a, Lanes b) { return select(a > b, a, b); }
 MFATTN_SIMD_INLINE Lanes min(Lanes a, Lanes b) { return select(a < b, a, b); }

@@ -158,6 +158,23 @@ PairStatistics pair_statistics(const double* x, std::size_t d, const std::vector
 
 std::vector<double> second_moment_eigenvalues(const double* rows, std::size_t m, std::size_t d) {
   if (m == 0) return std::vector<double>(d, kNaN);
+  if (d == 2) {
+    // [[a, b], [b, c]] in closed form: (a + c) / 2 -+ hypot((a - c) / 2, b), to an absolute
+    // error of a few ulp of the trace, as the iterative solver's (and no allocation per call:
+    // the reference code's ensembles are thousands of d = 2 systems per frame).
+    double a = 0.0, b = 0.0, c = 0.0;
+    for (std::size_t t = 0; t < m; ++t) {
+      const double* y = rows + t * 2;
+      a += y[0] * y[0];
+      b += y[0] * y[1];
+      c += y[1] * y[1];
+    }
+    a /= double(m);
+    b /= double(m);
+    c /= double(m);
+    const double mean = 0.5 * (a + c), radius = std::hypot(0.5 * (a - c), b);
+    return {mean + radius, mean - radius};
+  }
   // Summed token by token in a fixed order (the upper triangle, mirrored).
   Eigen::MatrixXd moment = Eigen::MatrixXd::Zero(static_cast<Eigen::Index>(d), static_cast<Eigen::Index>(d));
   for (std::size_t a = 0; a < m; ++a) {

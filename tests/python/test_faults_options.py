@@ -144,6 +144,8 @@ def test_an_option_twice_is_refused(mfattn_binary, tmp_path):
     (["--init", "clustered", "--init-spread", "1e308"], ["--init-spread", "1e+308"]),
     (["--kernel", "usa", "--beta", "800"], ["--beta 800", "--time-scale rescaled"]),
     (["--pos-scale", "1e308", "--geometry", "rope"], ["--pos-scale"]),
+    (["--flush-interval", "-1"], ["--flush-interval -1", "[0, 86400]"]),
+    (["--flush-interval", "1e6"], ["--flush-interval 1e+06", "[0, 86400]"]),
 ])
 def test_impossible_values_are_usage_errors(mfattn_binary, tmp_path, args, named):
     run_refused(mfattn_binary, tmp_path, args, named)

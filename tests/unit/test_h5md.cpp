@@ -528,6 +528,67 @@ TEST_F(H5md, UnflushedWriterKilledLeavesFlushedFramesReadable) {
   EXPECT_EQ(read_string(h5, "/run", "status"), "running");
 }
 
+// Frames are staged in memory until flush(): a writer killed after appending frames it has
+// not flushed leaves exactly the flushed ones (none of the staged rows, not a part of them),
+// and one flush writes every frame staged since the last.
+TEST_F(H5md, StagedFramesReachTheFileOnlyAtFlush) {
+  const std::size_t frame_size = 2 * 3 * 2;
+  auto killed_after = [&](const std::string& name, bool flush_the_rest) {
+    const std::string path = file(name);
+    const pid_t child = fork();
+    if (child == 0) {
+      try {
+        auto writer = H5mdWriter::create(setup_for(path, 2));
+        for (std::size_t f = 0; f < 5; ++f) {
+          writer->append_frame(static_cast<std::int64_t>(f), 0.5 * static_cast<double>(f),
+                               positions_for(f, frame_size).data(), observables_for(f, 2));
+          if (f == 1) writer->flush();  // frames 0 and 1
+        }
+        if (flush_the_rest) writer->flush();
+        raise(SIGKILL);
+      } catch (...) {
+      }
+      _exit(3);
+    }
+    int status = 0;
+    EXPECT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "child failed before the kill";
+    return path;
+  };
+  for (const bool flush_the_rest : {false, true}) {
+    const std::string path = killed_after(flush_the_rest ? "flushed.h5" : "staged.h5", flush_the_rest);
+    const std::size_t frames = flush_the_rest ? 5 : 2;
+    Id h5(open_read_only(path));
+    ASSERT_GE(h5, 0);
+    for (const char* dataset : {"/particles/tokens/position/value", "/particles/tokens_r1/position/value",
+                                "/particles/tokens/position/step", "/observables/energy/value",
+                                "/observables/moment_eigenvalues/value", "/run/step_size"})
+      EXPECT_EQ(dims_of(h5, dataset).front(), frames) << dataset;
+    const auto replica1 = read_all<double>(h5, "/particles/tokens_r1/position/value", H5T_NATIVE_DOUBLE);
+    const auto energy = read_all<double>(h5, "/observables/energy/value", H5T_NATIVE_DOUBLE);
+    for (std::size_t f = 0; f < frames; ++f) {
+      const auto x = positions_for(f, frame_size);
+      for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(replica1[f * 6 + i], x[6 + i]);
+      for (std::size_t i = 0; i < 2; ++i) EXPECT_EQ(energy[f * 2 + i], observables_for(f, 2)[0][i]);
+    }
+  }
+}
+
+// A writer destroyed with frames still staged (a caller that never flushed them) writes them
+// as it closes, as a stream does.
+TEST_F(H5md, DestroyedWriterFlushesItsStagedFrames) {
+  const std::string path = file("closed.h5");
+  const std::size_t frame_size = 2 * 3 * 2;
+  {
+    auto writer = H5mdWriter::create(setup_for(path, 2));
+    for (std::size_t f = 0; f < 3; ++f)
+      writer->append_frame(static_cast<std::int64_t>(f), 0.5 * static_cast<double>(f),
+                           positions_for(f, frame_size).data(), observables_for(f, 2));
+    EXPECT_GT(writer->staged_bytes(), 0u);
+  }
+  EXPECT_EQ(mfattn::read_last_frame(path).step, 2);
+}
+
 // --save-positions ends: a frame's checkpoint slot counts only once flush() has marked it.
 // A writer killed after appending a frame but before flushing it leaves the previous slot
 // as the latest complete one; --resume continues from it and rewrites the frame after it.

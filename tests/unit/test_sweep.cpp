@@ -202,7 +202,8 @@ TEST(Sweep, OptionRolesDecideCaseIdsAndResume) {
     if (option_role(name) == OptionRole::Execution) execution.insert(name);
   }
   EXPECT_EQ(extent, (std::set<std::string>{"horizon", "save-every"}));
-  EXPECT_EQ(execution, (std::set<std::string>{"threads", "out", "config", "quiet", "overwrite", "resume"}));
+  EXPECT_EQ(execution, (std::set<std::string>{"threads", "out", "config", "quiet", "overwrite", "resume",
+                                             "flush-interval"}));
   auto id_of = [](const std::string& horizon, const std::string& save_every,
                   std::vector<std::string> extra) {
     std::vector<std::string> args = {"--n", "8", "--horizon", horizon, "--save-every", save_every};

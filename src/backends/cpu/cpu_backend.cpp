@@ -147,12 +147,15 @@ class CpuBackend final : public Backend {
 
   /// The small-system loop, called by every thread of a team: whole replicas per thread
   /// (each one's numbers fit L1), no tiles, and lanes over eight receivers at a time, so that
-  /// nothing is reduced across lanes. For receivers I (one lane vector) two passes over the
-  /// sources j in order: the logits t_Ij = (beta <Q x_i, K x_j> + log p_j) log2(e) and their
-  /// exact maximum M_I per lane, then S_I = sum_j 2^(t_Ij - M_I) and A_I = sum_j
-  /// 2^(t_Ij - M_I) x_j, one term per source in order; detail::finish_receiver applies V and
-  /// the normaliser. The bits depend neither on the thread count nor on which receivers share
-  /// a vector, and null tokens appended add exact +0s at the end of every sum (2^-inf = +0).
+  /// nothing is reduced across lanes. For receivers I (one lane vector) one pass over the
+  /// sources j in order: t_Ij = (beta <Q x_i, K x_j> + log p_j) log2(e) - B_I with the
+  /// Cauchy-Schwarz offset B_I (as the one-sided loop's, in base 2), S_I = sum_j 2^t_Ij and
+  /// A_I = sum_j 2^t_Ij x_j, one term per source in order. A vector with a receiver whose
+  /// S_i < 1e-250 (the bound loose by more than ~830 in base 2: general Q, K) is taken again
+  /// with the exact maximum per lane (exact_vector). finish_lanes applies V and the
+  /// normaliser in lanes. The bits depend neither on the thread count nor on which receivers
+  /// share a vector, and null tokens appended add exact +0s at the end of every sum (2^-inf =
+  /// +0) and are left out of B_I.
   void small_systems(std::size_t replicas, const double* x, const FieldOutputs& out,
                      std::string& failure) const {
 #pragma omp for schedule(static)
@@ -170,75 +173,217 @@ class CpuBackend final : public Backend {
     }
   }
 
+  /// One replica's operands for the small-system loop: keys as rows (kDim per source),
+  /// queries (scaled by beta log2(e)) and coordinates transposed (kDim rows of `padded`
+  /// receivers), biases log2(e) log p_j, and the largest key norm and bias of the sources
+  /// that weigh.
+  template <std::size_t kDim>
+  struct SmallOperands {
+    std::size_t n = 0, padded = 0;
+    const double* keys = nullptr;
+    const double* queries = nullptr;
+    const double* coordinates = nullptr;
+    const double* bias = nullptr;
+    double largest_key = 0.0, bias_bound = 0.0;
+  };
+
+  /// The shifted sums of one receiver vector with the exact maximum of every lane's logits
+  /// (two passes: the logits and their maximum M_I, then S_I = sum_j 2^(t_Ij - M_I) and
+  /// A_I): for the vectors whose Cauchy-Schwarz offset is too loose. log2_max: M_I (-inf for
+  /// a lane that sees no source).
+  template <std::size_t kDim>
+  static void exact_vector(const SmallOperands<kDim>& o, std::size_t v, const double* x, Lanes& sum,
+                           Lanes (&acc)[kDim], Lanes& log2_max) {
+    constexpr std::size_t d = kDim;
+    thread_local AlignedDoubles logits;
+    logits.resize(o.n * kLanes);
+    Lanes q[d];
+    for (std::size_t c = 0; c < d; ++c) q[c] = simd::load(o.queries + c * o.padded + v * kLanes);
+    Lanes largest = simd::broadcast(kNegInf);
+    for (std::size_t j = 0; j < o.n; ++j) {
+      const double* k = o.keys + j * d;
+      Lanes logit = q[0] * k[0] + o.bias[j];
+      for (std::size_t c = 1; c < d; ++c) logit += q[c] * k[c];
+      simd::store(logits.data() + j * kLanes, logit);
+      largest = simd::max(largest, logit);
+    }
+    // A lane that sees no source (padding) subtracts 0 instead of -inf: its sums are zeros.
+    const Lanes shift = simd::select(largest > kNegInf, largest, Lanes{});
+    sum = Lanes{};
+    for (std::size_t c = 0; c < d; ++c) acc[c] = Lanes{};
+    auto add = [&](const Lanes& w, std::size_t j) {
+      sum += w;
+      const double* z = x + j * d;
+      for (std::size_t c = 0; c < d; ++c) acc[c] += w * z[c];
+    };
+    std::size_t j = 0;
+    for (; j + 4 <= o.n; j += 4) {
+      Lanes t[4], w[4];
+      for (std::size_t g = 0; g < 4; ++g) t[g] = simd::load(logits.data() + (j + g) * kLanes) - shift;
+      simd::exp2_nonpositive<4>(t, w);
+      for (std::size_t g = 0; g < 4; ++g) add(w[g], j + g);
+    }
+    for (; j < o.n; ++j) {
+      Lanes t[1] = {simd::load(logits.data() + j * kLanes) - shift}, w[1];
+      simd::exp2_nonpositive<1>(t, w);
+      add(w[0], j);
+    }
+    log2_max = largest;
+  }
+
   template <std::size_t kDim>
   void small_replica(std::size_t r, const double* x_all, const FieldOutputs& out) const {
     // d as a constant (small_systems dispatches d = 2, 3, 4), so every loop over it unrolls.
-    constexpr std::size_t d = kDim, kMaxDim = kDim;
+    constexpr std::size_t d = kDim;
     const std::size_t n = model_.n, vectors = (n + kLanes - 1) / kLanes;
     const std::size_t padded = vectors * kLanes;
     const double* x = x_all + r * n * d;
     const AttentionMatrices& matrices = model_.matrices_of(r);
-    // Keys as rows (kMaxDim per source), queries transposed (d rows of padded receivers,
-    // scaled by beta log2(e)), biases log2(e) log p_j; the logits of one receiver vector.
-    thread_local AlignedDoubles keys, queries, bias, logits;
-    keys.resize(n * kMaxDim);
-    queries.assign(kMaxDim * padded, 0.0);
+    thread_local AlignedDoubles keys, queries, coordinates, bias;
+    keys.resize(n * d);
+    queries.assign(d * padded, 0.0);
+    coordinates.assign(d * padded, 0.0);
     bias.resize(n);
-    logits.resize(n * kLanes);
     Scratch scratch;
     double* work = scratch.rows(d);
+    // M y as kernels::gauged_product forms it (no gauge here), straight into the operands: a
+    // scratch row written and read back per token stalled on store forwarding.
+    auto product = [](const Matrix& m, bool identity, const double* y, std::size_t a) {
+      if (identity) return y[a];
+      double total = 0.0;
+      for (std::size_t b = 0; b < d; ++b) total += m(a, b) * y[b];
+      return total;
+    };
+    double largest_key2 = 0.0, largest_bias = kNegInf;
     for (std::size_t j = 0; j < n; ++j) {
       const double* xj = x + j * d;
-      const double* key = kernels::gauged_product(model_, matrices.k, matrices.k_identity, j, xj, work + d, work);
-      std::copy(key, key + d, keys.data() + j * kMaxDim);
-      const double* query = kernels::gauged_product(model_, matrices.q, matrices.q_identity, j, xj, work + d, work);
-      for (std::size_t c = 0; c < d; ++c) queries[c * padded + j] = model_.beta * query[c] * kLog2e;
-      bias[j] = token_bias_[j] * kLog2e;
-    }
-    for (std::size_t v = 0; v < vectors; ++v) {
-      Lanes q[kMaxDim];
-      for (std::size_t c = 0; c < d; ++c) q[c] = simd::load(queries.data() + c * padded + v * kLanes);
-      Lanes largest = simd::broadcast(kNegInf);
-      for (std::size_t j = 0; j < n; ++j) {
-        const double* k = keys.data() + j * kMaxDim;
-        Lanes logit = q[0] * k[0] + bias[j];
-        for (std::size_t c = 1; c < d; ++c) logit += q[c] * k[c];
-        simd::store(logits.data() + j * kLanes, logit);
-        largest = simd::max(largest, logit);
+      double* key = keys.data() + j * d;
+      for (std::size_t c = 0; c < d; ++c) {
+        key[c] = product(matrices.k, matrices.k_identity, xj, c);
+        queries[c * padded + j] = model_.beta * product(matrices.q, matrices.q_identity, xj, c) * kLog2e;
+        coordinates[c * padded + j] = xj[c];
       }
-      // A lane that sees no source (padding) subtracts 0 instead of -inf: its sums are zeros.
-      const Lanes shift = simd::select(largest > kNegInf, largest, Lanes{});
-      Lanes sum{}, acc[kMaxDim] = {};
+      bias[j] = token_bias_[j] * kLog2e;
+      if (token_bias_[j] > kNegInf) {
+        double key2 = 0.0;
+        for (std::size_t c = 0; c < d; ++c) key2 += key[c] * key[c];
+        largest_key2 = std::max(largest_key2, key2);
+        largest_bias = std::max(largest_bias, bias[j]);
+      }
+    }
+    const SmallOperands<kDim> o{n, padded, keys.data(), queries.data(), coordinates.data(), bias.data(),
+                                std::sqrt(largest_key2), std::max(0.0, largest_bias)};
+    for (std::size_t v = 0; v < vectors; ++v) {
+      Lanes q[d];
+      for (std::size_t c = 0; c < d; ++c) q[c] = simd::load(queries.data() + c * padded + v * kLanes);
+      Lanes query2 = q[0] * q[0];
+      for (std::size_t c = 1; c < d; ++c) query2 += q[c] * q[c];
+      // B_I >= t_Ij for every source: 2^(t - B) in [0, 1] (up to the rounding of t).
+      const Lanes offset = simd::sqrt(query2) * o.largest_key + o.bias_bound;
+      Lanes sum{}, acc[d] = {};
       auto add = [&](const Lanes& w, std::size_t j) {
         sum += w;
         const double* z = x + j * d;
         for (std::size_t c = 0; c < d; ++c) acc[c] += w * z[c];
       };
-      std::size_t j = 0;
+      auto exponent = [&](std::size_t j) {
+        const double* k = keys.data() + j * d;
+        Lanes logit = q[0] * k[0] + bias[j];
+        for (std::size_t c = 1; c < d; ++c) logit += q[c] * k[c];
+        return logit - offset;
+      };
       // Four sources' exps in lockstep, then one at a time; the terms enter in order.
+      std::size_t j = 0;
       for (; j + 4 <= n; j += 4) {
         Lanes t[4], w[4];
-        for (std::size_t g = 0; g < 4; ++g) t[g] = simd::load(logits.data() + (j + g) * kLanes) - shift;
+        for (std::size_t g = 0; g < 4; ++g) t[g] = exponent(j + g);
         simd::exp2_nonpositive<4>(t, w);
         for (std::size_t g = 0; g < 4; ++g) add(w[g], j + g);
       }
       for (; j < n; ++j) {
-        Lanes t[1] = {simd::load(logits.data() + j * kLanes) - shift}, w[1];
+        Lanes t[1] = {exponent(j)}, w[1];
         simd::exp2_nonpositive<1>(t, w);
         add(w[0], j);
       }
-      for (std::size_t lane = 0; lane < kLanes && v * kLanes + lane < n; ++lane) {
-        const std::size_t i = v * kLanes + lane;
-        double sums[kMaxDim];
-        for (std::size_t c = 0; c < d; ++c) sums[c] = acc[c][lane];
-        const double log2_max = largest[lane];
-        double* velocity = out.velocity + (r * n + i) * d;
-        double* output = out.attention_output ? out.attention_output + (r * n + i) * d : nullptr;
-        const double weight_sum = detail::finish_receiver(
-            model_, matrices, mass_, i, x + i * d, log2_max > kNegInf ? log2_max * kLn2 : kNegInf,
-            sum[lane], sums, {velocity, output, out.weight_sums != nullptr}, work);
-        if (out.weight_sums) out.weight_sums[r * n + i] = weight_sum;
+      const std::size_t count = std::min(kLanes, n - v * kLanes);
+      Lanes log2_max = offset;
+      bool loose = false;
+      for (std::size_t lane = 0; lane < count; ++lane) loose = loose || !(sum[lane] >= 1e-250);
+      if (loose) exact_vector<kDim>(o, v, x, sum, acc, log2_max);
+      finish_lanes<kDim>(r, v, count, matrices, o, x, log2_max, sum, acc, out, work);
+    }
+  }
+
+  /// detail::finish_receiver for the `count` receivers of lane vector v, in lanes (the same
+  /// formulas; the kernel's instruction set may fuse multiply-adds that the scalar one
+  /// rounds twice). A lane that finish_receiver treats apart (no visible source, p_i = 0, a
+  /// scale or USA output that is not finite) is finished by it instead: which lanes those
+  /// are depends on each lane's own numbers only, so a receiver's bits do not depend on the
+  /// receivers that share its vector (null tokens appended change none).
+  template <std::size_t kDim>
+  void finish_lanes(std::size_t r, std::size_t v, std::size_t count, const AttentionMatrices& matrices,
+                    const SmallOperands<kDim>& o, const double* x, const Lanes& log2_max,
+                    const Lanes& sum, const Lanes (&acc)[kDim], const FieldOutputs& out,
+                    double* work) const {
+    constexpr std::size_t d = kDim;
+    const std::size_t n = model_.n, first = v * kLanes;
+    const bool usa = model_.normalization == Normalization::Usa;
+    const bool needs_scale = out.weight_sums != nullptr || usa || model_.eps_den > 0.0;
+    Lanes log_max{}, scale = simd::broadcast(1.0), presence{};
+    for (std::size_t lane = 0; lane < count; ++lane) {
+      const double m = log2_max[lane] > kNegInf ? log2_max[lane] * kLn2 : kNegInf;
+      log_max.set(lane, m);
+      if (needs_scale && m > kNegInf) scale.set(lane, detail::receiver_scale(model_, m));
+      presence.set(lane, model_.presence[first + lane]);
+    }
+    Lanes u_pre[d];
+    if (usa) {
+      Lanes factor;
+      for (std::size_t lane = 0; lane < kLanes; ++lane) factor.set(lane, scale[lane] / mass_);
+      for (std::size_t c = 0; c < d; ++c) u_pre[c] = factor * acc[c];
+    } else {
+      Lanes denominator = sum;
+      if (model_.eps_den > 0.0)
+        for (std::size_t lane = 0; lane < kLanes; ++lane)
+          denominator.set(lane, sum[lane] + model_.eps_den / scale[lane]);
+      for (std::size_t c = 0; c < d; ++c)
+        for (std::size_t lane = 0; lane < kLanes; ++lane) u_pre[c].set(lane, acc[c][lane] / denominator[lane]);
+    }
+    // u = V u_pre (no gauge in this loop), then v_i = p_i (u - <x_i, u> x_i).
+    Lanes u[d];
+    if (matrices.v_identity) {
+      for (std::size_t c = 0; c < d; ++c) u[c] = u_pre[c];
+    } else {
+      for (std::size_t row = 0; row < d; ++row) {
+        Lanes total{};
+        for (std::size_t c = 0; c < d; ++c) total += matrices.v(row, c) * u_pre[c];
+        u[row] = total;
       }
+    }
+    Lanes xi[d];
+    for (std::size_t c = 0; c < d; ++c) xi[c] = simd::load(o.coordinates + c * o.padded + first);
+    Lanes radial{};
+    for (std::size_t c = 0; c < d; ++c) radial += xi[c] * u[c];
+    for (std::size_t lane = 0; lane < count; ++lane) {
+      const std::size_t i = first + lane;
+      double* velocity = out.velocity + (r * n + i) * d;
+      double* output = out.attention_output ? out.attention_output + (r * n + i) * d : nullptr;
+      bool apart = log_max[lane] == kNegInf || presence[lane] == 0.0 || !std::isfinite(scale[lane]);
+      if (usa)
+        for (std::size_t c = 0; c < d; ++c) apart = apart || !std::isfinite(u_pre[c][lane]);
+      if (apart) {
+        double sums[kDim];
+        for (std::size_t c = 0; c < d; ++c) sums[c] = acc[c][lane];
+        const double weight_sum = detail::finish_receiver(
+            model_, matrices, mass_, i, x + i * d, log_max[lane], sum[lane], sums,
+            {velocity, output, out.weight_sums != nullptr}, work);
+        if (out.weight_sums) out.weight_sums[r * n + i] = weight_sum;
+        continue;
+      }
+      for (std::size_t c = 0; c < d; ++c) velocity[c] = presence[lane] * (u[c][lane] - radial[lane] * xi[c][lane]);
+      if (output)
+        for (std::size_t c = 0; c < d; ++c) output[c] = presence[lane] * u[c][lane];
+      if (out.weight_sums) out.weight_sums[r * n + i] = scale[lane] * sum[lane];
     }
   }
 
