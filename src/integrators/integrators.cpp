@@ -58,6 +58,11 @@ void Dynamics::attention_output(const double* x, double* output) {
   std::copy(cached_output_.begin(), cached_output_.end(), output);
 }
 
+const double* Dynamics::attention_output(const double* x) {
+  evaluate(x, true, false);
+  return cached_output_.data();
+}
+
 namespace {
 
 double dot(const double* a, const double* b, std::size_t d) {
@@ -297,21 +302,18 @@ class EulerUnprojected final : public Integrator {
   std::string name() const override { return "euler-unprojected"; }
   int order() const override { return 1; }
   StepOutcome step(Dynamics& dynamics, State& state, double h) override {
-    output_.resize(state.size());
-    dynamics.attention_output(state.x.data(), output_.data());
+    // The evaluation's own outputs (no copy): normalize_tokens evaluates nothing.
+    const double* output = dynamics.attention_output(state.x.data());
     // Only moving tokens are touched, so a token with p_i = 0 keeps its bits (even a -0.0).
     const std::size_t d = state.d;
     for_each_moving_token(dynamics, [&](std::size_t, std::size_t, std::size_t offset) {
-      for (std::size_t c = 0; c < d; ++c) state.x[offset + c] += h * output_[offset + c];
+      for (std::size_t c = 0; c < d; ++c) state.x[offset + c] += h * output[offset + c];
     });
     normalize_tokens(dynamics, state.x.data());
     state.time += h;
     ++state.step;
     return {true, h};
   }
-
- private:
-  std::vector<double> output_;
 };
 
 class LieEuler final : public Integrator {

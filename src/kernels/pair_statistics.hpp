@@ -191,6 +191,24 @@ PairStatistics bitset_pair_pass(const std::vector<double>& rows, std::size_t d, 
     for (std::size_t l = 0; l < kLanes; ++l) stats.close_pairs += static_cast<std::int64_t>(close[l]);
     // Components: each grown from the lowest token not yet taken, through bit sets (bits
     // of padding tokens, beyond m, are never in `remaining`, so they are never taken).
+    if (words == 1) {  // m <= 64: every set in a register
+      std::uint64_t remaining = m == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << m) - 1;
+      std::size_t components = 0;
+      while (remaining) {
+        std::uint64_t component = remaining & (~remaining + 1), frontier = component;
+        while (frontier) {
+          const int k = __builtin_ctzll(frontier);
+          frontier &= frontier - 1;
+          const std::uint64_t added = neighbours[static_cast<std::size_t>(k)] & remaining & ~component;
+          component |= added;
+          frontier |= added;
+        }
+        remaining &= ~component;
+        ++components;
+      }
+      stats.clusters = components;
+      return stats;
+    }
     thread_local std::vector<std::uint64_t> remaining, component, frontier;
     remaining.assign(words, ~std::uint64_t{0});
     if (m % 64) remaining[words - 1] = (std::uint64_t{1} << (m % 64)) - 1;

@@ -330,10 +330,24 @@ class CpuBackend final : public Backend {
     const bool usa = model_.normalization == Normalization::Usa;
     const bool needs_scale = out.weight_sums != nullptr || usa || model_.eps_den > 0.0;
     Lanes log_max{}, scale = simd::broadcast(1.0), presence{};
+    // The scales exp(log_max - shift) as 2^(M_I - shift log2(e)), eight at once (the
+    // exponential is good for exponents in [-1022, 1023]; std::exp takes the others).
+    Lanes power{};
+    if (needs_scale) {
+      const double shift = model_.exponent_shift() * kLog2e;
+      Lanes exponent[1] = {}, powers[1];
+      for (std::size_t lane = 0; lane < count; ++lane)
+        if (log2_max[lane] > kNegInf) exponent[0].set(lane, log2_max[lane] - shift);
+      simd::exp2_nonpositive<1>(exponent, powers);
+      power = powers[0];
+      for (std::size_t lane = 0; lane < count; ++lane)
+        if (!(std::fabs(exponent[0][lane]) <= 1000.0)) power.set(lane, kNegInf);  // out of range
+    }
     for (std::size_t lane = 0; lane < count; ++lane) {
       const double m = log2_max[lane] > kNegInf ? log2_max[lane] * kLn2 : kNegInf;
       log_max.set(lane, m);
-      if (needs_scale && m > kNegInf) scale.set(lane, detail::receiver_scale(model_, m));
+      if (needs_scale && m > kNegInf)
+        scale.set(lane, power[lane] >= 0.0 ? power[lane] : detail::receiver_scale(model_, m));
       presence.set(lane, model_.presence[first + lane]);
     }
     Lanes u_pre[d];
