@@ -858,7 +858,10 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
   // once (it publishes the file), then whenever the interval has passed since the last
   // flush or the staged frames reach kMaxStagedBytes, and before each plain progress line;
   // the end of the run flushes the rest.
-  constexpr std::size_t kMaxStagedBytes = std::size_t{64} << 20;
+  // 8 MiB: the staging buffers are reused from one batch to the next (a run with many
+  // frames does not fault in and copy ever larger ones), and a batch stays small beside the
+  // memory of the model.
+  constexpr std::size_t kMaxStagedBytes = std::size_t{8} << 20;
   double last_flush_seconds = 0.0;
   auto flush_due = [&](std::size_t frame) {
     return frame == 0 || elapsed() - last_flush_seconds >= cfg.flush_interval ||

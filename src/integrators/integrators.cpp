@@ -432,12 +432,26 @@ class EulerMaruyama final : public Integrator {
 
 }  // namespace
 
-void normalize_tokens(const Dynamics& dynamics, double* x) {
-  const std::size_t d = dynamics.model().d;
+namespace {
+
+/// x_i / |x_i| for every moving token, d fixed (2, 3: the loops unroll) or not (0).
+template <std::size_t kDim>
+void normalize_moving_tokens(const Dynamics& dynamics, double* x) {
+  const std::size_t d = kDim ? kDim : dynamics.model().d;
   for_each_moving_token(dynamics, [&](std::size_t, std::size_t, std::size_t o) {
     const double norm = std::sqrt(dot(x + o, x + o, d));
     for (std::size_t c = 0; c < d; ++c) x[o + c] /= norm;
   });
+}
+
+}  // namespace
+
+void normalize_tokens(const Dynamics& dynamics, double* x) {
+  switch (dynamics.model().d) {
+    case 2: return normalize_moving_tokens<2>(dynamics, x);
+    case 3: return normalize_moving_tokens<3>(dynamics, x);
+    default: return normalize_moving_tokens<0>(dynamics, x);
+  }
 }
 
 const std::vector<std::string>& integrator_names() {

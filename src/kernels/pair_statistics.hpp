@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -129,11 +130,13 @@ inline constexpr std::size_t kBitsetPairTokens = 1024;
 /// counts and the minimum are exact, and every inner product is the one the row pass forms
 /// (a product commutes), so the results equal the row pass's. rows: d rows of `stride`
 /// coordinates (zeros beyond m).
-template <bool kStats>
-PairStatistics bitset_pair_pass(const std::vector<double>& rows, std::size_t d, std::size_t m,
-                                std::size_t stride, double close_above, double edge_above) {
+template <bool kStats, std::size_t kDim>
+PairStatistics bitset_pair_pass(const std::vector<double>& rows, std::size_t m, std::size_t stride,
+                                double close_above, double edge_above) {
+  constexpr std::size_t d = kDim;  // a constant: the products unroll
   constexpr std::size_t kLanes = simd::kLanes;
   static_assert(kLanes == 8, "a lane vector's edges are one byte of a bit set");
+  static_assert(std::endian::native == std::endian::little, "byte v of a row is its bits 8v..8v+7");
   PairStatistics stats;
   stats.pairs = static_cast<std::int64_t>(m * (m - 1) / 2);
   const std::size_t vectors = stride / kLanes, words = (m + 63) / 64;
@@ -144,7 +147,7 @@ PairStatistics bitset_pair_pass(const std::vector<double>& rows, std::size_t d, 
   const simd::Lanes edge_bound = simd::broadcast(edge_above), close_bound = simd::broadcast(close_above);
   const simd::Lanes positive_infinity = simd::broadcast(std::numeric_limits<double>::infinity());
   const simd::Lanes one = simd::broadcast(1.0);
-  double partner[8];
+  double partner[kDim];
   for (std::size_t j = 0; j < m; ++j) {
     for (std::size_t c = 0; c < d; ++c) partner[c] = rows[c * stride + j];
     auto product = [&](std::size_t v) {
@@ -152,17 +155,15 @@ PairStatistics bitset_pair_pass(const std::vector<double>& rows, std::size_t d, 
       for (std::size_t c = 1; c < d; ++c) inner += simd::load(rows.data() + c * stride + v * kLanes) * partner[c];
       return inner;
     };
-    // Row j's bits gather in a register, a word (eight lane vectors) at a time.
-    [[maybe_unused]] std::uint64_t* row = kStats ? neighbours.data() + j * words : nullptr;
-    [[maybe_unused]] std::uint64_t word = 0;
+    // Row j's bits, a byte per lane vector (bit l of byte v: token 8 v + l), stored as they
+    // come: the words are little-endian, so byte v is bits 8 (v % 8) .. of word v / 8.
+    [[maybe_unused]] unsigned char* row = nullptr;
+    if constexpr (kStats) {
+      row = reinterpret_cast<unsigned char*>(neighbours.data() + j * words);
+      neighbours[j * words + words - 1] = 0;  // the bytes beyond the last vector stay 0
+    }
     auto edges = [&](std::size_t v, const simd::Lanes& inner) {
-      if constexpr (kStats) {
-        word |= std::uint64_t{simd::mask_bits(inner > edge_bound)} << (8 * (v % 8));
-        if (v % 8 == 7) {
-          row[v / 8] = word;
-          word = 0;
-        }
-      }
+      if constexpr (kStats) row[v] = static_cast<unsigned char>(simd::greater_bits(inner, edge_bound));
     };
     const std::size_t own = j / kLanes;
     for (std::size_t v = 0; v < own; ++v) {  // every lane i < j
@@ -179,10 +180,8 @@ PairStatistics bitset_pair_pass(const std::vector<double>& rows, std::size_t d, 
         close += simd::select_or_zero(pair, simd::select_or_zero(inner > close_bound, one));
       edges(own, inner);
     }
-    if constexpr (kStats) {
+    if constexpr (kStats)
       for (std::size_t v = own + 1; v < vectors; ++v) edges(v, product(v));
-      if (vectors % 8 != 0) row[words - 1] = word;  // the last, partial word
-    }
   }
   stats.min_inner = 1.0;
   for (std::size_t l = 0; l < kLanes; ++l) stats.min_inner = std::min(stats.min_inner, lowest[l]);
@@ -261,7 +260,18 @@ PairStatistics lane_pair_pass(const double* x, std::size_t d, const std::vector<
   rows.assign(d * stride, 0.0);
   for (std::size_t a = 0; a < m; ++a)
     for (std::size_t c = 0; c < d; ++c) rows[c * stride + a] = x[moving[a] * d + c];
-  if (m <= kBitsetPairTokens) return bitset_pair_pass<kStats>(rows, d, m, stride, close_above, edge_above);
+  if (m <= kBitsetPairTokens) {
+    switch (d) {
+      case 1: return bitset_pair_pass<kStats, 1>(rows, m, stride, close_above, edge_above);
+      case 2: return bitset_pair_pass<kStats, 2>(rows, m, stride, close_above, edge_above);
+      case 3: return bitset_pair_pass<kStats, 3>(rows, m, stride, close_above, edge_above);
+      case 4: return bitset_pair_pass<kStats, 4>(rows, m, stride, close_above, edge_above);
+      case 5: return bitset_pair_pass<kStats, 5>(rows, m, stride, close_above, edge_above);
+      case 6: return bitset_pair_pass<kStats, 6>(rows, m, stride, close_above, edge_above);
+      case 7: return bitset_pair_pass<kStats, 7>(rows, m, stride, close_above, edge_above);
+      default: return bitset_pair_pass<kStats, 8>(rows, m, stride, close_above, edge_above);
+    }
+  }
   ThreadForests forests(kStats ? m : 0);
   const auto count = static_cast<std::ptrdiff_t>(m);
   double lowest = 1.0;

@@ -192,6 +192,17 @@ MFATTN_SIMD_INLINE unsigned mask_bits(LaneMask where) {
   return bits;
 }
 
+/// mask_bits(a > b), the comparison straight into a bit mask where the ISA has one (an
+/// AVX-512 compare writes a mask register; the lane mask would be made and read back).
+MFATTN_SIMD_INLINE unsigned greater_bits(Lanes a, Lanes b) {
+#if defined(MFATTN_CPU_ISA_AVX512)
+  return _mm512_cmp_pd_mask(reinterpret_cast<__m512d>(a.part[0]), reinterpret_cast<__m512d>(b.part[0]),
+                            _CMP_GT_OQ);
+#else
+  return mask_bits(a > b);
+#endif
+}
+
 MFATTN_SIMD_INLINE Lanes max(Lanes a, Lanes b) { return select(a > b, a, b); }
 MFATTN_SIMD_INLINE Lanes min(Lanes a, Lanes b) { return select(a < b, a, b); }
 

@@ -156,6 +156,36 @@ PairStatistics pair_statistics(const double* x, std::size_t d, const std::vector
   return pair_pass<true>(x, d, tokens, settings);
 }
 
+namespace {
+
+/// The eigenvalues of C = (1/m) sum_a y_a y_a^T, descending, by Eigen's self-adjoint solver;
+/// kDim = d (fixed: no allocation, the same algorithm) or Eigen::Dynamic.
+template <int kDim>
+std::vector<double> moment_eigenvalues(const double* rows, std::size_t m, std::size_t d) {
+  using Moment = Eigen::Matrix<double, kDim, kDim>;
+  const auto size = static_cast<Eigen::Index>(d);
+  // Summed token by token in a fixed order (the upper triangle, mirrored).
+  Moment moment = Moment::Zero(size, size);
+  for (std::size_t a = 0; a < m; ++a) {
+    const double* y = rows + a * d;
+    for (std::size_t r = 0; r < d; ++r)
+      for (std::size_t c = r; c < d; ++c)
+        moment(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(c)) += y[r] * y[c];
+  }
+  for (std::size_t r = 0; r < d; ++r)
+    for (std::size_t c = r; c < d; ++c) {
+      const auto ri = static_cast<Eigen::Index>(r), ci = static_cast<Eigen::Index>(c);
+      moment(ri, ci) /= double(m);
+      moment(ci, ri) = moment(ri, ci);
+    }
+  const Eigen::SelfAdjointEigenSolver<Moment> solver(moment, Eigen::EigenvaluesOnly);
+  std::vector<double> eigenvalues(solver.eigenvalues().data(), solver.eigenvalues().data() + d);
+  std::reverse(eigenvalues.begin(), eigenvalues.end());  // Eigen gives them ascending
+  return eigenvalues;
+}
+
+}  // namespace
+
 std::vector<double> second_moment_eigenvalues(const double* rows, std::size_t m, std::size_t d) {
   if (m == 0) return std::vector<double>(d, kNaN);
   if (d == 2) {
@@ -175,24 +205,9 @@ std::vector<double> second_moment_eigenvalues(const double* rows, std::size_t m,
     const double mean = 0.5 * (a + c), radius = std::hypot(0.5 * (a - c), b);
     return {mean + radius, mean - radius};
   }
-  // Summed token by token in a fixed order (the upper triangle, mirrored).
-  Eigen::MatrixXd moment = Eigen::MatrixXd::Zero(static_cast<Eigen::Index>(d), static_cast<Eigen::Index>(d));
-  for (std::size_t a = 0; a < m; ++a) {
-    const double* y = rows + a * d;
-    for (std::size_t r = 0; r < d; ++r)
-      for (std::size_t c = r; c < d; ++c)
-        moment(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(c)) += y[r] * y[c];
-  }
-  for (std::size_t r = 0; r < d; ++r)
-    for (std::size_t c = r; c < d; ++c) {
-      const auto ri = static_cast<Eigen::Index>(r), ci = static_cast<Eigen::Index>(c);
-      moment(ri, ci) /= double(m);
-      moment(ci, ri) = moment(ri, ci);
-    }
-  const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> solver(moment, Eigen::EigenvaluesOnly);
-  std::vector<double> eigenvalues(solver.eigenvalues().data(), solver.eigenvalues().data() + d);
-  std::reverse(eigenvalues.begin(), eigenvalues.end());  // Eigen gives them ascending
-  return eigenvalues;
+  if (d == 3) return moment_eigenvalues<3>(rows, m, d);
+  if (d == 4) return moment_eigenvalues<4>(rows, m, d);
+  return moment_eigenvalues<Eigen::Dynamic>(rows, m, d);
 }
 
 double effective_rank(const std::vector<double>& eigenvalues) {
