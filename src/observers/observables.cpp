@@ -231,7 +231,10 @@ double min_inner_product(const Model& model, const double* x) {
 
 double mean_inner_product(const Model& model, const double* x) {
   const std::size_t n = model.n, d = model.d;
-  std::vector<double> total(d, 0.0);
+  // No allocation per replica and frame for the usual d (thousands of small systems).
+  double small[16] = {};
+  std::vector<double> large(d > 16 ? d : 0, 0.0);
+  double* total = d > 16 ? large.data() : small;
   std::size_t m = 0;
   double self = 0.0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -244,7 +247,7 @@ double mean_inner_product(const Model& model, const double* x) {
   }
   if (m < 2) return 1.0;
   double square = 0.0;
-  for (double t : total) square += t * t;
+  for (std::size_t c = 0; c < d; ++c) square += total[c] * total[c];
   return (square - self) / (double(m) * double(m - 1));
 }
 
@@ -266,7 +269,7 @@ std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const S
   const bool conditional = has_conditional_spread(model);
   const std::vector<std::size_t> moving = moving_tokens(model);
   const std::size_t m = moving.size();
-  std::vector<double> gathered(m * d);
+  std::vector<double> gathered(m * d), mean(d);
   for (std::size_t r = 0; r < R; ++r) {
     const double* x = state.replica(r);
     values[0][r] = energy_from_weight_sums(model, x, weight_sums.data() + r * n, r);
@@ -286,7 +289,7 @@ std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const S
     values[5][r] = double(pairs.clusters);
     for (std::size_t a = 0; a < m; ++a)
       std::copy(x + moving[a] * d, x + (moving[a] + 1) * d, gathered.begin() + static_cast<std::ptrdiff_t>(a * d));
-    std::vector<double> mean(d, 0.0);
+    std::fill(mean.begin(), mean.end(), 0.0);
     for (std::size_t a = 0; a < m; ++a)
       for (std::size_t c = 0; c < d; ++c) mean[c] += gathered[a * d + c];
     double norm2 = 0.0;

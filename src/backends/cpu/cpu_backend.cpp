@@ -254,7 +254,7 @@ class CpuBackend final : public Backend {
       for (std::size_t b = 0; b < d; ++b) total += m(a, b) * y[b];
       return total;
     };
-    double largest_key2 = 0.0, largest_bias = kNegInf;
+    double largest_key2 = 0.0, largest_bias = kNegInf, largest_query2 = 0.0;
     for (std::size_t j = 0; j < n; ++j) {
       const double* xj = x + j * d;
       double* key = keys.data() + j * d;
@@ -264,6 +264,9 @@ class CpuBackend final : public Backend {
         coordinates[c * padded + j] = xj[c];
       }
       bias[j] = token_bias_[j] * kLog2e;
+      double query2 = 0.0;
+      for (std::size_t c = 0; c < d; ++c) query2 += queries[c * padded + j] * queries[c * padded + j];
+      largest_query2 = std::max(largest_query2, query2);
       if (token_bias_[j] > kNegInf) {
         double key2 = 0.0;
         for (std::size_t c = 0; c < d; ++c) key2 += key[c] * key[c];
@@ -273,9 +276,28 @@ class CpuBackend final : public Backend {
     }
     const SmallOperands<kDim> o{n, padded, keys.data(), queries.data(), coordinates.data(), bias.data(),
                                 std::sqrt(largest_key2), std::max(0.0, largest_bias)};
+    // Every t_ij >= -|q_i| |k_j| - B_i >= -2 max_i B_i: with every source weighing (no
+    // -inf bias) and that bound above -1020, no exponent can underflow and the exp skips its
+    // select (the same bits).
+    const double largest_offset = std::sqrt(largest_query2) * o.largest_key + o.bias_bound;
+    if (all_present_ && 2.0 * largest_offset < 1020.0)
+      receiver_vectors<kDim, false>(r, o, x, matrices, out, work);
+    else
+      receiver_vectors<kDim, true>(r, o, x, matrices, out, work);
+  }
+
+  /// The receiver vectors of small_replica (kMayUnderflow: see simd::exp2_nonpositive).
+  template <std::size_t kDim, bool kMayUnderflow>
+  void receiver_vectors(std::size_t r, const SmallOperands<kDim>& o, const double* x,
+                        const AttentionMatrices& matrices, const FieldOutputs& out, double* work) const {
+    constexpr std::size_t d = kDim;
+    const std::size_t n = o.n, padded = o.padded, vectors = padded / kLanes;
+    const double* keys = o.keys;
+    const double* queries = o.queries;
+    const double* bias = o.bias;
     for (std::size_t v = 0; v < vectors; ++v) {
       Lanes q[d];
-      for (std::size_t c = 0; c < d; ++c) q[c] = simd::load(queries.data() + c * padded + v * kLanes);
+      for (std::size_t c = 0; c < d; ++c) q[c] = simd::load(queries + c * padded + v * kLanes);
       Lanes query2 = q[0] * q[0];
       for (std::size_t c = 1; c < d; ++c) query2 += q[c] * q[c];
       // B_I >= t_Ij for every source: 2^(t - B) in [0, 1] (up to the rounding of t).
@@ -287,7 +309,7 @@ class CpuBackend final : public Backend {
         for (std::size_t c = 0; c < d; ++c) acc[c] += w * z[c];
       };
       auto exponent = [&](std::size_t j) {
-        const double* k = keys.data() + j * d;
+        const double* k = keys + j * d;
         Lanes logit = q[0] * k[0] + bias[j];
         for (std::size_t c = 1; c < d; ++c) logit += q[c] * k[c];
         return logit - offset;
@@ -297,12 +319,12 @@ class CpuBackend final : public Backend {
       for (; j + 4 <= n; j += 4) {
         Lanes t[4], w[4];
         for (std::size_t g = 0; g < 4; ++g) t[g] = exponent(j + g);
-        simd::exp2_nonpositive<4>(t, w);
+        simd::exp2_nonpositive<4, kMayUnderflow>(t, w);
         for (std::size_t g = 0; g < 4; ++g) add(w[g], j + g);
       }
       for (; j < n; ++j) {
         Lanes t[1] = {exponent(j)}, w[1];
-        simd::exp2_nonpositive<1>(t, w);
+        simd::exp2_nonpositive<1, kMayUnderflow>(t, w);
         add(w[0], j);
       }
       const std::size_t count = std::min(kLanes, n - v * kLanes);
