@@ -372,18 +372,14 @@ class CpuBackend final : public Backend {
         scale.set(lane, power[lane] >= 0.0 ? power[lane] : detail::receiver_scale(model_, m));
       presence.set(lane, model_.presence[first + lane]);
     }
+    // Lane-wise +, *, / round as the scalar operations do.
     Lanes u_pre[d];
     if (usa) {
-      Lanes factor;
-      for (std::size_t lane = 0; lane < kLanes; ++lane) factor.set(lane, scale[lane] / mass_);
+      const Lanes factor = scale / mass_;
       for (std::size_t c = 0; c < d; ++c) u_pre[c] = factor * acc[c];
     } else {
-      Lanes denominator = sum;
-      if (model_.eps_den > 0.0)
-        for (std::size_t lane = 0; lane < kLanes; ++lane)
-          denominator.set(lane, sum[lane] + model_.eps_den / scale[lane]);
-      for (std::size_t c = 0; c < d; ++c)
-        for (std::size_t lane = 0; lane < kLanes; ++lane) u_pre[c].set(lane, acc[c][lane] / denominator[lane]);
+      const Lanes denominator = model_.eps_den > 0.0 ? sum + model_.eps_den / scale : sum;
+      for (std::size_t c = 0; c < d; ++c) u_pre[c] = acc[c] / denominator;
     }
     // u = V u_pre (no gauge in this loop), then v_i = p_i (u - <x_i, u> x_i).
     Lanes u[d];
@@ -398,8 +394,13 @@ class CpuBackend final : public Backend {
     }
     Lanes xi[d];
     for (std::size_t c = 0; c < d; ++c) xi[c] = simd::load(o.coordinates + c * o.padded + first);
-    Lanes radial{};
+    Lanes radial{}, moved[d], output_lanes[d];
     for (std::size_t c = 0; c < d; ++c) radial += xi[c] * u[c];
+    for (std::size_t c = 0; c < d; ++c) {
+      moved[c] = presence * (u[c] - radial * xi[c]);
+      output_lanes[c] = presence * u[c];
+    }
+    const Lanes weight_sums = scale * sum;
     for (std::size_t lane = 0; lane < count; ++lane) {
       const std::size_t i = first + lane;
       double* velocity = out.velocity + (r * n + i) * d;
@@ -416,10 +417,10 @@ class CpuBackend final : public Backend {
         if (out.weight_sums) out.weight_sums[r * n + i] = weight_sum;
         continue;
       }
-      for (std::size_t c = 0; c < d; ++c) velocity[c] = presence[lane] * (u[c][lane] - radial[lane] * xi[c][lane]);
+      for (std::size_t c = 0; c < d; ++c) velocity[c] = moved[c][lane];
       if (output)
-        for (std::size_t c = 0; c < d; ++c) output[c] = presence[lane] * u[c][lane];
-      if (out.weight_sums) out.weight_sums[r * n + i] = scale[lane] * sum[lane];
+        for (std::size_t c = 0; c < d; ++c) output[c] = output_lanes[c][lane];
+      if (out.weight_sums) out.weight_sums[r * n + i] = weight_sums[lane];
     }
   }
 
