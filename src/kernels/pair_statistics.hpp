@@ -122,7 +122,8 @@ class ThreadForests {
 inline constexpr std::size_t kBitsetPairTokens = 1024;
 
 /// The pair pass of a system of m <= kBitsetPairTokens tokens: the partners j one at a time
-/// (broadcast), lanes over eight tokens i, every ordered pair once. The cluster graph is a
+/// (broadcast), lanes over eight tokens i; the pairs i < j first, the rest of each row only
+/// where the lower triangle leaves more than one possible component (see `roots`). The cluster graph is a
 /// bit set per token (row j: every i with <x_i, x_j> > edge_above, j itself included), one
 /// byte per lane vector, and its components are grown from bit sets, each token taken once,
 /// so the graph costs no union-find per edge. The minimum and the close pairs take the
@@ -147,47 +148,87 @@ PairStatistics bitset_pair_pass(const std::vector<double>& rows, std::size_t m, 
   const simd::Lanes edge_bound = simd::broadcast(edge_above), close_bound = simd::broadcast(close_above);
   const simd::Lanes positive_infinity = simd::broadcast(std::numeric_limits<double>::infinity());
   const simd::Lanes one = simd::broadcast(1.0);
-  double partner[kDim];
-  for (std::size_t j = 0; j < m; ++j) {
+  // Row j's bits, a byte per lane vector (bit l of byte v: token 8 v + l), stored as they
+  // come: the words are little-endian, so byte v is bits 8 (v % 8) .. of word v / 8.
+  auto product_of = [&](const double (&partner)[kDim], std::size_t v) {
+    simd::Lanes inner = simd::load(rows.data() + v * kLanes) * partner[0];
+    for (std::size_t c = 1; c < d; ++c) inner += simd::load(rows.data() + c * stride + v * kLanes) * partner[c];
+    return inner;
+  };
+  auto partner_of = [&](std::size_t j, double (&partner)[kDim]) {
     for (std::size_t c = 0; c < d; ++c) partner[c] = rows[c * stride + j];
-    auto product = [&](std::size_t v) {
-      simd::Lanes inner = simd::load(rows.data() + v * kLanes) * partner[0];
-      for (std::size_t c = 1; c < d; ++c) inner += simd::load(rows.data() + c * stride + v * kLanes) * partner[c];
-      return inner;
-    };
-    // Row j's bits, a byte per lane vector (bit l of byte v: token 8 v + l), stored as they
-    // come: the words are little-endian, so byte v is bits 8 (v % 8) .. of word v / 8.
+  };
+  [[maybe_unused]] auto row_bytes = [&](std::size_t j) {
+    return reinterpret_cast<unsigned char*>(neighbours.data() + j * words);
+  };
+  // Tokens without an edge to an earlier token (the roots of the lower triangle): the graph
+  // has at most that many components, so one root (the collapsed state) means one
+  // component, and the later partners' bits (half the products) are never needed.
+  // Up to 64 tokens (one word a row) the rows are taken whole in one pass: the second
+  // pass's own loop cost more than the products it saves.
+  const bool deferred = words > 1;
+  std::size_t roots = 0;
+  for (std::size_t j = 0; j < m; ++j) {
+    double partner[kDim];
+    partner_of(j, partner);
+    const std::size_t own = j / kLanes;
     [[maybe_unused]] unsigned char* row = nullptr;
     if constexpr (kStats) {
-      row = reinterpret_cast<unsigned char*>(neighbours.data() + j * words);
-      neighbours[j * words + words - 1] = 0;  // the bytes beyond the last vector stay 0
+      row = row_bytes(j);
+      // The words of j's own vector and the last one start at 0: the bytes beyond own are
+      // written by the second pass (or never read), those beyond the last vector stay 0.
+      neighbours[j * words + own / 8] = 0;
+      neighbours[j * words + words - 1] = 0;
     }
     auto edges = [&](std::size_t v, const simd::Lanes& inner) {
       if constexpr (kStats) row[v] = static_cast<unsigned char>(simd::greater_bits(inner, edge_bound));
     };
-    const std::size_t own = j / kLanes;
     for (std::size_t v = 0; v < own; ++v) {  // every lane i < j
-      const simd::Lanes inner = product(v);
+      const simd::Lanes inner = product_of(partner, v);
       lowest = simd::min(lowest, inner);
       if constexpr (kStats) close += simd::select_or_zero(inner > close_bound, one);
       edges(v, inner);
     }
     {  // j's own vector: lanes i < j only (padding lanes are beyond m > j)
-      const simd::Lanes inner = product(own);
+      const simd::Lanes inner = product_of(partner, own);
       const simd::LaneMask pair = simd::broadcast(double(own * kLanes)) + lane_index < double(j);
       lowest = simd::min(lowest, simd::select(pair, inner, positive_infinity));
       if constexpr (kStats)
         close += simd::select_or_zero(pair, simd::select_or_zero(inner > close_bound, one));
       edges(own, inner);
     }
-    if constexpr (kStats)
-      for (std::size_t v = own + 1; v < vectors; ++v) edges(v, product(v));
+    if constexpr (kStats) {
+      if (deferred) {
+        const std::uint64_t* word = neighbours.data() + j * words;
+        bool earlier = (word[j / 64] & ((std::uint64_t{1} << (j % 64)) - 1)) != 0;
+        for (std::size_t w = 0; w < j / 64 && !earlier; ++w) earlier = word[w] != 0;
+        roots += !earlier;
+      } else {
+        for (std::size_t v = own + 1; v < vectors; ++v) edges(v, product_of(partner, v));
+      }
+    }
+  }
+  if constexpr (kStats) {
+    if (deferred && roots > 1) {
+      // The rest of every row: the partners after j's own vector.
+      for (std::size_t j = 0; j < m; ++j) {
+        double partner[kDim];
+        partner_of(j, partner);
+        unsigned char* row = row_bytes(j);
+        for (std::size_t v = j / kLanes + 1; v < vectors; ++v)
+          row[v] = static_cast<unsigned char>(simd::greater_bits(product_of(partner, v), edge_bound));
+      }
+    }
   }
   stats.min_inner = 1.0;
   for (std::size_t l = 0; l < kLanes; ++l) stats.min_inner = std::min(stats.min_inner, lowest[l]);
   stats.clusters = m;
   if constexpr (kStats) {
     for (std::size_t l = 0; l < kLanes; ++l) stats.close_pairs += static_cast<std::int64_t>(close[l]);
+    if (deferred && roots == 1) {
+      stats.clusters = 1;
+      return stats;
+    }
     // Components: each grown from the lowest token not yet taken, through bit sets (bits
     // of padding tokens, beyond m, are never in `remaining`, so they are never taken).
     if (words == 1) {  // m <= 64: every set in a register

@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include "mfattn/rng.hpp"
 #include "mfattn/series.hpp"
 
 #include <Eigen/Dense>
@@ -305,6 +306,69 @@ TEST(Observables, ConstructedClustersAreCountedExactly) {
       EXPECT_EQ(stats.clusters, 5u) << where;
       EXPECT_EQ(double(stats.close_pairs), close) << where;
       EXPECT_EQ(double(stats.pairs), pairs) << where;
+    }
+}
+
+// The pair pass's components (bit sets up to 1024 tokens, with its shortcut for a lower
+// triangle with one root) against a union-find over every pair, on states made to meet each
+// path: one tight cluster, a chain whose links are shuffled (a token's only neighbours may
+// come after it), a chain plus a far token, and loose random clusters.
+TEST(Observables, PairPassComponentsMatchAUnionFindOverEveryPair) {
+  const ObservableSettings settings{1e-3, 1e-3};
+  const double edge_above = 1.0 - settings.cluster_delta, close_above = 1.0 - settings.pair_delta;
+  RandomStream rng(2024, 1);
+  for (const std::size_t m : {3u, 33u, 64u, 65u, 130u, 257u, 1024u})
+    for (int kind = 0; kind < 4; ++kind) {
+      const std::size_t d = 3;
+      std::vector<double> x(m * d);
+      std::vector<std::size_t> order(m);
+      std::iota(order.begin(), order.end(), 0);
+      for (std::size_t a = m; a > 1; --a)
+        std::swap(order[a - 1], order[static_cast<std::size_t>(rng.next_u64() % a)]);
+      for (std::size_t a = 0; a < m; ++a) {
+        double angle = 0.0, lift = 0.0;
+        if (kind == 0) angle = 1e-3 * rng.uniform();                       // one cluster
+        if (kind == 1 || kind == 2) angle = 0.03 * double(order[a]);      // links 0.03 apart
+        if (kind == 2 && a == m / 2) lift = 1.0;                          // one token far off
+        if (kind == 3) angle = 0.5 * double(order[a] % 5) + 0.01 * rng.uniform();
+        const double c = std::cos(lift);
+        x[a * d] = c * std::cos(angle);
+        x[a * d + 1] = c * std::sin(angle);
+        x[a * d + 2] = std::sin(lift);
+      }
+      // Brute force: every pair, a union-find with path halving.
+      std::vector<std::size_t> parent(m);
+      std::iota(parent.begin(), parent.end(), 0);
+      auto find = [&](std::size_t a) {
+        while (parent[a] != a) a = parent[a] = parent[parent[a]];
+        return a;
+      };
+      std::size_t components = m;
+      std::int64_t close = 0;
+      for (std::size_t i = 0; i < m; ++i)
+        for (std::size_t j = i + 1; j < m; ++j) {
+          double inner = 0.0;
+          for (std::size_t k = 0; k < d; ++k) inner += x[i * d + k] * x[j * d + k];
+          close += inner > close_above;
+          if (inner > edge_above && find(i) != find(j)) {
+            parent[find(i)] = find(j);
+            --components;
+          }
+        }
+      std::vector<std::size_t> tokens(m);
+      std::iota(tokens.begin(), tokens.end(), 0);
+      const PairStatistics stats = pair_statistics(x.data(), d, tokens, settings);
+      const std::string where = "m " + std::to_string(m) + " kind " + std::to_string(kind);
+      EXPECT_EQ(stats.clusters, components) << where;
+      EXPECT_EQ(stats.close_pairs, close) << where;
+      // The chain's links hold (cos 0.03 > 1 - 1e-3), its next-but-one pairs do not; the
+      // lifted token takes its link out (two or three pieces).
+      if (kind <= 1) {
+        EXPECT_EQ(components, 1u) << where;
+      } else if (kind == 2) {
+        EXPECT_GE(components, 2u) << where;
+        EXPECT_LE(components, 3u) << where;
+      }
     }
 }
 
