@@ -76,7 +76,7 @@ def phase_workload(a, feats, random, notes, workdir):
     if backend == "torch" and not rp.torch_available():
         backend = "numpy"
         notes.append("python3-torch is not installed: the phase peer runs on NumPy")
-    peer_times, mf_times, repeats = [], [], []
+    peer_times, mf_times, repeats, peers, mfs = [], [], [], [], []
     for r in range(a.repeats):
         peer = rp.phase_diagram(betas, seed=r, backend=backend, threads=a.peer_threads,
                                 project=project, **common)
@@ -90,7 +90,18 @@ def phase_workload(a, feats, random, notes, workdir):
         # Each repeat is an independent pair of ensembles (other seeds on both sides): its
         # agreement is one more draw of the statistic.
         repeats.append(rp.agreement(peer.per_system, runs.diagram.per_system, mask=peer.unique))
+        peers.append(peer)
+        mfs.append(runs.diagram)
     res = repeats[0]
+    # The same statistic between two runs of one side (other seeds): what chance alone gives
+    # for these correlated cells, next to the cross comparisons above.
+    self_text, self_rows = "", []
+    if len(peers) > 1:
+        for side, first, second in (("peer", peers[0], peers[1]), ("mfattn", mfs[0], mfs[1])):
+            q = rp.agreement(first.per_system, second.per_system, mask=peers[0].unique)
+            self_rows.append({"side": side, "beyond_3se": q.beyond3, "max_abs_z": q.max_abs_z})
+        self_text = "; run against run of one side: " + ", ".join(
+            f"{r['side']} {r['beyond_3se']} beyond 3 SE (max |z| {r['max_abs_z']:.2f})" for r in self_rows)
     every = "; every repeat: " + ", ".join(f"{q.beyond3} beyond 3 SE (max |z| {q.max_abs_z:.2f})"
                                            for q in repeats) if len(repeats) > 1 else ""
     return {"workload": name, "peer": f"{backend} peer, {a.peer_threads} threads"
@@ -103,10 +114,11 @@ def phase_workload(a, feats, random, notes, workdir):
                           "permutation_3se": res.permutation3, "max_abs_z": res.max_abs_z,
                           "ok": all(q.ok for q in repeats),
                           "repeats": [{"beyond_3se": q.beyond3, "allowed_3se": q.allowed3,
-                                       "max_abs_z": q.max_abs_z, "ok": q.ok} for q in repeats]},
+                                       "max_abs_z": q.max_abs_z, "ok": q.ok} for q in repeats],
+                          "same_side": self_rows},
             "agreement_text": f"{res.beyond3}/{res.cells} cells beyond 3 SE (chance allows "
                               f"{res.allowed3}; binomial {res.binomial3}), max abs z "
-                              f"{res.max_abs_z:.2f}" + every
+                              f"{res.max_abs_z:.2f}" + every + self_text
                               + ("" if all(q.ok for q in repeats) else " DISAGREE")}
 
 
