@@ -133,8 +133,9 @@ inline constexpr std::size_t kBitsetPairTokens = 1024;
 /// coordinates (zeros beyond m).
 template <bool kStats, std::size_t kDim>
 PairStatistics bitset_pair_pass(const std::vector<double>& rows, std::size_t m, std::size_t stride,
-                                double close_above, double edge_above) {
-  constexpr std::size_t d = kDim;  // a constant: the products unroll
+                                double close_above, double edge_above, std::size_t dim = kDim) {
+  // kDim 2, 3, 4: a constant, the products unroll; kDim 8 takes any d <= 8 at run time.
+  const std::size_t d = kDim == 8 ? dim : kDim;
   constexpr std::size_t kLanes = simd::kLanes;
   static_assert(kLanes == 8, "a lane vector's edges are one byte of a bit set");
   static_assert(std::endian::native == std::endian::little, "byte v of a row is its bits 8v..8v+7");
@@ -302,15 +303,12 @@ PairStatistics lane_pair_pass(const double* x, std::size_t d, const std::vector<
   for (std::size_t a = 0; a < m; ++a)
     for (std::size_t c = 0; c < d; ++c) rows[c * stride + a] = x[moving[a] * d + c];
   if (m <= kBitsetPairTokens) {
+    // The usual dimensions as constants, the others at run time (fewer copies to compile).
     switch (d) {
-      case 1: return bitset_pair_pass<kStats, 1>(rows, m, stride, close_above, edge_above);
       case 2: return bitset_pair_pass<kStats, 2>(rows, m, stride, close_above, edge_above);
       case 3: return bitset_pair_pass<kStats, 3>(rows, m, stride, close_above, edge_above);
       case 4: return bitset_pair_pass<kStats, 4>(rows, m, stride, close_above, edge_above);
-      case 5: return bitset_pair_pass<kStats, 5>(rows, m, stride, close_above, edge_above);
-      case 6: return bitset_pair_pass<kStats, 6>(rows, m, stride, close_above, edge_above);
-      case 7: return bitset_pair_pass<kStats, 7>(rows, m, stride, close_above, edge_above);
-      default: return bitset_pair_pass<kStats, 8>(rows, m, stride, close_above, edge_above);
+      default: return bitset_pair_pass<kStats, 8>(rows, m, stride, close_above, edge_above, d);
     }
   }
   ThreadForests forests(kStats ? m : 0);
