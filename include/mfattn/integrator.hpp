@@ -35,10 +35,8 @@ class Dynamics {
   Dynamics(const Model& model, Backend& backend, std::size_t replicas);
   /// v = f(x) and, if asked, the weight sums D_i. Repeating the last x costs a copy.
   void velocity(const double* x, double* v, double* weight_sums = nullptr);
-  /// The attention outputs p_i u_i before the tangent projection (euler-unprojected).
-  void attention_output(const double* x, double* output);
-  /// The same, without the copy: the remembered outputs (R n d numbers), valid until the
-  /// next evaluation.
+  /// The attention outputs p_i u_i before the tangent projection (euler-unprojected): the
+  /// remembered outputs (R n d numbers), valid until the next evaluation.
   const double* attention_output(const double* x);
   /// The model's matrices were replaced (a new layer of --regen-period): the remembered
   /// evaluation no longer holds.

@@ -53,11 +53,6 @@ void Dynamics::velocity(const double* x, double* v, double* weight_sums) {
   if (weight_sums) std::copy(cached_sums_.begin(), cached_sums_.end(), weight_sums);
 }
 
-void Dynamics::attention_output(const double* x, double* output) {
-  evaluate(x, true, false);
-  std::copy(cached_output_.begin(), cached_output_.end(), output);
-}
-
 const double* Dynamics::attention_output(const double* x) {
   evaluate(x, true, false);
   return cached_output_.data();
