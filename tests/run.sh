@@ -4,8 +4,13 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
+# Each phase's wall time, so that CI's log shows where the suite's budget goes.
+suite_start=$SECONDS
+phase() { echo "[tests/run.sh $((SECONDS - suite_start)) s] $*"; }
 source "$here/tests/install_deps.sh"
+phase "installing what is missing"
 install_deps
+phase "main build"
 
 jobs=$(nproc 2>/dev/null || echo 2)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -13,6 +18,7 @@ cmake --build build -j "$jobs"
 # One test at a time: each test already uses every core through OpenMP. Open MPI is installed
 # above, so the MPI sweep test must run rather than skip.
 export MFATTN_REQUIRE_MPI=1
+phase "ctest"
 (cd build && ctest --output-on-failure -j 1)
 # The unit tests again under every other CPU kernel set this CPU runs (the Release binary
 # carries several and ctest ran the best one): the backends' exactness tests (reference
@@ -20,7 +26,7 @@ export MFATTN_REQUIRE_MPI=1
 # numerical runs do not depend on the kernels' ISA beyond rounding and are left out.
 runnable=($(build/mfattn --version | sed -n 's/^cpu kernels this CPU runs: //p'))
 for kernels in "${runnable[@]:1}"; do
-  echo "unit tests with MFATTN_CPU_KERNELS=$kernels"
+  phase "unit tests with MFATTN_CPU_KERNELS=$kernels"
   MFATTN_CPU_KERNELS=$kernels build/tests/mfattn_tests --gtest_brief=1 \
     --gtest_filter='-Collapse.*:Noise.*:Resume.*:Sweep.*'
 done
@@ -28,6 +34,7 @@ done
 # Arm: the numerical core cross-built for aarch64 and its exactness checks run under
 # qemu-aarch64 with the NEON kernels (tests/aarch64/README.md; about a minute).
 if [ "${MFATTN_SKIP_AARCH64:-0}" != 1 ]; then
+  phase "aarch64 cross build and qemu checks"
   tests/aarch64/run.sh
 fi
 
@@ -52,12 +59,14 @@ if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
     'Sweep.KilledSweepCompletesOnRerunAndRunsEachCaseOnce' 'Sweep.MpiRanksRunEveryCaseOnce'
     'NullTokens.InsertionLeavesTrajectoriesBitIdentical'
   )
+  phase "sanitizer build"
   cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMFATTN_SANITIZE=ON \
     -DMFATTN_CPU_DISPATCH=OFF -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
     -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" >/dev/null
   cmake --build build-sanitize -j "$jobs" --target mfattn_tests mfattn
   # Two shards side by side: under the sanitizers most tests keep one core busy (one process
   # took 145 s, two shards 90 s). Each shard's log is shown when it fails.
+  phase "sanitizer tests"
   shard_pids=()
   for shard in 0 1; do
     GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$shard \
@@ -88,6 +97,7 @@ if [ "${MFATTN_SKIP_FUZZ:-0}" != 1 ]; then
   fuzz_pid=$!
 fi
 
+phase "pytest (fuzzing beside it)"
 pytest_status=0
 if ls tests/python/test_*.py >/dev/null 2>&1; then
   MFATTN_BINARY="$here/build/mfattn" MPLBACKEND=Agg /usr/bin/python3 -m pytest -q tests/python ||
@@ -101,3 +111,4 @@ if [ -n "$fuzz_pid" ]; then
   grep -E "^stat::number_of_executed_units|Done [0-9]+ runs" build-fuzz.log | tail -2
 fi
 [ "$pytest_status" = 0 ] || { echo "pytest failed" >&2; exit "$pytest_status"; }
+phase "done"
