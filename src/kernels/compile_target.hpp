@@ -61,3 +61,18 @@
 #define MFATTN_CPU_ISA_GENERIC 1
 #endif
 #endif
+
+// Functions of the kernels layer that a CUDA device runs too (pair_terms.hpp,
+// exp2_polynomial.hpp, backends/cuda/receiver_sums.hpp) carry this; g++ sees nothing.
+#if defined(__CUDACC__)
+#define MFATTN_HOST_DEVICE __host__ __device__
+#else
+#define MFATTN_HOST_DEVICE
+#endif
+// Unrolls a loop of constant trip count in device code (registers instead of local memory for
+// the per-thread arrays); host compilers unroll such loops by themselves.
+#if defined(__CUDA_ARCH__)
+#define MFATTN_UNROLL _Pragma("unroll")
+#else
+#define MFATTN_UNROLL
+#endif

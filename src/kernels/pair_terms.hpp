@@ -30,12 +30,6 @@
 #include "kernels/compile_target.hpp"
 #include "mfattn/pair_kinds.hpp"
 
-#if defined(__CUDACC__)
-#define MFATTN_HOST_DEVICE __host__ __device__
-#else
-#define MFATTN_HOST_DEVICE
-#endif
-
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::kernels {
 // Kernel code of each instruction set has a namespace of its own (kernels/compile_target.hpp):

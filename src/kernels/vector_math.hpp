@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "kernels/compile_target.hpp"
+#include "kernels/exp2_polynomial.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -309,16 +310,16 @@ template <std::size_t kCount, bool kMayUnderflow = true, bool kEveryVectorLoads 
 MFATTN_SIMD_INLINE void exp2_nonpositive(const V (&t)[kCount], V (&out)[kCount]) {
   // 1.5 * 2^52 + 1023: adding it rounds t to an integer n and leaves n + 1023 in the low
   // mantissa bits (bits 0-10 for n in [-1022, 0]; bit 51 is shifted out below).
-  constexpr double kShifter = 6755399441055744.0 + 1023.0;
-  constexpr double kUnderflow = -1022.0;
-  // Chebyshev fit of 2^r on [-1/2, 1/2], degree 11 (mpmath.chebyfit; approximation error
-  // 3.2e-18 relative, one FMA less than a degree-12 Taylor polynomial), highest first.
-  constexpr double kPoly[] = {4.4558179083360645e-10, 7.074194297288521e-09,
-                              1.0178057087733941e-07, 1.3215432535912375e-06,
-                              1.5252733841556773e-05, 0.00015403530463724353,
-                              0.001333355814640647,   0.009618129107587256,
-                              0.055504108664821625,   0.24022650695910158,
-                              0.6931471805599453,     1.0};
+  // The base-2 exponential of kernels/exp2_polynomial.hpp (its scalar form serves the CUDA
+  // backend): 2^r by a degree-11 Chebyshev fit on [-1/2, 1/2], 2^n from the exponent bits.
+  constexpr double kShifter = kernels::kExp2Shifter;
+  constexpr double kUnderflow = kernels::kExp2Underflow;
+  constexpr double kPoly[] = {
+      kernels::exp2_coefficient(0), kernels::exp2_coefficient(1), kernels::exp2_coefficient(2),
+      kernels::exp2_coefficient(3), kernels::exp2_coefficient(4), kernels::exp2_coefficient(5),
+      kernels::exp2_coefficient(6), kernels::exp2_coefficient(7), kernels::exp2_coefficient(8),
+      kernels::exp2_coefficient(9), kernels::exp2_coefficient(10), kernels::exp2_coefficient(11)};
+  static_assert(std::size(kPoly) == kernels::kExp2Coefficients);
   // The coefficients are read from memory by each multiply-add (an embedded broadcast): held
   // in registers, the 12 of them crowded out the pair loops' sums, which GCC then spilled
   // (measured: 5 % faster for the symmetric loop, 25 % for the one-sided one at d = 3). The
