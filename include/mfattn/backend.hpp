@@ -6,6 +6,7 @@
 ///   E = 1 / (2 beta M^2) * sum_i p_i D_i).
 /// Backends are chosen by name at run time (make_backend); each one computes every
 /// receiver's sums in a fixed order, so results do not depend on the thread count.
+#include "mfattn/backend_errors.hpp"
 #include "mfattn/model.hpp"
 #include "mfattn/pair_statistics.hpp"
 
@@ -16,15 +17,6 @@
 
 namespace mfattn {
 
-/// Numerical failure: overflow or a non-finite state (exit code 3).
-struct NumericalError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-/// The requested backend is not part of this build (exit code 2).
-struct BackendUnavailable : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 /// What one evaluation writes. Every pointer but velocity may be null.
 struct FieldOutputs {
@@ -51,14 +43,21 @@ class Backend {
   /// or "one-sided"; others their name), then what else the backend wants to report (the
   /// CPU backend: "cpu_kernels avx512").
   virtual std::string describe() const { return "loop " + name(); }
+  /// The device the backend computes on, as /parameters records it ("" for the host's CPU).
+  virtual std::string device_name() const { return ""; }
 };
 
 /// The loop word of Backend::describe() ("symmetric", "one-sided", "reference", ...).
 std::string described_loop(const Backend& backend);
 
+/// The arithmetic of the pair loops (--precision): fp64 throughout, or fp32 pair operands and
+/// exponentials with fp64 sums, state and integrator (the CUDA backend only).
+enum class Precision { Double, Float };
+
 /// How a backend is asked to run. threads = 0 means the OpenMP default.
 struct BackendOptions {
   int threads = 0;
+  Precision precision = Precision::Double;
 };
 
 /// One backend of the registry: its name (the value of --backend) and a line for --help.
@@ -97,7 +96,7 @@ inline std::vector<std::string> backend_names() {
 std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model,
                                       const BackendOptions& options);
 inline std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model, int threads) {
-  return make_backend(name, model, BackendOptions{threads});
+  return make_backend(name, model, BackendOptions{threads, Precision::Double});
 }
 
 /// Backend factories (one per backend folder), as the registry calls them.

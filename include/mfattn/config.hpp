@@ -87,6 +87,7 @@ struct RunConfig {
   // execution and output
   std::int64_t threads = 0;  ///< 0: OMP_NUM_THREADS, else SLURM_CPUS_PER_TASK, else all cores
   std::string backend = "cpu";
+  std::string precision = "double";  ///< kPrecisionOption: the pair loops' arithmetic
   std::string out;
   bool overwrite = false;
   bool resume = false;

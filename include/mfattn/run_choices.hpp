@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 
+#include "mfattn/backend.hpp"
 #include "mfattn/choice_table.hpp"
 #include "mfattn/config.hpp"
 #include "mfattn/gauge.hpp"
@@ -193,6 +194,19 @@ template <class Value>
 Value choice(const ChoiceOption<Value>& option, const std::string& name) {
   if (const Choice<Value>* found = option.find(name)) return found->value;
   throw UsageError("--" + std::string(option.option) + " " + name + ": " + option.accepted());
+}
+
+inline constexpr Choice<Precision> kPrecisionChoices[] = {
+    {"double", Precision::Double, "fp64 throughout"},
+    {"float", Precision::Float,
+     "--backend cuda only: fp32 pair operands and exponentials, fp64 sums, state and integrator"},
+};
+inline constexpr ChoiceOption<Precision> kPrecisionOption{.option = "precision",
+                                                          .choices = kPrecisionChoices};
+
+/// The backend options of a validated configuration: its precision and `threads` threads.
+inline BackendOptions backend_options(const RunConfig& cfg, int threads) {
+  return BackendOptions{threads, choice(kPrecisionOption, cfg.precision)};
 }
 
 }  // namespace mfattn

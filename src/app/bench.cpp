@@ -9,6 +9,7 @@
 #include "mfattn/backend.hpp"
 #include "mfattn/config.hpp"
 #include "mfattn/run.hpp"
+#include "mfattn/run_choices.hpp"
 
 namespace mfattn {
 namespace po = boost::program_options;
@@ -52,7 +53,7 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   try {
     const Model model = build_model(cfg);
     const State state = build_initial_state(cfg, model);
-    auto backend = make_backend(cfg.backend, model, threads);
+    auto backend = make_backend(cfg.backend, model, backend_options(cfg, threads));
     std::vector<double> velocity(state.size());
     backend->velocity(state.replicas, state.x.data(), velocity.data(), nullptr);  // warm up
     std::int64_t evaluations = 0;
@@ -81,6 +82,9 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   } catch (const NumericalError& e) {
     err << "mfattn bench: numerical failure: " << e.what() << '\n';
     return kExitNumerical;
+  } catch (const DeviceFailure& e) {
+    err << "mfattn bench: device failure: " << e.what() << '\n';
+    return kExitIo;
   }
   return kExitOk;
 }

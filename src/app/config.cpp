@@ -517,6 +517,7 @@ po::options_description run_options(RunConfig& c) {
       ("threads", bound(c.threads, "auto"),
        "worker threads in [0, 4096] (0 = auto: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, all cores)")
       ("backend", bound(c.backend), backend_help().c_str())
+      ("precision", bound(c.precision), kPrecisionOption.help().c_str())
       ("out", bound(c.out, "required"), "output H5MD file (its folder must exist)")
       ("overwrite", po::bool_switch(&c.overwrite), "replace an existing output file")
       ("resume", po::bool_switch(&c.resume),
@@ -870,6 +871,9 @@ void validate(const RunConfig& c) {
   if (c.threads < 0 || c.threads > 4096)
     reject("threads", std::to_string(c.threads), "must be an integer in [0, 4096] (0: automatic)");
   require_choice("backend", c.backend, backend_names());
+  if (require_choice(kPrecisionOption, c.precision) == Precision::Float && c.backend != "cuda")
+    reject("precision", c.precision,
+           "needs --backend cuda (the " + c.backend + " backend computes in double; accepted here: double)");
   for (auto [name, value] : {std::pair{"pair-delta", c.pair_delta}, {"cluster-delta", c.cluster_delta}}) {
     require_finite(name, value);
     if (!(value > 0.0 && value < 2.0)) reject(name, format_number(value), "must lie in (0, 2)");

@@ -735,7 +735,7 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     model = build_model(cfg);
     state = build_initial_state(cfg, model);
     times = output_times(cfg);
-    backend = make_backend(cfg.backend, model, threads);
+    backend = make_backend(cfg.backend, model, backend_options(cfg, threads));
     IntegratorSettings settings{cfg.integrator, cfg.rtol, cfg.atol, cfg.noise_kappa,
                                 static_cast<std::uint64_t>(cfg.seed)};
     integrator = make_integrator(settings);
@@ -752,6 +752,9 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
   } catch (const BackendUnavailable& e) {
     log << "mfattn run: " << e.what() << '\n';
     return kExitUsage;
+  } catch (const DeviceFailure& e) {
+    log << "mfattn run: device failure: " << e.what() << '\n';
+    return kExitIo;
   } catch (const std::invalid_argument& e) {
     log << "mfattn run: " << e.what() << '\n';
     return kExitUsage;
@@ -809,6 +812,8 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     parameters.push_back({"source_revision", std::string(kSourceRevision)});
     parameters.push_back({"backend_used", backend->name()});
     if (cfg.backend == "cpu") parameters.push_back({"cpu_kernels_used", cpu_kernels_name()});
+    if (const std::string device = backend->device_name(); !device.empty())
+      parameters.push_back({"device_used", device});
     parameters.push_back({"threads_used", static_cast<std::int64_t>(threads)});
     parameters.push_back({"eps_den_used", model.eps_den});
     parameters.push_back({"gradient_flow", model.is_gradient_flow()});
@@ -948,6 +953,13 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     log << "mfattn run: numerical failure: " << e.what() << '\n';
     record_status(std::string("failed: ") + e.what());
     return kExitNumerical;
+  } catch (const DeviceFailure& e) {
+    progress.finish();
+    const bool recorded = record_status(std::string("failed: device: ") + e.what());
+    log << "mfattn run: device failure: " << e.what() << '\n';
+    log << "mfattn run: " << writer->current_path() << " keeps every frame up to t = " << flushed_time
+        << (recorded ? " and records the failure" : "") << " (continue it with --resume)\n";
+    return kExitIo;
   } catch (const OutputExists& e) {
     progress.finish();
     log << "mfattn run: " << e.what() << '\n';

@@ -50,8 +50,9 @@ $CXX -print-file-name=libgomp.a | grep -q / || { echo "FAIL: no libgomp for aarc
 
 # --- build ---------------------------------------------------------------------------------
 # The numerical core only: no src/app, src/io, src/sweep, src/analyze, src/cli (HDF5, Boost),
-# src/observers or src/oattn (unused by the checks); the CUDA stub because
-# make_backend (backend_common.cpp) refers to make_cuda_backend.
+# src/observers or src/oattn (unused by the checks); src/backends/cuda/*.cpp because
+# make_backend (backend_common.cpp) refers to make_cuda_backend (the CUDA backend's host side
+# and host emulation, without the device loops).
 # Longest compiles first, so that the parallel jobs end together.
 sources=(
   src/backends/cpu/one_sided_sweep.cpp src/backends/cpu/cpu_backend.cpp src/core/gauge.cpp
@@ -59,7 +60,7 @@ sources=(
   src/integrators/integrators.cpp tests/aarch64/kernel_check.cpp src/backends/cpu/kernel_set.cpp
   src/backends/reference/reference_backend.cpp src/backends/backend_common.cpp
   src/backends/cpu/cpu_dispatch.cpp src/core/init.cpp src/core/model.cpp src/core/rng.cpp
-  src/backends/cuda/cuda_backend_stub.cpp
+  src/backends/cuda/cuda_backend.cpp src/backends/cuda/host_sums.cpp
 )
 # The flags of CMakeLists.txt that matter (Release uses -O3; -O2 here keeps the build short).
 common=(-std=c++20 -O2 -fopenmp -DEIGEN_DONT_PARALLELIZE -Wall -Wextra -Wpedantic

@@ -1,0 +1,251 @@
+// The CUDA backend (docs/cuda.md). Per evaluation:
+//   1. the host forms every token's operands with the kernels layer (token_operands.hpp:
+//      the gauge, Q, K and the values once per token) and each receiver's Cauchy-Schwarz
+//      offset B_i = |q_i| max_j |k_j| + max(0, max_j log p_j), in base 2, as the CPU backend;
+//   2. the engine (a CUDA device, or the host's emulation of it) sums every receiver's
+//      S_i = sum_j c_ij 2^(t_ij - B_i) and A_i = sum_j c_ij 2^(t_ij - B_i) z_j;
+//   3. a receiver whose offset was too loose (S_i below 1e-250 in fp64, 2^-60 in fp32) is
+//      summed again with its exact maximum (the engine's exact pass);
+//   4. the host finishes each receiver with detail::finish_receiver, the CPU backend's own
+//      (V, G_i^T, the normaliser, the projection, USA overflow), in double.
+// The host's share is O(R (n + P) d^2) per evaluation against the device's O(R n (n + P) d).
+#include "backends/cuda/cuda_backend.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <sstream>
+
+#include "backends/backend_common.hpp"
+#include "backends/cuda/sums_engine.hpp"
+#include "kernels/model_terms.hpp"
+#include "kernels/token_operands.hpp"
+
+namespace mfattn {
+namespace cuda {
+namespace {
+
+/// Why the CUDA backend cannot take the model ("" when it can), naming the option.
+std::string refusal(const Model& model) {
+  std::ostringstream why;
+  const bool terms = model.mask != MaskKind::Full || model.aux_factor != AuxFactor::None ||
+                     model.per_prompt_mask;
+  if (model.d > std::size_t(kMaxDim))
+    why << "--backend cuda: --d " << model.d << " is above " << kMaxDim
+        << ", the largest d the CUDA pair loop takes (use --backend cpu)";
+  else if (terms && model.position_dim > std::size_t(kMaxPositionDim))
+    why << "--backend cuda: positions of " << model.position_dim
+        << " coordinates with a mask or auxiliary factor; the CUDA pair loop reads at most "
+        << kMaxPositionDim << " (use --backend cpu)";
+  else if (model.n + model.prefix_count() > std::size_t(INT_MAX))
+    why << "--backend cuda: more than " << INT_MAX << " sources per replica";
+  return why.str();
+}
+
+template <class Real>
+class CudaBackend final : public Backend {
+ public:
+  static constexpr bool kFloat = std::is_same_v<Real, float>;
+  /// Offsets looser than this leave a sum below it: the exact pass takes the receiver.
+  static constexpr double kLooseBound = kFloat ? 0x1p-60 : 1e-250;
+
+  CudaBackend(const Model& model, int threads, std::unique_ptr<SumsEngine<Real>> engine)
+      : model_(model), threads_(threads > 0 ? threads : omp_get_max_threads()), mass_(model.mass()),
+        engine_(std::move(engine)) {
+    if (const std::string why = refusal(model); !why.empty()) throw BackendUnavailable(why);
+    const std::size_t n = model.n, sources = n + model.prefix_count(), k = model.position_dim;
+    args_.n = int(n);
+    args_.sources = int(sources);
+    args_.d = int(model.d);
+    args_.position_dim = int(k);
+    args_.terms = kernels::pair_term_parameters(model);
+    args_.has_terms = model.mask != MaskKind::Full || model.aux_factor != AuxFactor::None ||
+                      model.per_prompt_mask;
+    bias_.resize(sources);
+    largest_bias_ = 0.0;
+    for (std::size_t j = 0; j < sources; ++j) {
+      const double log_p = kernels::log_presence(kernels::source_presence(model, j));
+      bias_[j] = Real(log_p * kLog2e);
+      if (log_p > -INFINITY) largest_bias_ = std::max(largest_bias_, log_p);
+    }
+    if (args_.has_terms) {
+      positions_.resize(sources * k);
+      prompts_.resize(sources);
+      for (std::size_t j = 0; j < sources; ++j) {
+        std::copy_n(kernels::source_position(model, j), k, positions_.data() + j * k);
+        prompts_[j] = kernels::source_prompt(model, j);
+      }
+    }
+    args_.bias = bias_.data();
+    args_.positions = positions_.data();
+    args_.prompts = prompts_.data();
+  }
+
+  std::string name() const override { return "cuda"; }
+  std::string device_name() const override { return engine_->device_name(); }
+  /// "loop cuda precision P device NAME exact_receivers K", and for a device its SM count,
+  /// clock and the pair rate its arithmetic allows at this d (pair_rate_ceiling).
+  std::string describe() const override {
+    std::string device = device_name();
+    std::replace(device.begin(), device.end(), ' ', '_');
+    std::ostringstream text;
+    text << "loop cuda precision " << (kFloat ? "float" : "double") << " device " << device
+         << " exact_receivers " << exact_receivers_;
+    if (const DeviceProperties* properties = engine_->properties())
+      text << " sms " << properties->multiprocessors << " clock_mhz " << properties->clock_hz / 1e6
+           << " pair_ceiling " << pair_rate_ceiling(*properties, kFloat, model_.d);
+    return text.str();
+  }
+
+  void evaluate(std::size_t replicas, const double* x, const FieldOutputs& out) override {
+    const std::size_t n = model_.n, d = model_.d, rows = replicas * n;
+    prepare(replicas, x);
+    engine_->bounded_sums(args_, replicas);
+    loose_.clear();
+    for (std::size_t row = 0; row < rows; ++row)
+      if (!(sums_[row] >= kLooseBound)) loose_.push_back(std::int64_t(row));
+    if (!loose_.empty()) engine_->exact_sums(args_, replicas, loose_);
+    exact_receivers_ = loose_.size();
+
+    std::string failure;
+#pragma omp parallel num_threads(threads_)
+    {
+      double scratch[2 * kMaxDim];
+#pragma omp for schedule(static)
+      for (std::size_t row = 0; row < rows; ++row) {
+        const std::size_t r = row / n, i = row % n;
+        // The offset the sums were taken with, in natural log units (-inf: nothing visible).
+        const double log_max = -double(neg_offsets_[row]) * kLn2;
+        try {
+          const double sum = detail::finish_receiver(
+              model_, model_.matrices_of(r), mass_, i, x + row * d, log_max, sums_[row],
+              acc_.data() + row * d,
+              {out.velocity + row * d, out.attention_output ? out.attention_output + row * d : nullptr,
+               out.weight_sums != nullptr},
+              scratch);
+          if (out.weight_sums) out.weight_sums[row] = sum;
+        } catch (const NumericalError& error) {
+#pragma omp critical(mfattn_cuda_failure)
+          failure = error.what();
+        }
+      }
+    }
+    if (!failure.empty()) throw NumericalError(failure);
+  }
+
+ private:
+  /// Queries, keys, values and offsets of every replica (step 1 of the file comment).
+  void prepare(std::size_t replicas, const double* x) {
+    const std::size_t n = model_.n, d = model_.d, sources = n + model_.prefix_count();
+    queries_.resize(replicas * n * d);
+    keys_.resize(replicas * sources * d);
+    values_.resize(replicas * sources * d);
+    key_norm2_.resize(replicas * sources);
+    largest_key_.resize(replicas);
+    neg_offsets_.resize(replicas * n);
+    sums_.resize(replicas * n);
+    acc_.resize(replicas * n * d);
+    const double query_scale = model_.beta * kLog2e;
+#pragma omp parallel num_threads(threads_)
+    {
+      double work[2 * kMaxDim];
+#pragma omp for schedule(static)
+      for (std::size_t unit = 0; unit < replicas * sources; ++unit) {
+        const std::size_t r = unit / sources, j = unit % sources;
+        const AttentionMatrices& matrices = model_.matrices_of(r);
+        const double* y = kernels::source_content(model_, x + r * n * d, j);
+        if (j < n) {
+          const double* query =
+              kernels::gauged_product(model_, matrices.q, matrices.q_identity, j, y, work + d, work);
+          for (std::size_t c = 0; c < d; ++c) queries_[(r * n + j) * d + c] = Real(query_scale * query[c]);
+        }
+        const double* key =
+            kernels::gauged_product(model_, matrices.k, matrices.k_identity, j, y, work + d, work);
+        double norm2 = 0.0;
+        for (std::size_t c = 0; c < d; ++c) {
+          const Real stored = Real(key[c]);
+          keys_[unit * d + c] = stored;
+          norm2 += double(stored) * double(stored);
+        }
+        // Null sources stay out of the bound, so that adding them changes no offset.
+        key_norm2_[unit] = bias_[j] > Real(-INFINITY) ? norm2 : 0.0;
+        const double* value = kernels::source_value(model_, j, y, work);
+        for (std::size_t c = 0; c < d; ++c) values_[unit * d + c] = Real(value[c]);
+      }
+      // Each replica's largest squared key norm (a maximum: the same on any thread), then
+      // the offsets.
+#pragma omp for schedule(static)
+      for (std::size_t r = 0; r < replicas; ++r) {
+        const double* norms = key_norm2_.data() + r * sources;
+        largest_key_[r] = std::sqrt(*std::max_element(norms, norms + sources));
+      }
+#pragma omp for schedule(static)
+      for (std::size_t row = 0; row < replicas * n; ++row) {
+        double query2 = 0.0;
+        for (std::size_t c = 0; c < d; ++c) query2 += double(queries_[row * d + c]) * double(queries_[row * d + c]);
+        // A prefix weight above 1 is the only positive bias; it enters the bound so that every
+        // 2^(t_ij - B_i) stays at most 1.
+        const double offset = std::sqrt(query2) * largest_key_[row / n] + largest_bias_ * kLog2e;
+        neg_offsets_[row] = Real(-offset);
+      }
+    }
+    args_.queries = queries_.data();
+    args_.keys = keys_.data();
+    args_.values = values_.data();
+    args_.neg_offsets = neg_offsets_.data();
+    args_.sums = sums_.data();
+    args_.acc = acc_.data();
+  }
+
+  const Model& model_;
+  int threads_;
+  double mass_;
+  double largest_bias_ = 0.0;  // max(0, largest log p_j over the present sources)
+  std::unique_ptr<SumsEngine<Real>> engine_;
+  SumsArgs<Real> args_;
+  std::vector<Real> bias_, queries_, keys_, values_, neg_offsets_;
+  std::vector<double> positions_, key_norm2_, largest_key_, sums_, acc_;
+  std::vector<int> prompts_;
+  std::vector<std::int64_t> loose_;
+  std::size_t exact_receivers_ = 0;  // the last evaluation's exact-pass receivers
+};
+
+template <class Real>
+std::unique_ptr<Backend> make_with(const Model& model, const BackendOptions& options, bool emulated) {
+  if (const std::string why = refusal(model); !why.empty()) throw BackendUnavailable(why);
+  std::unique_ptr<SumsEngine<Real>> engine;
+  if (emulated) {
+    engine = make_host_engine<Real>();
+  } else {
+#if defined(MFATTN_HAVE_CUDA)
+    try {
+      engine = make_device_engine<Real>();
+    } catch (const BackendUnavailable& error) {
+      throw BackendUnavailable(std::string(error.what()) + "; accepted here: " +
+                               backend_names_text(", ", "cuda"));
+    }
+#else
+    throw BackendUnavailable("--backend cuda: this build of mfattn has no CUDA support (accepted here: " +
+                             backend_names_text(", ", "cuda") + "; docs/cuda.md says how to build it)");
+#endif
+  }
+  return std::make_unique<CudaBackend<Real>>(model, options.threads, std::move(engine));
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_emulated_cuda_backend(const Model& model, const BackendOptions& options) {
+  if (options.precision == Precision::Float) return make_with<float>(model, options, true);
+  return make_with<double>(model, options, true);
+}
+
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, const BackendOptions& options) {
+  if (options.precision == Precision::Float) return cuda::make_with<float>(model, options, false);
+  return cuda::make_with<double>(model, options, false);
+}
+
+}  // namespace mfattn
