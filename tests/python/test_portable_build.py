@@ -4,8 +4,8 @@ bitwise identical across thread counts.
 The builds compared:
 - the Release build (tests/run.sh's build/mfattn): by default a dispatching binary carrying
   kernels for AVX-512, AVX2 + FMA and SSE2; MFATTN_CPU_KERNELS forces each set this CPU runs;
-- the portable sanitizer build (no -march, -O1, no dispatch: SSE2 kernels), set as
-  MFATTN_PORTABLE_BINARY by tests/run.sh;
+- the portable sanitizer build (clang where installed, no -march, no dispatch: SSE2 kernels;
+  -O0, its numerical libraries -O1), set as MFATTN_PORTABLE_BINARY by tests/run.sh;
 - any further builds listed in MFATTN_EXTRA_BINARIES (colon-separated paths; e.g. the native,
   x86-64-v3 and x86-64-v2 builds of tests/isa_builds.sh).
 
