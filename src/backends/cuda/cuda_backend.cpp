@@ -27,11 +27,15 @@ namespace mfattn {
 namespace cuda {
 namespace {
 
+/// True when a mask, a factor or the per-prompt rule is on (the pair loop reads positions).
+bool has_pair_terms(const Model& model) {
+  return model.mask != MaskKind::Full || model.aux_factor != AuxFactor::None || model.per_prompt_mask;
+}
+
 /// Why the CUDA backend cannot take the model ("" when it can), naming the option.
 std::string refusal(const Model& model) {
   std::ostringstream why;
-  const bool terms = model.mask != MaskKind::Full || model.aux_factor != AuxFactor::None ||
-                     model.per_prompt_mask;
+  const bool terms = has_pair_terms(model);
   if (model.d > std::size_t(kMaxDim))
     why << "--backend cuda: --d " << model.d << " is above " << kMaxDim
         << ", the largest d the CUDA pair loop takes (use --backend cpu)";
@@ -51,18 +55,17 @@ class CudaBackend final : public Backend {
   /// Offsets looser than this leave a sum below it: the exact pass takes the receiver.
   static constexpr double kLooseBound = kFloat ? 0x1p-60 : 1e-250;
 
+  /// The model must have passed refusal() (make_with checks it before making the engine).
   CudaBackend(const Model& model, int threads, std::unique_ptr<SumsEngine<Real>> engine)
       : model_(model), threads_(threads > 0 ? threads : omp_get_max_threads()), mass_(model.mass()),
         engine_(std::move(engine)) {
-    if (const std::string why = refusal(model); !why.empty()) throw BackendUnavailable(why);
     const std::size_t n = model.n, sources = n + model.prefix_count(), k = model.position_dim;
     args_.n = int(n);
     args_.sources = int(sources);
     args_.d = int(model.d);
     args_.position_dim = int(k);
     args_.terms = kernels::pair_term_parameters(model);
-    args_.has_terms = model.mask != MaskKind::Full || model.aux_factor != AuxFactor::None ||
-                      model.per_prompt_mask;
+    args_.has_terms = has_pair_terms(model);
     bias_.resize(sources);
     largest_bias_ = 0.0;
     for (std::size_t j = 0; j < sources; ++j) {

@@ -42,18 +42,6 @@ std::size_t tile_bytes(int d, bool terms, int position_dim, std::size_t real_siz
   return bytes;
 }
 
-/// The tile_index-th tile of the moving tokens' tiles followed by the prefix tokens': false
-/// past the last.
-template <class Real>
-__device__ bool region_tile(const SumsArgs<Real>& a, int tile, int tile_index, int& start, int& count) {
-  const int moving_tiles = (a.n + tile - 1) / tile;
-  const SourceRegion run = source_region(tile_index < moving_tiles ? 0 : 1, a.n, a.sources);
-  start = run.begin + (tile_index < moving_tiles ? tile_index : tile_index - moving_tiles) * tile;
-  if (start >= run.end) return false;
-  count = min(tile, run.end - start);
-  return true;
-}
-
 template <class Real, int kDim, bool kExactDim, bool kTerms>
 __global__ void __launch_bounds__(kBlockThreads)
     bounded_sums_kernel(const SumsArgs<Real> a, int blocks_per_replica) {
@@ -79,10 +67,9 @@ __global__ void __launch_bounds__(kBlockThreads)
   const Real* keys = a.keys + replica * std::size_t(a.sources) * std::size_t(d);
   const Real* values = a.values + replica * std::size_t(a.sources) * std::size_t(d);
   ReceiverSums<Real, kDim, kExactDim> sums;
-  for (int tile_index = 0;; ++tile_index) {
-    // The tiles of the two source regions in turn (receiver_sums.hpp's order).
-    int start = 0, count = 0;
-    if (!region_tile(a, tile, tile_index, start, count)) break;
+  int start = 0, count = 0;
+  // The tiles in receiver_sums.hpp's order (uniform across the block: no thread leaves early).
+  for (int tile_index = 0; region_tile(a.n, a.sources, tile, tile_index, start, count); ++tile_index) {
     __syncthreads();  // the previous tile is no longer read
     for (int e = int(threadIdx.x); e < count * d; e += kBlockThreads) {
       tile_keys[e] = keys[std::size_t(start) * std::size_t(d) + std::size_t(e)];
@@ -97,16 +84,10 @@ __global__ void __launch_bounds__(kBlockThreads)
         tile_positions[e] = a.positions[std::size_t(start) * std::size_t(a.position_dim) + std::size_t(e)];
     __syncthreads();
     if (active) {
-      for (int jj = 0; jj < count; ++jj) {
-        Real factor;
-        const Real t = pair_logit<Real, kDim, kExactDim, kTerms>(
-            a, receiver, tile_keys + jj * d, tile_bias[jj] + neg_offset, start + jj,
-            kTerms ? tile_positions + jj * a.position_dim : nullptr, kTerms ? tile_prompts[jj] : 0,
-            factor);
-        Real weight = exp2_weight(t);
-        if constexpr (kTerms) weight *= factor;
-        sums.add(weight, tile_values + jj * d, d);
-      }
+      for (int jj = 0; jj < count; ++jj)
+        add_source<Real, kDim, kExactDim, kTerms>(
+            a, receiver, tile_keys + jj * d, tile_values + jj * d, tile_bias[jj] + neg_offset, start + jj,
+            kTerms ? tile_positions + jj * a.position_dim : nullptr, kTerms ? tile_prompts[jj] : 0, sums);
       sums.end_tile(d);
     }
   }
@@ -178,15 +159,20 @@ class DeviceSums final : public SumsEngine<Real> {
     a.queries = queries_.upload(host.queries, rows * d);
     a.keys = keys_.upload(host.keys, source_rows * d);
     a.values = values_.upload(host.values, source_rows * d);
-    a.bias = bias_.upload(host.bias, std::size_t(host.sources));
     a.neg_offsets = neg_offsets_.upload(host.neg_offsets, rows);
-    if (host.has_terms) {
-      a.positions = positions_.upload(host.positions, std::size_t(host.sources) * std::size_t(host.position_dim));
-      a.prompts = prompts_.upload(host.prompts, std::size_t(host.sources));
-    } else {
-      a.positions = nullptr;
-      a.prompts = nullptr;
+    // The sources' labels (log-presences, positions, prompts) are the model's, fixed for the
+    // run: copied when the backend's arrays are first seen, not per evaluation.
+    if (host.bias != labels_of_) {
+      bias_.upload(host.bias, std::size_t(host.sources));
+      if (host.has_terms) {
+        positions_.upload(host.positions, std::size_t(host.sources) * std::size_t(host.position_dim));
+        prompts_.upload(host.prompts, std::size_t(host.sources));
+      }
+      labels_of_ = host.bias;
     }
+    a.bias = bias_.get();
+    a.positions = host.has_terms ? positions_.get() : nullptr;
+    a.prompts = host.has_terms ? prompts_.get() : nullptr;
     a.sums = sums_.reserve(rows);
     a.acc = acc_.reserve(rows * d);
     device_args_ = a;
@@ -229,6 +215,7 @@ class DeviceSums final : public SumsEngine<Real> {
   DeviceArray<int> prompts_;
   DeviceArray<std::int64_t> rows_;
   SumsArgs<Real> device_args_;  // the arrays of the last bounded_sums, on the device
+  const Real* labels_of_ = nullptr;  // the host bias array whose labels are on the device
 };
 
 }  // namespace

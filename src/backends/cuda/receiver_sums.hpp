@@ -14,7 +14,7 @@
 // accumulators; in fp64 every term goes straight into the accumulators. The tiles depend on d
 // alone, so the result does not depend on the block size, the grid or the device: reruns are
 // bitwise equal. The tiles of the moving tokens start at 0 and those of the prefix tokens at
-// n (source_regions), so null tokens appended to the moving ones add exact zeros to the last
+// n (region_tile), so null tokens appended to the moving ones add exact zeros to the last
 // moving tile or tiles of their own, and every sum keeps its bits.
 #include <cmath>
 #include <cstddef>
@@ -44,6 +44,20 @@ struct SourceRegion {
 };
 MFATTN_HOST_DEVICE inline SourceRegion source_region(int region, int n, int sources) {
   return region == 0 ? SourceRegion{0, n} : SourceRegion{n, sources};
+}
+
+/// The tile_index-th tile of source order: the moving tokens' tiles, then the prefix
+/// tokens' (start and count); false past the last. The device kernel stages these tiles in
+/// shared memory; sum_over_sources walks the same ones.
+MFATTN_HOST_DEVICE inline bool region_tile(int n, int sources, int tile, int tile_index, int& start,
+                                           int& count) {
+  const int moving_tiles = (n + tile - 1) / tile;
+  const bool moving = tile_index < moving_tiles;
+  const SourceRegion run = source_region(moving ? 0 : 1, n, sources);
+  start = run.begin + (moving ? tile_index : tile_index - moving_tiles) * tile;
+  if (start >= run.end) return false;
+  count = run.end - start < tile ? run.end - start : tile;
+  return true;
 }
 
 /// The arrays of one evaluation, on the host or the device (row-major, as the names say).
@@ -203,6 +217,22 @@ MFATTN_UNROLL
   return t;
 }
 
+/// Source j's term of receiver i's sums: its weight c_ij 2^(t_ij) (bias_plus = b_j - B_i)
+/// and its value, added in source order. key, value and the source's position point to its
+/// numbers in global or shared memory.
+template <class Real, int kDim, bool kExactDim, bool kTerms>
+MFATTN_HOST_DEVICE inline void add_source(const SumsArgs<Real>& a, const Receiver<Real, kDim>& receiver,
+                                          const Real* key, const Real* value, Real bias_plus, int source,
+                                          const double* source_position, int source_prompt,
+                                          ReceiverSums<Real, kDim, kExactDim>& sums) {
+  Real factor;
+  const Real t = pair_logit<Real, kDim, kExactDim, kTerms>(a, receiver, key, bias_plus, source,
+                                                           source_position, source_prompt, factor);
+  Real weight = exp2_weight(t);
+  if constexpr (kTerms) weight *= factor;
+  sums.add(weight, value, kExactDim ? kDim : a.d);
+}
+
 /// The largest base-2 log-weight max_j (<q_i, k_j> + b_j + log2(e) log(m_ij c_ij)) of
 /// receiver i over every source, -inf when no source with weight is visible: the exact
 /// offset of a receiver whose Cauchy-Schwarz offset was too loose.
@@ -236,23 +266,15 @@ MFATTN_HOST_DEVICE inline void sum_over_sources(const SumsArgs<Real>& a, std::si
   const int tile = source_tile(d);
   const Real* keys = a.keys + replica * std::size_t(a.sources) * std::size_t(d);
   const Real* values = a.values + replica * std::size_t(a.sources) * std::size_t(d);
-  for (int region = 0; region < 2; ++region) {
-    const SourceRegion run = source_region(region, a.n, a.sources);
-    for (int start = run.begin; start < run.end; start += tile) {
-      const int end = start + tile < run.end ? start + tile : run.end;
-      for (int j = start; j < end; ++j) {
-        Real factor;
-        const double* position =
-            kTerms ? a.positions + std::size_t(j) * std::size_t(a.position_dim) : nullptr;
-        const Real t = pair_logit<Real, kDim, kExactDim, kTerms>(
-            a, receiver, keys + std::size_t(j) * std::size_t(d), a.bias[j] + neg_offset, j,
-            position, kTerms ? a.prompts[j] : 0, factor);
-        Real weight = exp2_weight(t);
-        if constexpr (kTerms) weight *= factor;
-        sums.add(weight, values + std::size_t(j) * std::size_t(d), d);
-      }
-      sums.end_tile(d);
-    }
+  int start = 0, count = 0;
+  for (int tile_index = 0; region_tile(a.n, a.sources, tile, tile_index, start, count); ++tile_index) {
+    for (int j = start; j < start + count; ++j)
+      add_source<Real, kDim, kExactDim, kTerms>(
+          a, receiver, keys + std::size_t(j) * std::size_t(d), values + std::size_t(j) * std::size_t(d),
+          a.bias[j] + neg_offset, j,
+          kTerms ? a.positions + std::size_t(j) * std::size_t(a.position_dim) : nullptr,
+          kTerms ? a.prompts[j] : 0, sums);
+    sums.end_tile(d);
   }
 }
 

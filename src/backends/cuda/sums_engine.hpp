@@ -30,7 +30,9 @@ class SumsEngine {
   /// The device's SM count and clock (null for the emulation).
   virtual const DeviceProperties* properties() const { return nullptr; }
   /// a holds host arrays (replicas of them where SumsArgs says so). Every receiver's S_i and
-  /// A_i, with the offsets already in a.neg_offsets, into a.sums and a.acc.
+  /// A_i, with the offsets already in a.neg_offsets, into a.sums and a.acc. a.bias,
+  /// a.positions and a.prompts are the model's labels: an engine may keep them from the
+  /// first call that passes the same a.bias array.
   virtual void bounded_sums(const SumsArgs<Real>& a, std::size_t replicas) = 0;
   /// The exact pass (exact_receiver) for the rows replica * n + i listed: their offsets, S_i
   /// and A_i written into a's host arrays at those rows, every other row untouched.
