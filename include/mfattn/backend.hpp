@@ -10,6 +10,8 @@
 #include "mfattn/model.hpp"
 #include "mfattn/pair_statistics.hpp"
 
+#include <cstdint>
+
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -25,6 +27,38 @@ struct FieldOutputs {
   /// replicas * n * d: p_i u_i, the attention output before the tangent projection (the
   /// step of euler-unprojected takes it; 0 for a token that sees no weighted source).
   double* attention_output = nullptr;
+};
+
+/// A fixed-step integrator as a backend's resident stepper takes it
+/// (Integrator::fixed_step_method): euler, heun, rk4, euler-unprojected, lie-euler or
+/// euler-maruyama, with the latter's noise.
+struct FixedStepMethod {
+  std::string name;
+  double noise_kappa = 0.0;  ///< euler-maruyama: dx += sqrt(2 h / kappa) P_x dW
+  std::uint64_t seed = 0;    ///< euler-maruyama: the noise streams' seed
+};
+
+/// What ResidentStepper::advance did.
+struct ResidentOutcome {
+  std::int64_t steps_done = 0;  ///< steps every replica completed
+  /// A step after steps_done failed: its state (a stage state or the step's result) was not
+  /// finite, or (numerical_error not empty) a weight overflowed, as that message says.
+  bool non_finite_state = false;
+  std::string numerical_error;
+  bool failed() const { return non_finite_state || !numerical_error.empty(); }
+};
+
+/// A backend's own integrator loop for a fixed-step method: the state stays where the backend
+/// computes (a GPU) for many steps, and only the positions come back (the CUDA backend's
+/// resident kernel, docs/cuda.md). Each step is the method's step of integrator.hpp.
+class ResidentStepper {
+ public:
+  virtual ~ResidentStepper() = default;
+  /// Advances x (replicas x n x d, in place) by `steps` steps of size h; the first is step
+  /// number steps_before + 1 (euler-maruyama keys its noise by the steps before each step).
+  /// The model's current matrices are read at every call (a new layer's take effect). After a
+  /// failure x is not meaningful.
+  virtual ResidentOutcome advance(double* x, std::int64_t steps_before, std::int64_t steps, double h) = 0;
 };
 
 class Backend {
@@ -45,6 +79,14 @@ class Backend {
   virtual std::string describe() const { return "loop " + name(); }
   /// The device the backend computes on, as /parameters records it ("" for the host's CPU).
   virtual std::string device_name() const { return ""; }
+  /// This backend's resident stepper for the method and replica count, or null where it has
+  /// none for them (integrate() then calls Integrator::step, one evaluation per stage).
+  virtual std::unique_ptr<ResidentStepper> resident_stepper(const FixedStepMethod& method,
+                                                            std::size_t replicas) {
+    (void)method;
+    (void)replicas;
+    return nullptr;
+  }
 };
 
 /// The loop word of Backend::describe() ("symmetric", "one-sided", "reference", ...).

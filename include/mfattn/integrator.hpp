@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,9 @@ class Dynamics {
   /// Whether token i (of any replica) moves at all: p_i > 0.
   bool moves(std::size_t token) const { return model_.presence[token] > 0.0; }
   std::int64_t evaluations() const { return evaluations_; }
+  /// The backend's resident stepper for this integrator (made at the first call), or null
+  /// where the integrator is adaptive or the backend has none (Backend::resident_stepper).
+  ResidentStepper* resident_stepper(const class Integrator& integrator);
 
  private:
   const Model& model_;
@@ -57,6 +61,8 @@ class Dynamics {
   bool cached_ = false, cached_attention_output_ = false, cached_weight_sums_ = false;
   bool wants_attention_output_ = false;
   std::vector<double> cached_x_, cached_v_, cached_sums_, cached_output_;  ///< the last evaluation
+  std::string resident_for_;  ///< the integrator resident_ was asked for ("" before)
+  std::unique_ptr<ResidentStepper> resident_;
 };
 
 struct StepOutcome {
@@ -71,6 +77,9 @@ class Integrator {
   /// Order of the method (of the solution for dopri5).
   virtual int order() const = 0;
   virtual bool adaptive() const { return false; }
+  /// The method as a backend's resident stepper takes it; none for the methods it cannot run
+  /// (dopri5, lie-rk4), which step here.
+  virtual std::optional<FixedStepMethod> fixed_step_method() const { return std::nullopt; }
   /// One step of size h from state.x at state.time; on acceptance advances state.x,
   /// state.time (by h) and state.step.
   virtual StepOutcome step(Dynamics& dynamics, State& state, double h) = 0;
@@ -103,6 +112,10 @@ using StepHook = std::function<void(const State&, const IntegrationStats&)>;
 /// proposal (adaptive methods; updated so a continued run steps exactly as an uninterrupted one).
 /// A non-finite state throws NumericalError naming the step and time. after_step, when given,
 /// runs after every step attempt (progress, interruption); it never changes the trajectory.
+/// Where the backend has a resident stepper for the integrator (Dynamics::resident_stepper),
+/// the steps between two output times run there in chunks (the same steps, the same times),
+/// and after_step runs after each chunk: at least every kResidentChunkSeconds of wall time.
+inline constexpr double kResidentChunkSeconds = 0.25;
 IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& state, double& h,
                            double fixed_dt, const std::vector<double>& output_times,
                            const std::function<void(const State&)>& observer,

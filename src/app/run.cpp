@@ -812,8 +812,12 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     parameters.push_back({"source_revision", std::string(kSourceRevision)});
     parameters.push_back({"backend_used", backend->name()});
     if (cfg.backend == "cpu") parameters.push_back({"cpu_kernels_used", cpu_kernels_name()});
-    if (const std::string device = backend->device_name(); !device.empty())
+    if (const std::string device = backend->device_name(); !device.empty()) {
       parameters.push_back({"device_used", device});
+      // Whether the steps run in the device's resident kernel or one evaluation per stage.
+      parameters.push_back({"device_stepping_used",
+                            std::string(dynamics.resident_stepper(*integrator) ? "resident" : "per-evaluation")});
+    }
     parameters.push_back({"threads_used", static_cast<std::int64_t>(threads)});
     parameters.push_back({"eps_den_used", model.eps_den});
     parameters.push_back({"gradient_flow", model.is_gradient_flow()});

@@ -1,5 +1,6 @@
 #include "backends/backend_common.hpp"
 
+#include "kernels/receiver_finish.hpp"
 #include "kernels/token_operands.hpp"
 
 #include <algorithm>
@@ -80,8 +81,9 @@ double finish_receiver(const Model& model, const AttentionMatrices& matrices, do
                        double* scratch) {
   // The scale exp(log_max - shift) enters USA's u_i, eps_den's share and D_i; SA without
   // eps_den needs it for D_i only.
-  const bool needs_scale = out.weight_sum_wanted || model.normalization == Normalization::Usa ||
-                           model.eps_den > 0.0;
+  const bool needs_scale = kernels::finish_needs_scale(
+      {model.normalization == Normalization::Usa, model.exponent_shift(), model.eps_den, mass},
+      out.weight_sum_wanted);
   return finish_receiver(model, matrices, mass, token, x_i, log_max,
                          needs_scale ? receiver_scale(model, log_max) : 1.0, weight_sum_shifted, acc, out,
                          scratch);
@@ -91,71 +93,26 @@ double finish_receiver(const Model& model, const AttentionMatrices& matrices, do
                        std::size_t token, const double* x_i, double log_max, double scale,
                        double weight_sum_shifted, const double* acc, ReceiverOutput out,
                        double* scratch) {
-  const std::size_t d = model.d;
-  const double p_i = model.presence[token];
-  auto stay = [&] {
-    std::fill(out.velocity, out.velocity + d, 0.0);
-    if (out.attention_output) std::fill(out.attention_output, out.attention_output + d, 0.0);
-  };
-  if (log_max == -std::numeric_limits<double>::infinity()) {
-    // No source with weight is visible: the receiver does not move.
-    stay();
-    return 0.0;
-  }
-  // True weights are exp(log_max - shift) times the shifted ones; the sums are combined in
-  // log space where the plain product would overflow although the result does not.
-  const double log_scale = log_max - model.exponent_shift();
-  const double weight_sum = std::isfinite(scale) ? scale * weight_sum_shifted
-                                                 : std::exp(log_scale + std::log(weight_sum_shifted));
-  if (p_i == 0.0) {
-    // A null receiver does not move, whatever its sums.
-    stay();
-    return weight_sum;
-  }
-  double* u_pre = scratch;
-  double* u = scratch + d;
-  if (model.normalization == Normalization::Usa) {
-    const double factor = scale / mass;
-    bool finite = true;
-    for (std::size_t c = 0; c < d; ++c) {
-      u_pre[c] = std::isfinite(factor)
-                     ? factor * acc[c]
-                     : std::copysign(std::exp(log_scale + std::log(std::fabs(acc[c]) / mass)), acc[c]);
-      finite = finite && std::isfinite(u_pre[c]);
-    }
-    if (!finite) {
-      std::ostringstream message;
-      message << "USA weights overflow double (exponent up to " << log_scale << " > 709.78)";
-      if (model.time_scale == TimeScale::Natural)
-        message << "; use --time-scale rescaled, which divides every weight by exp(beta)";
-      throw NumericalError(message.str());
-    }
-  } else {
-    // eps_den is compared with the true weight sum: eps + scale * S = scale * (eps/scale + S).
-    const double denominator =
-        weight_sum_shifted + (model.eps_den > 0.0 ? model.eps_den / scale : 0.0);
-    for (std::size_t c = 0; c < d; ++c) u_pre[c] = acc[c] / denominator;
-  }
-  // u = V G_i^T u_pre (transported values) or V u_pre (plain values).
-  const double* rotated = u_pre;
-  if (model.gauge && model.values == ValueTransport::Transported) {
-    model.gauge->apply_transpose(token, u_pre, u);
-    std::copy(u, u + d, u_pre);
-  }
-  if (!matrices.v_identity) {
-    for (std::size_t r = 0; r < d; ++r) {
-      double sum = 0.0;
-      for (std::size_t c = 0; c < d; ++c) sum += matrices.v(r, c) * rotated[c];
-      u[r] = sum;
-    }
-    rotated = u;
-  }
-  double radial = 0.0;
-  for (std::size_t c = 0; c < d; ++c) radial += x_i[c] * rotated[c];
-  for (std::size_t c = 0; c < d; ++c) out.velocity[c] = p_i * (rotated[c] - radial * x_i[c]);
-  if (out.attention_output)
-    for (std::size_t c = 0; c < d; ++c) out.attention_output[c] = p_i * rotated[c];
-  return weight_sum;
+  const kernels::FinishTerms terms{model.normalization == Normalization::Usa, model.exponent_shift(),
+                                   model.eps_den, mass};
+  const bool transported = model.gauge && model.values == ValueTransport::Transported;
+  const kernels::FinishOutcome outcome = kernels::finish_sums(
+      terms, model.presence[token], int(model.d), x_i, log_max, scale, weight_sum_shifted, acc,
+      matrices.v_identity ? nullptr : matrices.v.data(), out.velocity, out.attention_output, scratch,
+      [&](const double* in, double* rotated) {
+        if (transported) model.gauge->apply_transpose(token, in, rotated);
+        return transported;
+      });
+  if (outcome.overflow) throw NumericalError(usa_overflow_message(model, outcome.log_scale));
+  return outcome.weight_sum;
+}
+
+std::string usa_overflow_message(const Model& model, double log_scale) {
+  std::ostringstream message;
+  message << "USA weights overflow double (exponent up to " << log_scale << " > 709.78)";
+  if (model.time_scale == TimeScale::Natural)
+    message << "; use --time-scale rescaled, which divides every weight by exp(beta)";
+  return message.str();
 }
 
 }  // namespace detail

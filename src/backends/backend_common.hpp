@@ -4,6 +4,7 @@
 #include "mfattn/backend.hpp"
 
 #include <cstddef>
+#include <string>
 
 namespace mfattn::detail {
 
@@ -35,5 +36,8 @@ double finish_receiver(const Model& model, const AttentionMatrices& matrices, do
                        double weight_sum_shifted, const double* acc, ReceiverOutput out,
                        double* scratch);
 double receiver_scale(const Model& model, double log_max);
+
+/// The message of a USA output that overflows double at exponent log_scale = m - shift.
+std::string usa_overflow_message(const Model& model, double log_scale);
 
 }  // namespace mfattn::detail

@@ -3,13 +3,14 @@
 // rotations, and the noisy variant adds projected Gaussian increments.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
 #include <unsupported/Eigen/MatrixFunctions>
 
+#include "kernels/fixed_steps.hpp"
 #include "mfattn/integrator.hpp"
-#include "mfattn/rng.hpp"
 
 namespace mfattn {
 
@@ -51,6 +52,15 @@ void Dynamics::velocity(const double* x, double* v, double* weight_sums) {
   evaluate(x, false, weight_sums != nullptr);
   std::copy(cached_v_.begin(), cached_v_.end(), v);
   if (weight_sums) std::copy(cached_sums_.begin(), cached_sums_.end(), weight_sums);
+}
+
+ResidentStepper* Dynamics::resident_stepper(const Integrator& integrator) {
+  if (resident_for_ != integrator.name()) {
+    resident_for_ = integrator.name();
+    const std::optional<FixedStepMethod> method = integrator.fixed_step_method();
+    resident_ = method ? backend_.resident_stepper(*method, replicas_) : nullptr;
+  }
+  return resident_.get();
 }
 
 const double* Dynamics::attention_output(const double* x) {
@@ -100,15 +110,19 @@ struct Tableau {
   int embedded_order = 0;
 };
 
-// Fixed-step methods: no error estimate.
-Tableau euler_tableau() { return {.name = "euler", .order = 1, .a = {{}}, .b = {1.0}}; }
-Tableau heun_tableau() { return {.name = "heun", .order = 2, .a = {{}, {1.0}}, .b = {0.5, 0.5}}; }
-Tableau rk4_tableau() {
-  return {.name = "rk4",
-          .order = 4,
-          .a = {{}, {0.5}, {0.0, 0.5}, {0.0, 0.0, 1.0}},
-          .b = {1.0 / 6, 1.0 / 3, 1.0 / 3, 1.0 / 6}};
+// Fixed-step methods: no error estimate; their stages are the kernels layer's (shared with
+// the CUDA backend's resident kernel).
+Tableau fixed_tableau(const char* name, int order, const kernels::FixedTableau& fixed) {
+  Tableau t{.name = name, .order = order, .a = {}, .b = {}};
+  for (int s = 0; s < fixed.stages; ++s) {
+    t.a.emplace_back(fixed.a[s], fixed.a[s] + s);
+    t.b.push_back(fixed.b[s]);
+  }
+  return t;
 }
+Tableau euler_tableau() { return fixed_tableau("euler", 1, kernels::kEulerTableau); }
+Tableau heun_tableau() { return fixed_tableau("heun", 2, kernels::kHeunTableau); }
+Tableau rk4_tableau() { return fixed_tableau("rk4", 4, kernels::kRk4Tableau); }
 Tableau dopri5_tableau() {
   Tableau t;
   t.name = "dopri5";
@@ -159,6 +173,10 @@ class RungeKutta final : public Integrator {
   std::string name() const override { return tableau_.name; }
   int order() const override { return tableau_.order; }
   bool adaptive() const override { return !tableau_.error.empty(); }
+  std::optional<FixedStepMethod> fixed_step_method() const override {
+    if (adaptive()) return std::nullopt;
+    return FixedStepMethod{tableau_.name};
+  }
 
   StepOutcome step(Dynamics& dynamics, State& state, double h) override {
     const std::size_t size = state.size(), stages = tableau_.b.size();
@@ -278,16 +296,6 @@ void apply_exponential(const std::vector<LieTerm>& terms, const double* y, doubl
     for (std::size_t c = 0; c < d; ++c) out[c] += (rotated[a] - coords[a]) * basis[a][c];
 }
 
-/// x <- cos(h|w|) x + sin(h|w|) w/|w|, then renormalised against rounding drift.
-void geodesic_step(double* x, const double* w, double h, std::size_t d) {
-  const double speed = std::sqrt(dot(w, w, d));
-  if (speed == 0.0) return;
-  const double angle = h * speed, cos_a = std::cos(angle), sin_a = std::sin(angle) / speed;
-  for (std::size_t c = 0; c < d; ++c) x[c] = cos_a * x[c] + sin_a * w[c];
-  const double norm = std::sqrt(dot(x, x, d));
-  for (std::size_t c = 0; c < d; ++c) x[c] /= norm;
-}
-
 /// The step of the field's reference code: x <- normalize(x + h p u), u the attention output
 /// before the tangent projection. Its radial part <x, p u> x only rescales x + h P_x(p u)
 /// before the normalisation, so this is projected euler with the step h / (1 + h <x, p u>)
@@ -296,6 +304,7 @@ class EulerUnprojected final : public Integrator {
  public:
   std::string name() const override { return "euler-unprojected"; }
   int order() const override { return 1; }
+  std::optional<FixedStepMethod> fixed_step_method() const override { return FixedStepMethod{name()}; }
   StepOutcome step(Dynamics& dynamics, State& state, double h) override {
     // The evaluation's own outputs (no copy): normalize_tokens evaluates nothing.
     const double* output = dynamics.attention_output(state.x.data());
@@ -315,12 +324,13 @@ class LieEuler final : public Integrator {
  public:
   std::string name() const override { return "lie-euler"; }
   int order() const override { return 1; }
+  std::optional<FixedStepMethod> fixed_step_method() const override { return FixedStepMethod{name()}; }
   StepOutcome step(Dynamics& dynamics, State& state, double h) override {
     velocity_.resize(state.size());
     dynamics.velocity(state.x.data(), velocity_.data());
     const std::size_t d = state.d;
     for_each_moving_token(dynamics, [&](std::size_t, std::size_t, std::size_t offset) {
-      geodesic_step(state.x.data() + offset, velocity_.data() + offset, h, d);
+      kernels::geodesic_step(state.x.data() + offset, velocity_.data() + offset, h, int(d));
     });
     state.time += h;
     ++state.step;
@@ -390,29 +400,18 @@ class EulerMaruyama final : public Integrator {
   EulerMaruyama(double kappa, std::uint64_t seed) : kappa_(kappa), seed_(seed) {}
   std::string name() const override { return "euler-maruyama"; }
   int order() const override { return 1; }
+  std::optional<FixedStepMethod> fixed_step_method() const override {
+    return FixedStepMethod{name(), kappa_, seed_};
+  }
   StepOutcome step(Dynamics& dynamics, State& state, double h) override {
     const std::size_t d = state.d;
     velocity_.resize(state.size());
     dynamics.velocity(state.x.data(), velocity_.data());
-    const double amplitude = kappa_ > 0.0 ? std::sqrt(2.0 * h / kappa_) : 0.0;
+    const double amplitude = kernels::noise_amplitude(h, kappa_);
     std::vector<double> noise(d);
     for_each_moving_token(dynamics, [&](std::size_t r, std::size_t i, std::size_t o) {
-      double* x = state.x.data() + o;
-      if (amplitude > 0.0) {
-        RandomStream stream(seed_, static_cast<std::uint64_t>(StreamTag::Noise),
-                            (static_cast<std::uint64_t>(r) << 32) | i,
-                            static_cast<std::uint64_t>(state.step));
-        for (auto& value : noise) value = stream.normal();
-        const double radial = dot(noise.data(), x, d);
-        for (std::size_t c = 0; c < d; ++c) noise[c] = amplitude * (noise[c] - radial * x[c]);
-      }
-      double norm2 = 0.0;
-      for (std::size_t c = 0; c < d; ++c) {
-        x[c] += h * velocity_[o + c] + noise[c];
-        norm2 += x[c] * x[c];
-      }
-      const double norm = std::sqrt(norm2);
-      for (std::size_t c = 0; c < d; ++c) x[c] /= norm;
+      kernels::maruyama_step(state.x.data() + o, velocity_.data() + o, h, amplitude, seed_, r, i,
+                             static_cast<std::uint64_t>(state.step), int(d), noise.data());
     });
     state.time += h;
     ++state.step;
@@ -485,6 +484,57 @@ void check_finite(const State& state) {
   for (double value : state.x)
     if (!std::isfinite(value)) fail_non_finite(state.step, state.time);
 }
+
+/// How many steps the next resident chunk takes: one at first, then as many as the last
+/// chunk's rate fits in kResidentChunkSeconds (at most four times the last).
+struct ResidentChunks {
+  std::int64_t steps = 1;
+  void measured(std::int64_t done, double seconds) {
+    const double fits = seconds > 0.0 ? double(done) * kResidentChunkSeconds / seconds : 4.0 * double(done);
+    steps = std::max<std::int64_t>(1, std::min<std::int64_t>(4 * std::max<std::int64_t>(done, 1),
+                                                             static_cast<std::int64_t>(fits)));
+  }
+};
+
+/// integrate()'s steps up to target on a resident stepper: the fixed step while the remainder
+/// exceeds it by more than a relative 1e-9, then the remainder, landing on target exactly; the
+/// times accumulate one step at a time as Integrator::step advances them, so the steps and
+/// times are those of the loop in integrate(). after_step runs after each chunk but the last.
+void advance_resident(ResidentStepper& resident, ResidentChunks& chunks, State& state, double fixed_dt,
+                      double target, IntegrationStats& stats, const StepHook& after_step) {
+  while (state.time < target) {
+    const bool lands = target - state.time <= fixed_dt * (1.0 + 1e-9);
+    const double h = lands ? target - state.time : fixed_dt;
+    std::int64_t count = 1;
+    if (!lands) {
+      double time = state.time + fixed_dt;
+      while (count < chunks.steps && !(target - time <= fixed_dt * (1.0 + 1e-9))) {
+        time += fixed_dt;
+        ++count;
+      }
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const ResidentOutcome outcome = resident.advance(state.x.data(), state.step, count, h);
+    chunks.measured(outcome.steps_done,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    for (std::int64_t k = 0; k < outcome.steps_done; ++k) {
+      state.time += h;
+      ++state.step;
+      ++stats.steps;
+    }
+    if (outcome.non_finite_state) fail_non_finite(state.step + 1, state.time + h);
+    if (outcome.failed()) {
+      std::ostringstream message;
+      message << outcome.numerical_error << " (at step " << state.step + 1 << ", t = " << state.time + h << ")";
+      throw NumericalError(message.str());
+    }
+    if (lands) {
+      state.time = target;
+      return;
+    }
+    if (after_step) after_step(state, stats);
+  }
+}
 }  // namespace
 
 IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& state, double& h,
@@ -492,7 +542,10 @@ IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& st
                            const std::function<void(const State&)>& observer,
                            const StepHook& after_step) {
   IntegrationStats stats;
+  ResidentStepper* resident = integrator.adaptive() ? nullptr : dynamics.resident_stepper(integrator);
+  ResidentChunks chunks;
   for (double target : output_times) {
+    if (resident) advance_resident(*resident, chunks, state, fixed_dt, target, stats, after_step);
     // Land on each output time exactly: the last step of an interval is clipped, and a
     // remainder within rounding of one step is taken as that step.
     while (state.time < target) {

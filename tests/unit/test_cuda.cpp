@@ -290,6 +290,256 @@ TEST(CudaDevice, TwentyTimeUnitsAtN256StayWithin1e10OfTheCpu) {
   EXPECT_GT(testing::max_abs_difference(cpu.frames.front().x, cpu.frames.back().x), 1e-2);
 }
 
+// ---- the resident kernel (resident_steps.hpp): many fixed steps per launch ----
+
+/// A run of cfg on `backend` (integrate() takes its resident stepper where it has one); the
+/// frames' states. resident: whether integrate() found a resident stepper.
+std::vector<State> simulate_on(Backend& backend, const RunConfig& cfg, const Model& model, bool* resident = nullptr) {
+  State state = build_initial_state(cfg, model);
+  auto integrator = make_integrator({cfg.integrator, cfg.rtol, cfg.atol, cfg.noise_kappa,
+                                     static_cast<std::uint64_t>(cfg.seed)});
+  Dynamics dynamics(model, backend, state.replicas);
+  if (resident) *resident = dynamics.resident_stepper(*integrator) != nullptr;
+  double h = cfg.dt;
+  std::vector<State> frames;
+  integrate(*integrator, dynamics, state, h, cfg.dt, output_times(cfg), [&](const State& s) { frames.push_back(s); });
+  return frames;
+}
+
+const std::vector<std::vector<std::string>>& resident_cases() {
+  static const std::vector<std::vector<std::string>> cases = {
+      {},
+      {"--kernel", "sa", "--q", "gaussian", "--k", "gaussian", "--v", "goe", "--matrices", "per-replica"},
+      {"--geometry", "rope", "--mask", "causal", "--time-scale", "rescaled", "--beta", "3"},
+      {"--geometry", "rope-mixed", "--d", "4", "--values", "plain", "--aux-factor", "distance", "--aux-lambda", "0.3"},
+      {"--prefix", "3", "--mask", "window+per-prompt", "--window", "4", "--prompts", "2", "--prefix-weight",
+       "2.5", "--kernel", "sa", "--eps-den", "0.5"},
+      {"--amplitudes", "0.7", "--null-tokens", "3", "--tau", "0.5", "--d", "6", "--aux-factor", "toeplitz",
+       "--toeplitz-coefficients", "1,-0.5", "--toeplitz-frequencies", "0.3,1.1"},
+      {"--d", "2", "--kernel", "sa", "--geometry", "rope", "--init", "clustered", "--init-clusters", "2"},
+  };
+  return cases;
+}
+
+// Every method the resident kernel runs, on every case above, against the CPU backend's
+// integrators: the same steps, the sums in another order (fp64 within 1e-12 after 12 steps;
+// fp32 within 1e-5), and the tokens move.
+void expect_resident_agreement(Precision precision) {
+  int checked = 0;
+  for (const std::string method : {"euler", "heun", "rk4", "euler-unprojected", "lie-euler", "euler-maruyama"})
+    for (const auto& extra : resident_cases()) {
+      std::vector<std::string> args = {"--n", "37", "--replicas", "3", "--integrator", method, "--dt", "0.05",
+                                       "--horizon", "0.6", "--save-every", "0.3", "--seed",
+                                       std::to_string(++checked)};
+      if (method == "euler-maruyama") args = testing::with(args, {"--noise-kappa", "20"});
+      const RunConfig cfg = config(testing::with(args, extra));
+      const Model model = build_model(cfg);
+      auto cuda = cuda_backend(Engine::Emulation, model, precision, 2);
+      auto cpu = make_backend("cpu", model, 2);
+      bool resident = false;
+      const auto frames = simulate_on(*cuda, cfg, model, &resident);
+      const auto expected = simulate_on(*cpu, cfg, model);
+      const std::string label = method + " case " + std::to_string(checked);
+      ASSERT_TRUE(resident) << label;
+      ASSERT_EQ(frames.size(), expected.size()) << label;
+      for (std::size_t k = 0; k < frames.size(); ++k) {
+        EXPECT_EQ(frames[k].step, expected[k].step) << label;
+        EXPECT_EQ(frames[k].time, expected[k].time) << label;
+        EXPECT_LE(testing::max_abs_difference(frames[k].x, expected[k].x),
+                  precision == Precision::Float ? 1e-5 : 1e-12)
+            << label << " frame " << k;
+      }
+      EXPECT_GT(testing::max_abs_difference(expected.front().x, expected.back().x), 1e-3) << label;
+    }
+  EXPECT_EQ(checked, 6 * 7);
+}
+
+TEST(CudaEmulation, ResidentStepsAgreeWithTheCpuIntegratorsInFp64) { expect_resident_agreement(Precision::Double); }
+TEST(CudaEmulation, ResidentStepsAgreeWithTheCpuIntegratorsInFp32) { expect_resident_agreement(Precision::Float); }
+
+/// `steps` resident steps of size h from the initial state of cfg, in chunks of `chunk`.
+std::vector<double> resident_steps(Backend& backend, const RunConfig& cfg, const Model& model, int steps,
+                                   int chunk, State* initial = nullptr) {
+  State state = initial ? *initial : build_initial_state(cfg, model);
+  const FixedStepMethod method{cfg.integrator, cfg.noise_kappa, static_cast<std::uint64_t>(cfg.seed)};
+  auto stepper = backend.resident_stepper(method, state.replicas);
+  EXPECT_TRUE(stepper != nullptr);
+  if (!stepper) return {};
+  for (int done = 0; done < steps; done += chunk) {
+    const ResidentOutcome outcome = stepper->advance(state.x.data(), done, std::min(chunk, steps - done), cfg.dt);
+    EXPECT_FALSE(outcome.failed()) << outcome.numerical_error;
+  }
+  return state.x;
+}
+
+// Null tokens appended to the moving ones change no bit of the others' trajectories and never
+// move; the chunking of steps into launches and a rerun change no bit.
+TEST(CudaEmulation, ResidentNullTokensAndChunksKeepEveryBit) {
+  for (Precision precision : {Precision::Double, Precision::Float})
+    for (const std::string method : {"rk4", "euler-maruyama"})
+      for (const std::vector<std::string>& extra :
+           {std::vector<std::string>{}, {"--prefix", "4", "--prefix-weight", "1.5", "--kernel", "sa"}}) {
+        const std::vector<std::string> base = testing::with(
+            {"--n", "40", "--d", "3", "--integrator", method, "--dt", "0.1", "--amplitudes", "1", "--tau",
+             "0.3", "--seed", "5", "--replicas", "2"},
+            testing::with(extra, method == "euler-maruyama" ? std::vector<std::string>{"--noise-kappa", "30"}
+                                                            : std::vector<std::string>{}));
+        const RunConfig plain_cfg = config(base);
+        const RunConfig padded_cfg = config(testing::with(base, {"--null-tokens", "30"}));
+        const Model plain = build_model(plain_cfg), padded = build_model(padded_cfg);
+        State plain_state = build_initial_state(plain_cfg, plain);
+        State padded_state = build_initial_state(padded_cfg, padded);
+        for (std::size_t r = 0; r < 2; ++r)
+          std::copy_n(plain_state.token(r, 0), 40 * 3, padded_state.x.data() + r * padded.n * 3);
+        auto backend = cuda_backend(Engine::Emulation, plain, precision, 2);
+        const auto whole = resident_steps(*backend, plain_cfg, plain, 9, 9, &plain_state);
+        const auto pieces = resident_steps(*backend, plain_cfg, plain, 9, 2, &plain_state);
+        const auto again = resident_steps(*backend, plain_cfg, plain, 9, 9, &plain_state);
+        auto padded_backend = cuda_backend(Engine::Emulation, padded, precision, 2);
+        const auto with_nulls = resident_steps(*padded_backend, padded_cfg, padded, 9, 4, &padded_state);
+        const std::string label = method + (precision == Precision::Float ? " fp32" : " fp64") +
+                                  (extra.empty() ? "" : " prefix");
+        ASSERT_EQ(whole.size(), plain_state.x.size()) << label;
+        EXPECT_TRUE(bitwise_equal(whole.data(), pieces.data(), whole.size())) << "chunks: " << label;
+        EXPECT_TRUE(bitwise_equal(whole.data(), again.data(), whole.size())) << "rerun: " << label;
+        EXPECT_GT(testing::max_abs_difference(whole, plain_state.x), 1e-3) << label;
+        for (std::size_t r = 0; r < 2; ++r) {
+          EXPECT_TRUE(bitwise_equal(whole.data() + r * 40 * 3, with_nulls.data() + r * padded.n * 3, 40 * 3))
+              << "null tokens: " << label;
+          EXPECT_TRUE(bitwise_equal(padded_state.x.data() + (r * padded.n + 40) * 3,
+                                    with_nulls.data() + (r * padded.n + 40) * 3, 30 * 3))
+              << "a null token moved: " << label;
+        }
+      }
+}
+
+// The exact pass inside the resident kernel: K = -I and one tight cluster leave every fp32
+// offset loose at beta = 80 (and both precisions' at beta = 900); a step still agrees with the
+// CPU backend's.
+TEST(CudaEmulation, ResidentKernelTakesTheExactPassWhereOffsetsAreLoose) {
+  const auto dir = testing::scratch_dir("cuda_resident_loose");
+  const std::string minus_identity = (dir / "minus_identity.txt").string();
+  std::ofstream(minus_identity) << "-1 0 0\n0 -1 0\n0 0 -1\n";
+  for (const std::string beta : {"80", "900"})
+    for (Precision precision : {Precision::Double, Precision::Float}) {
+      const auto cfg = config({"--n", "40", "--d", "3", "--kernel", "sa", "--beta", beta, "--k", minus_identity,
+                               "--init", "clustered", "--init-clusters", "1", "--init-spread", "0.05",
+                               "--integrator", "euler", "--dt", "0.01"});
+      const Model model = build_model(cfg);
+      State state = build_initial_state(cfg, model);
+      auto backend = cuda_backend(Engine::Emulation, model, precision, 2);
+      const auto resident = resident_steps(*backend, cfg, model, 1, 1, &state);
+      const auto cpu = make_backend("cpu", model, 2);
+      std::vector<double> velocity(state.size());
+      cpu->velocity(1, state.x.data(), velocity.data(), nullptr);
+      double largest = 0.0, error = 0.0;
+      for (std::size_t i = 0; i < 40; ++i) {
+        double stepped[3], norm2 = 0.0;
+        for (int c = 0; c < 3; ++c) {
+          stepped[c] = state.x[i * 3 + c] + 0.01 * velocity[i * 3 + c];
+          norm2 += stepped[c] * stepped[c];
+        }
+        for (int c = 0; c < 3; ++c) {
+          error = std::max(error, std::fabs(resident[i * 3 + c] - stepped[c] / std::sqrt(norm2)));
+          largest = std::max(largest, std::fabs(velocity[i * 3 + c]));
+        }
+      }
+      EXPECT_GT(largest, 1e-3) << "beta " << beta;
+      EXPECT_LE(error, 0.01 * (precision == Precision::Float ? 2e-6 : 1e-12) + 1e-15) << "beta " << beta;
+    }
+}
+
+// A failure inside a chunk ends the run at its step, with the CPU path's message: a USA weight
+// that overflows in natural time, and a state that is not finite.
+TEST(CudaEmulation, ResidentFailuresEndTheRunAtTheirStep) {
+  // K = 2 I: scores up to 2 beta = 800 > 709.78 while beta itself is accepted.
+  const auto dir = testing::scratch_dir("cuda_resident_overflow");
+  const std::string twice_identity = (dir / "twice_identity.txt").string();
+  std::ofstream(twice_identity) << "2 0 0\n0 2 0\n0 0 2\n";
+  const RunConfig cfg = config({"--n", "20", "--d", "3", "--kernel", "usa", "--beta", "400", "--k", twice_identity,
+                                "--init", "clustered", "--init-clusters", "1", "--init-spread", "0.01",
+                                "--integrator", "rk4", "--dt", "0.01", "--horizon", "1"});
+  const Model model = build_model(cfg);
+  for (const std::string name : {"cpu", "cuda"}) {
+    auto backend = name == "cpu" ? make_backend("cpu", model, 2) : cuda_backend(Engine::Emulation, model, Precision::Double, 2);
+    try {
+      simulate_on(*backend, cfg, model);
+      FAIL() << name << ": no failure";
+    } catch (const NumericalError& error) {
+      const std::string what = error.what();
+      EXPECT_NE(what.find("USA weights overflow double"), std::string::npos) << name << ": " << what;
+      EXPECT_NE(what.find("--time-scale rescaled"), std::string::npos) << name << ": " << what;
+      EXPECT_NE(what.find("(at step 1, t = 0.01)"), std::string::npos) << name << ": " << what;
+    }
+  }
+  // A NaN in the state: the first step fails, naming it.
+  State state = build_initial_state(cfg, model);
+  state.x[4] = std::nan("");
+  auto backend = cuda_backend(Engine::Emulation, build_model(config({"--n", "20", "--integrator", "heun"})),
+                              Precision::Double, 1);
+  const auto stepper = backend->resident_stepper({"heun"}, 1);
+  ASSERT_TRUE(stepper != nullptr);
+  const ResidentOutcome outcome = stepper->advance(state.x.data(), 0, 5, 0.1);
+  EXPECT_EQ(outcome.steps_done, 0);
+  EXPECT_TRUE(outcome.non_finite_state);
+}
+
+// What the resident kernel leaves to the per-evaluation loop: adaptive and Lie-group rk4 steps,
+// d above 8, more than 1024 sources.
+TEST(CudaEmulation, ResidentKernelTakesOnlyWhatItRuns) {
+  auto stepper_for = [](const std::vector<std::string>& args, const std::string& method) {
+    const Model model = build_model(config(args));
+    auto backend = cuda_backend(Engine::Emulation, model, Precision::Double, 1);
+    return backend->resident_stepper({method}, 2) != nullptr;
+  };
+  EXPECT_TRUE(stepper_for({"--n", "1000", "--d", "8", "--prefix", "24"}, "rk4"));
+  EXPECT_FALSE(stepper_for({"--n", "1000", "--d", "8", "--prefix", "25"}, "rk4"));
+  EXPECT_FALSE(stepper_for({"--n", "10", "--d", "9"}, "rk4"));
+  EXPECT_FALSE(stepper_for({"--n", "10"}, "dopri5"));
+  EXPECT_FALSE(stepper_for({"--n", "10"}, "lie-rk4"));
+}
+
+// The device's resident kernel against its host emulation (fp64 to rounding, fp32 within the
+// exponential unit's error) and bitwise against itself in chunks; euler-maruyama's noise on
+// the device is the CPU's stream, so its trajectory stays within rounding of the CPU's.
+TEST(CudaDevice, ResidentKernelAgreesWithItsEmulation) {
+  SKIP_UNLESS_ENGINE(Engine::Device);
+  for (Precision precision : {Precision::Double, Precision::Float})
+    for (const std::string method : {"rk4", "euler-maruyama", "lie-euler"}) {
+      std::vector<std::string> args = {"--n", "300", "--d", "3", "--kernel", "sa", "--beta", "2", "--q",
+                                       "gaussian", "--geometry", "rope", "--replicas", "5", "--integrator",
+                                       method, "--dt", "0.05"};
+      if (method == "euler-maruyama") args = testing::with(args, {"--noise-kappa", "50"});
+      const RunConfig cfg = config(args);
+      const Model model = build_model(cfg);
+      const auto device = cuda_backend(Engine::Device, model, precision, 2);
+      const auto emulated = cuda_backend(Engine::Emulation, model, precision, 2);
+      const auto a = resident_steps(*device, cfg, model, 20, 20);
+      const auto b = resident_steps(*device, cfg, model, 20, 3);
+      const auto c = resident_steps(*emulated, cfg, model, 20, 20);
+      EXPECT_TRUE(bitwise_equal(a.data(), b.data(), a.size())) << method;
+      EXPECT_LE(testing::max_abs_difference(a, c), precision == Precision::Float ? 1e-5 : 1e-12) << method;
+    }
+}
+TEST(CudaDevice, ResidentStepsAgreeWithTheCpuIntegrators) {
+  SKIP_UNLESS_ENGINE(Engine::Device);
+  for (const std::string method : {"euler", "heun", "rk4", "euler-unprojected", "lie-euler", "euler-maruyama"})
+    for (const auto& extra : resident_cases()) {
+      std::vector<std::string> args = {"--n", "37", "--replicas", "3", "--integrator", method, "--dt", "0.05",
+                                       "--horizon", "0.6", "--save-every", "0.3"};
+      if (method == "euler-maruyama") args = testing::with(args, {"--noise-kappa", "20"});
+      const RunConfig cfg = config(testing::with(args, extra));
+      const Model model = build_model(cfg);
+      auto device = cuda_backend(Engine::Device, model, Precision::Double, 2);
+      auto cpu = make_backend("cpu", model, 2);
+      bool resident = false;
+      const auto frames = simulate_on(*device, cfg, model, &resident);
+      const auto expected = simulate_on(*cpu, cfg, model);
+      ASSERT_TRUE(resident) << method;
+      EXPECT_LE(testing::max_abs_difference(frames.back().x, expected.back().x), 1e-12) << method;
+    }
+}
+
 // What the CUDA pair loop cannot take is refused up front, naming the option.
 TEST(CudaEmulation, RefusesWhatTheDeviceLoopCannotTakeNamingTheOption) {
   try {

@@ -49,6 +49,9 @@ std::string refusal(const Model& model) {
 }
 
 template <class Real>
+class ResidentSteps;
+
+template <class Real>
 class CudaBackend final : public Backend {
  public:
   static constexpr bool kFloat = std::is_same_v<Real, float>;
@@ -56,9 +59,9 @@ class CudaBackend final : public Backend {
   static constexpr double kLooseBound = kFloat ? 0x1p-60 : 1e-250;
 
   /// The model must have passed refusal() (make_with checks it before making the engine).
-  CudaBackend(const Model& model, int threads, std::unique_ptr<SumsEngine<Real>> engine)
+  CudaBackend(const Model& model, int threads, std::unique_ptr<SumsEngine<Real>> engine, bool emulated)
       : model_(model), threads_(threads > 0 ? threads : omp_get_max_threads()), mass_(model.mass()),
-        engine_(std::move(engine)) {
+        engine_(std::move(engine)), emulated_(emulated) {
     const std::size_t n = model.n, sources = n + model.prefix_count(), k = model.position_dim;
     args_.n = int(n);
     args_.sources = int(sources);
@@ -101,6 +104,8 @@ class CudaBackend final : public Backend {
            << " pair_ceiling " << pair_rate_ceiling(*properties, kFloat, model_.d);
     return text.str();
   }
+
+  std::unique_ptr<ResidentStepper> resident_stepper(const FixedStepMethod& method, std::size_t replicas) override;
 
   void evaluate(std::size_t replicas, const double* x, const FieldOutputs& out) override {
     const std::size_t n = model_.n, d = model_.d, rows = replicas * n;
@@ -213,7 +218,161 @@ class CudaBackend final : public Backend {
   std::vector<int> prompts_;
   std::vector<std::int64_t> loose_;
   std::size_t exact_receivers_ = 0;  // the last evaluation's exact-pass receivers
+  bool emulated_;  // the engines run on the host (the tests' emulation)
+
+  friend class ResidentSteps<Real>;
 };
+
+
+/// The resident kernel as integrate() drives it (resident_steps.hpp): the model's labels,
+/// gauges and prefix packed once, its matrices at every call (a new layer's take effect).
+template <class Real>
+class ResidentSteps final : public ResidentStepper {
+ public:
+  ResidentSteps(const CudaBackend<Real>& backend, std::unique_ptr<ResidentEngine<Real>> engine,
+                ResidentArgs<Real> args)
+      : model_(backend.model_), engine_(std::move(engine)), args_(args) {
+    const Model& model = model_;
+    const std::size_t d = model.d, sources = std::size_t(args_.sources);
+    bias_ = backend.bias_;
+    positions_ = backend.positions_;
+    prompts_ = backend.prompts_;
+    if (model.gauge) {
+      // G_j as a dense matrix: its columns are G_j e_c.
+      gauges_.assign(sources * d * d, 0.0);
+      std::vector<double> unit(d, 0.0), column(d);
+      for (std::size_t j = 0; j < sources; ++j)
+        for (std::size_t c = 0; c < d; ++c) {
+          unit[c] = 1.0;
+          model.gauge->apply(j, unit.data(), column.data());
+          unit[c] = 0.0;
+          for (std::size_t r = 0; r < d; ++r) gauges_[(j * d + r) * d + c] = column[r];
+        }
+    }
+    args_.presence = model.presence.data();
+    args_.bias = bias_.data();
+    args_.positions = positions_.data();
+    args_.prompts = prompts_.data();
+    args_.prefix = model.prefix.data();
+    args_.gauges = model.gauge ? gauges_.data() : nullptr;
+    failed_step_.resize(args_.replicas);
+    failure_.resize(args_.replicas);
+    failure_value_.resize(args_.replicas);
+    args_.failed_step = failed_step_.data();
+    args_.failure = failure_.data();
+    args_.failure_value = failure_value_.data();
+  }
+
+  ResidentOutcome advance(double* x, std::int64_t steps_before, std::int64_t steps, double h) override {
+    pack_matrices();
+    args_.x = x;
+    engine_->advance(args_, steps_before, steps, h);
+    ResidentOutcome outcome;
+    outcome.steps_done = steps;
+    for (std::size_t r = 0; r < args_.replicas; ++r)
+      if (failed_step_[r] >= 0 && failed_step_[r] < outcome.steps_done) outcome.steps_done = failed_step_[r];
+    if (outcome.steps_done == steps) return outcome;
+    // The earliest failing step; an overflow there is reported before a non-finite state.
+    for (std::size_t r = 0; r < args_.replicas; ++r)
+      if (failed_step_[r] == outcome.steps_done && (failure_[r] & kOverflowFailure) &&
+          outcome.numerical_error.empty())
+        outcome.numerical_error = detail::usa_overflow_message(model_, failure_value_[r]);
+    outcome.non_finite_state = outcome.numerical_error.empty();
+    return outcome;
+  }
+
+ private:
+  /// Q, K and V of every matrix set, row-major; a factor that is the identity in every set
+  /// is passed as null (no product).
+  void pack_matrices() {
+    const std::size_t d = model_.d;
+    const std::size_t sets = model_.matrices.size() > 1 ? args_.replicas : 1;
+    args_.matrix_stride = sets > 1 ? d * d : 0;
+    auto pack = [&](std::vector<double>& out, auto member, auto identity) -> const double* {
+      bool all_identity = true;
+      for (std::size_t r = 0; r < sets; ++r) all_identity = all_identity && model_.matrices_of(r).*identity;
+      if (all_identity) return nullptr;
+      out.assign(sets * d * d, 0.0);
+      for (std::size_t r = 0; r < sets; ++r) {
+        const AttentionMatrices& set = model_.matrices_of(r);
+        for (std::size_t a = 0; a < d; ++a)
+          for (std::size_t b = 0; b < d; ++b)
+            out[(r * d + a) * d + b] = set.*identity ? double(a == b) : (set.*member)(a, b);
+      }
+      return out.data();
+    };
+    args_.q = pack(q_, &AttentionMatrices::q, &AttentionMatrices::q_identity);
+    args_.k = pack(k_, &AttentionMatrices::k, &AttentionMatrices::k_identity);
+    args_.v = pack(v_, &AttentionMatrices::v, &AttentionMatrices::v_identity);
+  }
+
+  const Model& model_;
+  std::unique_ptr<ResidentEngine<Real>> engine_;
+  ResidentArgs<Real> args_;
+  std::vector<Real> bias_;
+  std::vector<double> positions_, gauges_, q_, k_, v_, failure_value_;
+  std::vector<int> prompts_, failure_;
+  std::vector<long long> failed_step_;
+};
+
+/// The resident kernel's method for a fixed-step integrator, false for one it does not run.
+bool resident_method(const std::string& name, ResidentMethod& method, kernels::FixedTableau& tableau) {
+  method = ResidentMethod::RungeKutta;
+  if (name == "euler") tableau = kernels::kEulerTableau;
+  else if (name == "heun") tableau = kernels::kHeunTableau;
+  else if (name == "rk4") tableau = kernels::kRk4Tableau;
+  else if (name == "euler-unprojected") method = ResidentMethod::EulerUnprojected;
+  else if (name == "lie-euler") method = ResidentMethod::LieEuler;
+  else if (name == "euler-maruyama") method = ResidentMethod::EulerMaruyama;
+  else return false;
+  return true;
+}
+
+/// Threads per block: the power of two from 32 to kResidentMaxThreads nearest above n.
+int resident_threads(std::size_t n) {
+  int threads = 32;
+  while (threads < kResidentMaxThreads && std::size_t(threads) < n) threads *= 2;
+  return threads;
+}
+
+template <class Real>
+std::unique_ptr<ResidentStepper> CudaBackend<Real>::resident_stepper(const FixedStepMethod& method,
+                                                                     std::size_t replicas) {
+  ResidentArgs<Real> a;
+  if (!resident_method(method.name, a.method, a.tableau)) return nullptr;
+  const std::size_t sources = std::size_t(args_.sources);
+  if (model_.d > std::size_t(kResidentMaxDim) || sources > std::size_t(kResidentMaxSources) ||
+      model_.n == 0 || replicas == 0)
+    return nullptr;
+  std::unique_ptr<ResidentEngine<Real>> engine;
+  if (emulated_) {
+    engine = make_host_resident_engine<Real>();
+  } else {
+#if defined(MFATTN_HAVE_CUDA)
+    engine = make_device_resident_engine<Real>();
+#else
+    return nullptr;
+#endif
+  }
+  a.n = args_.n;
+  a.sources = args_.sources;
+  a.d = args_.d;
+  a.position_dim = args_.position_dim;
+  a.threads = resident_threads(model_.n);
+  a.has_terms = args_.has_terms;
+  a.terms = args_.terms;
+  a.finish = {model_.normalization == Normalization::Usa, model_.exponent_shift(), model_.eps_den, mass_};
+  a.query_scale = model_.beta * kLog2e;
+  a.largest_bias = largest_bias_;
+  a.transported = model_.values == ValueTransport::Transported;
+  a.noise_kappa = method.noise_kappa;
+  a.seed = method.seed;
+  a.replicas = replicas;
+  if (resident_shared_bytes(a.sources, a.d, a.position_dim, a.threads, a.has_terms, sizeof(Real)) >
+      engine->shared_limit())
+    return nullptr;
+  return std::make_unique<ResidentSteps<Real>>(*this, std::move(engine), a);
+}
 
 template <class Real>
 std::unique_ptr<Backend> make_with(const Model& model, const BackendOptions& options, bool emulated) {
@@ -234,7 +393,7 @@ std::unique_ptr<Backend> make_with(const Model& model, const BackendOptions& opt
                              backend_names_text(", ", "cuda") + "; docs/cuda.md says how to build it)");
 #endif
   }
-  return std::make_unique<CudaBackend<Real>>(model, options.threads, std::move(engine));
+  return std::make_unique<CudaBackend<Real>>(model, options.threads, std::move(engine), emulated);
 }
 
 }  // namespace

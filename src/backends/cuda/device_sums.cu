@@ -20,6 +20,7 @@
 #include <new>
 #include <string>
 
+#include "backends/cuda/device_memory.hpp"
 #include "backends/cuda/sums_engine.hpp"
 #include "mfattn/backend_errors.hpp"
 
@@ -27,11 +28,6 @@ namespace mfattn::cuda {
 namespace {
 
 constexpr int kBlockThreads = 128;
-
-void check(cudaError_t status, const char* what) {
-  if (status == cudaSuccess) return;
-  throw DeviceFailure(std::string("CUDA: ") + what + ": " + cudaGetErrorString(status));
-}
 
 /// Bytes of shared memory a tile takes (keys, values, biases; positions and prompts with terms).
 std::size_t tile_bytes(int d, bool terms, int position_dim, std::size_t real_size) {
@@ -106,44 +102,6 @@ __global__ void __launch_bounds__(kBlockThreads)
   else
     exact_receiver<Real, kMaxDim, false, false>(a, replica, i);
 }
-
-/// A device allocation that grows when asked for more and is freed with its owner.
-template <class T>
-class DeviceArray {
- public:
-  DeviceArray() = default;
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() {
-    if (data_) cudaFree(data_);
-  }
-  T* reserve(std::size_t count) {
-    if (count <= capacity_) return data_;
-    if (data_) check(cudaFree(data_), "cudaFree");
-    data_ = nullptr;
-    capacity_ = 0;
-    const cudaError_t status = cudaMalloc(reinterpret_cast<void**>(&data_), std::max<std::size_t>(count, 1) * sizeof(T));
-    if (status != cudaSuccess)
-      throw DeviceFailure("CUDA: cudaMalloc of " + std::to_string(count * sizeof(T)) +
-                          " bytes: " + cudaGetErrorString(status));
-    capacity_ = count;
-    return data_;
-  }
-  /// Copies count numbers from the host (growing the array first).
-  T* upload(const T* host, std::size_t count) {
-    T* device = reserve(count);
-    if (count) check(cudaMemcpy(device, host, count * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy to the device");
-    return device;
-  }
-  void download(T* host, std::size_t count) const {
-    if (count) check(cudaMemcpy(host, data_, count * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy from the device");
-  }
-  T* get() const { return data_; }
-
- private:
-  T* data_ = nullptr;
-  std::size_t capacity_ = 0;
-};
 
 template <class Real>
 class DeviceSums final : public SumsEngine<Real> {

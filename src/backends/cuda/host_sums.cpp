@@ -5,6 +5,8 @@
 
 #include <omp.h>
 
+#include <vector>
+
 namespace mfattn::cuda {
 namespace {
 
@@ -47,7 +49,59 @@ class HostSums final : public SumsEngine<Real> {
   }
 };
 
+/// Shared memory of an sm_90 block (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB).
+constexpr std::size_t kSm90SharedBytes = 227 * 1024;
+
+template <class Real>
+class HostResident final : public ResidentEngine<Real> {
+ public:
+  std::size_t shared_limit() const override { return kSm90SharedBytes; }
+
+  void advance(const ResidentArgs<Real>& host, long long steps_before, long long steps, double h) override {
+    ResidentArgs<Real> a = host;
+    const std::size_t rows = a.replicas * std::size_t(a.n) * std::size_t(a.d);
+    stage_.resize(rows);
+    slopes_.resize(rows * kernels::FixedTableau::kMaxStages);
+    queries_.resize(rows);
+    a.stage = stage_.data();
+    a.slopes = slopes_.data();
+    a.queries = queries_.data();
+    const std::size_t bytes =
+        resident_shared_bytes(a.sources, a.d, a.position_dim, a.threads, a.has_terms, sizeof(Real));
+    visit_resident_dimension(a.d, [&](auto dim, auto exact) {
+      constexpr int kDim = decltype(dim)::value;
+      constexpr bool kExact = decltype(exact)::value;
+#pragma omp parallel
+      {
+        // The block's shared memory, 16-byte aligned.
+        std::vector<double> shared((bytes + sizeof(double) - 1) / sizeof(double) + 1);
+        const HostTeam team{a.threads};
+#pragma omp for schedule(static)
+        for (std::size_t r = 0; r < a.replicas; ++r) {
+          const ResidentShared<Real> mem =
+              carve_resident_shared(reinterpret_cast<unsigned char*>(shared.data()), a);
+          if (a.has_terms)
+            ResidentReplica<Real, kDim, kExact, true>{a, mem, r}.advance(team, steps_before, steps, h);
+          else
+            ResidentReplica<Real, kDim, kExact, false>{a, mem, r}.advance(team, steps_before, steps, h);
+        }
+      }
+    });
+  }
+
+ private:
+  std::vector<double> stage_, slopes_;
+  std::vector<Real> queries_;
+};
+
 }  // namespace
+
+template <class Real>
+std::unique_ptr<ResidentEngine<Real>> make_host_resident_engine() {
+  return std::make_unique<HostResident<Real>>();
+}
+template std::unique_ptr<ResidentEngine<double>> make_host_resident_engine<double>();
+template std::unique_ptr<ResidentEngine<float>> make_host_resident_engine<float>();
 
 template <class Real>
 std::unique_ptr<SumsEngine<Real>> make_host_engine() {

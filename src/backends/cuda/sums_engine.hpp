@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backends/cuda/receiver_sums.hpp"
+#include "backends/cuda/resident_steps.hpp"
 
 namespace mfattn::cuda {
 
@@ -40,9 +41,32 @@ class SumsEngine {
                           const std::vector<std::int64_t>& rows) = 0;
 };
 
+/// Where the resident kernel (resident_steps.hpp) runs: a CUDA device, or the host's
+/// emulation of its blocks.
+template <class Real>
+class ResidentEngine {
+ public:
+  virtual ~ResidentEngine() = default;
+  /// a holds host arrays: the model's labels, matrices and prefix, a.x (advanced in place) and
+  /// the failure arrays (written); its stage, slopes and queries are ignored (each engine has
+  /// its own). Runs every replica's block for `steps` steps of size h.
+  virtual void advance(const ResidentArgs<Real>& a, long long steps_before, long long steps, double h) = 0;
+  /// The most shared memory one block may take, in bytes.
+  virtual std::size_t shared_limit() const = 0;
+};
+
 /// The host's emulation of the device loops (same formulas, same order of summation).
 template <class Real>
 std::unique_ptr<SumsEngine<Real>> make_host_engine();
+
+/// The host's emulation of the resident kernel's blocks (the same phases, thread after thread),
+/// with the shared memory of an sm_90 block (227 KiB), so that it takes the device's cases.
+template <class Real>
+std::unique_ptr<ResidentEngine<Real>> make_host_resident_engine();
+
+/// The resident kernel on the current device (builds with CUDA only).
+template <class Real>
+std::unique_ptr<ResidentEngine<Real>> make_device_resident_engine();
 
 /// The CUDA device's engine on the current device (builds with CUDA only; throws
 /// BackendUnavailable where no device is usable).

@@ -1,0 +1,96 @@
+#pragma once
+// The per-token pieces of the fixed-step integrators of include/mfattn/integrator.hpp,
+// written once for the CPU integrators (src/integrators/integrators.cpp) and the CUDA
+// backend's resident kernel (src/backends/cuda/resident_steps.hpp):
+//   FixedTableau      the explicit Runge-Kutta tableaux of euler, heun and rk4
+//   normalize_token   x <- x / |x|
+//   geodesic_step     x <- cos(h|w|) x + sin(h|w|) w/|w|, then renormalised (lie-euler)
+//   maruyama_step     x <- normalize(x + h f + sqrt(2h/kappa) P_x xi), xi ~ N(0, I) from the
+//                     counter-based stream (seed, Noise, replica << 32 | token, step)
+#include <cmath>
+#include <cstdint>
+
+#include "core/counter_random.hpp"
+#include "kernels/compile_target.hpp"
+#include "mfattn/rng.hpp"
+
+MFATTN_CPU_TARGET_BEGIN
+namespace mfattn::kernels {
+inline namespace MFATTN_CPU_NAMESPACE {
+
+/// An explicit Runge-Kutta tableau of at most four stages: stage s evaluates the field at
+/// x + h sum_{m < s} a[s][m] k_m, the step is x + h sum_m b[m] k_m.
+struct FixedTableau {
+  static constexpr int kMaxStages = 4;
+  int stages = 1;
+  double a[kMaxStages][kMaxStages] = {};
+  double b[kMaxStages] = {1.0};
+};
+inline constexpr FixedTableau kEulerTableau{1, {}, {1.0}};
+inline constexpr FixedTableau kHeunTableau{2, {{}, {1.0}}, {0.5, 0.5}};
+inline constexpr FixedTableau kRk4Tableau{4, {{}, {0.5}, {0.0, 0.5}, {0.0, 0.0, 1.0}},
+                                          {1.0 / 6, 1.0 / 3, 1.0 / 3, 1.0 / 6}};
+
+/// The stream tag of the integrator's noise.
+inline constexpr std::uint64_t kNoiseStreamTag = static_cast<std::uint64_t>(StreamTag::Noise);
+
+MFATTN_HOST_DEVICE inline double dot_product(const double* a, const double* b, int d) {
+  double sum = 0.0;
+  for (int c = 0; c < d; ++c) sum += a[c] * b[c];
+  return sum;
+}
+
+/// x <- x / |x|.
+MFATTN_HOST_DEVICE inline void normalize_token(double* x, int d) {
+  const double norm = std::sqrt(dot_product(x, x, d));
+  for (int c = 0; c < d; ++c) x[c] /= norm;
+}
+
+/// x <- cos(h|w|) x + sin(h|w|) w/|w|, then renormalised against rounding drift (w tangent at x;
+/// w = 0 leaves x as it is).
+MFATTN_HOST_DEVICE inline void geodesic_step(double* x, const double* w, double h, int d) {
+  const double speed = std::sqrt(dot_product(w, w, d));
+  if (speed == 0.0) return;
+  const double angle = h * speed, cos_a = std::cos(angle), sin_a = std::sin(angle) / speed;
+  for (int c = 0; c < d; ++c) x[c] = cos_a * x[c] + sin_a * w[c];
+  normalize_token(x, d);
+}
+
+/// sqrt(2 h / kappa), the noise amplitude of a step h (0 for kappa <= 0: no noise).
+MFATTN_HOST_DEVICE inline double noise_amplitude(double h, double kappa) {
+  return kappa > 0.0 ? std::sqrt(2.0 * h / kappa) : 0.0;
+}
+
+/// One projected Euler-Maruyama step of token `token` of replica `replica` at step count
+/// `step` (the steps taken before this one): x <- normalize(x + h f + amplitude P_x xi), xi
+/// from the token's own stream, so that the increment depends on neither the thread count
+/// nor other tokens. noise: d numbers of scratch.
+MFATTN_HOST_DEVICE inline void maruyama_step(double* x, const double* velocity, double h, double amplitude,
+                                             std::uint64_t seed, std::uint64_t replica, std::uint64_t token,
+                                             std::uint64_t step, int d, double* noise) {
+  for (int c = 0; c < d; ++c) noise[c] = 0.0;
+  if (amplitude > 0.0) {
+    // The host draws through rng.cpp, compiled without contractions whatever the including
+    // file's flags (an x86-64-v3 build would fuse the inlined formulas); a device spells
+    // each operation uncontracted (core/counter_random.hpp).
+#if defined(__CUDA_ARCH__)
+    random::CounterStream stream{random::stream_key(seed, kNoiseStreamTag, (replica << 32) | token, step)};
+#else
+    RandomStream stream(seed, kNoiseStreamTag, (replica << 32) | token, step);
+#endif
+    for (int c = 0; c < d; ++c) noise[c] = stream.normal();
+    const double radial = dot_product(noise, x, d);
+    for (int c = 0; c < d; ++c) noise[c] = amplitude * (noise[c] - radial * x[c]);
+  }
+  double norm2 = 0.0;
+  for (int c = 0; c < d; ++c) {
+    x[c] += h * velocity[c] + noise[c];
+    norm2 += x[c] * x[c];
+  }
+  const double norm = std::sqrt(norm2);
+  for (int c = 0; c < d; ++c) x[c] /= norm;
+}
+
+}  // namespace MFATTN_CPU_NAMESPACE
+}  // namespace mfattn::kernels
+MFATTN_CPU_TARGET_END

@@ -1,0 +1,120 @@
+#pragma once
+// The receiver's finish of docs/model.md section 2, written once for the host and a CUDA
+// device: from one receiver's shifted sums
+//   S = sum_j exp(l_ij - m),   A = sum_j exp(l_ij - m) z_j        (m = log_max, the offset)
+// to its velocity
+//   USA: u_pre = exp(m - shift) A / M          SA: u_pre = A / (S + eps_den / exp(m - shift))
+//   u = V G_i^T u_pre (transported values) | V u_pre (plain),   v_i = p_i (u - <x_i, u> x_i)
+// and its weight sum D_i = exp(m - shift) S. Where exp(m - shift) overflows although the
+// result need not, the products are taken in log space. A USA output that overflows double is
+// reported (FinishOutcome::overflow) for the caller to raise.
+//
+// The gauge's transpose is the caller's (the CPU backends apply Model::gauge, the CUDA
+// resident kernel a dense G_i), passed as transpose_gauge(in, out) -> bool (false: nothing
+// applied). detail::finish_receiver (backends/backend_common.cpp) and the CUDA backend's
+// resident kernel (backends/cuda/resident_steps.hpp) both call finish_sums.
+#include <cmath>
+
+#include "kernels/compile_target.hpp"
+
+MFATTN_CPU_TARGET_BEGIN
+namespace mfattn::kernels {
+inline namespace MFATTN_CPU_NAMESPACE {
+
+/// The model's numbers that the finish reads.
+struct FinishTerms {
+  bool usa = true;              ///< USA (else SA)
+  double exponent_shift = 0.0;  ///< beta in rescaled time, 0 in natural time
+  double eps_den = 0.0;         ///< SA's denominator epsilon
+  double mass = 1.0;            ///< M = sum_j p_j (USA's normaliser)
+};
+
+/// What finish_sums reports besides the velocity.
+struct FinishOutcome {
+  double weight_sum = 0.0;  ///< D_i = exp(m - shift) S
+  bool overflow = false;    ///< a USA output overflowed double (the velocity is then not written)
+  double log_scale = 0.0;   ///< m - shift, for the overflow's message
+};
+
+/// Whether a finish needs the scale exp(m - shift): USA's output, eps_den's share and D_i;
+/// SA without eps_den needs it for D_i only.
+MFATTN_HOST_DEVICE inline bool finish_needs_scale(const FinishTerms& terms, bool weight_sum_wanted) {
+  return weight_sum_wanted || terms.usa || terms.eps_den > 0.0;
+}
+
+/// The finish of one receiver (see the file comment). log_max = -inf: no visible source, the
+/// receiver stays. scale: exp(log_max - shift) (any value where finish_needs_scale is false).
+/// v: V row-major (d x d), null for the identity. velocity and attention_output (p_i u, may be
+/// null) take d numbers; scratch 2 d.
+template <class TransposeGauge>
+MFATTN_HOST_DEVICE inline FinishOutcome finish_sums(const FinishTerms& terms, double p_i, int d,
+                                                    const double* x_i, double log_max, double scale,
+                                                    double weight_sum_shifted, const double* acc,
+                                                    const double* v, double* velocity,
+                                                    double* attention_output, double* scratch,
+                                                    TransposeGauge&& transpose_gauge) {
+  FinishOutcome outcome;
+  auto stay = [&] {
+    for (int c = 0; c < d; ++c) velocity[c] = 0.0;
+    if (attention_output)
+      for (int c = 0; c < d; ++c) attention_output[c] = 0.0;
+  };
+  if (log_max == -__builtin_huge_val()) {
+    // No source with weight is visible: the receiver does not move.
+    stay();
+    return outcome;
+  }
+  // True weights are exp(log_max - shift) times the shifted ones; the sums are combined in
+  // log space where the plain product would overflow although the result does not.
+  const double log_scale = log_max - terms.exponent_shift;
+  outcome.log_scale = log_scale;
+  outcome.weight_sum = std::isfinite(scale) ? scale * weight_sum_shifted
+                                            : std::exp(log_scale + std::log(weight_sum_shifted));
+  if (p_i == 0.0) {
+    // A null receiver does not move, whatever its sums.
+    stay();
+    return outcome;
+  }
+  double* u_pre = scratch;
+  double* u = scratch + d;
+  if (terms.usa) {
+    const double factor = scale / terms.mass;
+    bool finite = true;
+    for (int c = 0; c < d; ++c) {
+      u_pre[c] = std::isfinite(factor)
+                     ? factor * acc[c]
+                     : std::copysign(std::exp(log_scale + std::log(std::fabs(acc[c]) / terms.mass)), acc[c]);
+      finite = finite && std::isfinite(u_pre[c]);
+    }
+    if (!finite) {
+      outcome.overflow = true;
+      return outcome;
+    }
+  } else {
+    // eps_den is compared with the true weight sum: eps + scale * S = scale * (eps/scale + S).
+    const double denominator = weight_sum_shifted + (terms.eps_den > 0.0 ? terms.eps_den / scale : 0.0);
+    for (int c = 0; c < d; ++c) u_pre[c] = acc[c] / denominator;
+  }
+  // u = V G_i^T u_pre (transported values) or V u_pre (plain values).
+  const double* rotated = u_pre;
+  if (transpose_gauge(static_cast<const double*>(u_pre), u))
+    for (int c = 0; c < d; ++c) u_pre[c] = u[c];
+  if (v) {
+    for (int r = 0; r < d; ++r) {
+      double sum = 0.0;
+      for (int c = 0; c < d; ++c) sum += v[r * d + c] * rotated[c];
+      u[r] = sum;
+    }
+    rotated = u;
+  }
+  double radial = 0.0;
+  for (int c = 0; c < d; ++c) radial += x_i[c] * rotated[c];
+  for (int c = 0; c < d; ++c) velocity[c] = p_i * (rotated[c] - radial * x_i[c]);
+  if (attention_output)
+    for (int c = 0; c < d; ++c) attention_output[c] = p_i * rotated[c];
+  return outcome;
+}
+
+}  // namespace MFATTN_CPU_NAMESPACE
+}  // namespace mfattn::kernels
+MFATTN_CPU_TARGET_END
