@@ -43,12 +43,18 @@ for row in "float 1000000 3" "double 1000000 3" "float 100000 64" "double 100000
 done
 cat "$results/bench.txt"
 
-step "ensemble: 1024 replicas of n = 256, d = 3, SA, rk4, dt 0.05 to t = 20"
-ensemble_start=$SECONDS
+# The same run on the development machine's CPU backend (2 cores, AVX-512, 2026-12-02): 64
+# replicas took 2.93 s, so 1024 take about 46.9 s (1.07e11 pair evaluations, 2.3e9 pairs/s);
+# the issue's target is under 1 s and at least 100 times that.
+step "ensemble: 1024 replicas of n = 256, d = 3, SA, rk4, dt 0.05 to t = 20 (resident kernel)"
+ensemble_start=$(date +%s.%N)
 timeout 120 "$bin/mfattn" run --backend cuda --threads "$threads" --replicas 1024 --n 256 --d 3 \
   --kernel sa --integrator rk4 --dt 0.05 --horizon 20 --save-every 5 --save-positions none \
   --out "$results/ensemble.h5" --overwrite --quiet > "$results/ensemble.log" 2>&1 || fail "ensemble run"
-step "ensemble took $((SECONDS - ensemble_start)) s of wall time"
+ensemble_seconds=$(awk -v a="$ensemble_start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }')
+"$bin/mfattn" info "$results/ensemble.h5" > "$results/ensemble-info.txt" 2>&1 || fail "mfattn info"
+grep -q "device_stepping_used.*resident" "$results/ensemble-info.txt" || fail "the ensemble did not run resident"
+step "ensemble took $ensemble_seconds s of wall time (whole run: start, frames, file); the CPU backend's 46.9 s"
 
 step "mean field: n = 10^6, d = 3, USA, heun, dt 0.1 to t = 5, fp32, frames at t = 0 and 5"
 mean_field_start=$SECONDS
