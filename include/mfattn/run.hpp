@@ -2,6 +2,8 @@
 /// \file run.hpp
 /// `mfattn run`: resolved options -> Model, initial State, backend, integrator, H5MD output.
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -67,8 +69,22 @@ struct ObserverSchedule {
 /// "SIGTERM", "SIGINT", ... for the signals runs and sweeps report ("signal N" otherwise).
 std::string signal_name(int signal);
 
+/// What a caller in the same process (the Python module) hears of a run as it goes.
+struct RunHooks {
+  /// Called with (time, step) after every frame, and between frames at most every
+  /// kHookIntervalSeconds of wall time (after a step or a resident chunk). Returning false stops the run between two steps as a signal does: the file keeps
+  /// its frames, /run/status says "interrupted: stopped by the caller", and run_simulation
+  /// returns kExitStoppedByCaller. Called from the thread that runs the simulation.
+  std::function<bool(double time, std::int64_t step)> progress;
+};
+inline constexpr double kHookIntervalSeconds = 0.1;
+/// run_simulation's status when RunHooks::progress stopped it (as SIGINT would: 128 + 2).
+inline constexpr int kExitStoppedByCaller = 130;
+
 /// Runs the whole simulation and writes the output file; returns an ExitCode.
-/// Messages go to `log` (stderr in the CLI).
-int run_simulation(const RunConfig& cfg, std::ostream& log);
+/// Messages go to `log` (stderr in the CLI). SIGTERM, SIGINT and SIGHUP end it between two
+/// steps while it runs (the previous handlers are restored when the last concurrent run
+/// ends, so a Python interpreter keeps its own).
+int run_simulation(const RunConfig& cfg, std::ostream& log, const RunHooks& hooks = {});
 
 }  // namespace mfattn

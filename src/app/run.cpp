@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <mutex>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -282,7 +283,11 @@ struct Interrupted {
 /// restores the previous handlers when it goes.
 class StopSignals {
  public:
+  // Runs may overlap in one process (the Python module's threads): the first installs the
+  // handlers, the last restores the ones it found.
   StopSignals() {
+    const std::lock_guard<std::mutex> lock(mutex());
+    if (users()++ > 0) return;
     stop_signal = 0;
     first_stop_ns = 0;
     for (std::size_t i = 0; i < kSignals.size(); ++i) {
@@ -290,20 +295,35 @@ class StopSignals {
       action.sa_handler = request_stop;
       sigemptyset(&action.sa_mask);
       action.sa_flags = SA_RESTART;
-      ::sigaction(kSignals[i], &action, &previous_[i]);
+      ::sigaction(kSignals[i], &action, &previous()[i]);
     }
   }
   ~StopSignals() {
-    for (std::size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &previous_[i], nullptr);
+    const std::lock_guard<std::mutex> lock(mutex());
+    if (--users() > 0) return;
+    for (std::size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &previous()[i], nullptr);
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
  private:
   static constexpr std::array<int, 3> kSignals{SIGTERM, SIGINT, SIGHUP};
-  std::array<struct sigaction, 3> previous_{};
+  static std::mutex& mutex() {
+    static std::mutex instance;
+    return instance;
+  }
+  static int& users() {
+    static int count = 0;
+    return count;
+  }
+  static std::array<struct sigaction, 3>& previous() {
+    static std::array<struct sigaction, 3> handlers{};
+    return handlers;
+  }
 };
 
+/// The status word of an interruption: the signal's name, or the caller's stop (signal 0).
+std::string interruption_name(int signal) { return signal ? signal_name(signal) : "stopped by the caller"; }
 
 /// Fixed-step methods may take at most this many steps: beyond it a run cannot finish (at
 /// 0.1 us per step, 10^12 steps take 28 hours) and the step stops moving the clock once
@@ -718,7 +738,7 @@ std::vector<double> output_times(const RunConfig& cfg) {
   return unique;
 }
 
-int run_simulation(const RunConfig& given, std::ostream& log) {
+int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& hooks) {
   RunConfig cfg = given;
   // From here on SIGTERM, SIGINT and SIGHUP end the run between two steps, with its file
   // flushed and its status saying so (exit 128 + signal).
@@ -905,6 +925,15 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
          writer->write_run_info("complete", resumed.wall_seconds + elapsed(), s.step, rejected_total());
        }},
   };
+  // The caller's hook (RunHooks::progress): at every frame, and between frames at most every
+  // kHookIntervalSeconds.
+  double last_hook_seconds = -1.0;
+  auto call_hook = [&](const State& s, bool always) {
+    if (!hooks.progress) return;
+    if (!always && last_hook_seconds >= 0.0 && elapsed() - last_hook_seconds < kHookIntervalSeconds) return;
+    last_hook_seconds = elapsed();
+    if (!hooks.progress(s.time, s.step)) throw Interrupted{0};
+  };
   auto observer = [&](const State& s) {
     if (const std::size_t now = layer_at(cfg, s.time); now != layer) {
       layer = now;
@@ -920,12 +949,14 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     if (flush_due(frame_index) || progress.line_due(s.time)) flush_frames();
     ++frame_index;
     progress.update(s.time, s.step);
+    call_hook(s, true);
   };
   auto after_step = [&](const State& s, const IntegrationStats& counts) {
     so_far = counts;
     if (const int signal = stop_signal) throw Interrupted{signal};
     if (last_frame_time > flushed_time && progress.line_due(s.time)) flush_frames();
     progress.update(s.time, s.step);
+    call_hook(s, false);
   };
   // Records why the run ended in /run, if the file still takes it (a full disk may not).
   auto record_status = [&](const std::string& status) {
@@ -945,13 +976,13 @@ int run_simulation(const RunConfig& given, std::ostream& log) {
     progress.finish();
   } catch (const Interrupted& stop) {
     progress.finish();
-    const std::string name = signal_name(stop.signal);
+    const std::string name = interruption_name(stop.signal);
     // The status goes with the staged frames' flush.
     if (record_status("interrupted: " + name)) flushed_time = last_frame_time;
     log << "mfattn run: interrupted by " << name << " at t = " << state.time << " (step "
         << state.step << "); " << writer->current_path() << " keeps every frame up to t = "
         << flushed_time << " (continue it with --resume)\n";
-    return 128 + stop.signal;
+    return stop.signal ? 128 + stop.signal : kExitStoppedByCaller;
   } catch (const NumericalError& e) {
     progress.finish();
     log << "mfattn run: numerical failure: " << e.what() << '\n';

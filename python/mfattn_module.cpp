@@ -1,0 +1,388 @@
+// The Python module `mfattn` (docs/python.md): the engine inside a notebook, NumPy arrays in
+// and out, the same option table and the same code paths as the command line.
+//
+//   mfattn.Model(**options)      options of `mfattn run` by name, '-' written '_'
+//     .velocity(x, threads=None) dx/dt = p_i P_{x_i}(u_i) for x of shape (n, d) or (R, n, d)
+//     .energy(x)                 E = 1 / (2 beta M^2) sum_{i,j} p_i p_j m_ij c_ij exp(s_ij)
+//     .initial_state()           the run's initial positions
+//   mfattn.run(out=None, progress=None, **options)
+//                                `mfattn run` (run_simulation, the CLI's own function) into
+//                                out or a temporary file, loaded as a Trajectory
+//   mfattn.load(path)            the loader of analysis/mfattn_io.py (embedded at build time)
+//
+// Options are turned into command-line words and parsed by parse_run_arguments, so a bad
+// value raises ValueError with the CLI's own message. Evaluations release the GIL; each
+// concurrent call takes a backend of its own from the model's pool.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/eval.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mfattn/backend.hpp"
+#include "mfattn/config.hpp"
+#include "mfattn/run.hpp"
+#include "mfattn/run_choices.hpp"
+#include "mfattn/version.hpp"
+#include "mfattn_io_source.hpp"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace mfattn::python {
+namespace {
+
+/// mfattn.NumericalError (an ArithmeticError): a weight overflowed or the state diverged.
+PyObject* numerical_error_type = nullptr;
+
+[[noreturn]] void raise_python(PyObject* type, const std::string& message) {
+  PyErr_SetString(type, message.c_str());
+  throw py::error_already_set();
+}
+
+/// Whether the last evaluation ran without the GIL (PyGILState_Check inside it): the tests
+/// ask, since whether two threads overlap is a matter of timing.
+std::atomic<bool> last_call_released_gil{false};
+
+/// A keyword's value as the command line's words: True a switch, False and None nothing,
+/// lists joined by commas, floats in Python's shortest round-trip form.
+bool option_words(const std::string& key, const py::handle& value, std::vector<std::string>& words) {
+  std::string name = key;
+  for (char& c : name)
+    if (c == '_') c = '-';
+  if (value.is_none()) return true;
+  if (py::isinstance<py::bool_>(value)) {
+    if (value.cast<bool>()) words.push_back("--" + name);
+    return true;
+  }
+  words.push_back("--" + name);
+  if (py::isinstance<py::str>(value)) {
+    words.push_back(value.cast<std::string>());
+  } else if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value) ||
+             py::hasattr(value, "tolist")) {
+    py::object items = py::hasattr(value, "tolist") ? value.attr("tolist")() : py::reinterpret_borrow<py::object>(value);
+    if (!py::isinstance<py::list>(items) && !py::isinstance<py::tuple>(items)) {
+      words.push_back(py::repr(items).cast<std::string>());
+      return true;
+    }
+    std::string joined;
+    for (const py::handle item : items) joined += (joined.empty() ? "" : ",") + py::str(item).cast<std::string>();
+    words.push_back(joined);
+  } else if (py::isinstance<py::float_>(value)) {
+    words.push_back(py::repr(value).cast<std::string>());
+  } else {
+    words.push_back(py::str(value).cast<std::string>());
+  }
+  return true;
+}
+
+std::vector<std::string> words_of(const py::kwargs& options) {
+  std::vector<std::string> words;
+  for (const auto& [key, value] : options) option_words(key.cast<std::string>(), value, words);
+  return words;
+}
+
+/// parse_run_arguments with UsageError as ValueError (the CLI's message, without "mfattn run: ").
+RunConfig parse(const std::vector<std::string>& words) {
+  try {
+    return parse_run_arguments(words);
+  } catch (const UsageError& error) {
+    throw py::value_error(error.what());
+  }
+}
+
+/// x as a C-contiguous float64 array of shape (n, d) or (R, n, d) for this model: copied once
+/// if it is not; ValueError for another shape, a non-numeric dtype or a non-finite number.
+py::array_t<double, py::array::c_style> checked_positions(const py::handle& x, const Model& model,
+                                                          std::size_t& replicas) {
+  py::array array = py::array::ensure(x);
+  if (!array) throw py::type_error("x: expected an array of numbers of shape (n, d) or (R, n, d)");
+  if (array.dtype().kind() != 'f' && array.dtype().kind() != 'i' && array.dtype().kind() != 'u')
+    throw py::type_error("x: dtype " + py::str(array.dtype()).cast<std::string>() +
+                         " is not a real number type (float64 expected)");
+  auto values = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(array);
+  const std::string expected = "(" + std::to_string(model.n) + ", " + std::to_string(model.d) + ") or (R, " +
+                               std::to_string(model.n) + ", " + std::to_string(model.d) + ")";
+  std::string shape = "(";
+  for (py::ssize_t a = 0; a < values.ndim(); ++a) shape += (a ? ", " : "") + std::to_string(values.shape(a));
+  shape += values.ndim() == 1 ? ",)" : ")";
+  if (values.ndim() != 2 && values.ndim() != 3)
+    throw py::value_error("x: shape " + shape + "; expected " + expected);
+  const py::ssize_t rows = values.shape(values.ndim() - 2), columns = values.shape(values.ndim() - 1);
+  if (std::size_t(rows) != model.n || std::size_t(columns) != model.d)
+    throw py::value_error("x: shape " + shape + "; expected " + expected);
+  replicas = values.ndim() == 3 ? std::size_t(values.shape(0)) : 1;
+  if (model.matrices.size() > 1 && replicas != model.matrices.size())
+    throw py::value_error("x: " + std::to_string(replicas) + " replicas, but --matrices per-replica drew " +
+                          std::to_string(model.matrices.size()) + " sets of Q, K, V");
+  const double* data = values.data();
+  for (py::ssize_t e = 0; e < values.size(); ++e)
+    if (!std::isfinite(data[e]))
+      throw py::value_error("x: element " + std::to_string(e) + " is " + std::to_string(data[e]) +
+                            " (every position must be finite)");
+  return values;
+}
+
+class PyModel {
+ public:
+  explicit PyModel(const py::kwargs& options) {
+    std::vector<std::string> words = words_of(options);
+    if (!options.contains("out")) {
+      words.push_back("--out");
+      words.push_back("mfattn-model.h5");  // parse_run_arguments wants one; nothing is written
+    }
+    cfg_ = parse(words);
+    try {
+      model_ = build_model(cfg_);
+    } catch (const UsageError& error) {
+      throw py::value_error(error.what());
+    }
+    threads_ = resolve_threads(cfg_.threads);
+    // The backend is made once here, so that an unavailable one raises at construction.
+    release(acquire(threads_));
+  }
+
+  std::size_t n() const { return model_.n; }
+  std::size_t d() const { return model_.d; }
+  std::size_t replicas() const { return std::size_t(cfg_.replicas); }
+  double beta() const { return model_.beta; }
+  std::string backend_name() const { return cfg_.backend; }
+
+  py::array_t<double> initial_state() const {
+    State state;
+    try {
+      state = build_initial_state(cfg_, model_);
+    } catch (const UsageError& error) {
+      throw py::value_error(error.what());
+    }
+    return shaped(state.x, state.replicas, cfg_.replicas > 1);
+  }
+
+  py::array_t<double> velocity(const py::handle& x, py::object threads) {
+    std::size_t replicas = 1;
+    const auto values = checked_positions(x, model_, replicas);
+    std::vector<double> velocity(values.size());
+    evaluate(values.data(), replicas, velocity.data(), nullptr, threads);
+    return shaped(velocity, replicas, values.ndim() == 3);
+  }
+
+  py::object energy(const py::handle& x, py::object threads) {
+    std::size_t replicas = 1;
+    const auto values = checked_positions(x, model_, replicas);
+    std::vector<double> velocity(values.size()), sums(replicas * model_.n);
+    evaluate(values.data(), replicas, velocity.data(), sums.data(), threads);
+    std::vector<double> energies(replicas);
+    for (std::size_t r = 0; r < replicas; ++r)
+      energies[r] = energy_from_weight_sums(model_, values.data() + r * model_.n * model_.d,
+                                            sums.data() + r * model_.n, r);
+    if (values.ndim() == 2) return py::float_(energies[0]);
+    return py::array_t<double>(py::ssize_t(replicas), energies.data());
+  }
+
+ private:
+  struct Pooled {
+    int threads;
+    std::unique_ptr<Backend> backend;
+  };
+
+  /// A backend for `threads` threads that no other call is using.
+  Pooled acquire(int threads) {
+    {
+      const std::lock_guard<std::mutex> lock(pool_mutex_);
+      for (auto it = pool_.begin(); it != pool_.end(); ++it)
+        if (it->threads == threads) {
+          Pooled found = std::move(*it);
+          pool_.erase(it);
+          return found;
+        }
+    }
+    try {
+      return {threads, make_backend(cfg_.backend, model_, backend_options(cfg_, threads))};
+    } catch (const BackendUnavailable& error) {
+      throw py::value_error(error.what());
+    }
+  }
+  void release(Pooled pooled) {
+    const std::lock_guard<std::mutex> lock(pool_mutex_);
+    pool_.push_back(std::move(pooled));
+  }
+
+  void evaluate(const double* x, std::size_t replicas, double* velocity, double* sums, const py::object& threads) {
+    int count = threads_;
+    if (!threads.is_none()) {
+      count = threads.cast<int>();
+      if (count < 1) throw py::value_error("threads: " + std::to_string(count) + " (must be >= 1)");
+    }
+    Pooled pooled = acquire(count);
+    std::string failure;
+    bool numerical = false;
+    {
+      py::gil_scoped_release released;
+      last_call_released_gil = PyGILState_Check() == 0;
+      try {
+        pooled.backend->evaluate(replicas, x, FieldOutputs{velocity, sums});
+      } catch (const NumericalError& error) {
+        failure = error.what();
+        numerical = true;
+      } catch (const std::exception& error) {
+        failure = error.what();
+      }
+    }
+    release(std::move(pooled));
+    if (numerical) raise_python(numerical_error_type, failure);
+    if (!failure.empty()) throw std::runtime_error(failure);
+  }
+
+  /// values as an array (R, n, d) when stacked, else (n, d).
+  py::array_t<double> shaped(const std::vector<double>& values, std::size_t replicas, bool stacked) const {
+    std::vector<py::ssize_t> shape;
+    if (stacked) shape.push_back(py::ssize_t(replicas));
+    shape.push_back(py::ssize_t(model_.n));
+    shape.push_back(py::ssize_t(model_.d));
+    py::array_t<double> out(shape);
+    std::copy(values.begin(), values.end(), out.mutable_data());
+    return out;
+  }
+
+  RunConfig cfg_;
+  Model model_;
+  int threads_ = 1;
+  std::mutex pool_mutex_;
+  std::vector<Pooled> pool_;
+};
+
+/// The embedded analysis/mfattn_io.py as the submodule mfattn.io.
+py::module_ io_module() {
+  // Kept for the life of the process (never released: a static's destructor would run after
+  // the interpreter has gone).
+  static PyObject* io = [] {
+    py::module_ types = py::module_::import("types");
+    py::object module = types.attr("ModuleType")("mfattn.io");
+    py::dict scope = module.attr("__dict__");
+    scope["__file__"] = "mfattn/io.py (analysis/mfattn_io.py, built in)";
+    py::module_::import("sys").attr("modules")["mfattn.io"] = module;
+    py::exec(py::str(kMfattnIoSource), scope);
+    return module.release().ptr();
+  }();
+  return py::reinterpret_borrow<py::module_>(io);
+}
+
+/// Raises the Python error of a run's exit status.
+[[noreturn]] void raise_for(int status, const std::string& log) {
+  std::string message = log;
+  while (!message.empty() && message.back() == '\n') message.pop_back();
+  const std::string prefix = "mfattn run: ";
+  for (std::size_t at = 0; (at = message.find(prefix, at)) != std::string::npos;) message.erase(at, prefix.size());
+  if (status == kExitUsage) raise_python(PyExc_ValueError, message);
+  if (status == kExitNumerical) raise_python(numerical_error_type, message);
+  if (status == kExitIo) raise_python(PyExc_OSError, message);
+  if (status == 128 + 2 || status == kExitStoppedByCaller) raise_python(PyExc_KeyboardInterrupt, message);
+  throw std::runtime_error(message.empty() ? "mfattn run: exit status " + std::to_string(status) : message);
+}
+
+py::object run(py::object out, py::object progress, const py::kwargs& options) {
+  std::vector<std::string> words = words_of(options);
+  for (const char* own : {"out", "progress"})
+    if (options.contains(own)) throw py::value_error(std::string(own) + ": given twice");
+  std::filesystem::path directory, path;
+  if (out.is_none()) {
+    // A private folder of the system's temporary directory, removed after loading.
+    py::module_ tempfile = py::module_::import("tempfile");
+    directory = tempfile.attr("mkdtemp")("prefix"_a = "mfattn-run-").cast<std::string>();
+    path = directory / "run.h5";
+  } else {
+    path = py::str(out).cast<std::string>();
+  }
+  words.push_back("--out");
+  words.push_back(path.string());
+  words.push_back("--quiet");
+  RunConfig cfg = parse(words);
+  // /parameters' command_line: the options as the command line would take them.
+  cfg.command_line = "mfattn.run: mfattn run";
+  for (const std::string& word : words) cfg.command_line += " " + word;
+  RunHooks hooks;
+  py::object raised;  // an exception the callback raised, raised again after the run
+  if (!progress.is_none())
+    hooks.progress = [&](double time, std::int64_t step) {
+      py::gil_scoped_acquire acquired;
+      try {
+        const py::object answer = progress(time, step);
+        return answer.is_none() || answer.cast<bool>();
+      } catch (py::error_already_set& error) {
+        raised = py::reinterpret_borrow<py::object>(error.value());
+        return false;
+      }
+    };
+  std::ostringstream log;
+  int status = 0;
+  {
+    py::gil_scoped_release released;
+    status = run_simulation(cfg, log, hooks);
+  }
+  auto remove_directory = [&] {
+    if (!directory.empty()) std::filesystem::remove_all(directory);
+  };
+  if (raised) {
+    remove_directory();
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(raised.ptr())), raised.ptr());
+    throw py::error_already_set();
+  }
+  if (status != kExitOk) {
+    remove_directory();
+    raise_for(status, log.str());
+  }
+  py::object trajectory;
+  try {
+    trajectory = io_module().attr("load")(path.string());
+  } catch (...) {
+    remove_directory();
+    throw;
+  }
+  remove_directory();
+  if (!directory.empty()) trajectory.attr("path") = py::none();
+  return trajectory;
+}
+
+}  // namespace
+}  // namespace mfattn::python
+
+PYBIND11_MODULE(mfattn, module) {
+  using namespace mfattn::python;
+  using namespace pybind11::literals;
+  module.doc() = "mfattn: self-attention as an interacting particle system (docs/python.md)";
+  module.attr("__version__") = mfattn::kVersion;
+  numerical_error_type = PyErr_NewExceptionWithDoc(
+      "mfattn.NumericalError", "a weight overflowed or the state diverged (the CLI's exit 3)",
+      PyExc_ArithmeticError, nullptr);
+  module.attr("NumericalError") = py::handle(numerical_error_type);
+  py::class_<PyModel>(module, "Model",
+                      "Model(**options): the field of `mfattn run` with these options ('-' written '_').")
+      .def(py::init<const py::kwargs&>())
+      .def_property_readonly("n", &PyModel::n, "tokens that move (null tokens included)")
+      .def_property_readonly("d", &PyModel::d)
+      .def_property_readonly("replicas", &PyModel::replicas, "--replicas (the initial state's)")
+      .def_property_readonly("beta", &PyModel::beta)
+      .def_property_readonly("backend", &PyModel::backend_name)
+      .def("initial_state", &PyModel::initial_state, "the run's initial positions: (n, d), or (R, n, d) for R > 1")
+      .def("velocity", &PyModel::velocity, "x"_a, "threads"_a = py::none(),
+           "dx/dt for x of shape (n, d) or (R, n, d); a new array of the same shape")
+      .def("energy", &PyModel::energy, "x"_a, "threads"_a = py::none(),
+           "the energy of x: a float for (n, d), an array of R for (R, n, d)");
+  module.def("run", &run, "out"_a = py::none(), "progress"_a = py::none(),
+             "run(out=None, progress=None, **options): `mfattn run`, loaded as a Trajectory");
+  module.def("load", [](py::object path, py::object replica) { return io_module().attr("load")(path, replica); },
+             "path"_a, "replica"_a = py::none(), "the Trajectory of an mfattn file (analysis/mfattn_io.py)");
+  module.def("_last_call_released_gil", [] { return last_call_released_gil.load(); });
+  module.attr("Trajectory") = io_module().attr("Trajectory");
+  module.attr("io") = io_module();
+}

@@ -1,0 +1,265 @@
+"""The Python module `mfattn` (docs/python.md) against the command line it wraps.
+
+The module is build/mfattn*.so (MFATTN_PYTHON_MODULE_DIR overrides the folder); a build
+without it fails these tests, saying where it was looked for.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MODULE_DIR = Path(os.environ.get("MFATTN_PYTHON_MODULE_DIR", REPO_ROOT / "build"))
+
+
+@pytest.fixture(scope="module")
+def mfattn():
+    if not list(MODULE_DIR.glob("mfattn*.so")):
+        pytest.fail(f"no mfattn*.so in {MODULE_DIR} (build it with cmake --build build; "
+                    "pybind11-dev and python3-dev must be installed)", pytrace=False)
+    if str(MODULE_DIR) not in sys.path:
+        sys.path.insert(0, str(MODULE_DIR))
+    import mfattn as module
+    return module
+
+
+def bits(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array, dtype=np.float64).view(np.uint64)
+
+
+def as_kwargs(args: list[str]) -> dict:
+    """Command-line words as Model/run keywords ('--aux-factor distance' -> aux_factor='distance')."""
+    out, k = {}, 0
+    while k < len(args):
+        name = args[k][2:].replace("-", "_")
+        if k + 1 < len(args) and not args[k + 1].startswith("--"):
+            out[name] = args[k + 1]
+            k += 2
+        else:
+            out[name] = True
+            k += 1
+    return out
+
+
+# Every kernel, gauge, mask, factor, prefix and presence option the model has (with random Q,
+# K, V and per-replica matrices among them).
+MODEL_CASES = [
+    ["--kernel", "usa"],
+    ["--kernel", "sa", "--eps-den", "0.25"],
+    ["--kernel", "sa", "--time-scale", "rescaled", "--beta", "4"],
+    ["--q", "gaussian", "--k", "gaussian", "--v", "goe"],
+    ["--replicas", "2", "--matrices", "per-replica", "--k", "gaussian-product", "--v", "wishart"],
+    ["--geometry", "rope"],
+    ["--geometry", "rope", "--values", "plain"],
+    ["--geometry", "rope-axial", "--d", "4"],
+    ["--geometry", "rope-mixed", "--d", "4"],
+    ["--geometry", "rope-conjugated", "--d", "4"],
+    ["--geometry", "lie", "--d", "4"],
+    ["--mask", "causal"],
+    ["--mask", "window", "--window", "3"],
+    ["--aux-factor", "distance", "--aux-lambda", "0.3"],
+    ["--aux-factor", "gaussian", "--aux-sigma", "4"],
+    ["--aux-factor", "cosine", "--aux-omega", "0.7"],
+    ["--aux-factor", "toeplitz", "--toeplitz-coefficients", "1,-0.5", "--toeplitz-frequencies", "0.3,1.1"],
+    ["--prefix", "3", "--prompts", "2", "--mask", "per-prompt", "--prefix-weight", "2"],
+    ["--amplitudes", "0.7", "--tau", "0.5", "--null-tokens", "2"],
+]
+
+
+@pytest.mark.parametrize("case", MODEL_CASES, ids=lambda c: " ".join(c))
+def test_velocity_and_energy_equal_the_cli_first_frame_bitwise(mfattn, run_mfattn, case):
+    args = ["--n", "23", "--seed", "7", "--horizon", "0.05", "--dt", "0.05", "--save-velocity", *case]
+    path = run_mfattn(*args)
+    with h5py.File(path, "r") as f:
+        replicas = int(f["parameters"].attrs["replicas"])
+        groups = ["tokens"] + [f"tokens_r{r}" for r in range(1, replicas)]
+        x0 = np.stack([f[f"particles/{g}/position/value"][0] for g in groups])
+        v0 = np.stack([f[f"particles/{g}/velocity/value"][0] for g in groups])
+        e0 = f["observables/energy/value"][0]
+    model = mfattn.Model(**as_kwargs(args), threads=1)
+    x = x0 if replicas > 1 else x0[0]
+    assert np.array_equal(bits(model.initial_state()), bits(x))
+    velocity = model.velocity(x)
+    assert velocity.shape == x.shape
+    assert np.array_equal(bits(velocity), bits(v0 if replicas > 1 else v0[0]))
+    assert np.array_equal(bits(np.asarray(model.energy(x))), bits(np.asarray(e0)))
+
+
+@pytest.mark.parametrize("case", [
+    ["--kernel", "sa", "--integrator", "rk4", "--replicas", "3", "--matrices", "per-replica", "--q", "gaussian"],
+    ["--kernel", "usa", "--integrator", "euler-maruyama", "--noise-kappa", "40", "--geometry", "rope"],
+    ["--kernel", "sa", "--integrator", "dopri5", "--prefix", "2", "--mask", "causal"],
+], ids=lambda c: " ".join(c[:4]))
+def test_run_returns_the_cli_trajectory_bitwise(mfattn, run_mfattn, case):
+    args = ["--n", "30", "--seed", "3", "--horizon", "2", "--save-every", "0.5", "--threads", "1", *case]
+    path = run_mfattn(*args)
+    sys.path.insert(0, str(REPO_ROOT / "analysis"))
+    from mfattn_io import load
+    expected = load(path)
+    got = mfattn.run(**as_kwargs(args))
+    assert isinstance(got, mfattn.Trajectory)
+    assert got.path is None
+    assert got.complete and got.status == "complete"
+    assert np.array_equal(bits(got.times), bits(expected.times))
+    assert np.array_equal(bits(got.positions), bits(expected.positions))
+    assert set(got.observables) == set(expected.observables)
+    for name, values in expected.observables.items():
+        assert np.array_equal(bits(got.observables[name]), bits(values)), name
+    for name, values in expected.labels.items():
+        assert np.array_equal(got.labels[name], values), name
+    assert got.parameters["beta"] == expected.parameters["beta"]
+
+
+def cli_message(mfattn_binary: Path, args: list[str]) -> str:
+    done = subprocess.run([str(mfattn_binary), "run", *args, "--out", "never-written.h5"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    return done.stderr.strip().removeprefix("mfattn run: ")
+
+
+@pytest.mark.parametrize("args", [
+    ["--kernel", "softmax"],
+    ["--n", "-4"],
+    ["--beta", "warm"],
+    ["--geometry", "rope", "--values", "sideways"],
+    ["--dt", "0"],
+    ["--integrator", "euler", "--noise-kappa", "3"],
+], ids=lambda a: " ".join(a))
+def test_bad_options_raise_value_error_with_the_cli_message(mfattn, mfattn_binary, args):
+    expected = cli_message(mfattn_binary, ["--n", "8", *args] if args[0] != "--n" else args)
+    kwargs = as_kwargs(["--n", "8", *args] if args[0] != "--n" else args)
+    with pytest.raises(ValueError) as raised:
+        mfattn.Model(**kwargs)
+    assert str(raised.value) == expected
+    with pytest.raises(ValueError) as raised:
+        mfattn.run(**kwargs)
+    assert str(raised.value) == expected
+
+
+def test_unknown_option_and_unavailable_backend_are_named(mfattn):
+    with pytest.raises(ValueError, match="kernal"):
+        mfattn.Model(n=8, kernal="sa")
+    with pytest.raises(ValueError, match="--backend cuda"):
+        mfattn.Model(n=8, backend="cuda")
+
+
+def test_positions_of_the_wrong_shape_dtype_or_value_are_refused(mfattn):
+    model = mfattn.Model(n=5, d=3, seed=1)
+    x = model.initial_state()
+    with pytest.raises(ValueError, match=r"shape \(4, 3\); expected \(5, 3\) or \(R, 5, 3\)"):
+        model.velocity(x[:4])
+    with pytest.raises(ValueError, match=r"shape \(15,\)"):
+        model.velocity(x.ravel())
+    with pytest.raises(TypeError, match="not a real number type"):
+        model.velocity(x.astype(np.complex128))
+    with pytest.raises(TypeError, match="not a real number type"):
+        model.velocity(np.full((5, 3), "a"))
+    bad = x.copy()
+    bad[2, 1] = np.nan
+    with pytest.raises(ValueError, match="element 7 is nan"):
+        model.velocity(bad)
+    with pytest.raises(ValueError, match="threads: 0"):
+        model.velocity(x, threads=0)
+    # float32 and Fortran-ordered arrays are copied once and give the float64 answer.
+    assert np.array_equal(model.velocity(np.asfortranarray(x)), model.velocity(x))
+    per_replica = mfattn.Model(n=5, replicas=2, matrices="per-replica", q="gaussian")
+    with pytest.raises(ValueError, match="3 replicas, but --matrices per-replica drew 2"):
+        per_replica.velocity(np.stack([x, x, x]))
+
+
+def test_velocity_releases_the_gil_and_concurrent_calls_give_the_same_bits(mfattn):
+    model = mfattn.Model(n=600, d=3, kernel="sa", beta=2, seed=4, threads=1)
+    x = model.initial_state()
+    expected = model.velocity(x)
+    assert mfattn._last_call_released_gil()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda _: model.velocity(x), range(8)))
+    for result in results:
+        assert np.array_equal(bits(result), bits(expected))
+    stacked = model.velocity(np.stack([x, x]), threads=2)
+    assert np.array_equal(bits(stacked[1]), bits(expected))
+
+
+def test_usa_overflow_raises_numerical_error(mfattn, tmp_path):
+    twice = tmp_path / "twice.txt"
+    twice.write_text("2 0 0\n0 2 0\n0 0 2\n")
+    model = mfattn.Model(n=6, beta=400, k=str(twice), init="clustered", init_clusters=1, init_spread=0.01)
+    with pytest.raises(mfattn.NumericalError, match="USA weights overflow double"):
+        model.velocity(model.initial_state())
+    assert issubclass(mfattn.NumericalError, ArithmeticError)
+
+
+def test_progress_and_a_stop_leave_a_file_that_resumes_exactly(mfattn, tmp_path):
+    args = dict(n=40, kernel="sa", horizon=3, save_every=0.5, seed=9, threads=1)
+    whole = mfattn.run(**args)
+    seen = []
+
+    def progress(time, step):
+        seen.append((time, step))
+        if time >= 1.0:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "stopped.h5"
+    with pytest.raises(KeyboardInterrupt):
+        mfattn.run(out=out, progress=progress, flush_interval=0, **args)
+    assert seen[0] == (0.0, 0)
+    assert all(b[0] >= a[0] for a, b in zip(seen, seen[1:]))
+    stopped = mfattn.load(out)
+    assert stopped.status == "interrupted: stopped by the caller"
+    assert 1.0 <= stopped.times[-1] < 3.0
+    resumed = mfattn.run(out=out, resume=True, **args)
+    assert resumed.complete
+    assert np.array_equal(bits(resumed.positions), bits(whole.positions))
+    # Returning False stops too; the interpreter's own SIGINT handler is back afterwards.
+    with pytest.raises(KeyboardInterrupt):
+        mfattn.run(progress=lambda t, s: t < 0.5, **args)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_sigint_during_run_ends_it_cleanly(mfattn, tmp_path):
+    out = tmp_path / "signalled.h5"
+
+    def progress(time, step):
+        if time >= 0.5:
+            os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C in a notebook sends
+
+    with pytest.raises(KeyboardInterrupt):
+        mfattn.run(out=out, progress=progress, n=30, horizon=50, save_every=0.5, threads=1, flush_interval=0)
+    stopped = mfattn.load(out)
+    assert stopped.status == "interrupted: SIGINT"
+    assert stopped.times[-1] < 50
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # The module still works.
+    assert mfattn.run(n=5, horizon=0.1).complete
+
+
+def test_runs_in_parallel_threads_match_serial_runs(mfattn):
+    betas = [0.5, 1.0, 2.0, 4.0]
+    serial = [mfattn.run(n=32, kernel="sa", beta=b, horizon=2, seed=1, threads=1) for b in betas]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        parallel = list(pool.map(lambda b: mfattn.run(n=32, kernel="sa", beta=b, horizon=2, seed=1, threads=1), betas))
+    for a, b in zip(serial, parallel):
+        assert np.array_equal(bits(a.positions), bits(b.positions))
+
+
+@pytest.mark.parametrize("script, args", [
+    ("sphere.py", ["--n", "24", "--steps", "40"]),
+    ("phase_diagram.py", ["--systems", "16", "--betas", "3", "--horizon", "4"]),
+])
+def test_examples_run(mfattn, tmp_path, script, args):
+    env = dict(os.environ, MPLBACKEND="Agg", MFATTN_PYTHON_MODULE_DIR=str(MODULE_DIR))
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "examples" / script), *args, "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    figures = list(tmp_path.glob("*.png"))
+    assert figures, done.stdout
+    assert all(f.stat().st_size > 10_000 for f in figures)
