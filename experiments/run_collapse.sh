@@ -13,7 +13,10 @@ source "$here/tests/install_deps.sh"
 install_deps
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j "$(nproc 2>/dev/null || echo 2)" --target mfattn
+targets=(mfattn)
+# The Python module too, where pybind11 was found (docs/python.md).
+grep -q "^MFATTN_PYTHON_MODULE:INTERNAL=ON" build/CMakeCache.txt && targets+=(mfattn_python)
+cmake --build build -j "$(nproc 2>/dev/null || echo 2)" --target "${targets[@]}"
 
 out="$here/data/collapse"
 mkdir -p "$out" "$here/data/figures"

@@ -76,7 +76,7 @@ if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
   done
   phase "sanitizer build"
   cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMFATTN_SANITIZE=ON \
-    -DMFATTN_CPU_DISPATCH=OFF -DMFATTN_CUDA=OFF "${sanitizer_compiler[@]}" \
+    -DMFATTN_CPU_DISPATCH=OFF -DMFATTN_CUDA=OFF -DMFATTN_PYTHON=OFF "${sanitizer_compiler[@]}" \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O0 -g1 -DNDEBUG" \
     -DMFATTN_NUMERICS_COMPILE_OPTIONS=-O1 >/dev/null
   cmake --build build-sanitize -j "$jobs" --target mfattn_tests mfattn
