@@ -263,3 +263,18 @@ def test_examples_run(mfattn, tmp_path, script, args):
     figures = list(tmp_path.glob("*.png"))
     assert figures, done.stdout
     assert all(f.stat().st_size > 10_000 for f in figures)
+
+
+def test_pip_install_puts_an_importable_module_in_place(mfattn, tmp_path):
+    # Offline: no build isolation; MFATTN_BUILD_DIR reuses the tests' configured build folder.
+    env = dict(os.environ, MFATTN_BUILD_DIR=str(MODULE_DIR))
+    target = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
+                           "--target", str(target), str(REPO_ROOT)], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    check = subprocess.run([sys.executable, "-c", "import mfattn; print(mfattn.__file__); "
+                            "print(mfattn.run(n=4, horizon=0.1).status)"], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(target)), cwd=tmp_path, timeout=120)
+    assert check.returncode == 0, check.stderr
+    assert check.stdout.split() == [str(next(target.glob("mfattn*.so"))), "complete"]
