@@ -198,4 +198,17 @@ std::string exact_number_text(double value);
 /// True when the file is HDF5 and carries the H5MD root group with creator "mfattn".
 bool is_mfattn_file(const std::string& path);
 
+/// What `mfattn realize` adds to its run's file as /realization (docs/realization.md):
+/// target and realized ([n] or [n, columns]: angles on a circle or torus, points on the
+/// sphere), u (the collapse point, d numbers), and attributes (mechanism, target, metric,
+/// distance, noise_floor, ...).
+struct RealizationRecord {
+  std::size_t columns = 1;
+  std::vector<double> target, realized, u;
+  std::vector<std::pair<std::string, std::string>> texts;
+  std::vector<std::pair<std::string, double>> numbers;
+};
+/// Adds /realization to the finished file at path. Throws IoError.
+void write_realization(const std::string& path, const RealizationRecord& record);
+
 }  // namespace mfattn

@@ -16,6 +16,7 @@
 #include "mfattn/config.hpp"
 #include "mfattn/info.hpp"
 #include "mfattn/oclosure_command.hpp"
+#include "mfattn/realize.hpp"
 #include "mfattn/run.hpp"
 #include "mfattn/sweep.hpp"
 #include "mfattn/version.hpp"
@@ -30,12 +31,13 @@ constexpr const char* kUsage =
     "  info   what an mfattn file holds: mfattn info FILE.h5\n"
     "  analyze  collapse and metastability summary: mfattn analyze FILE.h5 [--json] [--replica R]\n"
     "  oclosure  zero-token insertion ablation and OAttention precision (mfattn oclosure --help)\n"
+    "  realize  exact realization of a target law by RoPE orbits or prefix gauges (mfattn realize --help)\n"
     "  mfattn --help | help <command> | --version | -V\n";
 
 constexpr int kExitInternal = 1;
 
 /// Every command, in the order the usage lists them.
-const std::vector<std::string> kCommands = {"run", "sweep", "bench", "info", "analyze", "oclosure"};
+const std::vector<std::string> kCommands = {"run", "sweep", "bench", "info", "analyze", "oclosure", "realize"};
 
 std::string accepted_commands() {
   std::string text;
@@ -116,6 +118,10 @@ int print_help(const std::string& command) {
     std::cout << mfattn::oclosure_usage();
     return mfattn::kExitOk;
   }
+  if (command == "realize") {
+    std::cout << mfattn::realize_usage();
+    return mfattn::kExitOk;
+  }
   std::cerr << "mfattn help: unknown command '" << command << "' (accepted: " << accepted_commands()
             << ")\n";
   return mfattn::kExitUsage;
@@ -179,6 +185,7 @@ int main(int argc, char** argv) {
     if (command == "bench") return mfattn::bench_command(args, std::cout, std::cerr);
     if (command == "info") return mfattn::info_command(args, std::cout, std::cerr);
     if (command == "analyze") return mfattn::analyze_command(args, std::cout, std::cerr);
+    if (command == "realize") return mfattn::realize_command(args, std::cout, std::cerr);
     return mfattn::oclosure_command(args, std::cout, std::cerr);
   });
 }
