@@ -28,14 +28,15 @@ void write_attribute(hid_t group, const std::string& name, double value) {
 }
 
 void write_attribute(hid_t group, const std::string& name, const std::string& value) {
+  // A variable-length UTF-8 string, as the writer stores its text attributes (h5py reads str).
   const hdf5::Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(type.get(), value.empty() ? 1 : value.size());
+  H5Tset_size(type.get(), H5T_VARIABLE);
   H5Tset_cset(type.get(), H5T_CSET_UTF8);
   const hdf5::Handle space(H5Screate(H5S_SCALAR), H5Sclose);
   const hdf5::Handle attribute(
       H5Acreate2(group, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  const std::string stored = value.empty() ? std::string(1, '\0') : value;
-  if (!attribute.valid() || H5Awrite(attribute.get(), type.get(), stored.data()) < 0)
+  const char* text = value.c_str();
+  if (!attribute.valid() || H5Awrite(attribute.get(), type.get(), &text) < 0)
     throw IoError("writing /realization@" + name + ": " + hdf5::innermost_hdf5_error());
 }
 
