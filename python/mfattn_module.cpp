@@ -61,6 +61,9 @@ bool option_words(const std::string& key, const py::handle& value, std::vector<s
   for (char& c : name)
     if (c == '_') c = '-';
   if (value.is_none()) return true;
+  // NumPy scalars (numpy.bool_, numpy.float64, ...) as their Python values.
+  if (py::hasattr(value, "tolist") && py::hasattr(value, "ndim") && value.attr("ndim").cast<int>() == 0)
+    return option_words(key, value.attr("tolist")(), words);
   if (py::isinstance<py::bool_>(value)) {
     if (value.cast<bool>()) words.push_back("--" + name);
     return true;
@@ -295,6 +298,14 @@ py::object run(py::object out, py::object progress, const py::kwargs& options) {
   for (const char* own : {"out", "progress"})
     if (options.contains(own)) throw py::value_error(std::string(own) + ": given twice");
   std::filesystem::path directory, path;
+  // The temporary folder goes whatever ends the call.
+  struct RemoveFolder {
+    std::filesystem::path& folder;
+    ~RemoveFolder() {
+      std::error_code ignored;
+      if (!folder.empty()) std::filesystem::remove_all(folder, ignored);
+    }
+  } remove_folder{directory};
   if (out.is_none()) {
     // A private folder of the system's temporary directory, removed after loading.
     py::module_ tempfile = py::module_::import("tempfile");
@@ -329,26 +340,12 @@ py::object run(py::object out, py::object progress, const py::kwargs& options) {
     py::gil_scoped_release released;
     status = run_simulation(cfg, log, hooks);
   }
-  auto remove_directory = [&] {
-    if (!directory.empty()) std::filesystem::remove_all(directory);
-  };
   if (raised) {
-    remove_directory();
     PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(raised.ptr())), raised.ptr());
     throw py::error_already_set();
   }
-  if (status != kExitOk) {
-    remove_directory();
-    raise_for(status, log.str());
-  }
-  py::object trajectory;
-  try {
-    trajectory = io_module().attr("load")(path.string());
-  } catch (...) {
-    remove_directory();
-    throw;
-  }
-  remove_directory();
+  if (status != kExitOk) raise_for(status, log.str());
+  py::object trajectory = io_module().attr("load")(path.string());
   if (!directory.empty()) trajectory.attr("path") = py::none();
   return trajectory;
 }

@@ -327,13 +327,15 @@ class TargetLaw {
         auto x = uniform_sphere(stream);
         if (x[last] <= 0.5) return x;
       }
-    // von Mises-Fisher mixture (Wood 1994): means e_{d-1}, e_0, (e_1 - e_{d-1}) / sqrt 2.
+    // von Mises-Fisher mixture (Wood 1994): means e_{d-1}, e_0, (e_1 - e_{d-1}) / sqrt 2
+    // ((e_0 - e_1) / sqrt 2 in d = 2).
     const int c = component(stream);
     constexpr double kappas[] = {20.0, 10.0, 40.0};
     std::vector<double> mean(d, 0.0);
     if (c == 0) mean[last] = 1.0;
     else if (c == 1) mean[0] = 1.0;
-    else mean[1 % d] += std::sqrt(0.5), mean[last] -= std::sqrt(0.5);
+    else if (d == 2) mean[0] = std::sqrt(0.5), mean[1] = -std::sqrt(0.5);
+    else mean[1] = std::sqrt(0.5), mean[last] = -std::sqrt(0.5);
     const double kappa = kappas[c], m = double(d - 1);
     const double b = (-2.0 * kappa + std::sqrt(4.0 * kappa * kappa + m * m)) / m;
     const double x0 = (1.0 - b) / (1.0 + b), cc = kappa * x0 + m * std::log(1.0 - x0 * x0);

@@ -932,7 +932,8 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     if (!hooks.progress) return;
     if (!always && last_hook_seconds >= 0.0 && elapsed() - last_hook_seconds < kHookIntervalSeconds) return;
     last_hook_seconds = elapsed();
-    if (!hooks.progress(s.time, s.step)) throw Interrupted{0};
+    // At the last frame the run has nothing left to stop: it completes whatever the answer.
+    if (!hooks.progress(s.time, s.step) && s.time != times.back()) throw Interrupted{0};
   };
   auto observer = [&](const State& s) {
     if (const std::size_t now = layer_at(cfg, s.time); now != layer) {

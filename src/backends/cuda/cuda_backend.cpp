@@ -258,6 +258,8 @@ class ResidentSteps final : public ResidentStepper {
     failed_step_.resize(args_.replicas);
     failure_.resize(args_.replicas);
     failure_value_.resize(args_.replicas);
+    failure_order_.resize(args_.replicas);
+    args_.failure_order = failure_order_.data();
     args_.failed_step = failed_step_.data();
     args_.failure = failure_.data();
     args_.failure_value = failure_value_.data();
@@ -272,12 +274,16 @@ class ResidentSteps final : public ResidentStepper {
     for (std::size_t r = 0; r < args_.replicas; ++r)
       if (failed_step_[r] >= 0 && failed_step_[r] < outcome.steps_done) outcome.steps_done = failed_step_[r];
     if (outcome.steps_done == steps) return outcome;
-    // The earliest failing step; an overflow there is reported before a non-finite state.
+    // The earliest failure of that step (failure_order: where in the step), as the CPU path
+    // meets it: a non-finite input before its evaluation, an overflow during it.
+    std::size_t first = args_.replicas;
     for (std::size_t r = 0; r < args_.replicas; ++r)
-      if (failed_step_[r] == outcome.steps_done && (failure_[r] & kOverflowFailure) &&
-          outcome.numerical_error.empty())
-        outcome.numerical_error = detail::usa_overflow_message(model_, failure_value_[r]);
-    outcome.non_finite_state = outcome.numerical_error.empty();
+      if (failed_step_[r] == outcome.steps_done && (first == args_.replicas || failure_order_[r] < failure_order_[first]))
+        first = r;
+    if (failure_order_[first] % 2 == 1 && failure_order_[first] != kAfterStep)
+      outcome.numerical_error = detail::usa_overflow_message(model_, failure_value_[first]);
+    else
+      outcome.non_finite_state = true;
     return outcome;
   }
 
@@ -311,7 +317,7 @@ class ResidentSteps final : public ResidentStepper {
   ResidentArgs<Real> args_;
   std::vector<Real> bias_;
   std::vector<double> positions_, gauges_, q_, k_, v_, failure_value_;
-  std::vector<int> prompts_, failure_;
+  std::vector<int> prompts_, failure_, failure_order_;
   std::vector<long long> failed_step_;
 };
 

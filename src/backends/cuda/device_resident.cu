@@ -93,6 +93,7 @@ class DeviceResident final : public ResidentEngine<Real> {
     a.failed_step = failed_step_.reserve(replicas);
     a.failure = failure_.reserve(replicas);
     a.failure_value = failure_value_.reserve(replicas);
+    a.failure_order = failure_order_.reserve(replicas);
     if (replicas > 2147483647u) throw DeviceFailure("CUDA: more than 2^31 - 1 replicas");
     const std::size_t shared =
         resident_shared_bytes(a.sources, a.d, a.position_dim, a.threads, a.has_terms, sizeof(Real));
@@ -114,6 +115,7 @@ class DeviceResident final : public ResidentEngine<Real> {
     failed_step_.download(host.failed_step, replicas);
     failure_.download(host.failure, replicas);
     failure_value_.download(host.failure_value, replicas);
+    failure_order_.download(host.failure_order, replicas);
     resident_.assign(host.x, host.x + rows);
   }
 
@@ -121,7 +123,7 @@ class DeviceResident final : public ResidentEngine<Real> {
   std::size_t shared_limit_ = 0;
   DeviceArray<double> presence_, positions_, prefix_, gauges_, q_, k_, v_, x_, stage_, slopes_, failure_value_;
   DeviceArray<Real> bias_, queries_;
-  DeviceArray<int> prompts_, failure_;
+  DeviceArray<int> prompts_, failure_, failure_order_;
   DeviceArray<long long> failed_step_;
   std::vector<double> resident_;  // the positions the device holds (as last returned)
   const double* labels_of_ = nullptr;  // the host presence array whose labels are on the device

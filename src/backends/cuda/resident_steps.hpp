@@ -48,6 +48,8 @@ enum class ResidentMethod : int { RungeKutta, EulerUnprojected, LieEuler, EulerM
 
 /// Failure kinds, as bits of ResidentShared::failure.
 inline constexpr int kNonFiniteFailure = 1, kOverflowFailure = 2;
+/// ResidentArgs::failure_order of a non-finite state after the step's last evaluation.
+inline constexpr int kAfterStep = 1 << 20;
 
 /// Everything the resident kernel reads and writes, on the host or the device. R replicas of n
 /// moving tokens and P prefix tokens (S = n + P sources).
@@ -81,6 +83,11 @@ struct ResidentArgs {
   Real* queries = nullptr;    ///< R x n x d
   long long* failed_step = nullptr;  ///< R: the failing step's index in the call, -1 for none
   int* failure = nullptr;            ///< R: failure bits
+  /// R: where in the failing step: 2 e for a non-finite input of its evaluation e (found
+  /// before the evaluation, as Dynamics does), 2 e + 1 for an overflow during it, and
+  /// kAfterStep for a non-finite result, so that the earliest failure across replicas is the
+  /// CPU path's.
+  int* failure_order = nullptr;
   double* failure_value = nullptr;   ///< R: the overflowing exponent (kOverflowFailure)
 
   MFATTN_HOST_DEVICE double* slope(int s) const {
@@ -102,6 +109,8 @@ struct ResidentShared {
   double* largest_key; ///< 1
   double* failure_value;  ///< 1
   int* failure;        ///< 1: failure bits of the current step
+  int* order;          ///< 1: ResidentArgs::failure_order of the current step's failure
+  int* evaluations;    ///< 1: evaluations so far in the current step
 };
 
 /// Bytes of shared memory one block takes.
@@ -112,7 +121,7 @@ MFATTN_HOST_DEVICE inline std::size_t resident_shared_bytes(int sources, int d, 
   if (terms) bytes += std::size_t(sources) * std::size_t(position_dim) * sizeof(double);
   bytes += (std::size_t(threads) + 2) * sizeof(double);
   if (terms) bytes += std::size_t(sources) * sizeof(int);
-  return bytes + sizeof(int);
+  return bytes + 3 * sizeof(int);
 }
 
 /// The shared arrays carved out of `base` (16-byte aligned, resident_shared_bytes long).
@@ -133,6 +142,8 @@ MFATTN_HOST_DEVICE inline ResidentShared<Real> carve_resident_shared(unsigned ch
   mem.prompts = reinterpret_cast<int*>(base + offset);
   if (a.has_terms) offset += sources * sizeof(int);
   mem.failure = reinterpret_cast<int*>(base + offset);
+  mem.order = mem.failure + 1;
+  mem.evaluations = mem.failure + 2;
   return mem;
 }
 
@@ -163,6 +174,17 @@ MFATTN_HOST_DEVICE inline void apply_transpose(const double* m, const double* y,
     for (int r = 0; r < d; ++r) sum += m[r * d + c] * y[r];
     out[c] = sum;
   }
+}
+
+/// value <- max(value, candidate) for candidate >= 0 (threads of a phase may race: a maximum
+/// is the same whoever writes last).
+MFATTN_HOST_DEVICE inline void keep_largest(double* value, double candidate) {
+#if defined(__CUDA_ARCH__)
+  // Non-negative doubles order as their bit patterns.
+  atomicMax(reinterpret_cast<unsigned long long*>(value), static_cast<unsigned long long>(__double_as_longlong(candidate)));
+#else
+  if (candidate > *value) *value = candidate;
+#endif
 }
 
 /// Sets a failure bit (threads of a phase may set the same bit together).
@@ -219,7 +241,10 @@ struct ResidentReplica {
             mem.positions[j * a.position_dim + c] = a.positions[j * a.position_dim + c];
         }
       }
-      if (t == 0) *mem.failure = 0;
+      if (t == 0) {
+        *mem.failure = 0;
+        *mem.failure_value = 0.0;
+      }
     });
   }
 
@@ -266,7 +291,11 @@ struct ResidentReplica {
       for (int u = 0; u < team.size; ++u) largest = mem.partial[u] > largest ? mem.partial[u] : largest;
       *mem.largest_key = std::sqrt(largest);
     });
-    if (failed(team)) return false;
+    const int evaluation = *mem.evaluations;
+    if (failed(team)) {
+      note_order(team, 2 * evaluation);
+      return false;
+    }
     const SumsArgs<Real> view = sources_view();
     const double* v = matrix(a.v);
     team.each([&](int t) {  // phase 3: sums and finish
@@ -304,11 +333,27 @@ struct ResidentReplica {
             });
         if (outcome.overflow) {
           mark_failure(mem.failure, kOverflowFailure);
-          *mem.failure_value = outcome.log_scale;  // any overflowing receiver's exponent
+          // The largest overflowing exponent (above 709, so positive).
+          keep_largest(mem.failure_value, outcome.log_scale > 0.0 ? outcome.log_scale : 0.0);
         }
       }
     });
-    return !failed(team);
+    if (failed(team)) {
+      note_order(team, 2 * evaluation + 1);
+      return false;
+    }
+    team.each([&](int t) {
+      if (t == 0) ++*mem.evaluations;
+    });
+    return true;
+  }
+
+  /// Records where in the step the failure happened (thread 0, then a barrier).
+  template <class Team>
+  MFATTN_HOST_DEVICE void note_order(const Team& team, int order) const {
+    team.each([&](int t) {
+      if (t == 0) *mem.order = order;
+    });
   }
 
   /// Whether a phase so far failed, the same answer for every thread: all read the flag
@@ -357,13 +402,20 @@ struct ResidentReplica {
           if (!std::isfinite(a.x[row(i) * std::size_t(a.d) + std::size_t(c)]))
             mark_failure(mem.failure, kNonFiniteFailure);
     });
-    return !failed(team);
+    if (failed(team)) {
+      note_order(team, kAfterStep);
+      return false;
+    }
+    return true;
   }
 
   /// One step of the method from a.x; false after a failure.
   template <class Team>
   MFATTN_HOST_DEVICE bool step(const Team& team, double h, std::uint64_t steps_before) const {
     const int d = a.d;
+    team.each([&](int t) {
+      if (t == 0) *mem.evaluations = 0;
+    });
     switch (a.method) {
       case ResidentMethod::RungeKutta: {
         const kernels::FixedTableau& tableau = a.tableau;
@@ -418,6 +470,7 @@ struct ResidentReplica {
       a.failed_step[replica] = done < steps ? done : -1;
       a.failure[replica] = *mem.failure;
       a.failure_value[replica] = (*mem.failure & kOverflowFailure) ? *mem.failure_value : 0.0;
+      a.failure_order[replica] = done < steps ? *mem.order : 0;
     });
   }
 };
