@@ -69,6 +69,13 @@
 #else
 #define MFATTN_HOST_DEVICE
 #endif
+// Keeps a large device function out of line: called from several places, it is compiled once
+// instead of once per call site (the resident kernel's evaluation; host compilers choose alone).
+#if defined(__CUDA_ARCH__)
+#define MFATTN_DEVICE_NOINLINE __noinline__
+#else
+#define MFATTN_DEVICE_NOINLINE
+#endif
 // Unrolls a loop of constant trip count in device code (registers instead of local memory for
 // the per-thread arrays); host compilers unroll such loops by themselves.
 #if defined(__CUDA_ARCH__)

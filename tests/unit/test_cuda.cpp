@@ -475,8 +475,8 @@ TEST(CudaEmulation, ResidentFailuresEndTheRunAtTheirStep) {
   // A NaN in the state: the first step fails, naming it.
   State state = build_initial_state(cfg, model);
   state.x[4] = std::nan("");
-  auto backend = cuda_backend(Engine::Emulation, build_model(config({"--n", "20", "--integrator", "heun"})),
-                              Precision::Double, 1);
+  const Model heun_model = build_model(config({"--n", "20", "--integrator", "heun"}));  // outlives the backend
+  auto backend = cuda_backend(Engine::Emulation, heun_model, Precision::Double, 1);
   const auto stepper = backend->resident_stepper({"heun"}, 1);
   ASSERT_TRUE(stepper != nullptr);
   const ResidentOutcome outcome = stepper->advance(state.x.data(), 0, 5, 0.1);

@@ -251,7 +251,7 @@ struct ResidentReplica {
   /// The field at y (this replica's n rows) into velocity (and p_i u_i into attention_output
   /// when not null), both with rows of the whole R x n x d arrays. False after a failure.
   template <class Team>
-  MFATTN_HOST_DEVICE bool evaluate(const Team& team, const double* y_all, double* velocity_all,
+  MFATTN_HOST_DEVICE MFATTN_DEVICE_NOINLINE bool evaluate(const Team& team, const double* y_all, double* velocity_all,
                                    double* attention_all) const {
     const int d = a.d;
     const double* q = matrix(a.q);
