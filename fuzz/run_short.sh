@@ -10,7 +10,7 @@ build="${2:-$root/build-fuzz}"
 cxx="${CLANGXX:-clang++-14}"
 command -v "$cxx" >/dev/null || cxx=clang++
 flags=(-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined
-       -I"$root/include" -I/usr/include/eigen3 -fopenmp)
+       -I"$root/include" -I"$root/src" -I/usr/include/eigen3 -fopenmp)
 mkdir -p "$build/corpus"
 # The sources the parser links (geometry and integrator names, the config reader), compiled
 # once, side by side, and reused.
