@@ -56,28 +56,25 @@ std::atomic<bool> last_call_released_gil{false};
 
 /// A keyword's value as the command line's words: True a switch, False and None nothing,
 /// lists joined by commas, floats in Python's shortest round-trip form.
-bool option_words(const std::string& key, const py::handle& value, std::vector<std::string>& words) {
+void option_words(const std::string& key, const py::handle& value, std::vector<std::string>& words) {
   std::string name = key;
   for (char& c : name)
     if (c == '_') c = '-';
-  if (value.is_none()) return true;
+  if (value.is_none()) return;
   // NumPy scalars (numpy.bool_, numpy.float64, ...) as their Python values.
   if (py::hasattr(value, "tolist") && py::hasattr(value, "ndim") && value.attr("ndim").cast<int>() == 0)
     return option_words(key, value.attr("tolist")(), words);
   if (py::isinstance<py::bool_>(value)) {
     if (value.cast<bool>()) words.push_back("--" + name);
-    return true;
+    return;
   }
   words.push_back("--" + name);
   if (py::isinstance<py::str>(value)) {
     words.push_back(value.cast<std::string>());
   } else if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value) ||
              py::hasattr(value, "tolist")) {
+    // An array (0-d ones were taken above) or a sequence: its items comma-joined.
     py::object items = py::hasattr(value, "tolist") ? value.attr("tolist")() : py::reinterpret_borrow<py::object>(value);
-    if (!py::isinstance<py::list>(items) && !py::isinstance<py::tuple>(items)) {
-      words.push_back(py::repr(items).cast<std::string>());
-      return true;
-    }
     std::string joined;
     for (const py::handle item : items) joined += (joined.empty() ? "" : ",") + py::str(item).cast<std::string>();
     words.push_back(joined);
@@ -86,7 +83,6 @@ bool option_words(const std::string& key, const py::handle& value, std::vector<s
   } else {
     words.push_back(py::str(value).cast<std::string>());
   }
-  return true;
 }
 
 std::vector<std::string> words_of(const py::kwargs& options) {

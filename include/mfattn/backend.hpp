@@ -50,7 +50,8 @@ struct ResidentOutcome {
 
 /// A backend's own integrator loop for a fixed-step method: the state stays where the backend
 /// computes (a GPU) for many steps, and only the positions come back (the CUDA backend's
-/// resident kernel, docs/cuda.md). Each step is the method's step of integrator.hpp.
+/// resident kernel, docs/cuda.md). Each step is the method's step of integrator.hpp. A stepper
+/// reads its backend's arrays: it must not outlive the backend that made it.
 class ResidentStepper {
  public:
   virtual ~ResidentStepper() = default;

@@ -160,7 +160,6 @@ std::int64_t integer_option(const std::string& option, const std::string& text, 
 
 Options parse_options(const std::vector<std::string>& args) {
   Options o;
-  bool have_n = false;
   for (std::size_t k = 0; k < args.size(); ++k) {
     const std::string& word = args[k];
     if (word == "--no-pin") { o.pin = false; continue; }
@@ -177,7 +176,7 @@ Options parse_options(const std::vector<std::string>& args) {
     else if (name == "mechanism") o.mechanism_name = value;
     else if (name == "out") o.out = value;
     else if (name == "contrast") o.contrast = value;
-    else if (name == "n") o.n = integer_option(name, value, 2), have_n = true;
+    else if (name == "n") o.n = integer_option(name, value, 2);
     else if (name == "d") o.d = integer_option(name, value, 2);
     else if (name == "seed") o.seed = integer_option(name, value, 0);
     else if (name == "threads") o.threads = integer_option(name, value, 1);
@@ -185,7 +184,6 @@ Options parse_options(const std::vector<std::string>& args) {
     else if (name == "beta") o.beta = number_option(name, value);
     else if (name == "dt") o.dt = number_option(name, value);
   }
-  (void)have_n;
   if (o.mechanism_name.empty()) throw UsageError("--mechanism: required (accepted: rope, rope-mixed, prefix-gauge)");
   if (o.mechanism_name == "rope") o.mechanism = Mechanism::Rope;
   else if (o.mechanism_name == "rope-mixed") o.mechanism = Mechanism::RopeMixed;

@@ -1,6 +1,5 @@
 #include "backends/backend_common.hpp"
 
-#include "kernels/receiver_finish.hpp"
 #include "kernels/token_operands.hpp"
 
 #include <algorithm>
@@ -81,9 +80,7 @@ double finish_receiver(const Model& model, const AttentionMatrices& matrices, do
                        double* scratch) {
   // The scale exp(log_max - shift) enters USA's u_i, eps_den's share and D_i; SA without
   // eps_den needs it for D_i only.
-  const bool needs_scale = kernels::finish_needs_scale(
-      {model.normalization == Normalization::Usa, model.exponent_shift(), model.eps_den, mass},
-      out.weight_sum_wanted);
+  const bool needs_scale = kernels::finish_needs_scale(finish_terms(model, mass), out.weight_sum_wanted);
   return finish_receiver(model, matrices, mass, token, x_i, log_max,
                          needs_scale ? receiver_scale(model, log_max) : 1.0, weight_sum_shifted, acc, out,
                          scratch);
@@ -93,8 +90,7 @@ double finish_receiver(const Model& model, const AttentionMatrices& matrices, do
                        std::size_t token, const double* x_i, double log_max, double scale,
                        double weight_sum_shifted, const double* acc, ReceiverOutput out,
                        double* scratch) {
-  const kernels::FinishTerms terms{model.normalization == Normalization::Usa, model.exponent_shift(),
-                                   model.eps_den, mass};
+  const kernels::FinishTerms terms = finish_terms(model, mass);
   const bool transported = model.gauge && model.values == ValueTransport::Transported;
   const kernels::FinishOutcome outcome = kernels::finish_sums(
       terms, model.presence[token], int(model.d), x_i, log_max, scale, weight_sum_shifted, acc,
@@ -105,6 +101,10 @@ double finish_receiver(const Model& model, const AttentionMatrices& matrices, do
       });
   if (outcome.overflow) throw NumericalError(usa_overflow_message(model, outcome.log_scale));
   return outcome.weight_sum;
+}
+
+kernels::FinishTerms finish_terms(const Model& model, double mass) {
+  return {model.normalization == Normalization::Usa, model.exponent_shift(), model.eps_den, mass};
 }
 
 std::string usa_overflow_message(const Model& model, double log_scale) {

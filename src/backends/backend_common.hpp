@@ -1,6 +1,7 @@
 #pragma once
 // Pieces every backend shares: the receiver-side finish of docs/model.md section 2 (the pair
 // terms and the token operands are in src/kernels/).
+#include "kernels/receiver_finish.hpp"
 #include "mfattn/backend.hpp"
 
 #include <cstddef>
@@ -36,6 +37,9 @@ double finish_receiver(const Model& model, const AttentionMatrices& matrices, do
                        double weight_sum_shifted, const double* acc, ReceiverOutput out,
                        double* scratch);
 double receiver_scale(const Model& model, double log_max);
+
+/// The model's numbers that kernels::finish_sums reads (mass: model.mass()).
+kernels::FinishTerms finish_terms(const Model& model, double mass);
 
 /// The message of a USA output that overflows double at exponent log_scale = m - shift.
 std::string usa_overflow_message(const Model& model, double log_scale);

@@ -70,11 +70,7 @@ const double* Dynamics::attention_output(const double* x) {
 
 namespace {
 
-double dot(const double* a, const double* b, std::size_t d) {
-  double sum = 0.0;
-  for (std::size_t c = 0; c < d; ++c) sum += a[c] * b[c];
-  return sum;
-}
+double dot(const double* a, const double* b, std::size_t d) { return kernels::dot_product(a, b, int(d)); }
 
 /// Applies fn(replica, token, offset) to every moving token.
 template <class Fn>
@@ -433,8 +429,7 @@ template <std::size_t kDim>
 void normalize_moving_tokens(const Dynamics& dynamics, double* x) {
   const std::size_t d = kDim ? kDim : dynamics.model().d;
   for_each_moving_token(dynamics, [&](std::size_t, std::size_t, std::size_t o) {
-    const double norm = std::sqrt(dot(x + o, x + o, d));
-    for (std::size_t c = 0; c < d; ++c) x[o + c] /= norm;
+    kernels::normalize_token(x + o, int(d));
   });
 }
 

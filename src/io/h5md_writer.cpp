@@ -1641,3 +1641,28 @@ FileSummary describe_file(const std::string& path) {
 }
 
 }  // namespace mfattn
+
+namespace mfattn {
+
+void write_realization(const std::string& path, const RealizationRecord& record) {
+  const QuietHdf5Errors quiet;
+  const Checker check(path);
+  const Handle file = check.own(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose, "opening");
+  const Handle group = create_group(check, file.get(), "realization");
+  const hsize_t columns = record.columns;
+  auto dims = [&](const std::vector<double>& values) {
+    return columns > 1 ? std::vector<hsize_t>{values.size() / columns, columns} : std::vector<hsize_t>{values.size()};
+  };
+  write_fixed_dataset(check, group.get(), "target", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, dims(record.target),
+                      record.target.data());
+  write_fixed_dataset(check, group.get(), "realized", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, dims(record.realized),
+                      record.realized.data());
+  write_fixed_dataset(check, group.get(), "u", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {record.u.size()},
+                      record.u.data());
+  for (const auto& [name, value] : record.texts) write_string_attribute(check, group.get(), name, value);
+  for (const auto& [name, value] : record.numbers)
+    write_attribute(check, group.get(), name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {}, &value);
+  check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "flushing /realization");
+}
+
+}  // namespace mfattn

@@ -234,9 +234,6 @@ class ResidentSteps final : public ResidentStepper {
       : model_(backend.model_), engine_(std::move(engine)), args_(args) {
     const Model& model = model_;
     const std::size_t d = model.d, sources = std::size_t(args_.sources);
-    bias_ = backend.bias_;
-    positions_ = backend.positions_;
-    prompts_ = backend.prompts_;
     if (model.gauge) {
       // G_j as a dense matrix: its columns are G_j e_c.
       gauges_.assign(sources * d * d, 0.0);
@@ -250,9 +247,10 @@ class ResidentSteps final : public ResidentStepper {
         }
     }
     args_.presence = model.presence.data();
-    args_.bias = bias_.data();
-    args_.positions = positions_.data();
-    args_.prompts = prompts_.data();
+    // The backend's own label arrays (it outlives its steppers).
+    args_.bias = backend.bias_.data();
+    args_.positions = backend.positions_.data();
+    args_.prompts = backend.prompts_.data();
     args_.prefix = model.prefix.data();
     args_.gauges = model.gauge ? gauges_.data() : nullptr;
     failed_step_.resize(args_.replicas);
@@ -315,9 +313,8 @@ class ResidentSteps final : public ResidentStepper {
   const Model& model_;
   std::unique_ptr<ResidentEngine<Real>> engine_;
   ResidentArgs<Real> args_;
-  std::vector<Real> bias_;
-  std::vector<double> positions_, gauges_, q_, k_, v_, failure_value_;
-  std::vector<int> prompts_, failure_, failure_order_;
+  std::vector<double> gauges_, q_, k_, v_, failure_value_;
+  std::vector<int> failure_, failure_order_;
   std::vector<long long> failed_step_;
 };
 
@@ -367,7 +364,7 @@ std::unique_ptr<ResidentStepper> CudaBackend<Real>::resident_stepper(const Fixed
   a.threads = resident_threads(model_.n);
   a.has_terms = args_.has_terms;
   a.terms = args_.terms;
-  a.finish = {model_.normalization == Normalization::Usa, model_.exponent_shift(), model_.eps_den, mass_};
+  a.finish = detail::finish_terms(model_, mass_);
   a.query_scale = model_.beta * kLog2e;
   a.largest_bias = largest_bias_;
   a.transported = model_.values == ValueTransport::Transported;
