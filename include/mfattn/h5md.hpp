@@ -26,6 +26,11 @@ struct NotMfattnFile : IoError {
 struct OutputExists : IoError {
   using IoError::IoError;
 };
+/// The output path names something that --overwrite may not replace: a device node, a FIFO,
+/// a socket or a folder (a usage error, exit code 2).
+struct OutputNotReplaceable : OutputExists {
+  using OutputExists::OutputExists;
+};
 /// The output file is held open for writing by another process (a running mfattn), so it is
 /// neither replaced nor touched (exit code 4: retrying once that process ends can succeed).
 struct OutputBusy : IoError {
@@ -160,8 +165,9 @@ class H5mdWriter {
   virtual std::string current_path() const = 0;
 };
 
-/// The temporary name a writer with atomic_publish uses for `path`: ".<name>.<pid>.tmp" in
-/// the same folder (the name shortened when it would exceed 255 bytes).
+/// The temporary name a writer with atomic_publish uses for `path`: ".<name>.<pid>.<k>.tmp"
+/// in the same folder, k counting the calls in this process (the name shortened when it
+/// would exceed 255 bytes).
 std::string temporary_output_path(const std::string& path);
 
 /// The last frame of replica 0 of an mfattn file: n rows of d numbers, row-major. Of a file

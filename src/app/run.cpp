@@ -816,6 +816,11 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     setup.observables = observable_layout(model, observable_settings);
     if (cfg.resume) {
       writer = H5mdWriter::open_for_resume(setup, resumed);
+      // The file says `running` before any new frame reaches it, so a resume killed from here
+      // on never leaves `complete` beside frames that end before its horizon. /run's counts
+      // stay those stored until the next flush.
+      writer->write_run_info("running", resumed.wall_seconds, resumed.steps, resumed.rejected_steps);
+      writer->flush();
       state.x = resumed.x;
       state.time = resumed.time;
       state.step = resumed.step;

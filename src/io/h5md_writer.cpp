@@ -40,8 +40,10 @@
 #include <cstring>
 
 #include "io/hdf5_support.hpp"
+#include "io/path_lock.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <filesystem>
 #include <limits>
@@ -349,7 +351,8 @@ int latest_usable_checkpoint(const std::int64_t (&marks)[kCheckpointSlots], hsiz
 class Hdf5H5mdWriter final : public H5mdWriter {
  public:
   explicit Hdf5H5mdWriter(const WriterSetup& setup)
-      : setup_(setup),
+      : output_lock_(lock_output(setup.path, setup.overwrite ? LockPurpose::Replace : LockPurpose::Create)),
+        setup_(setup),
         check_(setup.path),
         write_path_(setup.atomic_publish ? temporary_output_path(setup.path) : setup.path) {
     if (setup.n == 0 || setup.d == 0 || setup.replicas == 0) {
@@ -370,9 +373,13 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     if (!setup.overwrite && std::filesystem::exists(setup.path, ignored)) {
       throw OutputExists("output file " + setup.path + " exists (use --overwrite to replace it)");
     }
-    if (setup.overwrite) refuse_if_busy(setup.path);
+    if (setup.overwrite) {
+      refuse_unless_replaceable(setup.path);
+      refuse_if_busy(setup.path);
+    }
     if (setup.atomic_publish) {
-      // A leftover of this process id (a killed run long ago) is ours to replace.
+      // A leftover of this process id and call number (a killed run long ago) is ours to
+      // replace.
       ::unlink(write_path_.c_str());
       pending_.path = write_path_;
     }
@@ -400,7 +407,8 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   }
 
   /// Reopens a file for --resume (see H5mdWriter::open_for_resume).
-  Hdf5H5mdWriter(const WriterSetup& setup, ResumePoint& point) : setup_(setup), check_(setup.path) {
+  Hdf5H5mdWriter(const WriterSetup& setup, ResumePoint& point)
+      : output_lock_(lock_output(setup.path, LockPurpose::Resume)), setup_(setup), check_(setup.path) {
     QuietHdf5Errors quiet;
     refuse_if_busy(setup.path, /*reopen_in_place=*/true);
     file_ = check_.own(H5Fopen(setup.path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose,
@@ -981,6 +989,41 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     reserved_end_ = 0;
   }
 
+  /// What a writer is about to do with its output: the refusal when another writer holds it
+  /// says what to do.
+  enum class LockPurpose { Create, Replace, Resume };
+
+  /// Takes the output's own lock (io/path_lock.hpp), held for the writer's life: another
+  /// mfattn writer of the same output, in this process or another, is refused whatever
+  /// HDF5_USE_FILE_LOCKING says. Without --overwrite that other writer is creating the file,
+  /// so the refusal is that of an existing output (exit 2); with --overwrite and --resume it
+  /// is OutputBusy (exit 4: retry once it ends). A filesystem without any byte-range locks
+  /// gives no exclusion at all (nullptr): refusing would make mfattn unusable there, and
+  /// docs/failure-model.md says so.
+  static std::unique_ptr<PathLock> lock_output(const std::string& path, LockPurpose purpose) {
+    std::unique_ptr<PathLock> lock;
+    try {
+      lock = PathLock::try_acquire(output_lock_path(path));
+    } catch (const LockingUnsupported&) {
+      return nullptr;
+    }
+    if (lock) return lock;
+    if (purpose == LockPurpose::Create)
+      throw OutputExists("output file " + path + " is being written by another run (use another --out, "
+                         "or wait for that run and pass --overwrite to replace its file)");
+    throw OutputBusy("output file " + path + " is being written by another mfattn run, in another process "
+                     "or thread (its lock " + output_lock_path(path).string() + " is held); it was left untouched");
+  }
+
+  /// --overwrite replaces a regular file (or a link to one) and nothing else: renaming over a
+  /// device node or a FIFO would replace it with a file (OutputNotReplaceable, exit 2).
+  static void refuse_unless_replaceable(const std::string& path) {
+    struct stat info {};
+    if (::stat(path.c_str(), &info) != 0 || S_ISREG(info.st_mode)) return;
+    throw OutputNotReplaceable("--out " + path + ": is not a regular file (a device, FIFO, socket or folder); " +
+                               "--out names a regular file, and --overwrite replaces regular files only");
+  }
+
   /// Opens `path` and takes a non-blocking flock on it, held until the returned descriptor is
   /// closed (-1: no such file). HDF5 takes an exclusive flock on every file it writes and
   /// readers that lock take a shared one, so a shared probe fails only against a writer.
@@ -1012,6 +1055,8 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   void publish() {
     const std::string& target = setup_.path;
     if (setup_.overwrite) {
+      // Checked again here: the name may have been given to a device or FIFO meanwhile.
+      refuse_unless_replaceable(target);
       // The lock is held across the rename, so no writer can open the old file meanwhile.
       const int fd = lock_unless_busy(target);
       const int result = ::rename(write_path_.c_str(), target.c_str());
@@ -1343,6 +1388,9 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     }
   };
 
+  /// The output's own lock (lock_output), declared first so that it is let go last, after
+  /// the file is closed.
+  std::unique_ptr<PathLock> output_lock_;
   WriterSetup setup_;
   Checker check_;
   std::string write_path_;
@@ -1395,13 +1443,10 @@ class Hdf5H5mdWriter final : public H5mdWriter {
 }  // namespace
 
 std::string temporary_output_path(const std::string& path) {
-  const std::filesystem::path target(path);
-  std::string name = target.filename().string();
-  const std::string suffix = "." + std::to_string(::getpid()) + ".tmp";
-  // NAME_MAX is 255 bytes on every filesystem mfattn is used on; keep the front of the name.
-  constexpr std::size_t kNameMax = 255;
-  if (name.size() + 1 + suffix.size() > kNameMax) name.resize(kNameMax - 1 - suffix.size());
-  return (target.parent_path() / ("." + name + suffix)).string();
+  // The process id and a call number: two writers in one process (Python threads) never share
+  // a temporary file, whatever their outputs.
+  static std::atomic<std::uint64_t> calls{0};
+  return hidden_sibling(path, "." + std::to_string(::getpid()) + "." + std::to_string(calls++) + ".tmp").string();
 }
 
 std::unique_ptr<H5mdWriter> H5mdWriter::create(const WriterSetup& setup) {

@@ -38,6 +38,7 @@
 #include "mfattn/h5md.hpp"
 #include "mfattn/run.hpp"
 #include "mfattn/sweep.hpp"
+#include "io/path_lock.hpp"
 
 extern char** environ;
 
@@ -48,49 +49,10 @@ namespace {
 
 fs::path lock_path(const std::string& dir, const std::string& id) { return fs::path(dir) / (id + ".lock"); }
 
-/// An exclusive open-file-description lock (F_OFD_SETLK) on DIR/<id>.lock. It belongs to the
-/// open file, not the process: the case's child inherits it, and it goes away when the last
-/// holder exits, however it exits (a SIGKILLed sweep leaves no stale lock).
-class CaseLock {
- public:
-  /// nullptr when another process holds the lock. Throws IoError.
-  static std::unique_ptr<CaseLock> acquire(const fs::path& path) {
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-      if (fd < 0) throw IoError("cannot create " + path.string() + ": " + std::strerror(errno));
-      struct flock lock {};
-      lock.l_type = F_WRLCK;
-      lock.l_whence = SEEK_SET;
-      if (::fcntl(fd, F_OFD_SETLK, &lock) != 0) {
-        const int error = errno;
-        ::close(fd);
-        if (error == EAGAIN || error == EACCES) return nullptr;
-        throw IoError("cannot lock " + path.string() + ": " + std::strerror(error));
-      }
-      // A holder that finished unlinks the file before it lets go: if the name no longer
-      // points at the file we locked, lock the new one.
-      struct stat held {}, named {};
-      if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
-          held.st_dev == named.st_dev)
-        return std::unique_ptr<CaseLock>(new CaseLock(path, fd));
-      ::close(fd);
-    }
-    throw IoError("cannot lock " + path.string() + ": it keeps being replaced");
-  }
-  ~CaseLock() {
-    std::error_code ignored;
-    fs::remove(path_, ignored);
-    ::close(fd_);
-  }
-  CaseLock(const CaseLock&) = delete;
-  CaseLock& operator=(const CaseLock&) = delete;
-  int fd() const { return fd_; }
-
- private:
-  CaseLock(fs::path path, int fd) : path_(std::move(path)), fd_(fd) {}
-  fs::path path_;
-  int fd_;
-};
+/// A case's lock on DIR/<id>.lock (io/path_lock.hpp): the case's child inherits it, and it
+/// goes away when the last holder exits, however it exits (a SIGKILLed sweep leaves no stale
+/// lock).
+using CaseLock = PathLock;
 
 bool is_complete(const fs::path& file) {
   std::error_code ignored;
@@ -448,7 +410,7 @@ class Runner {
       ++skipped_complete_;
       return Started::Skipped;
     }
-    auto lock = CaseLock::acquire(lock_path(options_.out_dir, c.id));
+    auto lock = CaseLock::try_acquire(lock_path(options_.out_dir, c.id));
     if (!lock) {
       if (!waited) {
         say("wait " + c.id + " running elsewhere " + label(c));
