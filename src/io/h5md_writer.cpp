@@ -1006,6 +1006,8 @@ class Hdf5H5mdWriter final : public H5mdWriter {
       lock = PathLock::try_acquire(output_lock_path(path));
     } catch (const LockingUnsupported&) {
       return nullptr;
+    } catch (const IoError& e) {
+      throw IoError("output file " + path + ": " + e.what());
     }
     if (lock) return lock;
     if (purpose == LockPurpose::Create)
