@@ -132,14 +132,33 @@ py::array_t<double, py::array::c_style> checked_positions(const py::handle& x, c
   return values;
 }
 
+/// A call's `threads`: a Python int in [1, kMaxThreads] (the CLI's --threads bound), else
+/// TypeError (2.5, "2", True) or ValueError (0, 10**6), as Python's own functions do.
+int thread_count(const py::object& threads) {
+  // Integers are what operator.index accepts (int, numpy.int64); bool is one only by accident.
+  if (!PyIndex_Check(threads.ptr()) || py::isinstance<py::bool_>(threads))
+    throw py::type_error("threads: expected an int, got " + py::str(py::type::of(threads).attr("__name__")).cast<std::string>() +
+                         " " + py::repr(threads).cast<std::string>());
+  const py::int_ value = py::reinterpret_steal<py::int_>(PyNumber_Index(threads.ptr()));
+  if (!value) throw py::error_already_set();
+  const long long count = PyLong_AsLongLong(value.ptr());
+  if (PyErr_Occurred()) PyErr_Clear();  // beyond long long: out of range below
+  if (count < 1 || count > kMaxThreads || value > py::int_(kMaxThreads))
+    throw py::value_error("threads: " + py::repr(threads).cast<std::string>() + " (must be an integer in [1, " +
+                          std::to_string(kMaxThreads) + "])");
+  return static_cast<int>(count);
+}
+
 class PyModel {
  public:
   explicit PyModel(const py::kwargs& options) {
+    // A Model writes no file: the options that name or treat its output belong to run().
+    for (const char* output_option : {"out", "resume", "overwrite"})
+      if (options.contains(output_option))
+        throw py::value_error(std::string(output_option) + ": a Model writes no file; this option belongs to mfattn.run()");
     std::vector<std::string> words = words_of(options);
-    if (!options.contains("out")) {
-      words.push_back("--out");
-      words.push_back("mfattn-model.h5");  // parse_run_arguments wants one; nothing is written
-    }
+    words.push_back("--out");
+    words.push_back("mfattn-model.h5");  // parse_run_arguments wants one; nothing is written
     cfg_ = parse(words);
     try {
       model_ = build_model(cfg_);
@@ -217,11 +236,7 @@ class PyModel {
   }
 
   void evaluate(const double* x, std::size_t replicas, double* velocity, double* sums, const py::object& threads) {
-    int count = threads_;
-    if (!threads.is_none()) {
-      count = threads.cast<int>();
-      if (count < 1) throw py::value_error("threads: " + std::to_string(count) + " (must be >= 1)");
-    }
+    const int count = threads.is_none() ? threads_ : thread_count(threads);
     Pooled pooled = acquire(count);
     std::string failure;
     bool numerical = false;
@@ -312,7 +327,9 @@ py::object run(py::object out, py::object progress, const py::kwargs& options) {
   }
   words.push_back("--out");
   words.push_back(path.string());
-  words.push_back("--quiet");
+  // run() is always quiet (its progress reaches Python through `progress`): quiet=True is
+  // accepted, and never given twice.
+  if (std::find(words.begin(), words.end(), "--quiet") == words.end()) words.push_back("--quiet");
   RunConfig cfg = parse(words);
   // /parameters' command_line: the options as the command line would take them.
   cfg.command_line = "mfattn.run: mfattn run";

@@ -193,5 +193,7 @@ bool parse_number_list(const std::string& text, std::vector<double>& out);
 /// The thread count: --threads, else OMP_NUM_THREADS, else SLURM_CPUS_PER_TASK, else cores;
 /// also made the default team size of every OpenMP region.
 int resolve_threads(std::int64_t requested);
+/// The most worker threads a run or a call may ask for (--threads, the module's threads=).
+inline constexpr int kMaxThreads = 4096;
 
 }  // namespace mfattn

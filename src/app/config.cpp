@@ -872,8 +872,9 @@ void validate(const RunConfig& c) {
            "must lie in [0, 1e6] (points spread by a few units are uniform on the sphere already)");
   if (c.replicas < 1) reject("replicas", std::to_string(c.replicas), "must be an integer >= 1");
   if (c.seed < 0) reject("seed", std::to_string(c.seed), "must be an integer >= 0");
-  if (c.threads < 0 || c.threads > 4096)
-    reject("threads", std::to_string(c.threads), "must be an integer in [0, 4096] (0: automatic)");
+  if (c.threads < 0 || c.threads > kMaxThreads)
+    reject("threads", std::to_string(c.threads),
+           "must be an integer in [0, " + std::to_string(kMaxThreads) + "] (0: automatic)");
   require_choice("backend", c.backend, backend_names());
   if (require_choice(kPrecisionOption, c.precision) == Precision::Float && c.backend != "cuda")
     reject("precision", c.precision,
