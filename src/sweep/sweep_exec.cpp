@@ -2,7 +2,7 @@
 // (`/proc/self/exe run ... --out DIR/<id>.h5.part --quiet --overwrite`), guarded by an
 // open-file-description lock on DIR/<id>.lock that the child inherits, renamed to DIR/<id>.h5
 // when it ends; --jobs children at once; shards and MPI ranks split the grid. Children run in
-// their own process groups and die with the sweep (PR_SET_PDEATHSIG); SIGTERM and SIGINT are
+// their own process groups and die with the sweep (PR_SET_PDEATHSIG); SIGTERM, SIGINT and SIGHUP are
 // forwarded to them, and the sweep then reports what is undone and exits 128 + signal.
 #include <fcntl.h>
 #include <poll.h>
@@ -146,8 +146,9 @@ int available_cores(int local_ranks) {
 
 // ---- Signals ---------------------------------------------------------------------------------
 
-/// SIGTERM and SIGINT: forwarded to the running cases, then the sweep stops.
-constexpr int kStopSignals[] = {SIGTERM, SIGINT};
+/// SIGTERM, SIGINT and SIGHUP (a closed terminal or ssh session): forwarded to the running
+/// cases, then the sweep stops. `run` treats each of them alike.
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGHUP};
 constexpr std::size_t kStopSignalCount = sizeof kStopSignals / sizeof kStopSignals[0];
 
 /// The first stop signal received (0: none), how many arrived, and a pipe the handler writes

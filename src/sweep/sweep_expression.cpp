@@ -72,6 +72,20 @@ class ExpressionParser {
   std::string_view text_;
   std::size_t at_ = 0;
   Expression result_;
+  /// Far more than any formula a person writes, far less than the stack allows.
+  static constexpr std::size_t kMaxNesting = 256;
+  std::size_t nesting_ = 0;
+  struct NestingGuard {
+    ExpressionParser& parser;
+    explicit NestingGuard(ExpressionParser& p) : parser(p) {
+      if (++parser.nesting_ > kMaxNesting)
+        parser.fail("the expression nests deeper than " + std::to_string(kMaxNesting) +
+                    " levels (parentheses, arguments, signs and exponents)");
+    }
+    ~NestingGuard() { --parser.nesting_; }
+    NestingGuard(const NestingGuard&) = delete;
+    NestingGuard& operator=(const NestingGuard&) = delete;
+  };
 
   bool at_end() const { return at_ >= text_.size(); }
   char peek() const { return at_end() ? '\0' : text_[at_]; }
@@ -108,6 +122,9 @@ class ExpressionParser {
   }
 
   void unary() {
+    // Every nesting (a parenthesis, a function's argument, a sign, an exponent) passes here:
+    // bounding the depth keeps a crafted expression from overflowing the stack.
+    const NestingGuard nested(*this);
     skip_space();
     if (peek() == '-' || peek() == '+') {
       const char sign = peek();

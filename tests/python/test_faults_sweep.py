@@ -188,9 +188,9 @@ def test_rerun_waits_for_a_case_held_elsewhere_and_completes_everything(mfattn_b
     assert not list(out.glob("*.part")) and not list(out.glob("*.lock")), text
 
 
-# --- B: SIGTERM / SIGINT are forwarded; the sweep reports what is undone ----------------------
+# --- B: SIGTERM / SIGINT / SIGHUP are forwarded; the sweep reports what is undone --------------
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_stop_signal_is_forwarded_and_the_sweep_reports_undone_cases(mfattn_binary, tmp_path, no_strays,
                                                                      signum):
     sweep = write_sweep(tmp_path / "stop.ini", "n = 24 8\nhorizon = 1000000 1\n")

@@ -122,6 +122,22 @@ TEST(SweepExpression, SyntaxErrorsNameTheColumn) {
   EXPECT_EQ(syntax_error(".").second, "a number needs a digit");
 }
 
+TEST(SweepExpression, NestingIsBoundedInsteadOfOverflowingTheStack) {
+  // 20,000 levels overflowed the stack (SIGSEGV) before the bound; 256 of each kind parse.
+  const std::size_t deep = 20000, allowed = 255;
+  const std::string refused = "the expression nests deeper than 256 levels (parentheses, arguments, signs and exponents)";
+  EXPECT_EQ(syntax_error(std::string(deep, '(') + "1" + std::string(deep, ')')).second, refused);
+  EXPECT_EQ(syntax_error(std::string(deep, '-') + "1").second, refused);
+  std::string powers = "1";
+  for (std::size_t k = 0; k < deep; ++k) powers += "^1";
+  EXPECT_EQ(syntax_error(powers).second, refused);
+  std::string calls;
+  for (std::size_t k = 0; k < deep; ++k) calls += "abs(";
+  EXPECT_EQ(syntax_error(calls + "1" + std::string(deep, ')')).second, refused);
+  EXPECT_EQ(value_of(std::string(allowed, '(') + "2" + std::string(allowed, ')')), 2.0);
+  EXPECT_EQ(value_of(std::string(allowed - 1, '-') + "2"), 2.0);
+}
+
 TEST(SweepExpression, NonFiniteResultsAndDivisionByZeroAreRefused) {
   EXPECT_EQ(value_error("1 / (2 - 2)"), "division by zero (1 / 0)");
   EXPECT_EQ(value_error("0 / 0"), "division by zero (0 / 0)");
