@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -65,6 +66,13 @@ struct ObserverSchedule {
   }
   bool at_end_of_run() const { return kind == Kind::AtEnd; }
 };
+
+/// The first option of `roles` whose value in `cfg` differs from the one `stored` (a file's
+/// /parameters) records, as "--NAME is NOW but the file was made with THEN"; "" when none
+/// does. Values compare as the shortest text that reads back as the same double; an option
+/// the file lacks (made before it existed) matches its default. --resume compares the
+/// Trajectory options, a sweep's complete case file the Trajectory and Extent ones.
+std::string option_difference(const RunConfig& cfg, const FileSummary& stored, std::initializer_list<OptionRole> roles);
 
 /// "SIGTERM", "SIGINT", ... for the signals runs and sweeps report ("signal N" otherwise).
 std::string signal_name(int signal);

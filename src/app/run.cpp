@@ -336,6 +336,36 @@ double resolved_save_every(const RunConfig& cfg) {
   return cfg.save_every > 0 ? cfg.save_every : cfg.horizon / 100.0;
 }
 
+}  // namespace
+
+std::string option_difference(const RunConfig& cfg, const FileSummary& stored, std::initializer_list<OptionRole> roles) {
+  auto stored_value = [&](const std::string& name) -> const std::string* {
+    for (const auto& [key, value] : stored.parameters)
+      if (key == name) return &value;
+    return nullptr;
+  };
+  // A file from a build that lacked an option was made with that option's default (the
+  // option did not exist, so nothing else could be meant): it matches while the option is
+  // still at its default.
+  const RunConfig defaults = parse_run_arguments({"--out", cfg.out});
+  auto default_text = [&](const std::string& name) -> std::string {
+    for (const auto& [key, value] : defaults.parameters)
+      if (key == name) return parameter_text(value);
+    return "";
+  };
+  for (const auto& [name, value] : cfg.parameters) {
+    if (std::find(roles.begin(), roles.end(), option_role(name)) == roles.end()) continue;
+    const auto* before = stored_value(name);
+    const std::string now = parameter_text(value);
+    if (!before && now == default_text(name)) continue;
+    if (!before || *before != now)
+      return "--" + name + " is " + now + " but the file was made with " + (before ? *before : std::string("no such option"));
+  }
+  return "";
+}
+
+namespace {
+
 /// --resume: the file must exist and have been made with the same options, except those
 /// that do not change the trajectory (the horizon may grow). A run that left --save-every at
 /// its default keeps the file's frame spacing.
@@ -356,24 +386,9 @@ void check_resumable(RunConfig& cfg) {
   };
   if (cfg.save_every == 0.0 && cfg.save_times.empty() && cfg.save_log == 0)
     if (const auto* spacing = stored_value("save_every_used")) cfg.save_every = std::stod(*spacing);
-  // A file from a build that lacked an option was made with that option's default (the
-  // option did not exist, so nothing else could be meant): it resumes when the option is
-  // still at its default.
-  const RunConfig defaults = parse_run_arguments({"--out", cfg.out});
-  auto default_text = [&](const std::string& name) -> std::string {
-    for (const auto& [key, value] : defaults.parameters)
-      if (key == name) return parameter_text(value);
-    return "";
-  };
-  for (const auto& [name, value] : cfg.parameters) {
-    if (option_role(name) != OptionRole::Trajectory) continue;  // Extent and Execution may change
-    const auto* before = stored_value(name);
-    const std::string now = parameter_text(value);
-    if (!before && now == default_text(name)) continue;
-    if (!before || *before != now)
-      throw UsageError("--resume " + cfg.out + ": --" + name + " is " + now + " but the file was made with " +
-                       (before ? *before : std::string("no such option")));
-  }
+  // Extent options may change on a resume (the horizon may grow: below), Execution ones too.
+  if (const std::string difference = option_difference(cfg, stored, {OptionRole::Trajectory}); !difference.empty())
+    throw UsageError("--resume " + cfg.out + ": " + difference);
   if (const auto* horizon = stored_value("horizon"); horizon && cfg.horizon < std::stod(*horizon))
     throw UsageError("--resume: --horizon " + parameter_text(cfg.horizon) +
                      " is shorter than the file's " + *horizon);

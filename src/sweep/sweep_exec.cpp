@@ -402,11 +402,26 @@ class Runner {
     }
   }
 
+  /// A complete case file counts as the case's only if it was made with the case's options
+  /// (those of the trajectory and its extent): a file put under the id by hand, or left by
+  /// another grid, is refused untouched (IoError: the case fails, and says which option).
+  static void refuse_unless_made_by(const SweepCase& c, const fs::path& final_file) {
+    std::vector<std::string> arguments = c.arguments;
+    arguments.insert(arguments.end(), {"--out", final_file.string()});
+    const std::string difference =
+        option_difference(parse_run_arguments(arguments), describe_file(final_file.string()),
+                          {OptionRole::Trajectory, OptionRole::Extent});
+    if (!difference.empty())
+      throw IoError(final_file.string() + " is a complete run of other options (" + difference +
+                    "); it was left untouched: move it away and run the sweep again");
+  }
+
   /// Skips a done case, defers a locked one, else starts it.
   Started start(const SweepCase& c, bool waited, Child& child) {
     const fs::path final_file = file(c, ".h5");
     const std::string done_elsewhere = waited ? "(finished elsewhere) " : "";
     if (is_complete(final_file)) {
+      refuse_unless_made_by(c, final_file);
       say("skip " + c.id + " complete " + done_elsewhere + label(c));
       ++skipped_complete_;
       return Started::Skipped;
@@ -420,6 +435,7 @@ class Runner {
       return Started::Locked;
     }
     if (is_complete(final_file)) {  // finished by another process since the first look
+      refuse_unless_made_by(c, final_file);
       say("skip " + c.id + " complete " + done_elsewhere + label(c));
       ++skipped_complete_;
       return Started::Skipped;
