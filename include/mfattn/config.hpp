@@ -167,6 +167,13 @@ void store_command_line(const std::vector<std::string>& args,
 /// returns for a value holding a placeholder such as "%value%").
 std::string option_error_text(const boost::program_options::error& error);
 
+/// Stores the command line `args`, then the --config file it names (the command line wins;
+/// cfg.config_text receives the file's text), into `vm` through `table` (run_options(cfg),
+/// with a command's own options added), and notifies. The one way every command that takes
+/// run options reads them (run, bench). Throws UsageError.
+void store_run_arguments(const std::vector<std::string>& args, const boost::program_options::options_description& table,
+                         boost::program_options::variables_map& vm, RunConfig& cfg);
+
 /// Roughly the bytes a run needs at its peak (state, integrator stages, backend buffers,
 /// one frame of observables, matrices, gauge); see the formula in config.cpp.
 double estimated_memory_bytes(const RunConfig& cfg);

@@ -20,6 +20,9 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+/// The longest --min-time: a day, far beyond any measurement, and finite.
+constexpr double kMaxBenchSeconds = 86400.0;
+
 }  // namespace
 
 int bench_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -37,16 +40,15 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   help_table.add(extra);
   try {
     po::variables_map vm;
-    store_command_line(args, table, vm);
-    po::notify(vm);
+    store_run_arguments(args, table, vm, cfg);
     if (cfg.out.empty()) cfg.out = "(bench: no output)";
     validate(cfg);
-    if (!(min_seconds > 0)) throw UsageError("--min-time: must be > 0");
+    // A finite bound: the measurement loop runs until it has passed.
+    if (!(min_seconds > 0) || !(min_seconds <= kMaxBenchSeconds))
+      throw UsageError("--min-time " + exact_number_text(min_seconds) + ": must be a number of seconds in (0, " +
+                       exact_number_text(kMaxBenchSeconds) + "]");
   } catch (const UsageError& e) {
     err << "mfattn bench: " << e.what() << '\n';
-    return kExitUsage;
-  } catch (const po::error& e) {
-    err << "mfattn bench: " << option_error_text(e) << '\n';
     return kExitUsage;
   }
   const int threads = resolve_threads(cfg.threads);

@@ -892,10 +892,8 @@ void validate(const RunConfig& c) {
   validate_sizes(c);
 }
 
-RunConfig parse_run_arguments(const std::vector<std::string>& args) {
-  RunConfig cfg;
-  const auto table = run_options(cfg);
-  po::variables_map vm;
+void store_run_arguments(const std::vector<std::string>& args, const po::options_description& table,
+                         po::variables_map& vm, RunConfig& cfg) {
   try {
     store_command_line(args, table, vm);
     // The config file is named on the command line, so look it up before notify().
@@ -924,6 +922,13 @@ RunConfig parse_run_arguments(const std::vector<std::string>& args) {
   } catch (const po::error& e) {
     throw UsageError(option_error_text(e));
   }
+}
+
+RunConfig parse_run_arguments(const std::vector<std::string>& args) {
+  RunConfig cfg;
+  const auto table = run_options(cfg);
+  po::variables_map vm;
+  store_run_arguments(args, table, vm, cfg);
   validate(cfg);
   std::ostringstream command_line;
   command_line << "mfattn run";
