@@ -154,6 +154,9 @@ inline constexpr std::int64_t kMaxRunTokens = 2147483647;
 inline constexpr std::int64_t kMaxLayers = 1000000;
 /// Most frames of one run (--save-every, --save-log, --save-times).
 inline constexpr std::int64_t kMaxFrames = 10000000;
+/// Most columns of a --positions file (k): the d (d - 1) / 2 coordinates of so(16), the
+/// largest gauge group `mfattn realize --mechanism prefix-gauge` builds.
+inline constexpr std::size_t kMaxPositionColumns = 120;
 
 /// Parses words of a command line strictly through table: full option names only, one value
 /// per option except the lists (--save-times, --rope-freqs, --amplitudes take several words,

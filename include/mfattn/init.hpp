@@ -66,6 +66,11 @@ struct PrefixSpec {
 /// std::invalid_argument naming the option on bad input.
 std::vector<double> place_prefix(const PrefixSpec& spec);
 
+/// |row|, also for rows whose sum of squares overflows or underflows a double (1e308 stays
+/// 1e308, not inf): rows read from files are normalised with it. Equal to the plain
+/// sqrt(sum of squares) to the last bit wherever that is finite and positive.
+double row_norm(const double* row, std::size_t d);
+
 /// Parses one text line of numbers separated by whitespace or commas ('#' starts a comment, a
 /// leading '+' is allowed) into values; returns "" or what is wrong with the line.
 std::string parse_number_line(std::string_view line, std::vector<double>& values);

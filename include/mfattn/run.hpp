@@ -84,6 +84,10 @@ struct RunHooks {
   /// its frames, /run/status says "interrupted: stopped by the caller", and run_simulation
   /// returns kExitStoppedByCaller. Called from the thread that runs the simulation.
   std::function<bool(double time, std::int64_t step)> progress;
+  /// What the messages of a run that did not complete advise, in parentheses after "keeps
+  /// every frame up to t = T" (empty: "continue it with --resume"). A command that cannot
+  /// be resumed (realize) names what can be done instead.
+  std::string unfinished_advice;
 };
 inline constexpr double kHookIntervalSeconds = 0.1;
 /// run_simulation's status when RunHooks::progress stopped it (as SIGINT would: 128 + 2).

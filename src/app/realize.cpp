@@ -19,6 +19,7 @@
 #include "mfattn/config.hpp"
 #include "mfattn/gauge.hpp"
 #include "mfattn/h5md.hpp"
+#include "mfattn/init.hpp"
 #include "mfattn/rng.hpp"
 #include "mfattn/run.hpp"
 
@@ -120,6 +121,13 @@ namespace {
 enum class Mechanism { Rope, RopeMixed, PrefixGauge };
 enum class Space { Circle, Torus, Sphere };
 
+/// The largest --beta accepted (see parse_options).
+constexpr double kMaxRealizeBeta = 3.0;
+/// The largest max |x_i - G_i^T u| of a realization: below the sampling noise (about
+/// n^(-1/2) >= 1e-3 for n <= 10^6) of every distance realize reports. A converged run is at
+/// rounding level (1e-14); values split into clusters, or far from collapsed, are at 0.1 to 2.
+constexpr double kRealizedDeviation = 1e-3;
+
 struct Options {
   std::string target, mechanism_name, out, contrast = "none";
   Mechanism mechanism = Mechanism::Rope;
@@ -204,7 +212,12 @@ Options parse_options(const std::vector<std::string>& args) {
   if (o.out.empty()) throw UsageError("--out: required (the run's H5MD file)");
   if (!(o.horizon > 0.0)) reject("horizon", exact_number_text(o.horizon), "must be > 0");
   if (!(o.dt > 0.0) || o.dt > o.horizon) reject("dt", exact_number_text(o.dt), "must be > 0 and at most --horizon");
-  if (!(o.beta > 0.0) || o.beta > 700.0) reject("beta", exact_number_text(o.beta), "must be in (0, 700]");
+  // Beyond beta = 3 the transported values split into metastable clusters instead of
+  // collapsing to one u within any practical horizon (and natural time's steps overflow):
+  // measured at the defaults for every mechanism (docs/realization.md).
+  if (!(o.beta > 0.0) || o.beta > kMaxRealizeBeta)
+    reject("beta", exact_number_text(o.beta),
+           "must be in (0, 3]: beyond it the values do not collapse to one u within a practical --horizon");
   if (o.contrast != "none" && o.contrast != "distance-bias" && o.contrast != "plain-values")
     reject("contrast", o.contrast, "accepted: none, distance-bias, plain-values");
   if (!o.pin && o.mechanism != Mechanism::PrefixGauge)
@@ -221,22 +234,22 @@ class TargetLaw {
     std::ifstream file(name);
     std::string line;
     const std::size_t columns = columns_of(space, d);
+    std::size_t line_number = 0;
+    std::vector<double> row;
     while (std::getline(file, line)) {
-      if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
-      std::replace(line.begin(), line.end(), ',', ' ');
-      std::istringstream words(line);
-      std::vector<double> row;
-      double value;
-      while (words >> value) row.push_back(value);
+      ++line_number;
+      const std::string where = "line " + std::to_string(line_number) + ": ";
+      // The run's own number rule: a word, nan or inf is refused, never dropped.
+      if (const std::string error = parse_number_line(line, row); !error.empty()) reject("target", name, where + error);
       if (row.empty()) continue;
-      if (row.size() != columns || !std::all_of(row.begin(), row.end(), [](double v) { return std::isfinite(v); }))
-        reject("target", name, "each line must hold " + std::to_string(columns) + " finite numbers (" +
-                                   (space == Space::Sphere ? "a point of R^d, normalised here" : "angles in radians") + ")");
+      if (row.size() != columns)
+        reject("target", name, where + "each line must hold " + std::to_string(columns) + " finite numbers (" +
+                                   (space == Space::Sphere ? "a point of R^d, normalised here" : "angles in radians") +
+                                   "), found " + std::to_string(row.size()));
       if (space == Space::Sphere) {
-        double norm = 0.0;
-        for (double v : row) norm += v * v;
-        if (norm == 0.0) reject("target", name, "a zero row is no point of the sphere");
-        for (double& v : row) v /= std::sqrt(norm);
+        const double norm = row_norm(row.data(), row.size());
+        if (norm == 0.0) reject("target", name, where + "a zero row is no point of the sphere");
+        for (double& v : row) v /= norm;
       }
       rows_.insert(rows_.end(), row.begin(), row.end());
     }
@@ -568,7 +581,11 @@ int realize(const Options& o, std::ostream& out, std::ostream& err) {
   }
   const RunConfig cfg = parse_run_arguments(args);
   const Model model = build_model(cfg);
-  const int status = run_simulation(cfg, err);
+  RunHooks hooks;
+  hooks.unfinished_advice = "realize does not resume: run the same realize command again with --overwrite";
+  const int status = run_simulation(cfg, err, hooks);
+  if (status == kExitNumerical)
+    err << "mfattn realize: realize runs USA in natural time (it takes no --time-scale): take a smaller --dt or --beta\n";
   if (status != kExitOk) return status;
 
   // The realized marginal, and u: where y_i = G_i x_i collapsed (the pin when pinned).
@@ -624,6 +641,13 @@ int realize(const Options& o, std::ostream& out, std::ostream& err) {
     out << std::setprecision(4) << o.mechanism_name << " " << o.target << " n " << n << ": " << metric << " "
         << distance << " (noise floor " << noise_floor << ", ratio " << distance / noise_floor
         << "); max |x_i - G_i^T u| " << deviation << "; " << o.out << " /realization\n";
+  }
+  // The distance means something only when every x_i is the push-forward of one u.
+  if (o.contrast == "none" && !(deviation <= kRealizedDeviation)) {
+    err << std::setprecision(4) << "mfattn realize: not realized: max |x_i - G_i^T u| = " << deviation << " > "
+        << kRealizedDeviation << " at t = " << last.time
+        << ", the values did not collapse to one u (take a longer --horizon, a smaller --beta or a smaller --dt)\n";
+    return kExitNumerical;
   }
   return kExitOk;
 }

@@ -511,8 +511,9 @@ Model build_model(const RunConfig& cfg) {
   const bool positions_from_file = !layout;
   if (positions_from_file) {
     std::size_t rows = 0;
-    // The column count is that of the first row: try k = 1, 2, 3, 4.
-    for (std::size_t columns = 1; columns <= 4 && position_rows.empty(); ++columns) {
+    // The column count is that of the first row: try k = 1, 2, ... (a wrong k fails at once,
+    // on the first row).
+    for (std::size_t columns = 1; columns <= kMaxPositionColumns && position_rows.empty(); ++columns) {
       try {
         position_rows = read_text_rows(cfg.positions, columns, rows);
         k = columns;
@@ -520,7 +521,8 @@ Model build_model(const RunConfig& cfg) {
       }
     }
     if (position_rows.empty())
-      throw UsageError("--positions " + cfg.positions + ": needs n rows of 1 to 4 numbers");
+      throw UsageError("--positions " + cfg.positions + ": needs n rows of 1 to " +
+                       std::to_string(kMaxPositionColumns) + " numbers each");
     if (rows != model.n)
       throw UsageError("--positions " + cfg.positions + ": needs " + std::to_string(model.n) +
                        " rows (n + null tokens), found " + std::to_string(rows));
@@ -979,6 +981,8 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     progress.update(s.time, s.step);
     call_hook(s, false);
   };
+  const std::string continue_advice =
+      hooks.unfinished_advice.empty() ? std::string("continue it with --resume") : hooks.unfinished_advice;
   // Records why the run ended in /run, if the file still takes it (a full disk may not).
   auto record_status = [&](const std::string& status) {
     try {
@@ -1002,7 +1006,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     if (record_status("interrupted: " + name)) flushed_time = last_frame_time;
     log << "mfattn run: interrupted by " << name << " at t = " << state.time << " (step "
         << state.step << "); " << writer->current_path() << " keeps every frame up to t = "
-        << flushed_time << " (continue it with --resume)\n";
+        << flushed_time << " (" << continue_advice << ")\n";
     return stop.signal ? 128 + stop.signal : kExitStoppedByCaller;
   } catch (const NumericalError& e) {
     progress.finish();
@@ -1014,7 +1018,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     const bool recorded = record_status(std::string("failed: device: ") + e.what());
     log << "mfattn run: device failure: " << e.what() << '\n';
     log << "mfattn run: " << writer->current_path() << " keeps every frame up to t = " << flushed_time
-        << (recorded ? " and records the failure" : "") << " (continue it with --resume)\n";
+        << (recorded ? " and records the failure" : "") << " (" << continue_advice << ")\n";
     return kExitIo;
   } catch (const OutputExists& e) {
     progress.finish();
@@ -1027,7 +1031,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     log << "mfattn run: " << e.what() << '\n';
     if (where == cfg.out)
       log << "mfattn run: " << cfg.out << " keeps every frame up to t = " << flushed_time
-          << (recorded ? " and records the failure" : "") << " (continue it with --resume once the fault is fixed)\n";
+          << (recorded ? " and records the failure" : "") << " (" << continue_advice << (hooks.unfinished_advice.empty() ? " once the fault is fixed" : "") << ")\n";
     return kExitIo;
   }
   return kExitOk;

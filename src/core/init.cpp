@@ -159,7 +159,7 @@ void fill_file(const InitSpec& spec, State& st, std::size_t r,
     const std::string where = option + " row " + std::to_string(i + 1);
     for (std::size_t j = 0; j < d; ++j)
       if (!std::isfinite(row[j])) throw std::invalid_argument(where + " has a non-finite entry");
-    const double nr = norm(row, d);
+    const double nr = row_norm(row, d);
     double* x = st.token(r, i);
     if (spec.normalize_file_rows) {
       if (!(nr > 0.0)) throw std::invalid_argument(where + " is zero and cannot be normalised");
@@ -234,6 +234,19 @@ std::vector<double> place_prefix(const PrefixSpec& spec) {
     }
   }
   return prefix.x;
+}
+
+double row_norm(const double* row, std::size_t d) {
+  const double plain = norm(row, d);
+  if (std::isfinite(plain) && plain > 0.0) return plain;
+  // The sum of squares overflowed (entries near 1e308) or underflowed (near 1e-170): the same
+  // norm taken with the row scaled by its largest entry, which cannot.
+  double largest = 0.0;
+  for (std::size_t j = 0; j < d; ++j) largest = std::max(largest, std::fabs(row[j]));
+  if (!(largest > 0.0) || !std::isfinite(largest)) return plain;
+  double sum = 0.0;
+  for (std::size_t j = 0; j < d; ++j) sum += (row[j] / largest) * (row[j] / largest);
+  return largest * std::sqrt(sum);
 }
 
 std::string parse_number_line(std::string_view line, std::vector<double>& values) {
