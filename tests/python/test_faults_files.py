@@ -1,0 +1,107 @@
+"""Fault injection for the files mfattn reads back: crafted and damaged files given to
+`mfattn info`, `mfattn analyze` and `mfattn run --resume`.
+Real processes; the files are copies of a real small run's file, changed with h5py.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from test_faults_run import run
+
+POSITION = "particles/tokens/position/"
+SMALL = ("--n", 8, "--d", 3, "--horizon", 1)
+
+
+def replace(f: h5py.File, name: str, data) -> None:
+    del f[name]
+    f[name] = data
+
+
+def set_last_time(value):
+    def damage(f: h5py.File) -> None:
+        times = f[POSITION + "time"][()]
+        times[-1] = value
+        f[POSITION + "time"][...] = times
+    return damage
+
+
+def times_going_back(f: h5py.File) -> None:
+    times = f[POSITION + "time"][()]
+    times[50:] -= 0.6
+    f[POSITION + "time"][...] = times
+
+
+DAMAGES = {
+    "d0": lambda f: replace(f, POSITION + "value", np.zeros((101, 8, 0))),
+    "d6": lambda f: replace(f, POSITION + "value", np.tile(f[POSITION + "value"][()], (1, 1, 2))),
+    "complex": lambda f: replace(f, POSITION + "value", f[POSITION + "value"][()].astype(complex)),
+    "int32": lambda f: replace(f, POSITION + "value", f[POSITION + "value"][()].astype(np.int32)),
+    "float32 positions": lambda f: replace(f, POSITION + "value",
+                                           f[POSITION + "value"][()].astype(np.float32)),
+    "float32 observable": lambda f: replace(f, "observables/energy/value",
+                                            f["observables/energy/value"][()].astype(np.float32)),
+    "float32 step size": lambda f: replace(f, "run/step_size",
+                                           f["run/step_size"][()].astype(np.float32)),
+    "NaN time": set_last_time(np.nan),
+    "decreasing times": times_going_back,
+}
+
+
+@pytest.fixture(scope="module")
+def small_run(mfattn_binary, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("small") / "small.h5"
+    done = run(mfattn_binary, out, *SMALL)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def refused_in_one_line(done: subprocess.CompletedProcess, path: Path) -> None:
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert str(path) in done.stderr or path.name in done.stderr, done.stderr
+    assert "HDF5" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_crafted_file_is_refused_by_info_analyze_and_resume_and_left_untouched(
+        mfattn_binary, small_run, tmp_path, damage):
+    bad = tmp_path / "bad.h5"
+    shutil.copy(small_run, bad)
+    with h5py.File(bad, "r+") as f:
+        DAMAGES[damage](f)
+    before = bad.read_bytes()
+    for command in (["info"], ["analyze"]):
+        done = subprocess.run([str(mfattn_binary), *command, str(bad)], capture_output=True,
+                              text=True, timeout=60)
+        refused_in_one_line(done, bad)
+    resumed = run(mfattn_binary, bad, *SMALL[:-1], 2, resume=True, timeout=60)
+    refused_in_one_line(resumed, bad)
+    assert bad.read_bytes() == before
+
+
+def test_a_damaged_object_header_is_refused_in_one_line_without_hdf5_noise(
+        mfattn_binary, small_run, tmp_path):
+    # /h5md/creator's object header (version 1: a 16-byte prefix) starts with a continuation
+    # message (type 0x10: an 8-byte address, then an 8-byte length); its length made huge,
+    # HDF5 cannot load the header, and the object it half-opened kept the file open until
+    # HDF5's exit handler printed "infinite loop closing library".
+    with h5py.File(small_run, "r") as f:
+        header = h5py.h5o.get_info(f["h5md/creator"].id).addr
+    data = bytearray(small_run.read_bytes())
+    assert data[header] == 1 and int.from_bytes(data[header + 16:header + 18], "little") == 0x10
+    data[header + 39] = 0x18
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(bytes(data))
+    for command in (["info"], ["analyze"]):
+        done = subprocess.run([str(mfattn_binary), *command, str(bad)], capture_output=True,
+                              text=True, timeout=60)
+        refused_in_one_line(done, bad)
+    resumed = run(mfattn_binary, bad, *SMALL[:-1], 2, resume=True, timeout=60)
+    refused_in_one_line(resumed, bad)
+    assert bad.read_bytes() == bytes(data)
