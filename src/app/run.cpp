@@ -899,11 +899,36 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   // /run's counts go with every flush, as of the last frame, so a killed run's counts match
   // its last flushed frame; the frames survive a SIGKILL from here on.
   std::int64_t frame_step = resumed.step, frame_rejected = resumed.rejected_steps;
+  // The counts of every frame appended since the last flush, and those of the last frame
+  // the file keeps: a flush that meets a full disk may keep some of its frames, and /run and
+  // the last message then speak of the last kept one, not of the last appended.
+  struct FrameCounts {
+    double time;
+    std::int64_t step, rejected;
+    double wall_seconds;
+  };
+  std::vector<FrameCounts> unflushed;
+  FrameCounts kept{resumed.time, resumed.step, resumed.rejected_steps, resumed.wall_seconds};
+  std::size_t kept_frames = resumed.frames;
+  auto note_kept_frames = [&] {
+    const std::size_t now = std::min(writer->flushed_frames(), kept_frames + unflushed.size());
+    if (now > kept_frames) {
+      kept = unflushed[now - kept_frames - 1];
+      unflushed.erase(unflushed.begin(), unflushed.begin() + static_cast<std::ptrdiff_t>(now - kept_frames));
+      kept_frames = now;
+    }
+    flushed_time = kept.time;
+  };
   auto flush_frames = [&] {
     writer->write_run_progress(resumed.wall_seconds + elapsed(), frame_step, frame_rejected);
-    writer->flush();
+    try {
+      writer->flush();
+    } catch (const IoError&) {
+      note_kept_frames();
+      throw;
+    }
     last_flush_seconds = elapsed();
-    flushed_time = last_frame_time;
+    note_kept_frames();
   };
   // Everything the run records, in the order it is recorded: one entry each, with its
   // schedule. The frame is one entry because positions and every observable of
@@ -947,6 +972,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     last_frame_time = s.time;
     frame_step = s.step;
     frame_rejected = rejected_total();
+    unflushed.push_back({s.time, s.step, frame_rejected, resumed.wall_seconds + elapsed()});
     if (flush_due(frame_index) || progress.line_due(s.time)) flush_frames();
     ++frame_index;
     progress.update(s.time, s.step);
@@ -959,13 +985,21 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     progress.update(s.time, s.step);
     call_hook(s, false);
   };
-  // Records why the run ended in /run, if the file still takes it (a full disk may not).
-  auto record_status = [&](const std::string& status) {
+  // Records why the run ended in /run, if the file still takes it (a full disk may not),
+  // with the counts of the last frame the file keeps (docs/failure-model.md): the staged
+  // frames are flushed first unless writing failed already (the writer then takes its
+  // partial rows back).
+  auto record_status = [&](const std::string& status, bool flush_staged_first = true) {
     try {
-      writer->write_run_info(status, resumed.wall_seconds + elapsed(), state.step, rejected_total());
+      if (flush_staged_first) {
+        writer->flush();
+        note_kept_frames();
+      }
+      writer->write_run_info(status, kept.wall_seconds, kept.step, kept.rejected);
       writer->flush();
       return true;
     } catch (const IoError&) {
+      note_kept_frames();
       return false;
     }
   };
@@ -979,7 +1013,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     progress.finish();
     const std::string name = interruption_name(stop.signal);
     // The status goes with the staged frames' flush.
-    if (record_status("interrupted: " + name)) flushed_time = last_frame_time;
+    record_status("interrupted: " + name);
     log << "mfattn run: interrupted by " << name << " at t = " << state.time << " (step "
         << state.step << "); " << writer->current_path() << " keeps every frame up to t = "
         << flushed_time << " (continue it with --resume)\n";
@@ -1003,7 +1037,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   } catch (const IoError& e) {
     progress.finish();
     const std::string where = writer->current_path();
-    const bool recorded = record_status(std::string("failed: I/O: ") + e.what());
+    const bool recorded = record_status(std::string("failed: I/O: ") + e.what(), /*flush_staged_first=*/false);
     log << "mfattn run: " << e.what() << '\n';
     if (where == cfg.out)
       log << "mfattn run: " << cfg.out << " keeps every frame up to t = " << flushed_time

@@ -690,6 +690,8 @@ class Hdf5H5mdWriter final : public H5mdWriter {
 
   std::string current_path() const override { return published_ ? setup_.path : write_path_; }
 
+  std::size_t flushed_frames() const override { return flushed_frames_; }
+
  private:
   /// Room for the metadata that a frame, a status or a close may add (B-tree nodes, object
   /// header continuations, heap blocks), beyond the chunks a frame starts.

@@ -1,9 +1,10 @@
 """Fault injection for the files mfattn reads back: crafted and damaged files given to
-`mfattn info`, `mfattn analyze` and `mfattn run --resume`.
+`mfattn info`, `mfattn analyze` and `mfattn run --resume`, and the file a full disk leaves.
 Real processes; the files are copies of a real small run's file, changed with h5py.
 """
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
-from test_faults_run import run
+from test_faults_run import run, run_attrs, tmpfs  # noqa: F401 (tmpfs is a fixture)
 
 POSITION = "particles/tokens/position/"
 SMALL = ("--n", 8, "--d", 3, "--horizon", 1)
@@ -105,3 +106,24 @@ def test_a_damaged_object_header_is_refused_in_one_line_without_hdf5_noise(
     resumed = run(mfattn_binary, bad, *SMALL[:-1], 2, resume=True, timeout=60)
     refused_in_one_line(resumed, bad)
     assert bad.read_bytes() == bytes(data)
+
+
+def test_a_full_disk_names_the_last_frame_kept_and_counts_only_its_steps(
+        mfattn_binary, tmpfs):  # noqa: F811
+    disk = tmpfs("2m")
+    out = disk / "o.h5"
+    # Frames staged for long (a large --flush-interval): the flush that meets the full disk
+    # keeps the whole frames that still fit.
+    done = run(mfattn_binary, out, "--n", 64, "--horizon", 20, "--save-every", 0.002,
+               "--flush-interval", 1000)
+    assert done.returncode == 4, done.stderr
+    with h5py.File(out, "r", locking=False) as f:
+        times = f[POSITION + "time"][()]
+        steps = f[POSITION + "step"][()]
+    assert len(times) > 1
+    said = re.search(r"keeps every frame up to t = (\S+)", done.stderr)
+    assert said, done.stderr
+    assert float(said.group(1)) == pytest.approx(times[-1], rel=1e-5), done.stderr
+    attrs = run_attrs(out)
+    assert attrs["status"].startswith("failed: I/O:")
+    assert attrs["steps"] == steps[-1]
