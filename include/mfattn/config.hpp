@@ -194,4 +194,10 @@ bool parse_number_list(const std::string& text, std::vector<double>& out);
 /// also made the default team size of every OpenMP region.
 int resolve_threads(std::int64_t requested);
 
+/// Starts the OpenMP team of `threads` threads before anything is written, so that a process
+/// limit (ulimit -u, a container's pids limit) is met here: libgomp ends the process with
+/// exit 1 when it cannot create a thread, leaving whatever the run had begun. Throws
+/// UsageError naming --threads and how many threads could start.
+void start_thread_team(int threads);
+
 }  // namespace mfattn

@@ -751,6 +751,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   std::unique_ptr<Integrator> integrator;
   const int threads = resolve_threads(cfg.threads);
   try {
+    start_thread_team(threads);
     if (cfg.resume) check_resumable(cfg);
     model = build_model(cfg);
     state = build_initial_state(cfg, model);

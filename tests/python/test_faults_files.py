@@ -1,12 +1,15 @@
 """Fault injection for the files mfattn reads back: crafted and damaged files given to
-`mfattn info`, `mfattn analyze` and `mfattn run --resume`, and the file a full disk leaves.
+`mfattn info`, `mfattn analyze` and `mfattn run --resume`, the file a full disk leaves, and a
+--threads beyond the process limit.
 Real processes; the files are copies of a real small run's file, changed with h5py.
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import h5py
@@ -127,3 +130,42 @@ def test_a_full_disk_names_the_last_frame_kept_and_counts_only_its_steps(
     attrs = run_attrs(out)
     assert attrs["status"].startswith("failed: I/O:")
     assert attrs["steps"] == steps[-1]
+
+
+def processes_of(uid: int) -> int:
+    count = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        if re.search(rf"^Uid:\s+{uid}\s", text, re.M):
+            count += 1
+    return count
+
+
+def test_threads_beyond_the_process_limit_are_refused_before_any_file(mfattn_binary):
+    # RLIMIT_NPROC counts threads but is not enforced for root: as root the run goes to an
+    # unprivileged uid (setpriv), otherwise it keeps the caller's.
+    command = [str(mfattn_binary)]
+    uid = os.geteuid()
+    if uid == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("setpriv is needed to run as an unprivileged user")
+        uid = 65534
+        command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *command]
+    if shutil.which("prlimit") is None:
+        pytest.skip("prlimit is needed to set a process limit")
+    limit = processes_of(uid) + 32
+    folder = Path(tempfile.mkdtemp(prefix="mfattn-threads-"))
+    try:
+        folder.chmod(0o777)
+        out = folder / "t.h5"
+        done = subprocess.run(["prlimit", f"--nproc={limit}", *command, "run", "--n", "2000",
+                               "--horizon", "0.01", "--threads", "4096", "--quiet", "--out",
+                               str(out)], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2, (done.returncode, done.stderr)
+        assert done.stderr.count("\n") == 1 and "--threads 4096" in done.stderr, done.stderr
+        assert list(folder.iterdir()) == []
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
