@@ -169,3 +169,20 @@ def test_threads_beyond_the_process_limit_are_refused_before_any_file(mfattn_bin
         assert list(folder.iterdir()) == []
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("mode", ["ends", "none"])
+def test_the_checkpoint_of_a_finished_run_does_not_depend_on_flush_timing(mfattn_binary, tmp_path,
+                                                                          mode):
+    checkpoints = []
+    for interval in (0, 86400):
+        out = tmp_path / f"flush{interval}.h5"
+        done = run(mfattn_binary, out, "--n", 16, "--d", 3, "--replicas", 2, "--horizon", 2,
+                   "--save-every", 0.05, "--save-positions", mode, "--flush-interval", interval)
+        assert done.returncode == 0, done.stderr
+        with h5py.File(out, "r") as f:
+            checkpoints.append({name: f["run/checkpoint"][name][()]
+                                for name in ("x", "step", "time", "step_size", "frame")})
+    per_frame, batched = checkpoints
+    for name in per_frame:
+        assert np.array_equal(per_frame[name], batched[name]), name
