@@ -404,14 +404,18 @@ std::vector<AttentionMatrices> layer_matrices(const RunConfig& cfg, std::size_t 
 }
 
 namespace {
-/// The number of layers: the l >= 0 with l T < horizon (1 without --regen-period), from
-/// ceil(horizon / T) corrected for its rounding.
+/// The number of layers: the l >= 0 with l T <= horizon (1 without --regen-period), from
+/// floor(horizon / T) + 1 corrected for its rounding.
 std::size_t layer_count(const RunConfig& cfg) {
   const double period = cfg.regen_period;
   if (!(period > 0)) return 1;
-  auto layers = static_cast<std::size_t>(std::max(1.0, std::ceil(cfg.horizon / period)));
-  while (layers > 1 && double(layers - 1) * period >= cfg.horizon) --layers;
-  while (double(layers) * period < cfg.horizon) ++layers;
+  // Every layer whose start the run reaches, one at the horizon included (within the rounding
+  // of layer_at): the final frame there is recorded with that layer's matrices, as a longer
+  // run records the same frame, so a run resumed from it continues bit-identically.
+  const double reached = cfg.horizon + 1e-12 * std::max(1.0, cfg.horizon);
+  auto layers = static_cast<std::size_t>(std::max(1.0, std::floor(reached / period) + 1.0));
+  while (layers > 1 && double(layers - 1) * period > reached) --layers;
+  while (double(layers) * period <= reached) ++layers;
   return layers;
 }
 }  // namespace

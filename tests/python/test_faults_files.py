@@ -186,3 +186,21 @@ def test_the_checkpoint_of_a_finished_run_does_not_depend_on_flush_timing(mfattn
     per_frame, batched = checkpoints
     for name in per_frame:
         assert np.array_equal(per_frame[name], batched[name]), name
+
+
+def test_a_resume_at_a_layer_start_records_that_frame_as_the_uninterrupted_run(mfattn_binary,
+                                                                                tmp_path):
+    # The first part ends at t = 0.5, the start of layer 1: its final frame is recorded with
+    # layer 1's matrices, as the uninterrupted run records it.
+    args = ("--n", 16, "--d", 3, "--regen-period", 0.5, "--q", "gaussian", "--k", "gaussian",
+            "--v", "gaussian", "--save-every", 0.1)
+    part, whole = tmp_path / "part.h5", tmp_path / "whole.h5"
+    assert run(mfattn_binary, part, *args, "--horizon", 0.5).returncode == 0
+    resumed = run(mfattn_binary, part, *args, "--horizon", 1, resume=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert run(mfattn_binary, whole, *args, "--horizon", 1).returncode == 0
+    with h5py.File(part, "r") as a, h5py.File(whole, "r") as b:
+        for name in b["observables"]:
+            assert np.array_equal(a[f"observables/{name}/value"][()],
+                                  b[f"observables/{name}/value"][()]), name
+        assert np.array_equal(a[POSITION + "value"][()], b[POSITION + "value"][()])
