@@ -204,3 +204,20 @@ def test_a_resume_at_a_layer_start_records_that_frame_as_the_uninterrupted_run(m
             assert np.array_equal(a[f"observables/{name}/value"][()],
                                   b[f"observables/{name}/value"][()]), name
         assert np.array_equal(a[POSITION + "value"][()], b[POSITION + "value"][()])
+
+
+@pytest.mark.parametrize("integrator", ["rk4", "euler"])
+def test_positions_at_a_time_do_not_depend_on_save_every(mfattn_binary, tmp_path, integrator):
+    # Frames on the step grid (dt 0.01): the step that lands on a frame is dt itself, not the
+    # remainder that accumulated time leaves (a few ulps off dt).
+    files = {}
+    for every in (0.02, 0.1, 0.5):
+        out = tmp_path / f"every{every}.h5"
+        done = run(mfattn_binary, out, "--n", 16, "--d", 3, "--horizon", 2, "--dt", 0.01,
+                   "--integrator", integrator, "--save-every", every)
+        assert done.returncode == 0, done.stderr
+        with h5py.File(out, "r") as f:
+            files[every] = dict(zip(f[POSITION + "time"][()], f[POSITION + "value"][()]))
+    for every in (0.02, 0.1):
+        for time, x in files[0.5].items():
+            assert np.array_equal(files[every][time], x), (every, time)
