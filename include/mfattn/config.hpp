@@ -206,4 +206,10 @@ int resolve_threads(std::int64_t requested);
 /// The most worker threads a run or a call may ask for (--threads, the module's threads=).
 inline constexpr int kMaxThreads = 4096;
 
+/// Starts the OpenMP team of `threads` threads before anything is written, so that a process
+/// limit (ulimit -u, a container's pids limit) is met here: libgomp ends the process with
+/// exit 1 when it cannot create a thread, leaving whatever the run had begun. Throws
+/// UsageError naming --threads and how many threads could start.
+void start_thread_team(int threads);
+
 }  // namespace mfattn

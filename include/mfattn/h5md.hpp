@@ -163,6 +163,9 @@ class H5mdWriter {
   virtual void flush() = 0;
   /// The name the file has now (the temporary name until it is published).
   virtual std::string current_path() const = 0;
+  /// Frames the file keeps: those of the last successful flush, plus the whole frames a
+  /// flush that met a full disk still wrote (resumed frames included).
+  virtual std::size_t flushed_frames() const = 0;
 };
 
 /// The temporary name a writer with atomic_publish uses for `path`: ".<name>.<pid>.<k>.tmp"

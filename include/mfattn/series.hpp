@@ -32,8 +32,10 @@ class SeriesFile {
  public:
   /// Opens `path`; throws NotMfattnFile when it is missing, a directory, not HDF5, cannot be
   /// opened by HDF5 (truncated or damaged), or is not an mfattn file (no /h5md/creator name
-  /// "mfattn", or /particles/tokens/position/{step, time, value} missing or not [T], [T],
-  /// [T, n, d]); IoError when reading a dataset fails.
+  /// "mfattn", /particles/tokens/position/{step, time, value} missing or not [T], [T],
+  /// [T, n, d], n or d zero, d unlike /parameters d, a dataset of another type than the
+  /// float64 or int64 the writer stores, frame times not finite and increasing); IoError
+  /// when reading a dataset fails.
   explicit SeriesFile(const std::string& path);
   ~SeriesFile();
   SeriesFile(const SeriesFile&) = delete;

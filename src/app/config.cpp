@@ -13,6 +13,10 @@
 #include <algorithm>
 #include <cfloat>
 #include <charconv>
+#include <condition_variable>
+#include <mutex>
+#include <system_error>
+#include <thread>
 #include <climits>
 #include <cmath>
 #include <filesystem>
@@ -554,6 +558,40 @@ int resolve_threads(std::int64_t requested) {
   // --threads 1 really means one busy core.
   omp_set_num_threads(threads);
   return threads;
+}
+
+void start_thread_team(int threads) {
+  // The threads are kept alive together, as the team will be: the process limit counts
+  // live threads. Joined again, they free their slots for libgomp's, started right after.
+  std::vector<std::thread> started;
+  std::mutex mutex;
+  std::condition_variable released;
+  bool release = false;
+  std::string failure;
+  try {
+    for (int t = 1; t < threads; ++t)
+      started.emplace_back([&] {
+        std::unique_lock lock(mutex);
+        released.wait(lock, [&] { return release; });
+      });
+  } catch (const std::system_error& e) {
+    failure = e.code().message();
+  }
+  {
+    const std::lock_guard lock(mutex);
+    release = true;
+  }
+  released.notify_all();
+  for (std::thread& thread : started) thread.join();
+  if (!failure.empty())
+    throw UsageError("--threads " + std::to_string(threads) + ": only " +
+                     std::to_string(started.size() + 1) + " threads could be started (" + failure +
+                     ": a limit on processes, such as ulimit -u, counts threads); take a smaller --threads");
+  // libgomp keeps the threads of its first team for every later region of that size, so no
+  // thread is created once the output file exists.
+#pragma omp parallel num_threads(threads)
+  {
+  }
 }
 
 std::vector<std::string> mask_parts(const std::string& mask) {

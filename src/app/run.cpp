@@ -419,14 +419,18 @@ std::vector<AttentionMatrices> layer_matrices(const RunConfig& cfg, std::size_t 
 }
 
 namespace {
-/// The number of layers: the l >= 0 with l T < horizon (1 without --regen-period), from
-/// ceil(horizon / T) corrected for its rounding.
+/// The number of layers: the l >= 0 with l T <= horizon (1 without --regen-period), from
+/// floor(horizon / T) + 1 corrected for its rounding.
 std::size_t layer_count(const RunConfig& cfg) {
   const double period = cfg.regen_period;
   if (!(period > 0)) return 1;
-  auto layers = static_cast<std::size_t>(std::max(1.0, std::ceil(cfg.horizon / period)));
-  while (layers > 1 && double(layers - 1) * period >= cfg.horizon) --layers;
-  while (double(layers) * period < cfg.horizon) ++layers;
+  // Every layer whose start the run reaches, one at the horizon included (within the rounding
+  // of layer_at): the final frame there is recorded with that layer's matrices, as a longer
+  // run records the same frame, so a run resumed from it continues bit-identically.
+  const double reached = cfg.horizon + 1e-12 * std::max(1.0, cfg.horizon);
+  auto layers = static_cast<std::size_t>(std::max(1.0, std::floor(reached / period) + 1.0));
+  while (layers > 1 && double(layers - 1) * period > reached) --layers;
+  while (double(layers) * period <= reached) ++layers;
   return layers;
 }
 }  // namespace
@@ -768,6 +772,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   std::unique_ptr<Integrator> integrator;
   const int threads = resolve_threads(cfg.threads);
   try {
+    start_thread_team(threads);
     if (cfg.resume) check_resumable(cfg);
     model = build_model(cfg);
     state = build_initial_state(cfg, model);
@@ -921,11 +926,36 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   // /run's counts go with every flush, as of the last frame, so a killed run's counts match
   // its last flushed frame; the frames survive a SIGKILL from here on.
   std::int64_t frame_step = resumed.step, frame_rejected = resumed.rejected_steps;
+  // The counts of every frame appended since the last flush, and those of the last frame
+  // the file keeps: a flush that meets a full disk may keep some of its frames, and /run and
+  // the last message then speak of the last kept one, not of the last appended.
+  struct FrameCounts {
+    double time;
+    std::int64_t step, rejected;
+    double wall_seconds;
+  };
+  std::vector<FrameCounts> unflushed;
+  FrameCounts kept{resumed.time, resumed.step, resumed.rejected_steps, resumed.wall_seconds};
+  std::size_t kept_frames = resumed.frames;
+  auto note_kept_frames = [&] {
+    const std::size_t now = std::min(writer->flushed_frames(), kept_frames + unflushed.size());
+    if (now > kept_frames) {
+      kept = unflushed[now - kept_frames - 1];
+      unflushed.erase(unflushed.begin(), unflushed.begin() + static_cast<std::ptrdiff_t>(now - kept_frames));
+      kept_frames = now;
+    }
+    flushed_time = kept.time;
+  };
   auto flush_frames = [&] {
     writer->write_run_progress(resumed.wall_seconds + elapsed(), frame_step, frame_rejected);
-    writer->flush();
+    try {
+      writer->flush();
+    } catch (const IoError&) {
+      note_kept_frames();
+      throw;
+    }
     last_flush_seconds = elapsed();
-    flushed_time = last_frame_time;
+    note_kept_frames();
   };
   // Everything the run records, in the order it is recorded: one entry each, with its
   // schedule. The frame is one entry because positions and every observable of
@@ -969,6 +999,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     last_frame_time = s.time;
     frame_step = s.step;
     frame_rejected = rejected_total();
+    unflushed.push_back({s.time, s.step, frame_rejected, resumed.wall_seconds + elapsed()});
     if (flush_due(frame_index) || progress.line_due(s.time)) flush_frames();
     ++frame_index;
     progress.update(s.time, s.step);
@@ -983,13 +1014,21 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   };
   const std::string continue_advice =
       hooks.unfinished_advice.empty() ? std::string("continue it with --resume") : hooks.unfinished_advice;
-  // Records why the run ended in /run, if the file still takes it (a full disk may not).
-  auto record_status = [&](const std::string& status) {
+  // Records why the run ended in /run, if the file still takes it (a full disk may not),
+  // with the counts of the last frame the file keeps (docs/failure-model.md): the staged
+  // frames are flushed first unless writing failed already (the writer then takes its
+  // partial rows back).
+  auto record_status = [&](const std::string& status, bool flush_staged_first = true) {
     try {
-      writer->write_run_info(status, resumed.wall_seconds + elapsed(), state.step, rejected_total());
+      if (flush_staged_first) {
+        writer->flush();
+        note_kept_frames();
+      }
+      writer->write_run_info(status, kept.wall_seconds, kept.step, kept.rejected);
       writer->flush();
       return true;
     } catch (const IoError&) {
+      note_kept_frames();
       return false;
     }
   };
@@ -1003,7 +1042,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     progress.finish();
     const std::string name = interruption_name(stop.signal);
     // The status goes with the staged frames' flush.
-    if (record_status("interrupted: " + name)) flushed_time = last_frame_time;
+    record_status("interrupted: " + name);
     log << "mfattn run: interrupted by " << name << " at t = " << state.time << " (step "
         << state.step << "); " << writer->current_path() << " keeps every frame up to t = "
         << flushed_time << " (" << continue_advice << ")\n";
@@ -1027,7 +1066,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   } catch (const IoError& e) {
     progress.finish();
     const std::string where = writer->current_path();
-    const bool recorded = record_status(std::string("failed: I/O: ") + e.what());
+    const bool recorded = record_status(std::string("failed: I/O: ") + e.what(), /*flush_staged_first=*/false);
     log << "mfattn run: " << e.what() << '\n';
     if (where == cfg.out)
       log << "mfattn run: " << cfg.out << " keeps every frame up to t = " << flushed_time

@@ -8,6 +8,8 @@
 #include <vector>
 #if defined(__GLIBC__)
 #include <malloc.h>
+
+#include <hdf5.h>
 #endif
 
 #include "mfattn/analyze.hpp"
@@ -139,6 +141,11 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 128 << 20);
 #endif
+  // Every command closes what it opens before it returns (the writers flush and close their
+  // files in their destructors). HDF5's own exit handler would only add noise: after reading
+  // a damaged file, state it keeps internally makes it print "infinite loop closing library"
+  // and a list of its interfaces on stderr. It has to be declined before the first HDF5 call.
+  H5dont_atexit();
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     std::cerr << kUsage;

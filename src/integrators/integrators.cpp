@@ -491,6 +491,15 @@ struct ResidentChunks {
   }
 };
 
+/// The step that lands on an output time `remaining` ahead, for a method whose step would be
+/// `proposal`: the remainder, unless it is that step within rounding (1e-9 relative), when
+/// the step itself is taken. The frame time is then set exactly, and the step is the one a
+/// run without a frame there takes: the positions at a time do not depend on which frames
+/// are written, as long as the frames lie on the step grid.
+double landing_step(double remaining, double proposal) {
+  return std::fabs(remaining - proposal) <= proposal * 1e-9 ? proposal : remaining;
+}
+
 /// integrate()'s steps up to target on a resident stepper: the fixed step while the remainder
 /// exceeds it by more than a relative 1e-9, then the remainder, landing on target exactly; the
 /// times accumulate one step at a time as Integrator::step advances them, so the steps and
@@ -499,7 +508,7 @@ void advance_resident(ResidentStepper& resident, ResidentChunks& chunks, State& 
                       double target, IntegrationStats& stats, const StepHook& after_step) {
   while (state.time < target) {
     const bool lands = target - state.time <= fixed_dt * (1.0 + 1e-9);
-    const double h = lands ? target - state.time : fixed_dt;
+    const double h = lands ? landing_step(target - state.time, fixed_dt) : fixed_dt;
     std::int64_t count = 1;
     if (!lands) {
       double time = state.time + fixed_dt;
@@ -547,7 +556,8 @@ IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& st
       const double remaining = target - state.time;
       const double proposal = integrator.adaptive() ? h : fixed_dt;
       const bool lands = remaining <= proposal * (1.0 + 1e-9);
-      const double step = lands ? remaining : proposal;
+      // dopri5's landing step is clipped as it comes: its proposal depends on the frames anyway.
+      const double step = !lands ? proposal : integrator.adaptive() ? remaining : landing_step(remaining, proposal);
       StepOutcome outcome;
       try {
         outcome = integrator.step(dynamics, state, step);

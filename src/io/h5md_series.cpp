@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -33,6 +34,18 @@ std::vector<hsize_t> extents(hid_t space) {
 
 std::string group_of_replica(std::size_t replica) {
   return replica == 0 ? "/particles/tokens" : "/particles/tokens_r" + std::to_string(replica);
+}
+
+/// How a stored datatype reads in a message: "int32", "float32", "a compound type", ...
+std::string type_text(hid_t type) {
+  const std::string bits = std::to_string(8 * H5Tget_size(type));
+  switch (H5Tget_class(type)) {
+    case H5T_INTEGER: return (H5Tget_sign(type) == H5T_SGN_NONE ? "uint" : "int") + bits;
+    case H5T_FLOAT: return "float" + bits;
+    case H5T_STRING: return "strings";
+    case H5T_COMPOUND: return "a compound type (complex numbers?)";
+    default: return "a type that is neither integer nor floating-point";
+  }
 }
 
 }  // namespace
@@ -65,6 +78,69 @@ struct SeriesFile::Impl {
       start = end + 1;
     }
     return true;
+  }
+
+  /// The element type of dataset `name` is `kind` of 8 bytes (what the writer stores): a
+  /// file that holds anything else was not written by mfattn, and reading it would convert
+  /// (int32, float32), fail inside HDF5 (compound) or resume onto rows of another type.
+  void require_type(const std::string& name, H5T_class_t kind) const {
+    Handle set = dataset(name);
+    Handle type(H5Dget_type(set.get()), H5Tclose);
+    if (!type.valid()) fail("getting the type of " + name + " failed");
+    if (H5Tget_class(type.get()) != kind || H5Tget_size(type.get()) != 8)
+      foreign(name + " holds " + type_text(type.get()) + ", mfattn writes " +
+              (kind == H5T_FLOAT ? "float64" : "int64"));
+  }
+
+  /// The file's layout as mfattn writes it, beyond the shapes the constructor checks: n and
+  /// d positive and d as /parameters records it, every number of the kind and width the
+  /// writer stores, and a frame clock whose times are finite and increasing. Every reader
+  /// (info, analyze, --resume through describe_file) opens the file through here.
+  void check_layout() const {
+    if (n == 0 || d == 0)
+      foreign("/particles/tokens/position/value is [T, " + std::to_string(n) + ", " +
+              std::to_string(d) + "]: n and d must be positive");
+    // /parameters n is the option, without null tokens; d is the positions' d.
+    if (Handle attr = attribute("/parameters", "d"); attr.valid()) {  // files from before it lack it
+      double recorded = 0.0;
+      if (H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &recorded) < 0 || recorded != static_cast<double>(d))
+        foreign("its positions have d = " + std::to_string(d) + " but /parameters records d = " +
+                exact_number_text(recorded));
+    }
+    for (std::size_t r = 0; r < replicas; ++r)
+      require_type(group_of_replica(r) + "/position/value", H5T_FLOAT);
+    for (const std::string& group : {std::string("/particles/tokens/position/"), clock}) {
+      require_type(group + "step", H5T_INTEGER);
+      require_type(group + "time", H5T_FLOAT);
+    }
+    for (const char* name : {"/run/step_size", "/run/checkpoint/x", "/run/checkpoint/time",
+                             "/run/checkpoint/step_size"})
+      if (exists(name)) require_type(name, H5T_FLOAT);
+    for (const char* name : {"/run/checkpoint/step", "/run/checkpoint/frame"})
+      if (exists(name)) require_type(name, H5T_INTEGER);
+    if (exists("/observables")) {
+      Handle group(H5Gopen2(file.get(), "/observables", H5P_DEFAULT), H5Gclose);
+      std::vector<std::string> names;
+      auto visit = [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+        static_cast<std::vector<std::string>*>(out)->emplace_back(name);
+        return 0;
+      };
+      if (!group.valid() || H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, visit, &names) < 0)
+        fail("listing /observables failed");
+      for (const std::string& name : names)
+        if (exists("/observables/" + name + "/value")) require_type("/observables/" + name + "/value", H5T_FLOAT);
+    }
+    // A resumed run continues after the last frame's time, and the analyses take the times
+    // as a clock: NaN or a step back in time is a damaged file, not a run.
+    std::vector<double> clock_times = read_all<double>(clock + "time", H5T_NATIVE_DOUBLE);
+    clock_times.resize(std::min(clock_times.size(), frames));
+    for (std::size_t t = 0; t < clock_times.size(); ++t) {
+      if (!std::isfinite(clock_times[t]))
+        foreign(clock + "time of frame " + std::to_string(t) + " is " + exact_number_text(clock_times[t]));
+      if (t > 0 && !(clock_times[t] > clock_times[t - 1]))
+        foreign(clock + "time decreases from " + exact_number_text(clock_times[t - 1]) + " to " +
+                exact_number_text(clock_times[t]) + " at frame " + std::to_string(t));
+    }
   }
 
   Handle dataset(const std::string& name) const {
@@ -180,6 +256,7 @@ SeriesFile::SeriesFile(const std::string& path) : impl_(std::make_unique<Impl>()
   // Files from before --save-positions kept every frame's positions.
   const auto recorded = f.string_attribute("/parameters", "save-positions");
   f.save_positions = recorded ? *recorded : every_frame ? "all" : position_rows > 0 ? "ends" : "none";
+  f.check_layout();
 }
 
 SeriesFile::~SeriesFile() {

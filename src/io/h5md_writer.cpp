@@ -647,6 +647,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
       latest_.time = time;
       latest_.step_size = step_size;
       latest_.x.assign(positions, positions + setup_.replicas * frame_size);
+      latest_.final = role == FrameRole::Final;
     }
     ++frames_;
   }
@@ -684,6 +685,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
       if (checkpoint_pending_ && !flush_failed_) {
         mark_checkpoint_slot();
         flush_file();
+        if (latest_.final) settle_checkpoint();
       }
     } catch (const IoError&) {
       flush_failed_ = true;  // a file whose frame 0 may be partial is never published
@@ -697,6 +699,8 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   }
 
   std::string current_path() const override { return published_ ? setup_.path : write_path_; }
+
+  std::size_t flushed_frames() const override { return flushed_frames_; }
 
  private:
   /// Room for the metadata that a frame, a status or a close may add (B-tree nodes, object
@@ -1340,6 +1344,17 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     checkpoint_pending_ = false;
   }
 
+  /// After the final frame's slot is marked: the same state into the other slot too, so that
+  /// a finished file's /run/checkpoint holds the final frame twice whatever the flushes were
+  /// (the older slot would otherwise hold the frame of the flush before, which --flush-interval
+  /// decides). The marked slot stays complete while the other is written.
+  void settle_checkpoint() {
+    write_checkpoint_slot(latest_.step, latest_.time, latest_.step_size, latest_.x.data());
+    flush_file();
+    mark_checkpoint_slot();
+    flush_file();
+  }
+
   /// --resume of a file with a checkpoint: the state of its latest complete slot below
   /// `frames` goes to point (x, step size); returns the frames up to and including that
   /// slot's, which the run continues after.
@@ -1439,6 +1454,7 @@ class Hdf5H5mdWriter final : public H5mdWriter {
     std::int64_t step = 0;
     double time = 0.0, step_size = 0.0;
     std::vector<double> x;
+    bool final = false;  ///< the run's final frame (FrameRole::Final)
   } latest_;
 };
 

@@ -36,11 +36,6 @@ def contents(path: Path) -> dict:
                 found[f"{name}@{key}"] = value
         f.visititems(visit)
         visit("", f)
-        if "run/checkpoint" in f:
-            # The two slots record the last two flushes; the latest one is the run's end.
-            latest = int(np.argmax(f["run/checkpoint/frame"][()]))
-            for name in [k for k in found if k.startswith("run/checkpoint/")]:
-                found[name] = found[name][latest]
     return found
 
 

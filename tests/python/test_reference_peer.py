@@ -303,7 +303,8 @@ def test_reference_step_matches_peer_across_layers(run_mfattn, feats):
                       "--replicas", 2, "--seed", 9, "--q", "identity", "--k", "gaussian-product",
                       "--v", "wishart", "--matrices", "per-replica", "--regen-period", 1)
     layers = rp.mfattn_layers(path)
-    assert layers is not None and layers["layer_start"].tolist() == [0.0, 1.0]
+    # Layer 2 starts at the horizon: it drives no step, only the final frame's observables.
+    assert layers is not None and layers["layer_start"].tolist() == [0.0, 1.0, 2.0]
     from mfattn_io import load
     tr = load(path, replica="all")
     x = tr.positions[0]

@@ -209,13 +209,17 @@ TEST(MatrixPresets, PlusFormIsTheTransposedFormOverItsScale) {
   EXPECT_FALSE(m.v_identity);
 }
 
-TEST(Layers, StartEveryPeriodBeforeTheHorizon) {
+TEST(Layers, StartEveryPeriodUpToTheHorizon) {
   const RunConfig cfg = config({"--k", "gaussian", "--regen-period", "0.75", "--horizon", "2.25"});
-  EXPECT_EQ(layer_start_times(cfg), (std::vector<double>{0.0, 0.75, 1.5}));
+  // A layer at the horizon: the final frame is recorded with its matrices.
+  EXPECT_EQ(layer_start_times(cfg), (std::vector<double>{0.0, 0.75, 1.5, 2.25}));
   EXPECT_EQ(layer_at(cfg, 0.0), 0u);
   EXPECT_EQ(layer_at(cfg, 0.7499), 0u);
   EXPECT_EQ(layer_at(cfg, 0.75), 1u);
-  EXPECT_EQ(layer_at(cfg, 2.25), 2u);
+  EXPECT_EQ(layer_at(cfg, 2.2499), 2u);
+  EXPECT_EQ(layer_at(cfg, 2.25), 3u);
+  const RunConfig between = config({"--k", "gaussian", "--regen-period", "0.75", "--horizon", "2"});
+  EXPECT_EQ(layer_start_times(between), (std::vector<double>{0.0, 0.75, 1.5}));
   const RunConfig plain = config({"--horizon", "3"});
   EXPECT_EQ(layer_start_times(plain), (std::vector<double>{0.0}));
   EXPECT_EQ(layer_at(plain, 2.9), 0u);
