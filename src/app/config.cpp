@@ -624,8 +624,13 @@ void validate_output_path(const std::string& out) {
   std::error_code error;
   if (fs::is_directory(path, error)) reject("out", out, "is a folder; name a file in it (e.g. run.h5)");
   const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  if (!fs::is_directory(folder, error))
-    reject("out", out, "the folder " + shown(folder.native()) + " does not exist (create it first)");
+  // Missing is not the only reason: a folder above may not be searchable (permission denied).
+  const fs::file_status folder_status = fs::status(folder, error);
+  if (!fs::is_directory(folder_status))
+    reject("out", out, "the folder " + shown(folder.native()) +
+                           (error && folder_status.type() != fs::file_type::not_found
+                                ? " cannot be reached: " + error.message()
+                                : " does not exist (create it first)"));
 }
 
 /// Bytes in a human unit.
