@@ -39,6 +39,9 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
     po::variables_map vm;
     store_command_line(args, table, vm);
     po::notify(vm);
+    // The table is run's, but a file given here would otherwise be ignored without a word.
+    if (!cfg.config.empty())
+      throw UsageError("--config " + cfg.config + ": bench reads no config file (give run options on its command line)");
     if (cfg.out.empty()) cfg.out = "(bench: no output)";
     validate(cfg);
     if (!(min_seconds > 0)) throw UsageError("--min-time: must be > 0");

@@ -93,6 +93,15 @@ def test_endless_device_is_refused(mfattn_binary, tmp_path, option):
     assert not out.exists()
 
 
+def test_text_file_over_the_bound_is_refused_before_it_is_read(mfattn_binary, tmp_path):
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as sparse:  # 1 GiB + 1 byte of holes: no disk taken
+        sparse.truncate((1 << 30) + 1)
+    for option in (["--q"], ["--init", "file", "--init-file"]):
+        done = run(mfattn_binary, "run", *option, str(big), "--quiet", "--out", str(tmp_path / "o.h5"))
+        assert_refused(done, [f"{option[-1]} {big}", "is 1073741825 bytes, more than the 1073741824 accepted"])
+
+
 def test_realize_target_device_is_named_as_such(mfattn_binary, tmp_path):
     done = run(mfattn_binary, "realize", "--mechanism", "rope", "--target", "/dev/zero",
                "--out", str(tmp_path / "out.h5"))
@@ -198,6 +207,13 @@ def test_bare_double_dash_is_refused(mfattn_binary, tmp_path, command):
     assert not out.exists()
 
 
+def test_bench_refuses_a_config_file_it_would_not_read(mfattn_binary, tmp_path):
+    config = tmp_path / "bench.ini"
+    config.write_text("n = 64\n")
+    done = run(mfattn_binary, "bench", "--config", str(config), "--min-time", "0.01")
+    assert_refused(done, [f"--config {config}", "bench reads no config file"])
+
+
 # 5. Config files.
 def test_config_key_inside_a_config_file_is_refused(mfattn_binary, tmp_path):
     other = tmp_path / "other.ini"
@@ -219,3 +235,11 @@ def test_config_file_with_a_byte_order_mark(mfattn_binary, tmp_path):
     assert done.returncode == 0, done.stderr
     info = run(mfattn_binary, "info", str(out))
     assert "n = 4" in info.stdout, info.stdout
+
+
+def test_sweep_file_with_a_byte_order_mark(mfattn_binary, tmp_path):
+    sweep = tmp_path / "grid.ini"
+    sweep.write_bytes(b"\xef\xbb\xbfn = 4\nhorizon = 0.1\n[axes]\nseed = 0 1\n")
+    done = run(mfattn_binary, "sweep", "--config", str(sweep), "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert "2 cases" in done.stdout, done.stdout
