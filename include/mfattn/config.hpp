@@ -156,7 +156,7 @@ std::string repeated_option_message(const std::string& option, const std::string
 std::vector<ConfigEntry> parse_config_text(const std::string& text, const std::string& origin,
                                            const boost::program_options::options_description& table);
 
-/// The text of a small regular file named by --option (read_input_file, input_file.hpp):
+/// The text of a regular file named by --option (read_input_file, input_file.hpp):
 /// refuses a missing or unreadable file, folders, devices, FIFOs and sockets, and files over
 /// limit bytes (UsageError "--option PATH: reason").
 std::string read_small_text_file(const std::string& option, const std::string& path,

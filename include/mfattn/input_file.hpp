@@ -1,6 +1,6 @@
 #pragma once
 /// \file input_file.hpp
-/// How mfattn opens every file it reads (docs/cli.md, "Input files"): a regular file only,
+/// How mfattn opens every file it reads (docs/cli.md, "Rules of every command"): a regular file only,
 /// checked without blocking, and read with a size bound. Opening a FIFO that has no writer
 /// waits for ever, and a device such as /dev/zero never ends, so both are refused before a
 /// byte is read.
