@@ -136,16 +136,41 @@ boost::program_options::parsed_options read_config_file(
     const std::string& path, const boost::program_options::options_description& table,
     std::string& text);
 
+/// The rule of every command's options: each at most once. take() refuses an option given
+/// again (UsageError "--name: given more than once (give each option once)", the message of
+/// every command).
+class OptionsGivenOnce {
+ public:
+  void take(const std::string& option);
+
+ private:
+  std::vector<std::string> given_;
+};
+
+/// The message for an option given twice (note, if any, follows the rule in the brackets).
+std::string repeated_option_message(const std::string& option, const std::string& note = "");
+
 /// The entries of config text (origin names it in messages): '#' starts a comment, "[name]"
 /// a section, every other non-blank line is "key = value" with a key of the table, each key
 /// once. Throws UsageError "ORIGIN:LINE: ...".
 std::vector<ConfigEntry> parse_config_text(const std::string& text, const std::string& origin,
                                            const boost::program_options::options_description& table);
 
-/// The text of a small regular file named by --option: refuses folders, devices, pipes and
-/// files over limit bytes (UsageError naming the option and the path).
+/// The text of a regular file named by --option (read_input_file, input_file.hpp):
+/// refuses a missing or unreadable file, folders, devices, FIFOs and sockets, and files over
+/// limit bytes (UsageError "--option PATH: reason").
 std::string read_small_text_file(const std::string& option, const std::string& path,
                                  std::size_t limit);
+
+/// The text of the config file path (read_small_text_file, at most kMaxConfigBytes),
+/// without a leading UTF-8 byte order mark.
+std::string read_config_text(const std::string& path);
+
+/// Refuses, as read_small_text_file does, a file named by --option that cannot be read
+/// (check_input_file, input_file.hpp): for files read later, or by HDF5. For an option that
+/// also takes names, names is what it accepts ("accepted: a, b or a readable file"): the
+/// message gives it, first when nothing is at path.
+void require_input_file(const std::string& option, const std::string& path, const std::string& names = "");
 
 inline constexpr std::size_t kMaxConfigBytes = std::size_t{1} << 20;
 /// Most tokens in all (n + null tokens + prompts * prefix): token and prompt ids are int.

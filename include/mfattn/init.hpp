@@ -77,7 +77,9 @@ std::string parse_number_line(std::string_view line, std::vector<double>& values
 
 /// Reads a text file of rows of d numbers separated by whitespace or commas ('#' starts a
 /// comment, blank lines are skipped); returns them row-major and sets rows_out to the row count.
-/// Throws std::invalid_argument naming the file and the first bad line/row.
+/// Throws std::invalid_argument naming the file and the first bad line/row, InputFileRefused
+/// (the reason alone: the caller names the option and the file) for a file that is not a
+/// readable regular file of at most kMaxNumbersFileBytes.
 std::vector<double> read_text_rows(const std::string& path, std::size_t d, std::size_t& rows_out);
 
 }  // namespace mfattn

@@ -375,8 +375,17 @@ int analyze_command(const std::vector<std::string>& args, std::ostream& out, std
   bool json = false;
   std::optional<std::string> path;
   std::size_t replica = 0;
+  OptionsGivenOnce given;
   for (std::size_t k = 0; k < args.size(); ++k) {
     const std::string& arg = args[k];
+    if (arg.rfind("--", 0) == 0) {
+      try {
+        given.take(arg.substr(0, arg.find('=')));
+      } catch (const UsageError& e) {
+        err << "mfattn analyze: " << e.what() << '\n';
+        return kExitUsage;
+      }
+    }
     if (arg == "--json") {
       json = true;
     } else if (arg == "--replica" || arg.rfind("--replica=", 0) == 0) {

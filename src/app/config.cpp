@@ -2,6 +2,7 @@
 
 #include "mfattn/backend.hpp"
 #include "mfattn/gauge.hpp"
+#include "mfattn/input_file.hpp"
 #include "mfattn/integrator.hpp"
 #include "mfattn/run_choices.hpp"
 
@@ -25,6 +26,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <tuple>
 
 namespace mfattn {
@@ -165,7 +167,7 @@ Value require_choice(const ChoiceOption<Value>& option, const std::string& value
 template <class Value>
 std::optional<Value> require_preset_or_file(const ChoiceOption<Value>& option, const std::string& value) {
   if (const Choice<Value>* found = option.find(value)) return found->value;
-  if (!std::ifstream(value).good()) reject(std::string(option.option), value, option.accepted());
+  require_input_file(std::string(option.option), value, option.accepted());
   return std::nullopt;
 }
 
@@ -270,8 +272,8 @@ void store_checked(const po::parsed_options& parsed, const po::options_descripti
         break;
       }
     if (dynamic_cast<const po::multiple_occurrences*>(&e))
-      throw UsageError(where + "--" + name + ": given more than once (give each option once; " +
-                       list_options_text() + " take a comma separated list)");
+      throw UsageError(where + repeated_option_message("--" + name, list_options_text() +
+                                                                        " take a comma separated list"));
     if (option && (dynamic_cast<const po::validation_error*>(&e) ||
                    dynamic_cast<const po::invalid_bool_value*>(&e)))
       throw UsageError(where + "--" + name + " " + shown(value) + ": " + accepted_text(*option));
@@ -328,6 +330,16 @@ std::string one_line(const std::string& message) {
 
 UsageError::UsageError(const std::string& message) : std::runtime_error(one_line(message)) {}
 
+std::string repeated_option_message(const std::string& option, const std::string& note) {
+  return option + ": given more than once (give each option once" + (note.empty() ? "" : "; " + note) + ")";
+}
+
+void OptionsGivenOnce::take(const std::string& option) {
+  if (std::find(given_.begin(), given_.end(), option) != given_.end())
+    throw UsageError(repeated_option_message(option));
+  given_.push_back(option);
+}
+
 std::string option_error_text(const po::error& error) {
   const auto* e = dynamic_cast<const po::error_with_option_name*>(&error);
   if (!e) return error.what();
@@ -337,7 +349,7 @@ std::string option_error_text(const po::error& error) {
     return "invalid line '" + shown(BoostErrorFields::field(*e, "invalid_line")) + "' (expected key = value or [section])";
   if (dynamic_cast<const po::unknown_option*>(e))
     return "unrecognised option '" + option + "' (option names are given in full; see --help)";
-  if (dynamic_cast<const po::multiple_occurrences*>(e)) return option + ": given more than once";
+  if (dynamic_cast<const po::multiple_occurrences*>(e)) return repeated_option_message(option);
   if (dynamic_cast<const po::required_option*>(e)) return option + ": required";
   if (const auto* syntax = dynamic_cast<const po::invalid_command_line_syntax*>(e)) {
     switch (syntax->kind()) {
@@ -355,25 +367,30 @@ std::string option_error_text(const po::error& error) {
 }
 
 std::string read_small_text_file(const std::string& option, const std::string& path, std::size_t limit) {
-  namespace fs = std::filesystem;
-  std::error_code error;
-  const auto status = fs::status(path, error);
-  if (path.empty() || error || !fs::exists(status)) reject(option, path, "file cannot be read (no such file)");
-  if (fs::is_directory(status)) reject(option, path, "is a folder, not a file");
-  if (!fs::is_regular_file(status))
-    reject(option, path, "is not a regular file (a device, pipe or socket cannot be read as one)");
-  const auto size = fs::file_size(path, error);
-  if (!error && size > limit)
-    reject(option, path, "is " + std::to_string(size) + " bytes, more than the " + std::to_string(limit) +
-                             " accepted");
-  std::ifstream file(path, std::ios::binary);
-  if (!file) reject(option, path, "file cannot be read");
-  std::string text(limit + 1, '\0');
-  file.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(file.gcount()));
-  if (text.size() > limit) reject(option, path, "is more than the " + std::to_string(limit) + " bytes accepted");
-  if (file.bad()) reject(option, path, "file cannot be read");
+  try {
+    return read_input_file(path, limit);
+  } catch (const InputFileRefused& e) {
+    reject(option, path, e.what());
+  }
+}
+
+std::string read_config_text(const std::string& path) {
+  std::string text = read_small_text_file("config", path, kMaxConfigBytes);
+  // Editors on Windows start UTF-8 files with a byte order mark: it is no part of the first key.
+  constexpr std::string_view kByteOrderMark = "\xEF\xBB\xBF";
+  if (text.starts_with(kByteOrderMark)) text.erase(0, kByteOrderMark.size());
   return text;
+}
+
+void require_input_file(const std::string& option, const std::string& path, const std::string& names) {
+  try {
+    check_input_file(path);
+  } catch (const InputFileRefused& e) {
+    // Nothing there, for an option that also takes names: most likely a mistyped name, so
+    // the names come first.
+    if (!names.empty() && e.missing()) reject(option, path, names + " (no such file)");
+    reject(option, path, e.what() + (names.empty() ? "" : "; " + names));
+  }
 }
 
 std::vector<ConfigEntry> parse_config_text(const std::string& text, const std::string& origin,
@@ -407,6 +424,10 @@ std::vector<ConfigEntry> parse_config_text(const std::string& text, const std::s
     const std::string key = dot == std::string::npos ? full_key : full_key.substr(dot + 1);
     if (!find_option(table, key))
       throw UsageError(where + "unknown key '" + shown(full_key) + "' (not an option of mfattn run)");
+    if (key == "config")
+      throw UsageError(where + "key '" + shown(full_key) +
+                       "' is not accepted in a config file (a config file cannot name another; "
+                       "give --config on the command line)");
     if (const auto [at, fresh] = first_line.emplace(key, line_number); !fresh)
       throw UsageError(where + "--" + key + " given twice (first on line " + std::to_string(at->second) + ")");
     entries.push_back({key, trimmed(line.substr(equals + 1)), line_number});
@@ -416,7 +437,7 @@ std::vector<ConfigEntry> parse_config_text(const std::string& text, const std::s
 
 po::parsed_options read_config_file(const std::string& path, const po::options_description& table,
                                     std::string& text) {
-  text = read_small_text_file("config", path, kMaxConfigBytes);
+  text = read_config_text(path);
   po::parsed_options parsed(&table);
   for (auto& entry : parse_config_text(text, path, table)) {
     prepare_value(entry.key, entry.value);
@@ -645,8 +666,13 @@ void validate_output_path(const std::string& out) {
     reject("out", out, "is not a regular file (a device, FIFO or socket); --out names a regular file, "
                        "and --overwrite replaces regular files only");
   const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  if (!fs::is_directory(folder, error))
-    reject("out", out, "the folder " + shown(folder.native()) + " does not exist (create it first)");
+  // Missing is not the only reason: a folder above may not be searchable (permission denied).
+  const fs::file_status folder_status = fs::status(folder, error);
+  if (!fs::is_directory(folder_status))
+    reject("out", out, "the folder " + shown(folder.native()) +
+                           (error && folder_status.type() != fs::file_type::not_found
+                                ? " cannot be reached: " + error.message()
+                                : " does not exist (create it first)"));
 }
 
 /// Bytes in a human unit.
@@ -808,8 +834,7 @@ void validate(const RunConfig& c) {
   const GeometryKind geometry = require_choice(kGeometryOption, c.geometry);
   require_finite("rope-base", c.rope_base);
   if (c.rope_base <= 1.0) reject("rope-base", format_number(c.rope_base), "must be > 1");
-  if (!c.generators.empty() && !std::ifstream(c.generators).good())
-    reject("generators", c.generators, "file cannot be read");
+  if (!c.generators.empty()) require_input_file("generators", c.generators);
   if (!c.generators.empty() && geometry != GeometryKind::Lie)
     reject("generators", c.generators, "needs --geometry lie (got " + c.geometry + ")");
   require_preset_or_file(kPositionsOption, c.positions);
@@ -889,8 +914,7 @@ void validate(const RunConfig& c) {
     reject("init", c.init, "--init file needs --init-file FILE");
   if (!c.init_file.empty() && init != InitKind::File)
     reject("init-file", c.init_file, "needs --init file (got --init " + c.init + ")");
-  if (!c.init_file.empty() && !std::ifstream(c.init_file).good())
-    reject("init-file", c.init_file, "file cannot be read");
+  if (!c.init_file.empty()) require_input_file("init-file", c.init_file);
   require_finite("init-rho", c.init_rho);
   if (init == InitKind::Equiangular) {
     const double lowest = c.n > 1 ? -1.0 / double(c.n - 1) : -1.0;
@@ -937,7 +961,7 @@ void store_run_arguments(const std::vector<std::string>& args, const po::options
     // The config file is named on the command line, so look it up before notify().
     if (vm.count("config") && !vm["config"].defaulted()) {
       const std::string path = vm["config"].as<std::string>();
-      cfg.config_text = read_small_text_file("config", path, kMaxConfigBytes);
+      cfg.config_text = read_config_text(path);
       // The command line was stored first, so its values win over the file's. Each line is
       // stored on its own, so that an error names it.
       for (auto& entry : parse_config_text(cfg.config_text, path, table)) {

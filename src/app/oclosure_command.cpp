@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "io/json_text.hpp"
+#include "mfattn/config.hpp"
 #include "mfattn/oattention.hpp"
 #include "mfattn/oclosure.hpp"
 #include "mfattn/run.hpp"
@@ -317,8 +318,15 @@ int oclosure_command(const std::vector<std::string>& args, std::ostream& out, st
       {"--dim", 2, kMaxDim, "an integer in 2..256"},
       {"--seed", 0, std::numeric_limits<std::uint64_t>::max(), "an integer in 0..18446744073709551615"},
   };
+  OptionsGivenOnce given;
   for (std::size_t k = 0; k < args.size(); ++k) {
     const std::string& arg = args[k];
+    try {
+      given.take(arg.substr(0, arg.find('=')));
+    } catch (const UsageError& e) {
+      err << "mfattn oclosure: " << e.what() << '\n';
+      return kExitUsage;
+    }
     if (arg == "--json") {
       options.json = true;
       continue;

@@ -20,6 +20,7 @@
 #include "mfattn/gauge.hpp"
 #include "mfattn/h5md.hpp"
 #include "mfattn/init.hpp"
+#include "mfattn/input_file.hpp"
 #include "mfattn/rng.hpp"
 #include "mfattn/run.hpp"
 
@@ -168,8 +169,10 @@ std::int64_t integer_option(const std::string& option, const std::string& text, 
 
 Options parse_options(const std::vector<std::string>& args) {
   Options o;
+  OptionsGivenOnce given;
   for (std::size_t k = 0; k < args.size(); ++k) {
     const std::string& word = args[k];
+    if (word.rfind("--", 0) == 0) given.take(word);
     if (word == "--no-pin") { o.pin = false; continue; }
     if (word == "--json") { o.json = true; continue; }
     if (word == "--overwrite") { o.overwrite = true; continue; }
@@ -207,8 +210,8 @@ Options parse_options(const std::vector<std::string>& args) {
     reject("d", std::to_string(o.d), "--mechanism prefix-gauge takes d from 2 to 16");
   if (o.target.empty()) throw UsageError("--target: required (accepted: vmf-mixture, band, cap, uniform, or a FILE of samples)");
   static const std::vector<std::string> targets = {"vmf-mixture", "band", "cap", "uniform"};
-  if (std::find(targets.begin(), targets.end(), o.target) == targets.end() && !std::filesystem::is_regular_file(o.target))
-    reject("target", o.target, "accepted: vmf-mixture, band, cap, uniform, or a FILE of samples (no such file)");
+  if (std::find(targets.begin(), targets.end(), o.target) == targets.end())
+    require_input_file("target", o.target, "accepted: vmf-mixture, band, cap, uniform, or a FILE of samples");
   if (o.out.empty()) throw UsageError("--out: required (the run's H5MD file)");
   if (!(o.horizon > 0.0)) reject("horizon", exact_number_text(o.horizon), "must be > 0");
   if (!(o.dt > 0.0) || o.dt > o.horizon) reject("dt", exact_number_text(o.dt), "must be > 0 and at most --horizon");
@@ -231,7 +234,7 @@ class TargetLaw {
  public:
   TargetLaw(const std::string& name, Space space, std::size_t d) : name_(name), space_(space), d_(d) {
     if (name == "vmf-mixture" || name == "band" || name == "cap" || name == "uniform") return;
-    std::ifstream file(name);
+    std::istringstream file(read_small_text_file("target", name, kMaxNumbersFileBytes));
     std::string line;
     const std::size_t columns = columns_of(space, d);
     std::size_t line_number = 0;

@@ -23,6 +23,7 @@
 #include "mfattn/gauge.hpp"
 #include "mfattn/h5md.hpp"
 #include "mfattn/init.hpp"
+#include "mfattn/input_file.hpp"
 #include "mfattn/integrator.hpp"
 #include "mfattn/observables.hpp"
 #include "mfattn/rng.hpp"
@@ -521,6 +522,8 @@ Model build_model(const RunConfig& cfg) {
       try {
         position_rows = read_text_rows(cfg.positions, columns, rows);
         k = columns;
+      } catch (const InputFileRefused& e) {
+        throw UsageError("--positions " + cfg.positions + ": " + e.what());
       } catch (const std::invalid_argument&) {
       }
     }
@@ -700,6 +703,8 @@ State build_initial_state(const RunConfig& cfg, const Model& model) {
   if (spec.kind == InitKind::File) {
     std::size_t rows = 0;
     try {
+      // A regular file before HDF5 opens it by name (it would wait on a FIFO).
+      check_input_file(cfg.init_file);
       if (is_mfattn_file(cfg.init_file)) {
         const Frame frame = read_last_frame(cfg.init_file);
         if (frame.d != model.d)

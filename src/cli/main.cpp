@@ -185,6 +185,14 @@ int main(int argc, char** argv) {
               << ", help)\n" << kUsage;
     return mfattn::kExitUsage;
   }
+  // One rule for every command: Boost's parser (run, bench, sweep) would end the options at a
+  // bare "--" and take what follows as stray words, the others would call it unknown.
+  if (std::find(args.begin(), args.end(), "--") != args.end()) {
+    std::cerr << "mfattn " << command
+              << ": '--' is not accepted (mfattn has no end-of-options marker: every argument is an "
+                 "option, its value or a file name)\n";
+    return mfattn::kExitUsage;
+  }
   if (wants_help(args)) return guarded(command, [&] { return print_help(command); });
   return guarded(command, [&]() -> int {
     if (command == "run") return mfattn::run_simulation(mfattn::parse_run_arguments(args), std::cerr);

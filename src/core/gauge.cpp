@@ -6,12 +6,13 @@
 #include <cassert>
 #include <charconv>
 #include <cmath>
-#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
 #include "mfattn/init.hpp"
+#include "mfattn/input_file.hpp"
 #include "mfattn/rng.hpp"
 
 namespace mfattn {
@@ -449,8 +450,7 @@ std::shared_ptr<const PositionalGauge> make_gauge(const GaugeSpec& spec,
 std::vector<Matrix> read_generators(const std::string& path, std::size_t k_expected,
                                     std::size_t d) {
   if (d < 1) throw std::invalid_argument("read_generators: d must be >= 1");
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument("cannot open generator file '" + path + "' for reading");
+  std::istringstream in(read_input_file(path, kMaxNumbersFileBytes));
   const auto dd = static_cast<Eigen::Index>(d);
   std::vector<Matrix> blocks;
   Matrix current(dd, dd);
@@ -485,7 +485,6 @@ std::vector<Matrix> read_generators(const std::string& path, std::size_t k_expec
       rows = 0;
     }
   }
-  if (in.bad()) throw std::invalid_argument("error while reading generator file '" + path + "'");
   if (rows != 0)
     throw std::invalid_argument(path + ": block " + std::to_string(blocks.size() + 1) +
                                 " is incomplete: " + std::to_string(rows) + " of d = " +

@@ -3,11 +3,12 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
+#include "mfattn/input_file.hpp"
 #include "mfattn/rng.hpp"
 
 namespace mfattn {
@@ -294,8 +295,7 @@ std::string parse_number_line(std::string_view line, std::vector<double>& values
 std::vector<double> read_text_rows(const std::string& path, std::size_t d, std::size_t& rows_out) {
   rows_out = 0;
   if (d < 1) throw std::invalid_argument("read_text_rows: d must be >= 1");
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument("cannot open '" + path + "' for reading");
+  std::istringstream in(read_input_file(path, kMaxNumbersFileBytes));
   std::vector<double> out;
   std::string line;
   std::size_t lineno = 0;
@@ -314,7 +314,6 @@ std::vector<double> read_text_rows(const std::string& path, std::size_t d, std::
       fail("expected d = " + std::to_string(d) + " numbers, found " + std::to_string(count));
     ++rows_out;
   }
-  if (in.bad()) throw std::invalid_argument("error while reading '" + path + "'");
   if (rows_out == 0) throw std::invalid_argument("'" + path + "' contains no rows");
   return out;
 }

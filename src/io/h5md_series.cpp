@@ -7,6 +7,7 @@
 #include <hdf5.h>
 
 #include "io/hdf5_support.hpp"
+#include "mfattn/input_file.hpp"
 
 #include <unistd.h>
 
@@ -207,10 +208,12 @@ SeriesFile::SeriesFile(const std::string& path) : impl_(std::make_unique<Impl>()
   Impl& f = *impl_;
   f.path = path;
   QuietHdf5Errors quiet;
-  std::error_code error;
-  if (!std::filesystem::exists(path, error)) throw NotMfattnFile("cannot read " + path + ": no such file");
-  if (std::filesystem::is_directory(path, error))
-    throw NotMfattnFile("cannot read " + path + ": it is a directory");
+  // A regular file before HDF5 opens it by name (it would wait on a FIFO, read a device).
+  try {
+    check_input_file(path);
+  } catch (const InputFileRefused& e) {
+    throw NotMfattnFile("cannot read " + path + ": " + e.what());
+  }
   const htri_t hdf5 = H5Fis_hdf5(path.c_str());
   if (hdf5 < 0) {
     if (::access(path.c_str(), R_OK) != 0)

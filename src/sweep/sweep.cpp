@@ -601,7 +601,7 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
 }
 
 SweepPlan load_sweep(const std::string& path, const SweepCountHook& counted) {
-  return make_sweep(read_small_text_file("config", path, kMaxConfigBytes), path, counted);
+  return make_sweep(read_config_text(path), path, counted);
 }
 
 Shard parse_shard(const std::string& text) {

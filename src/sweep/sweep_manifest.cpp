@@ -91,7 +91,10 @@ void write_atomically(const fs::path& path, const std::string& text) {
   std::error_code error;
   fs::rename(temporary, path, error);
   if (error) {
-    fs::remove(temporary, error);
+    std::error_code ignored;
+    fs::remove(temporary, ignored);
+    if (fs::is_directory(path, ignored))
+      throw IoError("cannot write " + path.string() + ": it is a directory (remove it, or give another --out-dir)");
     throw IoError("cannot rename " + temporary.string() + " to " + path.string() + ": " + error.message());
   }
 }
