@@ -149,6 +149,26 @@ int thread_count(const py::object& threads) {
   return static_cast<int>(count);
 }
 
+/// Starts an OpenMP team of `threads` the first time a call asks for more threads than any
+/// before it (start_thread_team): libgomp ends the whole process, interpreter included, when
+/// it cannot create a thread, so a process limit is met here, as RuntimeError (what Python's
+/// own threading raises when it cannot start a thread).
+void ensure_thread_team(int threads) {
+  static std::mutex mutex;
+  static int largest_started = 1;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (threads <= largest_started) return;
+  try {
+    start_thread_team(threads);
+  } catch (const UsageError& error) {
+    // The message names the command line's --threads; here the keyword is threads=.
+    std::string message = error.what();
+    if (message.rfind("--threads ", 0) == 0) message.replace(0, 10, "threads=");
+    raise_python(PyExc_RuntimeError, message);
+  }
+  largest_started = threads;
+}
+
 class PyModel {
  public:
   explicit PyModel(const py::kwargs& options) {
@@ -237,6 +257,7 @@ class PyModel {
 
   void evaluate(const double* x, std::size_t replicas, double* velocity, double* sums, const py::object& threads) {
     const int count = threads.is_none() ? threads_ : thread_count(threads);
+    ensure_thread_team(count);
     Pooled pooled = acquire(count);
     std::string failure;
     bool numerical = false;

@@ -72,6 +72,16 @@ def refused_in_one_line(done: subprocess.CompletedProcess, path: Path) -> None:
     assert "HDF5" not in done.stderr, done.stderr
 
 
+def refused_by_every_reader(binary, bad):
+    """info, analyze and --resume each refuse `bad` in one line."""
+    for command in (["info"], ["analyze"]):
+        done = subprocess.run([str(binary), *command, str(bad)], capture_output=True,
+                              text=True, timeout=60)
+        refused_in_one_line(done, bad)
+    resumed = run(binary, bad, *SMALL[:-1], 2, resume=True, timeout=60)
+    refused_in_one_line(resumed, bad)
+
+
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
 def test_a_crafted_file_is_refused_by_info_analyze_and_resume_and_left_untouched(
         mfattn_binary, small_run, tmp_path, damage):
@@ -80,12 +90,7 @@ def test_a_crafted_file_is_refused_by_info_analyze_and_resume_and_left_untouched
     with h5py.File(bad, "r+") as f:
         DAMAGES[damage](f)
     before = bad.read_bytes()
-    for command in (["info"], ["analyze"]):
-        done = subprocess.run([str(mfattn_binary), *command, str(bad)], capture_output=True,
-                              text=True, timeout=60)
-        refused_in_one_line(done, bad)
-    resumed = run(mfattn_binary, bad, *SMALL[:-1], 2, resume=True, timeout=60)
-    refused_in_one_line(resumed, bad)
+    refused_by_every_reader(mfattn_binary, bad)
     assert bad.read_bytes() == before
 
 
@@ -102,12 +107,7 @@ def test_a_damaged_object_header_is_refused_in_one_line_without_hdf5_noise(
     data[header + 39] = 0x18
     bad = tmp_path / "bad.h5"
     bad.write_bytes(bytes(data))
-    for command in (["info"], ["analyze"]):
-        done = subprocess.run([str(mfattn_binary), *command, str(bad)], capture_output=True,
-                              text=True, timeout=60)
-        refused_in_one_line(done, bad)
-    resumed = run(mfattn_binary, bad, *SMALL[:-1], 2, resume=True, timeout=60)
-    refused_in_one_line(resumed, bad)
+    refused_by_every_reader(mfattn_binary, bad)
     assert bad.read_bytes() == bytes(data)
 
 
@@ -144,10 +144,10 @@ def processes_of(uid: int) -> int:
     return count
 
 
-def test_threads_beyond_the_process_limit_are_refused_before_any_file(mfattn_binary):
-    # RLIMIT_NPROC counts threads but is not enforced for root: as root the run goes to an
-    # unprivileged uid (setpriv), otherwise it keeps the caller's.
-    command = [str(mfattn_binary)]
+def under_a_process_limit(command: list[str], spare: int = 32) -> list[str]:
+    """`command` under a limit on processes (RLIMIT_NPROC, which counts threads) `spare` above
+    what its user runs now. The limit is not enforced for root: as root the command goes to
+    an unprivileged uid (setpriv), otherwise it keeps the caller's."""
     uid = os.geteuid()
     if uid == 0:
         if shutil.which("setpriv") is None:
@@ -156,14 +156,18 @@ def test_threads_beyond_the_process_limit_are_refused_before_any_file(mfattn_bin
         command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *command]
     if shutil.which("prlimit") is None:
         pytest.skip("prlimit is needed to set a process limit")
-    limit = processes_of(uid) + 32
+    return ["prlimit", f"--nproc={processes_of(uid) + spare}", *command]
+
+
+def test_threads_beyond_the_process_limit_are_refused_before_any_file(mfattn_binary):
     folder = Path(tempfile.mkdtemp(prefix="mfattn-threads-"))
     try:
         folder.chmod(0o777)
         out = folder / "t.h5"
-        done = subprocess.run(["prlimit", f"--nproc={limit}", *command, "run", "--n", "2000",
-                               "--horizon", "0.01", "--threads", "4096", "--quiet", "--out",
-                               str(out)], capture_output=True, text=True, timeout=300)
+        done = subprocess.run(under_a_process_limit([str(mfattn_binary), "run", "--n", "2000",
+                                                     "--horizon", "0.01", "--threads", "4096",
+                                                     "--quiet", "--out", str(out)]),
+                              capture_output=True, text=True, timeout=300)
         assert done.returncode == 2, (done.returncode, done.stderr)
         assert done.stderr.count("\n") == 1 and "--threads 4096" in done.stderr, done.stderr
         assert list(folder.iterdir()) == []

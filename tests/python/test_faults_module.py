@@ -58,3 +58,30 @@ def test_run_accepts_quiet(mfattn, tmp_path):
     for quiet in (True, False):
         trajectory = mfattn.run(out=tmp_path / f"q{quiet}.h5", n=8, d=3, horizon=0.5, threads=1, quiet=quiet)
         assert trajectory.run["status"] == "complete"
+
+
+LIMITED_SCRIPT = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import mfattn
+model = mfattn.Model(n=8, d=3, threads=1)
+x = model.initial_state()
+try:
+    model.velocity(x, threads=4096)
+    print("no error")
+except RuntimeError as error:
+    print("RuntimeError:", error)
+print("survived", float(model.energy(x, threads=1)) > 0)
+"""
+
+
+def test_threads_beyond_the_process_limit_raise_and_the_interpreter_survives():
+    import subprocess
+    from test_faults_files import under_a_process_limit
+    command = under_a_process_limit([sys.executable, "-c", LIMITED_SCRIPT, str(MODULE_DIR)])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("RuntimeError: threads=4096: only ") and "threads could be started" in lines[0], lines
+    assert lines[-1] == "survived True", lines
