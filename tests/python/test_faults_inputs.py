@@ -61,7 +61,7 @@ def small_run(binary: Path, tmp_path: Path) -> Path:
 @pytest.mark.parametrize("command, named", [
     (["info", "{f}"], ["{f}"]),
     (["analyze", "{f}"], ["{f}"]),
-    (["run", "--resume", "--quiet", "--out", "{f}"], ["--resume", "{f}"]),
+    (["run", "--resume", "--quiet", "--out", "{f}"], ["--out {f}", "not a regular file"]),
     (["run", "--init", "file", "--init-file", "{f}", "--out", "{o}"], ["--init-file {f}"]),
     (["run", "--q", "{f}", "--out", "{o}"], ["--q {f}"]),
     (["run", "--k", "{f}", "--out", "{o}"], ["--k {f}"]),
