@@ -660,9 +660,10 @@ void validate_output_path(const std::string& out) {
   const std::string name = path.filename().native();
   if (name.empty() || name == "." || name == "..") reject("out", out, "must name a file (e.g. run.h5)");
   std::error_code error;
-  if (fs::is_directory(path, error)) reject("out", out, "is a folder; name a file in it (e.g. run.h5)");
+  const fs::file_status status = fs::status(path, error);
+  if (fs::is_directory(status)) reject("out", out, "is a folder; name a file in it (e.g. run.h5)");
   // A device node or FIFO would be replaced by a file (--overwrite) or written into.
-  if (const auto status = fs::status(path, error); fs::exists(status) && !fs::is_regular_file(status))
+  if (fs::exists(status) && !fs::is_regular_file(status))
     reject("out", out, "is not a regular file (a device, FIFO or socket); --out names a regular file, "
                        "and --overwrite replaces regular files only");
   const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");

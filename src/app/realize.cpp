@@ -220,7 +220,8 @@ Options parse_options(const std::vector<std::string>& args) {
   // measured at the defaults for every mechanism (docs/realization.md).
   if (!(o.beta > 0.0) || o.beta > kMaxRealizeBeta)
     reject("beta", exact_number_text(o.beta),
-           "must be in (0, 3]: beyond it the values do not collapse to one u within a practical --horizon");
+           "must be in (0, " + exact_number_text(kMaxRealizeBeta) +
+               "]: beyond it the values do not collapse to one u within a practical --horizon");
   if (o.contrast != "none" && o.contrast != "distance-bias" && o.contrast != "plain-values")
     reject("contrast", o.contrast, "accepted: none, distance-bias, plain-values");
   if (!o.pin && o.mechanism != Mechanism::PrefixGauge)

@@ -17,6 +17,7 @@
 #include <iomanip>
 #include <iostream>
 #include <numbers>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -347,10 +348,11 @@ std::string option_difference(const RunConfig& cfg, const FileSummary& stored, s
   };
   // A file from a build that lacked an option was made with that option's default (the
   // option did not exist, so nothing else could be meant): it matches while the option is
-  // still at its default.
-  const RunConfig defaults = parse_run_arguments({"--out", cfg.out});
+  // still at its default. The defaults are parsed only when a file lacks an option.
+  std::optional<RunConfig> defaults;
   auto default_text = [&](const std::string& name) -> std::string {
-    for (const auto& [key, value] : defaults.parameters)
+    if (!defaults) defaults = parse_run_arguments({"--out", cfg.out});
+    for (const auto& [key, value] : defaults->parameters)
       if (key == name) return parameter_text(value);
     return "";
   };
@@ -1019,6 +1021,8 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   };
   const std::string continue_advice =
       hooks.unfinished_advice.empty() ? std::string("continue it with --resume") : hooks.unfinished_advice;
+  const std::string advice_after_fault =
+      hooks.unfinished_advice.empty() ? continue_advice + " once the fault is fixed" : hooks.unfinished_advice;
   // Records why the run ended in /run, if the file still takes it (a full disk may not),
   // with the counts of the last frame the file keeps (docs/failure-model.md): the staged
   // frames are flushed first unless writing failed already (the writer then takes its
@@ -1075,7 +1079,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     log << "mfattn run: " << e.what() << '\n';
     if (where == cfg.out)
       log << "mfattn run: " << cfg.out << " keeps every frame up to t = " << flushed_time
-          << (recorded ? " and records the failure" : "") << " (" << continue_advice << (hooks.unfinished_advice.empty() ? " once the fault is fixed" : "") << ")\n";
+          << (recorded ? " and records the failure" : "") << " (" << advice_after_fault << ")\n";
     return kExitIo;
   }
   return kExitOk;

@@ -8,9 +8,9 @@
 #include <vector>
 #if defined(__GLIBC__)
 #include <malloc.h>
+#endif
 
 #include <hdf5.h>
-#endif
 
 #include "mfattn/analyze.hpp"
 #include "mfattn/backend.hpp"

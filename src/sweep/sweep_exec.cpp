@@ -54,15 +54,17 @@ fs::path lock_path(const std::string& dir, const std::string& id) { return fs::p
 /// lock).
 using CaseLock = PathLock;
 
-bool is_complete(const fs::path& file) {
+/// The summary of `file` when it is a complete run (its /run/status), else nothing.
+std::optional<FileSummary> complete_run(const fs::path& file) {
   std::error_code ignored;
-  if (!fs::exists(file, ignored)) return false;
+  if (!fs::exists(file, ignored)) return std::nullopt;
   try {
-    for (const auto& [key, value] : describe_file(file.string()).run)
-      if (key == "status") return value == "complete";
+    FileSummary summary = describe_file(file.string());
+    for (const auto& [key, value] : summary.run)
+      if (key == "status" && value == "complete") return summary;
   } catch (const IoError&) {
   }
-  return false;
+  return std::nullopt;
 }
 
 /// MPI when the process was started by an MPI launcher (or MFATTN_SWEEP_MPI=1); otherwise,
@@ -405,12 +407,11 @@ class Runner {
   /// A complete case file counts as the case's only if it was made with the case's options
   /// (those of the trajectory and its extent): a file put under the id by hand, or left by
   /// another grid, is refused untouched (IoError: the case fails, and says which option).
-  static void refuse_unless_made_by(const SweepCase& c, const fs::path& final_file) {
+  static void refuse_unless_made_by(const SweepCase& c, const fs::path& final_file, const FileSummary& stored) {
     std::vector<std::string> arguments = c.arguments;
     arguments.insert(arguments.end(), {"--out", final_file.string()});
     const std::string difference =
-        option_difference(parse_run_arguments(arguments), describe_file(final_file.string()),
-                          {OptionRole::Trajectory, OptionRole::Extent});
+        option_difference(parse_run_arguments(arguments), stored, {OptionRole::Trajectory, OptionRole::Extent});
     if (!difference.empty())
       throw IoError(final_file.string() + " is a complete run of other options (" + difference +
                     "); it was left untouched: move it away and run the sweep again");
@@ -420,8 +421,8 @@ class Runner {
   Started start(const SweepCase& c, bool waited, Child& child) {
     const fs::path final_file = file(c, ".h5");
     const std::string done_elsewhere = waited ? "(finished elsewhere) " : "";
-    if (is_complete(final_file)) {
-      refuse_unless_made_by(c, final_file);
+    if (const auto stored = complete_run(final_file)) {
+      refuse_unless_made_by(c, final_file, *stored);
       say("skip " + c.id + " complete " + done_elsewhere + label(c));
       ++skipped_complete_;
       return Started::Skipped;
@@ -434,8 +435,8 @@ class Runner {
       }
       return Started::Locked;
     }
-    if (is_complete(final_file)) {  // finished by another process since the first look
-      refuse_unless_made_by(c, final_file);
+    if (const auto stored = complete_run(final_file)) {  // finished by another process since the first look
+      refuse_unless_made_by(c, final_file, *stored);
       say("skip " + c.id + " complete " + done_elsewhere + label(c));
       ++skipped_complete_;
       return Started::Skipped;
