@@ -1,7 +1,7 @@
 // Exponential and FMA rooflines of one core: mfattn's own vectorised exponential against
 // external vectorised exps built for the same instruction set, and the FMA peak.
 //
-// A standalone program (no mfattn library): it includes src/kernels/vector_math.hpp,
+// A standalone program (no mfattn library): it includes src/backends/cpu/vector_math.hpp,
 // which, with no MFATTN_CPU_TARGET_* macro defined, takes the ISA of the compiler flags
 // (-march=x86-64-v3: AVX2+FMA; -march=native on an AVX-512 machine: AVX-512), so every
 // method below runs the instruction set this file was compiled for.
@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/vector_math.hpp"
+#include "backends/cpu/vector_math.hpp"
 
 #ifndef EXP_PEERS_MARCH
 #define EXP_PEERS_MARCH "unknown"

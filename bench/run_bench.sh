@@ -66,7 +66,7 @@ PEERS=()
 for arch in x86-64-v3 native; do
   tag=$([[ $arch == native ]] && echo native || echo v3)
   out="$BUILD/bench-exp-peers-$tag"
-  if [[ ! -x $out || $ROOT/bench/exp_peers.cpp -nt $out || $ROOT/src/kernels/vector_math.hpp -nt $out ||
+  if [[ ! -x $out || $ROOT/bench/exp_peers.cpp -nt $out || $ROOT/src/backends/cpu/vector_math.hpp -nt $out ||
         $ROOT/src/kernels/compile_target.hpp -nt $out || $0 -nt $out ]]; then
     mkdir -p "$BUILD"
     if ! g++ -O3 -march=$arch -std=c++20 -Wno-psabi -DEXP_PEERS_MARCH="\"$arch\"" -I "$ROOT/src" \

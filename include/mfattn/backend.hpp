@@ -29,11 +29,13 @@ struct FieldOutputs {
   double* attention_output = nullptr;
 };
 
+/// The fixed-step integrators a backend's resident stepper may run.
+enum class FixedStepKind { Euler, Heun, Rk4, EulerUnprojected, LieEuler, EulerMaruyama };
+
 /// A fixed-step integrator as a backend's resident stepper takes it
-/// (Integrator::fixed_step_method): euler, heun, rk4, euler-unprojected, lie-euler or
-/// euler-maruyama, with the latter's noise.
+/// (Integrator::fixed_step_method): its kind, with euler-maruyama's noise.
 struct FixedStepMethod {
-  std::string name;
+  FixedStepKind kind = FixedStepKind::Rk4;
   double noise_kappa = 0.0;  ///< euler-maruyama: dx += sqrt(2 h / kappa) P_x dW
   std::uint64_t seed = 0;    ///< euler-maruyama: the noise streams' seed
 };

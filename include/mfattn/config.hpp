@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mfattn/h5md.hpp"
+#include "mfattn/pair_kinds.hpp"
 
 namespace mfattn {
 
@@ -53,7 +54,9 @@ struct RunConfig {
   double pos_scale = 1.0;
   std::string values = "transported";
   std::string aux_factor = "none";
-  double aux_lambda = 1.0, aux_sigma = 1.0, aux_omega = 1.0;
+  /// The numbers of kPairTermNumbers (--aux-lambda, --aux-sigma, ...; run_choices.hpp); the
+  /// model builder fills the mask, the factor and the series from the options above and below.
+  PairTermParameters pair_terms;
   std::string toeplitz_coefficients = "1", toeplitz_frequencies = "1";  ///< lists, --aux-factor toeplitz
   std::string mask = "full";
   double window = 1.0;
@@ -219,8 +222,7 @@ void validate(const RunConfig& cfg);
 
 /// The Toeplitz factor's a_k and omega_k from --toeplitz-coefficients and
 /// --toeplitz-frequencies; UsageError unless each is 1 to 16 finite numbers, of equal length.
-void toeplitz_series(const RunConfig& cfg, std::vector<double>& coefficients,
-                     std::vector<double>& frequencies);
+ToeplitzSeries toeplitz_series(const RunConfig& cfg);
 
 /// Splits "1, 2 3" into numbers; false if any item is not a finite number or there is none.
 bool parse_number_list(const std::string& text, std::vector<double>& out);

@@ -78,14 +78,12 @@ struct Model {
   std::size_t position_dim = 1;
   std::vector<double> positions;
 
-  MaskKind mask = MaskKind::Full;
-  double window = 0.0;         ///< |xi_i - xi_j| <= window for MaskKind::Window
-
-  AuxFactor aux_factor = AuxFactor::None;
-  double aux_lambda = 1.0, aux_sigma = 1.0, aux_omega = 1.0;
-  /// a_k and omega_k of AuxFactor::Toeplitz, c(dxi) = sum_k a_k cos(omega_k dxi) (equal
-  /// lengths, 1 to 16 terms).
-  std::vector<double> toeplitz_coefficients, toeplitz_frequencies;
+  /// The mask, the auxiliary factor and the per-prompt rule (pair_kinds.hpp): the kernels'
+  /// parameters, filled once by the model builder and read by every backend as they are.
+  /// Per-prompt: a pair that includes a prefix token is visible only when both share a prompt
+  /// (active tokens see the active tokens of every prompt); symmetric, so the energy of
+  /// section 4 keeps its gradient structure.
+  PairTermParameters pair_terms;
 
   std::shared_ptr<const Gauge> gauge;  ///< null: G = I (tokens 0..n-1, then prefix n..n+P-1)
 
@@ -99,10 +97,6 @@ struct Model {
   std::vector<double> prefix_positions;  ///< P rows of position_dim
   std::vector<int> prefix_prompt_id;     ///< prompt of each prefix token
   double prefix_weight = 1.0;
-  /// Per-prompt mask: a pair that includes a prefix token is visible only when both share a
-  /// prompt (active tokens see the active tokens of every prompt). Symmetric, so the energy
-  /// of section 4 keeps its gradient structure.
-  bool per_prompt_mask = false;
 
   double noise_kappa = 0.0;    ///< 0: deterministic; else dx += sqrt(2/kappa) P_x dW
 

@@ -1,23 +1,58 @@
 #pragma once
 /// \file pair_kinds.hpp
-/// The kinds of pair terms a Model can carry (docs/model.md section 2), as plain enums with no
-/// dependency: the kernels layer (src/kernels/pair_terms.hpp) compiles them for the host and
-/// for a device alike.
+/// The pair terms a Model carries (docs/model.md section 2) as plain numbers with no
+/// dependency, so that the model (core), the option table (app) and the kernels layer's
+/// formulas (src/kernels/pair_terms.hpp, compiled for the host and for a device alike) read
+/// one struct:
+///   mask        m_ij: every pair, causal (xi_j <= xi_i on the first position coordinate), or
+///               a window (|xi_i - xi_j| <= window, Euclidean over the position coordinates)
+///   factor      c_ij = c(xi_i - xi_j), one of
+///                 none      1
+///                 distance  exp(-lambda |dxi|)
+///                 gaussian  exp(-|dxi|^2 / (2 sigma^2))
+///                 cosine    cos(omega dxi)                     (k = 1, changes sign)
+///                 toeplitz  sum_k a_k cos(omega_k dxi)         (k = 1, changes sign)
+///                 power     (1 + |dxi|)^(-r)                   (KERPLE's power kernel)
+///   per prompt  a pair with a prefix token is hidden unless both share a prompt
+/// Adding a factor: its formula and its entry in the factor list (src/kernels/pair_terms.hpp),
+/// its enum value here, its option entry (include/mfattn/run_choices.hpp) and, with a
+/// parameter, that parameter's field here and its entry in kPairTermNumbers (run_choices.hpp).
 
 #include <cstddef>
 
 namespace mfattn {
 
-/// Mask m_ij: every pair, causal (xi_j <= xi_i on the first position coordinate), or a
-/// window (|xi_i - xi_j| <= window, Euclidean over the position coordinates).
 enum class MaskKind { Full, Causal, Window };
 
-/// Auxiliary factor c_ij = c(xi_i - xi_j): 1, exp(-lambda |dxi|), exp(-|dxi|^2 / (2 sigma^2)),
-/// cos(omega dxi), or a Toeplitz series sum_k a_k cos(omega_k dxi) (the last two for k = 1,
-/// sign-changing, so SA rejects them).
-enum class AuxFactor { None, Distance, Gaussian, Cosine, Toeplitz };
+enum class AuxFactor { None, Distance, Gaussian, Cosine, Toeplitz, Power };
 
 /// The most terms a Toeplitz factor's series takes (the kernels hold them in fixed arrays).
 inline constexpr std::size_t kMaxToeplitzTerms = 16;
+
+/// The coefficients a_k and frequencies omega_k of a Toeplitz factor, at most kMaxTerms.
+struct ToeplitzSeries {
+  static constexpr std::size_t kMaxTerms = kMaxToeplitzTerms;
+  std::size_t terms = 1;  ///< at most kMaxTerms
+  double coefficient[kMaxTerms] = {1.0};
+  double frequency[kMaxTerms] = {1.0};
+};
+
+/// A model's pair terms as plain numbers a device can copy. The option table binds the
+/// numbers (kPairTermNumbers) and the model builder fills the rest; the defaults here are
+/// the options' defaults.
+struct PairTermParameters {
+  MaskKind mask = MaskKind::Full;
+  double window = 0.0;         ///< |xi_i - xi_j| <= window for MaskKind::Window
+  AuxFactor factor = AuxFactor::None;
+  double lambda = 1.0;         ///< distance factor exp(-lambda |dxi|)
+  double sigma = 1.0;          ///< Gaussian factor exp(-|dxi|^2 / (2 sigma^2))
+  double omega = 1.0;          ///< cosine factor cos(omega dxi)
+  double power = 1.0;          ///< power factor (1 + |dxi|)^(-power)
+  ToeplitzSeries toeplitz;     ///< the Toeplitz factor's series
+  bool per_prompt = false;     ///< the per-prompt rule on pairs with a prefix token
+
+  /// True when a mask, a factor or the per-prompt rule is on (the pair loops read positions).
+  constexpr bool any() const { return mask != MaskKind::Full || factor != AuxFactor::None || per_prompt; }
+};
 
 }  // namespace mfattn

@@ -128,9 +128,29 @@ inline constexpr Choice<AuxFactorChoice> kAuxFactorChoices[] = {
     {"gaussian", {AuxFactor::Gaussian}, "exp(-|dxi|^2/(2 sigma^2))"},
     {"cosine", {AuxFactor::Cosine, true, true}, "cos(omega dxi), k = 1, USA only"},
     {"toeplitz", {AuxFactor::Toeplitz, true, true}, "sum_k a_k cos(omega_k dxi), k = 1, USA only"},
+    {"power", {AuxFactor::Power}, "(1 + |dxi|)^(-r), KERPLE's power kernel"},
 };
 inline constexpr ChoiceOption<AuxFactorChoice> kAuxFactorOption{.option = "aux-factor",
                                                                 .choices = kAuxFactorChoices};
+
+/// What a number of the pair terms accepts (besides being finite).
+enum class NumberRule { Finite, AtLeastZero, Positive };
+/// A number of the pair terms that an option sets: the option, its field of
+/// PairTermParameters (whose default is the option's), what it accepts and its help line.
+/// run_options binds each, validate() checks each, /parameters records each, and the model
+/// builder copies RunConfig::pair_terms whole: a new parameter is one entry here and its field.
+struct PairTermNumber {
+  const char* option;
+  double PairTermParameters::*field;
+  NumberRule rule;
+  const char* help;
+};
+inline constexpr PairTermNumber kPairTermNumbers[] = {
+    {"aux-lambda", &PairTermParameters::lambda, NumberRule::AtLeastZero, "distance factor lambda >= 0"},
+    {"aux-sigma", &PairTermParameters::sigma, NumberRule::Positive, "gaussian factor sigma > 0"},
+    {"aux-omega", &PairTermParameters::omega, NumberRule::Finite, "cosine factor omega, any finite number"},
+    {"aux-power", &PairTermParameters::power, NumberRule::AtLeastZero, "power factor r >= 0: (1 + |dxi|)^(-r)"},
+};
 
 /// One part of --mask (parts are joined by '+'): a mask kind, or per-prompt, which adds the
 /// per-prompt rule to the kind of the other part.

@@ -100,8 +100,8 @@ std::string shown(const std::string& value) {
 
 }  // namespace
 
-void toeplitz_series(const RunConfig& c, std::vector<double>& coefficients,
-                     std::vector<double>& frequencies) {
+ToeplitzSeries toeplitz_series(const RunConfig& c) {
+  std::vector<double> coefficients, frequencies;
   for (const auto& [name, text, out] :
        {std::tuple{"toeplitz-coefficients", &c.toeplitz_coefficients, &coefficients},
         std::tuple{"toeplitz-frequencies", &c.toeplitz_frequencies, &frequencies}})
@@ -112,6 +112,11 @@ void toeplitz_series(const RunConfig& c, std::vector<double>& coefficients,
     reject("toeplitz-frequencies", c.toeplitz_frequencies,
            "needs as many numbers as --toeplitz-coefficients (" + std::to_string(coefficients.size()) +
                "), got " + std::to_string(frequencies.size()));
+  ToeplitzSeries series;
+  series.terms = coefficients.size();
+  std::copy(coefficients.begin(), coefficients.end(), series.coefficient);
+  std::copy(frequencies.begin(), frequencies.end(), series.frequency);
+  return series;
 }
 
 OptionRole option_role(const std::string& name) {
@@ -489,10 +494,10 @@ po::options_description run_options(RunConfig& c) {
       ("positions", bound(c.positions), kPositionsOption.help().c_str())
       ("pos-scale", bound(c.pos_scale), "scale of index, random and grid positions, > 0")
       ("values", bound(c.values), kValuesOption.help().c_str())
-      ("aux-factor", bound(c.aux_factor), kAuxFactorOption.help().c_str())
-      ("aux-lambda", bound(c.aux_lambda), "distance factor lambda >= 0")
-      ("aux-sigma", bound(c.aux_sigma), "gaussian factor sigma > 0")
-      ("aux-omega", bound(c.aux_omega), "cosine factor omega, any finite number")
+      ("aux-factor", bound(c.aux_factor), kAuxFactorOption.help().c_str());
+  for (const PairTermNumber& number : kPairTermNumbers)
+    model.add_options()(number.option, bound(c.pair_terms.*number.field), number.help);
+  model.add_options()
       ("toeplitz-coefficients", bound(c.toeplitz_coefficients, "1"),
        "toeplitz factor coefficients a_1,...,a_K (1 to 16 finite numbers)")
       ("toeplitz-frequencies", bound(c.toeplitz_frequencies, "1"),
@@ -841,15 +846,13 @@ void validate(const RunConfig& c) {
   require_preset_or_file(kPositionsOption, c.positions);
   require_choice(kValuesOption, c.values);
   const AuxFactorChoice aux_factor = require_choice(kAuxFactorOption, c.aux_factor);
-  require_finite("aux-lambda", c.aux_lambda);
-  if (c.aux_lambda < 0) reject("aux-lambda", format_number(c.aux_lambda), "must be >= 0");
-  require_finite("aux-sigma", c.aux_sigma);
-  if (c.aux_sigma <= 0) reject("aux-sigma", format_number(c.aux_sigma), "must be > 0");
-  require_finite("aux-omega", c.aux_omega);
-  if (aux_factor.factor == AuxFactor::Toeplitz) {
-    std::vector<double> coefficients, frequencies;
-    toeplitz_series(c, coefficients, frequencies);
+  for (const PairTermNumber& number : kPairTermNumbers) {
+    const double value = c.pair_terms.*number.field;
+    require_finite(number.option, value);
+    if (number.rule == NumberRule::AtLeastZero && value < 0) reject(number.option, format_number(value), "must be >= 0");
+    if (number.rule == NumberRule::Positive && value <= 0) reject(number.option, format_number(value), "must be > 0");
   }
+  if (aux_factor.factor == AuxFactor::Toeplitz) toeplitz_series(c);
   if (aux_factor.changes_sign && kernel == Normalization::Sa)
     reject("aux-factor", c.aux_factor,
            "the " + c.aux_factor + " factor changes sign, so the SA denominator can vanish: use --kernel usa");

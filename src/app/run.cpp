@@ -645,19 +645,16 @@ Model build_model(const RunConfig& cfg) {
     }
   }
   model.values = choice(kValuesOption, cfg.values);
-  model.aux_factor = aux_factor.factor;
-  model.aux_lambda = cfg.aux_lambda;
-  model.aux_sigma = cfg.aux_sigma;
-  model.aux_omega = cfg.aux_omega;
-  if (model.aux_factor == AuxFactor::Toeplitz) {
-    // The rule validate() applies, so a RunConfig built in code meets it too.
-    toeplitz_series(cfg, model.toeplitz_coefficients, model.toeplitz_frequencies);
-  }
+  // The option table's numbers as they are (kPairTermNumbers), then the choices and lists.
+  model.pair_terms = cfg.pair_terms;
+  model.pair_terms.factor = aux_factor.factor;
+  // The rule validate() applies, so a RunConfig built in code meets it too.
+  if (aux_factor.factor == AuxFactor::Toeplitz) model.pair_terms.toeplitz = toeplitz_series(cfg);
   const std::optional<MaskSelection> mask = parse_mask(cfg.mask);
   if (!mask) throw UsageError("--mask " + cfg.mask + ": accepted: " + kMaskOption.names(", ") + " joined by +");
-  model.mask = mask->kind;
-  model.per_prompt_mask = mask->per_prompt;
-  model.window = cfg.window;
+  model.pair_terms.mask = mask->kind;
+  model.pair_terms.per_prompt = mask->per_prompt;
+  model.pair_terms.window = cfg.window;
   model.noise_kappa = cfg.noise_kappa;
   return model;
 }

@@ -21,18 +21,17 @@ double energy_from_weight_sums(const Model& model, const double* x, const double
   if (prefix > 0) {
     thread_local kernels::TokenOperands operands;
     kernels::prepare_token_operands(model, model.matrices_of(replica), x, operands);
-    const kernels::PairTermParameters terms = kernels::pair_term_parameters(model);
     const double shift = model.exponent_shift();
     for (std::size_t p = model.n; p < sources; ++p) {
       const double* query = operands.query(p);
       double row = 0.0;
       for (std::size_t j = 0; j < sources; ++j) {
-        const kernels::ScalarPair pair = kernels::scalar_pair(model, p, j);
-        if (!kernels::pair_visible(terms, pair, kernels::prompt_rule_applies(model, p, j))) continue;
+        const kernels::PairWeightTerms<double> terms = kernels::model_pair_weight_terms(model, p, j);
+        if (!kernels::visible(terms)) continue;
         const double* key = operands.key(j);
         double score = 0.0;
         for (std::size_t c = 0; c < d; ++c) score += query[c] * key[c];
-        row += operands.presence[j] * kernels::pair_factor(terms, pair) *
+        row += operands.presence[j] * kernels::weight_factor(terms) *
                std::exp(model.beta * score - shift);
       }
       total += model.prefix_weight * row;

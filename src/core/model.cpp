@@ -26,7 +26,7 @@ bool Model::is_gradient_flow() const {
   bool value_identity = true;
   for (const AttentionMatrices& set : matrices) value_identity = value_identity && set.v_identity;
   return query_key_identity() && value_identity && values == ValueTransport::Transported &&
-         mask != MaskKind::Causal && noise_kappa == 0.0 && beta > 0.0;
+         pair_terms.mask != MaskKind::Causal && noise_kappa == 0.0 && beta > 0.0;
 }
 
 double presence_from_amplitude(double amplitude, double tau) {

@@ -104,21 +104,24 @@ struct Tableau {
   std::vector<double> error{};
   ExactWeight last_stage_error{};
   int embedded_order = 0;
+  /// The method as a resident stepper takes it (fixed-step tableaux only).
+  std::optional<FixedStepKind> fixed_step{};
 };
 
 // Fixed-step methods: no error estimate; their stages are the kernels layer's (shared with
 // the CUDA backend's resident kernel).
-Tableau fixed_tableau(const char* name, int order, const kernels::FixedTableau& fixed) {
+Tableau fixed_tableau(const char* name, int order, const kernels::FixedTableau& fixed, FixedStepKind kind) {
   Tableau t{.name = name, .order = order, .a = {}, .b = {}};
+  t.fixed_step = kind;
   for (int s = 0; s < fixed.stages; ++s) {
     t.a.emplace_back(fixed.a[s], fixed.a[s] + s);
     t.b.push_back(fixed.b[s]);
   }
   return t;
 }
-Tableau euler_tableau() { return fixed_tableau("euler", 1, kernels::kEulerTableau); }
-Tableau heun_tableau() { return fixed_tableau("heun", 2, kernels::kHeunTableau); }
-Tableau rk4_tableau() { return fixed_tableau("rk4", 4, kernels::kRk4Tableau); }
+Tableau euler_tableau() { return fixed_tableau("euler", 1, kernels::kEulerTableau, FixedStepKind::Euler); }
+Tableau heun_tableau() { return fixed_tableau("heun", 2, kernels::kHeunTableau, FixedStepKind::Heun); }
+Tableau rk4_tableau() { return fixed_tableau("rk4", 4, kernels::kRk4Tableau, FixedStepKind::Rk4); }
 Tableau dopri5_tableau() {
   Tableau t;
   t.name = "dopri5";
@@ -170,8 +173,8 @@ class RungeKutta final : public Integrator {
   int order() const override { return tableau_.order; }
   bool adaptive() const override { return !tableau_.error.empty(); }
   std::optional<FixedStepMethod> fixed_step_method() const override {
-    if (adaptive()) return std::nullopt;
-    return FixedStepMethod{tableau_.name};
+    if (adaptive() || !tableau_.fixed_step) return std::nullopt;
+    return FixedStepMethod{*tableau_.fixed_step};
   }
 
   StepOutcome step(Dynamics& dynamics, State& state, double h) override {
@@ -300,7 +303,9 @@ class EulerUnprojected final : public Integrator {
  public:
   std::string name() const override { return "euler-unprojected"; }
   int order() const override { return 1; }
-  std::optional<FixedStepMethod> fixed_step_method() const override { return FixedStepMethod{name()}; }
+  std::optional<FixedStepMethod> fixed_step_method() const override {
+    return FixedStepMethod{FixedStepKind::EulerUnprojected};
+  }
   StepOutcome step(Dynamics& dynamics, State& state, double h) override {
     // The evaluation's own outputs (no copy): normalize_tokens evaluates nothing.
     const double* output = dynamics.attention_output(state.x.data());
@@ -320,7 +325,7 @@ class LieEuler final : public Integrator {
  public:
   std::string name() const override { return "lie-euler"; }
   int order() const override { return 1; }
-  std::optional<FixedStepMethod> fixed_step_method() const override { return FixedStepMethod{name()}; }
+  std::optional<FixedStepMethod> fixed_step_method() const override { return FixedStepMethod{FixedStepKind::LieEuler}; }
   StepOutcome step(Dynamics& dynamics, State& state, double h) override {
     velocity_.resize(state.size());
     dynamics.velocity(state.x.data(), velocity_.data());
@@ -397,7 +402,7 @@ class EulerMaruyama final : public Integrator {
   std::string name() const override { return "euler-maruyama"; }
   int order() const override { return 1; }
   std::optional<FixedStepMethod> fixed_step_method() const override {
-    return FixedStepMethod{name(), kappa_, seed_};
+    return FixedStepMethod{FixedStepKind::EulerMaruyama, kappa_, seed_};
   }
   StepOutcome step(Dynamics& dynamics, State& state, double h) override {
     const std::size_t d = state.d;
@@ -443,25 +448,51 @@ void normalize_tokens(const Dynamics& dynamics, double* x) {
   }
 }
 
+namespace {
+/// The integrators, each once: its name and its factory. --integrator's help and validation
+/// (integrator_names) and make_integrator read this table; what a resident stepper can run
+/// each integrator says itself (Integrator::fixed_step_method).
+struct IntegratorEntry {
+  const char* name;
+  std::unique_ptr<Integrator> (*make)(const IntegratorSettings&);
+};
+template <class Method>
+std::unique_ptr<Integrator> make_plain(const IntegratorSettings&) {
+  return std::make_unique<Method>();
+}
+template <Tableau (*kTableau)()>
+std::unique_ptr<Integrator> make_fixed_step(const IntegratorSettings&) {
+  return std::make_unique<RungeKutta>(kTableau());
+}
+std::unique_ptr<Integrator> make_dopri5(const IntegratorSettings& s) {
+  StepSizeController controller;
+  controller.rtol = s.rtol;
+  controller.atol = s.atol;
+  return std::make_unique<RungeKutta>(dopri5_tableau(), controller);
+}
+std::unique_ptr<Integrator> make_euler_maruyama(const IntegratorSettings& s) {
+  return std::make_unique<EulerMaruyama>(s.noise_kappa, s.seed);
+}
+const IntegratorEntry kIntegrators[] = {
+    {"euler", make_fixed_step<euler_tableau>},    {"euler-unprojected", make_plain<EulerUnprojected>},
+    {"heun", make_fixed_step<heun_tableau>},      {"rk4", make_fixed_step<rk4_tableau>},
+    {"lie-euler", make_plain<LieEuler>},          {"lie-rk4", make_plain<LieRk4>},
+    {"dopri5", make_dopri5},                      {"euler-maruyama", make_euler_maruyama},
+};
+}  // namespace
+
 const std::vector<std::string>& integrator_names() {
-  static const std::vector<std::string> names = {"euler",  "euler-unprojected", "heun",
-                                                 "rk4",    "lie-euler",         "lie-rk4",
-                                                 "dopri5", "euler-maruyama"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all;
+    for (const IntegratorEntry& entry : kIntegrators) all.emplace_back(entry.name);
+    return all;
+  }();
   return names;
 }
 
 std::unique_ptr<Integrator> make_integrator(const IntegratorSettings& s) {
-  StepSizeController controller;
-  controller.rtol = s.rtol;
-  controller.atol = s.atol;
-  if (s.name == "euler") return std::make_unique<RungeKutta>(euler_tableau());
-  if (s.name == "euler-unprojected") return std::make_unique<EulerUnprojected>();
-  if (s.name == "heun") return std::make_unique<RungeKutta>(heun_tableau());
-  if (s.name == "rk4") return std::make_unique<RungeKutta>(rk4_tableau());
-  if (s.name == "dopri5") return std::make_unique<RungeKutta>(dopri5_tableau(), controller);
-  if (s.name == "lie-euler") return std::make_unique<LieEuler>();
-  if (s.name == "lie-rk4") return std::make_unique<LieRk4>();
-  if (s.name == "euler-maruyama") return std::make_unique<EulerMaruyama>(s.noise_kappa, s.seed);
+  for (const IntegratorEntry& entry : kIntegrators)
+    if (s.name == entry.name) return entry.make(s);
   std::string accepted;
   for (const auto& known : integrator_names()) accepted += (accepted.empty() ? "" : ", ") + known;
   throw std::invalid_argument("--integrator " + s.name + ": unknown (accepted: " + accepted + ")");

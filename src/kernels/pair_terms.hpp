@@ -21,8 +21,11 @@
 // symmetric loop, one exp per unordered pair, is taken exactly when every term of the model is
 // (symmetric_pairs_apply), and the energy of section 4 is then a Lyapunov function of USA.
 //
-// Adding a term: its struct here, its case in visit_factor or visit_mask, its enum value in
-// include/mfattn/pair_kinds.hpp, its parameters in PairTermParameters (docs/architecture.md).
+// Adding a factor: its struct here (its formula, the kinds it serves, how it reads its
+// parameters) and its name in AuxFactorTypes; its enum value and parameters in
+// include/mfattn/pair_kinds.hpp; its option entry in include/mfattn/run_choices.hpp
+// (docs/architecture.md). Every reader (visit_factor, the CPU's per-factor translation units
+// that CMakeLists.txt makes from AuxFactorTypes, the CUDA thread's pair) follows the list.
 #include <cmath>
 #include <cstddef>
 #include <type_traits>
@@ -36,28 +39,13 @@ namespace mfattn::kernels {
 // no two targets share an instantiation of these templates.
 inline namespace MFATTN_CPU_NAMESPACE {
 
-/// The coefficients a_k and frequencies omega_k of a Toeplitz factor, at most kMaxTerms.
-struct ToeplitzSeries {
-  static constexpr std::size_t kMaxTerms = kMaxToeplitzTerms;
-  std::size_t terms = 1;  ///< at most kMaxTerms
-  double coefficient[kMaxTerms] = {1.0};
-  double frequency[kMaxTerms] = {1.0};
-};
-
-/// The parameters of a model's pair terms, as plain numbers a device can copy.
-struct PairTermParameters {
-  MaskKind mask = MaskKind::Full;
-  double window_squared = 0.0;      ///< window^2 of MaskKind::Window
-  AuxFactor factor = AuxFactor::None;
-  double lambda = 1.0;              ///< distance factor exp(-lambda |dxi|)
-  double inverse_two_sigma2 = 0.5;  ///< Gaussian factor exp(-|dxi|^2 / (2 sigma^2))
-  ToeplitzSeries toeplitz;          ///< the cosine and Toeplitz factors' series
-  bool per_prompt = false;          ///< the per-prompt rule on pairs with a prefix token
-};
+using mfattn::PairTermParameters;
+using mfattn::ToeplitzSeries;
 
 // The scalar forms of the functions the formulas call; lane types bring their own.
 MFATTN_HOST_DEVICE inline double sqrt(double x) { return std::sqrt(x); }
 MFATTN_HOST_DEVICE inline double cos(double x) { return std::cos(x); }
+MFATTN_HOST_DEVICE inline double log1p(double x) { return std::log1p(x); }
 MFATTN_HOST_DEVICE inline double exp(double x) { return std::exp(x); }
 /// -inf (numeric_limits is host-only under nvcc; the builtin serves both compilers).
 MFATTN_HOST_DEVICE constexpr double negative_infinity() { return -__builtin_huge_val(); }
@@ -82,6 +70,7 @@ MFATTN_HOST_DEVICE inline typename Pair::Real squared_distance(const Pair& pair)
 /// m_ij = 1.
 struct FullMask {
   static constexpr bool kActive = false, kSymmetric = true;
+  MFATTN_HOST_DEVICE static FullMask from(const PairTermParameters&) { return {}; }
   template <class Pair>
   MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair&) const {
     return typename Pair::Real{};
@@ -91,6 +80,7 @@ struct FullMask {
 /// m_ij = [xi_j <= xi_i] on the first position coordinate.
 struct CausalMask {
   static constexpr bool kActive = true, kSymmetric = false;
+  MFATTN_HOST_DEVICE static CausalMask from(const PairTermParameters&) { return {}; }
   template <class Pair>
   MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
     return hide_where(pair.source(0) > pair.receiver(0), typename Pair::Real{});
@@ -101,6 +91,7 @@ struct CausalMask {
 struct WindowMask {
   static constexpr bool kActive = true, kSymmetric = true;
   double window_squared = 0.0;
+  MFATTN_HOST_DEVICE static WindowMask from(const PairTermParameters& p) { return {p.window * p.window}; }
   template <class Pair>
   MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
     return hide_where(squared_distance(pair) > window_squared, typename Pair::Real{});
@@ -127,12 +118,16 @@ struct PromptMasked {
 /// c_ij = 1.
 struct NoFactor {
   static constexpr bool kLog = false, kMultiply = false, kSymmetric = true;
+  MFATTN_HOST_DEVICE static constexpr bool serves(AuxFactor kind) { return kind == AuxFactor::None; }
+  MFATTN_HOST_DEVICE static NoFactor from(const PairTermParameters&) { return {}; }
 };
 
 /// c_ij = exp(-lambda |xi_i - xi_j|): the distance bias (ALiBi-like), as a log-term.
 struct DistanceFactor {
   static constexpr bool kLog = true, kMultiply = false, kSymmetric = true;
   double lambda = 1.0;
+  MFATTN_HOST_DEVICE static constexpr bool serves(AuxFactor kind) { return kind == AuxFactor::Distance; }
+  MFATTN_HOST_DEVICE static DistanceFactor from(const PairTermParameters& p) { return {p.lambda}; }
   template <class Pair>
   MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
     return sqrt(squared_distance(pair)) * -lambda;
@@ -143,6 +138,10 @@ struct DistanceFactor {
 struct GaussianFactor {
   static constexpr bool kLog = true, kMultiply = false, kSymmetric = true;
   double inverse_two_sigma2 = 0.5;
+  MFATTN_HOST_DEVICE static constexpr bool serves(AuxFactor kind) { return kind == AuxFactor::Gaussian; }
+  MFATTN_HOST_DEVICE static GaussianFactor from(const PairTermParameters& p) {
+    return {0.5 / (p.sigma * p.sigma)};
+  }
   template <class Pair>
   MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
     return squared_distance(pair) * -inverse_two_sigma2;
@@ -157,6 +156,15 @@ struct GaussianFactor {
 struct ToeplitzFactor {
   static constexpr bool kLog = false, kMultiply = true, kSymmetric = true;
   ToeplitzSeries series;
+  MFATTN_HOST_DEVICE static constexpr bool serves(AuxFactor kind) {
+    return kind == AuxFactor::Cosine || kind == AuxFactor::Toeplitz;
+  }
+  MFATTN_HOST_DEVICE static ToeplitzFactor from(const PairTermParameters& p) {
+    if (p.factor != AuxFactor::Cosine) return {p.toeplitz};
+    ToeplitzFactor cosine;  // the one-term series a_1 = 1, omega_1 = omega
+    cosine.series.frequency[0] = p.omega;
+    return cosine;
+  }
   template <class Pair>
   MFATTN_HOST_DEVICE typename Pair::Real factor(const Pair& pair) const {
     const typename Pair::Real difference = pair.source(0) - pair.receiver(0);
@@ -167,6 +175,50 @@ struct ToeplitzFactor {
       sum += series.coefficient[k] * cos(series.frequency[k] * difference);
     return sum;
   }
+};
+
+/// c_ij = (1 + |xi_i - xi_j|)^(-r): the power kernel of the KERPLE family, as the log-term
+/// -r log(1 + |dxi|) (log1p keeps the small distances exact). Positive and even, so USA keeps
+/// its energy ascent and SA takes it.
+struct PowerFactor {
+  static constexpr bool kLog = true, kMultiply = false, kSymmetric = true;
+  double power = 1.0;
+  MFATTN_HOST_DEVICE static constexpr bool serves(AuxFactor kind) { return kind == AuxFactor::Power; }
+  MFATTN_HOST_DEVICE static PowerFactor from(const PairTermParameters& p) { return {p.power}; }
+  template <class Pair>
+  MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
+    return log1p(sqrt(squared_distance(pair))) * -power;
+  }
+};
+
+/// The auxiliary factors, each once. visit_factor tries them in this order, and
+/// CMakeLists.txt reads this line (keep it on one line) to compile the CPU's one-sided loop
+/// once per factor.
+template <class... Factors>
+struct FactorList {
+  static constexpr std::size_t kCount = sizeof...(Factors);
+};
+using AuxFactorTypes = FactorList<NoFactor, DistanceFactor, GaussianFactor, ToeplitzFactor, PowerFactor>;
+
+/// The factor at index I of a FactorList.
+template <std::size_t I, class List>
+struct FactorAtIndex;
+template <std::size_t I, class First, class... Rest>
+struct FactorAtIndex<I, FactorList<First, Rest...>> : FactorAtIndex<I - 1, FactorList<Rest...>> {};
+template <class First, class... Rest>
+struct FactorAtIndex<0, FactorList<First, Rest...>> {
+  using type = First;
+};
+template <std::size_t I>
+using FactorAt = typename FactorAtIndex<I, AuxFactorTypes>::type;
+
+/// The log-term and the multiplier of one pair's weight w_ij = exp(s_ij + log p_j + log_term)
+/// * multiplier: log_term = log m_ij [+ log c_ij] (-inf: hidden), multiplier = c_ij for a
+/// sign-changing factor, else 1.
+template <class Real>
+struct PairWeightTerms {
+  Real log_term;
+  Real multiplier;
 };
 
 /// One mask and one factor: the log-term and the multiplier of a pair's weight.
@@ -195,24 +247,24 @@ struct PairTerms {
     else
       return typename Pair::Real{} + 1.0;
   }
+  /// Both, for one pair: the one reading of the terms every backend makes.
+  template <class Pair>
+  MFATTN_HOST_DEVICE PairWeightTerms<typename Pair::Real> weight_terms(const Pair& pair) const {
+    return {log_term(pair), factor(pair)};
+  }
 };
 
-/// Calls body(factor) with the parameters' auxiliary factor as its own type.
-template <class Body>
-MFATTN_HOST_DEVICE inline decltype(auto) visit_factor(const PairTermParameters& parameters,
-                                                      Body&& body) {
-  switch (parameters.factor) {
-    case AuxFactor::Distance:
-      return body(DistanceFactor{parameters.lambda});
-    case AuxFactor::Gaussian:
-      return body(GaussianFactor{parameters.inverse_two_sigma2});
-    case AuxFactor::Cosine:  // the one-term series
-    case AuxFactor::Toeplitz:
-      return body(ToeplitzFactor{parameters.toeplitz});
-    case AuxFactor::None:
-      break;
+/// Calls body(factor) with the parameters' auxiliary factor as its own type: the first of
+/// AuxFactorTypes (from index I) that serves the parameters' kind, read from the parameters.
+template <std::size_t I = 0, class Body>
+MFATTN_HOST_DEVICE inline decltype(auto) visit_factor(const PairTermParameters& parameters, Body&& body) {
+  if constexpr (I == AuxFactorTypes::kCount) {
+    return body(NoFactor{});
+  } else {
+    using Factor = FactorAt<I>;
+    if (Factor::serves(parameters.factor)) return body(Factor::from(parameters));
+    return visit_factor<I + 1>(parameters, body);
   }
-  return body(NoFactor{});
 }
 
 /// Calls body(mask) with the parameters' mask as its own type (without the per-prompt rule).
@@ -221,13 +273,13 @@ MFATTN_HOST_DEVICE inline decltype(auto) visit_mask(const PairTermParameters& pa
                                                     Body&& body) {
   switch (parameters.mask) {
     case MaskKind::Causal:
-      return body(CausalMask{});
+      return body(CausalMask::from(parameters));
     case MaskKind::Window:
-      return body(WindowMask{parameters.window_squared});
+      return body(WindowMask::from(parameters));
     case MaskKind::Full:
       break;
   }
-  return body(FullMask{});
+  return body(FullMask::from(parameters));
 }
 
 /// Calls body(terms, prefix_terms) with the PairTerms of the moving sources and of the prefix
@@ -278,32 +330,39 @@ struct ScalarPair {
   MFATTN_HOST_DEVICE double receiver_prompt() const { return receiver_prompt_id; }
 };
 
-/// c_ij of one pair: exp of a log-term factor, or the multiplier of a sign-changing one.
-MFATTN_HOST_DEVICE inline double pair_factor(const PairTermParameters& parameters,
-                                             const ScalarPair& pair) {
-  return visit_factor(parameters, [&](const auto& factor) -> double {
-    using Factor = std::remove_cvref_t<decltype(factor)>;
-    if constexpr (Factor::kLog)
-      return exp(factor.log_term(pair));
-    else if constexpr (Factor::kMultiply)
-      return factor.factor(pair);
-    else
-      return 1.0;
-  });
+/// Whether the per-prompt rule concerns the pair (receiver, source), numbered as sources
+/// (0..moving-1 the tokens that move, then the prefix tokens): it does when either is a prefix
+/// token (active tokens see the active tokens of every prompt).
+MFATTN_HOST_DEVICE constexpr bool pair_has_prefix_token(std::size_t receiver, std::size_t source,
+                                                        std::size_t moving) {
+  return receiver >= moving || source >= moving;
 }
 
-/// m_ij of one pair (the mask and, when prompt_rule, the per-prompt rule; no factor).
-MFATTN_HOST_DEVICE inline bool pair_visible(const PairTermParameters& parameters,
-                                            const ScalarPair& pair, bool prompt_rule) {
-  bool visible = true;
-  visit_mask(parameters, [&](auto mask) {
-    using Mask = decltype(mask);
-    if (prompt_rule && parameters.per_prompt)
-      visible = PromptMasked<Mask>{mask}.log_term(pair) == 0.0;
+/// The log-term and multiplier of one pair in double, the terms chosen at run time:
+/// PairTerms::weight_terms of the parameters' mask and factor, with the per-prompt rule where
+/// prefix_pair (pair_has_prefix_token). The scalar readers (the reference backend, the
+/// energy, OAttention's mask, the CUDA thread) call this; the CPU lanes call weight_terms'
+/// parts on the same PairTerms types, chosen once per evaluation.
+MFATTN_HOST_DEVICE inline PairWeightTerms<double> pair_weight_terms(const PairTermParameters& parameters,
+                                                                    const ScalarPair& pair, bool prefix_pair) {
+  PairWeightTerms<double> out{0.0, 1.0};
+  visit_pair_terms(parameters, [&](const auto& terms, const auto& prefix_terms) {
+    if (prefix_pair)
+      out = prefix_terms.weight_terms(pair);
     else
-      visible = mask.log_term(pair) == 0.0;
+      out = terms.weight_terms(pair);
   });
-  return visible;
+  return out;
+}
+
+/// Whether a pair is visible (its log-term is not -inf).
+MFATTN_HOST_DEVICE inline bool visible(const PairWeightTerms<double>& terms) {
+  return terms.log_term != negative_infinity();
+}
+
+/// The pair's factor exp(log-term) * multiplier of a visible pair: c_ij (1 without a factor).
+MFATTN_HOST_DEVICE inline double weight_factor(const PairWeightTerms<double>& terms) {
+  return exp(terms.log_term) * terms.multiplier;
 }
 
 }  // namespace MFATTN_CPU_NAMESPACE

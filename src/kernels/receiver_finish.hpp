@@ -21,6 +21,18 @@ MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::kernels {
 inline namespace MFATTN_CPU_NAMESPACE {
 
+/// The Cauchy-Schwarz offset of a receiver whose query has squared norm query_norm2:
+///   B_i = |q_i| max_j |k_j| + bias_bound  >=  max_j l_ij,   l_ij = <q_i, k_j> + b_j + log m_ij c_ij
+/// (bias_bound = max(0, max_j b_j): a prefix weight above 1 is the only positive bias), so that
+/// every shifted term exp(l_ij - B_i) is at most 1; attained for Q = K = I. In the units of the
+/// logit (natural, or base 2 where queries and biases carry log2(e)). Real: double, float
+/// promoted to double, or a CPU lane type (its sqrt found beside it).
+template <class Real>
+MFATTN_HOST_DEVICE inline Real cauchy_schwarz_offset(const Real& query_norm2, double largest_key, double bias_bound) {
+  using std::sqrt;
+  return sqrt(query_norm2) * largest_key + bias_bound;
+}
+
 /// The model's numbers that the finish reads.
 struct FinishTerms {
   bool usa = true;              ///< USA (else SA)

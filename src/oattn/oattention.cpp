@@ -257,7 +257,7 @@ void sa_velocity_via_oattention(const Model& model, const double* x, double* vel
                                 std::size_t replica) {
   if (model.normalization != Normalization::Sa)
     throw std::invalid_argument("sa_velocity_via_oattention: USA has no denominator, it is not OAttention");
-  if (model.aux_factor != AuxFactor::None)
+  if (model.pair_terms.factor != AuxFactor::None)
     throw std::invalid_argument("sa_velocity_via_oattention: auxiliary factors are not part of OAttention");
   const std::size_t n = model.n, d = model.d, sources = n + model.prefix_count();
   const bool transported = model.gauge && model.values == ValueTransport::Transported;
@@ -278,13 +278,11 @@ void sa_velocity_via_oattention(const Model& model, const double* x, double* vel
   kernels::prepare_token_operands(model, matrices, x, operands);
   // m_ij: the model's positional mask and the per-prompt rule, as the backends apply them.
   Visibility mask = Visibility::full();
-  if (model.mask != MaskKind::Full || model.per_prompt_mask) {
-    const kernels::PairTermParameters terms = kernels::pair_term_parameters(model);
+  if (model.pair_terms.any()) {
     std::vector<std::uint8_t> m(n * sources);
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t j = 0; j < sources; ++j)
-        m[i * sources + j] = kernels::pair_visible(terms, kernels::scalar_pair(model, i, j),
-                                                   kernels::prompt_rule_applies(model, i, j));
+        m[i * sources + j] = kernels::visible(kernels::model_pair_weight_terms(model, i, j));
     mask = Visibility::dense(n, sources, std::move(m));
   }
   OAttentionOptions options;

@@ -3,8 +3,8 @@
 #include <Eigen/Dense>
 #include <omp.h>
 
-#include "kernels/pair_statistics.hpp"
-#include "kernels/vector_math.hpp"
+#include "backends/cpu/lane_pair_statistics.hpp"
+#include "backends/cpu/vector_math.hpp"
 #include "mfattn/backend.hpp"
 
 #include <algorithm>

@@ -97,10 +97,10 @@ Model make_model(const Spec& s) {
   model.position_dim = 1;
   model.positions.resize(model.n);
   for (std::size_t i = 0; i < model.n; ++i) model.positions[i] = double(i);
-  model.mask = s.mask;
-  model.window = s.window;
-  model.aux_factor = s.aux;
-  model.aux_lambda = s.aux_lambda;
+  model.pair_terms.mask = s.mask;
+  model.pair_terms.window = s.window;
+  model.pair_terms.factor = s.aux;
+  model.pair_terms.lambda = s.aux_lambda;
   model.prompts = 1;
   model.prompt_id.assign(model.n, 0);
   if (s.rope) {

@@ -13,7 +13,8 @@ __global__ void pair_weight_factors(kernels::PairTermParameters parameters, cons
   double sum = 0.0;
   for (int j = 0; j < n; ++j) {
     const kernels::ScalarPair pair{positions + i, positions + j, 1, prompts[i], prompts[j]};
-    if (kernels::pair_visible(parameters, pair, true)) sum += kernels::pair_factor(parameters, pair);
+    const kernels::PairWeightTerms<double> terms = kernels::pair_weight_terms(parameters, pair, true);
+    if (kernels::visible(terms)) sum += kernels::weight_factor(terms);
   }
   out[i] = sum;
 }

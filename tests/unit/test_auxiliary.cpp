@@ -36,6 +36,10 @@ TEST(Auxiliary, EveryChoiceAgreesWithTheReferenceBackend) {
        "0.2,0.9,2.5", "--positions", "uniform"},
       {"--geometry", "rope", "--aux-factor", "toeplitz", "--toeplitz-coefficients", "1,0.5",
        "--toeplitz-frequencies", "0.1,0.35", "--null-tokens", "3", "--mask", "causal"},
+      {"--aux-factor", "power", "--aux-power", "1.5"},
+      {"--aux-factor", "power", "--aux-power", "0.7", "--kernel", "sa", "--mask", "causal", "--positions", "random"},
+      {"--aux-factor", "power", "--positions", "grid", "--d", "5", "--mask", "window", "--window", "3",
+       "--null-tokens", "2"},
   };
   for (const auto& extra : cases) {
     const auto args = with({"--n", "37", "--beta", "1.5", "--seed", "6", "--horizon", "0.5",
@@ -129,7 +133,8 @@ TEST(Auxiliary, EnergyAscendsForEveryGradientFlowKernel) {
       {"--aux-factor", "distance", "--aux-lambda", "0.1"}, {"--aux-factor", "gaussian", "--aux-sigma", "8"},
       {"--aux-factor", "cosine", "--positions", "uniform"}, {"--geometry", "rope", "--kernel", "sa"},
       {"--aux-factor", "toeplitz", "--toeplitz-coefficients", "1,-0.4,0.3", "--toeplitz-frequencies",
-       "0.15,0.6,1.7", "--positions", "uniform"}};
+       "0.15,0.6,1.7", "--positions", "uniform"},
+      {"--aux-factor", "power", "--aux-power", "0.8"}, {"--aux-factor", "power", "--aux-power", "2", "--kernel", "sa"}};
   for (const auto& extra : kernels) {
     const auto t = simulate(config(with({"--n", "40", "--horizon", "8", "--save-every", "0.1"}, extra)));
     ASSERT_TRUE(t.model.is_gradient_flow());
@@ -257,8 +262,8 @@ TEST(Auxiliary, ToeplitzSeriesIsTheCosineFactorTermByTerm) {
     std::vector<double> expected(state.size(), 0.0), velocity(state.size());
     for (std::size_t k = 0; k < a.size(); ++k) {
       Model term = series;
-      term.aux_factor = AuxFactor::Cosine;
-      term.aux_omega = omega[k];
+      term.pair_terms.factor = AuxFactor::Cosine;
+      term.pair_terms.omega = omega[k];
       make_backend(backend_name, term, 1)->velocity(1, state.x.data(), velocity.data(), nullptr);
       for (std::size_t e = 0; e < expected.size(); ++e) expected[e] += a[k] * velocity[e];
     }

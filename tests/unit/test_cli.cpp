@@ -250,7 +250,7 @@ TEST(Config, ModelTakesTheValueEachChoiceNames) {
     EXPECT_EQ(build_model(testing::config({"--values", std::string(entry.name)})).values, entry.value);
   for (const auto& entry : kAuxFactorChoices) {
     const std::string name(entry.name);
-    EXPECT_EQ(build_model(testing::config({"--aux-factor", name})).aux_factor, entry.value.factor) << name;
+    EXPECT_EQ(build_model(testing::config({"--aux-factor", name})).pair_terms.factor, entry.value.factor) << name;
     // The rules read the table's properties, so a factor that changes sign is refused with SA.
     const std::string with_sa =
         usage_message({"--aux-factor", name, "--kernel", "sa", "--out", (scratch_dir("choices") / "a.h5").string()});
@@ -258,12 +258,12 @@ TEST(Config, ModelTakesTheValueEachChoiceNames) {
   }
   for (const auto& entry : kMaskChoices) {
     const Model model = build_model(testing::config({"--mask", std::string(entry.name), "--prefix", "1"}));
-    EXPECT_EQ(model.mask, entry.value.kind) << entry.name;
-    EXPECT_EQ(model.per_prompt_mask, entry.value.per_prompt) << entry.name;
+    EXPECT_EQ(model.pair_terms.mask, entry.value.kind) << entry.name;
+    EXPECT_EQ(model.pair_terms.per_prompt, entry.value.per_prompt) << entry.name;
   }
   const Model joined = build_model(testing::config({"--mask", "window+per-prompt", "--prefix", "1"}));
-  EXPECT_EQ(joined.mask, MaskKind::Window);
-  EXPECT_TRUE(joined.per_prompt_mask);
+  EXPECT_EQ(joined.pair_terms.mask, MaskKind::Window);
+  EXPECT_TRUE(joined.pair_terms.per_prompt);
   EXPECT_FALSE(parse_mask("full+per-prompt"));
   EXPECT_FALSE(parse_mask("causal+window"));
   EXPECT_FALSE(parse_mask(""));

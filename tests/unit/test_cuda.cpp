@@ -13,6 +13,7 @@
 #include "backends/cuda/sums_engine.hpp"
 #include "kernels/model_terms.hpp"
 #include "kernels/token_operands.hpp"
+#include "mfattn/integrator.hpp"
 #include "mfattn/run_choices.hpp"
 #include "test_support.hpp"
 
@@ -56,7 +57,6 @@ std::vector<double> velocity_of(Backend& backend, const State& state, std::size_
 /// takes the velocity.
 std::vector<double> absolute_scales(const Model& model, const State& state) {
   const std::size_t n = model.n, d = model.d, sources = n + model.prefix_count();
-  const kernels::PairTermParameters terms = kernels::pair_term_parameters(model);
   std::vector<double> scales(state.replicas * n, 0.0), value(d), product(d);
   kernels::TokenOperands operands;
   for (std::size_t r = 0; r < state.replicas; ++r) {
@@ -65,11 +65,11 @@ std::vector<double> absolute_scales(const Model& model, const State& state) {
     for (std::size_t i = 0; i < n; ++i) {
       double absolute = 0.0, denominator = 0.0;
       for (std::size_t j = 0; j < sources; ++j) {
-        const kernels::ScalarPair pair = kernels::scalar_pair(model, i, j);
-        if (!kernels::pair_visible(terms, pair, kernels::prompt_rule_applies(model, i, j))) continue;
+        const kernels::PairWeightTerms<double> terms = kernels::model_pair_weight_terms(model, i, j);
+        if (!kernels::visible(terms)) continue;
         double score = 0.0;
         for (std::size_t c = 0; c < d; ++c) score += operands.query(i)[c] * operands.key(j)[c];
-        const double weight = operands.presence[j] * kernels::pair_factor(terms, pair) *
+        const double weight = operands.presence[j] * kernels::weight_factor(terms) *
                               std::exp(model.beta * score - model.exponent_shift());
         const double* z = operands.value(j);
         if (model.values == ValueTransport::Transported && model.gauge)
@@ -361,7 +361,14 @@ TEST(CudaEmulation, ResidentStepsAgreeWithTheCpuIntegratorsInFp32) { expect_resi
 std::vector<double> resident_steps(Backend& backend, const RunConfig& cfg, const Model& model, int steps,
                                    int chunk, State* initial = nullptr) {
   State state = initial ? *initial : build_initial_state(cfg, model);
-  const FixedStepMethod method{cfg.integrator, cfg.noise_kappa, static_cast<std::uint64_t>(cfg.seed)};
+  // The method as the integrator hands it to a backend (the integrator table's entry).
+  const std::optional<FixedStepMethod> fixed =
+      make_integrator(IntegratorSettings{.name = cfg.integrator, .noise_kappa = cfg.noise_kappa,
+                                         .seed = static_cast<std::uint64_t>(cfg.seed)})
+          ->fixed_step_method();
+  EXPECT_TRUE(fixed.has_value()) << cfg.integrator;
+  if (!fixed) return {};
+  const FixedStepMethod method = *fixed;
   auto stepper = backend.resident_stepper(method, state.replicas);
   EXPECT_TRUE(stepper != nullptr);
   if (!stepper) return {};
@@ -477,7 +484,7 @@ TEST(CudaEmulation, ResidentFailuresEndTheRunAtTheirStep) {
   state.x[4] = std::nan("");
   const Model heun_model = build_model(config({"--n", "20", "--integrator", "heun"}));  // outlives the backend
   auto backend = cuda_backend(Engine::Emulation, heun_model, Precision::Double, 1);
-  const auto stepper = backend->resident_stepper({"heun"}, 1);
+  const auto stepper = backend->resident_stepper({FixedStepKind::Heun}, 1);
   ASSERT_TRUE(stepper != nullptr);
   const ResidentOutcome outcome = stepper->advance(state.x.data(), 0, 5, 0.1);
   EXPECT_EQ(outcome.steps_done, 0);
@@ -490,7 +497,9 @@ TEST(CudaEmulation, ResidentKernelTakesOnlyWhatItRuns) {
   auto stepper_for = [](const std::vector<std::string>& args, const std::string& method) {
     const Model model = build_model(config(args));
     auto backend = cuda_backend(Engine::Emulation, model, Precision::Double, 1);
-    return backend->resident_stepper({method}, 2) != nullptr;
+    // dopri5 and lie-rk4 hand no fixed-step method to a backend at all.
+    const std::optional<FixedStepMethod> fixed = make_integrator({.name = method})->fixed_step_method();
+    return fixed && backend->resident_stepper(*fixed, 2) != nullptr;
   };
   EXPECT_TRUE(stepper_for({"--n", "1000", "--d", "8", "--prefix", "24"}, "rk4"));
   EXPECT_FALSE(stepper_for({"--n", "1000", "--d", "8", "--prefix", "25"}, "rk4"));

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "backends/cpu/pair_terms.hpp"
+#include "backends/cpu/lane_pair_terms.hpp"
 #include "kernels/model_terms.hpp"
 #include "test_support.hpp"
 
@@ -14,6 +14,14 @@ namespace {
 
 using kernels::PairTermParameters;
 using kernels::ScalarPair;
+
+/// The pair's visibility and factor, as the scalar readers take them (pair_weight_terms).
+bool visible_pair(const PairTermParameters& p, const ScalarPair& pair, bool prefix_pair) {
+  return kernels::visible(kernels::pair_weight_terms(p, pair, prefix_pair));
+}
+double factor_of(const PairTermParameters& p, const ScalarPair& pair) {
+  return kernels::weight_factor(kernels::pair_weight_terms(p, pair, false));
+}
 
 ScalarPair pair_of(const double* receiver, const double* source, std::size_t dim,
                    double receiver_prompt = 0, double source_prompt = 0) {
@@ -24,38 +32,38 @@ TEST(Kernels, MasksHideExactlyThePairsTheirDefinitionHides) {
   const double at_2[] = {2.0}, at_3[] = {3.0}, at_2_again[] = {2.0};
   PairTermParameters causal;
   causal.mask = MaskKind::Causal;
-  EXPECT_TRUE(kernels::pair_visible(causal, pair_of(at_3, at_2, 1), false));   // xi_j = 2 <= 3
-  EXPECT_FALSE(kernels::pair_visible(causal, pair_of(at_2, at_3, 1), false));  // xi_j = 3 > 2
-  EXPECT_TRUE(kernels::pair_visible(causal, pair_of(at_2, at_2_again, 1), false));
+  EXPECT_TRUE(visible_pair(causal, pair_of(at_3, at_2, 1), false));   // xi_j = 2 <= 3
+  EXPECT_FALSE(visible_pair(causal, pair_of(at_2, at_3, 1), false));  // xi_j = 3 > 2
+  EXPECT_TRUE(visible_pair(causal, pair_of(at_2, at_2_again, 1), false));
 
   // Window 5 in k = 2: |(0,0) - (3,4)| = 5 is kept (<=), (3, 4.0000001) is not.
   const double origin[] = {0.0, 0.0}, edge[] = {3.0, 4.0}, beyond[] = {3.0, 4.0000001};
   PairTermParameters window;
   window.mask = MaskKind::Window;
-  window.window_squared = 25.0;
-  EXPECT_TRUE(kernels::pair_visible(window, pair_of(origin, edge, 2), false));
-  EXPECT_FALSE(kernels::pair_visible(window, pair_of(origin, beyond, 2), false));
+  window.window = 5.0;
+  EXPECT_TRUE(visible_pair(window, pair_of(origin, edge, 2), false));
+  EXPECT_FALSE(visible_pair(window, pair_of(origin, beyond, 2), false));
 
   // The per-prompt rule hides another prompt's source, only where the caller applies it.
   PairTermParameters per_prompt;
   per_prompt.per_prompt = true;
-  EXPECT_FALSE(kernels::pair_visible(per_prompt, pair_of(at_2, at_3, 1, 0, 1), true));
-  EXPECT_TRUE(kernels::pair_visible(per_prompt, pair_of(at_2, at_3, 1, 1, 1), true));
-  EXPECT_TRUE(kernels::pair_visible(per_prompt, pair_of(at_2, at_3, 1, 0, 1), false));
+  EXPECT_FALSE(visible_pair(per_prompt, pair_of(at_2, at_3, 1, 0, 1), true));
+  EXPECT_TRUE(visible_pair(per_prompt, pair_of(at_2, at_3, 1, 1, 1), true));
+  EXPECT_TRUE(visible_pair(per_prompt, pair_of(at_2, at_3, 1, 0, 1), false));
   per_prompt.mask = MaskKind::Causal;  // and the mask still applies within a prompt
-  EXPECT_FALSE(kernels::pair_visible(per_prompt, pair_of(at_2, at_3, 1, 1, 1), true));
+  EXPECT_FALSE(visible_pair(per_prompt, pair_of(at_2, at_3, 1, 1, 1), true));
 }
 
 TEST(Kernels, FactorsTakeTheValuesOfTheirFormulas) {
   const double a[] = {1.0, -2.0}, b[] = {4.0, 2.0};  // |a - b| = 5, first difference -3
   PairTermParameters p;
-  EXPECT_EQ(kernels::pair_factor(p, pair_of(a, b, 2)), 1.0);
+  EXPECT_EQ(factor_of(p, pair_of(a, b, 2)), 1.0);
   p.factor = AuxFactor::Distance;
   p.lambda = 0.3;
-  EXPECT_NEAR(kernels::pair_factor(p, pair_of(a, b, 2)), std::exp(-1.5), 1e-15);
+  EXPECT_NEAR(factor_of(p, pair_of(a, b, 2)), std::exp(-1.5), 1e-15);
   p.factor = AuxFactor::Gaussian;
-  p.inverse_two_sigma2 = 0.5 / (2.0 * 2.0);  // sigma = 2
-  EXPECT_NEAR(kernels::pair_factor(p, pair_of(a, b, 2)), std::exp(-25.0 / 8.0), 1e-15);
+  p.sigma = 2.0;
+  EXPECT_NEAR(factor_of(p, pair_of(a, b, 2)), std::exp(-25.0 / 8.0), 1e-15);
 
   // Toeplitz: c(delta) = sum_k a_k cos(omega_k delta) at delta = xi_i - xi_j = 0.3 (even, so
   // the sign of delta does not matter), and the cosine factor is its one-term case.
@@ -69,21 +77,27 @@ TEST(Kernels, FactorsTakeTheValuesOfTheirFormulas) {
     p.toeplitz.frequency[k] = frequency[k];
     expected += coefficient[k] * std::cos(frequency[k] * 0.3);
   }
-  EXPECT_NEAR(kernels::pair_factor(p, pair_of(xi_i, xi_j, 1)), expected, 1e-14);
-  EXPECT_NEAR(kernels::pair_factor(p, pair_of(xi_j, xi_i, 1)), expected, 1e-14);
+  EXPECT_NEAR(factor_of(p, pair_of(xi_i, xi_j, 1)), expected, 1e-14);
+  EXPECT_NEAR(factor_of(p, pair_of(xi_j, xi_i, 1)), expected, 1e-14);
   p.toeplitz.terms = 0;
-  EXPECT_EQ(kernels::pair_factor(p, pair_of(xi_i, xi_j, 1)), 0.0);  // an empty series is 0
+  EXPECT_EQ(factor_of(p, pair_of(xi_i, xi_j, 1)), 0.0);  // an empty series is 0
 
-  Model model;
-  model.aux_factor = AuxFactor::Cosine;
-  model.aux_omega = 0.8;
-  const PairTermParameters cosine = kernels::pair_term_parameters(model);
-  EXPECT_EQ(kernels::pair_factor(cosine, pair_of(xi_i, xi_j, 1)), std::cos(0.8 * (0.7 - 1.0)));
-  // Unequal lists in a Model built in code: read no further than the shorter one.
-  model.aux_factor = AuxFactor::Toeplitz;
-  model.toeplitz_coefficients = {1.0, 2.0, 3.0};
-  model.toeplitz_frequencies = {1.0};
-  EXPECT_EQ(kernels::pair_term_parameters(model).toeplitz.terms, 1u);
+  PairTermParameters cosine;
+  cosine.factor = AuxFactor::Cosine;
+  cosine.omega = 0.8;
+  EXPECT_EQ(factor_of(cosine, pair_of(xi_i, xi_j, 1)), std::cos(0.8 * (0.7 - 1.0)));
+
+  // Power (KERPLE): c = (1 + |xi_i - xi_j|)^(-r), |a - b| = 5: 6^(-r); r = 0 is c = 1 exactly.
+  PairTermParameters power;
+  power.factor = AuxFactor::Power;
+  power.power = 0.5;
+  EXPECT_NEAR(factor_of(power, pair_of(a, b, 2)), 1.0 / std::sqrt(6.0), 1e-15);
+  EXPECT_NEAR(factor_of(power, pair_of(b, a, 2)), 1.0 / std::sqrt(6.0), 1e-15);
+  power.power = 2.0;
+  EXPECT_NEAR(factor_of(power, pair_of(xi_i, xi_j, 1)), 1.0 / (1.3 * 1.3), 1e-15);
+  EXPECT_EQ(factor_of(power, pair_of(xi_i, xi_i, 1)), 1.0);  // delta = 0
+  power.power = 0.0;
+  EXPECT_EQ(factor_of(power, pair_of(a, b, 2)), 1.0);
 }
 
 TEST(Kernels, SymmetryOfTheTermsDecidesTheSymmetricLoop) {
@@ -94,6 +108,9 @@ TEST(Kernels, SymmetryOfTheTermsDecidesTheSymmetricLoop) {
   EXPECT_TRUE(kernels::symmetric_log_terms(p));
   p.mask = MaskKind::Causal;  // not symmetric
   EXPECT_FALSE(kernels::symmetric_log_terms(p));
+  p.mask = MaskKind::Window;
+  p.factor = AuxFactor::Power;  // even and a log-term
+  EXPECT_TRUE(kernels::symmetric_log_terms(p));
   p.mask = MaskKind::Full;
   p.factor = AuxFactor::Toeplitz;  // symmetric, but it multiplies the weight
   EXPECT_FALSE(kernels::symmetric_log_terms(p));
@@ -117,13 +134,16 @@ TEST(Kernels, LaneFormEqualsTheScalarFormLaneByLane) {
   const cpu::ReceiverPosition receiver{receiver_xi, 1.0};
   for (const MaskKind mask : {MaskKind::Full, MaskKind::Causal, MaskKind::Window})
     for (const AuxFactor factor :
-         {AuxFactor::None, AuxFactor::Distance, AuxFactor::Gaussian, AuxFactor::Toeplitz}) {
+         {AuxFactor::None, AuxFactor::Distance, AuxFactor::Gaussian, AuxFactor::Cosine, AuxFactor::Toeplitz,
+          AuxFactor::Power}) {
       PairTermParameters p;
       p.mask = mask;
-      p.window_squared = 1.2;
+      p.window = 1.1;
       p.factor = factor;
       p.lambda = 0.7;
-      p.inverse_two_sigma2 = 0.3;
+      p.sigma = 1.3;
+      p.omega = 2.1;
+      p.power = 0.8;
       p.toeplitz.terms = 2;
       p.toeplitz.coefficient[1] = -0.5;
       p.toeplitz.frequency[1] = 3.0;

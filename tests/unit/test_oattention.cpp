@@ -327,7 +327,7 @@ TEST(ParticleLink, HandBuiltSaModelVelocityIsTangentPartOfOAttention) {
   const oattn::QkvView<double> view{n, n, d, d, state.x.data(), state.x.data(), state.x.data(),
                                     model.presence.data(), model.presence.data()};
   for (const MaskKind mask : {MaskKind::Full, MaskKind::Causal}) {
-    model.mask = mask;
+    model.pair_terms.mask = mask;
     const Visibility visibility = mask == MaskKind::Full ? Visibility::full() : Visibility::causal();
     std::vector<double> oatt(n * d), expected(n * d);
     oattn::oattention_qkv(view, visibility, options, oatt.data());

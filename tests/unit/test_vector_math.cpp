@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/vector_math.hpp"
+#include "backends/cpu/vector_math.hpp"
 #include "mfattn/rng.hpp"
 
 namespace mfattn {

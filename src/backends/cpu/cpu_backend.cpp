@@ -43,10 +43,10 @@
 #include "backends/backend_common.hpp"
 #include "backends/cpu/micro_kernels.hpp"
 #include "backends/cpu/one_sided_loop.hpp"
-#include "backends/cpu/pair_terms.hpp"
+#include "backends/cpu/lane_pair_terms.hpp"
 #include "backends/cpu/symmetric_pairs.hpp"
 #include "backends/cpu/cpu_kernels.hpp"
-#include "kernels/vector_math.hpp"
+#include "backends/cpu/vector_math.hpp"
 #include "kernels/token_operands.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
@@ -141,8 +141,7 @@ class CpuBackend final : public Backend {
                                        [](double p) { return p > 0.0; });
     return small_systems_allowed() && present <= static_cast<std::ptrdiff_t>(kSmallSystemTokens) &&
            model.d <= kSmallDimension &&
-           !model.gauge && model.mask == MaskKind::Full && model.aux_factor == AuxFactor::None &&
-           model.prefix_count() == 0 && !model.per_prompt_mask;
+           !model.gauge && !model.pair_terms.any() && model.prefix_count() == 0;
   }
 
   /// The small-system loop, called by every thread of a team: whole replicas per thread
@@ -279,7 +278,7 @@ class CpuBackend final : public Backend {
     // Every t_ij >= -|q_i| |k_j| - B_i >= -2 max_i B_i: with every source weighing (no
     // -inf bias) and that bound above -1020, no exponent can underflow and the exp skips its
     // select (the same bits).
-    const double largest_offset = std::sqrt(largest_query2) * o.largest_key + o.bias_bound;
+    const double largest_offset = kernels::cauchy_schwarz_offset(largest_query2, o.largest_key, o.bias_bound);
     if (all_present_ && 2.0 * largest_offset < 1020.0)
       receiver_vectors<kDim, false>(r, o, x, matrices, out, work);
     else
@@ -301,7 +300,7 @@ class CpuBackend final : public Backend {
       Lanes query2 = q[0] * q[0];
       for (std::size_t c = 1; c < d; ++c) query2 += q[c] * q[c];
       // B_I >= t_Ij for every source: 2^(t - B) in [0, 1] (up to the rounding of t).
-      const Lanes offset = simd::sqrt(query2) * o.largest_key + o.bias_bound;
+      const Lanes offset = kernels::cauchy_schwarz_offset(query2, o.largest_key, o.bias_bound);
       Lanes sum{}, acc[d] = {};
       auto add = [&](const Lanes& w, std::size_t j) {
         sum += w;
@@ -523,9 +522,7 @@ class CpuBackend final : public Backend {
       Prepared& p = prepared_[r];
       double query_norm2 = 0.0;
       for (std::size_t c = 0; c < d; ++c) query_norm2 += p.queries[i * d + c] * p.queries[i * d + c];
-      // A prefix weight above 1 is the only positive bias; it enters the bound so that every
-      // exp(l_ij - B_i) stays in [0, 1].
-      p.offsets[i] = std::sqrt(query_norm2) * largest_key_[r] + largest_bias_[r];
+      p.offsets[i] = kernels::cauchy_schwarz_offset(query_norm2, largest_key_[r], largest_bias_[r]);
     }
 #pragma omp single
     for (Prepared& p : prepared_) {

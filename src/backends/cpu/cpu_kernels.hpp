@@ -25,7 +25,7 @@ struct KernelSet {
   /// Exponentials per second of the pair loops' own exp (vector_math.hpp), `threads` threads
   /// each on an L1-resident array, for at least min_seconds.
   double (*exp_rate)(int threads, double min_seconds);
-  /// The observables' pair pass for d <= 8 (kernels/pair_statistics.hpp), with_stats as its
+  /// The observables' pair pass for d <= 8 (backends/cpu/lane_pair_statistics.hpp), with_stats as its
   /// kStats: cpu_pair_statistics() of backend.hpp.
   PairStatistics (*pair_statistics)(const double* x, std::size_t d, const std::vector<std::size_t>& tokens,
                                     double close_above, double edge_above, bool with_stats);

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "backends/cpu/cpu_kernels.hpp"
-#include "kernels/pair_statistics.hpp"
-#include "kernels/vector_math.hpp"
+#include "backends/cpu/lane_pair_statistics.hpp"
+#include "backends/cpu/vector_math.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {

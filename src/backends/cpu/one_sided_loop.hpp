@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "backends/cpu/micro_kernels.hpp"
-#include "backends/cpu/pair_terms.hpp"
-#include "kernels/vector_math.hpp"
+#include "backends/cpu/lane_pair_terms.hpp"
+#include "backends/cpu/vector_math.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {

@@ -1,7 +1,11 @@
 // The one-sided loop's instantiations (one_sided_loop.hpp) for one auxiliary factor:
-// MFATTN_ONE_SIDED_FACTOR names its type (NoFactor, DistanceFactor, GaussianFactor or
-// ToeplitzFactor, which also serves the cosine factor; CMake compiles this file once for each). Without it, for all four (a build
-// that lists the file once, such as tests/aarch64/run.sh).
+// MFATTN_ONE_SIDED_FACTOR_INDEX is its index in kernels::AuxFactorTypes (CMakeLists.txt reads
+// that list and compiles this file once per factor, so that the copies build side by side).
+// Without it, for every factor of the list (a build that lists the file once, such as
+// tests/aarch64/run.sh).
+#include <tuple>
+#include <utility>
+
 #include "backends/cpu/one_sided_loop.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
@@ -17,18 +21,20 @@ void sweep_panel_with(const PairTerms& pair_terms, const Factor& factor, const P
   });
 }
 
-#define MFATTN_ONE_SIDED_INSTANTIATE(Factor)                                                  \
-  template void sweep_panel_with<Factor>(const PairTerms&, const Factor&, const Prepared&,     \
-                                         BlockSums*, std::size_t, std::size_t);
-#if defined(MFATTN_ONE_SIDED_FACTOR)
-MFATTN_ONE_SIDED_INSTANTIATE(MFATTN_ONE_SIDED_FACTOR)
+#if defined(MFATTN_ONE_SIDED_FACTOR_INDEX)
+using OneFactor = kernels::FactorAt<MFATTN_ONE_SIDED_FACTOR_INDEX>;
+template void sweep_panel_with<OneFactor>(const PairTerms&, const OneFactor&, const Prepared&, BlockSums*,
+                                          std::size_t, std::size_t);
 #else
-MFATTN_ONE_SIDED_INSTANTIATE(NoFactor)
-MFATTN_ONE_SIDED_INSTANTIATE(DistanceFactor)
-MFATTN_ONE_SIDED_INSTANTIATE(GaussianFactor)
-MFATTN_ONE_SIDED_INSTANTIATE(ToeplitzFactor)
+/// The addresses of every factor's sweep_panel_with: an emitted function that refers to each
+/// instantiation makes this translation unit emit them all.
+template <std::size_t... I>
+const void* every_factor_panel(std::index_sequence<I...>) {
+  static const std::tuple panels{&sweep_panel_with<kernels::FactorAt<I>>...};
+  return &panels;
+}
+template const void* every_factor_panel(std::make_index_sequence<kernels::AuxFactorTypes::kCount>);
 #endif
-#undef MFATTN_ONE_SIDED_INSTANTIATE
 
 }  // namespace one_sided
 }  // namespace MFATTN_CPU_NAMESPACE

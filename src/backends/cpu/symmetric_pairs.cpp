@@ -23,7 +23,7 @@ namespace {
 static_assert(kTile % kLargeBlock == kSmallBlock && kTile % kLanes == 0 && kTile % kKeyPanel == 0);
 
 // Full mask, no auxiliary factor: what the logit micro-kernel needs to know of the terms.
-using PlainTerms = Terms<FullMask, NoFactor>;
+using PlainTerms = Terms<kernels::FullMask, kernels::NoFactor>;
 
 // d <= 4: row receivers and lane vectors of sources per step (their exps run in lockstep).
 // Four rows by two vectors: eight exps in lockstep give the out-of-order core enough
@@ -57,14 +57,14 @@ constexpr bool kSymmetricTwoPass = kSymmetricByRegister && simd::kVectorRegister
 bool symmetric_pairs_apply(const Model& model) {
   // The terms declare their symmetry (kernels/pair_terms.hpp); the loop takes log-terms only.
   return model.query_key_identity() &&
-         kernels::symmetric_log_terms(kernels::pair_term_parameters(model)) &&
+         kernels::symmetric_log_terms(model.pair_terms) &&
          model.prefix_count() == 0 && model.beta > 0.0;
 }
 
 SymmetricPairs::SymmetricPairs(const Model& model, const PairTerms& terms)
     : model_(model), mass_(model.mass()), padded_(round_up(std::max<std::size_t>(model.n, 1), kTile)),
       tiles_(padded_ / kTile), stride_(padded_ + kLanes), all_present_(model.every_token_present()) {
-  if (model.mask == MaskKind::Full && model.aux_factor == AuxFactor::None) return;
+  if (model.pair_terms.mask == MaskKind::Full && model.pair_terms.factor == AuxFactor::None) return;
   terms.dispatch([&](const auto& pair_terms, const auto&) {
     // Only log-terms are taken (symmetric_pairs_apply admits no multiplying factor).
     if constexpr (std::decay_t<decltype(pair_terms)>::kHasFactor)
@@ -82,7 +82,7 @@ SymmetricPairs::SymmetricPairs(const Model& model, const PairTerms& terms)
       }
     };
   });
-  if (model.mask != MaskKind::Window) return;
+  if (model.pair_terms.mask != MaskKind::Window) return;
   // Per tile, the box of its tokens' positions. If the boxes of two tiles are farther apart
   // than the window, so is every pair, and all their weights are exact zeros. The pairs'
   // distances are computed with the same kind of operations (differences, squares, sum in
@@ -102,7 +102,7 @@ SymmetricPairs::SymmetricPairs(const Model& model, const PairTerms& terms)
       low[t * dim + a] = lo;
       high[t * dim + a] = hi;
     }
-  const double window_squared = model.window * model.window;
+  const double window_squared = kernels::WindowMask::from(model.pair_terms).window_squared;
   skipped_.assign(tiles_ * tiles_, 0);
   for (std::size_t row = 0; row < tiles_; ++row)
     for (std::size_t column = row; column < tiles_; ++column) {

@@ -43,7 +43,7 @@
 
 
 #include "backends/cpu/micro_kernels.hpp"
-#include "backends/cpu/pair_terms.hpp"
+#include "backends/cpu/lane_pair_terms.hpp"
 #include "mfattn/backend.hpp"
 #include "mfattn/model.hpp"
 

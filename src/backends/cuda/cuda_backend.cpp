@@ -27,15 +27,10 @@ namespace mfattn {
 namespace cuda {
 namespace {
 
-/// True when a mask, a factor or the per-prompt rule is on (the pair loop reads positions).
-bool has_pair_terms(const Model& model) {
-  return model.mask != MaskKind::Full || model.aux_factor != AuxFactor::None || model.per_prompt_mask;
-}
-
 /// Why the CUDA backend cannot take the model ("" when it can), naming the option.
 std::string refusal(const Model& model) {
   std::ostringstream why;
-  const bool terms = has_pair_terms(model);
+  const bool terms = model.pair_terms.any();
   if (model.d > std::size_t(kMaxDim))
     why << "--backend cuda: --d " << model.d << " is above " << kMaxDim
         << ", the largest d the CUDA pair loop takes (use --backend cpu)";
@@ -67,8 +62,8 @@ class CudaBackend final : public Backend {
     args_.sources = int(sources);
     args_.d = int(model.d);
     args_.position_dim = int(k);
-    args_.terms = kernels::pair_term_parameters(model);
-    args_.has_terms = has_pair_terms(model);
+    args_.terms = model.pair_terms;
+    args_.has_terms = model.pair_terms.any();
     bias_.resize(sources);
     largest_bias_ = 0.0;
     for (std::size_t j = 0; j < sources; ++j) {
@@ -193,10 +188,7 @@ class CudaBackend final : public Backend {
       for (std::size_t row = 0; row < replicas * n; ++row) {
         double query2 = 0.0;
         for (std::size_t c = 0; c < d; ++c) query2 += double(queries_[row * d + c]) * double(queries_[row * d + c]);
-        // A prefix weight above 1 is the only positive bias; it enters the bound so that every
-        // 2^(t_ij - B_i) stays at most 1.
-        const double offset = std::sqrt(query2) * largest_key_[row / n] + largest_bias_ * kLog2e;
-        neg_offsets_[row] = Real(-offset);
+        neg_offsets_[row] = Real(-kernels::cauchy_schwarz_offset(query2, largest_key_[row / n], largest_bias_ * kLog2e));
       }
     }
     args_.queries = queries_.data();
@@ -318,17 +310,17 @@ class ResidentSteps final : public ResidentStepper {
   std::vector<long long> failed_step_;
 };
 
-/// The resident kernel's method for a fixed-step integrator, false for one it does not run.
-bool resident_method(const std::string& name, ResidentMethod& method, kernels::FixedTableau& tableau) {
+/// The resident kernel's method for a fixed-step integrator.
+void resident_method(FixedStepKind kind, ResidentMethod& method, kernels::FixedTableau& tableau) {
   method = ResidentMethod::RungeKutta;
-  if (name == "euler") tableau = kernels::kEulerTableau;
-  else if (name == "heun") tableau = kernels::kHeunTableau;
-  else if (name == "rk4") tableau = kernels::kRk4Tableau;
-  else if (name == "euler-unprojected") method = ResidentMethod::EulerUnprojected;
-  else if (name == "lie-euler") method = ResidentMethod::LieEuler;
-  else if (name == "euler-maruyama") method = ResidentMethod::EulerMaruyama;
-  else return false;
-  return true;
+  switch (kind) {
+    case FixedStepKind::Euler: tableau = kernels::kEulerTableau; break;
+    case FixedStepKind::Heun: tableau = kernels::kHeunTableau; break;
+    case FixedStepKind::Rk4: tableau = kernels::kRk4Tableau; break;
+    case FixedStepKind::EulerUnprojected: method = ResidentMethod::EulerUnprojected; break;
+    case FixedStepKind::LieEuler: method = ResidentMethod::LieEuler; break;
+    case FixedStepKind::EulerMaruyama: method = ResidentMethod::EulerMaruyama; break;
+  }
 }
 
 /// Threads per block: the power of two from 32 to kResidentMaxThreads nearest above n.
@@ -342,7 +334,7 @@ template <class Real>
 std::unique_ptr<ResidentStepper> CudaBackend<Real>::resident_stepper(const FixedStepMethod& method,
                                                                      std::size_t replicas) {
   ResidentArgs<Real> a;
-  if (!resident_method(method.name, a.method, a.tableau)) return nullptr;
+  resident_method(method.kind, a.method, a.tableau);
   const std::size_t sources = std::size_t(args_.sources);
   if (model_.d > std::size_t(kResidentMaxDim) || sources > std::size_t(kResidentMaxSources) ||
       model_.n == 0 || replicas == 0)

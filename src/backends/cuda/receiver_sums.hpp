@@ -78,31 +78,6 @@ struct SumsArgs {
   kernels::PairTermParameters terms;
 };
 
-/// The log-term log(m_ij c_ij) (0, a log-factor, or -inf for a hidden pair) and the
-/// multiplier c_ij (a sign-changing factor, else 1) of one pair. prefix_source: the source
-/// is a prefix token, to which the per-prompt rule applies.
-MFATTN_HOST_DEVICE inline void pair_terms_of(const kernels::PairTermParameters& parameters,
-                                             const kernels::ScalarPair& pair, bool prefix_source,
-                                             double& log_term, double& factor) {
-  log_term = 0.0;
-  factor = 1.0;
-  kernels::visit_mask(parameters, [&](auto mask) {
-    using Mask = decltype(mask);
-    if (prefix_source && parameters.per_prompt)
-      log_term = kernels::PromptMasked<Mask>{mask}.log_term(pair);
-    else if constexpr (Mask::kActive)
-      log_term = mask.log_term(pair);
-  });
-  if (log_term == kernels::negative_infinity()) return;
-  kernels::visit_factor(parameters, [&](const auto& aux) {
-    using Factor = std::remove_cvref_t<decltype(aux)>;
-    if constexpr (Factor::kLog)
-      log_term += aux.log_term(pair);
-    else if constexpr (Factor::kMultiply)
-      factor = aux.factor(pair);
-  });
-}
-
 /// a * b + c rounded once, in the type of its operands.
 MFATTN_HOST_DEVICE inline double fused(double a, double b, double c) {
 #if defined(__CUDA_ARCH__)
@@ -209,10 +184,12 @@ MFATTN_UNROLL
   if constexpr (kTerms) {
     const kernels::ScalarPair pair{receiver.position, source_position, std::size_t(a.position_dim),
                                    receiver.prompt, double(source_prompt)};
-    double log_term = 0.0, multiplier = 1.0;
-    pair_terms_of(a.terms, pair, source >= a.n, log_term, multiplier);
-    t += Real(kLog2e * log_term);
-    factor = Real(multiplier);
+    // Receivers are moving tokens (numbered below n): the per-prompt rule concerns the pair
+    // when the source is a prefix token.
+    const kernels::PairWeightTerms<double> terms =
+        kernels::pair_weight_terms(a.terms, pair, kernels::pair_has_prefix_token(0, source, a.n));
+    t += Real(kLog2e * terms.log_term);
+    factor = Real(terms.multiplier);
   }
   return t;
 }

@@ -304,7 +304,7 @@ struct ResidentReplica {
         load_receiver<Real, kDim, kExactDim, kTerms>(view, 0, i, receiver);
         double query2 = 0.0;
         for (int c = 0; c < d; ++c) query2 += double(receiver.query[c]) * double(receiver.query[c]);
-        Real neg_offset = Real(-(std::sqrt(query2) * *mem.largest_key + a.largest_bias * kLog2e));
+        Real neg_offset = Real(-kernels::cauchy_schwarz_offset(query2, *mem.largest_key, a.largest_bias * kLog2e));
         ReceiverSums<Real, kDim, kExactDim> sums;
         sum_over_sources<Real, kDim, kExactDim, kTerms>(view, 0, receiver, neg_offset, sums);
         if (!(sums.sum >= kLooseBound)) {

@@ -12,8 +12,7 @@ namespace {
 
 class ReferenceBackend final : public Backend {
  public:
-  explicit ReferenceBackend(const Model& model)
-      : model_(model), terms_(kernels::pair_term_parameters(model)) {}
+  explicit ReferenceBackend(const Model& model) : model_(model) {}
   std::string name() const override { return "reference"; }
 
   void evaluate(std::size_t replicas, const double* x, const FieldOutputs& out) override {
@@ -31,13 +30,12 @@ class ReferenceBackend final : public Backend {
         const double* gq = operands_.query(i);
         // Sources: the n tokens of this replica, then the P frozen prefix tokens.
         for (std::size_t j = 0; j < n + model_.prefix_count(); ++j) {
-          const kernels::ScalarPair pair = kernels::scalar_pair(model_, i, j);
-          if (!kernels::pair_visible(terms_, pair, kernels::prompt_rule_applies(model_, i, j)))
-            continue;
+          const kernels::PairWeightTerms<double> terms = kernels::model_pair_weight_terms(model_, i, j);
+          if (!kernels::visible(terms)) continue;
           const double* gk = operands_.key(j);
           double score = 0.0;
           for (std::size_t c = 0; c < d; ++c) score += gq[c] * gk[c];
-          const double weight = operands_.presence[j] * kernels::pair_factor(terms_, pair) *
+          const double weight = operands_.presence[j] * kernels::weight_factor(terms) *
                                 std::exp(model_.beta * score - shift);
           // v_ij = V G_i^T z_j = V G_i^T G_j x_j (transported) or V x_j (plain), per pair.
           const double* zj = operands_.value(j);
@@ -85,7 +83,6 @@ class ReferenceBackend final : public Backend {
     }
   }
   const Model& model_;
-  const kernels::PairTermParameters terms_;
   kernels::TokenOperands operands_;
 };
 

@@ -9,8 +9,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "kernels/vector_math.hpp"
-#include "kernels/model_terms.hpp"
+#include "backends/cpu/vector_math.hpp"
 #include "kernels/pair_terms.hpp"
 #include "mfattn/model.hpp"
 
@@ -46,14 +45,6 @@ struct SourceLanes {
   simd::Lanes source_prompt() const { return simd::load(sources.prompts.data() + j); }
   double receiver_prompt() const { return receiver_position.prompt; }
 };
-
-using kernels::CausalMask;
-using kernels::DistanceFactor;
-using kernels::FullMask;
-using kernels::GaussianFactor;
-using kernels::NoFactor;
-using kernels::ToeplitzFactor;
-using kernels::WindowMask;
 
 /// A mask and a factor (kernels::PairTerms) bound to the lane-packed source positions: the
 /// terms of a receiver and kLanes sources at once.
@@ -98,7 +89,7 @@ class PairTerms {
   PairTerms(const PairTerms&) = delete;
   PairTerms& operator=(const PairTerms&) = delete;
 
-  explicit PairTerms(const Model& model) : parameters_(kernels::pair_term_parameters(model)) {
+  explicit PairTerms(const Model& model) : parameters_(model.pair_terms) {
     const std::size_t k = model.position_dim, first = prefix_region(model);
     sources_.dim = k;
     sources_.padded_sources = padded_sources(model);

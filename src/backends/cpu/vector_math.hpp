@@ -221,6 +221,12 @@ inline Lanes cos(Lanes v) {
   return v;
 }
 
+/// log(1 + v) of each lane (the C library's, lane by lane: the same bits as in double).
+inline Lanes log1p(Lanes v) {
+  for (std::size_t lane = 0; lane < kLanes; ++lane) v.set(lane, std::log1p(v[lane]));
+  return v;
+}
+
 /// where ? -inf : otherwise, lane by lane: the log-term of hidden pairs (kernels/pair_terms.hpp).
 MFATTN_SIMD_INLINE Lanes hide_where(LaneMask where, Lanes otherwise) {
   return select(where, broadcast(-std::numeric_limits<double>::infinity()), otherwise);

@@ -14,7 +14,7 @@
 #include <optional>
 #include <vector>
 
-#include "kernels/vector_math.hpp"
+#include "backends/cpu/vector_math.hpp"
 #include "mfattn/pair_statistics.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
