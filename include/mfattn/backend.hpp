@@ -15,6 +15,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace mfattn {
@@ -105,10 +106,13 @@ struct BackendOptions {
   Precision precision = Precision::Double;
 };
 
-/// One backend of the registry: its name (the value of --backend) and a line for --help.
+/// One backend of the registry: its name (the value of --backend), a line for --help, and
+/// what the options' rules must know of it.
 struct BackendName {
   const char* name;
   const char* summary;
+  bool takes_float = false;      ///< --precision float is accepted
+  bool uses_cpu_kernels = false; ///< runs the CPU kernel sets (the file records which one)
 };
 
 /// Every backend, in the order --help lists them: the one place their names live (the option
@@ -117,10 +121,17 @@ struct BackendName {
 /// backend that this build lacks (cuda without the toolkit) is still listed; its factory
 /// throws BackendUnavailable saying why.
 inline constexpr BackendName kBackendNames[] = {
-    {"cpu", "tiled, vectorised pair loops on OpenMP threads"},
+    {"cpu", "tiled, vectorised pair loops on OpenMP threads", false, true},
     {"reference", "plain loops in the order of the formulas (the test oracle)"},
-    {"cuda", "NVIDIA GPUs (builds with the CUDA toolkit only)"},
+    {"cuda", "NVIDIA GPUs (builds with the CUDA toolkit only)", true, false},
 };
+
+/// The registry's entry of that name, or nullptr.
+inline const BackendName* find_backend(std::string_view name) {
+  for (const BackendName& entry : kBackendNames)
+    if (entry.name == name) return &entry;
+  return nullptr;
+}
 
 /// The registry's names joined by separator, leaving out `except` (for messages and help).
 inline std::string backend_names_text(const std::string& separator, const std::string& except = "") {

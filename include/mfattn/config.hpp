@@ -11,6 +11,7 @@
 
 #include "mfattn/h5md.hpp"
 #include "mfattn/pair_kinds.hpp"
+#include "mfattn/run_choices.hpp"
 
 namespace mfattn {
 
@@ -34,8 +35,9 @@ struct ConfigEntry {
 };
 
 /// Every resolved option of `mfattn run`. A choice option (kernel, time_scale, q, k, v,
-/// matrices, geometry, positions, values, aux_factor, mask, prefix_init, init) keeps the name given, as
-/// /parameters records it; its table in run_choices.hpp says what the name selects.
+/// matrices, geometry, positions, values, aux_factor, mask, prefix_init, init, integrator,
+/// backend, precision, save_positions) keeps the name given, as /parameters records it;
+/// validate() turns the names into `choices` once, and everything after it reads those.
 struct RunConfig {
   // model
   std::int64_t n = 64;
@@ -107,8 +109,9 @@ struct RunConfig {
   bool quiet = false;
   std::string config;
 
-  /// Derived after parsing: the command line as given, the config file's text, and every
-  /// option as a typed parameter.
+  /// Derived after parsing: the choice options' values (validate()), the command line as
+  /// given, the config file's text, and every option as a typed parameter.
+  RunChoices choices;
   std::string command_line;
   std::string config_text;
   std::vector<Parameter> parameters;
@@ -206,8 +209,11 @@ void store_run_arguments(const std::vector<std::string>& args, const boost::prog
                          boost::program_options::variables_map& vm, RunConfig& cfg);
 
 /// Roughly the bytes a run needs at its peak (state, integrator stages, backend buffers,
-/// one frame of observables, matrices, gauge); see the formula in config.cpp.
-double estimated_memory_bytes(const RunConfig& cfg);
+/// one frame of observables, matrices, gauge) with the given choices; see the formula in
+/// config.cpp.
+double estimated_memory_bytes(const RunConfig& cfg, const RunChoices& choices);
+/// The same for a validated configuration (its own choices).
+inline double estimated_memory_bytes(const RunConfig& cfg) { return estimated_memory_bytes(cfg, cfg.choices); }
 
 /// Physical memory, or the cgroup limit (/sys/fs/cgroup/memory.max) or the address-space
 /// limit (ulimit -v) when that is lower;
@@ -217,8 +223,14 @@ double available_memory_bytes(std::string* source = nullptr);
 /// The parts of a --mask value joined by '+' ("causal+per-prompt" -> {causal, per-prompt}).
 std::vector<std::string> mask_parts(const std::string& mask);
 
-/// Validates values once, before anything is written. Throws UsageError.
-void validate(const RunConfig& cfg);
+/// Validates values once, before anything is written, and returns what the choice options
+/// select (parse_run_arguments stores it in cfg.choices). Throws UsageError.
+RunChoices validate(const RunConfig& cfg);
+
+/// The backend options of a validated configuration: its precision and `threads` threads.
+inline BackendOptions backend_options(const RunConfig& cfg, int threads) {
+  return BackendOptions{threads, cfg.choices.precision};
+}
 
 /// The Toeplitz factor's a_k and omega_k from --toeplitz-coefficients and
 /// --toeplitz-frequencies; UsageError unless each is 1 to 16 finite numbers, of equal length.

@@ -78,6 +78,19 @@ inline constexpr Choice<GeometryKind> kGeometryChoices[] = {
     {"lie", GeometryKind::Lie},
 };
 
+/// What the options' rules and the model builder must know of a geometry.
+/// Planar: its positions are 2-D (k = 2), as rope-axial and rope-mixed pair each plane with
+/// two position coordinates.
+constexpr bool is_planar(GeometryKind kind) {
+  return kind == GeometryKind::RopeAxial || kind == GeometryKind::RopeMixed;
+}
+/// Takes its generators from --generators (lie; the others build theirs).
+constexpr bool takes_generators(GeometryKind kind) { return kind == GeometryKind::Lie; }
+/// Holds a dense d x d matrix per token (lie, rope-conjugated; the rest are 2 x 2 blocks).
+constexpr bool holds_dense_matrices(GeometryKind kind) {
+  return kind == GeometryKind::Lie || kind == GeometryKind::RopeConjugated;
+}
+
 /// The name of kind in kGeometryChoices ("rope-axial").
 std::string geometry_name(GeometryKind kind);
 

@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mfattn/backend.hpp"
@@ -92,10 +93,23 @@ struct IntegratorSettings {
   std::uint64_t seed = 0;             ///< euler-maruyama noise
 };
 
+/// One integrator of the table (src/integrators/integrators.cpp, kIntegrators): its name (the
+/// value of --integrator), whether it takes noise (--noise-kappa > 0, and it needs it), and
+/// its factory. What a resident stepper can run each integrator says itself
+/// (Integrator::fixed_step_method).
+struct IntegratorEntry {
+  const char* name;
+  bool stochastic;
+  std::unique_ptr<Integrator> (*make)(const IntegratorSettings&);
+};
+
+/// The table's entry of that name, or nullptr.
+const IntegratorEntry* find_integrator(std::string_view name);
+
 /// Throws std::invalid_argument for an unknown name.
 std::unique_ptr<Integrator> make_integrator(const IntegratorSettings& settings);
 
-/// Names accepted by make_integrator.
+/// Names accepted by make_integrator, in the table's order.
 const std::vector<std::string>& integrator_names();
 
 struct IntegrationStats {

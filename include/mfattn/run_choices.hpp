@@ -1,21 +1,24 @@
 #pragma once
 /// \file run_choices.hpp
 /// The choice options of `mfattn run` (docs/cli.md): each option's accepted names and what
-/// each one selects, in one table (choice_table.hpp) that run_options' --help, validate()'s
-/// messages and build_model / build_initial_state all read. RunConfig keeps the names as
-/// given, because they are what /parameters records and what sweep case ids are made of;
-/// choice(kKernelOption, cfg.kernel) turns one into its value. Adding a choice is one entry
-/// in its array (and, for a new enum value, the code that acts on it).
+/// each one selects, in one table (choice_table.hpp) that run_options' --help and validate()
+/// read. validate() looks every name up once and returns the values as RunChoices, which
+/// RunConfig::choices holds and everything after validation reads (the model builder, the
+/// initial state, the run); RunConfig keeps the names as given, because they are what
+/// /parameters records and what sweep case ids are made of. Adding a choice is one entry in
+/// its array (and, for a new enum value, the code that acts on it).
 ///
-/// The integrator and backend names are registries of their own (integrator_names(),
-/// kBackendNames): there a name selects a factory, not an enum value.
+/// The integrator and backend names are registries of their own (kIntegrators,
+/// kBackendNames): there a name selects a factory and its properties, not an enum value.
 #include <optional>
 #include <span>
 #include <string>
 
 #include "mfattn/backend.hpp"
 #include "mfattn/choice_table.hpp"
-#include "mfattn/config.hpp"
+#include "mfattn/h5md.hpp"
+#include "mfattn/integrator.hpp"
+#include "mfattn/pair_kinds.hpp"
 #include "mfattn/gauge.hpp"
 #include "mfattn/init.hpp"
 #include "mfattn/model.hpp"
@@ -208,14 +211,6 @@ inline constexpr Choice<InitKind> kInitChoices[] = {
 };
 inline constexpr ChoiceOption<InitKind> kInitOption{.option = "init", .choices = kInitChoices};
 
-/// The value that name selects. validate() has refused every other name already; one that
-/// comes here anyway (a RunConfig made in code) is a UsageError worded as validate()'s.
-template <class Value>
-Value choice(const ChoiceOption<Value>& option, const std::string& name) {
-  if (const Choice<Value>* found = option.find(name)) return found->value;
-  throw UsageError("--" + std::string(option.option) + " " + name + ": " + option.accepted());
-}
-
 inline constexpr Choice<Precision> kPrecisionChoices[] = {
     {"double", Precision::Double, "fp64 throughout"},
     {"float", Precision::Float,
@@ -224,9 +219,26 @@ inline constexpr Choice<Precision> kPrecisionChoices[] = {
 inline constexpr ChoiceOption<Precision> kPrecisionOption{.option = "precision",
                                                           .choices = kPrecisionChoices};
 
-/// The backend options of a validated configuration: its precision and `threads` threads.
-inline BackendOptions backend_options(const RunConfig& cfg, int threads) {
-  return BackendOptions{threads, choice(kPrecisionOption, cfg.precision)};
-}
+/// What validation made of every choice option (validate(), config.hpp): the value each name
+/// selects, looked up once. An option that also takes a file holds nothing (nullopt) when it
+/// names one. The defaults are the options' defaults.
+struct RunChoices {
+  Normalization kernel = Normalization::Usa;
+  TimeScale time_scale = TimeScale::Natural;
+  std::optional<MatrixPreset> q = MatrixPreset::Identity, k = MatrixPreset::Identity,
+                              v = MatrixPreset::Identity;
+  MatrixSharing matrices = MatrixSharing::Shared;
+  GeometryKind geometry = GeometryKind::None;
+  std::optional<PositionLayout> positions = PositionLayout::Index;
+  ValueTransport values = ValueTransport::Transported;
+  AuxFactorChoice aux_factor{AuxFactor::None};
+  MaskSelection mask;
+  std::optional<PrefixPlacement> prefix_init = PrefixPlacement::Random;
+  InitKind init = InitKind::Uniform;
+  PositionFrames save_positions = PositionFrames::All;
+  Precision precision = Precision::Double;
+  const IntegratorEntry* integrator = find_integrator("rk4");
+  const BackendName* backend = &kBackendNames[0];
+};
 
 }  // namespace mfattn

@@ -42,7 +42,7 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
     po::variables_map vm;
     store_run_arguments(args, table, vm, cfg);
     if (cfg.out.empty()) cfg.out = "(bench: no output)";
-    validate(cfg);
+    cfg.choices = validate(cfg);
     // A finite bound: the measurement loop runs until it has passed.
     if (!(min_seconds > 0) || !(min_seconds <= kMaxBenchSeconds))
       throw UsageError("--min-time " + exact_number_text(min_seconds) + ": must be a number of seconds in (0, " +

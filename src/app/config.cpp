@@ -151,14 +151,6 @@ std::string joined(const std::vector<std::string>& names, const std::string& sep
   return text;
 }
 
-/// For the registries (integrators, backends), whose names select factories.
-void require_choice(const std::string& option, const std::string& value,
-                    const std::vector<std::string>& choices) {
-  for (const auto& c : choices)
-    if (value == c) return;
-  reject(option, value, "accepted: " + joined(choices, ", "));
-}
-
 /// The value a choice option's name selects; any other name is refused, naming the option,
 /// the value and the table's names.
 template <class Value>
@@ -697,7 +689,7 @@ std::string format_bytes(double bytes) {
 
 /// Token counts, frame counts and memory, before anything is allocated. Every product is
 /// taken in double (exact far beyond any accepted size) or after bounds that keep int64 exact.
-void validate_sizes(const RunConfig& c) {
+void validate_sizes(const RunConfig& c, const RunChoices& choices) {
   const std::string limit = std::to_string(kMaxRunTokens);
   if (c.n > kMaxRunTokens) reject("n", std::to_string(c.n), "must be an integer in [1, " + limit + "]");
   if (c.d > kMaxRunTokens) reject("d", std::to_string(c.d), "must be an integer in [2, " + limit + "]");
@@ -725,7 +717,7 @@ void validate_sizes(const RunConfig& c) {
              "gives " + format_number(frames) + " frames over the horizon " + format_number(c.horizon) +
                  ", more than the 10^7 accepted");
   }
-  const double needed = estimated_memory_bytes(c);
+  const double needed = estimated_memory_bytes(c, choices);
   std::string source;
   const double available = available_memory_bytes(&source);
   if (needed > available)
@@ -738,7 +730,7 @@ void validate_sizes(const RunConfig& c) {
 
 }  // namespace
 
-double estimated_memory_bytes(const RunConfig& c) {
+double estimated_memory_bytes(const RunConfig& c, const RunChoices& choices) {
   // In doubles, with N = n + null tokens (moving), S = N + prompts * prefix (sources),
   // R replicas, D = d:
   //   16 R N D     state, up to 10 integrator stage buffers (rk4, dopri5, lie-rk4), the
@@ -755,14 +747,12 @@ double estimated_memory_bytes(const RunConfig& c) {
   const double R = double(c.replicas), D = double(c.d);
   double doubles = 16.0 * R * N * D + 4.0 * R * S * (D + 1.0) + 8.0 * D * D + 8.0 * S;
   const double layers = c.regen_period > 0 ? std::ceil(c.horizon / c.regen_period) : 1.0;
-  const double sets = c.matrices == "per-replica" ? R : 1.0;
+  const double sets = choices.matrices == MatrixSharing::PerReplica ? R : 1.0;
   doubles += 3.0 * layers * sets * D * D;
-  const Choice<GeometryKind>* geometry = kGeometryOption.find(c.geometry);
-  if (geometry && (geometry->value == GeometryKind::Lie || geometry->value == GeometryKind::RopeConjugated))
-    doubles += S * D * D;
+  if (holds_dense_matrices(choices.geometry)) doubles += S * D * D;
   double bytes = 8.0 * doubles;
   bytes += double(std::max<std::int64_t>(c.threads, 1)) * N * 24.0;
-  if (const auto mask = parse_mask(c.mask); mask && mask->kind == MaskKind::Window)
+  if (choices.mask.kind == MaskKind::Window)
     bytes += (N / 64.0 + 1.0) * (N / 64.0 + 1.0);
   return bytes;
 }
@@ -803,13 +793,14 @@ double available_memory_bytes(std::string* source) {
   return available;
 }
 
-void validate(const RunConfig& c) {
+RunChoices validate(const RunConfig& c) {
+  RunChoices choices;
   if (c.n < 1) reject("n", std::to_string(c.n), "must be an integer >= 1");
   if (c.d < 2) reject("d", std::to_string(c.d), "must be an integer >= 2");
   require_finite("beta", c.beta);
   if (c.beta < 0) reject("beta", format_number(c.beta), "must be >= 0");
-  const Normalization kernel = require_choice(kKernelOption, c.kernel);
-  const TimeScale time_scale = require_choice(kTimeScaleOption, c.time_scale);
+  const Normalization kernel = choices.kernel = require_choice(kKernelOption, c.kernel);
+  const TimeScale time_scale = choices.time_scale = require_choice(kTimeScaleOption, c.time_scale);
   // USA in natural time weighs the token itself by exp(beta <Q x, K x>) = exp(beta) for
   // Q = K = I: beyond log(DBL_MAX) it overflows at t = 0, and the backends stop.
   if (kernel == Normalization::Usa && time_scale == TimeScale::Natural && c.beta > std::log(DBL_MAX))
@@ -817,14 +808,16 @@ void validate(const RunConfig& c) {
            "with --kernel usa and --time-scale natural the weights exp(beta) overflow double for "
            "beta > 709.78: use --time-scale rescaled (or --kernel sa)");
   {
-    const std::optional<MatrixPreset> presets[] = {require_preset_or_file(kQueryOption, c.q),
-                                                   require_preset_or_file(kKeyOption, c.k),
-                                                   require_preset_or_file(kValueOption, c.v)};
+    choices.q = require_preset_or_file(kQueryOption, c.q);
+    choices.k = require_preset_or_file(kKeyOption, c.k);
+    choices.v = require_preset_or_file(kValueOption, c.v);
+    const std::optional<MatrixPreset> presets[] = {choices.q, choices.k, choices.v};
     const bool random = std::any_of(std::begin(presets), std::end(presets), [](const auto& preset) {
       return preset && is_random_preset(*preset);
     });
     const std::string named = "--q " + shown(c.q) + " --k " + shown(c.k) + " --v " + shown(c.v);
-    if (require_choice(kMatrixSharingOption, c.matrices) == MatrixSharing::PerReplica && !random)
+    choices.matrices = require_choice(kMatrixSharingOption, c.matrices);
+    if (choices.matrices == MatrixSharing::PerReplica && !random)
       reject("matrices", c.matrices,
              "per-replica draws only change random presets, and " + named + " has none");
     require_finite("regen-period", c.regen_period);
@@ -837,15 +830,15 @@ void validate(const RunConfig& c) {
              "the horizon " + format_number(c.horizon) + " would take more than " +
                  std::to_string(kMaxLayers) + " layers");
   }
-  const GeometryKind geometry = require_choice(kGeometryOption, c.geometry);
+  const GeometryKind geometry = choices.geometry = require_choice(kGeometryOption, c.geometry);
   require_finite("rope-base", c.rope_base);
   if (c.rope_base <= 1.0) reject("rope-base", format_number(c.rope_base), "must be > 1");
   if (!c.generators.empty()) require_input_file("generators", c.generators);
-  if (!c.generators.empty() && geometry != GeometryKind::Lie)
+  if (!c.generators.empty() && !takes_generators(geometry))
     reject("generators", c.generators, "needs --geometry lie (got " + c.geometry + ")");
-  require_preset_or_file(kPositionsOption, c.positions);
-  require_choice(kValuesOption, c.values);
-  const AuxFactorChoice aux_factor = require_choice(kAuxFactorOption, c.aux_factor);
+  choices.positions = require_preset_or_file(kPositionsOption, c.positions);
+  choices.values = require_choice(kValuesOption, c.values);
+  const AuxFactorChoice aux_factor = choices.aux_factor = require_choice(kAuxFactorOption, c.aux_factor);
   for (const PairTermNumber& number : kPairTermNumbers) {
     const double value = c.pair_terms.*number.field;
     require_finite(number.option, value);
@@ -866,6 +859,7 @@ void validate(const RunConfig& c) {
                  ", or causal / window joined with per-prompt by + (e.g. causal+per-prompt)");
     if (mask->per_prompt && c.prefix == 0)
       reject("mask", c.mask, "per-prompt needs prefix tokens (--prefix >= 1)");
+    choices.mask = *mask;
   }
   require_finite("window", c.window);
   if (c.window <= 0) reject("window", format_number(c.window), "must be > 0");
@@ -874,7 +868,7 @@ void validate(const RunConfig& c) {
   if (c.prompts > c.n)
     reject("prompts", std::to_string(c.prompts),
            "must be <= n = " + std::to_string(c.n) + " (every prompt needs an active token)");
-  require_preset_or_file(kPrefixInitOption, c.prefix_init);
+  choices.prefix_init = require_preset_or_file(kPrefixInitOption, c.prefix_init);
   require_finite("prefix-weight", c.prefix_weight);
   if (c.prefix_weight <= 0) reject("prefix-weight", format_number(c.prefix_weight), "must be > 0");
   require_finite("prefix-spread", c.prefix_spread);
@@ -890,16 +884,18 @@ void validate(const RunConfig& c) {
   if (c.noise_kappa < 0) reject("noise-kappa", format_number(c.noise_kappa), "must be >= 0");
   if (c.noise_kappa > 0 && !std::isfinite(std::sqrt(2.0 / c.noise_kappa)))
     reject("noise-kappa", format_number(c.noise_kappa), "must be 0 or large enough that sqrt(2/kappa) is finite");
-  require_choice("integrator", c.integrator, integrator_names());
-  if (require_choice(kSavePositionsOption, c.save_positions) == PositionFrames::None && c.save_velocity)
+  choices.integrator = find_integrator(c.integrator);
+  if (!choices.integrator) reject("integrator", c.integrator, "accepted: " + joined(integrator_names(), ", "));
+  choices.save_positions = require_choice(kSavePositionsOption, c.save_positions);
+  if (choices.save_positions == PositionFrames::None && c.save_velocity)
     reject("save-positions", c.save_positions,
            "writes no positions, and --save-velocity writes dx/dt at the frames that have them: "
            "drop --save-velocity or take --save-positions ends or all");
-  if (c.noise_kappa > 0 && c.integrator != "euler-maruyama")
+  if (c.noise_kappa > 0 && !choices.integrator->stochastic)
     reject("noise-kappa", format_number(c.noise_kappa),
            "noise needs --integrator euler-maruyama (got " + c.integrator + ")");
-  if (c.integrator == "euler-maruyama" && c.noise_kappa == 0)
-    reject("integrator", c.integrator, "euler-maruyama needs --noise-kappa > 0");
+  if (choices.integrator->stochastic && c.noise_kappa == 0)
+    reject("integrator", c.integrator, c.integrator + " needs --noise-kappa > 0");
   for (auto [name, value] : {std::pair{"dt", c.dt}, {"rtol", c.rtol}, {"atol", c.atol},
                              {"horizon", c.horizon}}) {
     require_finite(name, value);
@@ -913,7 +909,7 @@ void validate(const RunConfig& c) {
   if (schedules > 1)
     reject("save-every", format_number(c.save_every),
            "give only one of --save-every, --save-times, --save-log");
-  const InitKind init = require_choice(kInitOption, c.init);
+  const InitKind init = choices.init = require_choice(kInitOption, c.init);
   if (init == InitKind::File && c.init_file.empty())
     reject("init", c.init, "--init file needs --init-file FILE");
   if (!c.init_file.empty() && init != InitKind::File)
@@ -941,8 +937,10 @@ void validate(const RunConfig& c) {
   if (c.threads < 0 || c.threads > kMaxThreads)
     reject("threads", std::to_string(c.threads),
            "must be an integer in [0, " + std::to_string(kMaxThreads) + "] (0: automatic)");
-  require_choice("backend", c.backend, backend_names());
-  if (require_choice(kPrecisionOption, c.precision) == Precision::Float && c.backend != "cuda")
+  choices.backend = find_backend(c.backend);
+  if (!choices.backend) reject("backend", c.backend, "accepted: " + joined(backend_names(), ", "));
+  choices.precision = require_choice(kPrecisionOption, c.precision);
+  if (choices.precision == Precision::Float && !choices.backend->takes_float)
     reject("precision", c.precision,
            "needs --backend cuda (the " + c.backend + " backend computes in double; accepted here: double)");
   for (auto [name, value] : {std::pair{"pair-delta", c.pair_delta}, {"cluster-delta", c.cluster_delta}}) {
@@ -955,7 +953,8 @@ void validate(const RunConfig& c) {
            "must lie in [0, 86400] seconds (0: flush every frame)");
   if (c.out.empty()) throw UsageError("--out: missing (the output .h5 file is required)");
   validate_output_path(c.out);
-  validate_sizes(c);
+  validate_sizes(c, choices);
+  return choices;
 }
 
 void store_run_arguments(const std::vector<std::string>& args, const po::options_description& table,
@@ -995,7 +994,7 @@ RunConfig parse_run_arguments(const std::vector<std::string>& args) {
   const auto table = run_options(cfg);
   po::variables_map vm;
   store_run_arguments(args, table, vm, cfg);
-  validate(cfg);
+  cfg.choices = validate(cfg);
   std::ostringstream command_line;
   command_line << "mfattn run";
   for (const auto& arg : args) command_line << ' ' << arg;

@@ -1,4 +1,5 @@
 #include "mfattn/info.hpp"
+#include "mfattn/run_choices.hpp"
 
 #include <iostream>
 #include <string>
@@ -14,8 +15,10 @@ namespace {
 std::string positions_text(const FileSummary& summary) {
   const std::string frames = std::to_string(summary.position_frames) + " frame" +
                              (summary.position_frames == 1 ? "" : "s");
-  if (summary.save_positions == "all") return "every frame (--save-positions all)";
-  if (summary.save_positions == "ends")
+  // The name the file records, read through the option's table (an unknown one reads as none).
+  const std::optional<PositionFrames> kept = kSavePositionsOption.preset(summary.save_positions);
+  if (kept == PositionFrames::All) return "every frame (--save-positions all)";
+  if (kept == PositionFrames::Ends)
     return frames + ": t = 0 and the horizon (--save-positions ends); /run/checkpoint holds the last frame";
   return "none (--save-positions " + summary.save_positions + "); /run/checkpoint holds the last frame";
 }

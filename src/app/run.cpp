@@ -74,12 +74,10 @@ RandomStream matrix_stream(std::uint64_t seed, std::uint64_t which, std::uint64_
   return RandomStream(seed, static_cast<std::uint64_t>(StreamTag::Matrices), which + 4 * layer, set_key);
 }
 
-/// Q, K or V (matrix: kQueryOption, kKeyOption or kValueOption) from identity, a random
-/// preset or the file value names; V's products of Q and K are made by the caller.
-Matrix matrix_option(const ChoiceOption<MatrixPreset>& matrix, const std::string& value, std::size_t d,
-                     RandomStream stream, bool& identity) {
-  const std::string option(matrix.option);
-  const std::optional<MatrixPreset> preset = matrix.preset(value);
+/// Q, K or V (option "q", "k" or "v") from identity, a random preset or, without one, the
+/// file value names; V's products of Q and K are made by the caller.
+Matrix matrix_option(const std::string& option, std::optional<MatrixPreset> preset, const std::string& value,
+                     std::size_t d, RandomStream stream, bool& identity) {
   identity = preset == MatrixPreset::Identity;
   if (identity) return Matrix::Identity(d, d);
   if (preset) return random_matrix(*preset, d, stream);
@@ -103,9 +101,9 @@ AttentionMatrices draw_matrices(const RunConfig& cfg, std::uint64_t layer, std::
   const auto d = static_cast<std::size_t>(cfg.d);
   const auto seed = static_cast<std::uint64_t>(cfg.seed);
   AttentionMatrices m;
-  m.q = matrix_option(kQueryOption, cfg.q, d, matrix_stream(seed, 0, layer, set_key), m.q_identity);
-  m.k = matrix_option(kKeyOption, cfg.k, d, matrix_stream(seed, 1, layer, set_key), m.k_identity);
-  const std::optional<MatrixPreset> v = kValueOption.preset(cfg.v);
+  m.q = matrix_option("q", cfg.choices.q, cfg.q, d, matrix_stream(seed, 0, layer, set_key), m.q_identity);
+  m.k = matrix_option("k", cfg.choices.k, cfg.k, d, matrix_stream(seed, 1, layer, set_key), m.k_identity);
+  const std::optional<MatrixPreset> v = cfg.choices.v;
   if (v == MatrixPreset::PlusQk || v == MatrixPreset::MinusQk) {
     m.v = m.q.transpose() * m.k;
     if (v == MatrixPreset::MinusQk) m.v = -m.v;
@@ -115,13 +113,13 @@ AttentionMatrices draw_matrices(const RunConfig& cfg, std::uint64_t layer, std::
     // as a matrix acting on columns, V = +-B^T / c = +-(Q^T K)^T / c, with c = 1 for the
     // identity form, sqrt(d + 1) for goe-unit, sqrt(d) otherwise.
     const double c = m.q_identity && m.k_identity ? 1.0
-                     : kKeyOption.preset(cfg.k) == MatrixPreset::GoeUnit ? std::sqrt(double(d) + 1.0)
+                     : cfg.choices.k == MatrixPreset::GoeUnit ? std::sqrt(double(d) + 1.0)
                                                                          : std::sqrt(double(d));
     m.v = (m.q.transpose() * m.k).transpose() / c;
     if (v == MatrixPreset::MinusForm) m.v = -m.v;
     m.v_identity = false;
   } else {
-    m.v = matrix_option(kValueOption, cfg.v, d, matrix_stream(seed, 2, layer, set_key), m.v_identity);
+    m.v = matrix_option("v", v, cfg.v, d, matrix_stream(seed, 2, layer, set_key), m.v_identity);
   }
   return m;
 }
@@ -414,7 +412,7 @@ std::string signal_name(int signal) {
 }
 
 std::vector<AttentionMatrices> layer_matrices(const RunConfig& cfg, std::size_t layer) {
-  if (choice(kMatrixSharingOption, cfg.matrices) == MatrixSharing::Shared) return {draw_matrices(cfg, layer, 0)};
+  if (cfg.choices.matrices == MatrixSharing::Shared) return {draw_matrices(cfg, layer, 0)};
   std::vector<AttentionMatrices> sets;
   for (std::int64_t r = 0; r < cfg.replicas; ++r)
     sets.push_back(draw_matrices(cfg, layer, static_cast<std::uint64_t>(r) + 1));
@@ -484,8 +482,8 @@ Model build_model(const RunConfig& cfg) {
   model.n = active + static_cast<std::size_t>(cfg.null_tokens);
   model.d = static_cast<std::size_t>(cfg.d);
   model.beta = cfg.beta;
-  model.normalization = choice(kKernelOption, cfg.kernel);
-  model.time_scale = choice(kTimeScaleOption, cfg.time_scale);
+  model.normalization = cfg.choices.kernel;
+  model.time_scale = cfg.choices.time_scale;
   const auto seed = static_cast<std::uint64_t>(cfg.seed);
   model.matrices = layer_matrices(cfg, 0);
   const bool weighted = !cfg.amplitudes.empty() || cfg.null_tokens > 0;
@@ -509,10 +507,10 @@ Model build_model(const RunConfig& cfg) {
     }
   }
   std::size_t k = 1;
-  const GeometryKind geometry = choice(kGeometryOption, cfg.geometry);
-  const bool planar = geometry == GeometryKind::RopeAxial || geometry == GeometryKind::RopeMixed;
+  const GeometryKind geometry = cfg.choices.geometry;
+  const bool planar = is_planar(geometry);
   // No layout: the positions are read from the file --positions names.
-  const std::optional<PositionLayout> layout = kPositionsOption.preset(cfg.positions);
+  const std::optional<PositionLayout> layout = cfg.choices.positions;
   if (planar || layout == PositionLayout::Grid) k = 2;
   std::vector<double> position_rows;
   const bool positions_from_file = !layout;
@@ -546,7 +544,7 @@ Model build_model(const RunConfig& cfg) {
   if (planar && k != 2)
     throw UsageError("--geometry " + cfg.geometry + ": needs 2-D positions (k = 2), got k = " +
                      std::to_string(k));
-  const AuxFactorChoice aux_factor = choice(kAuxFactorOption, cfg.aux_factor);
+  const AuxFactorChoice aux_factor = cfg.choices.aux_factor;
   if (aux_factor.needs_one_dimensional_positions && k != 1)
     throw UsageError("--aux-factor " + cfg.aux_factor + ": needs 1-D positions (k = 1), got k = " +
                      std::to_string(k));
@@ -595,7 +593,7 @@ Model build_model(const RunConfig& cfg) {
     spec.spread = cfg.prefix_spread;
     spec.normalize_file_rows = cfg.normalize_init;
     // No placement of the table: the prefix contents are read from the file it names.
-    if (const auto placement = kPrefixInitOption.preset(cfg.prefix_init)) {
+    if (const std::optional<PrefixPlacement> placement = cfg.choices.prefix_init) {
       spec.placement = *placement;
     } else {
       spec.placement = PrefixPlacement::File;
@@ -644,16 +642,14 @@ Model build_model(const RunConfig& cfg) {
       throw UsageError("--geometry " + cfg.geometry + ": " + e.what());
     }
   }
-  model.values = choice(kValuesOption, cfg.values);
+  model.values = cfg.choices.values;
   // The option table's numbers as they are (kPairTermNumbers), then the choices and lists.
   model.pair_terms = cfg.pair_terms;
   model.pair_terms.factor = aux_factor.factor;
   // The rule validate() applies, so a RunConfig built in code meets it too.
   if (aux_factor.factor == AuxFactor::Toeplitz) model.pair_terms.toeplitz = toeplitz_series(cfg);
-  const std::optional<MaskSelection> mask = parse_mask(cfg.mask);
-  if (!mask) throw UsageError("--mask " + cfg.mask + ": accepted: " + kMaskOption.names(", ") + " joined by +");
-  model.pair_terms.mask = mask->kind;
-  model.pair_terms.per_prompt = mask->per_prompt;
+  model.pair_terms.mask = cfg.choices.mask.kind;
+  model.pair_terms.per_prompt = cfg.choices.mask.per_prompt;
   model.pair_terms.window = cfg.window;
   model.noise_kappa = cfg.noise_kappa;
   return model;
@@ -698,7 +694,7 @@ State build_initial_state(const RunConfig& cfg, const Model& model) {
   spec.spread = cfg.init_spread;
   spec.rho = cfg.init_rho;
   spec.normalize_file_rows = cfg.normalize_init;
-  spec.kind = choice(kInitOption, cfg.init);
+  spec.kind = cfg.choices.init;
   if (spec.kind == InitKind::File) {
     std::size_t rows = 0;
     try {
@@ -837,7 +833,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     setup.deflate = cfg.deflate;
     setup.fletcher32 = cfg.fletcher32;
     setup.velocity = cfg.save_velocity;
-    setup.position_frames = choice(kSavePositionsOption, cfg.save_positions);
+    setup.position_frames = cfg.choices.save_positions;
     if (const char* user = std::getenv("USER")) setup.author = user;
     setup.observables = observable_layout(model, observable_settings);
     if (cfg.resume) {
@@ -862,7 +858,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     parameters.push_back({"version", std::string(kVersion)});
     parameters.push_back({"source_revision", std::string(kSourceRevision)});
     parameters.push_back({"backend_used", backend->name()});
-    if (cfg.backend == "cpu") parameters.push_back({"cpu_kernels_used", cpu_kernels_name()});
+    if (cfg.choices.backend->uses_cpu_kernels) parameters.push_back({"cpu_kernels_used", cpu_kernels_name()});
     if (const std::string device = backend->device_name(); !device.empty()) {
       parameters.push_back({"device_used", device});
       // Whether the steps run in the device's resident kernel or one evaluation per stage.

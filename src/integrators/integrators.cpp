@@ -449,13 +449,6 @@ void normalize_tokens(const Dynamics& dynamics, double* x) {
 }
 
 namespace {
-/// The integrators, each once: its name and its factory. --integrator's help and validation
-/// (integrator_names) and make_integrator read this table; what a resident stepper can run
-/// each integrator says itself (Integrator::fixed_step_method).
-struct IntegratorEntry {
-  const char* name;
-  std::unique_ptr<Integrator> (*make)(const IntegratorSettings&);
-};
 template <class Method>
 std::unique_ptr<Integrator> make_plain(const IntegratorSettings&) {
   return std::make_unique<Method>();
@@ -473,13 +466,25 @@ std::unique_ptr<Integrator> make_dopri5(const IntegratorSettings& s) {
 std::unique_ptr<Integrator> make_euler_maruyama(const IntegratorSettings& s) {
   return std::make_unique<EulerMaruyama>(s.noise_kappa, s.seed);
 }
+/// The integrators, each once: --integrator's help and validation (integrator_names,
+/// find_integrator) and make_integrator read this table.
 const IntegratorEntry kIntegrators[] = {
-    {"euler", make_fixed_step<euler_tableau>},    {"euler-unprojected", make_plain<EulerUnprojected>},
-    {"heun", make_fixed_step<heun_tableau>},      {"rk4", make_fixed_step<rk4_tableau>},
-    {"lie-euler", make_plain<LieEuler>},          {"lie-rk4", make_plain<LieRk4>},
-    {"dopri5", make_dopri5},                      {"euler-maruyama", make_euler_maruyama},
+    {"euler", false, make_fixed_step<euler_tableau>},
+    {"euler-unprojected", false, make_plain<EulerUnprojected>},
+    {"heun", false, make_fixed_step<heun_tableau>},
+    {"rk4", false, make_fixed_step<rk4_tableau>},
+    {"lie-euler", false, make_plain<LieEuler>},
+    {"lie-rk4", false, make_plain<LieRk4>},
+    {"dopri5", false, make_dopri5},
+    {"euler-maruyama", true, make_euler_maruyama},
 };
 }  // namespace
+
+const IntegratorEntry* find_integrator(std::string_view name) {
+  for (const IntegratorEntry& entry : kIntegrators)
+    if (name == entry.name) return &entry;
+  return nullptr;
+}
 
 const std::vector<std::string>& integrator_names() {
   static const std::vector<std::string> names = [] {
@@ -491,8 +496,7 @@ const std::vector<std::string>& integrator_names() {
 }
 
 std::unique_ptr<Integrator> make_integrator(const IntegratorSettings& s) {
-  for (const IntegratorEntry& entry : kIntegrators)
-    if (s.name == entry.name) return entry.make(s);
+  if (const IntegratorEntry* entry = find_integrator(s.name)) return entry->make(s);
   std::string accepted;
   for (const auto& known : integrator_names()) accepted += (accepted.empty() ? "" : ", ") + known;
   throw std::invalid_argument("--integrator " + s.name + ": unknown (accepted: " + accepted + ")");

@@ -69,7 +69,7 @@ TEST_P(BackendAgreesWithReference, OnEveryModelOption) {
           const std::vector<std::string>& extra = kModelOptions[option];
           const auto factor = std::find(extra.begin(), extra.end(), "--aux-factor");
           const bool sign_changing =
-              factor != extra.end() && choice(kAuxFactorOption, *std::next(factor)).changes_sign;
+              factor != extra.end() && kAuxFactorOption.find(*std::next(factor))->value.changes_sign;
           if (sign_changing && kernel == "sa") continue;
           // Two prompts need two active tokens.
           if (n == "1" && std::find(extra.begin(), extra.end(), "--prompts") != extra.end()) continue;

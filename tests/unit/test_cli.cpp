@@ -216,9 +216,45 @@ void expect_table_drives_option(const ChoiceOption<Value>& option, const std::st
     const std::string name(entry.name);
     const std::string message = usage_message({flag, name, "--out", out});
     EXPECT_EQ(message.find(flag + " " + name + ": accepted:"), std::string::npos) << message;
-    EXPECT_TRUE(choice(option, name) == entry.value) << name;
+    EXPECT_EQ(option.find(name), &entry) << name;  // the name selects this entry's value
     EXPECT_EQ(option.name_of(entry.value), entry.name);
   }
+}
+
+// Validation turns every choice name into its value once (RunConfig::choices); the model
+// builder and the run read those.
+TEST(Config, ValidationReturnsTheTypedChoices) {
+  const RunConfig cfg = testing::config({"--kernel", "sa", "--time-scale", "rescaled", "--q", "goe", "--matrices",
+                                "per-replica", "--geometry", "rope-axial", "--positions", "grid", "--values",
+                                "plain", "--aux-factor", "power", "--mask", "causal+per-prompt", "--prefix", "1",
+                                "--prefix-init", "clustered", "--init", "hemisphere", "--integrator",
+                                "euler-maruyama", "--noise-kappa", "10", "--save-positions", "ends",
+                                "--backend", "reference"});
+  const RunChoices& c = cfg.choices;
+  EXPECT_EQ(c.kernel, Normalization::Sa);
+  EXPECT_EQ(c.time_scale, TimeScale::Rescaled);
+  EXPECT_EQ(c.q, MatrixPreset::Goe);
+  EXPECT_EQ(c.k, MatrixPreset::Identity);
+  EXPECT_EQ(c.matrices, MatrixSharing::PerReplica);
+  EXPECT_EQ(c.geometry, GeometryKind::RopeAxial);
+  EXPECT_EQ(c.positions, PositionLayout::Grid);
+  EXPECT_EQ(c.values, ValueTransport::Plain);
+  EXPECT_EQ(c.aux_factor.factor, AuxFactor::Power);
+  EXPECT_EQ(c.mask.kind, MaskKind::Causal);
+  EXPECT_TRUE(c.mask.per_prompt);
+  EXPECT_EQ(c.prefix_init, PrefixPlacement::Clustered);
+  EXPECT_EQ(c.init, InitKind::Hemisphere);
+  EXPECT_EQ(c.save_positions, PositionFrames::Ends);
+  ASSERT_NE(c.integrator, nullptr);
+  EXPECT_STREQ(c.integrator->name, "euler-maruyama");
+  EXPECT_TRUE(c.integrator->stochastic);
+  ASSERT_NE(c.backend, nullptr);
+  EXPECT_STREQ(c.backend->name, "reference");
+  EXPECT_FALSE(c.backend->takes_float);
+  const Model model = build_model(cfg);
+  EXPECT_EQ(model.normalization, Normalization::Sa);
+  EXPECT_EQ(model.pair_terms.factor, AuxFactor::Power);
+  EXPECT_EQ(model.position_dim, 2u);
 }
 
 TEST(Config, ChoiceTablesDriveHelpValidationAndValues) {
