@@ -307,16 +307,22 @@ std::string oclosure_usage() {
 
 int oclosure_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   OClosureOptions options;
+  // The numeric options, one table: name, range, what a refusal says, and where the value goes.
   struct Numeric {
     const char* name;
     std::uint64_t low, high;
     const char* accepted;
+    void (*store)(OClosureOptions&, std::uint64_t);
   };
   const Numeric numerics[] = {
-      {"--tokens", 1, kMaxTokens, "an integer in 1..2048"},
-      {"--zeros", 1, kMaxZeros, "an integer in 1..2048"},
-      {"--dim", 2, kMaxDim, "an integer in 2..256"},
-      {"--seed", 0, std::numeric_limits<std::uint64_t>::max(), "an integer in 0..18446744073709551615"},
+      {"--tokens", 1, kMaxTokens, "an integer in 1..2048",
+       [](OClosureOptions& o, std::uint64_t v) { o.tokens = static_cast<std::size_t>(v); }},
+      {"--zeros", 1, kMaxZeros, "an integer in 1..2048",
+       [](OClosureOptions& o, std::uint64_t v) { o.zeros = static_cast<std::size_t>(v); }},
+      {"--dim", 2, kMaxDim, "an integer in 2..256",
+       [](OClosureOptions& o, std::uint64_t v) { o.dim = static_cast<std::size_t>(v); }},
+      {"--seed", 0, std::numeric_limits<std::uint64_t>::max(), "an integer in 0..18446744073709551615",
+       [](OClosureOptions& o, std::uint64_t v) { o.seed = v; }},
   };
   OptionsGivenOnce given;
   for (std::size_t k = 0; k < args.size(); ++k) {
@@ -363,11 +369,7 @@ int oclosure_command(const std::vector<std::string>& args, std::ostream& out, st
       err << "mfattn oclosure: " << match->name << " " << value << ": expected " << match->accepted << '\n';
       return kExitUsage;
     }
-    const std::string name = match->name;
-    if (name == "--tokens") options.tokens = static_cast<std::size_t>(*parsed);
-    if (name == "--zeros") options.zeros = static_cast<std::size_t>(*parsed);
-    if (name == "--dim") options.dim = static_cast<std::size_t>(*parsed);
-    if (name == "--seed") options.seed = *parsed;
+    match->store(options, *parsed);
   }
   const OClosureReport report = run_oclosure_experiment(options);
   if (options.json) write_oclosure_json(report, out);

@@ -121,6 +121,23 @@ namespace {
 
 enum class Mechanism { Rope, RopeMixed, PrefixGauge };
 enum class Space { Circle, Torus, Sphere };
+/// The named target laws (docs/realization.md); a --target naming none is a file of samples.
+enum class TargetKind { VmfMixture, Band, Cap, Uniform };
+/// What a contrast run changes: nothing, the gauge for a distance bias, or plain values.
+enum class Contrast { None, DistanceBias, PlainValues };
+
+// The choice options of realize, each one table that parsing, messages and the code read.
+constexpr Choice<Mechanism> kMechanismChoices[] = {
+    {"rope", Mechanism::Rope}, {"rope-mixed", Mechanism::RopeMixed}, {"prefix-gauge", Mechanism::PrefixGauge}};
+constexpr ChoiceOption<Mechanism> kMechanismOption{.option = "mechanism", .choices = kMechanismChoices};
+constexpr Choice<TargetKind> kTargetChoices[] = {{"vmf-mixture", TargetKind::VmfMixture},
+                                                 {"band", TargetKind::Band},
+                                                 {"cap", TargetKind::Cap},
+                                                 {"uniform", TargetKind::Uniform}};
+constexpr ChoiceOption<TargetKind> kTargetOption{.option = "target", .choices = kTargetChoices, .file_help = "FILE"};
+constexpr Choice<Contrast> kContrastChoices[] = {
+    {"none", Contrast::None}, {"distance-bias", Contrast::DistanceBias}, {"plain-values", Contrast::PlainValues}};
+constexpr ChoiceOption<Contrast> kContrastOption{.option = "contrast", .choices = kContrastChoices};
 
 /// The largest --beta accepted (see parse_options).
 constexpr double kMaxRealizeBeta = 3.0;
@@ -132,6 +149,8 @@ constexpr double kRealizedDeviation = 1e-3;
 struct Options {
   std::string target, mechanism_name, out, contrast = "none";
   Mechanism mechanism = Mechanism::Rope;
+  std::optional<TargetKind> target_kind;  ///< none: --target names a file of samples
+  Contrast contrast_kind = Contrast::None;
   std::int64_t n = 256, d = 0, seed = 0, threads = 0;
   double horizon = 30.0, beta = 1.0, dt = 0.1;
   bool pin = true, json = false, overwrite = false;
@@ -195,11 +214,10 @@ Options parse_options(const std::vector<std::string>& args) {
     else if (name == "beta") o.beta = number_option(name, value);
     else if (name == "dt") o.dt = number_option(name, value);
   }
-  if (o.mechanism_name.empty()) throw UsageError("--mechanism: required (accepted: rope, rope-mixed, prefix-gauge)");
-  if (o.mechanism_name == "rope") o.mechanism = Mechanism::Rope;
-  else if (o.mechanism_name == "rope-mixed") o.mechanism = Mechanism::RopeMixed;
-  else if (o.mechanism_name == "prefix-gauge") o.mechanism = Mechanism::PrefixGauge;
-  else reject("mechanism", o.mechanism_name, "accepted: rope, rope-mixed, prefix-gauge");
+  if (o.mechanism_name.empty()) throw UsageError("--mechanism: required (" + kMechanismOption.accepted() + ")");
+  const Choice<Mechanism>* mechanism = kMechanismOption.find(o.mechanism_name);
+  if (!mechanism) reject("mechanism", o.mechanism_name, kMechanismOption.accepted());
+  o.mechanism = mechanism->value;
   const std::int64_t natural_d = o.mechanism == Mechanism::Rope ? 3 : o.mechanism == Mechanism::RopeMixed ? 4 : 3;
   if (o.d == 0) o.d = natural_d;
   if (o.mechanism == Mechanism::Rope && o.d != 3)
@@ -208,10 +226,10 @@ Options parse_options(const std::vector<std::string>& args) {
     reject("d", std::to_string(o.d), "--mechanism rope-mixed realizes laws on the torus orbits of d = 4 (accepted: 4)");
   if (o.mechanism == Mechanism::PrefixGauge && o.d > 16)
     reject("d", std::to_string(o.d), "--mechanism prefix-gauge takes d from 2 to 16");
-  if (o.target.empty()) throw UsageError("--target: required (accepted: vmf-mixture, band, cap, uniform, or a FILE of samples)");
-  static const std::vector<std::string> targets = {"vmf-mixture", "band", "cap", "uniform"};
-  if (std::find(targets.begin(), targets.end(), o.target) == targets.end())
-    require_input_file("target", o.target, "accepted: vmf-mixture, band, cap, uniform, or a FILE of samples");
+  const std::string targets = "accepted: " + kTargetOption.names(", ") + ", or a FILE of samples";
+  if (o.target.empty()) throw UsageError("--target: required (" + targets + ")");
+  o.target_kind = kTargetOption.preset(o.target);
+  if (!o.target_kind) require_input_file("target", o.target, targets);
   if (o.out.empty()) throw UsageError("--out: required (the run's H5MD file)");
   if (!(o.horizon > 0.0)) reject("horizon", exact_number_text(o.horizon), "must be > 0");
   if (!(o.dt > 0.0) || o.dt > o.horizon) reject("dt", exact_number_text(o.dt), "must be > 0 and at most --horizon");
@@ -222,8 +240,9 @@ Options parse_options(const std::vector<std::string>& args) {
     reject("beta", exact_number_text(o.beta),
            "must be in (0, " + exact_number_text(kMaxRealizeBeta) +
                "]: beyond it the values do not collapse to one u within a practical --horizon");
-  if (o.contrast != "none" && o.contrast != "distance-bias" && o.contrast != "plain-values")
-    reject("contrast", o.contrast, "accepted: none, distance-bias, plain-values");
+  const Choice<Contrast>* contrast = kContrastOption.find(o.contrast);
+  if (!contrast) reject("contrast", o.contrast, kContrastOption.accepted());
+  o.contrast_kind = contrast->value;
   if (!o.pin && o.mechanism != Mechanism::PrefixGauge)
     throw UsageError("--no-pin: only with --mechanism prefix-gauge (the prefix token pins u there)");
   return o;
@@ -233,8 +252,10 @@ Options parse_options(const std::vector<std::string>& args) {
 /// (torus) or a unit vector of R^d (sphere). The named laws are docs/realization.md's.
 class TargetLaw {
  public:
-  TargetLaw(const std::string& name, Space space, std::size_t d) : name_(name), space_(space), d_(d) {
-    if (name == "vmf-mixture" || name == "band" || name == "cap" || name == "uniform") return;
+  /// kind: the named law, or none for the file name names.
+  TargetLaw(std::optional<TargetKind> kind, const std::string& name, Space space, std::size_t d)
+      : kind_(kind.value_or(TargetKind::Uniform)), space_(space), d_(d) {
+    if (kind) return;
     std::istringstream file(read_small_text_file("target", name, kMaxNumbersFileBytes));
     std::string line;
     const std::size_t columns = columns_of(space, d);
@@ -295,18 +316,18 @@ class TargetLaw {
     }
   }
   double circle(RandomStream& stream) const {
-    if (name_ == "uniform") return kTwoPi * stream.uniform();
-    if (name_ == "band") return wrap_angle(std::numbers::pi / 2.0 * (stream.uniform() - 0.5));  // an arc of pi/2
-    if (name_ == "cap")  // the circle without the arc (-pi/3, pi/3): a law with a hole
+    if (kind_ == TargetKind::Uniform) return kTwoPi * stream.uniform();
+    if (kind_ == TargetKind::Band) return wrap_angle(std::numbers::pi / 2.0 * (stream.uniform() - 0.5));  // an arc of pi/2
+    if (kind_ == TargetKind::Cap)  // the circle without the arc (-pi/3, pi/3): a law with a hole
       return wrap_angle(std::numbers::pi / 3.0 + (kTwoPi - 2.0 * std::numbers::pi / 3.0) * stream.uniform());
     constexpr double means[] = {0.0, 2.2, 4.1}, kappas[] = {12.0, 6.0, 25.0};
     const int c = component(stream);
     return von_mises(means[c], kappas[c], stream);
   }
   std::vector<double> torus(RandomStream& stream) const {
-    if (name_ == "uniform") return {kTwoPi * stream.uniform(), kTwoPi * stream.uniform()};
-    if (name_ == "band") return {wrap_angle(std::numbers::pi / 2.0 * (stream.uniform() - 0.5)), kTwoPi * stream.uniform()};
-    if (name_ == "cap")
+    if (kind_ == TargetKind::Uniform) return {kTwoPi * stream.uniform(), kTwoPi * stream.uniform()};
+    if (kind_ == TargetKind::Band) return {wrap_angle(std::numbers::pi / 2.0 * (stream.uniform() - 0.5)), kTwoPi * stream.uniform()};
+    if (kind_ == TargetKind::Cap)
       for (;;) {  // the torus without the disc of radius 1.2 around (0, 0)
         const double a = kTwoPi * stream.uniform(), b = kTwoPi * stream.uniform();
         const double da = std::min(a, kTwoPi - a), db = std::min(b, kTwoPi - b);
@@ -331,13 +352,13 @@ class TargetLaw {
   }
   std::vector<double> sphere(RandomStream& stream) const {
     const std::size_t d = d_, last = d - 1;
-    if (name_ == "uniform") return uniform_sphere(stream);
-    if (name_ == "band")  // the latitude band |x_{d-1}| <= 0.3
+    if (kind_ == TargetKind::Uniform) return uniform_sphere(stream);
+    if (kind_ == TargetKind::Band)  // the latitude band |x_{d-1}| <= 0.3
       for (;;) {
         auto x = uniform_sphere(stream);
         if (std::fabs(x[last]) <= 0.3) return x;
       }
-    if (name_ == "cap")  // no mass within 60 degrees of the pole e_{d-1}: a law with a hole
+    if (kind_ == TargetKind::Cap)  // no mass within 60 degrees of the pole e_{d-1}: a law with a hole
       for (;;) {
         auto x = uniform_sphere(stream);
         if (x[last] <= 0.5) return x;
@@ -381,7 +402,7 @@ class TargetLaw {
     return x;
   }
 
-  std::string name_;
+  TargetKind kind_;  // unread when the samples come from a file (rows_)
   Space space_;
   std::size_t d_;
   std::vector<double> rows_;
@@ -504,7 +525,7 @@ int realize(const Options& o, std::ostream& out, std::ostream& err) {
   const std::size_t n = std::size_t(o.n), d = std::size_t(o.d);
   const Space space = space_of(o.mechanism);
   const std::size_t columns = columns_of(space, d);
-  const TargetLaw law(o.target, space, d);
+  const TargetLaw law(o.target_kind, o.target, space, d);
   // Three independent samples: the one realized through the positions, the target sample the
   // file records, and a second one for the noise floor.
   RandomStream realize_stream(std::uint64_t(o.seed), std::uint64_t(StreamTag::Positions), 0x5EA1, 0);
@@ -522,11 +543,11 @@ int realize(const Options& o, std::ostream& out, std::ostream& err) {
   if (o.threads > 0) args.insert(args.end(), {"--threads", std::to_string(o.threads)});
   if (o.overwrite) args.push_back("--overwrite");
   const std::string geometry = o.mechanism == Mechanism::Rope ? "rope" : o.mechanism == Mechanism::RopeMixed ? "rope-mixed" : "lie";
-  if (o.contrast == "distance-bias")
+  if (o.contrast_kind == Contrast::DistanceBias)
     args.insert(args.end(), {"--geometry", "none", "--aux-factor", "distance", "--aux-lambda", "1"});
   else
     args.insert(args.end(), {"--geometry", geometry});
-  if (o.contrast == "plain-values") args.insert(args.end(), {"--values", "plain"});
+  if (o.contrast_kind == Contrast::PlainValues) args.insert(args.end(), {"--values", "plain"});
   const std::string positions_file = scratch.file("positions.txt");
   std::vector<double> positions;
   const std::vector<double> pin = [&] {
@@ -564,7 +585,7 @@ int realize(const Options& o, std::ostream& out, std::ostream& err) {
       for (std::size_t r = 0; r < d; ++r)
         for (std::size_t c = r + 1; c < d; ++c) positions.push_back(a[r * d + c]);
     }
-    if (o.contrast != "distance-bias") args.insert(args.end(), {"--generators", scratch.file("generators.txt")});
+    if (o.contrast_kind != Contrast::DistanceBias) args.insert(args.end(), {"--generators", scratch.file("generators.txt")});
   }
   const std::size_t k = positions.size() / n;
   write_rows(positions_file, positions, k);
@@ -597,7 +618,7 @@ int realize(const Options& o, std::ostream& out, std::ostream& err) {
   std::vector<double> u(d, 0.0), y(d);
   for (std::size_t i = 0; i < n; ++i) {
     const double* x = last.x.data() + i * d;
-    if (model.gauge && o.contrast != "distance-bias") model.gauge->apply(i, x, y.data());
+    if (model.gauge && o.contrast_kind != Contrast::DistanceBias) model.gauge->apply(i, x, y.data());
     else y.assign(x, x + d);
     for (std::size_t c = 0; c < d; ++c) u[c] += y[c];
   }
@@ -607,7 +628,7 @@ int realize(const Options& o, std::ostream& out, std::ostream& err) {
   // How far x_i is from the push-forward G_i^T u.
   double deviation = 0.0;
   for (std::size_t i = 0; i < n; ++i) {
-    if (model.gauge && o.contrast != "distance-bias") model.gauge->apply_transpose(i, u.data(), y.data());
+    if (model.gauge && o.contrast_kind != Contrast::DistanceBias) model.gauge->apply_transpose(i, u.data(), y.data());
     else y = u;
     double gap = 0.0;
     for (std::size_t c = 0; c < d; ++c) gap += (last.x[i * d + c] - y[c]) * (last.x[i * d + c] - y[c]);
@@ -647,7 +668,7 @@ int realize(const Options& o, std::ostream& out, std::ostream& err) {
         << "); max |x_i - G_i^T u| " << deviation << "; " << o.out << " /realization\n";
   }
   // The distance means something only when every x_i is the push-forward of one u.
-  if (o.contrast == "none" && !(deviation <= kRealizedDeviation)) {
+  if (o.contrast_kind == Contrast::None && !(deviation <= kRealizedDeviation)) {
     err << std::setprecision(4) << "mfattn realize: not realized: max |x_i - G_i^T u| = " << deviation << " > "
         << kRealizedDeviation << " at t = " << last.time
         << ", the values did not collapse to one u (take a longer --horizon, a smaller --beta or a smaller --dt)\n";
