@@ -26,6 +26,7 @@
 #include "mfattn/init.hpp"
 #include "mfattn/input_file.hpp"
 #include "mfattn/integrator.hpp"
+#include "mfattn/number_text.hpp"
 #include "mfattn/observables.hpp"
 #include "mfattn/rng.hpp"
 #include "mfattn/run_choices.hpp"
@@ -791,8 +792,8 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     if (!integrator->adaptive() && cfg.horizon / cfg.dt > kMaxFixedSteps) {
       std::ostringstream count;
       count << std::setprecision(3) << cfg.horizon / cfg.dt;
-      throw UsageError("--dt " + exact_number_text(cfg.dt) + ": the horizon " +
-                       exact_number_text(cfg.horizon) + " takes " + count.str() +
+      throw UsageError("--dt " + format_number(cfg.dt) + ": the horizon " +
+                       format_number(cfg.horizon) + " takes " + count.str() +
                        " steps; at most 1e+12 are accepted (take a larger --dt or a shorter --horizon)");
     }
   } catch (const UsageError& e) {
