@@ -1,8 +1,9 @@
 #pragma once
 /// \file number_text.hpp
-/// The one text of a double that mfattn writes wherever a number must read back exactly:
-/// option defaults in --help, /parameters as describe_file and --resume compare them, a
-/// sweep's case values and manifest, JSON, and the values quoted in error messages.
+/// Numbers as text. format_number: the one text of a double that mfattn writes wherever a
+/// number must read back exactly (option defaults in --help, /parameters as describe_file and
+/// --resume compare them, a sweep's case values and manifest, JSON, the values quoted in
+/// error messages). format_seconds: a duration for people (run's progress, sweep's lines).
 #include <string>
 
 namespace mfattn {
@@ -17,5 +18,9 @@ enum class NanSign { Kept, Dropped };
 /// Infinities are "inf" and "-inf"; a NaN is "nan", or "-nan" when its sign bit is set
 /// unless nan_sign is Dropped.
 std::string format_number(double value, NanSign nan_sign = NanSign::Kept);
+
+/// A duration for people: "0.42 s" below 10 s (two decimals: a sweep's short cases), "12.3 s"
+/// below a minute, then hours, minutes and seconds, "0:01:05", "12:00:00" (whole seconds).
+std::string format_seconds(double seconds);
 
 }  // namespace mfattn

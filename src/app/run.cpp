@@ -215,18 +215,6 @@ class Progress {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   }
 
-  static std::string format_seconds(double seconds) {
-    std::ostringstream out;
-    if (seconds < 60) {
-      out << std::fixed << std::setprecision(1) << seconds << " s";
-    } else {
-      const auto total = static_cast<long>(seconds);
-      out << total / 3600 << ':' << std::setw(2) << std::setfill('0') << (total / 60) % 60 << ':'
-          << std::setw(2) << total % 60;
-    }
-    return out.str();
-  }
-
   bool quiet_, terminal_;
   double start_time_, horizon_;
   std::int64_t start_step_;

@@ -23,7 +23,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iomanip>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -36,6 +35,7 @@
 #endif
 
 #include "mfattn/h5md.hpp"
+#include "mfattn/number_text.hpp"
 #include "mfattn/run.hpp"
 #include "mfattn/sweep.hpp"
 #include "io/path_lock.hpp"
@@ -247,12 +247,6 @@ std::string describe_exit(int status) {
   if (code == kExitIo) text += " (I/O failure)";
   if (const int signal = ending_signal(status)) text += " (interrupted by " + signal_name(signal) + ")";
   return text;
-}
-
-std::string format_seconds(double seconds) {
-  std::ostringstream out;
-  out << std::fixed << std::setprecision(seconds < 10 ? 2 : 1) << seconds << " s";
-  return out.str();
 }
 
 /// One case in flight.

@@ -1,5 +1,6 @@
-// The one number formatter (include/mfattn/number_text.hpp): every text reads back as exactly
-// the double it was made from, and none is longer than it needs to be.
+// Numbers as text (include/mfattn/number_text.hpp): every text of format_number reads back as
+// exactly the double it was made from, and none is longer than it needs to be; format_seconds
+// writes the durations of run's progress and sweep's lines.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -14,6 +15,7 @@
 #include "mfattn/number_text.hpp"
 
 using mfattn::format_number;
+using mfattn::format_seconds;
 using mfattn::NanSign;
 
 namespace {
@@ -136,4 +138,15 @@ TEST(NumberText, ExactAndShortestOverBitPatterns) {
   for (std::uint64_t bits : {std::uint64_t{1}, std::uint64_t{2}, std::uint64_t{0x000fffffffffffff},
                              std::uint64_t{0x0008000000000000}, std::uint64_t{0x800fffffffffffff}})
     expect_exact_and_shortest(std::bit_cast<double>(bits));
+}
+
+TEST(NumberText, Seconds) {
+  EXPECT_EQ(format_seconds(0.0), "0.00 s");
+  EXPECT_EQ(format_seconds(0.42), "0.42 s");
+  EXPECT_EQ(format_seconds(3.1), "3.10 s");
+  EXPECT_EQ(format_seconds(12.34), "12.3 s");
+  EXPECT_EQ(format_seconds(59.5), "59.5 s");
+  EXPECT_EQ(format_seconds(65.7), "0:01:05");
+  EXPECT_EQ(format_seconds(3600.0), "1:00:00");
+  EXPECT_EQ(format_seconds(43261.0), "12:01:01");
 }
