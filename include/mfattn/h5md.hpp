@@ -201,9 +201,6 @@ FileSummary describe_file(const std::string& path);
 /// integers in full, doubles as the shortest text that reads back as the same double).
 std::string parameter_text(const ParameterValue& value);
 
-/// The shortest decimal text that reads back as exactly `value` (std::to_chars).
-std::string exact_number_text(double value);
-
 /// True when the file is HDF5 and carries the H5MD root group with creator "mfattn".
 bool is_mfattn_file(const std::string& path);
 

@@ -8,6 +8,7 @@
 
 #include "mfattn/backend.hpp"
 #include "mfattn/config.hpp"
+#include "mfattn/number_text.hpp"
 #include "mfattn/run.hpp"
 #include "mfattn/run_choices.hpp"
 
@@ -45,8 +46,8 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
     cfg.choices = validate(cfg);
     // A finite bound: the measurement loop runs until it has passed.
     if (!(min_seconds > 0) || !(min_seconds <= kMaxBenchSeconds))
-      throw UsageError("--min-time " + exact_number_text(min_seconds) + ": must be a number of seconds in (0, " +
-                       exact_number_text(kMaxBenchSeconds) + "]");
+      throw UsageError("--min-time " + format_number(min_seconds) + ": must be a number of seconds in (0, " +
+                       format_number(kMaxBenchSeconds) + "]");
   } catch (const UsageError& e) {
     err << "mfattn bench: " << e.what() << '\n';
     return kExitUsage;

@@ -4,6 +4,7 @@
 #include "mfattn/gauge.hpp"
 #include "mfattn/input_file.hpp"
 #include "mfattn/integrator.hpp"
+#include "mfattn/number_text.hpp"
 #include "mfattn/run_choices.hpp"
 
 #include <omp.h>
@@ -53,14 +54,6 @@ bool parse_number_list(const std::string& text, std::vector<double>& out) {
 namespace po = boost::program_options;
 
 namespace {
-
-/// Shortest text that reads back as the same double (as exact_number_text, which lives in the
-/// writer: the option parser links without it, in the fuzz target).
-std::string format_number(double value) {
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
-  return std::string(buffer, result.ptr);
-}
 
 template <class T>
 po::typed_value<T>* bound(T& field) {

@@ -21,6 +21,7 @@
 #include "mfattn/h5md.hpp"
 #include "mfattn/init.hpp"
 #include "mfattn/input_file.hpp"
+#include "mfattn/number_text.hpp"
 #include "mfattn/rng.hpp"
 #include "mfattn/run.hpp"
 
@@ -231,14 +232,14 @@ Options parse_options(const std::vector<std::string>& args) {
   o.target_kind = kTargetOption.preset(o.target);
   if (!o.target_kind) require_input_file("target", o.target, targets);
   if (o.out.empty()) throw UsageError("--out: required (the run's H5MD file)");
-  if (!(o.horizon > 0.0)) reject("horizon", exact_number_text(o.horizon), "must be > 0");
-  if (!(o.dt > 0.0) || o.dt > o.horizon) reject("dt", exact_number_text(o.dt), "must be > 0 and at most --horizon");
+  if (!(o.horizon > 0.0)) reject("horizon", format_number(o.horizon), "must be > 0");
+  if (!(o.dt > 0.0) || o.dt > o.horizon) reject("dt", format_number(o.dt), "must be > 0 and at most --horizon");
   // Beyond beta = 3 the transported values split into metastable clusters instead of
   // collapsing to one u within any practical horizon (and natural time's steps overflow):
   // measured at the defaults for every mechanism (docs/realization.md).
   if (!(o.beta > 0.0) || o.beta > kMaxRealizeBeta)
-    reject("beta", exact_number_text(o.beta),
-           "must be in (0, " + exact_number_text(kMaxRealizeBeta) +
+    reject("beta", format_number(o.beta),
+           "must be in (0, " + format_number(kMaxRealizeBeta) +
                "]: beyond it the values do not collapse to one u within a practical --horizon");
   const Choice<Contrast>* contrast = kContrastOption.find(o.contrast);
   if (!contrast) reject("contrast", o.contrast, kContrastOption.accepted());
@@ -537,8 +538,8 @@ int realize(const Options& o, std::ostream& out, std::ostream& err) {
 
   const ScratchFolder scratch;
   std::vector<std::string> args = {"--n", std::to_string(n), "--d", std::to_string(d), "--kernel", "usa", "--beta",
-                                   exact_number_text(o.beta), "--integrator", "rk4", "--dt", exact_number_text(o.dt),
-                                   "--horizon", exact_number_text(o.horizon), "--seed", std::to_string(o.seed),
+                                   format_number(o.beta), "--integrator", "rk4", "--dt", format_number(o.dt),
+                                   "--horizon", format_number(o.horizon), "--seed", std::to_string(o.seed),
                                    "--out", o.out, "--quiet"};
   if (o.threads > 0) args.insert(args.end(), {"--threads", std::to_string(o.threads)});
   if (o.overwrite) args.push_back("--overwrite");

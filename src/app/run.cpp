@@ -1,13 +1,9 @@
 #include "mfattn/run.hpp"
 
 #include <signal.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
-#include <mutex>
-#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -26,9 +22,11 @@
 #include "mfattn/init.hpp"
 #include "mfattn/input_file.hpp"
 #include "mfattn/integrator.hpp"
+#include "mfattn/number_text.hpp"
 #include "mfattn/observables.hpp"
 #include "mfattn/rng.hpp"
 #include "mfattn/run_choices.hpp"
+#include "mfattn/stop_signals.hpp"
 #include "mfattn/version.hpp"
 
 namespace mfattn {
@@ -212,18 +210,6 @@ class Progress {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   }
 
-  static std::string format_seconds(double seconds) {
-    std::ostringstream out;
-    if (seconds < 60) {
-      out << std::fixed << std::setprecision(1) << seconds << " s";
-    } else {
-      const auto total = static_cast<long>(seconds);
-      out << total / 3600 << ':' << std::setw(2) << std::setfill('0') << (total / 60) % 60 << ':'
-          << std::setw(2) << total % 60;
-    }
-    return out.str();
-  }
-
   bool quiet_, terminal_;
   double start_time_, horizon_;
   std::int64_t start_step_;
@@ -233,38 +219,6 @@ class Progress {
   unsigned calls_ = 0;
   bool drawn_ = false, printed_end_ = false;
 };
-
-/// The signal that asked the run to stop (SIGTERM, SIGINT, SIGHUP), 0 while none has. The
-/// handler may run on any thread (OpenMP workers included); a lock-free atomic is safe there.
-std::atomic<int> stop_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free);
-
-/// When the first stop signal came (CLOCK_MONOTONIC nanoseconds).
-std::atomic<std::int64_t> first_stop_ns{0};
-static_assert(std::atomic<std::int64_t>::is_always_lock_free);
-
-std::int64_t monotonic_ns() {
-  struct timespec now {};
-  ::clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
-  return std::int64_t{now.tv_sec} * 1000000000 + now.tv_nsec;
-}
-
-extern "C" void request_stop(int signal) {
-  const std::int64_t now = monotonic_ns();
-  if (stop_signal.load() == 0) {
-    first_stop_ns = now;
-    stop_signal = signal;
-    return;
-  }
-  // A repeat a second or more after the first ends the process at once (an impatient
-  // Ctrl-C). Repeats within the second are the same request delivered twice: a scheduler
-  // that signals every process of a job reaches a sweep's case directly and through the
-  // sweep, and the case must still flush.
-  if (now - first_stop_ns.load() >= 1000000000) {
-    std::signal(signal, SIG_DFL);
-    ::raise(signal);
-  }
-}
 
 /// One thing a run records: a name that says what, when, and the code that computes and
 /// writes it.
@@ -277,49 +231,6 @@ struct RunObserver {
 /// Thrown from the step hook when a stop was requested; the run ends between two steps.
 struct Interrupted {
   int signal;
-};
-
-/// Installs request_stop for the signals a scheduler or a user sends to end a run, and
-/// restores the previous handlers when it goes.
-class StopSignals {
- public:
-  // Runs may overlap in one process (the Python module's threads): the first installs the
-  // handlers, the last restores the ones it found.
-  StopSignals() {
-    const std::lock_guard<std::mutex> lock(mutex());
-    if (users()++ > 0) return;
-    stop_signal = 0;
-    first_stop_ns = 0;
-    for (std::size_t i = 0; i < kSignals.size(); ++i) {
-      struct sigaction action {};
-      action.sa_handler = request_stop;
-      sigemptyset(&action.sa_mask);
-      action.sa_flags = SA_RESTART;
-      ::sigaction(kSignals[i], &action, &previous()[i]);
-    }
-  }
-  ~StopSignals() {
-    const std::lock_guard<std::mutex> lock(mutex());
-    if (--users() > 0) return;
-    for (std::size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &previous()[i], nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  static constexpr std::array<int, 3> kSignals{SIGTERM, SIGINT, SIGHUP};
-  static std::mutex& mutex() {
-    static std::mutex instance;
-    return instance;
-  }
-  static int& users() {
-    static int count = 0;
-    return count;
-  }
-  static std::array<struct sigaction, 3>& previous() {
-    static std::array<struct sigaction, 3> handlers{};
-    return handlers;
-  }
 };
 
 /// The status word of an interruption: the signal's name, or the caller's stop (signal 0).
@@ -763,7 +674,8 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   RunConfig cfg = given;
   // From here on SIGTERM, SIGINT and SIGHUP end the run between two steps, with its file
   // flushed and its status saying so (exit 128 + signal).
-  const StopSignals stop_signals;
+  const StopSignals stop_signals({.keep_ignored = false, .restart_calls = true, .wake_pipe = false,
+                                  .end_on_late_repeat = true});
   // Everything that can be refused is resolved before the output file exists.
   Model model;
   State state;
@@ -784,8 +696,8 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     if (!integrator->adaptive() && cfg.horizon / cfg.dt > kMaxFixedSteps) {
       std::ostringstream count;
       count << std::setprecision(3) << cfg.horizon / cfg.dt;
-      throw UsageError("--dt " + exact_number_text(cfg.dt) + ": the horizon " +
-                       exact_number_text(cfg.horizon) + " takes " + count.str() +
+      throw UsageError("--dt " + format_number(cfg.dt) + ": the horizon " +
+                       format_number(cfg.horizon) + " takes " + count.str() +
                        " steps; at most 1e+12 are accepted (take a larger --dt or a shorter --horizon)");
     }
   } catch (const UsageError& e) {
@@ -805,7 +717,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     log << "mfattn run: " << e.what() << '\n';
     return kExitIo;
   }
-  if (const int signal = stop_signal) {
+  if (const int signal = StopSignals::received()) {
     log << "mfattn run: stopped by " << signal_name(signal) << " before the output file was created\n";
     return 128 + signal;
   }
@@ -1007,7 +919,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   };
   auto after_step = [&](const State& s, const IntegrationStats& counts) {
     so_far = counts;
-    if (const int signal = stop_signal) throw Interrupted{signal};
+    if (const int signal = StopSignals::received()) throw Interrupted{signal};
     if (last_frame_time > flushed_time && progress.line_due(s.time)) flush_frames();
     progress.update(s.time, s.step);
     call_hook(s, false);

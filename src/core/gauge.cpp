@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cassert>
-#include <charconv>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -13,6 +12,7 @@
 
 #include "mfattn/init.hpp"
 #include "mfattn/input_file.hpp"
+#include "mfattn/number_text.hpp"
 #include "mfattn/rng.hpp"
 
 namespace mfattn {
@@ -22,12 +22,6 @@ namespace {
 constexpr std::uint64_t kTag = static_cast<std::uint64_t>(StreamTag::Generators);
 constexpr double kSkewTolerance = 1e-12;
 constexpr double kCommuteTolerance = 1e-12;
-
-std::string fmt(double v) {
-  char buf[64];
-  const auto res = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, res.ptr);
-}
 
 std::uint64_t kind_key(GeometryKind kind) { return static_cast<std::uint64_t>(kind); }
 
@@ -317,11 +311,11 @@ std::string describe_skew_error(const Matrix& a, std::size_t d) {
       if (!(asym <= kSkewTolerance)) {
         if (i == j)
           return "not skew-symmetric: diagonal entry (" + std::to_string(i + 1) + "," +
-                 std::to_string(i + 1) + ") = " + fmt(a(ii, ii)) + " is not 0";
+                 std::to_string(i + 1) + ") = " + format_number(a(ii, ii)) + " is not 0";
         return "not skew-symmetric: entries (" + std::to_string(i + 1) + "," +
-               std::to_string(j + 1) + ") = " + fmt(a(ii, jj)) + " and (" +
+               std::to_string(j + 1) + ") = " + format_number(a(ii, jj)) + " and (" +
                std::to_string(j + 1) + "," + std::to_string(i + 1) + ") = " +
-               fmt(a(jj, ii)) + " do not sum to 0 (|sum| = " + fmt(asym) + " > 1e-12)";
+               format_number(a(jj, ii)) + " do not sum to 0 (|sum| = " + format_number(asym) + " > 1e-12)";
       }
     }
   return {};
@@ -391,7 +385,7 @@ std::shared_ptr<const PositionalGauge> make_gauge(const GaugeSpec& spec,
                                   "geometry 'lie' (which takes any skew generators)");
     if (!std::isfinite(spec.base) || !(spec.base > 0.0))
       throw std::invalid_argument(name + ": base must be finite and > 0 (got " +
-                                  fmt(spec.base) + ")");
+                                  format_number(spec.base) + ")");
   }
 
   switch (spec.kind) {

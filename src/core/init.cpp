@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "mfattn/input_file.hpp"
+#include "mfattn/number_text.hpp"
 #include "mfattn/rng.hpp"
 
 namespace mfattn {
@@ -21,13 +22,6 @@ constexpr std::uint64_t kTag = static_cast<std::uint64_t>(StreamTag::InitialStat
 constexpr std::uint64_t kCentreKeyBase = std::uint64_t{1} << 40;
 constexpr std::uint64_t kRotationKey = std::uint64_t{1} << 41;
 constexpr double kFileNormTolerance = 1e-10;
-
-// Shortest round-trip decimal, so messages show exactly the offending value.
-std::string fmt(double v) {
-  char buf[64];
-  const auto res = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, res.ptr);
-}
 
 double norm(const double* x, std::size_t d) {
   double s = 0.0;
@@ -74,7 +68,7 @@ void fill_clustered(const InitSpec& spec, State& st, std::size_t r) {
   if (spec.clusters < 1)
     throw std::invalid_argument("--init-clusters must be >= 1 (got 0)");
   if (!std::isfinite(spec.spread) || spec.spread < 0.0)
-    throw std::invalid_argument("--init-spread must be finite and >= 0 (got " + fmt(spec.spread) +
+    throw std::invalid_argument("--init-spread must be finite and >= 0 (got " + format_number(spec.spread) +
                                 ")");
   const std::size_t d = st.d;
   const std::size_t used = std::min(spec.clusters, st.n);
@@ -99,9 +93,9 @@ void fill_equiangular(const InitSpec& spec, State& st, std::size_t r) {
   // undershoot (rho typed as -0.3333333333333333 for n = 4) is accepted and clamped.
   const double gram_min = 1.0 + static_cast<double>(n - 1) * rho;
   if (!std::isfinite(rho) || rho >= 1.0 || (n > 1 && gram_min < -1e-12)) {
-    const std::string lo = n > 1 ? fmt(-1.0 / static_cast<double>(n - 1)) : "-inf";
+    const std::string lo = n > 1 ? format_number(-1.0 / static_cast<double>(n - 1)) : "-inf";
     throw std::invalid_argument("--init-rho must be in [-1/(n-1), 1) = [" + lo + ", 1) for n = " +
-                                std::to_string(n) + " (got " + fmt(rho) + ")");
+                                std::to_string(n) + " (got " + format_number(rho) + ")");
   }
   if (n == 0) return;
   const double nd = static_cast<double>(n);
@@ -167,7 +161,7 @@ void fill_file(const InitSpec& spec, State& st, std::size_t r,
       for (std::size_t j = 0; j < d; ++j) x[j] = row[j] / nr;
     } else {
       if (!(std::fabs(nr - 1.0) <= kFileNormTolerance))
-        throw std::invalid_argument(where + " has norm " + fmt(nr) +
+        throw std::invalid_argument(where + " has norm " + format_number(nr) +
                                     ", not 1 (tolerance 1e-10); pass --normalize-init to "
                                     "normalise the rows");
       for (std::size_t j = 0; j < d; ++j) x[j] = row[j];
@@ -212,7 +206,7 @@ std::vector<double> place_prefix(const PrefixSpec& spec) {
     case PrefixPlacement::Clustered: {
       if (!std::isfinite(spec.spread) || spec.spread < 0.0)
         throw std::invalid_argument("--prefix-spread must be finite and >= 0 (got " +
-                                    fmt(spec.spread) + ")");
+                                    format_number(spec.spread) + ")");
       std::vector<double> centre(d);
       for (std::size_t g = 0; g < spec.prompts; ++g) {
         RandomStream centre_stream(spec.seed, kPrefixTag, kCentreKeyBase + g);

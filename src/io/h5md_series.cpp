@@ -8,6 +8,7 @@
 
 #include "io/hdf5_support.hpp"
 #include "mfattn/input_file.hpp"
+#include "mfattn/number_text.hpp"
 
 #include <unistd.h>
 
@@ -106,7 +107,7 @@ struct SeriesFile::Impl {
       double recorded = 0.0;
       if (H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &recorded) < 0 || recorded != static_cast<double>(d))
         foreign("its positions have d = " + std::to_string(d) + " but /parameters records d = " +
-                exact_number_text(recorded));
+                format_number(recorded));
     }
     for (std::size_t r = 0; r < replicas; ++r)
       require_type(group_of_replica(r) + "/position/value", H5T_FLOAT);
@@ -137,10 +138,10 @@ struct SeriesFile::Impl {
     clock_times.resize(std::min(clock_times.size(), frames));
     for (std::size_t t = 0; t < clock_times.size(); ++t) {
       if (!std::isfinite(clock_times[t]))
-        foreign(clock + "time of frame " + std::to_string(t) + " is " + exact_number_text(clock_times[t]));
+        foreign(clock + "time of frame " + std::to_string(t) + " is " + format_number(clock_times[t]));
       if (t > 0 && !(clock_times[t] > clock_times[t - 1]))
-        foreign(clock + "time decreases from " + exact_number_text(clock_times[t - 1]) + " to " +
-                exact_number_text(clock_times[t]) + " at frame " + std::to_string(t));
+        foreign(clock + "time decreases from " + format_number(clock_times[t - 1]) + " to " +
+                format_number(clock_times[t]) + " at frame " + std::to_string(t));
     }
   }
 

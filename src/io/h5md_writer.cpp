@@ -26,6 +26,7 @@
 ///   in turn, each marked complete (its frame number) only after its data has been flushed,
 ///   so a writer killed at any moment leaves the other slot, or both, complete.
 #include "mfattn/h5md.hpp"
+#include "mfattn/number_text.hpp"
 #include "mfattn/series.hpp"
 
 #include <fcntl.h>
@@ -44,7 +45,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <filesystem>
 #include <limits>
 #include <iomanip>
@@ -1626,7 +1626,7 @@ std::string attribute_text(hid_t attribute) {
       std::vector<double> values(static_cast<std::size_t>(std::max<hssize_t>(count, 0)));
       if (!values.empty() && H5Aread(attribute, H5T_NATIVE_DOUBLE, values.data()) < 0) return "?";
       if (values.size() != 1) out << '[';
-      for (std::size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << exact_number_text(values[i]);
+      for (std::size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << format_number(values[i]);
       if (values.size() != 1) out << ']';
       break;
     }
@@ -1654,22 +1654,16 @@ std::vector<std::pair<std::string, std::string>> attributes_of(hid_t object) {
 std::string parameter_text(const ParameterValue& value) {
   std::ostringstream out;
   if (const auto* integer = std::get_if<std::int64_t>(&value)) out << *integer;
-  else if (const auto* real = std::get_if<double>(&value)) out << exact_number_text(*real);
+  else if (const auto* real = std::get_if<double>(&value)) out << format_number(*real);
   else if (const auto* flag = std::get_if<bool>(&value)) out << (*flag ? 1 : 0);
   else if (const auto* text = std::get_if<std::string>(&value)) out << *text;
   else {
     const auto& list = std::get<std::vector<double>>(value);
     if (list.size() != 1) out << '[';
-    for (std::size_t i = 0; i < list.size(); ++i) out << (i ? ", " : "") << exact_number_text(list[i]);
+    for (std::size_t i = 0; i < list.size(); ++i) out << (i ? ", " : "") << format_number(list[i]);
     if (list.size() != 1) out << ']';
   }
   return out.str();
-}
-
-std::string exact_number_text(double value) {
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
-  return std::string(buffer, result.ptr);
 }
 
 FileSummary describe_file(const std::string& path) {

@@ -2,10 +2,11 @@
 // JSON text shared by the commands that print it (analyze --json, the sweep manifest,
 // oclosure --json): strings escaped per RFC 8259, numbers exact, non-finite numbers as null
 // (JSON has no NaN or infinity).
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <string>
+
+#include "mfattn/number_text.hpp"
 
 namespace mfattn::json {
 
@@ -37,10 +38,7 @@ inline std::string quoted(const std::string& text) {
 
 /// The shortest decimal that reads back to the same double; null when not finite.
 inline std::string number(double value) {
-  if (!std::isfinite(value)) return "null";
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
-  return std::string(buffer, result.ptr);
+  return std::isfinite(value) ? format_number(value) : "null";
 }
 
 }  // namespace mfattn::json

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "mfattn/number_text.hpp"
 #include "sweep/sweep_expression.hpp"
 
 namespace mfattn {
@@ -74,22 +75,16 @@ std::string option_named_in(const std::string& message) {
   return message.substr(begin + 3, end - begin - 3);
 }
 
-std::string format_double(double value) {
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
-  return std::string(buffer, result.ptr);
-}
-
 /// Exact text of a parameter value (shortest round-trip for doubles).
 std::string exact_text(const ParameterValue& value) {
   if (const auto* integer = std::get_if<std::int64_t>(&value)) return std::to_string(*integer);
-  if (const auto* real = std::get_if<double>(&value)) return format_double(*real);
+  if (const auto* real = std::get_if<double>(&value)) return format_number(*real);
   if (const auto* flag = std::get_if<bool>(&value)) return *flag ? "true" : "false";
   if (const auto* text = std::get_if<std::string>(&value)) return *text;
   std::string joined;
   for (double x : std::get<std::vector<double>>(value)) {
     if (!joined.empty()) joined += ',';
-    joined += format_double(x);
+    joined += format_number(x);
   }
   return joined;
 }
@@ -549,11 +544,11 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
         // Integral and inside the int64 range (2^63 is exactly representable; it is not in range).
         if (std::floor(value) != value || !(std::fabs(value) < 9223372036854775808.0))
           throw UsageError(at + "--" + plan.derived[k].name + " takes an integer, the expression gives " +
-                           format_double(value) + case_where(c));
+                           format_number(value) + case_where(c));
         value_text = std::to_string(static_cast<std::int64_t>(value));
         value = static_cast<double>(static_cast<std::int64_t>(value));  // no -0 for later expressions
       } else {
-        value_text = format_double(value);
+        value_text = format_number(value);
       }
       derived_numbers.push_back(value);
       c.derived.push_back(value_text);
@@ -579,7 +574,7 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
                                   : *source.fixed;
           if (resolved(source.option) != used)
             throw UsageError(derived_at(plan.derived[k]) + "--" + source.option + " resolves to another value " +
-                             "than the " + format_double(used) + " read from the sweep file" + case_where(c));
+                             "than the " + format_number(used) + " read from the sweep file" + case_where(c));
         }
       }
     }

@@ -23,7 +23,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iomanip>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -36,7 +35,9 @@
 #endif
 
 #include "mfattn/h5md.hpp"
+#include "mfattn/number_text.hpp"
 #include "mfattn/run.hpp"
+#include "mfattn/stop_signals.hpp"
 #include "mfattn/sweep.hpp"
 #include "io/path_lock.hpp"
 
@@ -147,83 +148,15 @@ int available_cores(int local_ranks) {
 }
 
 // ---- Signals ---------------------------------------------------------------------------------
-
-/// SIGTERM, SIGINT and SIGHUP (a closed terminal or ssh session): forwarded to the running
-/// cases, then the sweep stops. `run` treats each of them alike.
-constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGHUP};
-constexpr std::size_t kStopSignalCount = sizeof kStopSignals / sizeof kStopSignals[0];
-
-/// The first stop signal received (0: none), how many arrived, and a pipe the handler writes
-/// to, so that a wait for the children (or for a lock) wakes up at once.
-volatile std::sig_atomic_t g_signal = 0;
-volatile std::sig_atomic_t g_signal_count = 0;
-int g_wake[2] = {-1, -1};
-bool g_installed[kStopSignalCount] = {};
-
-extern "C" void on_stop_signal(int signal) {
-  const int saved = errno;
-  if (g_signal == 0) g_signal = signal;
-  g_signal_count = g_signal_count + 1;
-  if (g_wake[1] >= 0) {
-    const char byte = 1;
-    [[maybe_unused]] const ssize_t written = ::write(g_wake[1], &byte, 1);
-  }
-  errno = saved;
-}
-
-
-/// Installs the stop-signal handlers for as long as it lives (a signal that was ignored when
-/// the sweep started, as under nohup, stays ignored), and restores the previous ones after.
-class StopSignals {
- public:
-  StopSignals() {
-    g_signal = 0;
-    g_signal_count = 0;
-    if (::pipe2(g_wake, O_CLOEXEC | O_NONBLOCK) != 0) g_wake[0] = g_wake[1] = -1;
-    for (std::size_t k = 0; k < kStopSignalCount; ++k) {
-      struct sigaction current {};
-      ::sigaction(kStopSignals[k], nullptr, &current);
-      if (!(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_IGN) continue;
-      struct sigaction action {};
-      action.sa_handler = on_stop_signal;
-      sigemptyset(&action.sa_mask);
-      action.sa_flags = 0;  // no SA_RESTART: a wait returns early
-      if (::sigaction(kStopSignals[k], &action, &previous_[k]) == 0) g_installed[k] = true;
-    }
-  }
-  ~StopSignals() {
-    for (std::size_t k = 0; k < kStopSignalCount; ++k)
-      if (g_installed[k]) {
-        ::sigaction(kStopSignals[k], &previous_[k], nullptr);
-        g_installed[k] = false;
-      }
-    for (int& fd : g_wake)
-      if (fd >= 0) {
-        ::close(fd);
-        fd = -1;
-      }
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  struct sigaction previous_[kStopSignalCount] = {};
-};
-
-/// Empties the wake-up pipe.
-void drain_wake() {
-  if (g_wake[0] < 0) return;
-  char buffer[64];
-  while (::read(g_wake[0], buffer, sizeof buffer) > 0) {
-  }
-}
+// SIGTERM, SIGINT and SIGHUP (mfattn/stop_signals.hpp): forwarded to the running cases, then
+// the sweep stops. `run` treats each of them alike.
 
 /// Waits up to timeout_ms (-1: for ever) or until a stop signal arrives.
 void sleep_or_wake(int timeout_ms) {
-  if (g_wake[0] >= 0) {
-    pollfd fd{g_wake[0], POLLIN, 0};
+  if (const int wake = StopSignals::wake_fd(); wake >= 0) {
+    pollfd fd{wake, POLLIN, 0};
     ::poll(&fd, 1, timeout_ms);
-    drain_wake();
+    StopSignals::drain_wake();
   } else {
     ::usleep(static_cast<useconds_t>(std::clamp(timeout_ms, 0, 20)) * 1000);
   }
@@ -247,12 +180,6 @@ std::string describe_exit(int status) {
   if (code == kExitIo) text += " (I/O failure)";
   if (const int signal = ending_signal(status)) text += " (interrupted by " + signal_name(signal) + ")";
   return text;
-}
-
-std::string format_seconds(double seconds) {
-  std::ostringstream out;
-  out << std::fixed << std::setprecision(seconds < 10 ? 2 : 1) << seconds << " s";
-  return out.str();
 }
 
 /// One case in flight.
@@ -298,14 +225,14 @@ class Runner {
     const auto free_slot = [&] { return running.size() < static_cast<std::size_t>(options_.jobs); };
     for (;;) {
       forward(running);
-      const bool stopping = g_signal != 0;
+      const bool stopping = StopSignals::received() != 0;
       if (!stopping) {
-        while (free_slot() && next < mine.size() && g_signal == 0)
+        while (free_slot() && next < mine.size() && StopSignals::received() == 0)
           launch(plan_.cases[mine[next++]], running, waiting, false);
         if (free_slot() && !waiting.empty() && Clock::now() >= next_look) {
           std::vector<const SweepCase*> still;
           for (const SweepCase* c : waiting) {
-            if (free_slot() && g_signal == 0) launch(*c, running, still, true);
+            if (free_slot() && StopSignals::received() == 0) launch(*c, running, still, true);
             else still.push_back(c);
           }
           waiting.swap(still);
@@ -377,9 +304,9 @@ class Runner {
   /// Sends a stop signal that arrived since the last call to every running case (to its
   /// process group); a second signal sends SIGKILL.
   void forward(std::vector<Child>& running) {
-    const int count = g_signal_count;
+    const int count = StopSignals::count();
     if (count == forwarded_) return;
-    const int signal = forwarded_ > 0 ? SIGKILL : static_cast<int>(g_signal);
+    const int signal = forwarded_ > 0 ? SIGKILL : StopSignals::received();
     for (auto& child : running) {
       if (::kill(-child.pid, signal) != 0) ::kill(child.pid, signal);
       child.signalled = true;
@@ -466,12 +393,7 @@ class Runner {
   /// group (the sweep signals the group), and SIGTERM when the sweep dies, however it dies.
   [[noreturn]] static void exec_child(char* const* argv, int null_fd, int log_fd, int lock_fd, int keep_fd,
                                       pid_t parent, const sigset_t& mask) {
-    for (std::size_t k = 0; k < kStopSignalCount; ++k)
-      if (g_installed[k]) {
-        struct sigaction standard {};
-        standard.sa_handler = SIG_DFL;
-        ::sigaction(kStopSignals[k], &standard, nullptr);
-      }
+    StopSignals::reset_in_child();
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(127);  // the sweep died before prctl took effect
@@ -539,10 +461,11 @@ class Runner {
     const auto begin = std::chrono::steady_clock::now();
     for (;;) {
       if (auto i = ended()) return i;
-      if (g_signal_count != forwarded_) return std::nullopt;  // for the caller to forward
+      if (StopSignals::count() != forwarded_) return std::nullopt;  // for the caller to forward
       const bool pollable = std::all_of(running.begin(), running.end(), [](const Child& c) { return c.pidfd >= 0; });
       std::vector<pollfd> fds;
-      if (g_wake[0] >= 0) fds.push_back({g_wake[0], POLLIN, 0});
+      const int wake = StopSignals::wake_fd();
+      if (wake >= 0) fds.push_back({wake, POLLIN, 0});
       if (pollable)
         for (const auto& c : running) fds.push_back({c.pidfd, POLLIN, 0});
       int wait_ms = pollable ? 1000 : 2;
@@ -552,8 +475,8 @@ class Runner {
         wait_ms = std::min<int>(wait_ms, static_cast<int>(timeout_ms - spent));
       }
       ::poll(fds.data(), fds.size(), wait_ms);
-      if (g_wake[0] >= 0 && !fds.empty() && (fds[0].revents & POLLIN)) {
-        drain_wake();
+      if (wake >= 0 && !fds.empty() && (fds[0].revents & POLLIN)) {
+        StopSignals::drain_wake();
         if (auto i = ended()) return i;
         return std::nullopt;
       }
@@ -582,7 +505,7 @@ class Runner {
     if (child.signalled && code != kExitNumerical) {
       // Stopped by the sweep's own signal: not a failure of the case. Its .part stays for a
       // rerun (which restarts it, or continues it with --resume).
-      const std::string how = signal_name(static_cast<int>(g_signal));
+      const std::string how = signal_name(StopSignals::received());
       std::ofstream(file(c, ".log"), std::ios::app)
           << "mfattn sweep: interrupted: " << how << " (" << describe_exit(status) << ")\n";
       say("interrupted " + c.id + " by " + how + " after " + format_seconds(seconds) + ", " +
@@ -590,7 +513,7 @@ class Runner {
       undone_.interrupted.push_back(c.id);
       return std::nullopt;
     }
-    if (code == kExitUsage && child.resuming && g_signal == 0) {
+    if (code == kExitUsage && child.resuming && StopSignals::received() == 0) {
       say("restart " + c.id + ": its interrupted file cannot be resumed (see " + file(c, ".log").string() + ")");
       remove_file(part);
       child.resuming = false;
@@ -695,7 +618,8 @@ int sweep_command(const std::vector<std::string>& args, std::ostream& out, std::
   std::size_t ran = 0, skipped_complete = 0, waited = 0, failed = 0, not_started = 0;
   Undone undone;
   // Handlers from here to the end: a signal during the manifest still ends in 128 + signal.
-  const StopSignals stop_signals;
+  const StopSignals stop_signals({.keep_ignored = true, .restart_calls = false, .wake_pipe = true,
+                                  .end_on_late_repeat = false});
   if (code == kExitOk) {
     std::ostringstream start;
     start << plan.cases.size() << " cases, " << mine.size() << " in this share";
@@ -741,7 +665,7 @@ int sweep_command(const std::vector<std::string>& args, std::ostream& out, std::
       code = code == kExitOk || code == kExitNumerical ? kExitIo : code;
     }
   }
-  const int signal = static_cast<int>(g_signal);
+  const int signal = StopSignals::received();
   if (signal != 0) {
     std::ostringstream line;
     line << prefix << "stopped by " << signal_name(signal) << ": ";

@@ -17,15 +17,13 @@
 #include <cmath>
 #include <numbers>
 
+#include "mfattn/number_text.hpp"
+
 namespace mfattn {
 namespace {
 
-std::string number_text(double value) {
-  if (std::isnan(value)) return "nan";  // to_chars writes "-nan" for some NaNs; the sign means nothing
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
-  return std::string(buffer, result.ptr);
-}
+/// A value quoted in a message: a NaN without its sign, which means nothing.
+std::string number_text(double value) { return format_number(value, NanSign::Dropped); }
 
 struct Function {
   const char* name;

@@ -1,7 +1,6 @@
 // mfattn sweep, part 2: the status of a case in DIR and the manifest (CSV and JSON).
 #include <unistd.h>
 
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +10,7 @@
 
 #include "io/json_text.hpp"
 #include "mfattn/h5md.hpp"
+#include "mfattn/number_text.hpp"
 #include "mfattn/series.hpp"
 #include "mfattn/sweep.hpp"
 
@@ -59,12 +59,8 @@ FinalRow read_final_row(const std::string& path, const FileSummary& summary) {
   return row;
 }
 
-std::string number_text(double value) {
-  if (!std::isfinite(value)) return std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf");
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
-  return std::string(buffer, result.ptr);
-}
+/// A manifest.csv cell: exact, a NaN without its sign.
+std::string number_text(double value) { return format_number(value, NanSign::Dropped); }
 
 using json::quoted;
 using json::number;

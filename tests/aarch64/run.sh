@@ -60,7 +60,7 @@ sources=(
   src/integrators/integrators.cpp tests/aarch64/kernel_check.cpp src/backends/cpu/kernel_set.cpp
   src/backends/reference/reference_backend.cpp src/backends/backend_common.cpp
   src/backends/cpu/cpu_dispatch.cpp src/core/init.cpp src/core/model.cpp src/core/rng.cpp
-  src/core/input_file.cpp
+  src/core/input_file.cpp src/core/number_text.cpp
   src/backends/cuda/cuda_backend.cpp src/backends/cuda/host_sums.cpp
 )
 # The flags of CMakeLists.txt that matter (Release uses -O3; -O2 here keeps the build short).
