@@ -1,6 +1,7 @@
 #pragma once
 /// \file run.hpp
-/// `mfattn run`: resolved options -> Model, initial State, backend, integrator, H5MD output.
+/// `mfattn run`: resolved options -> Model and initial State (model_builder.hpp), backend,
+/// integrator, H5MD output.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -12,38 +13,13 @@
 #include "mfattn/config.hpp"
 #include "mfattn/h5md.hpp"
 #include "mfattn/model.hpp"
+#include "mfattn/model_builder.hpp"
 #include "mfattn/state.hpp"
 
 namespace mfattn {
 
 /// Exit codes of docs/cli.md.
 enum ExitCode : int { kExitOk = 0, kExitUsage = 2, kExitNumerical = 3, kExitIo = 4 };
-
-/// The Model of a configuration: n active tokens plus null tokens, matrices, presence,
-/// positions, mask. Throws UsageError for unreadable or malformed inputs.
-Model build_model(const RunConfig& cfg);
-
-/// The Q, K, V of layer `layer` (0 without --regen-period): one set shared by every replica,
-/// or one per replica with --matrices per-replica (replica r's from its own stream). Draws
-/// depend only on (seed, layer, replica), never on how many replicas or layers there are.
-std::vector<AttentionMatrices> layer_matrices(const RunConfig& cfg, std::size_t layer);
-
-/// The times at which layers start: 0, then every --regen-period before the horizon.
-std::vector<double> layer_start_times(const RunConfig& cfg);
-
-/// The layer in force at `time`: the last one that started at or before it.
-std::size_t layer_at(const RunConfig& cfg, double time);
-
-/// Fills labels' attention-matrix record: every layer's Q, K, V of every matrix set.
-void record_attention_matrices(const RunConfig& cfg, TokenLabels& labels);
-
-/// What a run writes about its tokens: ids, positions, prompts, presences, the prefix tokens
-/// and the generators the gauge says to record (Gauge::recorded_generators). Throws
-/// std::logic_error when a gauge records a generator that is not d x d.
-TokenLabels token_labels(const Model& model);
-
-/// The initial state (all replicas). Throws UsageError for unusable inputs.
-State build_initial_state(const RunConfig& cfg, const Model& model);
 
 /// Frame times: 0, then every --save-every (default horizon/100), --save-times or
 /// --save-log N log-spaced times in [dt, horizon]; the horizon is always the last frame.

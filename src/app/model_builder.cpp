@@ -1,0 +1,455 @@
+// The model builder: a validated RunConfig (its choices, config.hpp) -> the Model of the run
+// (matrices per layer, presences, positions, prefix tokens, the gauge, the pair terms), the
+// token labels the file records, and the initial state. Everything the run reads of the
+// options after validation goes through here once; the run driver (run.cpp) never reads them
+// for the physics.
+#include "mfattn/model_builder.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <optional>
+#include <stdexcept>
+
+#include "mfattn/gauge.hpp"
+#include "mfattn/h5md.hpp"
+#include "mfattn/init.hpp"
+#include "mfattn/input_file.hpp"
+#include "mfattn/number_text.hpp"
+#include "mfattn/rng.hpp"
+#include "mfattn/run_choices.hpp"
+
+namespace mfattn {
+namespace {
+
+/// A d x d matrix of independent N(0, 1) entries, row by row, from stream.
+Matrix standard_gaussian(RandomStream& stream, std::size_t d) {
+  Matrix a(d, d);
+  for (std::size_t r = 0; r < d; ++r)
+    for (std::size_t c = 0; c < d; ++c) a(r, c) = stream.normal();
+  return a;
+}
+
+/// A random preset's matrix from stream (docs/model.md, "Random matrices").
+Matrix random_matrix(MatrixPreset kind, std::size_t d, RandomStream& stream) {
+  const double size = double(d);
+  const Matrix a = standard_gaussian(stream, d);
+  switch (kind) {
+    case MatrixPreset::Gaussian: return a / std::sqrt(size);  // entries N(0, 1/d)
+    // GOE: symmetric, off-diagonal variance 1/d, diagonal variance 2/d.
+    case MatrixPreset::Goe: return (a + a.transpose()) / std::sqrt(2.0 * size);
+    case MatrixPreset::GaussianProduct: {
+      const Matrix b = standard_gaussian(stream, d);
+      return a * b / std::sqrt(size);
+    }
+    case MatrixPreset::WignerUnit: {
+      // (G + G^T) / sqrt(2) off the diagonal, G_aa on it: every entry has variance 1.
+      Matrix w = (a + a.transpose()) / std::sqrt(2.0);
+      for (std::size_t r = 0; r < d; ++r) w(r, r) = a(r, r);
+      return w;
+    }
+    case MatrixPreset::GoeUnit: return (a + a.transpose()) / std::sqrt(2.0);
+    case MatrixPreset::Wishart: return a * a.transpose() / std::sqrt(size);
+    default: throw std::logic_error("random_matrix: not a random preset");
+  }
+}
+
+/// The stream of matrix `which` (0: Q, 1: K, 2: V) of one layer and matrix set: layer 0 of
+/// the shared set is the stream (seed, Matrices, which) that runs without these options
+/// have always used.
+RandomStream matrix_stream(std::uint64_t seed, std::uint64_t which, std::uint64_t layer,
+                           std::uint64_t set_key) {
+  return RandomStream(seed, static_cast<std::uint64_t>(StreamTag::Matrices), which + 4 * layer, set_key);
+}
+
+/// Q, K or V (option "q", "k" or "v") from identity, a random preset or, without one, the
+/// file value names; V's products of Q and K are made by the caller.
+Matrix matrix_option(const std::string& option, std::optional<MatrixPreset> preset, const std::string& value,
+                     std::size_t d, RandomStream stream, bool& identity) {
+  identity = preset == MatrixPreset::Identity;
+  if (identity) return Matrix::Identity(d, d);
+  if (preset) return random_matrix(*preset, d, stream);
+  std::size_t rows = 0;
+  std::vector<double> numbers;
+  try {
+    numbers = read_text_rows(value, d, rows);
+  } catch (const std::exception& e) {
+    throw UsageError("--" + option + " " + value + ": " + e.what());
+  }
+  if (rows != d)
+    throw UsageError("--" + option + " " + value + ": needs d = " + std::to_string(d) +
+                     " rows of d numbers, found " + std::to_string(rows) + " rows");
+  Matrix m(d, d);
+  std::copy(numbers.begin(), numbers.end(), m.data());
+  return m;
+}
+
+/// The Q, K, V of one layer and matrix set (set_key 0: the shared set, r + 1: replica r's).
+AttentionMatrices draw_matrices(const RunConfig& cfg, std::uint64_t layer, std::uint64_t set_key) {
+  const auto d = static_cast<std::size_t>(cfg.d);
+  const auto seed = static_cast<std::uint64_t>(cfg.seed);
+  AttentionMatrices m;
+  m.q = matrix_option("q", cfg.choices.q, cfg.q, d, matrix_stream(seed, 0, layer, set_key), m.q_identity);
+  m.k = matrix_option("k", cfg.choices.k, cfg.k, d, matrix_stream(seed, 1, layer, set_key), m.k_identity);
+  const std::optional<MatrixPreset> v = cfg.choices.v;
+  if (v == MatrixPreset::PlusQk || v == MatrixPreset::MinusQk) {
+    m.v = m.q.transpose() * m.k;
+    if (v == MatrixPreset::MinusQk) m.v = -m.v;
+    m.v_identity = false;
+  } else if (v == MatrixPreset::PlusForm || v == MatrixPreset::MinusForm) {
+    // The reference code's V = +-B / c applied to row vectors, B = K^T Q its bilinear form:
+    // as a matrix acting on columns, V = +-B^T / c = +-(Q^T K)^T / c, with c = 1 for the
+    // identity form, sqrt(d + 1) for goe-unit, sqrt(d) otherwise.
+    const double c = m.q_identity && m.k_identity ? 1.0
+                     : cfg.choices.k == MatrixPreset::GoeUnit ? std::sqrt(double(d) + 1.0)
+                                                                         : std::sqrt(double(d));
+    m.v = (m.q.transpose() * m.k).transpose() / c;
+    if (v == MatrixPreset::MinusForm) m.v = -m.v;
+    m.v_identity = false;
+  } else {
+    m.v = matrix_option("v", v, cfg.v, d, matrix_stream(seed, 2, layer, set_key), m.v_identity);
+  }
+  return m;
+}
+
+std::vector<double> amplitudes_option(const RunConfig& cfg) {
+  const std::size_t n = static_cast<std::size_t>(cfg.n);
+  std::vector<double> values;
+  if (!parse_number_list(cfg.amplitudes, values)) {
+    std::size_t rows = 0;
+    try {
+      values = read_text_rows(cfg.amplitudes, 1, rows);
+    } catch (const std::exception& e) {
+      throw UsageError("--amplitudes " + cfg.amplitudes +
+                       ": neither a list of numbers nor a readable file (" + e.what() + ")");
+    }
+  }
+  if (values.size() == 1) values.assign(n, values[0]);
+  if (values.size() != n)
+    throw UsageError("--amplitudes " + cfg.amplitudes + ": needs 1 or n = " + std::to_string(n) +
+                     " numbers, found " + std::to_string(values.size()));
+  // presence a^2 / (tau + a^2) needs a finite square.
+  for (double a : values)
+    if (!(a >= 0.0) || !std::isfinite(a * a))
+      throw UsageError("--amplitudes " + cfg.amplitudes +
+                       ": amplitudes must lie in [0, 1.3e154] (their square must be a finite number)");
+  return values;
+}
+
+}  // namespace
+
+std::vector<AttentionMatrices> layer_matrices(const RunConfig& cfg, std::size_t layer) {
+  if (cfg.choices.matrices == MatrixSharing::Shared) return {draw_matrices(cfg, layer, 0)};
+  std::vector<AttentionMatrices> sets;
+  for (std::int64_t r = 0; r < cfg.replicas; ++r)
+    sets.push_back(draw_matrices(cfg, layer, static_cast<std::uint64_t>(r) + 1));
+  return sets;
+}
+
+namespace {
+/// The number of layers: the l >= 0 with l T <= horizon (1 without --regen-period), from
+/// floor(horizon / T) + 1 corrected for its rounding.
+std::size_t layer_count(const RunConfig& cfg) {
+  const double period = cfg.regen_period;
+  if (!(period > 0)) return 1;
+  // Every layer whose start the run reaches, one at the horizon included (within the rounding
+  // of layer_at): the final frame there is recorded with that layer's matrices, as a longer
+  // run records the same frame, so a run resumed from it continues bit-identically.
+  const double reached = cfg.horizon + 1e-12 * std::max(1.0, cfg.horizon);
+  auto layers = static_cast<std::size_t>(std::max(1.0, std::floor(reached / period) + 1.0));
+  while (layers > 1 && double(layers - 1) * period > reached) --layers;
+  while (double(layers) * period <= reached) ++layers;
+  return layers;
+}
+}  // namespace
+
+std::vector<double> layer_start_times(const RunConfig& cfg) {
+  std::vector<double> starts;
+  for (std::size_t l = 0, layers = layer_count(cfg); l < layers; ++l)
+    starts.push_back(double(l) * cfg.regen_period);
+  return starts;
+}
+
+std::size_t layer_at(const RunConfig& cfg, double time) {
+  if (!(cfg.regen_period > 0)) return 0;
+  // The last layer whose start l T is <= time, a start within rounding (the tolerance at
+  // which output_times merges frames) counting as reached: the run lands on a frame time
+  // there. The quotient is a first guess; the starts themselves decide (O(1) per call).
+  const double reached = time + 1e-12 * std::max(1.0, cfg.horizon), period = cfg.regen_period;
+  const std::size_t layers = layer_count(cfg);
+  auto l = static_cast<std::size_t>(std::clamp(std::floor(reached / period), 0.0, double(layers - 1)));
+  while (l + 1 < layers && double(l + 1) * period <= reached) ++l;
+  while (l > 0 && double(l) * period > reached) --l;
+  return l;
+}
+
+void record_attention_matrices(const RunConfig& cfg, TokenLabels& labels) {
+  labels.layer_start = layer_start_times(cfg);
+  labels.matrix_layers = labels.layer_start.size();
+  std::vector<std::vector<AttentionMatrices>> layers;
+  for (std::size_t l = 0; l < labels.matrix_layers; ++l) layers.push_back(layer_matrices(cfg, l));
+  labels.matrix_sets = layers.front().size();
+  const auto d = static_cast<std::size_t>(cfg.d);
+  for (std::size_t set = 0; set < labels.matrix_sets; ++set)
+    for (const auto& layer : layers) {
+      const AttentionMatrices& m = layer[set];
+      auto append = [d](std::vector<double>& to, const Matrix& matrix) {
+        // Row-major d x d (Matrix is row-major).
+        to.insert(to.end(), matrix.data(), matrix.data() + d * d);
+      };
+      append(labels.query_matrices, m.q);
+      append(labels.key_matrices, m.k);
+      append(labels.value_matrices, m.v);
+    }
+}
+
+Model build_model(const RunConfig& cfg) {
+  Model model;
+  const std::size_t active = static_cast<std::size_t>(cfg.n);
+  model.n = active + static_cast<std::size_t>(cfg.null_tokens);
+  model.d = static_cast<std::size_t>(cfg.d);
+  model.beta = cfg.beta;
+  model.normalization = cfg.choices.kernel;
+  model.time_scale = cfg.choices.time_scale;
+  const auto seed = static_cast<std::uint64_t>(cfg.seed);
+  model.matrices = layer_matrices(cfg, 0);
+  const bool weighted = !cfg.amplitudes.empty() || cfg.null_tokens > 0;
+  model.presence.assign(model.n, 1.0);
+  if (!cfg.amplitudes.empty()) {
+    const auto amplitudes = amplitudes_option(cfg);
+    for (std::size_t i = 0; i < active; ++i)
+      model.presence[i] = presence_from_amplitude(amplitudes[i], cfg.tau);
+  }
+  for (std::size_t i = active; i < model.n; ++i) model.presence[i] = 0.0;
+  if (model.mass() <= 0.0)
+    throw UsageError("--amplitudes " + cfg.amplitudes + ": every presence is 0 (no token moves)");
+  model.eps_den = cfg.eps_den >= 0.0 ? cfg.eps_den : (weighted ? 1e-12 : 0.0);
+  // Generators from a file fix k; so do 2-D geometries, grid positions and a positions file.
+  std::vector<Matrix> file_generators;
+  if (!cfg.generators.empty()) {
+    try {
+      file_generators = read_generators(cfg.generators, 0, model.d);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("--generators " + cfg.generators + ": " + e.what());
+    }
+  }
+  std::size_t k = 1;
+  const GeometryKind geometry = cfg.choices.geometry;
+  const bool planar = is_planar(geometry);
+  // No layout: the positions are read from the file --positions names.
+  const std::optional<PositionLayout> layout = cfg.choices.positions;
+  if (planar || layout == PositionLayout::Grid) k = 2;
+  std::vector<double> position_rows;
+  const bool positions_from_file = !layout;
+  if (positions_from_file) {
+    std::size_t rows = 0;
+    // The column count is that of the first row: try k = 1, 2, ... (a wrong k fails at once,
+    // on the first row).
+    for (std::size_t columns = 1; columns <= kMaxPositionColumns && position_rows.empty(); ++columns) {
+      try {
+        position_rows = read_text_rows(cfg.positions, columns, rows);
+        k = columns;
+      } catch (const InputFileRefused& e) {
+        throw UsageError("--positions " + cfg.positions + ": " + e.what());
+      } catch (const std::invalid_argument&) {
+      }
+    }
+    if (position_rows.empty())
+      throw UsageError("--positions " + cfg.positions + ": needs n rows of 1 to " +
+                       std::to_string(kMaxPositionColumns) + " numbers each");
+    if (rows != model.n)
+      throw UsageError("--positions " + cfg.positions + ": needs " + std::to_string(model.n) +
+                       " rows (n + null tokens), found " + std::to_string(rows));
+  }
+  if (!file_generators.empty()) {
+    if (positions_from_file && file_generators.size() != k)
+      throw UsageError("--generators " + cfg.generators + ": " +
+                       std::to_string(file_generators.size()) + " generators but positions have k = " +
+                       std::to_string(k));
+    k = file_generators.size();
+  }
+  if (planar && k != 2)
+    throw UsageError("--geometry " + cfg.geometry + ": needs 2-D positions (k = 2), got k = " +
+                     std::to_string(k));
+  const AuxFactorChoice aux_factor = cfg.choices.aux_factor;
+  if (aux_factor.needs_one_dimensional_positions && k != 1)
+    throw UsageError("--aux-factor " + cfg.aux_factor + ": needs 1-D positions (k = 1), got k = " +
+                     std::to_string(k));
+  model.position_dim = k;
+  model.positions.assign(model.n * k, 0.0);
+  RandomStream position_stream(seed, static_cast<std::uint64_t>(StreamTag::Positions));
+  const auto side = static_cast<std::size_t>(std::ceil(std::sqrt(double(active))));
+  for (std::size_t i = 0; i < model.n; ++i) {
+    double* xi = model.positions.data() + i * k;
+    if (positions_from_file) {
+      std::copy(position_rows.begin() + i * k, position_rows.begin() + (i + 1) * k, xi);
+    } else if (k == 2 && (layout == PositionLayout::Index || layout == PositionLayout::Grid)) {
+      // Grid positions: row-major on a side x side grid (the default for 2-D geometries).
+      xi[0] = double(i % side) * cfg.pos_scale;
+      xi[1] = double(i / side) * cfg.pos_scale;
+    } else if (layout == PositionLayout::Uniform) {
+      xi[0] = 2.0 * std::numbers::pi * double(i) / double(active);
+      for (std::size_t a = 1; a < k; ++a) xi[a] = 0.0;
+    } else if (layout == PositionLayout::Random) {
+      for (std::size_t a = 0; a < k; ++a) xi[a] = position_stream.uniform() * double(active) * cfg.pos_scale;
+    } else {
+      xi[0] = double(i) * cfg.pos_scale;
+      for (std::size_t a = 1; a < k; ++a) xi[a] = 0.0;
+    }
+  }
+  for (double xi : model.positions)
+    if (!std::isfinite(xi))
+      throw UsageError("--pos-scale " + (std::ostringstream() << cfg.pos_scale).str() +
+                       ": the token positions overflow double (a smaller scale is needed)");
+  // Prompts: active token i belongs to prompt floor(i K / n) (contiguous blocks, as K prompts
+  // with their texts one after the other); null tokens carry prompt 0.
+  model.prompts = static_cast<std::size_t>(cfg.prompts);
+  model.prompt_id.assign(model.n, 0);
+  for (std::size_t i = 0; i < active; ++i)
+    model.prompt_id[i] = static_cast<int>(i * model.prompts / active);
+  // Prefix tokens precede their prompt's text: token t of m sits at position (t - m) times the
+  // position step (pos-scale, or 2 pi / n for uniform positions) on the first axis.
+  const auto per_prompt = static_cast<std::size_t>(cfg.prefix);
+  const std::size_t prefix_count = per_prompt * model.prompts;
+  if (prefix_count > 0) {
+    PrefixSpec spec;
+    spec.seed = seed;
+    spec.prompts = model.prompts;
+    spec.per_prompt = per_prompt;
+    spec.d = model.d;
+    spec.spread = cfg.prefix_spread;
+    spec.normalize_file_rows = cfg.normalize_init;
+    // No placement of the table: the prefix contents are read from the file it names.
+    if (const std::optional<PrefixPlacement> placement = cfg.choices.prefix_init) {
+      spec.placement = *placement;
+    } else {
+      spec.placement = PrefixPlacement::File;
+      std::size_t rows = 0;
+      try {
+        spec.file_rows = read_text_rows(cfg.prefix_init, model.d, rows);
+      } catch (const std::exception& e) {
+        throw UsageError("--prefix-init " + cfg.prefix_init + ": " + e.what());
+      }
+      if (rows != prefix_count)
+        throw UsageError("--prefix-init " + cfg.prefix_init + ": needs prompts * prefix = " +
+                         std::to_string(prefix_count) + " rows of d numbers, found " +
+                         std::to_string(rows));
+    }
+    try {
+      model.prefix = place_prefix(spec);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    const double step = layout == PositionLayout::Uniform ? 2.0 * std::numbers::pi / double(active)
+                                                          : cfg.pos_scale;
+    model.prefix_positions.assign(prefix_count * k, 0.0);
+    for (std::size_t p = 0; p < prefix_count; ++p) {
+      model.prefix_prompt_id.push_back(static_cast<int>(p / per_prompt));
+      model.prefix_positions[p * k] = (double(p % per_prompt) - double(per_prompt)) * step;
+    }
+    model.prefix_weight = cfg.prefix_weight;
+  }
+  if (geometry != GeometryKind::None) {
+    GaugeSpec spec;
+    spec.kind = geometry;
+    spec.d = model.d;
+    spec.position_dim = k;
+    spec.base = cfg.rope_base;
+    spec.seed = seed;
+    spec.generators = file_generators;
+    if (!cfg.rope_freqs.empty() && !parse_number_list(cfg.rope_freqs, spec.frequencies))
+      throw UsageError("--rope-freqs " + cfg.rope_freqs + ": needs a list of finite numbers");
+    try {
+      // The gauge covers the moving tokens, then the prefix tokens (sources n .. n + P - 1).
+      std::vector<double> all_positions = model.positions;
+      all_positions.insert(all_positions.end(), model.prefix_positions.begin(),
+                           model.prefix_positions.end());
+      model.gauge = make_gauge(spec, all_positions, model.n + prefix_count);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("--geometry " + cfg.geometry + ": " + e.what());
+    }
+  }
+  model.values = cfg.choices.values;
+  // The option table's numbers as they are (kPairTermNumbers), then the choices and lists.
+  model.pair_terms = cfg.pair_terms;
+  model.pair_terms.factor = aux_factor.factor;
+  // The rule validate() applies, so a RunConfig built in code meets it too.
+  if (aux_factor.factor == AuxFactor::Toeplitz) model.pair_terms.toeplitz = toeplitz_series(cfg);
+  model.pair_terms.mask = cfg.choices.mask.kind;
+  model.pair_terms.per_prompt = cfg.choices.mask.per_prompt;
+  model.pair_terms.window = cfg.window;
+  model.noise_kappa = cfg.noise_kappa;
+  return model;
+}
+
+TokenLabels token_labels(const Model& model) {
+  TokenLabels labels;
+  labels.aux_position = model.positions;
+  labels.prompt_id.assign(model.prompt_id.begin(), model.prompt_id.end());
+  labels.presence = model.presence;
+  for (std::size_t i = 0; i < model.n; ++i) labels.id.push_back(static_cast<std::int64_t>(i));
+  // Every gauge says what to record (Gauge::recorded_generators), so a new kind of gauge
+  // cannot be left out of the file by a cast that does not know it.
+  if (model.gauge) {
+    const std::vector<Matrix> generators = model.gauge->recorded_generators();
+    for (const Matrix& generator : generators) {
+      if (static_cast<std::size_t>(generator.rows()) != model.d ||
+          static_cast<std::size_t>(generator.cols()) != model.d)
+        throw std::logic_error("Gauge::recorded_generators: a generator is " + std::to_string(generator.rows()) +
+                               " x " + std::to_string(generator.cols()) + ", not d x d = " +
+                               std::to_string(model.d) + " x " + std::to_string(model.d));
+      labels.gauge_generators.insert(labels.gauge_generators.end(), generator.data(),
+                                     generator.data() + generator.size());
+    }
+    labels.generator_count = generators.size();
+  }
+  labels.prefix_count = model.prefix_count();
+  labels.prefix_position = model.prefix;
+  labels.prefix_aux_position = model.prefix_positions;
+  labels.prefix_prompt_id.assign(model.prefix_prompt_id.begin(), model.prefix_prompt_id.end());
+  labels.prefix_presence.assign(labels.prefix_count, model.prefix_weight);
+  for (std::size_t p = 0; p < labels.prefix_count; ++p)
+    labels.prefix_id.push_back(static_cast<std::int64_t>(model.n + p));
+  return labels;
+}
+
+State build_initial_state(const RunConfig& cfg, const Model& model) {
+  State state(static_cast<std::size_t>(cfg.replicas), model.n, model.d);
+  InitSpec spec;
+  spec.seed = static_cast<std::uint64_t>(cfg.seed);
+  spec.clusters = static_cast<std::size_t>(cfg.init_clusters);
+  spec.spread = cfg.init_spread;
+  spec.rho = cfg.init_rho;
+  spec.normalize_file_rows = cfg.normalize_init;
+  spec.kind = cfg.choices.init;
+  if (spec.kind == InitKind::File) {
+    std::size_t rows = 0;
+    try {
+      // A regular file before HDF5 opens it by name (it would wait on a FIFO).
+      check_input_file(cfg.init_file);
+      if (is_mfattn_file(cfg.init_file)) {
+        const Frame frame = read_last_frame(cfg.init_file);
+        if (frame.d != model.d)
+          throw std::invalid_argument("has d = " + std::to_string(frame.d) + ", this run d = " +
+                                      std::to_string(model.d));
+        spec.file_rows = frame.x;
+        rows = frame.n;
+      } else {
+        spec.file_rows = read_text_rows(cfg.init_file, model.d, rows);
+      }
+    } catch (const std::exception& e) {
+      throw UsageError("--init-file " + cfg.init_file + ": " + e.what());
+    }
+    if (rows != model.n)
+      throw UsageError("--init-file " + cfg.init_file + ": needs " + std::to_string(model.n) +
+                       " rows (n + null tokens), found " + std::to_string(rows));
+  }
+  try {
+    initialize_state(spec, state);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--init ") + cfg.init + ": " + e.what());
+  }
+  return state;
+}
+
+}  // namespace mfattn
