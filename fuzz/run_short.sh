@@ -15,7 +15,7 @@ mkdir -p "$build/corpus"
 # The sources the parser links (geometry and integrator names, the config reader), compiled
 # once, side by side, and reused.
 objects=() pids=()
-for source in core/gauge core/rng core/init core/input_file core/number_text integrators/integrators app/config; do
+for source in core/gauge core/rng core/init core/input_file core/number_text integrators/integrators app/config app/validate app/run_resources; do
   object="$build/$(basename "$source").o"
   if [[ ! "$object" -nt "$root/src/$source.cpp" ]]; then
     "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$root/src/$source.cpp" -o "$object" &

@@ -1,0 +1,69 @@
+#pragma once
+// The small rules every option check of `mfattn run` shares (config.cpp parses the options,
+// validate.cpp checks them): how a value is shown in a message and refused, and the checks of
+// a finite number and of a choice name. Private to src/app.
+#include <cmath>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mfattn/choice_table.hpp"
+#include "mfattn/config.hpp"
+#include "mfattn/number_text.hpp"
+
+namespace mfattn::option_rules {
+
+/// A value as shown in a message: at most 80 characters.
+inline std::string shown(const std::string& value) {
+  return value.size() <= 80 ? value : value.substr(0, 77) + "...";
+}
+
+[[noreturn]] inline void reject(const std::string& option, const std::string& value,
+                         const std::string& accepted) {
+  throw UsageError("--" + option + " " + shown(value) + ": " + accepted);
+}
+
+/// The names joined by separator ("euler | heun | ...").
+inline std::string joined(const std::vector<std::string>& names, const std::string& separator) {
+  std::string text;
+  for (std::size_t i = 0; i < names.size(); ++i) text += (i ? separator : "") + names[i];
+  return text;
+}
+
+/// The value a choice option's name selects; any other name is refused, naming the option,
+/// the value and the table's names.
+template <class Value>
+Value require_choice(const ChoiceOption<Value>& option, const std::string& value) {
+  if (const Choice<Value>* found = option.find(value)) return found->value;
+  reject(std::string(option.option), value, option.accepted());
+}
+
+/// The preset an option that also takes a file names, or nothing for a readable file; any
+/// other value is refused as require_choice refuses it.
+template <class Value>
+std::optional<Value> require_preset_or_file(const ChoiceOption<Value>& option, const std::string& value) {
+  if (const Choice<Value>* found = option.find(value)) return found->value;
+  require_input_file(std::string(option.option), value, option.accepted());
+  return std::nullopt;
+}
+
+inline void require_finite(const std::string& option, double value) {
+  if (!std::isfinite(value)) reject(option, format_number(value), "must be a finite number");
+}
+
+/// Bytes in a human unit.
+inline std::string format_bytes(double bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int unit = 0;
+  while (bytes >= 1024.0 && unit < 6) {
+    bytes /= 1024.0;
+    ++unit;
+  }
+  std::ostringstream out;
+  out.precision(bytes < 10 ? 2 : 3);
+  out << bytes << ' ' << units[unit];
+  return out.str();
+}
+
+}  // namespace mfattn::option_rules

@@ -1,0 +1,306 @@
+// validate(): every option of `mfattn run` checked once, before anything is written, with one
+// message naming the option, the value and what is accepted (UsageError, exit 2); the choice
+// names looked up once and returned as RunChoices. The sizes (tokens, frames, memory) are
+// checked against the limits of config.hpp and the machine (run_resources.cpp).
+#include "mfattn/config.hpp"
+
+#include <omp.h>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <climits>
+#include <cmath>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <system_error>
+#include <thread>
+
+#include "app/option_rules.hpp"
+#include "mfattn/backend.hpp"
+#include "mfattn/gauge.hpp"
+#include "mfattn/input_file.hpp"
+#include "mfattn/integrator.hpp"
+#include "mfattn/run_choices.hpp"
+
+namespace mfattn {
+
+using namespace option_rules;
+
+std::vector<std::string> mask_parts(const std::string& mask) {
+  std::vector<std::string> parts;
+  std::size_t begin = 0;
+  while (begin <= mask.size()) {
+    const std::size_t end = std::min(mask.find('+', begin), mask.size());
+    parts.push_back(mask.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return parts;
+}
+
+std::optional<MaskSelection> parse_mask(const std::string& mask) {
+  const auto parts = mask_parts(mask);
+  MaskSelection selection;
+  int kinds = 0;
+  for (const std::string& name : parts) {
+    const Choice<MaskPart>* part = kMaskOption.find(name);
+    if (!part) return std::nullopt;
+    if (part->value.per_prompt) {
+      selection.per_prompt = true;
+      continue;
+    }
+    // "full" is no mask at all, so joining it to a part would say two things at once.
+    if (part->value.kind == MaskKind::Full && parts.size() > 1) return std::nullopt;
+    if (++kinds > 1) return std::nullopt;  // one kind of mask: causal+window means nothing
+    selection.kind = part->value.kind;
+  }
+  return selection;
+}
+
+namespace {
+
+/// --out must name a file (each name at most NAME_MAX bytes) in a folder that exists.
+void validate_output_path(const std::string& out) {
+  namespace fs = std::filesystem;
+  const fs::path path(out);
+  constexpr std::size_t kNameMax = 255;
+  if (out.size() >= 4096) reject("out", out, "the path is " + std::to_string(out.size()) + " bytes, longer than the 4095 accepted");
+  for (const auto& part : path)
+    if (part.native().size() > kNameMax)
+      reject("out", out, "the name '" + shown(part.native()) + "' is " + std::to_string(part.native().size()) +
+                             " bytes, longer than the " + std::to_string(kNameMax) + " a file name may have");
+  const std::string name = path.filename().native();
+  if (name.empty() || name == "." || name == "..") reject("out", out, "must name a file (e.g. run.h5)");
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (fs::is_directory(status)) reject("out", out, "is a folder; name a file in it (e.g. run.h5)");
+  // A device node or FIFO would be replaced by a file (--overwrite) or written into.
+  if (fs::exists(status) && !fs::is_regular_file(status))
+    reject("out", out, "is not a regular file (a device, FIFO or socket); --out names a regular file, "
+                       "and --overwrite replaces regular files only");
+  const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  // Missing is not the only reason: a folder above may not be searchable (permission denied).
+  const fs::file_status folder_status = fs::status(folder, error);
+  if (!fs::is_directory(folder_status))
+    reject("out", out, "the folder " + shown(folder.native()) +
+                           (error && folder_status.type() != fs::file_type::not_found
+                                ? " cannot be reached: " + error.message()
+                                : " does not exist (create it first)"));
+}
+
+/// Token counts, frame counts and memory, before anything is allocated. Every product is
+/// taken in double (exact far beyond any accepted size) or after bounds that keep int64 exact.
+void validate_sizes(const RunConfig& c, const RunChoices& choices) {
+  const std::string limit = std::to_string(kMaxRunTokens);
+  if (c.n > kMaxRunTokens) reject("n", std::to_string(c.n), "must be an integer in [1, " + limit + "]");
+  if (c.d > kMaxRunTokens) reject("d", std::to_string(c.d), "must be an integer in [2, " + limit + "]");
+  if (c.replicas > kMaxRunTokens)
+    reject("replicas", std::to_string(c.replicas), "must be an integer in [1, " + limit + "]");
+  if (c.null_tokens > kMaxRunTokens - c.n)
+    reject("null-tokens", std::to_string(c.null_tokens),
+           "n + null tokens = " + format_number(double(c.n) + double(c.null_tokens)) + " is more than the " +
+               limit + " tokens accepted");
+  const double prefix_count = double(c.prefix) * double(c.prompts);
+  if (prefix_count > double(kMaxRunTokens - c.n - c.null_tokens))
+    reject("prefix", std::to_string(c.prefix),
+           "prompts * prefix = " + std::to_string(c.prompts) + " * " + std::to_string(c.prefix) + " = " +
+               format_number(prefix_count) + " prefix tokens, with n + null tokens more than the " + limit +
+               " tokens accepted");
+  // Frames.
+  if (c.save_log > kMaxFrames)
+    reject("save-log", std::to_string(c.save_log), "must be an integer in [2, 10^7] (frames written)");
+  if (c.save_times.empty() && c.save_log == 0) {
+    const double every = c.save_every > 0 ? c.save_every : c.horizon / 100.0;
+    const double frames = std::floor(c.horizon / every);
+    if (!(frames <= double(kMaxFrames)))
+      reject(c.save_every > 0 ? "save-every" : "horizon",
+             format_number(c.save_every > 0 ? c.save_every : c.horizon),
+             "gives " + format_number(frames) + " frames over the horizon " + format_number(c.horizon) +
+                 ", more than the 10^7 accepted");
+  }
+  const double needed = estimated_memory_bytes(c, choices);
+  std::string source;
+  const double available = available_memory_bytes(&source);
+  if (needed > available)
+    throw UsageError("--n " + std::to_string(c.n) + " --d " + std::to_string(c.d) + " --replicas " +
+                     std::to_string(c.replicas) + " --null-tokens " + std::to_string(c.null_tokens) +
+                     " --prefix " + std::to_string(c.prefix) + " --prompts " + std::to_string(c.prompts) +
+                     ": the run needs about " + format_bytes(needed) + " of memory, more than the " +
+                     format_bytes(available) + " available (" + source + "); make it smaller");
+}
+
+}  // namespace
+
+RunChoices validate(const RunConfig& c) {
+  RunChoices choices;
+  if (c.n < 1) reject("n", std::to_string(c.n), "must be an integer >= 1");
+  if (c.d < 2) reject("d", std::to_string(c.d), "must be an integer >= 2");
+  require_finite("beta", c.beta);
+  if (c.beta < 0) reject("beta", format_number(c.beta), "must be >= 0");
+  const Normalization kernel = choices.kernel = require_choice(kKernelOption, c.kernel);
+  const TimeScale time_scale = choices.time_scale = require_choice(kTimeScaleOption, c.time_scale);
+  // USA in natural time weighs the token itself by exp(beta <Q x, K x>) = exp(beta) for
+  // Q = K = I: beyond log(DBL_MAX) it overflows at t = 0, and the backends stop.
+  if (kernel == Normalization::Usa && time_scale == TimeScale::Natural && c.beta > std::log(DBL_MAX))
+    reject("beta", format_number(c.beta),
+           "with --kernel usa and --time-scale natural the weights exp(beta) overflow double for "
+           "beta > 709.78: use --time-scale rescaled (or --kernel sa)");
+  {
+    choices.q = require_preset_or_file(kQueryOption, c.q);
+    choices.k = require_preset_or_file(kKeyOption, c.k);
+    choices.v = require_preset_or_file(kValueOption, c.v);
+    const std::optional<MatrixPreset> presets[] = {choices.q, choices.k, choices.v};
+    const bool random = std::any_of(std::begin(presets), std::end(presets), [](const auto& preset) {
+      return preset && is_random_preset(*preset);
+    });
+    const std::string named = "--q " + shown(c.q) + " --k " + shown(c.k) + " --v " + shown(c.v);
+    choices.matrices = require_choice(kMatrixSharingOption, c.matrices);
+    if (choices.matrices == MatrixSharing::PerReplica && !random)
+      reject("matrices", c.matrices,
+             "per-replica draws only change random presets, and " + named + " has none");
+    require_finite("regen-period", c.regen_period);
+    if (c.regen_period < 0) reject("regen-period", format_number(c.regen_period), "must be >= 0");
+    if (c.regen_period > 0 && !random)
+      reject("regen-period", format_number(c.regen_period),
+             "a new layer redraws random presets only, and " + named + " has none");
+    if (c.regen_period > 0 && c.horizon / c.regen_period > double(kMaxLayers))
+      reject("regen-period", format_number(c.regen_period),
+             "the horizon " + format_number(c.horizon) + " would take more than " +
+                 std::to_string(kMaxLayers) + " layers");
+  }
+  const GeometryKind geometry = choices.geometry = require_choice(kGeometryOption, c.geometry);
+  require_finite("rope-base", c.rope_base);
+  if (c.rope_base <= 1.0) reject("rope-base", format_number(c.rope_base), "must be > 1");
+  if (!c.generators.empty()) require_input_file("generators", c.generators);
+  if (!c.generators.empty() && !takes_generators(geometry))
+    reject("generators", c.generators, "needs --geometry lie (got " + c.geometry + ")");
+  choices.positions = require_preset_or_file(kPositionsOption, c.positions);
+  choices.values = require_choice(kValuesOption, c.values);
+  const AuxFactorChoice aux_factor = choices.aux_factor = require_choice(kAuxFactorOption, c.aux_factor);
+  for (const PairTermNumber& number : kPairTermNumbers) {
+    const double value = c.pair_terms.*number.field;
+    require_finite(number.option, value);
+    if (number.rule == NumberRule::AtLeastZero && value < 0) reject(number.option, format_number(value), "must be >= 0");
+    if (number.rule == NumberRule::Positive && value <= 0) reject(number.option, format_number(value), "must be > 0");
+  }
+  if (aux_factor.factor == AuxFactor::Toeplitz) toeplitz_series(c);
+  if (aux_factor.changes_sign && kernel == Normalization::Sa)
+    reject("aux-factor", c.aux_factor,
+           "the " + c.aux_factor + " factor changes sign, so the SA denominator can vanish: use --kernel usa");
+  require_finite("pos-scale", c.pos_scale);
+  if (c.pos_scale <= 0) reject("pos-scale", format_number(c.pos_scale), "must be > 0");
+  {
+    const auto mask = parse_mask(c.mask);
+    if (!mask)
+      reject("mask", c.mask,
+             "accepted: " + kMaskOption.names(", ") +
+                 ", or causal / window joined with per-prompt by + (e.g. causal+per-prompt)");
+    if (mask->per_prompt && c.prefix == 0)
+      reject("mask", c.mask, "per-prompt needs prefix tokens (--prefix >= 1)");
+    choices.mask = *mask;
+  }
+  require_finite("window", c.window);
+  if (c.window <= 0) reject("window", format_number(c.window), "must be > 0");
+  if (c.prefix < 0) reject("prefix", std::to_string(c.prefix), "must be an integer >= 0");
+  if (c.prompts < 1) reject("prompts", std::to_string(c.prompts), "must be an integer >= 1");
+  if (c.prompts > c.n)
+    reject("prompts", std::to_string(c.prompts),
+           "must be <= n = " + std::to_string(c.n) + " (every prompt needs an active token)");
+  choices.prefix_init = require_preset_or_file(kPrefixInitOption, c.prefix_init);
+  require_finite("prefix-weight", c.prefix_weight);
+  if (c.prefix_weight <= 0) reject("prefix-weight", format_number(c.prefix_weight), "must be > 0");
+  require_finite("prefix-spread", c.prefix_spread);
+  if (!(c.prefix_spread >= 0 && c.prefix_spread <= 1e6))
+    reject("prefix-spread", format_number(c.prefix_spread),
+           "must lie in [0, 1e6] (points spread by a few units are uniform on the sphere already)");
+  require_finite("tau", c.tau);
+  if (c.tau <= 0) reject("tau", format_number(c.tau), "must be > 0");
+  if (!std::isfinite(c.eps_den) || (c.eps_den < 0 && c.eps_den != -1.0))
+    reject("eps-den", format_number(c.eps_den), "must be a finite number >= 0, or auto");
+  if (c.null_tokens < 0) reject("null-tokens", std::to_string(c.null_tokens), "must be >= 0");
+  require_finite("noise-kappa", c.noise_kappa);
+  if (c.noise_kappa < 0) reject("noise-kappa", format_number(c.noise_kappa), "must be >= 0");
+  if (c.noise_kappa > 0 && !std::isfinite(std::sqrt(2.0 / c.noise_kappa)))
+    reject("noise-kappa", format_number(c.noise_kappa), "must be 0 or large enough that sqrt(2/kappa) is finite");
+  choices.integrator = find_integrator(c.integrator);
+  if (!choices.integrator) reject("integrator", c.integrator, "accepted: " + joined(integrator_names(), ", "));
+  choices.save_positions = require_choice(kSavePositionsOption, c.save_positions);
+  if (choices.save_positions == PositionFrames::None && c.save_velocity)
+    reject("save-positions", c.save_positions,
+           "writes no positions, and --save-velocity writes dx/dt at the frames that have them: "
+           "drop --save-velocity or take --save-positions ends or all");
+  if (c.noise_kappa > 0 && !choices.integrator->stochastic)
+    reject("noise-kappa", format_number(c.noise_kappa),
+           "noise needs --integrator euler-maruyama (got " + c.integrator + ")");
+  if (choices.integrator->stochastic && c.noise_kappa == 0)
+    reject("integrator", c.integrator, c.integrator + " needs --noise-kappa > 0");
+  for (auto [name, value] : {std::pair{"dt", c.dt}, {"rtol", c.rtol}, {"atol", c.atol},
+                             {"horizon", c.horizon}}) {
+    require_finite(name, value);
+    if (value <= 0) reject(name, format_number(value), "must be > 0");
+  }
+  require_finite("save-every", c.save_every);
+  if (c.save_every < 0) reject("save-every", format_number(c.save_every), "must be > 0");
+  if (c.save_log < 0 || c.save_log == 1)
+    reject("save-log", std::to_string(c.save_log), "must be an integer >= 2");
+  const int schedules = (c.save_every > 0) + !c.save_times.empty() + (c.save_log > 0);
+  if (schedules > 1)
+    reject("save-every", format_number(c.save_every),
+           "give only one of --save-every, --save-times, --save-log");
+  const InitKind init = choices.init = require_choice(kInitOption, c.init);
+  if (init == InitKind::File && c.init_file.empty())
+    reject("init", c.init, "--init file needs --init-file FILE");
+  if (!c.init_file.empty() && init != InitKind::File)
+    reject("init-file", c.init_file, "needs --init file (got --init " + c.init + ")");
+  if (!c.init_file.empty()) require_input_file("init-file", c.init_file);
+  require_finite("init-rho", c.init_rho);
+  if (init == InitKind::Equiangular) {
+    const double lowest = c.n > 1 ? -1.0 / double(c.n - 1) : -1.0;
+    if (c.init_rho < lowest || c.init_rho >= 1.0)
+      reject("init-rho", format_number(c.init_rho),
+             "must lie in [-1/(n-1), 1) = [" + format_number(lowest) + ", 1)");
+    if (double(c.d) < double(c.n) + double(c.null_tokens))
+      reject("init", c.init, "equiangular needs --d >= number of tokens (d = " +
+                                 std::to_string(c.d) + ", tokens = " +
+                                 format_number(double(c.n) + double(c.null_tokens)) + ")");
+  }
+  if (c.init_clusters < 1)
+    reject("init-clusters", std::to_string(c.init_clusters), "must be an integer >= 1");
+  require_finite("init-spread", c.init_spread);
+  if (!(c.init_spread >= 0 && c.init_spread <= 1e6))
+    reject("init-spread", format_number(c.init_spread),
+           "must lie in [0, 1e6] (points spread by a few units are uniform on the sphere already)");
+  if (c.replicas < 1) reject("replicas", std::to_string(c.replicas), "must be an integer >= 1");
+  if (c.seed < 0) reject("seed", std::to_string(c.seed), "must be an integer >= 0");
+  if (c.threads < 0 || c.threads > kMaxThreads)
+    reject("threads", std::to_string(c.threads),
+           "must be an integer in [0, " + std::to_string(kMaxThreads) + "] (0: automatic)");
+  choices.backend = find_backend(c.backend);
+  if (!choices.backend) reject("backend", c.backend, "accepted: " + joined(backend_names(), ", "));
+  choices.precision = require_choice(kPrecisionOption, c.precision);
+  if (choices.precision == Precision::Float && !choices.backend->takes_float)
+    reject("precision", c.precision,
+           "needs --backend cuda (the " + c.backend + " backend computes in double; accepted here: double)");
+  for (auto [name, value] : {std::pair{"pair-delta", c.pair_delta}, {"cluster-delta", c.cluster_delta}}) {
+    require_finite(name, value);
+    if (!(value > 0.0 && value < 2.0)) reject(name, format_number(value), "must lie in (0, 2)");
+  }
+  require_finite("flush-interval", c.flush_interval);
+  if (!(c.flush_interval >= 0.0 && c.flush_interval <= 86400.0))
+    reject("flush-interval", format_number(c.flush_interval),
+           "must lie in [0, 86400] seconds (0: flush every frame)");
+  if (c.out.empty()) throw UsageError("--out: missing (the output .h5 file is required)");
+  validate_output_path(c.out);
+  validate_sizes(c, choices);
+  return choices;
+}
+
+}  // namespace mfattn
