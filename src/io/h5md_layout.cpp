@@ -1,0 +1,345 @@
+/// \file h5md_layout.cpp
+/// The groups, datasets and links of an mfattn H5MD file (docs/output.md, "Layout"), the
+/// labels and parameters written once, and a realization's record.
+///
+/// Choices made here:
+/// - All growing elements are sampled together, so /particles/tokens/position/{step,time} are
+///   the only step and time datasets; every other replica group and every observable holds hard
+///   links to them (H5MD 1.1 allows this), and one append extends each of them once.
+/// - PositionFrames Ends and None (docs/output.md, "What --save-positions writes") move the
+///   frame clock to /observables, give the positions their own step and time (Ends) or empty
+///   datasets (None), and hard-link replica r >= 1's labels to replica 0's (every replica has
+///   the same); the last flushed frame's whole state goes to /run/checkpoint
+///   (h5md_storage.cpp).
+#include "mfattn/h5md.hpp"
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "io/h5md_internal.hpp"
+
+namespace mfattn {
+namespace h5md_internal {
+
+void Hdf5H5mdWriter::write_parameters(const std::vector<Parameter>& parameters) {
+  QuietHdf5Errors quiet;
+  Handle group = check_.own(H5Gopen2(file_.get(), "parameters", H5P_DEFAULT), H5Gclose, "opening",
+                            "/parameters");
+  for (const auto& [name, value] : parameters) {
+    const hid_t g = group.get();
+    if (const auto* integer = std::get_if<std::int64_t>(&value)) {
+      write_attribute(check_, g, name, H5T_STD_I64LE, H5T_NATIVE_INT64, {}, integer);
+    } else if (const auto* real = std::get_if<double>(&value)) {
+      write_attribute(check_, g, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {}, real);
+    } else if (const auto* flag = std::get_if<bool>(&value)) {
+      // HDF5 has no boolean type: a flag is an int8 scalar, 0 = false, 1 = true.
+      const std::int8_t stored = *flag ? 1 : 0;
+      write_attribute(check_, g, name, H5T_STD_I8LE, H5T_NATIVE_INT8, {}, &stored);
+    } else if (const auto* text = std::get_if<std::string>(&value)) {
+      write_string_attribute(check_, g, name, *text);
+    } else {
+      // A 1-D double array; an empty list is a 1-D attribute of size 0 (HDF5 1.10 accepts
+      // it and h5py reads it as an empty array).
+      const auto& list = std::get<std::vector<double>>(value);
+      write_attribute(check_, g, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {list.size()},
+                      list.data());
+    }
+  }
+}
+
+void Hdf5H5mdWriter::write_labels(const TokenLabels& labels) {
+  const std::size_t n = setup_.n, k = setup_.position_dim;
+  if (labels.aux_position.size() != n * k || labels.prompt_id.size() != n ||
+      labels.presence.size() != n || labels.id.size() != n) {
+    throw std::invalid_argument("write_labels: label sizes do not match n and position_dim");
+  }
+  QuietHdf5Errors quiet;
+  for (std::size_t r = 0; r < particle_groups_.size(); ++r) {
+    const hid_t g = particle_groups_[r].get();
+    if (r > 0 && keeps_checkpoint()) {
+      // Every replica has the same labels: one copy, as the frame clock is one copy.
+      link_labels_of_replica_0(g, labels.generator_count > 0);
+      continue;
+    }
+    write_label_datasets(g, n, k, labels.aux_position.data(), labels.prompt_id.data(),
+                         labels.presence.data(), labels.id.data());
+    if (labels.generator_count > 0) {
+      const std::size_t d = setup_.d;
+      if (labels.gauge_generators.size() != labels.generator_count * d * d)
+        throw std::invalid_argument("write_labels: gauge_generators needs k * d * d numbers");
+      write_fixed_dataset(check_, g, "gauge_generators", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
+                          {labels.generator_count, d, d}, labels.gauge_generators.data());
+    }
+  }
+  if (labels.prefix_count > 0) write_prefix(labels);
+  if (labels.matrix_sets > 0) write_attention_matrices(labels);
+}
+
+/// A growing dataset with a row per frame, chunked by at most expected_frames rows.
+Handle Hdf5H5mdWriter::grow(hid_t parent, const std::string& name, hid_t file_type,
+                            const std::vector<hsize_t>& row_shape, std::size_t target_chunk_bytes,
+                            Filters filters) {
+  ChunkPlan plan;
+  Handle dataset = create_growing_dataset(check_, parent, name, file_type, row_shape,
+                                          target_chunk_bytes, filters, setup_.expected_frames,
+                                          plan);
+  return dataset;
+}
+
+/// A dataset of the position element (position and velocity step, time and value): a row
+/// per frame (All, as grow), a row per kept frame (Ends: chunks of kEndsPositionRows rows,
+/// so that 512 replicas do not take 512 chunks of a whole run's frames), or none (None: a
+/// fixed, empty dataset, which keeps the element's shape [0, n, d] for readers). An invalid
+/// handle for None.
+Handle Hdf5H5mdWriter::position_dataset(hid_t parent, const std::string& name, hid_t file_type,
+                                        const std::vector<hsize_t>& row_shape,
+                                        std::size_t target_chunk_bytes, Filters filters) {
+  switch (setup_.position_frames) {
+    case PositionFrames::All:
+      return grow(parent, name, file_type, row_shape, target_chunk_bytes, filters);
+    case PositionFrames::Ends: {
+      ChunkPlan plan;
+      Handle dataset = create_growing_dataset(check_, parent, name, file_type, row_shape,
+                                              target_chunk_bytes, filters, kEndsPositionRows,
+                                              plan);
+      return dataset;
+    }
+    case PositionFrames::None:
+      break;
+  }
+  std::vector<hsize_t> dims{0};
+  dims.insert(dims.end(), row_shape.begin(), row_shape.end());
+  // No element is written, so the memory type is never used.
+  write_fixed_dataset(check_, parent, name, file_type, file_type, dims, nullptr);
+  return {};
+}
+
+void Hdf5H5mdWriter::write_h5md_group() {
+  Handle h5md = create_group(check_, file_.get(), "h5md");
+  write_int32_array_attribute(check_, h5md.get(), "version", {1, 1});
+  Handle author = create_group(check_, h5md.get(), "author");
+  write_string_attribute(check_, author.get(), "name", setup_.author);
+  Handle creator = create_group(check_, h5md.get(), "creator");
+  write_string_attribute(check_, creator.get(), "name", "mfattn");
+  write_string_attribute(check_, creator.get(), "version", setup_.creator_version);
+  Handle modules = create_group(check_, h5md.get(), "modules");
+  Handle attention = create_group(check_, modules.get(), "attention");
+  write_int32_array_attribute(check_, attention.get(), "version", {1, 0});
+}
+
+void Hdf5H5mdWriter::create_particle_groups() {
+  Handle particles = create_group(check_, file_.get(), "particles");
+  const std::vector<hsize_t> frame_shape{setup_.n, setup_.d};
+  const auto dimension = static_cast<std::int32_t>(setup_.d);
+  for (std::size_t r = 0; r < setup_.replicas; ++r) {
+    Handle group = create_group(check_, particles.get(), particle_group_name(r));
+    if (r > 0 && keeps_checkpoint()) {
+      // Files meant to be small share what is the same in every replica group: the box, and
+      // with None the (empty) position element. A group costs about 1 KiB of metadata.
+      link_group_of_replica_0(group.get(), "box");
+      if (setup_.position_frames == PositionFrames::None) {
+        link_group_of_replica_0(group.get(), "position");
+        particle_groups_.push_back(std::move(group));
+        continue;
+      }
+    } else {
+      Handle box = create_group(check_, group.get(), "box");
+      write_attribute(check_, box.get(), "dimension", H5T_STD_I32LE, H5T_NATIVE_INT32, {},
+                      &dimension);
+      write_strings_attribute(check_, box.get(), "boundary",
+                              std::vector<std::string>(setup_.d, "none"));
+    }
+    Handle position = create_group(check_, group.get(), "position");
+    if (r == 0) {
+      // All: the frame clock. Ends: the kept frames' own step and time. None: empty.
+      Handle step = position_dataset(position.get(), "step", H5T_STD_I64LE, {},
+                                     kSeriesChunkBytes, {false, setup_.fletcher32});
+      Handle time = position_dataset(position.get(), "time", H5T_IEEE_F64LE, {},
+                                     kSeriesChunkBytes, {false, setup_.fletcher32});
+      if (keeps_every_position()) {
+        step_ = std::move(step);
+        time_ = std::move(time);
+      } else {
+        position_step_ = std::move(step);
+        position_time_ = std::move(time);
+      }
+    } else {
+      link_step_and_time(position.get(), kPositionClockGroup);
+    }
+    Handle value = position_dataset(position.get(), "value", H5T_IEEE_F64LE, frame_shape,
+                                    kPositionChunkBytes, {setup_.deflate, setup_.fletcher32});
+    if (value.valid()) positions_.push_back(std::move(value));
+    if (setup_.velocity) {
+      Handle velocity = create_group(check_, group.get(), "velocity");
+      link_step_and_time(velocity.get(), kPositionClockGroup);
+      velocities_.push_back(position_dataset(velocity.get(), "value", H5T_IEEE_F64LE,
+                                             frame_shape, kPositionChunkBytes,
+                                             {setup_.deflate, setup_.fletcher32}));
+    }
+    particle_groups_.push_back(std::move(group));
+  }
+}
+
+/// /particles/prefix: the frozen prefix tokens, shared by every replica. Their position is
+/// a time-independent H5MD element (a dataset, not a step/time/value group).
+void Hdf5H5mdWriter::write_prefix(const TokenLabels& labels) {
+  const std::size_t count = labels.prefix_count, d = setup_.d, k = setup_.position_dim;
+  if (labels.prefix_position.size() != count * d || labels.prefix_aux_position.size() != count * k ||
+      labels.prefix_prompt_id.size() != count || labels.prefix_presence.size() != count ||
+      labels.prefix_id.size() != count)
+    throw std::invalid_argument("write_labels: prefix label sizes do not match P, d and k");
+  Handle particles = check_.own(H5Gopen2(file_.get(), "particles", H5P_DEFAULT), H5Gclose,
+                                "opening group", "particles");
+  const htri_t exists = H5Lexists(particles.get(), "prefix", H5P_DEFAULT);
+  check_(exists, "looking up", "particles/prefix");
+  Handle group = exists > 0 ? check_.own(H5Gopen2(particles.get(), "prefix", H5P_DEFAULT),
+                                         H5Gclose, "opening group", "particles/prefix")
+                            : create_group(check_, particles.get(), "prefix");
+  if (exists == 0) {
+    Handle box = create_group(check_, group.get(), "box");
+    const auto dimension = static_cast<std::int32_t>(d);
+    write_attribute(check_, box.get(), "dimension", H5T_STD_I32LE, H5T_NATIVE_INT32, {},
+                    &dimension);
+    write_strings_attribute(check_, box.get(), "boundary", std::vector<std::string>(d, "none"));
+  }
+  const hid_t g = group.get();
+  write_fixed_dataset(check_, g, "position", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {count, d},
+                      labels.prefix_position.data());
+  write_label_datasets(g, count, k, labels.prefix_aux_position.data(),
+                       labels.prefix_prompt_id.data(), labels.prefix_presence.data(),
+                       labels.prefix_id.data());
+}
+
+/// aux_position [count, k], prompt_id, presence and id [count] of a particle group.
+/// Each matrix set's Q, K, V [L, d, d] and the layers' start times, in its particle group
+/// (a shared set in /particles/tokens only).
+void Hdf5H5mdWriter::write_attention_matrices(const TokenLabels& labels) {
+  const std::size_t d = setup_.d, layers = labels.matrix_layers, sets = labels.matrix_sets;
+  const std::size_t per_set = layers * d * d;
+  if ((sets != 1 && sets != particle_groups_.size()) || labels.layer_start.size() != layers ||
+      labels.query_matrices.size() != sets * per_set || labels.key_matrices.size() != sets * per_set ||
+      labels.value_matrices.size() != sets * per_set)
+    throw std::invalid_argument("write_labels: attention matrices need 1 or R sets of L x d x d");
+  for (std::size_t set = 0; set < sets; ++set) {
+    // A resumed run rewrites them (a longer horizon may add layers).
+    const hid_t parent = particle_groups_[set].get();
+    const htri_t exists = H5Lexists(parent, "attention_matrices", H5P_DEFAULT);
+    check_(exists, "looking up", "attention_matrices");
+    Handle group = exists > 0 ? check_.own(H5Gopen2(parent, "attention_matrices", H5P_DEFAULT),
+                                           H5Gclose, "opening group", "attention_matrices")
+                              : create_group(check_, parent, "attention_matrices");
+    const hid_t g = group.get();
+    write_fixed_dataset(check_, g, "layer_start", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {layers},
+                        labels.layer_start.data());
+    for (const auto& [name, values] : {std::pair{"query", &labels.query_matrices},
+                                       std::pair{"key", &labels.key_matrices},
+                                       std::pair{"value", &labels.value_matrices}})
+      write_fixed_dataset(check_, g, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {layers, d, d},
+                          values->data() + set * per_set);
+  }
+}
+
+void Hdf5H5mdWriter::write_label_datasets(hid_t g, std::size_t count, std::size_t k,
+                                          const double* aux_position, const std::int32_t* prompt_id,
+                                          const double* presence, const std::int64_t* id) {
+  write_fixed_dataset(check_, g, "aux_position", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {count, k},
+                      aux_position);
+  write_fixed_dataset(check_, g, "prompt_id", H5T_STD_I32LE, H5T_NATIVE_INT32, {count}, prompt_id);
+  write_fixed_dataset(check_, g, "presence", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {count}, presence);
+  write_fixed_dataset(check_, g, "id", H5T_STD_I64LE, H5T_NATIVE_INT64, {count}, id);
+}
+
+void Hdf5H5mdWriter::create_observables() {
+  Handle observables = create_group(check_, file_.get(), "observables");
+  const hsize_t replicas = setup_.replicas;
+  for (const auto& [name, components] : setup_.observables) {
+    Handle group = create_group(check_, observables.get(), name);
+    if (keeps_every_position() || step_.valid()) {
+      link_step_and_time(group.get(), clock_group_);
+    } else {
+      // The first observable holds the frame clock that every other one links to.
+      step_ = grow(group.get(), "step", H5T_STD_I64LE, {}, kSeriesChunkBytes,
+                   {false, setup_.fletcher32});
+      time_ = grow(group.get(), "time", H5T_IEEE_F64LE, {}, kSeriesChunkBytes,
+                   {false, setup_.fletcher32});
+    }
+    std::vector<hsize_t> row_shape;
+    // Without every frame's positions the observables are the bulk of the file, so
+    // --deflate compresses them too. Not by default: a compressed chunk is compressed again
+    // at every flush, which costs more than a small run's steps.
+    if (replicas > 1) row_shape.push_back(replicas);
+    if (components > 1) row_shape.push_back(components);
+    observable_values_.push_back(
+        grow(group.get(), "value", H5T_IEEE_F64LE, row_shape, kSeriesChunkBytes,
+             {setup_.deflate && keeps_checkpoint(), setup_.fletcher32}));
+  }
+}
+
+/// Hard links `step` and `time` in `group` to those in `source_group` (a path ending in '/').
+void Hdf5H5mdWriter::link_step_and_time(hid_t group, const std::string& source_group) {
+  for (const char* name : {"step", "time"}) {
+    const std::string source = source_group + name;
+    check_(H5Lcreate_hard(file_.get(), source.c_str(), group, name, H5P_DEFAULT, H5P_DEFAULT),
+           "linking", source);
+  }
+}
+
+/// Replaces the labels of a replica group r >= 1 by hard links to replica 0's (which
+/// write_labels has just written); gauge_generators too when the run has a gauge.
+void Hdf5H5mdWriter::link_labels_of_replica_0(hid_t group, bool gauge) {
+  std::vector<const char*> names{"aux_position", "prompt_id", "presence", "id"};
+  if (gauge) names.push_back("gauge_generators");
+  for (const char* name : names) {
+    const htri_t exists = H5Lexists(group, name, H5P_DEFAULT);
+    check_(exists, "looking up", name);
+    if (exists > 0) check_(H5Ldelete(group, name, H5P_DEFAULT), "deleting", name);
+    const std::string source = std::string("/particles/tokens/") + name;
+    check_(H5Lcreate_hard(file_.get(), source.c_str(), group, name, H5P_DEFAULT, H5P_DEFAULT),
+           "linking", source);
+  }
+}
+
+/// Hard links `name` in a replica group r >= 1 to /particles/tokens/<name>.
+void Hdf5H5mdWriter::link_group_of_replica_0(hid_t group, const char* name) {
+  const std::string source = std::string("/particles/tokens/") + name;
+  check_(H5Lcreate_hard(file_.get(), source.c_str(), group, name, H5P_DEFAULT, H5P_DEFAULT),
+         "linking", source);
+}
+
+/// The group of the frame clock a writer with this setup uses (see frame_clock_group).
+std::string Hdf5H5mdWriter::frame_clock_path(const WriterSetup& setup) {
+  if (setup.position_frames == PositionFrames::All) return kPositionClockGroup;
+  return "/observables/" + setup.observables.front().first + "/";
+}
+
+}  // namespace h5md_internal
+
+using namespace h5md_internal;
+
+void write_realization(const std::string& path, const RealizationRecord& record) {
+  const QuietHdf5Errors quiet;
+  const Checker check(path);
+  const Handle file = check.own(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose, "opening");
+  const Handle group = create_group(check, file.get(), "realization");
+  const hsize_t columns = record.columns;
+  auto dims = [&](const std::vector<double>& values) {
+    return columns > 1 ? std::vector<hsize_t>{values.size() / columns, columns} : std::vector<hsize_t>{values.size()};
+  };
+  write_fixed_dataset(check, group.get(), "target", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, dims(record.target),
+                      record.target.data());
+  write_fixed_dataset(check, group.get(), "realized", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, dims(record.realized),
+                      record.realized.data());
+  write_fixed_dataset(check, group.get(), "u", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {record.u.size()},
+                      record.u.data());
+  for (const auto& [name, value] : record.texts) write_string_attribute(check, group.get(), name, value);
+  for (const auto& [name, value] : record.numbers)
+    write_attribute(check, group.get(), name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {}, &value);
+  check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "flushing /realization");
+}
+
+}  // namespace mfattn
