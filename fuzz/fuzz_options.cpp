@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "mfattn/config.hpp"
+#include "mfattn/app/config.hpp"
 
 namespace {
 

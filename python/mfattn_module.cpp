@@ -29,11 +29,11 @@
 #include <string>
 #include <vector>
 
-#include "mfattn/backend.hpp"
-#include "mfattn/config.hpp"
-#include "mfattn/run.hpp"
-#include "mfattn/run_choices.hpp"
-#include "mfattn/version.hpp"
+#include "mfattn/backends/backend.hpp"
+#include "mfattn/app/config.hpp"
+#include "mfattn/app/run.hpp"
+#include "mfattn/app/run_choices.hpp"
+#include "mfattn/core/version.hpp"
 #include "mfattn_io_source.hpp"
 
 namespace py = pybind11;

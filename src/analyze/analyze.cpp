@@ -1,4 +1,4 @@
-#include "mfattn/analyze.hpp"
+#include "mfattn/analyze/analyze.hpp"
 
 #include "io/json_text.hpp"
 
@@ -10,11 +10,11 @@
 #include <ostream>
 #include <sstream>
 
-#include "mfattn/config.hpp"
-#include "mfattn/h5md.hpp"
-#include "mfattn/observables.hpp"
-#include "mfattn/run.hpp"
-#include "mfattn/series.hpp"
+#include "mfattn/app/config.hpp"
+#include "mfattn/io/h5md.hpp"
+#include "mfattn/observers/observables.hpp"
+#include "mfattn/app/run.hpp"
+#include "mfattn/io/series.hpp"
 
 namespace mfattn {
 namespace {

@@ -1,12 +1,12 @@
-#include "mfattn/config.hpp"
+#include "mfattn/app/config.hpp"
 
 #include "app/option_rules.hpp"
-#include "mfattn/backend.hpp"
-#include "mfattn/gauge.hpp"
-#include "mfattn/input_file.hpp"
-#include "mfattn/integrator.hpp"
-#include "mfattn/number_text.hpp"
-#include "mfattn/run_choices.hpp"
+#include "mfattn/backends/backend.hpp"
+#include "mfattn/core/gauge.hpp"
+#include "mfattn/core/input_file.hpp"
+#include "mfattn/integrators/integrator.hpp"
+#include "mfattn/core/number_text.hpp"
+#include "mfattn/app/run_choices.hpp"
 
 #include <omp.h>
 

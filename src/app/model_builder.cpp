@@ -3,7 +3,7 @@
 // token labels the file records, and the initial state. Everything the run reads of the
 // options after validation goes through here once; the run driver (run.cpp) never reads them
 // for the physics.
-#include "mfattn/model_builder.hpp"
+#include "mfattn/app/model_builder.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -11,13 +11,13 @@
 #include <optional>
 #include <stdexcept>
 
-#include "mfattn/gauge.hpp"
-#include "mfattn/h5md.hpp"
-#include "mfattn/init.hpp"
-#include "mfattn/input_file.hpp"
-#include "mfattn/number_text.hpp"
-#include "mfattn/rng.hpp"
-#include "mfattn/run_choices.hpp"
+#include "mfattn/core/gauge.hpp"
+#include "mfattn/io/h5md.hpp"
+#include "mfattn/core/init.hpp"
+#include "mfattn/core/input_file.hpp"
+#include "mfattn/core/number_text.hpp"
+#include "mfattn/core/rng.hpp"
+#include "mfattn/app/run_choices.hpp"
 
 namespace mfattn {
 namespace {

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "mfattn/choice_table.hpp"
-#include "mfattn/config.hpp"
-#include "mfattn/number_text.hpp"
+#include "mfattn/core/choice_table.hpp"
+#include "mfattn/app/config.hpp"
+#include "mfattn/core/number_text.hpp"
 
 namespace mfattn::option_rules {
 

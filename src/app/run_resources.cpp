@@ -1,6 +1,6 @@
 // What a run may take of the machine, decided before anything is written: its thread count
 // and OpenMP team (--threads), and the memory it needs against the memory available.
-#include "mfattn/config.hpp"
+#include "mfattn/app/config.hpp"
 
 #include <omp.h>
 

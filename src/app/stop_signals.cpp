@@ -1,4 +1,4 @@
-#include "mfattn/stop_signals.hpp"
+#include "mfattn/app/stop_signals.hpp"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -2,7 +2,7 @@
 // message naming the option, the value and what is accepted (UsageError, exit 2); the choice
 // names looked up once and returned as RunChoices. The sizes (tokens, frames, memory) are
 // checked against the limits of config.hpp and the machine (run_resources.cpp).
-#include "mfattn/config.hpp"
+#include "mfattn/app/config.hpp"
 
 #include <omp.h>
 
@@ -25,11 +25,11 @@
 #include <thread>
 
 #include "app/option_rules.hpp"
-#include "mfattn/backend.hpp"
-#include "mfattn/gauge.hpp"
-#include "mfattn/input_file.hpp"
-#include "mfattn/integrator.hpp"
-#include "mfattn/run_choices.hpp"
+#include "mfattn/backends/backend.hpp"
+#include "mfattn/core/gauge.hpp"
+#include "mfattn/core/input_file.hpp"
+#include "mfattn/integrators/integrator.hpp"
+#include "mfattn/app/run_choices.hpp"
 
 namespace mfattn {
 

@@ -42,7 +42,7 @@ double energy_from_weight_sums(const Model& model, const double* x, const double
 
 namespace {
 
-// The factory of kBackendNames[i] (include/mfattn/backend.hpp) at index i.
+// The factory of kBackendNames[i] (include/mfattn/backends/backend.hpp) at index i.
 using BackendFactory = std::unique_ptr<Backend> (*)(const Model&, const BackendOptions&);
 constexpr BackendFactory kBackendFactories[] = {make_cpu_backend, make_reference_backend,
                                                 make_cuda_backend};

@@ -2,7 +2,7 @@
 // Pieces every backend shares: the receiver-side finish of docs/model.md section 2 (the pair
 // terms and the token operands are in src/kernels/).
 #include "kernels/receiver_finish.hpp"
-#include "mfattn/backend.hpp"
+#include "mfattn/backends/backend.hpp"
 
 #include <cstddef>
 #include <string>

@@ -12,16 +12,16 @@
 
 #include <hdf5.h>
 
-#include "mfattn/analyze.hpp"
-#include "mfattn/backend.hpp"
-#include "mfattn/bench.hpp"
-#include "mfattn/config.hpp"
-#include "mfattn/info.hpp"
-#include "mfattn/oclosure_command.hpp"
-#include "mfattn/realize.hpp"
-#include "mfattn/run.hpp"
-#include "mfattn/sweep.hpp"
-#include "mfattn/version.hpp"
+#include "mfattn/analyze/analyze.hpp"
+#include "mfattn/backends/backend.hpp"
+#include "mfattn/app/bench.hpp"
+#include "mfattn/app/config.hpp"
+#include "mfattn/app/info.hpp"
+#include "mfattn/app/oclosure_command.hpp"
+#include "mfattn/app/realize.hpp"
+#include "mfattn/app/run.hpp"
+#include "mfattn/sweep/sweep.hpp"
+#include "mfattn/core/version.hpp"
 
 namespace {
 

@@ -1,5 +1,5 @@
 #pragma once
-// The portable counter-based random numbers of include/mfattn/rng.hpp, written once for the
+// The portable counter-based random numbers of include/mfattn/core/rng.hpp, written once for the
 // host (RandomStream, src/core/rng.cpp) and a CUDA device (the resident kernel's noise,
 // src/backends/cuda/resident_steps.hpp):
 //   key      = mix(mix(mix(mix(seed + c0) ^ mix(k1 + c1)) ^ mix(k2 + c2)) ^ mix(k3 + c3))

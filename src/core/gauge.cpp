@@ -1,4 +1,4 @@
-#include "mfattn/gauge.hpp"
+#include "mfattn/core/gauge.hpp"
 
 #include <unsupported/Eigen/MatrixFunctions>
 
@@ -10,10 +10,10 @@
 #include <string>
 #include <string_view>
 
-#include "mfattn/init.hpp"
-#include "mfattn/input_file.hpp"
-#include "mfattn/number_text.hpp"
-#include "mfattn/rng.hpp"
+#include "mfattn/core/init.hpp"
+#include "mfattn/core/input_file.hpp"
+#include "mfattn/core/number_text.hpp"
+#include "mfattn/core/rng.hpp"
 
 namespace mfattn {
 

@@ -1,4 +1,4 @@
-#include "mfattn/init.hpp"
+#include "mfattn/core/init.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -8,9 +8,9 @@
 #include <string>
 #include <string_view>
 
-#include "mfattn/input_file.hpp"
-#include "mfattn/number_text.hpp"
-#include "mfattn/rng.hpp"
+#include "mfattn/core/input_file.hpp"
+#include "mfattn/core/number_text.hpp"
+#include "mfattn/core/rng.hpp"
 
 namespace mfattn {
 

@@ -1,4 +1,4 @@
-#include "mfattn/input_file.hpp"
+#include "mfattn/core/input_file.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "mfattn/model.hpp"
+#include "mfattn/core/model.hpp"
 
 namespace mfattn {
 

@@ -1,4 +1,4 @@
-#include "mfattn/number_text.hpp"
+#include "mfattn/core/number_text.hpp"
 
 #include <charconv>
 #include <cmath>

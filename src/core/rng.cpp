@@ -3,7 +3,7 @@
 // floating-point result below is a sequence of correctly rounded IEEE operations, hence
 // bit-identical on every compiler and ISA. Do not call libm transcendentals or
 // std::*_distribution here.
-#include "mfattn/rng.hpp"
+#include "mfattn/core/rng.hpp"
 
 #include "core/counter_random.hpp"
 

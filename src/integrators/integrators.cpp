@@ -10,7 +10,7 @@
 #include <unsupported/Eigen/MatrixFunctions>
 
 #include "kernels/fixed_steps.hpp"
-#include "mfattn/integrator.hpp"
+#include "mfattn/integrators/integrator.hpp"
 
 namespace mfattn {
 

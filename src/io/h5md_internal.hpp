@@ -15,7 +15,7 @@
 
 #include "io/hdf5_support.hpp"
 #include "io/path_lock.hpp"
-#include "mfattn/h5md.hpp"
+#include "mfattn/io/h5md.hpp"
 
 namespace mfattn::h5md_internal {
 

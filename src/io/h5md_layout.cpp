@@ -11,7 +11,7 @@
 ///   datasets (None), and hard-link replica r >= 1's labels to replica 0's (every replica has
 ///   the same); the last flushed frame's whole state goes to /run/checkpoint
 ///   (h5md_storage.cpp).
-#include "mfattn/h5md.hpp"
+#include "mfattn/io/h5md.hpp"
 
 #include <hdf5.h>
 

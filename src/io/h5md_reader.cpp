@@ -2,7 +2,7 @@
 /// Reading an mfattn H5MD file back: the writer's reopening for --resume (its last complete
 /// frame or checkpoint slot), the last frame for --init-file, the layout check, and the
 /// summary of its /parameters and /run that --resume and `mfattn info` compare and print.
-#include "mfattn/h5md.hpp"
+#include "mfattn/io/h5md.hpp"
 
 #include <hdf5.h>
 
@@ -17,8 +17,8 @@
 
 #include "io/h5md_internal.hpp"
 #include "io/hdf5_support.hpp"
-#include "mfattn/number_text.hpp"
-#include "mfattn/series.hpp"
+#include "mfattn/core/number_text.hpp"
+#include "mfattn/io/series.hpp"
 
 namespace mfattn {
 namespace h5md_internal {

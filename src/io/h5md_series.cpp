@@ -2,13 +2,13 @@
 /// SeriesFile: the read-only time-series reader of series.hpp, through the HDF5 C API.
 /// HDF5's automatic error printing is off during every call here; failures become IoError
 /// "<path>: <what> (<HDF5's innermost reason>)".
-#include "mfattn/series.hpp"
+#include "mfattn/io/series.hpp"
 
 #include <hdf5.h>
 
 #include "io/hdf5_support.hpp"
-#include "mfattn/input_file.hpp"
-#include "mfattn/number_text.hpp"
+#include "mfattn/core/input_file.hpp"
+#include "mfattn/core/number_text.hpp"
 
 #include <unistd.h>
 

@@ -14,7 +14,7 @@
 ///   /run/checkpoint: two slots used in turn, each marked complete (its frame number) only
 ///   after its data has been flushed, so a writer killed at any moment leaves the other slot,
 ///   or both, complete.
-#include "mfattn/h5md.hpp"
+#include "mfattn/io/h5md.hpp"
 
 #include <fcntl.h>
 #include <hdf5.h>

@@ -12,7 +12,7 @@
 /// - append_frame copies a frame into staged rows; flush() writes them, one block per
 ///   dataset, and calls H5Fflush. The caller chooses how many frames a flush carries (run:
 ///   --flush-interval).
-#include "mfattn/h5md.hpp"
+#include "mfattn/io/h5md.hpp"
 
 #include <hdf5.h>
 #include <unistd.h>

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "mfattn/number_text.hpp"
+#include "mfattn/core/number_text.hpp"
 
 namespace mfattn::json {
 

@@ -16,7 +16,7 @@
 #include <memory>
 #include <string>
 
-#include "mfattn/h5md.hpp"
+#include "mfattn/io/h5md.hpp"
 
 namespace mfattn {
 

@@ -1,5 +1,5 @@
 #pragma once
-// The per-token pieces of the fixed-step integrators of include/mfattn/integrator.hpp,
+// The per-token pieces of the fixed-step integrators of include/mfattn/integrators/integrator.hpp,
 // written once for the CPU integrators (src/integrators/integrators.cpp) and the CUDA
 // backend's resident kernel (src/backends/cuda/resident_steps.hpp):
 //   FixedTableau      the explicit Runge-Kutta tableaux of euler, heun and rk4
@@ -12,7 +12,7 @@
 
 #include "core/counter_random.hpp"
 #include "kernels/compile_target.hpp"
-#include "mfattn/rng.hpp"
+#include "mfattn/core/rng.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::kernels {

@@ -5,7 +5,7 @@
 #include <cstddef>
 
 #include "kernels/pair_terms.hpp"
-#include "mfattn/model.hpp"
+#include "mfattn/core/model.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::kernels {

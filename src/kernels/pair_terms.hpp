@@ -23,7 +23,7 @@
 //
 // Adding a factor: its struct here (its formula, the kinds it serves, how it reads its
 // parameters) and its name in AuxFactorTypes; its enum value and parameters in
-// include/mfattn/pair_kinds.hpp; its option entry in include/mfattn/run_choices.hpp
+// include/mfattn/core/pair_kinds.hpp; its option entry in include/mfattn/app/run_choices.hpp
 // (docs/architecture.md). Every reader (visit_factor, the CPU's per-factor translation units
 // that CMakeLists.txt makes from AuxFactorTypes, the CUDA thread's pair) follows the list.
 #include <cmath>
@@ -31,7 +31,7 @@
 #include <type_traits>
 
 #include "kernels/compile_target.hpp"
-#include "mfattn/pair_kinds.hpp"
+#include "mfattn/core/pair_kinds.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::kernels {

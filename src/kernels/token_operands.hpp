@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "kernels/model_terms.hpp"
-#include "mfattn/model.hpp"
+#include "mfattn/core/model.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::kernels {

@@ -1,6 +1,6 @@
-// OAttention (include/mfattn/oattention.hpp): the kernel, the carrier form, standard softmax
+// OAttention (include/mfattn/oattn/oattention.hpp): the kernel, the carrier form, standard softmax
 // attention for comparison, the literal oracle and the link to the SA particle velocity.
-#include "mfattn/oattention.hpp"
+#include "mfattn/oattn/oattention.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,14 +1,14 @@
-// O-closed components, their standard counterparts, blocks and hosts (include/mfattn/oclosure.hpp).
+// O-closed components, their standard counterparts, blocks and hosts (include/mfattn/oattn/oclosure.hpp).
 // Every per-token map is computed from its own row with explicit loops in a fixed order (no
 // matrix-matrix products, whose blocking could depend on the number of tokens), and every
 // cross-token sum skips tokens of presence 0: this is what makes zero insertion bit-exact.
-#include "mfattn/oclosure.hpp"
+#include "mfattn/oattn/oclosure.hpp"
 
 #include <cmath>
 #include <stdexcept>
 #include <string>
 
-#include "mfattn/rng.hpp"
+#include "mfattn/core/rng.hpp"
 
 namespace mfattn::oclosure {
 

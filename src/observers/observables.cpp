@@ -1,11 +1,11 @@
-#include "mfattn/observables.hpp"
+#include "mfattn/observers/observables.hpp"
 
 #include <Eigen/Dense>
 #include <omp.h>
 
 #include "backends/cpu/lane_pair_statistics.hpp"
 #include "backends/cpu/vector_math.hpp"
-#include "mfattn/backend.hpp"
+#include "mfattn/backends/backend.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // mfattn sweep, part 1: the sweep file, its cases, case ids, shards and the command's options.
-#include "mfattn/sweep.hpp"
+#include "mfattn/sweep/sweep.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -13,7 +13,7 @@
 #include <set>
 #include <sstream>
 
-#include "mfattn/number_text.hpp"
+#include "mfattn/core/number_text.hpp"
 #include "sweep/sweep_expression.hpp"
 
 namespace mfattn {

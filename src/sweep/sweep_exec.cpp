@@ -34,11 +34,11 @@
 #include <mpi.h>
 #endif
 
-#include "mfattn/h5md.hpp"
-#include "mfattn/number_text.hpp"
-#include "mfattn/run.hpp"
-#include "mfattn/stop_signals.hpp"
-#include "mfattn/sweep.hpp"
+#include "mfattn/io/h5md.hpp"
+#include "mfattn/core/number_text.hpp"
+#include "mfattn/app/run.hpp"
+#include "mfattn/app/stop_signals.hpp"
+#include "mfattn/sweep/sweep.hpp"
 #include "io/path_lock.hpp"
 
 extern char** environ;
@@ -148,7 +148,7 @@ int available_cores(int local_ranks) {
 }
 
 // ---- Signals ---------------------------------------------------------------------------------
-// SIGTERM, SIGINT and SIGHUP (mfattn/stop_signals.hpp): forwarded to the running cases, then
+// SIGTERM, SIGINT and SIGHUP (mfattn/app/stop_signals.hpp): forwarded to the running cases, then
 // the sweep stops. `run` treats each of them alike.
 
 /// Waits up to timeout_ms (-1: for ever) or until a stop signal arrives.

@@ -17,7 +17,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "mfattn/number_text.hpp"
+#include "mfattn/core/number_text.hpp"
 
 namespace mfattn {
 namespace {

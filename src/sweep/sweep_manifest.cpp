@@ -9,10 +9,10 @@
 #include <sstream>
 
 #include "io/json_text.hpp"
-#include "mfattn/h5md.hpp"
-#include "mfattn/number_text.hpp"
-#include "mfattn/series.hpp"
-#include "mfattn/sweep.hpp"
+#include "mfattn/io/h5md.hpp"
+#include "mfattn/core/number_text.hpp"
+#include "mfattn/io/series.hpp"
+#include "mfattn/sweep/sweep.hpp"
 
 namespace mfattn {
 namespace fs = std::filesystem;

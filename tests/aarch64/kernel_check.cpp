@@ -2,7 +2,7 @@
 // the NEON kernels of the CPU backend against the reference backend, thread-count
 // determinism, null-token invariance to the last bit and unit norm along a short
 // integration. Self-contained (no gtest, no HDF5, no Boost): models are built by hand here
-// the way src/app/run.cpp's build_model does. Prints one PASS or FAIL line per check and
+// the way src/app/model_builder.cpp's build_model does. Prints one PASS or FAIL line per check and
 // exits 1 when any check fails.
 #include <algorithm>
 #include <cmath>
@@ -13,13 +13,13 @@
 #include <string>
 #include <vector>
 
-#include "mfattn/backend.hpp"
-#include "mfattn/gauge.hpp"
-#include "mfattn/init.hpp"
-#include "mfattn/integrator.hpp"
-#include "mfattn/model.hpp"
-#include "mfattn/rng.hpp"
-#include "mfattn/state.hpp"
+#include "mfattn/backends/backend.hpp"
+#include "mfattn/core/gauge.hpp"
+#include "mfattn/core/init.hpp"
+#include "mfattn/integrators/integrator.hpp"
+#include "mfattn/core/model.hpp"
+#include "mfattn/core/rng.hpp"
+#include "mfattn/core/state.hpp"
 
 namespace {
 

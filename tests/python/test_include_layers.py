@@ -1,7 +1,9 @@
-"""No source under src/ includes a private header of a folder above its own (docs/architecture.md,
-"Layers"). The link check (tests/layers) sees calls between the libraries; this sees the
-header-only includes it cannot: a folder may include private headers of its own folder and
-of the layers below it, and public headers (mfattn/...) everywhere."""
+"""No source under src/ includes a header of a folder above its own (docs/architecture.md,
+"Layers"), and no public header includes one of a layer above its own. The link check
+(tests/layers) sees calls between the libraries; this sees the header-only includes it cannot:
+a folder may include private headers of its own folder and of the layers below it, and public
+headers (include/mfattn/LAYER/...) of its own layer and the layers below it. A public header
+of a layer includes public headers of its layer and the layers below only."""
 from __future__ import annotations
 
 import re
@@ -13,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RANK = {"core": 0, "kernels": 1, "backends": 2, "integrators": 3, "observers": 4, "io": 4,
         "oattn": 4, "app": 5, "sweep": 6, "analyze": 6, "cli": 7}
 INCLUDE = re.compile(r'#include "([a-z_]+)/')
+PUBLIC = re.compile(r'#include "mfattn/([a-z0-9_]+)/')
+PUBLIC_ROOT = ROOT / "include" / "mfattn"
 
 
 def test_every_folder_of_src_has_a_rank():
@@ -33,3 +37,33 @@ def test_no_private_header_is_included_from_a_folder_above_or_beside():
                     RANK[included] == RANK[folder] and included != folder):
                 wrong.append(f"{path.relative_to(ROOT)} includes {included}/")
     assert not wrong, "\n".join(wrong)
+
+
+def test_every_public_header_lives_in_a_layer_folder():
+    loose = sorted(p.name for p in PUBLIC_ROOT.iterdir() if p.is_file())
+    assert loose == [], f"include/mfattn/ holds one folder per layer, not files: {loose}"
+    folders = {p.name for p in PUBLIC_ROOT.iterdir() if p.is_dir()}
+    assert folders <= set(RANK) - {"kernels", "cli"}, folders - set(RANK)
+
+
+def test_no_header_name_is_used_twice():
+    names = {}
+    for root in (ROOT / "src", PUBLIC_ROOT):
+        for path in root.rglob("*.hpp"):
+            names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    twice = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert not twice, twice
+
+
+def test_no_public_header_is_included_from_a_layer_above():
+    wrong = []
+    sources = [(p, p.relative_to(ROOT / "src").parts[0]) for p in sorted((ROOT / "src").rglob("*"))
+               if p.suffix in {".cpp", ".hpp", ".cu"}]
+    sources += [(p, p.relative_to(PUBLIC_ROOT).parts[0]) for p in sorted(PUBLIC_ROOT.rglob("*.hpp*"))]
+    for path, layer in sources:
+        for included in PUBLIC.findall(path.read_text()):
+            if included not in RANK or RANK[included] > RANK[layer] or (
+                    RANK[included] == RANK[layer] and included != layer):
+                wrong.append(f"{path.relative_to(ROOT)} ({layer}) includes mfattn/{included}/")
+    assert not wrong, "\n".join(wrong)
+

@@ -12,10 +12,10 @@
 #include <numeric>
 #include <sstream>
 
-#include "mfattn/analyze.hpp"
-#include "mfattn/h5md.hpp"
-#include "mfattn/observables.hpp"
-#include "mfattn/series.hpp"
+#include "mfattn/analyze/analyze.hpp"
+#include "mfattn/io/h5md.hpp"
+#include "mfattn/observers/observables.hpp"
+#include "mfattn/io/series.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {

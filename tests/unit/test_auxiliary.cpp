@@ -3,8 +3,8 @@
 #include <Eigen/Dense>
 #include <fstream>
 
-#include "mfattn/gauge.hpp"
-#include "mfattn/observables.hpp"
+#include "mfattn/core/gauge.hpp"
+#include "mfattn/observers/observables.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {

@@ -4,7 +4,7 @@
 // (the CUDA stub, or no device) skips itself; a new backend is covered by registering it.
 // Tier 1 (interfaces without a backend: options, registry, output layout) and tier 3 (exact
 // facts: analytic reductions, invariants, convergence orders) are the other test files.
-#include "mfattn/run_choices.hpp"
+#include "mfattn/app/run_choices.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {

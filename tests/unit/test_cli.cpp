@@ -5,10 +5,10 @@
 #include <set>
 #include <sstream>
 
-#include "mfattn/config.hpp"
-#include "mfattn/run_choices.hpp"
+#include "mfattn/app/config.hpp"
+#include "mfattn/app/run_choices.hpp"
 
-#include "mfattn/h5md.hpp"
+#include "mfattn/io/h5md.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {

@@ -13,8 +13,8 @@
 #include "backends/cuda/sums_engine.hpp"
 #include "kernels/model_terms.hpp"
 #include "kernels/token_operands.hpp"
-#include "mfattn/integrator.hpp"
-#include "mfattn/run_choices.hpp"
+#include "mfattn/integrators/integrator.hpp"
+#include "mfattn/app/run_choices.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {

@@ -2,7 +2,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "mfattn/observables.hpp"
+#include "mfattn/observers/observables.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {

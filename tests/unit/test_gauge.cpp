@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "mfattn/gauge.hpp"
-#include "mfattn/rng.hpp"
+#include "mfattn/core/gauge.hpp"
+#include "mfattn/core/rng.hpp"
 #include "test_support.hpp"
 
 using namespace mfattn;

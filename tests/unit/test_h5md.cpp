@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "mfattn/h5md.hpp"
+#include "mfattn/io/h5md.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Numbers as text (include/mfattn/number_text.hpp): every text of format_number reads back as
+// Numbers as text (include/mfattn/core/number_text.hpp): every text of format_number reads back as
 // exactly the double it was made from, and none is longer than it needs to be; format_seconds
 // writes the durations of run's progress and sweep's lines.
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include <limits>
 #include <string>
 
-#include "mfattn/number_text.hpp"
+#include "mfattn/core/number_text.hpp"
 
 using mfattn::format_number;
 using mfattn::format_seconds;

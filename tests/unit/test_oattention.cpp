@@ -1,14 +1,14 @@
-// OAttention (include/mfattn/oattention.hpp): the operator contract of seeds 000/001 (null
+// OAttention (include/mfattn/oattn/oattention.hpp): the operator contract of seeds 000/001 (null
 // receiver, null-source insertion, empty support), its failure for standard softmax
 // attention, eps_den at the true scale, the precision table, and the link to the particle
 // velocity of the SA backends.
 #include <cstring>
 #include <limits>
 
-#include "mfattn/oattention.hpp"
-#include "mfattn/oclosure.hpp"
-#include "mfattn/oclosure_command.hpp"
-#include "mfattn/rng.hpp"
+#include "mfattn/oattn/oattention.hpp"
+#include "mfattn/oattn/oclosure.hpp"
+#include "mfattn/app/oclosure_command.hpp"
+#include "mfattn/core/rng.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {

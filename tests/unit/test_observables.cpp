@@ -1,10 +1,10 @@
 // Observables against a brute-force recomputation over the moving tokens.
-#include "mfattn/observables.hpp"
+#include "mfattn/observers/observables.hpp"
 
 #include <omp.h>
 
-#include "mfattn/rng.hpp"
-#include "mfattn/series.hpp"
+#include "mfattn/core/rng.hpp"
+#include "mfattn/io/series.hpp"
 
 #include <Eigen/Dense>
 

@@ -1,10 +1,10 @@
-// O-closure (include/mfattn/oclosure.hpp): every O-closed component keeps zero tokens at zero
+// O-closure (include/mfattn/oattn/oclosure.hpp): every O-closed component keeps zero tokens at zero
 // and leaves the active tokens bit-identical under zero insertion, the standard components do
-// not, and the two-block ablation of `mfattn oclosure` (include/mfattn/oclosure_command.hpp).
+// not, and the two-block ablation of `mfattn oclosure` (include/mfattn/app/oclosure_command.hpp).
 #include <cstring>
 
-#include "mfattn/oclosure.hpp"
-#include "mfattn/oclosure_command.hpp"
+#include "mfattn/oattn/oclosure.hpp"
+#include "mfattn/app/oclosure_command.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {

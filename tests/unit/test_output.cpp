@@ -11,8 +11,8 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "mfattn/gauge.hpp"
-#include "mfattn/h5md.hpp"
+#include "mfattn/core/gauge.hpp"
+#include "mfattn/io/h5md.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {

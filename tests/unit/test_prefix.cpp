@@ -4,7 +4,7 @@
 #include <fstream>
 #include <numeric>
 
-#include "mfattn/observables.hpp"
+#include "mfattn/observers/observables.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {

@@ -1,6 +1,6 @@
-// The distances of `mfattn realize` (include/mfattn/realize.hpp) against closed forms.
-#include "mfattn/realize.hpp"
-#include "mfattn/rng.hpp"
+// The distances of `mfattn realize` (include/mfattn/app/realize.hpp) against closed forms.
+#include "mfattn/app/realize.hpp"
+#include "mfattn/core/rng.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {

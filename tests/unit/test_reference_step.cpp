@@ -2,9 +2,9 @@
 // drawn per replica and per layer, and the laws of the matrix presets.
 #include <cmath>
 
-#include "mfattn/backend.hpp"
-#include "mfattn/integrator.hpp"
-#include "mfattn/rng.hpp"
+#include "mfattn/backends/backend.hpp"
+#include "mfattn/integrators/integrator.hpp"
+#include "mfattn/core/rng.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "mfattn/init.hpp"
-#include "mfattn/rng.hpp"
-#include "mfattn/state.hpp"
+#include "mfattn/core/init.hpp"
+#include "mfattn/core/rng.hpp"
+#include "mfattn/core/state.hpp"
 #include "test_support.hpp"
 
 using namespace mfattn;

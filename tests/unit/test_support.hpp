@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "mfattn/config.hpp"
-#include "mfattn/integrator.hpp"
-#include "mfattn/run.hpp"
+#include "mfattn/app/config.hpp"
+#include "mfattn/integrators/integrator.hpp"
+#include "mfattn/app/run.hpp"
 
 namespace mfattn::testing {
 

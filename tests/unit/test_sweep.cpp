@@ -12,8 +12,8 @@
 #include <sstream>
 #include <thread>
 
-#include "mfattn/h5md.hpp"
-#include "mfattn/sweep.hpp"
+#include "mfattn/io/h5md.hpp"
+#include "mfattn/sweep/sweep.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {

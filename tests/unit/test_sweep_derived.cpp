@@ -4,7 +4,7 @@
 #include <fstream>
 #include <numbers>
 
-#include "mfattn/sweep.hpp"
+#include "mfattn/sweep/sweep.hpp"
 #include "sweep/sweep_expression.hpp"
 #include "test_support.hpp"
 

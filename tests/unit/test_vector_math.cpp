@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "backends/cpu/vector_math.hpp"
-#include "mfattn/rng.hpp"
+#include "mfattn/core/rng.hpp"
 
 namespace mfattn {
 namespace {

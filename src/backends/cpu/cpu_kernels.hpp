@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "mfattn/backend.hpp"
-#include "mfattn/model.hpp"
-#include "mfattn/pair_statistics.hpp"
+#include "mfattn/backends/backend.hpp"
+#include "mfattn/core/model.hpp"
+#include "mfattn/backends/pair_statistics.hpp"
 
 namespace mfattn::cpu {
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "backends/cpu/vector_math.hpp"
-#include "mfattn/pair_statistics.hpp"
+#include "mfattn/backends/pair_statistics.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::kernels {

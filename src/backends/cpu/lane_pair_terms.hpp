@@ -11,7 +11,7 @@
 
 #include "backends/cpu/vector_math.hpp"
 #include "kernels/pair_terms.hpp"
-#include "mfattn/model.hpp"
+#include "mfattn/core/model.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {

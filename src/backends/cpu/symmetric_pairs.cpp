@@ -12,7 +12,7 @@
 #include <type_traits>
 
 #include "backends/backend_common.hpp"
-#include "mfattn/backend.hpp"
+#include "mfattn/backends/backend.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {

@@ -44,8 +44,8 @@
 
 #include "backends/cpu/micro_kernels.hpp"
 #include "backends/cpu/lane_pair_terms.hpp"
-#include "mfattn/backend.hpp"
-#include "mfattn/model.hpp"
+#include "mfattn/backends/backend.hpp"
+#include "mfattn/core/model.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {

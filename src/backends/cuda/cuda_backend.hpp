@@ -2,7 +2,7 @@
 // The CUDA backend's factory for the tests: the whole backend (operands, offsets, exact pass,
 // finish) with its device loops emulated on the host, in the device's order of summation
 // (host_sums.cpp). make_cuda_backend (backend.hpp) is the same with the device's engine.
-#include "mfattn/backend.hpp"
+#include "mfattn/backends/backend.hpp"
 
 namespace mfattn::cuda {
 

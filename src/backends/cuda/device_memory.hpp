@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <string>
 
-#include "mfattn/backend_errors.hpp"
+#include "mfattn/backends/backend_errors.hpp"
 
 namespace mfattn::cuda {
 

@@ -22,7 +22,7 @@
 
 #include "backends/cuda/device_memory.hpp"
 #include "backends/cuda/sums_engine.hpp"
-#include "mfattn/backend_errors.hpp"
+#include "mfattn/backends/backend_errors.hpp"
 
 namespace mfattn::cuda {
 namespace {

@@ -14,14 +14,14 @@
 #include <span>
 #include <string>
 
-#include "mfattn/backend.hpp"
-#include "mfattn/choice_table.hpp"
-#include "mfattn/h5md.hpp"
-#include "mfattn/integrator.hpp"
-#include "mfattn/pair_kinds.hpp"
-#include "mfattn/gauge.hpp"
-#include "mfattn/init.hpp"
-#include "mfattn/model.hpp"
+#include "mfattn/backends/backend.hpp"
+#include "mfattn/core/choice_table.hpp"
+#include "mfattn/io/h5md.hpp"
+#include "mfattn/integrators/integrator.hpp"
+#include "mfattn/core/pair_kinds.hpp"
+#include "mfattn/core/gauge.hpp"
+#include "mfattn/core/init.hpp"
+#include "mfattn/core/model.hpp"
 
 namespace mfattn {
 

@@ -12,7 +12,7 @@
 /// Nothing here computes: backends (backend.hpp) evaluate a Model.
 #include <Eigen/Dense>
 
-#include "mfattn/pair_kinds.hpp"
+#include "mfattn/core/pair_kinds.hpp"
 
 #include <cstdint>
 #include <memory>

@@ -1,7 +1,7 @@
-// `mfattn realize` (include/mfattn/realize.hpp, docs/realization.md): a target law, the
+// `mfattn realize` (include/mfattn/app/realize.hpp, docs/realization.md): a target law, the
 // positions (or gauges) that realize it, one ordinary `mfattn run`, and the distance between
 // the realized marginal and the target beside the target's own sampling noise.
-#include "mfattn/realize.hpp"
+#include "mfattn/app/realize.hpp"
 
 #include <stdlib.h>
 
@@ -16,14 +16,14 @@
 #include <sstream>
 
 #include "io/json_text.hpp"
-#include "mfattn/config.hpp"
-#include "mfattn/gauge.hpp"
-#include "mfattn/h5md.hpp"
-#include "mfattn/init.hpp"
-#include "mfattn/input_file.hpp"
-#include "mfattn/number_text.hpp"
-#include "mfattn/rng.hpp"
-#include "mfattn/run.hpp"
+#include "mfattn/app/config.hpp"
+#include "mfattn/core/gauge.hpp"
+#include "mfattn/io/h5md.hpp"
+#include "mfattn/core/init.hpp"
+#include "mfattn/core/input_file.hpp"
+#include "mfattn/core/number_text.hpp"
+#include "mfattn/core/rng.hpp"
+#include "mfattn/app/run.hpp"
 
 namespace mfattn {
 

@@ -50,7 +50,7 @@
 #include <optional>
 #include <vector>
 
-#include "mfattn/model.hpp"
+#include "mfattn/core/model.hpp"
 
 namespace mfattn::oattn {
 

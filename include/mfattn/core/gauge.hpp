@@ -60,8 +60,8 @@
 #include <string>
 #include <vector>
 
-#include "mfattn/choice_table.hpp"
-#include "mfattn/model.hpp"
+#include "mfattn/core/choice_table.hpp"
+#include "mfattn/core/model.hpp"
 
 namespace mfattn {
 

@@ -22,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include "mfattn/config.hpp"
+#include "mfattn/app/config.hpp"
 
 namespace mfattn {
 

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "mfattn/h5md.hpp"
-#include "mfattn/pair_kinds.hpp"
-#include "mfattn/run_choices.hpp"
+#include "mfattn/io/h5md.hpp"
+#include "mfattn/core/pair_kinds.hpp"
+#include "mfattn/app/run_choices.hpp"
 
 namespace mfattn {
 

@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "mfattn/config.hpp"
-#include "mfattn/h5md.hpp"
-#include "mfattn/model.hpp"
-#include "mfattn/model_builder.hpp"
-#include "mfattn/state.hpp"
+#include "mfattn/app/config.hpp"
+#include "mfattn/io/h5md.hpp"
+#include "mfattn/core/model.hpp"
+#include "mfattn/app/model_builder.hpp"
+#include "mfattn/core/state.hpp"
 
 namespace mfattn {
 

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "mfattn/state.hpp"
+#include "mfattn/core/state.hpp"
 
 namespace mfattn {
 

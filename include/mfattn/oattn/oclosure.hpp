@@ -40,7 +40,7 @@
 #include <string>
 #include <vector>
 
-#include "mfattn/oattention.hpp"
+#include "mfattn/oattn/oattention.hpp"
 
 namespace mfattn::oclosure {
 

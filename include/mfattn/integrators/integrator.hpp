@@ -21,8 +21,8 @@
 #include <string_view>
 #include <vector>
 
-#include "mfattn/backend.hpp"
-#include "mfattn/state.hpp"
+#include "mfattn/backends/backend.hpp"
+#include "mfattn/core/state.hpp"
 
 namespace mfattn {
 

@@ -1,4 +1,4 @@
-#include "mfattn/run.hpp"
+#include "mfattn/app/run.hpp"
 
 #include <signal.h>
 #include <unistd.h>
@@ -17,17 +17,17 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "mfattn/gauge.hpp"
-#include "mfattn/h5md.hpp"
-#include "mfattn/init.hpp"
-#include "mfattn/input_file.hpp"
-#include "mfattn/integrator.hpp"
-#include "mfattn/number_text.hpp"
-#include "mfattn/observables.hpp"
-#include "mfattn/rng.hpp"
-#include "mfattn/run_choices.hpp"
-#include "mfattn/stop_signals.hpp"
-#include "mfattn/version.hpp"
+#include "mfattn/core/gauge.hpp"
+#include "mfattn/io/h5md.hpp"
+#include "mfattn/core/init.hpp"
+#include "mfattn/core/input_file.hpp"
+#include "mfattn/integrators/integrator.hpp"
+#include "mfattn/core/number_text.hpp"
+#include "mfattn/observers/observables.hpp"
+#include "mfattn/core/rng.hpp"
+#include "mfattn/app/run_choices.hpp"
+#include "mfattn/app/stop_signals.hpp"
+#include "mfattn/core/version.hpp"
 
 namespace mfattn {
 namespace {

@@ -6,10 +6,10 @@
 #include <cstddef>
 #include <vector>
 
-#include "mfattn/config.hpp"
-#include "mfattn/h5md.hpp"
-#include "mfattn/model.hpp"
-#include "mfattn/state.hpp"
+#include "mfattn/app/config.hpp"
+#include "mfattn/io/h5md.hpp"
+#include "mfattn/core/model.hpp"
+#include "mfattn/core/state.hpp"
 
 namespace mfattn {
 

@@ -1,4 +1,4 @@
-#include "mfattn/bench.hpp"
+#include "mfattn/app/bench.hpp"
 
 #include <omp.h>
 
@@ -6,11 +6,11 @@
 #include <iomanip>
 #include <iostream>
 
-#include "mfattn/backend.hpp"
-#include "mfattn/config.hpp"
-#include "mfattn/number_text.hpp"
-#include "mfattn/run.hpp"
-#include "mfattn/run_choices.hpp"
+#include "mfattn/backends/backend.hpp"
+#include "mfattn/app/config.hpp"
+#include "mfattn/core/number_text.hpp"
+#include "mfattn/app/run.hpp"
+#include "mfattn/app/run_choices.hpp"
 
 namespace mfattn {
 namespace po = boost::program_options;

@@ -1,6 +1,6 @@
 // `mfattn oclosure`: the zero-insertion ablation and the OAttention precision table
-// (include/mfattn/oclosure_command.hpp, docs/oattention.md).
-#include "mfattn/oclosure_command.hpp"
+// (include/mfattn/app/oclosure_command.hpp, docs/oattention.md).
+#include "mfattn/app/oclosure_command.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -12,10 +12,10 @@
 #include <sstream>
 
 #include "io/json_text.hpp"
-#include "mfattn/config.hpp"
-#include "mfattn/oattention.hpp"
-#include "mfattn/oclosure.hpp"
-#include "mfattn/run.hpp"
+#include "mfattn/app/config.hpp"
+#include "mfattn/oattn/oattention.hpp"
+#include "mfattn/oattn/oclosure.hpp"
+#include "mfattn/app/run.hpp"
 
 namespace mfattn {
 

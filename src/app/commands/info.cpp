@@ -1,11 +1,11 @@
-#include "mfattn/info.hpp"
-#include "mfattn/run_choices.hpp"
+#include "mfattn/app/info.hpp"
+#include "mfattn/app/run_choices.hpp"
 
 #include <iostream>
 #include <string>
 
-#include "mfattn/h5md.hpp"
-#include "mfattn/run.hpp"
+#include "mfattn/io/h5md.hpp"
+#include "mfattn/app/run.hpp"
 
 namespace mfattn {
 

@@ -43,8 +43,8 @@
 #include <utility>
 #include <vector>
 
-#include "mfattn/integrator.hpp"
-#include "mfattn/pair_statistics.hpp"
+#include "mfattn/integrators/integrator.hpp"
+#include "mfattn/backends/pair_statistics.hpp"
 
 namespace mfattn {
 

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "mfattn/h5md.hpp"
+#include "mfattn/io/h5md.hpp"
 
 namespace mfattn {
 

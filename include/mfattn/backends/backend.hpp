@@ -6,9 +6,9 @@
 ///   E = 1 / (2 beta M^2) * sum_i p_i D_i).
 /// Backends are chosen by name at run time (make_backend); each one computes every
 /// receiver's sums in a fixed order, so results do not depend on the thread count.
-#include "mfattn/backend_errors.hpp"
-#include "mfattn/model.hpp"
-#include "mfattn/pair_statistics.hpp"
+#include "mfattn/backends/backend_errors.hpp"
+#include "mfattn/core/model.hpp"
+#include "mfattn/backends/pair_statistics.hpp"
 
 #include <cstdint>
 
