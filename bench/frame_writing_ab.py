@@ -9,13 +9,14 @@ Each configuration runs with the default kernels and with MFATTN_CPU_KERNELS=avx
 default --flush-interval (1 s) and with 0 (a flush after every frame)."""
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from ab_common import ab_parser, round_order
 
 
 def one_run(binary: str, out: Path, flush: str, kernels: str | None, steps: int) -> float:
@@ -31,10 +32,7 @@ def one_run(binary: str, out: Path, flush: str, kernels: str | None, steps: int)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--a", required=True, help="the baseline binary")
-    parser.add_argument("--b", required=True, help="the binary under test")
-    parser.add_argument("--rounds", type=int, default=9)
+    parser = ab_parser(__doc__, rounds=9)
     parser.add_argument("--steps", type=int, default=2000, help="steps = frames of each run")
     args = parser.parse_args()
     print(f"n = 256, d = 3, euler, {args.steps} steps with a frame each, 1 thread; "
@@ -46,8 +44,8 @@ def main() -> None:
         for kernels in (None, "avx2"):
             for flush in ("1", "0"):
                 times = {"a": [], "b": []}
-                for _ in range(args.rounds):
-                    for which in ("a", "b"):
+                for round_index in range(args.rounds):
+                    for which in round_order(round_index):
                         times[which].append(one_run(getattr(args, which), out, flush, kernels, args.steps))
                 a, b = statistics.median(times["a"]), statistics.median(times["b"])
                 print(f"| {kernels or 'default'} | {flush} | {a:.3f} | {b:.3f} | {b / a:.3f} |", flush=True)

@@ -12,11 +12,12 @@ each with the default kernels and with MFATTN_CPU_KERNELS=avx2. A case is run A 
 one round and B then A in the next, so that a drift of the machine weighs on both alike."""
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import statistics
 import subprocess
+
+from ab_common import ab_parser, round_order
 
 CASES = {
     "n 256 d 3 (1 thread)": ["--n", "256", "--d", "3", "--threads", "1"],
@@ -43,10 +44,7 @@ def seconds_per_evaluation(binary: str, case: list[str], kernels: str | None, mi
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--a", required=True, help="the baseline binary")
-    parser.add_argument("--b", required=True, help="the binary under test")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser = ab_parser(__doc__, rounds=5)
     parser.add_argument("--min-time", type=float, default=0.5, help="mfattn bench --min-time of each run")
     args = parser.parse_args()
     print(f"median seconds per evaluation over {args.rounds} interleaved rounds (bench --min-time {args.min_time})")
@@ -55,8 +53,7 @@ def main() -> None:
         for name, case in CASES.items():
             times: dict[str, list[float]] = {"a": [], "b": []}
             for round_index in range(args.rounds):
-                order = ("a", "b") if round_index % 2 == 0 else ("b", "a")
-                for which in order:
+                for which in round_order(round_index):
                     times[which].append(seconds_per_evaluation(getattr(args, which), case, kernels, args.min_time))
             a, b = statistics.median(times["a"]), statistics.median(times["b"])
             print(f"{kernels or 'default':8s} {name:34s} {a:10.4g} {b:10.4g} {b / a:7.3f}", flush=True)

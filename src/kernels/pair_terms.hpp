@@ -115,6 +115,16 @@ struct PromptMasked {
 
 // ---- auxiliary factors: kLog (log_term(pair) = log c_ij) or kMultiply (factor(pair) = c_ij) ----
 
+/// What a factor declares besides its formula and its parameters: the kinds of AuxFactor it
+/// serves, and whether it enters the logit as log c_ij (kLog: a positive factor) or multiplies
+/// the weight (kMultiply: a sign-changing one). Every factor here is even, c(delta) = c(-delta),
+/// hence symmetric in (i, j).
+template <bool kIsLog, AuxFactor... kKinds>
+struct FactorKinds {
+  static constexpr bool kLog = kIsLog, kMultiply = !kIsLog, kSymmetric = true;
+  MFATTN_HOST_DEVICE static constexpr bool serves(AuxFactor kind) { return ((kind == kKinds) || ...); }
+};
+
 /// c_ij = 1.
 struct NoFactor {
   static constexpr bool kLog = false, kMultiply = false, kSymmetric = true;
@@ -123,11 +133,9 @@ struct NoFactor {
 };
 
 /// c_ij = exp(-lambda |xi_i - xi_j|): the distance bias (ALiBi-like), as a log-term.
-struct DistanceFactor {
-  static constexpr bool kLog = true, kMultiply = false, kSymmetric = true;
+struct DistanceFactor : FactorKinds<true, AuxFactor::Distance> {
   double lambda = 1.0;
-  MFATTN_HOST_DEVICE static constexpr bool serves(AuxFactor kind) { return kind == AuxFactor::Distance; }
-  MFATTN_HOST_DEVICE static DistanceFactor from(const PairTermParameters& p) { return {p.lambda}; }
+  MFATTN_HOST_DEVICE static DistanceFactor from(const PairTermParameters& p) { return {{}, p.lambda}; }
   template <class Pair>
   MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
     return sqrt(squared_distance(pair)) * -lambda;
@@ -135,13 +143,9 @@ struct DistanceFactor {
 };
 
 /// c_ij = exp(-|xi_i - xi_j|^2 / (2 sigma^2)): Gaussian, as a log-term.
-struct GaussianFactor {
-  static constexpr bool kLog = true, kMultiply = false, kSymmetric = true;
-  double inverse_two_sigma2 = 0.5;
-  MFATTN_HOST_DEVICE static constexpr bool serves(AuxFactor kind) { return kind == AuxFactor::Gaussian; }
-  MFATTN_HOST_DEVICE static GaussianFactor from(const PairTermParameters& p) {
-    return {0.5 / (p.sigma * p.sigma)};
-  }
+struct GaussianFactor : FactorKinds<true, AuxFactor::Gaussian> {
+  double inverse_two_sigma2 = 0.5;  // the reciprocal taken once
+  MFATTN_HOST_DEVICE static GaussianFactor from(const PairTermParameters& p) { return {{}, 0.5 / (p.sigma * p.sigma)}; }
   template <class Pair>
   MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
     return squared_distance(pair) * -inverse_two_sigma2;
@@ -153,14 +157,10 @@ struct GaussianFactor {
 /// one-term case (a_1 = 1: the same bits as the cosine alone). It changes sign, so it
 /// multiplies the weight instead of entering the logit; symmetric (cos is even), but the
 /// symmetric loop takes log-terms only.
-struct ToeplitzFactor {
-  static constexpr bool kLog = false, kMultiply = true, kSymmetric = true;
+struct ToeplitzFactor : FactorKinds<false, AuxFactor::Cosine, AuxFactor::Toeplitz> {
   ToeplitzSeries series;
-  MFATTN_HOST_DEVICE static constexpr bool serves(AuxFactor kind) {
-    return kind == AuxFactor::Cosine || kind == AuxFactor::Toeplitz;
-  }
   MFATTN_HOST_DEVICE static ToeplitzFactor from(const PairTermParameters& p) {
-    if (p.factor != AuxFactor::Cosine) return {p.toeplitz};
+    if (p.factor != AuxFactor::Cosine) return {{}, p.toeplitz};
     ToeplitzFactor cosine;  // the one-term series a_1 = 1, omega_1 = omega
     cosine.series.frequency[0] = p.omega;
     return cosine;
@@ -180,11 +180,9 @@ struct ToeplitzFactor {
 /// c_ij = (1 + |xi_i - xi_j|)^(-r): the power kernel of the KERPLE family, as the log-term
 /// -r log(1 + |dxi|) (log1p keeps the small distances exact). Positive and even, so USA keeps
 /// its energy ascent and SA takes it.
-struct PowerFactor {
-  static constexpr bool kLog = true, kMultiply = false, kSymmetric = true;
+struct PowerFactor : FactorKinds<true, AuxFactor::Power> {
   double power = 1.0;
-  MFATTN_HOST_DEVICE static constexpr bool serves(AuxFactor kind) { return kind == AuxFactor::Power; }
-  MFATTN_HOST_DEVICE static PowerFactor from(const PairTermParameters& p) { return {p.power}; }
+  MFATTN_HOST_DEVICE static PowerFactor from(const PairTermParameters& p) { return {{}, p.power}; }
   template <class Pair>
   MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
     return log1p(sqrt(squared_distance(pair))) * -power;
