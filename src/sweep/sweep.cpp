@@ -204,53 +204,38 @@ std::size_t parse_count(const std::string& option, const std::string& text, std:
   return value;
 }
 
-}  // namespace
+/// A factor of the grid, in file order: a plain axis, or a zip group (by label) at its first key.
+struct SweepFactor {
+  bool zipped = false;
+  std::string label;
+  std::vector<SweepAxis> axes;
+  std::vector<std::size_t> lines;
+};
 
-std::uint64_t fnv1a64(std::string_view bytes) {
-  std::uint64_t hash = 0xcbf29ce484222325ULL;
-  for (const char c : bytes) {
-    hash ^= static_cast<unsigned char>(c);
-    hash *= 0x100000001b3ULL;
-  }
-  return hash;
+/// What a sweep file says before its cases are made: its factors, and the base options (name
+/// and value, in file order) with the set of their names.
+struct SweepFile {
+  std::vector<SweepFactor> factors;
+  std::vector<std::pair<std::string, std::string>> base;
+  std::set<std::string> base_keys;
+};
+
+bool is_axis_name(const std::vector<SweepFactor>& factors, const std::string& name) {
+  for (const auto& factor : factors)
+    for (const auto& axis : factor.axes)
+      if (axis.name == name) return true;
+  return false;
 }
 
-std::vector<std::string> id_parameters(const RunConfig& cfg) {
-  const auto& defaults = default_parameters();
-  std::vector<std::string> lines;
-  for (const auto& p : cfg.parameters) {
-    if (not_in_id(p.name)) continue;
-    const std::string text = exact_text(p.value);
-    const auto standard = defaults.find(p.name);
-    if (standard != defaults.end() && standard->second == text) continue;
-    lines.push_back(p.name + "=" + text);
-  }
-  std::sort(lines.begin(), lines.end());
-  return lines;
+/// "FILE:LINE: derived NAME: ", the start of a derived option's messages.
+std::string derived_at(const std::string& origin, const SweepDerived& derived) {
+  return at_line(origin, derived.line) + "derived " + derived.name + ": ";
 }
 
-std::string case_id(const RunConfig& cfg) {
-  std::string canonical;
-  for (const auto& line : id_parameters(cfg)) canonical += line + "\n";
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a64(canonical)));
-  return hex;
-}
-
-std::string case_values_text(const SweepPlan& plan, const SweepCase& c, const std::string& separator) {
-  std::string text;
-  for (std::size_t a = 0; a < plan.axes.size() && a < c.values.size(); ++a)
-    text += (text.empty() ? "" : separator) + plan.axes[a].name + "=" + c.values[a];
-  for (std::size_t k = 0; k < plan.derived.size() && k < c.derived.size(); ++k)
-    text += (text.empty() ? "" : separator) + plan.derived[k].name + "=" + c.derived[k];
-  return text;
-}
-
-SweepPlan make_sweep(const std::string& text, const std::string& origin, const SweepCountHook& counted) {
-  RunConfig scratch;
-  const auto table = run_options(scratch);
-  SweepPlan plan;
-  plan.path = origin;
+/// Reads the sections of a sweep file: [axes] and [zip...] keys into factors, [derived] keys
+/// into plan.derived, and every other key into the base options.
+SweepFile read_sweep_file(const std::string& text, const std::string& origin, const po::options_description& table,
+                          SweepPlan& plan) {
   std::istringstream in(text);
   po::parsed_options parsed(nullptr);
   try {
@@ -259,22 +244,7 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
     throw UsageError(origin + ": " + option_error_text(e));
   }
   const std::vector<std::size_t> lines = option_lines(text);
-  std::set<std::string> base_keys;
-  std::vector<std::pair<std::string, std::string>> base;  // option name, value
-  // Factors in file order: a plain axis, or a zip group (by label) at its first key.
-  struct Factor {
-    bool zipped = false;
-    std::string label;
-    std::vector<SweepAxis> axes;
-    std::vector<std::size_t> lines;
-  };
-  std::vector<Factor> factors;
-  const auto is_axis_name = [&factors](const std::string& name) {
-    for (const auto& factor : factors)
-      for (const auto& axis : factor.axes)
-        if (axis.name == name) return true;
-    return false;
-  };
+  SweepFile file;
   for (std::size_t i = 0; i < parsed.options.size(); ++i) {
     const auto& option = parsed.options[i];
     const std::string& key = option.string_key;
@@ -290,19 +260,19 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
                          ": unknown key '" + key + "')");
       if (kSweepOwned.count(name) || kAlwaysPassed.count(name))
         throw UsageError("axis " + name + ": not allowed (the sweep sets --" + name + " itself)");
-      if (is_axis_name(name)) throw UsageError("axis " + name + ": given twice");
+      if (is_axis_name(file.factors, name)) throw UsageError("axis " + name + ": given twice");
       SweepAxis axis{name, split_words(value), section == "zip", {}};
       if (axis.values.empty()) throw UsageError("axis " + name + ": no values");
-      Factor* factor = nullptr;
+      SweepFactor* factor = nullptr;
       if (axis.zipped) {
         // "zip.beta" is [zip]; "zip.LABEL.beta" is [zip.LABEL] (LABEL may hold dots).
         const auto last_dot = key.rfind('.');
         axis.zip_label = last_dot > dot ? key.substr(dot + 1, last_dot - dot - 1) : std::string();
-        for (auto& candidate : factors)
+        for (auto& candidate : file.factors)
           if (candidate.zipped && candidate.label == axis.zip_label) factor = &candidate;
       }
       if (!factor) {
-        factor = &factors.emplace_back();
+        factor = &file.factors.emplace_back();
         factor->zipped = axis.zipped;
         factor->label = axis.zip_label;
       }
@@ -326,14 +296,21 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
         throw UsageError(origin + ": key '" + key + "' is not allowed in a sweep file (the sweep sets --" +
                          name + " itself)");
       if (kAlwaysPassed.count(name)) continue;
-      base_keys.insert(name);
-      base.emplace_back(name, value);
+      file.base_keys.insert(name);
+      file.base.emplace_back(name, value);
     }
   }
-  for (const auto& factor : factors) {
+  return file;
+}
+
+/// The plan's axes and factors from the file's (each axis once, zip groups of equal length),
+/// and the base options as arguments.
+void lay_out_axes(const SweepFile& file, const std::string& origin, const po::options_description& table,
+                  SweepPlan& plan) {
+  for (const auto& factor : file.factors) {
     for (std::size_t a = 0; a < factor.axes.size(); ++a) {
       const SweepAxis& axis = factor.axes[a];
-      if (base_keys.count(axis.name))
+      if (file.base_keys.count(axis.name))
         throw UsageError("axis " + axis.name + ": also set in the base config (keep one)");
       if (axis.values.size() != factor.axes.front().values.size()) {
         const SweepAxis& first = factor.axes.front();
@@ -352,24 +329,25 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
     }
     plan.factors.push_back(members);
   }
-  plan.sets_threads = base_keys.count("threads") > 0;
+  plan.sets_threads = file.base_keys.count("threads") > 0;
   for (const auto& axis : plan.axes) plan.sets_threads = plan.sets_threads || axis.name == "threads";
   for (const auto& derived : plan.derived) plan.sets_threads = plan.sets_threads || derived.name == "threads";
-  for (const auto& [name, value] : base) {
+  for (const auto& [name, value] : file.base) {
     const auto tokens = option_tokens(table, name, value, origin + ": ");
     plan.base_arguments.insert(plan.base_arguments.end(), tokens.begin(), tokens.end());
   }
 
-  // The derived expressions: parsed, and each variable tied to where its value comes from.
-  const auto derived_at = [&origin](const SweepDerived& derived) {
-    return at_line(origin, derived.line) + "derived " + derived.name + ": ";
-  };
+}
+
+/// The derived expressions: parsed, and each variable tied to where its value comes from.
+std::vector<DerivedRule> derived_rules(const SweepFile& file, const std::string& origin,
+                                       const po::options_description& table, const SweepPlan& plan) {
   std::vector<DerivedRule> rules;
   for (std::size_t k = 0; k < plan.derived.size(); ++k) {
     const SweepDerived& derived = plan.derived[k];
-    const std::string at = derived_at(derived);
-    if (is_axis_name(derived.name)) throw UsageError(at + "also an axis (keep one)");
-    if (base_keys.count(derived.name)) throw UsageError(at + "also set in the base config (keep one)");
+    const std::string at = derived_at(origin, derived);
+    if (is_axis_name(file.factors, derived.name)) throw UsageError(at + "also an axis (keep one)");
+    if (file.base_keys.count(derived.name)) throw UsageError(at + "also set in the base config (keep one)");
     DerivedRule rule;
     rule.kind = value_kind(table, derived.name);
     if (const std::string why = not_numeric(rule.kind, derived.name); !why.empty())
@@ -411,9 +389,9 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
         source.index = static_cast<std::size_t>(axis_as - plan.axes.begin());
       } else {
         const ValueKind kind = value_kind(table, option);
-        for (const auto& [name, value] : base)
+        for (const auto& [name, value] : file.base)
           if (name == option) source.text = value, source.fixed = read_number(value, kind);
-        if (!base_keys.count(option)) {
+        if (!file.base_keys.count(option)) {
           const auto standard = default_values().find(option);
           if (standard == default_values().end())
             throw UsageError(here + "not set in the sweep file, and --" + option + " has no default");
@@ -426,6 +404,13 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
     rules.push_back(std::move(rule));
   }
 
+  return rules;
+}
+
+/// The cases: the grid (mixed radix over the factors, last factor fastest), each case's
+/// derived values, and each case validated as `mfattn run` validates it, with its id.
+void expand_cases(const std::vector<DerivedRule>& rules, const std::string& origin,
+                  const po::options_description& table, const SweepCountHook& counted, SweepPlan& plan) {
   // The grid: mixed radix over the factors, last factor fastest.
   std::size_t total = 1;
   for (const auto& members : plan.factors) {
@@ -507,7 +492,7 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
     derived_numbers.clear();
     for (std::size_t k = 0; k < rules.size(); ++k) {
       const DerivedRule& rule = rules[k];
-      const std::string at = derived_at(plan.derived[k]);
+      const std::string at = derived_at(origin, plan.derived[k]);
       variable_values.clear();
       for (std::size_t v = 0; v < rule.sources.size(); ++v) {
         const VariableSource& source = rule.sources[v];
@@ -565,7 +550,7 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
       };
       for (std::size_t k = 0; k < rules.size(); ++k) {
         if (resolved(plan.derived[k].name) != derived_numbers[k])
-          throw UsageError(derived_at(plan.derived[k]) + "the value " + c.derived[k] +
+          throw UsageError(derived_at(origin, plan.derived[k]) + "the value " + c.derived[k] +
                            " does not read back as itself in run" + case_where(c));
         for (const auto& source : rules[k].sources) {
           const double used = source.from == VariableSource::From::Derived ? derived_numbers[source.index]
@@ -573,7 +558,7 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
                                   ? *axis_numbers[source.index][digit[source.index]]
                                   : *source.fixed;
           if (resolved(source.option) != used)
-            throw UsageError(derived_at(plan.derived[k]) + "--" + source.option + " resolves to another value " +
+            throw UsageError(derived_at(origin, plan.derived[k]) + "--" + source.option + " resolves to another value " +
                              "than the " + format_number(used) + " read from the sweep file" + case_where(c));
         }
       }
@@ -592,6 +577,59 @@ SweepPlan make_sweep(const std::string& text, const std::string& origin, const S
     }
     plan.cases.push_back(std::move(c));
   }
+}
+
+}  // namespace
+
+std::uint64_t fnv1a64(std::string_view bytes) {
+  std::uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const char c : bytes) {
+    hash ^= static_cast<unsigned char>(c);
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+std::vector<std::string> id_parameters(const RunConfig& cfg) {
+  const auto& defaults = default_parameters();
+  std::vector<std::string> lines;
+  for (const auto& p : cfg.parameters) {
+    if (not_in_id(p.name)) continue;
+    const std::string text = exact_text(p.value);
+    const auto standard = defaults.find(p.name);
+    if (standard != defaults.end() && standard->second == text) continue;
+    lines.push_back(p.name + "=" + text);
+  }
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
+
+std::string case_id(const RunConfig& cfg) {
+  std::string canonical;
+  for (const auto& line : id_parameters(cfg)) canonical += line + "\n";
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a64(canonical)));
+  return hex;
+}
+
+std::string case_values_text(const SweepPlan& plan, const SweepCase& c, const std::string& separator) {
+  std::string text;
+  for (std::size_t a = 0; a < plan.axes.size() && a < c.values.size(); ++a)
+    text += (text.empty() ? "" : separator) + plan.axes[a].name + "=" + c.values[a];
+  for (std::size_t k = 0; k < plan.derived.size() && k < c.derived.size(); ++k)
+    text += (text.empty() ? "" : separator) + plan.derived[k].name + "=" + c.derived[k];
+  return text;
+}
+
+SweepPlan make_sweep(const std::string& text, const std::string& origin, const SweepCountHook& counted) {
+  RunConfig scratch;
+  const auto table = run_options(scratch);
+  SweepPlan plan;
+  plan.path = origin;
+  const SweepFile file = read_sweep_file(text, origin, table, plan);
+  lay_out_axes(file, origin, table, plan);
+  const std::vector<DerivedRule> rules = derived_rules(file, origin, table, plan);
+  expand_cases(rules, origin, table, counted, plan);
   return plan;
 }
 
