@@ -8,9 +8,9 @@ Each binary is a path, optionally followed by environment settings for it, comma
   build/mfattn  build/mfattn,MFATTN_CPU_KERNELS=avx2  /tmp/old/build/mfattn
 
 Every case runs `mfattn run` for 20 RK4 steps (dopri5 and Euler-Maruyama where the case says)
-at n = 150 with frames at t = 0.5 and 1, once per binary, and compares the whole
+at n = 150 (the small-system cases at n <= 48) with frames at t = 0.5 and 1, once per binary, and compares the whole
 /particles/tokens/position/value arrays with the reference's. The cases cover what a change
-to the pair loops or the physics can break: both CPU loops, d = 3, 4, 20 and 64, SA and USA,
+to the pair loops or the physics can break: the three CPU loops, d = 3, 4, 20 and 64, SA and USA,
 random Q, K and V, RoPE and axial/mixed gauges, transported and plain values, the causal,
 window and per-prompt masks, every auxiliary factor, prefix tokens, presence amplitudes and
 null tokens, noise, dopri5 and replicas.
@@ -53,6 +53,11 @@ CASES = {
                                      "0.1,0.4,1.3", "--mask", "window", "--window", "40"],
     "one-sided d20 causal gaussian": ["--d", "20", "--kernel", "sa", "--mask", "causal", "--aux-factor", "gaussian",
                                       "--aux-sigma", "20"],
+    "small d3 usa n40": ["--n", "40", "--d", "3", "--kernel", "usa"],
+    "small d4 sa presence v n33": ["--n", "33", "--d", "4", "--kernel", "sa", "--v", "gaussian", "--amplitudes",
+                                   ",".join(("1", "0.5", "0")[i % 3] for i in range(33))],
+    "small d2 sa rescaled n48": ["--n", "48", "--d", "2", "--kernel", "sa", "--beta", "30", "--time-scale",
+                                 "rescaled"],
     "symmetric d3 power": ["--d", "3", "--kernel", "usa", "--aux-factor", "power", "--aux-power", "0.7"],
     "one-sided d20 causal power": ["--d", "20", "--kernel", "sa", "--mask", "causal", "--aux-factor", "power",
                                    "--aux-power", "1.5"],
@@ -94,7 +99,9 @@ def run_case(spec, extra, out, threads, observables=False, is_reference=False):
     for setting in settings:
         key, value = setting.split("=", 1)
         env[key] = value
-    argv = [binary, "run", "--n", "150", "--horizon", "1", "--save-every", "0.5", "--dt", "0.05",
+    # n = 150 unless the case names its own (the small-system loop takes at most 48 tokens).
+    size = [] if "--n" in extra else ["--n", "150"]
+    argv = [binary, "run", *size, "--horizon", "1", "--save-every", "0.5", "--dt", "0.05",
             "--seed", "3", "--threads", str(threads), "--quiet", "--overwrite", "--out", out]
     argv += extra + ([] if "--integrator" in extra else ["--integrator", "rk4"])
     # The reference's stderr is kept for its refusals (an older binary without an option).

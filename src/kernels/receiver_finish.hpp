@@ -33,6 +33,48 @@ MFATTN_HOST_DEVICE inline Real cauchy_schwarz_offset(const Real& query_norm2, do
   return sqrt(query_norm2) * largest_key + bias_bound;
 }
 
+// The steps of the finish, each written once and templated on the number type: double (the
+// scalar finish below, a CUDA thread) or a CPU lane type (the small-system loop finishes eight
+// receivers at once with the same lines, cpu_backend.cpp).
+
+/// u_pre from the shifted sums where the scale and the result are finite:
+///   USA: u_pre = (scale / M) A          SA: u_pre = A / (S + eps_den / scale)
+template <class Real>
+MFATTN_HOST_DEVICE inline void normalized_sums(bool usa, double mass, double eps_den, const Real& scale,
+                                               const Real& weight_sum_shifted, const Real* acc, int d,
+                                               Real* u_pre) {
+  if (usa) {
+    const Real factor = scale / mass;
+    for (int c = 0; c < d; ++c) u_pre[c] = factor * acc[c];
+  } else {
+    // eps_den is compared with the true weight sum: eps + scale * S = scale * (eps/scale + S).
+    const Real denominator = eps_den > 0.0 ? weight_sum_shifted + eps_den / scale : weight_sum_shifted;
+    for (int c = 0; c < d; ++c) u_pre[c] = acc[c] / denominator;
+  }
+}
+
+/// out = V in, V row-major d x d (v_row(r)[c] its entry (r, c)).
+template <class Real, class ValueRow>
+MFATTN_HOST_DEVICE inline void value_product(ValueRow&& v_row, int d, const Real* in, Real* out) {
+  for (int r = 0; r < d; ++r) {
+    Real sum{};
+    for (int c = 0; c < d; ++c) sum += v_row(r)[c] * in[c];
+    out[r] = sum;
+  }
+}
+
+/// v_i = p_i (u - <x_i, u> x_i), the tangent projection P_{x_i} of the attention output, and
+/// p_i u where attention_output is given (not null).
+template <class Real>
+MFATTN_HOST_DEVICE inline void tangent_velocity(const Real& p_i, int d, const Real* x_i, const Real* u,
+                                                Real* velocity, Real* attention_output) {
+  Real radial{};
+  for (int c = 0; c < d; ++c) radial += x_i[c] * u[c];
+  for (int c = 0; c < d; ++c) velocity[c] = p_i * (u[c] - radial * x_i[c]);
+  if (attention_output)
+    for (int c = 0; c < d; ++c) attention_output[c] = p_i * u[c];
+}
+
 /// The model's numbers that the finish reads.
 struct FinishTerms {
   bool usa = true;              ///< USA (else SA)
@@ -89,41 +131,29 @@ MFATTN_HOST_DEVICE inline FinishOutcome finish_sums(const FinishTerms& terms, do
   }
   double* u_pre = scratch;
   double* u = scratch + d;
+  if (terms.usa && !std::isfinite(scale / terms.mass)) {
+    for (int c = 0; c < d; ++c)
+      u_pre[c] = std::copysign(std::exp(log_scale + std::log(std::fabs(acc[c]) / terms.mass)), acc[c]);
+  } else {
+    normalized_sums(terms.usa, terms.mass, terms.eps_den, scale, weight_sum_shifted, acc, d, u_pre);
+  }
   if (terms.usa) {
-    const double factor = scale / terms.mass;
     bool finite = true;
-    for (int c = 0; c < d; ++c) {
-      u_pre[c] = std::isfinite(factor)
-                     ? factor * acc[c]
-                     : std::copysign(std::exp(log_scale + std::log(std::fabs(acc[c]) / terms.mass)), acc[c]);
-      finite = finite && std::isfinite(u_pre[c]);
-    }
+    for (int c = 0; c < d; ++c) finite = finite && std::isfinite(u_pre[c]);
     if (!finite) {
       outcome.overflow = true;
       return outcome;
     }
-  } else {
-    // eps_den is compared with the true weight sum: eps + scale * S = scale * (eps/scale + S).
-    const double denominator = weight_sum_shifted + (terms.eps_den > 0.0 ? terms.eps_den / scale : 0.0);
-    for (int c = 0; c < d; ++c) u_pre[c] = acc[c] / denominator;
   }
   // u = V G_i^T u_pre (transported values) or V u_pre (plain values).
   const double* rotated = u_pre;
   if (transpose_gauge(static_cast<const double*>(u_pre), u))
     for (int c = 0; c < d; ++c) u_pre[c] = u[c];
   if (v) {
-    for (int r = 0; r < d; ++r) {
-      double sum = 0.0;
-      for (int c = 0; c < d; ++c) sum += v[r * d + c] * rotated[c];
-      u[r] = sum;
-    }
+    value_product([v, d](int r) { return v + r * d; }, d, rotated, u);
     rotated = u;
   }
-  double radial = 0.0;
-  for (int c = 0; c < d; ++c) radial += x_i[c] * rotated[c];
-  for (int c = 0; c < d; ++c) velocity[c] = p_i * (rotated[c] - radial * x_i[c]);
-  if (attention_output)
-    for (int c = 0; c < d; ++c) attention_output[c] = p_i * rotated[c];
+  tangent_velocity(p_i, d, x_i, rotated, velocity, attention_output);
   return outcome;
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/receiver_finish.hpp"
 #include "kernels/token_operands.hpp"
 
 namespace mfattn::oattn {
@@ -300,9 +301,8 @@ void sa_velocity_via_oattention(const Model& model, const double* x, double* vel
     if (transported) model.gauge->apply_transpose(i, o, s.data());
     else std::copy(o, o + d, s.data());
     multiply(matrices.v, matrices.v_identity, s.data(), r.data());
-    double radial = 0.0;
-    for (std::size_t c = 0; c < d; ++c) radial += xi[c] * r[c];
-    for (std::size_t c = 0; c < d; ++c) velocity[i * d + c] = r[c] - radial * xi[c];
+    // The tangent projection with p_i = 1 (OAttention_i carries p_i already; 1 * y is y).
+    kernels::tangent_velocity(1.0, int(d), xi, r.data(), velocity + i * d, static_cast<double*>(nullptr));
   }
 }
 

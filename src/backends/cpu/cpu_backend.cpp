@@ -371,34 +371,22 @@ class CpuBackend final : public Backend {
         scale.set(lane, power[lane] >= 0.0 ? power[lane] : detail::receiver_scale(model_, m));
       presence.set(lane, model_.presence[first + lane]);
     }
-    // Lane-wise +, *, / round as the scalar operations do.
+    // The scalar finish's steps (kernels/receiver_finish.hpp) on lanes: lane-wise +, *, /
+    // round as the scalar operations do.
     Lanes u_pre[d];
-    if (usa) {
-      const Lanes factor = scale / mass_;
-      for (std::size_t c = 0; c < d; ++c) u_pre[c] = factor * acc[c];
-    } else {
-      const Lanes denominator = model_.eps_den > 0.0 ? sum + model_.eps_den / scale : sum;
-      for (std::size_t c = 0; c < d; ++c) u_pre[c] = acc[c] / denominator;
-    }
+    kernels::normalized_sums(usa, mass_, model_.eps_den, scale, sum, acc, int(d), u_pre);
     // u = V u_pre (no gauge in this loop), then v_i = p_i (u - <x_i, u> x_i).
     Lanes u[d];
     if (matrices.v_identity) {
       for (std::size_t c = 0; c < d; ++c) u[c] = u_pre[c];
     } else {
-      for (std::size_t row = 0; row < d; ++row) {
-        Lanes total{};
-        for (std::size_t c = 0; c < d; ++c) total += matrices.v(row, c) * u_pre[c];
-        u[row] = total;
-      }
+      const double* v = matrices.v.data();
+      kernels::value_product([v](int row) { return v + row * int(d); }, int(d), u_pre, u);
     }
     Lanes xi[d];
     for (std::size_t c = 0; c < d; ++c) xi[c] = simd::load(o.coordinates + c * o.padded + first);
-    Lanes radial{}, moved[d], output_lanes[d];
-    for (std::size_t c = 0; c < d; ++c) radial += xi[c] * u[c];
-    for (std::size_t c = 0; c < d; ++c) {
-      moved[c] = presence * (u[c] - radial * xi[c]);
-      output_lanes[c] = presence * u[c];
-    }
+    Lanes moved[d], output_lanes[d];
+    kernels::tangent_velocity(presence, int(d), xi, u, moved, output_lanes);
     const Lanes weight_sums = scale * sum;
     for (std::size_t lane = 0; lane < count; ++lane) {
       const std::size_t i = first + lane;

@@ -56,14 +56,8 @@ class ReferenceBackend final : public Backend {
           const double total = model_.eps_den + denominator;
           for (std::size_t c = 0; c < d; ++c) u[c] = total > 0.0 ? numerator[c] / total : 0.0;
         }
-        double radial = 0.0;
-        for (std::size_t c = 0; c < d; ++c) radial += xi[c] * u[c];
-        double* vi = out.velocity + (r * n + i) * d;
-        for (std::size_t c = 0; c < d; ++c)
-          vi[c] = model_.presence[i] * (u[c] - radial * xi[c]);
-        if (out.attention_output)
-          for (std::size_t c = 0; c < d; ++c)
-            out.attention_output[(r * n + i) * d + c] = model_.presence[i] * u[c];
+        kernels::tangent_velocity(model_.presence[i], int(d), xi, u.data(), out.velocity + (r * n + i) * d,
+                                  out.attention_output ? out.attention_output + (r * n + i) * d : nullptr);
         if (out.weight_sums) out.weight_sums[r * n + i] = denominator;
       }
     }
