@@ -1,6 +1,6 @@
 #include "backends/backend_common.hpp"
 
-#include "kernels/token_operands.hpp"
+#include "backends/token_operands.hpp"
 
 #include <algorithm>
 #include <iterator>

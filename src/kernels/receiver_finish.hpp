@@ -16,6 +16,7 @@
 #include <cmath>
 
 #include "kernels/compile_target.hpp"
+#include "kernels/token_formulas.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::kernels {
@@ -50,16 +51,6 @@ MFATTN_HOST_DEVICE inline void normalized_sums(bool usa, double mass, double eps
     // eps_den is compared with the true weight sum: eps + scale * S = scale * (eps/scale + S).
     const Real denominator = eps_den > 0.0 ? weight_sum_shifted + eps_den / scale : weight_sum_shifted;
     for (int c = 0; c < d; ++c) u_pre[c] = acc[c] / denominator;
-  }
-}
-
-/// out = V in, V row-major d x d (v_row(r)[c] its entry (r, c)).
-template <class Real, class ValueRow>
-MFATTN_HOST_DEVICE inline void value_product(ValueRow&& v_row, int d, const Real* in, Real* out) {
-  for (int r = 0; r < d; ++r) {
-    Real sum{};
-    for (int c = 0; c < d; ++c) sum += v_row(r)[c] * in[c];
-    out[r] = sum;
   }
 }
 
@@ -150,7 +141,7 @@ MFATTN_HOST_DEVICE inline FinishOutcome finish_sums(const FinishTerms& terms, do
   if (transpose_gauge(static_cast<const double*>(u_pre), u))
     for (int c = 0; c < d; ++c) u_pre[c] = u[c];
   if (v) {
-    value_product([v, d](int r) { return v + r * d; }, d, rotated, u);
+    matrix_product(RowMajorRows{v, d}, d, rotated, u);
     rotated = u;
   }
   tangent_velocity(p_i, d, x_i, rotated, velocity, attention_output);

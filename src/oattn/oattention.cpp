@@ -10,7 +10,7 @@
 #include <type_traits>
 
 #include "kernels/receiver_finish.hpp"
-#include "kernels/token_operands.hpp"
+#include "backends/token_operands.hpp"
 
 namespace mfattn::oattn {
 
@@ -263,15 +263,10 @@ void sa_velocity_via_oattention(const Model& model, const double* x, double* vel
   const std::size_t n = model.n, d = model.d, sources = n + model.prefix_count();
   const bool transported = model.gauge && model.values == ValueTransport::Transported;
   auto multiply = [d](const Matrix& m, bool identity, const double* in, double* out) {
-    for (std::size_t a = 0; a < d; ++a) {
-      if (identity) {
-        out[a] = in[a];
-        continue;
-      }
-      double sum = 0.0;
-      for (std::size_t b = 0; b < d; ++b) sum += m(a, b) * in[b];
-      out[a] = sum;
-    }
+    if (identity)
+      std::copy(in, in + d, out);
+    else
+      kernels::matrix_product(kernels::RowMajorRows{m.data(), int(d)}, int(d), in, out);
   };
   // q_i = G_i Q x_i, k_j = G_j K y_j, z_j and p_j, as every backend prepares them.
   kernels::TokenOperands operands;

@@ -67,3 +67,22 @@ def test_no_public_header_is_included_from_a_layer_above():
                 wrong.append(f"{path.relative_to(ROOT)} ({layer}) includes mfattn/{included}/")
     assert not wrong, "\n".join(wrong)
 
+
+# What a header of src/kernels/ may include: the standard library, its own folder, and the
+# dependency-free headers below it, so that every header there compiles for a CUDA device
+# (tests/CMakeLists.txt compiles all of them with nvcc where it is found). A Model, Eigen or a
+# backend's header is the host side's (src/backends/model_sources.hpp, token_operands.hpp).
+KERNELS_MAY_INCLUDE = {"core/counter_random.hpp", "mfattn/core/rng.hpp", "mfattn/core/pair_kinds.hpp"}
+QUOTED = re.compile(r'#include "([^"]+)"')
+
+
+def test_kernels_headers_include_nothing_a_device_cannot_compile():
+    wrong = []
+    for path in sorted((ROOT / "src" / "kernels").glob("*")):
+        for included in QUOTED.findall(path.read_text()):
+            if not included.startswith("kernels/") and included not in KERNELS_MAY_INCLUDE:
+                wrong.append(f"{path.relative_to(ROOT)} includes {included}")
+        if "<Eigen" in path.read_text():
+            wrong.append(f"{path.relative_to(ROOT)} includes Eigen")
+    assert not wrong, "\n".join(wrong)
+

@@ -11,8 +11,8 @@
 
 #include "backends/cuda/cuda_backend.hpp"
 #include "backends/cuda/sums_engine.hpp"
-#include "kernels/model_terms.hpp"
-#include "kernels/token_operands.hpp"
+#include "backends/model_sources.hpp"
+#include "backends/token_operands.hpp"
 #include "mfattn/integrators/integrator.hpp"
 #include "mfattn/app/run_choices.hpp"
 #include "test_support.hpp"

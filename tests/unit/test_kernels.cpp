@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "backends/cpu/lane_pair_terms.hpp"
-#include "kernels/model_terms.hpp"
+#include "backends/model_sources.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {

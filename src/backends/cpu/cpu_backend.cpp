@@ -47,7 +47,7 @@
 #include "backends/cpu/symmetric_pairs.hpp"
 #include "backends/cpu/cpu_kernels.hpp"
 #include "backends/cpu/vector_math.hpp"
-#include "kernels/token_operands.hpp"
+#include "backends/token_operands.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {
@@ -245,13 +245,11 @@ class CpuBackend final : public Backend {
     bias.resize(n);
     Scratch scratch;
     double* work = scratch.rows(d);
-    // M y as kernels::gauged_product forms it (no gauge here), straight into the operands: a
-    // scratch row written and read back per token stalled on store forwarding.
+    // (M y)_a as kernels::gauged_product forms it (kernels::row_product; no gauge here),
+    // straight into the operands: a scratch row written and read back per token stalled on
+    // store forwarding.
     auto product = [](const Matrix& m, bool identity, const double* y, std::size_t a) {
-      if (identity) return y[a];
-      double total = 0.0;
-      for (std::size_t b = 0; b < d; ++b) total += m(a, b) * y[b];
-      return total;
+      return identity ? y[a] : kernels::row_product(m.data() + a * d, y, int(d));
     };
     double largest_key2 = 0.0, largest_bias = kNegInf, largest_query2 = 0.0;
     for (std::size_t j = 0; j < n; ++j) {
@@ -380,8 +378,7 @@ class CpuBackend final : public Backend {
     if (matrices.v_identity) {
       for (std::size_t c = 0; c < d; ++c) u[c] = u_pre[c];
     } else {
-      const double* v = matrices.v.data();
-      kernels::value_product([v](int row) { return v + row * int(d); }, int(d), u_pre, u);
+      kernels::matrix_product(kernels::RowMajorRows{matrices.v.data(), int(d)}, int(d), u_pre, u);
     }
     Lanes xi[d];
     for (std::size_t c = 0; c < d; ++c) xi[c] = simd::load(o.coordinates + c * o.padded + first);

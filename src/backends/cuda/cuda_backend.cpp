@@ -20,8 +20,8 @@
 
 #include "backends/backend_common.hpp"
 #include "backends/cuda/sums_engine.hpp"
-#include "kernels/model_terms.hpp"
-#include "kernels/token_operands.hpp"
+#include "backends/model_sources.hpp"
+#include "backends/token_operands.hpp"
 
 namespace mfattn {
 namespace cuda {

@@ -159,11 +159,7 @@ struct HostTeam {
 /// out = M y (M row-major d x d; null: the identity, out = y). Returns out or y.
 MFATTN_HOST_DEVICE inline const double* apply_matrix(const double* m, const double* y, int d, double* out) {
   if (!m) return y;
-  for (int r = 0; r < d; ++r) {
-    double sum = 0.0;
-    for (int c = 0; c < d; ++c) sum += m[r * d + c] * y[c];
-    out[r] = sum;
-  }
+  kernels::matrix_product(kernels::RowMajorRows{m, d}, d, y, out);
   return out;
 }
 

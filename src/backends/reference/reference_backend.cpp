@@ -3,7 +3,7 @@
 // definitions of the physics (kernels/: the token operands and the pair terms' formulas),
 // none of their loops, bounds or sums.
 #include "backends/backend_common.hpp"
-#include "kernels/token_operands.hpp"
+#include "backends/token_operands.hpp"
 
 #include <vector>
 
@@ -70,11 +70,7 @@ class ReferenceBackend final : public Backend {
       std::copy(in, in + d, out);
       return;
     }
-    for (std::size_t a = 0; a < d; ++a) {
-      double sum = 0.0;
-      for (std::size_t b = 0; b < d; ++b) sum += m(a, b) * in[b];
-      out[a] = sum;
-    }
+    kernels::matrix_product(kernels::RowMajorRows{m.data(), int(d)}, int(d), in, out);
   }
   const Model& model_;
   kernels::TokenOperands operands_;

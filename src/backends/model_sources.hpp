@@ -1,6 +1,8 @@
 #pragma once
-// The host side of the kernels layer: the labels of a Model's sources (its pair terms are
-// Model::pair_terms, the kernels' PairTermParameters). Sources are numbered 0..n-1 (the tokens that move) then
+// The kernels' pair terms read from a Model, on the host: the labels of its sources and the
+// pair function of kernels/pair_terms.hpp on them (the pair terms are Model::pair_terms, the
+// kernels' PairTermParameters). Kept out of src/kernels/, whose headers all compile for a
+// device, because a Model (Eigen) does not; in namespace kernels, as the kernels' host side. Sources are numbered 0..n-1 (the tokens that move) then
 // n..n+P-1 (the frozen prefix tokens), for positions, prompts, presences and the gauge alike.
 #include <cstddef>
 

@@ -1,5 +1,7 @@
 #pragma once
-// The per-token operands of docs/model.md section 2, written once for every backend:
+// The per-token operands of docs/model.md section 2, read from a Model with the kernels'
+// per-token formulas (kernels/token_formulas.hpp), once for every backend (kept out of
+// src/kernels/, whose headers all compile for a device, because a Model does not):
 //   query  G_i Q x_i,   key  k_j = G_j K y_j,
 //   value  z_j = G_j y_j (transported values) | y_j (plain),   log-presence  log p_j
 // for the sources j (the n moving tokens, then the P prefix tokens, whose contents y_p are
@@ -16,7 +18,8 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/model_terms.hpp"
+#include "backends/model_sources.hpp"
+#include "kernels/token_formulas.hpp"
 #include "mfattn/core/model.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
@@ -32,11 +35,7 @@ inline const double* gauged_product(const Model& model, const Matrix& m, bool id
   const std::size_t d = model.d;
   const double* in = y;
   if (!identity) {
-    for (std::size_t a = 0; a < d; ++a) {
-      double sum = 0.0;
-      for (std::size_t b = 0; b < d; ++b) sum += m(a, b) * y[b];
-      tmp[a] = sum;
-    }
+    matrix_product(RowMajorRows{m.data(), int(d)}, int(d), y, tmp);
     in = tmp;
   }
   if (!model.gauge) return in;
@@ -51,11 +50,6 @@ inline const double* source_value(const Model& model, std::size_t token, const d
   if (!model.gauge || model.values != ValueTransport::Transported) return y;
   model.gauge->apply(token, y, out);
   return out;
-}
-
-/// log p (-inf for p = 0).
-inline double log_presence(double presence) {
-  return presence > 0.0 ? std::log(presence) : -std::numeric_limits<double>::infinity();
 }
 
 /// Every source's operands as plain row-major arrays (sources = n moving tokens, then the P

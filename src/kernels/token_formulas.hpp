@@ -1,0 +1,46 @@
+#pragma once
+// The per-token formulas of docs/model.md section 2 that every preparation and finish takes,
+// for the host and a CUDA device:
+//   (M y)_a = sum_b M_ab y_b, summed in b order from 0   (Q x, K x, V u, a dense gauge G x), on
+//             doubles or (where the finish runs on them) CPU lanes; M is row-major, row(a)
+//             gives a pointer to its row a
+//   b_j = log p_j                                         (-inf for a null token)
+// The host side that reads a Model with them is src/backends/token_operands.hpp.
+#include <cmath>
+#include <cstddef>
+
+#include "kernels/compile_target.hpp"
+
+MFATTN_CPU_TARGET_BEGIN
+namespace mfattn::kernels {
+inline namespace MFATTN_CPU_NAMESPACE {
+
+/// sum_b m_row[b] y[b], in b order from 0.
+template <class Real>
+MFATTN_HOST_DEVICE inline Real row_product(const double* m_row, const Real* y, int d) {
+  Real sum{};
+  for (int b = 0; b < d; ++b) sum += m_row[b] * y[b];
+  return sum;
+}
+
+/// out = M y, out[a] = row_product(row(a), y, d); out may not alias y.
+template <class Real, class Row>
+MFATTN_HOST_DEVICE inline void matrix_product(Row&& row, int d, const Real* y, Real* out) {
+  for (int a = 0; a < d; ++a) out[a] = row_product(row(a), y, d);
+}
+
+/// log p (-inf for p = 0).
+MFATTN_HOST_DEVICE inline double log_presence(double presence) {
+  return presence > 0.0 ? std::log(presence) : -__builtin_huge_val();
+}
+
+/// The row accessor of a row-major d x d array.
+struct RowMajorRows {
+  const double* m;
+  int d;
+  MFATTN_HOST_DEVICE const double* operator()(int a) const { return m + a * d; }
+};
+
+}  // namespace MFATTN_CPU_NAMESPACE
+}  // namespace mfattn::kernels
+MFATTN_CPU_TARGET_END
