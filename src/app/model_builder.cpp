@@ -89,8 +89,8 @@ AttentionMatrices draw_matrices(const RunConfig& cfg, std::uint64_t layer, std::
   const auto d = static_cast<std::size_t>(cfg.d);
   const auto seed = static_cast<std::uint64_t>(cfg.seed);
   AttentionMatrices m;
-  m.q = matrix_option("q", cfg.choices.q, cfg.q, d, matrix_stream(seed, 0, layer, set_key), m.q_identity);
-  m.k = matrix_option("k", cfg.choices.k, cfg.k, d, matrix_stream(seed, 1, layer, set_key), m.k_identity);
+  m.q = matrix_option(std::string(kQueryOption.option), cfg.choices.q, cfg.q, d, matrix_stream(seed, 0, layer, set_key), m.q_identity);
+  m.k = matrix_option(std::string(kKeyOption.option), cfg.choices.k, cfg.k, d, matrix_stream(seed, 1, layer, set_key), m.k_identity);
   const std::optional<MatrixPreset> v = cfg.choices.v;
   if (v == MatrixPreset::PlusQk || v == MatrixPreset::MinusQk) {
     m.v = m.q.transpose() * m.k;
@@ -107,7 +107,7 @@ AttentionMatrices draw_matrices(const RunConfig& cfg, std::uint64_t layer, std::
     if (v == MatrixPreset::MinusForm) m.v = -m.v;
     m.v_identity = false;
   } else {
-    m.v = matrix_option("v", v, cfg.v, d, matrix_stream(seed, 2, layer, set_key), m.v_identity);
+    m.v = matrix_option(std::string(kValueOption.option), v, cfg.v, d, matrix_stream(seed, 2, layer, set_key), m.v_identity);
   }
   return m;
 }

@@ -284,7 +284,7 @@ RunChoices validate(const RunConfig& c) {
     reject("threads", std::to_string(c.threads),
            "must be an integer in [0, " + std::to_string(kMaxThreads) + "] (0: automatic)");
   choices.backend = find_backend(c.backend);
-  if (!choices.backend) reject("backend", c.backend, "accepted: " + joined(backend_names(), ", "));
+  if (!choices.backend) reject("backend", c.backend, "accepted: " + backend_names_text(", "));
   choices.precision = require_choice(kPrecisionOption, c.precision);
   if (choices.precision == Precision::Float && !choices.backend->takes_float)
     reject("precision", c.precision,

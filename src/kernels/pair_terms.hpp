@@ -245,10 +245,20 @@ struct PairTerms {
     else
       return typename Pair::Real{} + 1.0;
   }
-  /// Both, for one pair: the one reading of the terms every backend makes.
+  /// Both, for one pair: the one reading of the terms every backend makes. A scalar pair the
+  /// mask hides is -inf with multiplier 1 at once: no factor is evaluated for it (the same sum
+  /// as log_term's, mask first, for a visible pair).
   template <class Pair>
   MFATTN_HOST_DEVICE PairWeightTerms<typename Pair::Real> weight_terms(const Pair& pair) const {
-    return {log_term(pair), factor(pair)};
+    using Real = typename Pair::Real;
+    Real term{};
+    if constexpr (Mask::kActive) {
+      term += mask.log_term(pair);
+      if constexpr (std::is_same_v<Real, double>)
+        if (term == negative_infinity()) return {term, 1.0};
+    }
+    if constexpr (Factor::kLog) term += aux_factor.log_term(pair);
+    return {term, factor(pair)};
   }
 };
 

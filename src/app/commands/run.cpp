@@ -264,7 +264,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     backend = make_backend(cfg.backend, model, backend_options(cfg, threads));
     IntegratorSettings settings{cfg.integrator, cfg.rtol, cfg.atol, cfg.noise_kappa,
                                 static_cast<std::uint64_t>(cfg.seed)};
-    integrator = make_integrator(settings);
+    integrator = cfg.choices.integrator->make(settings);  // the entry validation found
     if (!integrator->adaptive() && cfg.horizon / cfg.dt > kMaxFixedSteps) {
       std::ostringstream count;
       count << std::setprecision(3) << cfg.horizon / cfg.dt;
