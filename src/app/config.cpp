@@ -562,11 +562,17 @@ RunConfig parse_run_arguments(const std::vector<std::string>& args) {
   command_line << "mfattn run";
   for (const auto& arg : args) command_line << ' ' << arg;
   cfg.command_line = command_line.str();
+  cfg.parameters = table_parameters(table, vm);
+  return cfg;
+}
+
+std::vector<Parameter> table_parameters(const po::options_description& table, const po::variables_map& vm) {
+  std::vector<Parameter> parameters;
   for (const auto& option : table.options()) {
     const std::string& name = option->long_name();
-    if (vm.count(name)) cfg.parameters.push_back({name, to_parameter(vm[name].value())});
+    if (vm.count(name)) parameters.push_back({name, to_parameter(vm[name].value())});
   }
-  return cfg;
+  return parameters;
 }
 
 }  // namespace mfattn

@@ -92,7 +92,7 @@ double finish_receiver(const Model& model, const AttentionMatrices& matrices, do
   const kernels::FinishTerms terms = finish_terms(model, mass);
   const bool transported = model.gauge && model.values == ValueTransport::Transported;
   const kernels::FinishOutcome outcome = kernels::finish_sums(
-      terms, model.presence[token], int(model.d), x_i, log_max, scale, weight_sum_shifted, acc,
+      terms, model.receiver_speed(token), int(model.d), x_i, log_max, scale, weight_sum_shifted, acc,
       matrices.v_identity ? nullptr : matrices.v.data(), out.velocity, out.attention_output, scratch,
       [&](const double* in, double* rotated) {
         if (transported) model.gauge->apply_transpose(token, in, rotated);

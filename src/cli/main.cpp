@@ -17,6 +17,7 @@
 #include "mfattn/app/bench.hpp"
 #include "mfattn/app/config.hpp"
 #include "mfattn/app/info.hpp"
+#include "mfattn/app/meanfield.hpp"
 #include "mfattn/app/oclosure_command.hpp"
 #include "mfattn/app/realize.hpp"
 #include "mfattn/app/run.hpp"
@@ -34,12 +35,13 @@ constexpr const char* kUsage =
     "  analyze  collapse and metastability summary: mfattn analyze FILE.h5 [--json] [--replica R]\n"
     "  oclosure  zero-token insertion ablation and OAttention precision (mfattn oclosure --help)\n"
     "  realize  exact realization of a target law by RoPE orbits or prefix gauges (mfattn realize --help)\n"
+    "  meanfield  the density (mean-field) equation of the same model (mfattn meanfield --help)\n"
     "  mfattn --help | help <command> | --version | -V\n";
 
 constexpr int kExitInternal = 1;
 
 /// Every command, in the order the usage lists them.
-const std::vector<std::string> kCommands = {"run", "sweep", "bench", "info", "analyze", "oclosure", "realize"};
+const std::vector<std::string> kCommands = {"run", "sweep", "bench", "info", "analyze", "oclosure", "realize", "meanfield"};
 
 std::string accepted_commands() {
   std::string text;
@@ -124,6 +126,10 @@ int print_help(const std::string& command) {
     std::cout << mfattn::realize_usage();
     return mfattn::kExitOk;
   }
+  if (command == "meanfield") {
+    std::cout << mfattn::meanfield_usage();
+    return mfattn::kExitOk;
+  }
   std::cerr << "mfattn help: unknown command '" << command << "' (accepted: " << accepted_commands()
             << ")\n";
   return mfattn::kExitUsage;
@@ -201,6 +207,7 @@ int main(int argc, char** argv) {
     if (command == "info") return mfattn::info_command(args, std::cout, std::cerr);
     if (command == "analyze") return mfattn::analyze_command(args, std::cout, std::cerr);
     if (command == "realize") return mfattn::realize_command(args, std::cout, std::cerr);
+    if (command == "meanfield") return mfattn::meanfield_command(args, std::cout, std::cerr);
     return mfattn::oclosure_command(args, std::cout, std::cerr);
   });
 }

@@ -132,6 +132,7 @@ inline std::string particle_group_name(std::size_t replica) {
 /// Replica 0's position group: the frame clock of a file that keeps every frame's positions,
 /// and the kept frames' step and time of one that keeps the ends.
 inline const std::string kPositionClockGroup = "/particles/tokens/position/";
+inline const std::string kFieldGroup = "/fields/density/";
 inline constexpr std::size_t kPositionChunkBytes = 256 * 1024;
 inline constexpr std::size_t kSeriesChunkBytes = 64 * 1024;  // step, time and observables
 /// PositionFrames::Ends keeps two position rows (t = 0 and the horizon); a run resumed to a
@@ -166,6 +167,8 @@ class Hdf5H5mdWriter final : public H5mdWriter {
   // h5md_layout.cpp
   void write_parameters(const std::vector<Parameter>& parameters) override;
   void write_labels(const TokenLabels& labels) override;
+  void write_field_dataset(const std::string& name, const std::vector<std::size_t>& shape,
+                           const std::vector<double>& values) override;
 
   // h5md_writer.cpp
   void append_frame(std::int64_t step, double time, const double* positions,
@@ -237,6 +240,9 @@ class Hdf5H5mdWriter final : public H5mdWriter {
                           Filters filters);
   void write_h5md_group();
   void create_particle_groups();
+  /// A density file's /fields/density/{step, time, value} (WriterSetup::field_shape).
+  void create_field_group();
+  bool is_field_file() const { return !setup_.field_shape.empty(); }
   void write_prefix(const TokenLabels& labels);
   void write_attention_matrices(const TokenLabels& labels);
   void write_label_datasets(hid_t g, std::size_t count, std::size_t k, const double* aux_position,

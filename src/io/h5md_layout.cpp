@@ -185,6 +185,28 @@ void Hdf5H5mdWriter::create_particle_groups() {
   }
 }
 
+void Hdf5H5mdWriter::create_field_group() {
+  Handle fields = create_group(check_, file_.get(), "fields");
+  Handle density = create_group(check_, fields.get(), "density");
+  step_ = grow(density.get(), "step", H5T_STD_I64LE, {}, kSeriesChunkBytes, {false, setup_.fletcher32});
+  time_ = grow(density.get(), "time", H5T_IEEE_F64LE, {}, kSeriesChunkBytes, {false, setup_.fletcher32});
+  const std::vector<hsize_t> frame_shape(setup_.field_shape.begin(), setup_.field_shape.end());
+  positions_.push_back(grow(density.get(), "value", H5T_IEEE_F64LE, frame_shape, kPositionChunkBytes,
+                            {setup_.deflate, setup_.fletcher32}));
+}
+
+void Hdf5H5mdWriter::write_field_dataset(const std::string& name, const std::vector<std::size_t>& shape,
+                                         const std::vector<double>& values) {
+  if (!is_field_file()) throw std::invalid_argument("write_field_dataset: not a density file");
+  std::size_t count = 1;
+  for (std::size_t extent : shape) count *= extent;
+  if (values.size() != count) throw std::invalid_argument("write_field_dataset: " + name + " does not fill its shape");
+  Handle density = check_.own(H5Gopen2(file_.get(), kFieldGroup.c_str(), H5P_DEFAULT), H5Gclose, "opening",
+                              kFieldGroup);
+  write_fixed_dataset(check_, density.get(), name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
+                      std::vector<hsize_t>(shape.begin(), shape.end()), values.data());
+}
+
 /// /particles/prefix: the frozen prefix tokens, shared by every replica. Their position is
 /// a time-independent H5MD element (a dataset, not a step/time/value group).
 void Hdf5H5mdWriter::write_prefix(const TokenLabels& labels) {
@@ -313,6 +335,7 @@ void Hdf5H5mdWriter::link_group_of_replica_0(hid_t group, const char* name) {
 
 /// The group of the frame clock a writer with this setup uses (see frame_clock_group).
 std::string Hdf5H5mdWriter::frame_clock_path(const WriterSetup& setup) {
+  if (!setup.field_shape.empty()) return kFieldGroup;
   if (setup.position_frames == PositionFrames::All) return kPositionClockGroup;
   return "/observables/" + setup.observables.front().first + "/";
 }

@@ -65,7 +65,15 @@ Hdf5H5mdWriter::Hdf5H5mdWriter(const WriterSetup& setup, ResumePoint& point)
     position_rows = std::min(length(position_step_.get(), "position/step", 1),
                              length(position_time_.get(), "position/time", 1));
   }
-  for (std::size_t r = 0; r < setup.replicas; ++r) {
+  if (is_field_file()) {
+    Handle value = open(kFieldGroup + "value");
+    const auto dims = dataset_dims(check_, value.get(), "fields/density/value");
+    if (std::vector<std::size_t>(dims.begin() + std::min<std::size_t>(dims.size(), 1), dims.end()) != setup.field_shape)
+      throw IoError(setup.path + ": --resume needs the same grid as the file");
+    frames = std::min(frames, dims[0]);
+    positions_.push_back(std::move(value));
+  }
+  for (std::size_t r = 0; r < setup.replicas && !is_field_file(); ++r) {
     const std::string group = "/particles/" + particle_group_name(r);
     particle_groups_.push_back(check_.own(H5Gopen2(file_.get(), group.c_str(), H5P_DEFAULT),
                                           H5Gclose, "opening", group));

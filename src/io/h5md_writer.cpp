@@ -46,6 +46,14 @@ Hdf5H5mdWriter::Hdf5H5mdWriter(const WriterSetup& setup)
   if (setup.position_frames == PositionFrames::None && setup.velocity)
     throw std::invalid_argument("H5mdWriter: velocities follow the positions' frames, and "
                                 "PositionFrames::None keeps none");
+  if (!setup.field_shape.empty()) {
+    std::size_t size = 1;
+    for (std::size_t extent : setup.field_shape) size *= extent;
+    if (setup.n != size || setup.d != 1 || setup.replicas != 1 || setup.velocity ||
+        setup.position_frames != PositionFrames::All)
+      throw std::invalid_argument("H5mdWriter: a density file has n = the shape's size, d = 1, one replica, "
+                                  "every frame and no velocities");
+  }
   clock_group_ = frame_clock_path(setup);
   QuietHdf5Errors quiet;
   std::error_code ignored;
@@ -74,7 +82,10 @@ Hdf5H5mdWriter::Hdf5H5mdWriter(const WriterSetup& setup)
   published_ = !setup.atomic_publish;
   reserve_space(kMetadataMargin);
   write_h5md_group();
-  create_particle_groups();
+  if (is_field_file())
+    create_field_group();
+  else
+    create_particle_groups();
   create_observables();
   create_group(check_, file_.get(), "parameters");
   run_ = create_group(check_, file_.get(), "run");

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # The layers, lowest first; folders of one rank are independent of each other.
 RANK = {"core": 0, "kernels": 1, "backends": 2, "integrators": 3, "observers": 4, "io": 4,
-        "oattn": 4, "app": 5, "sweep": 6, "analyze": 6, "cli": 7}
+        "oattn": 4, "meanfield": 4, "app": 5, "sweep": 6, "analyze": 6, "cli": 7}
 INCLUDE = re.compile(r'#include "([a-z_]+)/')
 PUBLIC = re.compile(r'#include "mfattn/([a-z0-9_]+)/')
 PUBLIC_ROOT = ROOT / "include" / "mfattn"

@@ -208,6 +208,11 @@ std::string option_error_text(const boost::program_options::error& error);
 void store_run_arguments(const std::vector<std::string>& args, const boost::program_options::options_description& table,
                          boost::program_options::variables_map& vm, RunConfig& cfg);
 
+/// Every option of `table` that `vm` holds (given or defaulted), typed, in the table's order:
+/// what /parameters records.
+std::vector<Parameter> table_parameters(const boost::program_options::options_description& table,
+                                        const boost::program_options::variables_map& vm);
+
 /// Roughly the bytes a run needs at its peak (state, integrator stages, backend buffers,
 /// one frame of observables, matrices, gauge) with the given choices; see the formula in
 /// config.cpp.

@@ -73,6 +73,14 @@ struct Model {
   /// presence p_i in [0, 1] of each token (size n); p_i = a_i^2 / (tau + a_i^2).
   std::vector<double> presence;
   double eps_den = 0.0;        ///< SA denominator epsilon, >= 0
+  /// What a receiver's velocity is multiplied by: its presence p_i (false, the particles of
+  /// docs/model.md section 2), or 1 whatever its presence (true). The mean-field quadrature
+  /// (docs/meanfield.md) sets it: its grid points are sources whose presences are their
+  /// masses and receivers that sample the field X[mu], which does not depend on the mass
+  /// at the point. Every backend but cuda honours it (cuda refuses such a model).
+  bool receivers_at_unit_speed = false;
+  /// The factor of receiver i's velocity: p_i, or 1 with receivers_at_unit_speed.
+  double receiver_speed(std::size_t i) const { return receivers_at_unit_speed ? 1.0 : presence[i]; }
 
   /// Positions xi (n rows of k columns, row-major); used by masks, factors and gauges.
   std::size_t position_dim = 1;

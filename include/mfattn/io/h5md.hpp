@@ -82,6 +82,11 @@ struct WriterSetup {
   std::string creator_version;  ///< project version
   /// Observable names and component counts (1 = scalar) written per frame, in order.
   std::vector<std::pair<std::string, std::size_t>> observables;
+  /// Not empty: a density file of `mfattn meanfield` (docs/output.md, "Density files"): the
+  /// frames' values go to /fields/density/value [T, field_shape...] with their clock in
+  /// /fields/density/{step, time}, and there is no /particles. n must be the product of the
+  /// shape, d = 1, one replica, every frame kept (PositionFrames::All), no velocities.
+  std::vector<std::size_t> field_shape;
 };
 
 /// Token labels that never change during a run.
@@ -134,6 +139,9 @@ class H5mdWriter {
   virtual ~H5mdWriter() = default;
   virtual void write_parameters(const std::vector<Parameter>& parameters) = 0;
   virtual void write_labels(const TokenLabels& labels) = 0;
+  /// A density file's fixed dataset /fields/density/<name> of that shape (the grid).
+  virtual void write_field_dataset(const std::string& name, const std::vector<std::size_t>& shape,
+                                   const std::vector<double>& values) = 0;
   /// Appends one frame: positions of all replicas (R * n * d, replica-major) and one value
   /// array per observable in setup order (R * components numbers each). step_size is the
   /// integrator's next step (/run/step_size), which a resumed run continues with.

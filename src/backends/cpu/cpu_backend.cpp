@@ -367,7 +367,7 @@ class CpuBackend final : public Backend {
       log_max.set(lane, m);
       if (needs_scale && m > kNegInf)
         scale.set(lane, power[lane] >= 0.0 ? power[lane] : detail::receiver_scale(model_, m));
-      presence.set(lane, model_.presence[first + lane]);
+      presence.set(lane, model_.receiver_speed(first + lane));
     }
     // The scalar finish's steps (kernels/receiver_finish.hpp) on lanes: lane-wise +, *, /
     // round as the scalar operations do.

@@ -163,7 +163,7 @@ double SymmetricPairs::build_tile(const Prepared& p, Replica& s, std::size_t t) 
   // key of a present source), so null tokens change no offset.
   double offset = 0.0;
   for (std::size_t i = begin; i < filled; ++i)
-    if (model_.presence[i] > 0.0) offset = std::max(offset, p.offsets[i]);
+    if (model_.receiver_speed(i) > 0.0) offset = std::max(offset, p.offsets[i]);
   return offset;
 }
 
@@ -651,7 +651,7 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
       for (std::size_t c = 0; c < d; ++c) gathered[c] = even.acc[row + c] + odd.acc[row + c];
     }
     const double* acc = gathered;
-    if (model_.presence[i] > 0.0 && !(weight_sum >= kLooseBound)) {
+    if (model_.receiver_speed(i) > 0.0 && !(weight_sum >= kLooseBound)) {
 #pragma omp atomic write
       fall_back = true;
       continue;

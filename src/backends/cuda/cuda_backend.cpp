@@ -401,6 +401,9 @@ std::unique_ptr<Backend> make_emulated_cuda_backend(const Model& model, const Ba
 }  // namespace cuda
 
 std::unique_ptr<Backend> make_cuda_backend(const Model& model, const BackendOptions& options) {
+  // The resident kernel scales every receiver by its presence (resident_steps.hpp).
+  if (model.receivers_at_unit_speed)
+    throw BackendUnavailable("cuda: receivers at unit speed (the mean-field quadrature) run on the cpu backend only");
   if (options.precision == Precision::Float) return cuda::make_with<float>(model, options, false);
   return cuda::make_with<double>(model, options, false);
 }

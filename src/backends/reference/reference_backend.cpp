@@ -56,7 +56,7 @@ class ReferenceBackend final : public Backend {
           const double total = model_.eps_den + denominator;
           for (std::size_t c = 0; c < d; ++c) u[c] = total > 0.0 ? numerator[c] / total : 0.0;
         }
-        kernels::tangent_velocity(model_.presence[i], int(d), xi, u.data(), out.velocity + (r * n + i) * d,
+        kernels::tangent_velocity(model_.receiver_speed(i), int(d), xi, u.data(), out.velocity + (r * n + i) * d,
                                   out.attention_output ? out.attention_output + (r * n + i) * d : nullptr);
         if (out.weight_sums) out.weight_sums[r * n + i] = denominator;
       }

@@ -1,0 +1,472 @@
+// `mfattn meanfield`: the options, the choice of solver, the initial density and the solve
+// loop with its density file (docs/meanfield.md; failure model as for runs).
+#include "mfattn/app/meanfield.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numbers>
+#include <ostream>
+#include <sstream>
+
+#include "app/progress.hpp"
+#include "mfattn/app/model_builder.hpp"
+#include "mfattn/app/run.hpp"
+#include "mfattn/app/stop_signals.hpp"
+#include "mfattn/core/input_file.hpp"
+#include "mfattn/core/number_text.hpp"
+#include "mfattn/core/version.hpp"
+#include "mfattn/meanfield/solvers.hpp"
+
+namespace mfattn {
+namespace po = boost::program_options;
+
+namespace {
+
+/// The run options that mean the same for densities; every other run option is refused
+/// when given (it has no meaning for a density, or the solver chooses it: --dt).
+const std::vector<std::string> kMeanfieldRunOptions = {
+    "d", "beta", "kernel", "time-scale", "q", "k", "v", "geometry", "rope-base", "rope-freqs", "generators",
+    "positions", "values", "aux-factor", "aux-lambda", "aux-sigma", "aux-omega", "aux-power",
+    "toeplitz-coefficients", "toeplitz-frequencies", "mask", "window", "eps-den", "noise-kappa", "rtol", "atol",
+    "horizon", "save-every", "save-times", "seed", "threads", "backend", "out", "overwrite", "resume", "deflate",
+    "fletcher32", "flush-interval", "quiet", "config"};
+
+po::options_description meanfield_options(MeanfieldConfig& c) {
+  po::options_description own("Mean-field options");
+  own.add_options()
+      ("grid", po::value(&c.grid)->default_value(0, "256, 32 or 256"),
+       "circle cells M (d = 2), the maximal degree L (d = 3), or polar cells (--zonal); >= 4")
+      ("label-points", po::value(&c.label_points)->default_value(0),
+       "label nodes M_xi (d = 2, --positions uniform): one conditional density per node; 0 = no labels")
+      ("init-density", po::value(&c.init_density)->default_value("uniform"),
+       "uniform | vmf (exp(kappa <x, e_1>)) | FILE of the grid's values (normalised)")
+      ("init-kappa", po::value(&c.init_kappa)->default_value(1.0), "vmf concentration, finite")
+      ("perturbation", po::value(&c.perturbation)->default_value("", "none"),
+       "k,eps: adds eps cos(k theta) (circle), eps Y_k0 (S^2) or eps P_k (zonal), then renormalises")
+      ("zonal", po::bool_switch(&c.zonal), "densities of <x, e_1> only, any d (Q^T K and V multiples of I)")
+      ("evaluation", po::value(&c.evaluation)->default_value("auto"),
+       "circle velocity: auto | fourier (FFT; the kernel must commute with rotations) | quadrature (cpu pair loop)")
+      ("compare", po::value(&c.compare)->default_value("", "none"),
+       "RUN.h5: print W1 between that particle run's empirical measure and the density at common frames");
+  return own;
+}
+
+[[noreturn]] void refuse(const std::string& option, const std::string& value, const std::string& rule) {
+  throw UsageError("--" + option + " " + value + ": " + rule);
+}
+
+/// Q^T K = a I and V = b I of the label model's matrices (rotation-invariant on S^{d-1}).
+bool isotropic(const Model& model, double& a, double& b) {
+  const AttentionMatrices& m = model.matrices_of(0);
+  const std::size_t d = model.d;
+  const Matrix q = m.q_identity ? Matrix::Identity(d, d) : m.q;
+  const Matrix k = m.k_identity ? Matrix::Identity(d, d) : m.k;
+  const Matrix v = m.v_identity ? Matrix::Identity(d, d) : m.v;
+  const Matrix form = q.transpose() * k;
+  a = form(0, 0);
+  b = v(0, 0);
+  const double tolerance = 1e-12 * (1.0 + std::abs(a) + std::abs(b));
+  return (form - a * Matrix::Identity(d, d)).cwiseAbs().maxCoeff() <= tolerance &&
+         (v - b * Matrix::Identity(d, d)).cwiseAbs().maxCoeff() <= tolerance;
+}
+
+enum class Solver { Circle, Sphere, Zonal };
+
+struct Problem {
+  Solver solver = Solver::Circle;
+  Model label_model;
+  std::unique_ptr<meanfield::DensitySolver> density;
+};
+
+Problem make_problem(const MeanfieldConfig& cfg, int threads) {
+  const RunConfig& run = cfg.run;
+  Problem problem;
+  problem.label_model = build_model(run);
+  Model& model = problem.label_model;
+  model.noise_kappa = run.noise_kappa;
+  const bool labelled = cfg.label_points > 0;
+  problem.solver = cfg.zonal ? Solver::Zonal : (run.d == 2 ? Solver::Circle : Solver::Sphere);
+  if (problem.solver == Solver::Circle) {
+    meanfield::CircleOptions options;
+    options.angles = static_cast<std::size_t>(cfg.grid > 0 ? cfg.grid : 256);
+    options.labelled = labelled;
+    options.evaluation = cfg.evaluation == "fourier"      ? meanfield::CircleEvaluation::Fourier
+                         : cfg.evaluation == "quadrature" ? meanfield::CircleEvaluation::Quadrature
+                                                          : meanfield::CircleEvaluation::Automatic;
+    options.tolerance = {run.rtol, run.atol};
+    options.threads = threads;
+    if (options.evaluation == meanfield::CircleEvaluation::Fourier && !meanfield::circle_kernels_commute(model))
+      refuse("evaluation", "fourier", "the kernel does not commute with rotations (Q, K, V and the gauge's rotations "
+                                      "must be multiples of rotations); accepted: auto or quadrature");
+    problem.density = meanfield::make_circle_solver(model, options);
+    return problem;
+  }
+  meanfield::IsotropicInteraction interaction;
+  interaction.d = model.d;
+  interaction.beta = model.beta;
+  interaction.usa = model.normalization == Normalization::Usa;
+  interaction.exponent_shift = model.exponent_shift();
+  interaction.eps_den = model.eps_den;
+  interaction.noise_kappa = run.noise_kappa;
+  if (!isotropic(model, interaction.score_scale, interaction.value_scale))
+    throw UsageError(std::string(cfg.zonal ? "--zonal" : "--d 3") +
+                     ": the density solver needs Q^T K and V multiples of the identity (--q, --k, --v); "
+                     "other kernels are solved on the circle (--d 2)");
+  if (problem.solver == Solver::Zonal) {
+    problem.density = meanfield::make_zonal_solver(
+        interaction, static_cast<std::size_t>(cfg.grid > 0 ? cfg.grid : 256), {run.rtol, run.atol});
+  } else {
+    problem.density = meanfield::make_sphere_solver(interaction, static_cast<std::size_t>(cfg.grid > 0 ? cfg.grid : 32));
+  }
+  return problem;
+}
+
+/// The perturbation's shape on the grid: cos(k theta) (circle), Y_k0 (S^2, orthonormal),
+/// P_k(cos theta) (zonal, the Gegenbauer polynomial with P_k(1) = 1).
+double perturbation_shape(const meanfield::DensityGrid& grid, std::size_t d, int k, std::size_t point) {
+  const std::size_t columns = grid.kind == meanfield::GridKind::Sphere ? grid.phi.size() : grid.theta.size();
+  const double theta = grid.theta[(point / (grid.kind == meanfield::GridKind::Sphere ? columns : 1)) %
+                                  (grid.kind == meanfield::GridKind::Sphere ? grid.theta.size() : columns)];
+  if (grid.kind == meanfield::GridKind::Circle) return std::cos(k * theta);
+  const double t = std::cos(theta);
+  const double dimension = grid.kind == meanfield::GridKind::Sphere ? 3.0 : double(d);
+  double previous = 1.0, current = k == 0 ? 1.0 : t;
+  for (int j = 2; j <= k; ++j) {
+    const double next = ((2.0 * j + dimension - 4.0) * t * current - (j - 1.0) * previous) / (j + dimension - 3.0);
+    previous = current;
+    current = next;
+  }
+  if (grid.kind == meanfield::GridKind::Sphere) return std::sqrt((2.0 * k + 1.0) / (4.0 * std::numbers::pi)) * current;
+  return current;
+}
+
+/// <x, e_1> at a grid point.
+double first_coordinate(const meanfield::DensityGrid& grid, std::size_t point) {
+  switch (grid.kind) {
+    case meanfield::GridKind::Circle: return std::cos(grid.theta[point % grid.theta.size()]);
+    case meanfield::GridKind::Zonal: return std::cos(grid.theta[point]);
+    case meanfield::GridKind::Sphere: {
+      const std::size_t columns = grid.phi.size();
+      return std::sin(grid.theta[point / columns]) * std::cos(grid.phi[point % columns]);
+    }
+  }
+  return 0.0;
+}
+
+std::vector<double> initial_density(const MeanfieldConfig& cfg, const meanfield::DensityGrid& grid) {
+  const std::size_t size = grid.size();
+  // Each label row (or the whole grid) is one probability density.
+  const std::size_t rows = grid.kind == meanfield::GridKind::Circle && grid.shape.size() == 2 ? grid.shape[0] : 1;
+  const std::size_t row_size = size / rows;
+  std::vector<double> density(size, 1.0);
+  if (cfg.init_density == "vmf") {
+    for (std::size_t i = 0; i < size; ++i) density[i] = std::exp(cfg.init_kappa * (first_coordinate(grid, i) - 1.0));
+  } else if (cfg.init_density != "uniform") {
+    std::size_t found = 0;
+    try {
+      density = read_text_rows(cfg.init_density, 1, found);
+    } catch (const std::exception& e) {
+      refuse("init-density", cfg.init_density, std::string(e.what()) + " (accepted: uniform, vmf or a FILE of " +
+                                                   std::to_string(size) + " numbers)");
+    }
+    if (density.size() != size)
+      refuse("init-density", cfg.init_density, "needs " + std::to_string(size) + " numbers (the grid's values), found " +
+                                                   std::to_string(density.size()));
+    for (double value : density)
+      if (!(value >= 0.0) || !std::isfinite(value))
+        refuse("init-density", cfg.init_density, "values must be finite and >= 0");
+  }
+  if (!cfg.perturbation.empty()) {
+    std::vector<double> numbers;
+    if (!parse_number_list(cfg.perturbation, numbers) || numbers.size() != 2 || numbers[0] < 1 ||
+        numbers[0] != std::floor(numbers[0]) || numbers[0] > 1000)
+      refuse("perturbation", cfg.perturbation, "needs k,eps with an integer k in [1, 1000] and a finite eps");
+    // The perturbation is relative to the density's mean value on each row.
+    for (std::size_t r = 0; r < rows; ++r) {
+      double mass = 0.0;
+      for (std::size_t i = r * row_size; i < (r + 1) * row_size; ++i) mass += grid.weights[i] * density[i];
+      for (std::size_t i = r * row_size; i < (r + 1) * row_size; ++i)
+        density[i] = density[i] / mass + numbers[1] * perturbation_shape(grid, cfg.run.d, int(numbers[0]), i);
+    }
+  }
+  for (std::size_t r = 0; r < rows; ++r) {
+    double mass = 0.0;
+    for (std::size_t i = r * row_size; i < (r + 1) * row_size; ++i) mass += grid.weights[i] * density[i];
+    if (!(mass > 0.0) || !std::isfinite(mass)) refuse("init-density", cfg.init_density, "has no mass on the grid");
+    for (std::size_t i = r * row_size; i < (r + 1) * row_size; ++i) {
+      density[i] /= mass;
+      if (density[i] < 0.0)
+        refuse("perturbation", cfg.perturbation, "makes the density negative (take a smaller eps)");
+    }
+  }
+  return density;
+}
+
+const std::vector<std::pair<std::string, std::size_t>> observable_layout(bool labelled) {
+  std::vector<std::pair<std::string, std::size_t>> layout = {
+      {"mass", 1}, {"energy", 1}, {"free_energy", 1}, {"min_density", 1},
+      {"order_parameter", 1}, {"mode_amplitudes", meanfield::kRecordedModes}};
+  if (labelled) {
+    layout.push_back({"conditional_circular_variance", 1});
+    layout.push_back({"marginal_circular_variance", 1});
+  }
+  return layout;
+}
+
+std::vector<std::vector<double>> observable_values(const meanfield::DensityObservables& o, bool labelled) {
+  std::vector<std::vector<double>> values = {{o.mass}, {o.energy}, {o.free_energy}, {o.min_density},
+                                             {o.order_parameter}, std::vector<double>(o.modes.begin(), o.modes.end())};
+  if (labelled) {
+    values.push_back({o.conditional_variance});
+    values.push_back({o.marginal_variance});
+  }
+  return values;
+}
+
+/// --resume: the file must hold a solve of the same options (the horizon may grow).
+void check_resumable(const MeanfieldConfig& cfg) {
+  if (cfg.run.overwrite) throw UsageError("--resume: cannot be combined with --overwrite");
+  FileSummary stored;
+  try {
+    stored = describe_file(cfg.run.out);
+  } catch (const NotMfattnFile& e) {
+    throw UsageError(std::string("--resume: ") + e.what());
+  }
+  RunConfig all = cfg.run;
+  all.parameters = cfg.parameters;
+  if (const std::string difference = option_difference(all, stored, {OptionRole::Trajectory}); !difference.empty())
+    throw UsageError("--resume " + cfg.run.out + ": " + difference);
+  for (const auto& [key, value] : stored.parameters)
+    if (key == "horizon" && cfg.run.horizon < std::stod(value))
+      throw UsageError("--resume: --horizon " + parameter_text(cfg.run.horizon) + " is shorter than the file's " + value);
+}
+
+}  // namespace
+
+MeanfieldConfig parse_meanfield_arguments(const std::vector<std::string>& args) {
+  MeanfieldConfig cfg;
+  po::options_description table = run_options(cfg.run);
+  table.add(meanfield_options(cfg));
+  po::variables_map vm;
+  store_run_arguments(args, table, vm, cfg.run);
+  RunConfig defaults;
+  const po::options_description run_table = run_options(defaults);
+  for (const auto& option : run_table.options()) {
+    const std::string& name = option->long_name();
+    if (vm.count(name) && !vm[name].defaulted() &&
+        std::find(kMeanfieldRunOptions.begin(), kMeanfieldRunOptions.end(), name) == kMeanfieldRunOptions.end())
+      throw UsageError("--" + name + ": not taken by mfattn meanfield (a density has no such option; "
+                       "see mfattn meanfield --help for those it takes)");
+  }
+  RunConfig& run = cfg.run;
+  if (cfg.label_points < 0 || cfg.label_points > 4096)
+    refuse("label-points", std::to_string(cfg.label_points), "must be in [0, 4096]");
+  if (cfg.grid != 0 && (cfg.grid < 4 || cfg.grid > (run.d == 3 && !cfg.zonal ? 1024 : 1 << 22)))
+    refuse("grid", std::to_string(cfg.grid), run.d == 3 && !cfg.zonal ? "must be in [4, 1024] (the maximal degree L)"
+                                                                      : "must be in [4, 4194304]");
+  if (!std::isfinite(cfg.init_kappa)) refuse("init-kappa", format_number(cfg.init_kappa), "must be finite");
+  if (cfg.evaluation != "auto" && cfg.evaluation != "fourier" && cfg.evaluation != "quadrature")
+    refuse("evaluation", cfg.evaluation, "accepted: auto, fourier, quadrature");
+  if (run.backend != "cpu")
+    refuse("backend", run.backend, "mfattn meanfield runs on the cpu (accepted: cpu)");
+  if (cfg.zonal && cfg.label_points > 0) refuse("label-points", std::to_string(cfg.label_points), "not with --zonal");
+  if (run.d != 2 && cfg.label_points > 0)
+    refuse("label-points", std::to_string(cfg.label_points),
+           "labels are solved on the circle only (--d 2); S^2 with rope about an axis is not implemented");
+  if (run.d > 3 && !cfg.zonal) refuse("d", std::to_string(run.d), "d > 3 needs --zonal (densities of <x, e_1>)");
+  if (cfg.evaluation != "auto" && (run.d != 2 || cfg.zonal))
+    refuse("evaluation", cfg.evaluation, "chooses the circle's evaluation (--d 2 without --zonal)");
+  if (cfg.label_points > 0 && run.positions != "uniform")
+    refuse("positions", run.positions, "label nodes sit at xi_c = 2 pi c / M_xi: --label-points needs --positions uniform");
+  if (cfg.label_points == 0 && run.positions != "index")
+    refuse("positions", run.positions, "positions are label nodes: give --label-points");
+  if (cfg.label_points == 0)
+    for (const auto& [name, neutral] : {std::pair<const char*, const char*>{"geometry", "none"}, {"aux-factor", "none"},
+                                        {"mask", "full"}})
+      if (vm[name].as<std::string>() != neutral)
+        refuse(name, vm[name].as<std::string>(), "acts on labels: give --label-points and --positions uniform");
+  if (!cfg.compare.empty()) require_input_file("compare", cfg.compare);
+  // The run options are validated as a run of the label nodes would be; the noise needs no
+  // integrator here (the solver's diffusion takes it).
+  RunConfig as_run = run;
+  as_run.n = std::max<std::int64_t>(cfg.label_points, 1);
+  as_run.integrator = run.noise_kappa > 0 ? "euler-maruyama" : "rk4";
+  run.choices = validate(as_run);
+  run.n = as_run.n;
+  run.integrator = as_run.integrator;
+  std::ostringstream command_line;
+  command_line << "mfattn meanfield";
+  for (const auto& arg : args) command_line << ' ' << arg;
+  cfg.command_line = command_line.str();
+  cfg.parameters = table_parameters(table, vm);
+  return cfg;
+}
+
+std::string meanfield_usage() {
+  std::ostringstream text;
+  MeanfieldConfig defaults;
+  po::options_description table = meanfield_options(defaults);
+  text << "usage: mfattn meanfield [--config FILE] [options] --out FILE.h5\n"
+          "  the mean-field (density) equation of the model mfattn run simulates (docs/meanfield.md):\n"
+          "  d = 2 on the circle (any Q, K, V; labels with --label-points), d = 3 on S^2 and any d with\n"
+          "  --zonal (Q^T K and V multiples of I). It takes these run options (mfattn run --help):\n  ";
+  for (std::size_t i = 0; i < kMeanfieldRunOptions.size(); ++i)
+    text << "--" << kMeanfieldRunOptions[i] << (i + 1 < kMeanfieldRunOptions.size() ? (i % 8 == 7 ? "\n  " : " ") : "\n");
+  text << table;
+  return text.str();
+}
+
+int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream& log) {
+  (void)out;
+  MeanfieldConfig cfg = given;
+  const StopSignals stop_signals({.keep_ignored = false, .restart_calls = true, .wake_pipe = false,
+                                  .end_on_late_repeat = true});
+  const int threads = resolve_threads(cfg.run.threads);
+  Problem problem;
+  std::vector<double> density;
+  std::vector<double> times;
+  try {
+    start_thread_team(threads);
+    if (cfg.run.resume) check_resumable(cfg);
+    problem = make_problem(cfg, threads);
+    density = initial_density(cfg, problem.density->grid());
+    times = output_times(cfg.run);
+  } catch (const UsageError& e) {
+    log << "mfattn meanfield: " << e.what() << '\n';
+    return kExitUsage;
+  } catch (const std::invalid_argument& e) {
+    log << "mfattn meanfield: " << e.what() << '\n';
+    return kExitUsage;
+  } catch (const IoError& e) {
+    log << "mfattn meanfield: " << e.what() << '\n';
+    return kExitIo;
+  }
+  meanfield::DensitySolver& solver = *problem.density;
+  const meanfield::DensityGrid& grid = solver.grid();
+  const bool labelled = grid.kind == meanfield::GridKind::Circle && grid.shape.size() == 2;
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  std::unique_ptr<H5mdWriter> writer;
+  ResumePoint resumed;
+  try {
+    WriterSetup setup;
+    setup.path = cfg.run.out;
+    setup.overwrite = cfg.run.overwrite;
+    setup.atomic_publish = !cfg.run.resume;
+    setup.expected_frames = times.size();
+    setup.field_shape = grid.shape;
+    setup.n = grid.size();
+    setup.d = 1;
+    setup.creator_version = kVersion;
+    setup.deflate = cfg.run.deflate;
+    setup.fletcher32 = cfg.run.fletcher32;
+    if (const char* user = std::getenv("USER")) setup.author = user;
+    setup.observables = observable_layout(labelled);
+    if (cfg.run.resume) {
+      writer = H5mdWriter::open_for_resume(setup, resumed);
+      writer->write_run_info("running", resumed.wall_seconds, resumed.steps, resumed.rejected_steps);
+      writer->flush();
+      density = resumed.x;
+      std::erase_if(times, [&](double t) { return t <= resumed.time; });
+    } else {
+      writer = H5mdWriter::create(setup);
+    }
+    std::vector<Parameter> parameters = cfg.parameters;
+    parameters.push_back({"command", std::string("meanfield")});
+    parameters.push_back({"command_line", cfg.command_line});
+    parameters.push_back({"config_text", cfg.run.config_text});
+    parameters.push_back({"version", std::string(kVersion)});
+    parameters.push_back({"source_revision", std::string(kSourceRevision)});
+    parameters.push_back({"scheme_used", solver.scheme()});
+    parameters.push_back({"threads_used", static_cast<std::int64_t>(threads)});
+    parameters.push_back({"eps_den_used", problem.label_model.eps_den});
+    if (cfg.run.resume) parameters.push_back({"resumed_from_time", resumed.time});
+    writer->write_parameters(parameters);
+    if (!cfg.run.resume) {
+      writer->write_field_dataset("theta", {grid.theta.size()}, grid.theta);
+      if (!grid.phi.empty()) writer->write_field_dataset("phi", {grid.phi.size()}, grid.phi);
+      if (!grid.labels.empty()) writer->write_field_dataset("labels", {grid.labels.size()}, grid.labels);
+      writer->write_field_dataset("weights", grid.shape, grid.weights);
+    }
+  } catch (const OutputExists& e) {
+    log << "mfattn meanfield: " << e.what() << '\n';
+    return kExitUsage;
+  } catch (const IoError& e) {
+    log << "mfattn meanfield: " << e.what() << '\n';
+    return kExitIo;
+  }
+  double t = resumed.time;
+  std::int64_t steps = resumed.step;
+  double flushed_time = t, last_flush = -1.0;
+  Progress progress("mfattn meanfield", cfg.run.quiet, t, cfg.run.horizon, steps, log);
+  auto record = [&](const std::string& status) {
+    try {
+      writer->flush();
+      writer->write_run_info(status, resumed.wall_seconds + elapsed(), steps, 0);
+      writer->flush();
+    } catch (const IoError&) {
+    }
+  };
+  try {
+    auto append = [&](double time) {
+      writer->append_frame(steps, time, density.data(), observable_values(solver.observe(density), labelled),
+                           0.0, nullptr, time == cfg.run.horizon ? FrameRole::Final : FrameRole::Intermediate);
+      writer->write_run_progress(resumed.wall_seconds + elapsed(), steps, 0);
+      if (last_flush < 0.0 || elapsed() - last_flush >= cfg.run.flush_interval || time == cfg.run.horizon) {
+        writer->flush();
+        last_flush = elapsed();
+        flushed_time = time;
+      }
+    };
+    if (!cfg.run.resume) append(0.0);
+    for (double target : times) {
+      if (target <= t) continue;
+      // Each frame starts the step control afresh, so a resumed solve repeats these steps.
+      solver.reset_step_control();
+      while (t < target) {
+        if (const int signal = StopSignals::received()) {
+          progress.finish();
+          record("interrupted: " + signal_name(signal));
+          log << "mfattn meanfield: interrupted by " << signal_name(signal) << " at t = " << t << "; "
+              << writer->current_path() << " keeps every frame up to t = " << flushed_time
+              << " (continue it with --resume)\n";
+          return 128 + signal;
+        }
+        const double remaining = target - t;
+        const double dt = solver.step(density, remaining);
+        t = dt >= remaining ? target : t + dt;
+        ++steps;
+        progress.update(t, steps);
+      }
+      append(target);
+    }
+    writer->write_run_info("complete", resumed.wall_seconds + elapsed(), steps, 0);
+    writer->flush();
+    progress.finish();
+  } catch (const std::runtime_error& e) {
+    progress.finish();
+    if (dynamic_cast<const IoError*>(&e)) {
+      log << "mfattn meanfield: " << e.what() << '\n';
+      record(std::string("failed: I/O: ") + e.what());
+      return kExitIo;
+    }
+    log << "mfattn meanfield: numerical failure: " << e.what() << '\n';
+    record(std::string("failed: ") + e.what());
+    return kExitNumerical;
+  }
+  return kExitOk;
+}
+
+int meanfield_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  MeanfieldConfig cfg;
+  try {
+    cfg = parse_meanfield_arguments(args);
+  } catch (const UsageError& e) {
+    err << "mfattn meanfield: " << e.what() << '\n';
+    return kExitUsage;
+  }
+  return run_meanfield(cfg, out, err);
+}
+
+}  // namespace mfattn

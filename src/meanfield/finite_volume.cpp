@@ -1,0 +1,59 @@
+#include "meanfield/finite_volume.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace mfattn::meanfield {
+
+namespace {
+
+// The half-slope delta_a of cell a, cut so that f_a +- delta_a >= 0.
+double half_slope(const CellLine& line, const double* f, std::size_t a) {
+  const std::size_t m = line.cells;
+  const double left = a > 0 ? f[a - 1] : (line.periodic ? f[m - 1] : f[0]);
+  const double right = a + 1 < m ? f[a + 1] : (line.periodic ? f[0] : f[m - 1]);
+  const double delta = 0.25 * (right - left);
+  const double room = std::max(f[a], 0.0);
+  return std::clamp(delta, -room, room);
+}
+
+}  // namespace
+
+void transport_rate(const CellLine& line, const double* f, const double* v, double* out) {
+  const std::size_t m = line.cells;
+  // flux[a] through face a + 1/2; the walled line's last face is the wall.
+  std::vector<double> flux(m, 0.0);
+  const double first_delta = half_slope(line, f, 0);
+  double delta = first_delta;
+  for (std::size_t a = 0; a < m; ++a) {
+    const std::size_t next = a + 1 < m ? a + 1 : 0;
+    const double next_delta = next == 0 ? first_delta : half_slope(line, f, next);
+    if (a + 1 < m || line.periodic) {
+      const double velocity = v[a];
+      const double upwind = velocity > 0.0 ? f[a] + delta : f[next] - next_delta;
+      flux[a] = line.face_measure[a] * velocity * upwind;
+    }
+    delta = next_delta;
+  }
+  for (std::size_t a = 0; a < m; ++a) {
+    const double inflow = a > 0 ? flux[a - 1] : (line.periodic ? flux[m - 1] : 0.0);
+    out[a] = (inflow - flux[a]) / line.cell_measure[a];
+  }
+}
+
+double positive_transport_step(const CellLine& line, const double* v) {
+  const std::size_t m = line.cells;
+  double step = std::numeric_limits<double>::infinity();
+  for (std::size_t a = 0; a < m; ++a) {
+    const bool has_left = a > 0 || line.periodic;
+    const std::size_t left = a > 0 ? a - 1 : m - 1;
+    const double out_right = line.face_measure[a] * std::max(v[a], 0.0);
+    const double out_left = has_left ? line.face_measure[left] * std::max(-v[left], 0.0) : 0.0;
+    const double outflow = std::max(out_right, out_left);
+    if (outflow > 0.0) step = std::min(step, line.cell_measure[a] / (2.0 * outflow));
+  }
+  return step;
+}
+
+}  // namespace mfattn::meanfield
