@@ -1,4 +1,4 @@
-"""Loader for the H5MD 1.1 files that ``mfattn run`` writes.
+"""Loader for the H5MD 1.1 files that ``mfattn run`` and ``mfattn meanfield`` write.
 
 Pure h5py + numpy (Python >= 3.11); runs under /usr/bin/python3 with Debian's python3-h5py.
 
@@ -57,6 +57,27 @@ Example::
     x = tr.positions                  # [T, n, d] (one replica)
     tr.observables["min_inner"]       # [T]
     tr.parameters["beta"], tr.run["status"]
+
+Density files (``mfattn meanfield``, docs/output.md) have /fields/density and no /particles;
+``load`` returns a :class:`Density` for them (``replica`` must then be None):
+
+    /fields/density/value      [T, M] circle (d = 2), [T, M_xi, M] circle with labels,
+                               [T, n_theta, n_phi] sphere (d = 3), [T, n_theta] zonal
+    /fields/density/{time, step} [T]
+    /fields/density/theta      cell centres 2 pi a / M (circle); polar cell centres from e_1
+                               (zonal); Gauss-Legendre polar nodes from e_3 (sphere)
+    /fields/density/phi        [n_phi] (sphere only); /fields/density/labels [M_xi] (labels only)
+    /fields/density/weights    the grid's shape: sum weights * value = 1 (per label row)
+    /observables/<name>/value  [T] (mode_amplitudes [T, 16]: A_1 .. A_16); no step or time
+                               of their own: they share the density's frames
+
+Circle values are densities w.r.t. d theta; zonal values w.r.t. the normalized surface measure
+(uniform = 1); sphere values w.r.t. the surface measure (uniform = 1 / (4 pi)). Example::
+
+    rho = load("density.h5")           # a Density
+    rho.kind, rho.values.shape         # "circle", (T, M)
+    rho.marginal(-1), rho.mass(0)      # the last frame's theta-profile, the first's mass
+    rho.observables["mode_amplitudes"][:, 0]   # A_1(t)
 """
 from __future__ import annotations
 
@@ -68,7 +89,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-__all__ = ["Trajectory", "load", "replicas", "is_complete", "LABELS"]
+__all__ = ["Trajectory", "Density", "load", "replicas", "is_complete", "is_density", "LABELS"]
 
 LABELS = ("aux_position", "prompt_id", "presence", "id")
 _REPLICA_GROUP = re.compile(r"^tokens(?:_r([1-9][0-9]*))?$")
@@ -145,6 +166,135 @@ class Trajectory:
     def complete(self) -> bool:
         """True when the run finished (/run status == "complete")."""
         return self.status == "complete"
+
+
+@dataclass
+class Density:
+    """Contents of one density file (``mfattn meanfield``; layout in the module docstring).
+
+    Attributes:
+        path: the file that was read (None for mfattn.meanfield's temporary file).
+        times: float64 [T], the frame times.
+        steps: int64 [T], the solver step of every frame.
+        values: float64 [T, *shape], the density at every frame (shape: [M] circle,
+            [M_xi, M] circle with labels, [n_theta, n_phi] sphere, [n_theta] zonal).
+        theta: float64, the polar grid (circle: cell centres 2 pi a / M; zonal: polar cell
+            centres, angle from e_1; sphere: Gauss-Legendre nodes, angle from e_3).
+        phi: float64 [n_phi] (sphere), else None.
+        labels: float64 [M_xi], the label nodes xi_c = 2 pi c / M_xi, else None.
+        weights: float64 [*shape], the quadrature weights (sum weights * value = 1, per label
+            row with labels).
+        kind: "circle", "sphere" or "zonal".
+        observables: name -> value array, [T] or [T, 16] (mode_amplitudes: A_1 .. A_16).
+        parameters: /parameters attributes (every option; "command" is "meanfield").
+        run: /run attributes (status, wall_time_s, steps, rejected_steps).
+        d: the ambient dimension (parameters["d"]).
+        creator_version: /h5md/creator version attribute ("" if absent).
+    """
+
+    path: str | None
+    times: np.ndarray
+    steps: np.ndarray
+    values: np.ndarray
+    theta: np.ndarray
+    phi: np.ndarray | None
+    labels: np.ndarray | None
+    weights: np.ndarray
+    kind: str
+    observables: dict[str, np.ndarray]
+    parameters: dict[str, Any]
+    run: dict[str, Any]
+    d: int
+    creator_version: str = ""
+
+    @property
+    def frames(self) -> int:
+        """Number of frames T."""
+        return int(self.times.shape[0])
+
+    @property
+    def status(self) -> str:
+        """/run status ("running", "complete", "failed: <reason>", "interrupted: ...")."""
+        return str(self.run.get("status", ""))
+
+    @property
+    def complete(self) -> bool:
+        return self.status == "complete"
+
+    def _frame_values(self, frame: int | None) -> np.ndarray:
+        return self.values if frame is None else self.values[frame]
+
+    def cell_masses(self, frame: int | None = None) -> np.ndarray:
+        """weights * value: the mass of every grid cell (quadrature point), summing to 1 (with
+        labels each label row carries 1 / M_xi). [*shape] for one frame, [T, *shape] for
+        frame=None."""
+        masses = self.weights * self._frame_values(frame)
+        return masses / len(self.labels) if self.labels is not None else masses
+
+    def mass(self, frame: int | None = None) -> float | np.ndarray:
+        """sum weights * value (the mean over label rows with labels): 1 up to the solver's
+        rounding. A float for one frame, [T] for frame=None."""
+        masses = self.cell_masses(frame)
+        axes = tuple(range(masses.ndim - (len(self.weights.shape)), masses.ndim))
+        total = masses.sum(axis=axes)
+        return float(total) if frame is not None else total
+
+    @property
+    def polar_weights(self) -> np.ndarray:
+        """[n_theta]: the weight of each polar cell (circle: 2 pi / M; zonal: the normalized
+        measure of the cell; sphere: the ring's surface area)."""
+        if self.kind == "sphere":
+            return self.weights.sum(axis=1)
+        return self.weights[0] if self.labels is not None else self.weights
+
+    @property
+    def polar_edges(self) -> np.ndarray:
+        """[n_theta + 1]: the edges of the polar cells, increasing. Circle: theta_a -+ pi / M
+        (from -pi / M); zonal: theta_a -+ half the cell; sphere: the rings whose areas are the
+        Gauss-Legendre weights (arccos of 1 - cumulative weights, which interlace the nodes)."""
+        n = len(self.theta)
+        if self.kind == "sphere":
+            mu = 1.0 - np.concatenate([[0.0], np.cumsum(self.polar_weights)]) / (2.0 * np.pi)
+            mu[0], mu[-1] = 1.0, -1.0
+            return np.arccos(np.clip(mu, -1.0, 1.0))
+        if self.kind == "circle":
+            h = 2.0 * np.pi / n
+            return (np.arange(n + 1) - 0.5) * h
+        h = np.pi / n
+        return np.arange(n + 1) * h
+
+    def marginal(self, frame: int | None = None) -> np.ndarray:
+        """The density as a function of the polar angle theta alone: circle the theta-marginal
+        w.r.t. d theta (with labels the mean of the conditional rows, each label node carrying
+        mass 1 / M_xi); zonal the values themselves; sphere the average over phi (the zonal
+        part, w.r.t. the surface measure). [n_theta] for one frame, [T, n_theta] for None."""
+        values = self._frame_values(frame)
+        if self.kind == "circle" and self.labels is not None:
+            return values.mean(axis=-2)
+        if self.kind == "sphere":
+            return (values * self.weights).sum(axis=-1) / self.polar_weights
+        return np.array(values)
+
+    def polar_angle(self, x: np.ndarray) -> np.ndarray:
+        """The angle that :meth:`marginal` is a function of, for unit vectors x [..., d]:
+        circle atan2(x_2, x_1) in [0, 2 pi); zonal arccos(x_1); sphere arccos(x_3)."""
+        x = np.asarray(x, dtype=float)
+        if self.kind == "circle":
+            return np.mod(np.arctan2(x[..., 1], x[..., 0]), 2.0 * np.pi)
+        axis = 0 if self.kind == "zonal" else 2
+        return np.arccos(np.clip(x[..., axis], -1.0, 1.0))
+
+    def histogram(self, x: np.ndarray) -> np.ndarray:
+        """The empirical measure of points x [n, d] on the polar cells, in the units of
+        :meth:`marginal` (the fraction of points in a cell over :attr:`polar_weights`)."""
+        angle = self.polar_angle(np.asarray(x).reshape(-1, np.shape(x)[-1]))
+        n = len(self.theta)
+        if self.kind == "circle":
+            cell = np.floor(angle / (2.0 * np.pi / n) + 0.5).astype(np.int64) % n
+        else:
+            cell = np.clip(np.searchsorted(self.polar_edges, angle, side="right") - 1, 0, n - 1)
+        counts = np.bincount(cell, minlength=n).astype(float)
+        return counts / max(len(angle), 1) / self.polar_weights
 
 
 def _python_value(value: Any) -> Any:
@@ -260,26 +410,99 @@ def replicas(path: str | os.PathLike) -> int:
 
 def is_complete(path: str | os.PathLike) -> bool:
     """True when the file is an mfattn file whose /run status is "complete" (False while it
-    runs, after a failure, or when the run was killed). ValueError for a foreign file."""
+    runs, after a failure, or when the run was killed); a density file's likewise. ValueError
+    for a foreign file."""
     with _open(path) as f:
-        _replica_groups(f, os.fspath(path))
+        if not _is_density(f):
+            _replica_groups(f, os.fspath(path))
         run = f.get("run")
         if not isinstance(run, h5py.Group) or "status" not in run.attrs:
             return False
         return _python_value(run.attrs["status"]) == "complete"
 
 
-def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajectory:
+def is_density(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a density file (``mfattn meanfield``): an mfattn file with
+    /fields/density and no /particles."""
+    with _open(path) as f:
+        return _is_density(f)
+
+
+def _is_density(f: h5py.File) -> bool:
+    return isinstance(f.get("fields/density"), h5py.Group) and "particles" not in f
+
+
+def _load_density(f: h5py.File, path: str) -> Density:
+    """Reads a density file (see :class:`Density`). ValueError when its datasets are missing
+    or of the wrong shapes."""
+    def reject(why: str) -> ValueError:
+        return ValueError(f"{path}: not an mfattn density file ({why})")
+
+    creator = f["h5md"].get("creator") if isinstance(f.get("h5md"), h5py.Group) else None
+    name = _python_value(creator.attrs.get("name")) if isinstance(creator, h5py.Group) else None
+    if name != "mfattn":
+        raise reject(f"/h5md/creator name is {name!r}, not 'mfattn'")
+    group = f["fields/density"]
+    for key in ("value", "time", "step", "theta", "weights"):
+        if not isinstance(group.get(key), h5py.Dataset):
+            raise reject(f"no /fields/density/{key} dataset")
+    value = group["value"]
+    shape = tuple(group["weights"].shape)
+    if value.ndim != 1 + len(shape) or tuple(value.shape[1:]) != shape:
+        raise reject(f"/fields/density/value has shape {value.shape}, weights {shape}: expected "
+                     "[T, *weights.shape]")
+    T = min(value.shape[0], group["time"].shape[0], group["step"].shape[0])
+    parameters = _attrs(f["parameters"]) if isinstance(f.get("parameters"), h5py.Group) else {}
+    phi = np.asarray(group["phi"][()]) if "phi" in group else None
+    labels = np.asarray(group["labels"][()]) if "labels" in group else None
+    kind = "sphere" if phi is not None else "zonal" if parameters.get("zonal") else "circle"
+    theta = np.asarray(group["theta"][()])
+    expected = {"sphere": (len(theta), 0 if phi is None else len(phi)),
+                "zonal": (len(theta),),
+                "circle": (len(theta),) if labels is None else (len(labels), len(theta))}[kind]
+    if shape != expected:
+        raise reject(f"/fields/density/weights has shape {shape}; a {kind} grid of these theta"
+                     f"{', phi' if phi is not None else ''}{', labels' if labels is not None else ''}"
+                     f" has {expected}")
+    observables: dict[str, np.ndarray] = {}
+    obs_root = f.get("observables")
+    if isinstance(obs_root, h5py.Group):
+        for key in obs_root:
+            item = obs_root[key]
+            if isinstance(item, h5py.Group) and isinstance(item.get("value"), h5py.Dataset):
+                observables[key] = np.asarray(item["value"][:T])
+    run = _attrs(f["run"]) if isinstance(f.get("run"), h5py.Group) else {}
+    d = parameters.get("d", 3 if kind == "sphere" else 2)
+    return Density(
+        path=path,
+        times=np.asarray(group["time"][:T]),
+        steps=np.asarray(group["step"][:T]),
+        values=np.asarray(value[:T]),
+        theta=theta,
+        phi=phi,
+        labels=labels,
+        weights=np.asarray(group["weights"][()]),
+        kind=kind,
+        observables=observables,
+        parameters=parameters,
+        run=run,
+        d=int(d),
+        creator_version=str(_python_value(creator.attrs.get("version", ""))),
+    )
+
+
+def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajectory | Density:
     """Reads an mfattn H5MD file.
 
     Args:
-        path: the .h5 file written by ``mfattn run``.
+        path: the .h5 file written by ``mfattn run`` (or ``mfattn meanfield``).
         replica: None (default: replica axis only when the file holds R > 1 replicas),
             "all" (always a replica axis), or an int selecting one replica (no replica axis).
-            See the module docstring for the shapes.
+            See the module docstring for the shapes. A density file takes None only.
 
     Returns:
-        A :class:`Trajectory`.
+        A :class:`Trajectory`, or a :class:`Density` for a density file (/fields/density and
+        no /particles).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -292,6 +515,11 @@ def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajector
     """
     spath = os.fspath(path)
     with _open(spath) as f:
+        if _is_density(f):
+            if replica is not None:
+                raise ValueError(f"{spath}: a density file has no replicas (replica must be None, "
+                                 f"not {replica!r})")
+            return _load_density(f, spath)
         groups = _replica_groups(f, spath)
         R = len(groups)
         if replica is None:

@@ -8,6 +8,9 @@
 //   mfattn.run(out=None, progress=None, **options)
 //                                `mfattn run` (run_simulation, the CLI's own function) into
 //                                out or a temporary file, loaded as a Trajectory
+//   mfattn.meanfield(out=None, progress=None, **options)
+//                                `mfattn meanfield` (run_meanfield, the CLI's own function) into
+//                                out or a temporary file, loaded as a Density
 //   mfattn.load(path)            the loader of analysis/mfattn_io.py (embedded at build time)
 //
 // Options are turned into command-line words and parsed by parse_run_arguments, so a bad
@@ -19,6 +22,7 @@
 #include <pybind11/eval.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -31,6 +35,7 @@
 
 #include "mfattn/backends/backend.hpp"
 #include "mfattn/app/config.hpp"
+#include "mfattn/app/meanfield.hpp"
 #include "mfattn/app/run.hpp"
 #include "mfattn/app/run_choices.hpp"
 #include "mfattn/core/version.hpp"
@@ -312,17 +317,17 @@ py::module_ io_module() {
   return py::reinterpret_borrow<py::module_>(io);
 }
 
-/// Raises the Python error of a run's exit status.
-[[noreturn]] void raise_for(int status, const std::string& log) {
+/// Raises the Python error of a run's (or a meanfield solve's) exit status; `prefix` is the
+/// command's own "mfattn run: " that the log's lines carry.
+[[noreturn]] void raise_for(int status, const std::string& log, const std::string& prefix = "mfattn run: ") {
   std::string message = log;
   while (!message.empty() && message.back() == '\n') message.pop_back();
-  const std::string prefix = "mfattn run: ";
   for (std::size_t at = 0; (at = message.find(prefix, at)) != std::string::npos;) message.erase(at, prefix.size());
   if (status == kExitUsage) raise_python(PyExc_ValueError, message);
   if (status == kExitNumerical) raise_python(numerical_error_type, message);
   if (status == kExitIo) raise_python(PyExc_OSError, message);
   if (status == 128 + 2 || status == kExitStoppedByCaller) raise_python(PyExc_KeyboardInterrupt, message);
-  throw std::runtime_error(message.empty() ? "mfattn run: exit status " + std::to_string(status) : message);
+  throw std::runtime_error(message.empty() ? prefix + "exit status " + std::to_string(status) : message);
 }
 
 py::object run(py::object out, py::object progress, const py::kwargs& options) {
@@ -384,6 +389,59 @@ py::object run(py::object out, py::object progress, const py::kwargs& options) {
   return trajectory;
 }
 
+
+/// mfattn.meanfield: `mfattn meanfield` through run_meanfield (the CLI's own function) into out
+/// or a temporary file, loaded as a Density. run_meanfield has no progress hook: `progress`
+/// is accepted as None only. --compare (which prints distances instead of returning a
+/// density) belongs to the command line.
+py::object meanfield(py::object out, py::object progress, const py::kwargs& options) {
+  for (const char* own : {"out", "progress"})
+    if (options.contains(own)) throw py::value_error(std::string(own) + ": given twice");
+  if (!progress.is_none())
+    throw py::value_error("progress: mfattn.meanfield takes no progress callback (the solver has no hook "
+                          "for one); leave it None");
+  if (options.contains("compare") && !options["compare"].is_none())
+    throw py::value_error("compare: mfattn.meanfield returns the density; the distances to a particle run "
+                          "are the command line's (mfattn meanfield --compare RUN.h5)");
+  std::vector<std::string> words = words_of(options);
+  std::filesystem::path directory, path;
+  struct RemoveFolder {
+    std::filesystem::path& folder;
+    ~RemoveFolder() {
+      std::error_code ignored;
+      if (!folder.empty()) std::filesystem::remove_all(folder, ignored);
+    }
+  } remove_folder{directory};
+  if (out.is_none()) {
+    py::module_ tempfile = py::module_::import("tempfile");
+    directory = tempfile.attr("mkdtemp")("prefix"_a = "mfattn-meanfield-").cast<std::string>();
+    path = directory / "density.h5";
+  } else {
+    path = py::str(out).cast<std::string>();
+  }
+  words.push_back("--out");
+  words.push_back(path.string());
+  if (std::find(words.begin(), words.end(), "--quiet") == words.end()) words.push_back("--quiet");
+  MeanfieldConfig cfg;
+  try {
+    cfg = parse_meanfield_arguments(words);
+  } catch (const UsageError& error) {
+    throw py::value_error(error.what());
+  }
+  cfg.command_line = "mfattn.meanfield: mfattn meanfield";
+  for (const std::string& word : words) cfg.command_line += " " + word;
+  std::ostringstream printed, log;
+  int status = 0;
+  {
+    py::gil_scoped_release released;
+    status = run_meanfield(cfg, printed, log);
+  }
+  if (status != kExitOk) raise_for(status, log.str(), "mfattn meanfield: ");
+  py::object density = io_module().attr("load")(path.string());
+  if (!directory.empty()) density.attr("path") = py::none();
+  return density;
+}
+
 }  // namespace
 }  // namespace mfattn::python
 
@@ -411,9 +469,14 @@ PYBIND11_MODULE(mfattn, module) {
            "the energy of x: a float for (n, d), an array of R for (R, n, d)");
   module.def("run", &run, "out"_a = py::none(), "progress"_a = py::none(),
              "run(out=None, progress=None, **options): `mfattn run`, loaded as a Trajectory");
+  module.def("meanfield", &meanfield, "out"_a = py::none(), "progress"_a = py::none(),
+             "meanfield(out=None, progress=None, **options): `mfattn meanfield`, loaded as a Density "
+             "(progress: None only)");
   module.def("load", [](py::object path, py::object replica) { return io_module().attr("load")(path, replica); },
-             "path"_a, "replica"_a = py::none(), "the Trajectory of an mfattn file (analysis/mfattn_io.py)");
+             "path"_a, "replica"_a = py::none(),
+             "the Trajectory of an mfattn run file, or the Density of a density file (analysis/mfattn_io.py)");
   module.def("_last_call_released_gil", [] { return last_call_released_gil.load(); });
   module.attr("Trajectory") = io_module().attr("Trajectory");
+  module.attr("Density") = io_module().attr("Density");
   module.attr("io") = io_module();
 }

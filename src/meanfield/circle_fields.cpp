@@ -138,11 +138,15 @@ class FourierField final : public CircleField {
     transform_rows(density);
     v.resize(labels_ * m_);
     std::vector<double> numerator(m_), denominator(m_);
+    // USA divides by the total mass M = int dmu (1 to rounding for a probability density), as
+    // the particles' u_i = (1/M) sum_j w_ij v_ij and the pair loop of QuadratureField do.
+    double mass = 0.0;
+    for (double rho : density) mass += rho;
+    mass *= 2.0 * std::numbers::pi / double(m_ * labels_);
     for (std::size_t c = 0; c < labels_; ++c) {
       correlate(c, velocity_kernel_, numerator);
       if (usa_) {
-        // USA divides by the total mass, 1.
-        std::copy(numerator.begin(), numerator.end(), v.begin() + c * m_);
+        for (std::size_t a = 0; a < m_; ++a) v[c * m_ + a] = numerator[a] / mass;
       } else {
         correlate(c, face_weight_kernel_, denominator);
         for (std::size_t a = 0; a < m_; ++a) {

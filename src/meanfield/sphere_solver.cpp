@@ -62,7 +62,7 @@ struct AlmDeleter {
 std::size_t fft_friendly(std::size_t n) {
   for (;; ++n) {
     std::size_t rest = n;
-    for (std::size_t p : {2, 3, 5})
+    for (std::size_t p = 2; p <= 5; ++p)  // p = 4 finds nothing left after p = 2
       while (rest % p == 0) rest /= p;
     if (rest == 1) return n;
   }
@@ -318,12 +318,12 @@ DensityObservables SphereSolver::observe(const std::vector<double>& density) {
   check_size(density);
   DensityObservables obs;
   analyse(density, a_);
-  obs.min_density = *std::min_element(density.begin(), density.end());
-  double entropy = 0;  // sum weights rho log rho over rho > 0
   obs.mass = grid_mass(density);
-  for (std::size_t p = 0; p < density.size(); ++p) {
+  obs.min_density = *std::min_element(density.begin(), density.end());
+  double entropy = 0;  // sum weights rho log rho over rho > 0: not exact, rho log rho is not
+                       // band-limited
+  for (std::size_t p = 0; p < density.size(); ++p)
     if (density[p] > 0) entropy += grid_.weights[p] * density[p] * std::log(density[p]);
-  }
   // int int K(<x,y>) dmu dmu = sum_{l, |m| <= l} kernel_l |a_lm|^2 and the degree-k power
   // sum_m |a_km|^2, from the stored m >= 0.
   double pair = 0;

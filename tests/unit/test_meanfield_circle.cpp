@@ -9,6 +9,7 @@
 #include <numbers>
 #include <vector>
 
+#include "mfattn/core/gauge.hpp"
 #include "mfattn/core/model.hpp"
 #include "mfattn/meanfield/solvers.hpp"
 
@@ -27,6 +28,23 @@ Model circle_model(double beta, Normalization normalization, double kappa = 0.0)
   model.positions = {0.0};
   model.prompt_id = {0};
   model.noise_kappa = kappa;
+  return model;
+}
+
+/// M_xi label nodes at xi_c = 2 pi c / M_xi with rope of frequency 1 (d = 2).
+Model rope_label_model(std::size_t labels, double beta, ValueTransport values) {
+  Model model = circle_model(beta, Normalization::Usa);
+  model.n = labels;
+  model.presence.assign(labels, 1.0);
+  model.prompt_id.assign(labels, 0);
+  model.positions.clear();
+  for (std::size_t c = 0; c < labels; ++c) model.positions.push_back(2.0 * kPi * double(c) / double(labels));
+  GaugeSpec spec;
+  spec.kind = GeometryKind::Rope;
+  spec.d = 2;
+  spec.frequencies = {1.0};
+  model.gauge = make_gauge(spec, model.positions, labels);
+  model.values = values;
   return model;
 }
 
@@ -73,18 +91,21 @@ TEST(MeanfieldCircle, GrowthRatesOfTheUniformStateAreTheBesselFormula) {
     }
 }
 
-TEST(MeanfieldCircle, QuadratureAndFourierEvaluationsAgreeToSecondOrder) {
-  Model model = circle_model(3.0, Normalization::Sa);
+/// The relative gap between the FFT and pair-loop evaluations of the rate, at M and 2M cells.
+std::vector<double> evaluation_gaps(const Model& model, bool labelled) {
   std::vector<double> gaps;
   for (std::size_t angles : {64, 128}) {
     CircleOptions options;
     options.angles = angles;
+    options.labelled = labelled;
     options.evaluation = CircleEvaluation::Fourier;
     auto fourier = make_circle_solver(model, options);
     options.evaluation = CircleEvaluation::Quadrature;
     auto quadrature = make_circle_solver(model, options);
     std::vector<double> density;
-    for (double theta : fourier->grid().theta) density.push_back(std::exp(2.0 * std::cos(theta) + 0.5 * std::sin(3 * theta)));
+    for (std::size_t c = 0; c < model.n; ++c)
+      for (double theta : fourier->grid().theta)
+        density.push_back(std::exp(2.0 * std::cos(theta + 0.3 * c) + 0.5 * std::sin(3 * theta)));
     std::vector<double> a, b;
     fourier->rate(density, a);
     quadrature->rate(density, b);
@@ -95,10 +116,19 @@ TEST(MeanfieldCircle, QuadratureAndFourierEvaluationsAgreeToSecondOrder) {
     }
     gaps.push_back(gap / scale);
   }
-  EXPECT_LT(gaps[0], 0.05);
-  // Halving h divides the gap by about 4 (the faces' mean of centre velocities is second order).
-  EXPECT_GT(gaps[0] / gaps[1], 3.0);
-  EXPECT_LT(gaps[0] / gaps[1], 5.0);
+  return gaps;
+}
+
+TEST(MeanfieldCircle, QuadratureAndFourierEvaluationsAgreeToSecondOrder) {
+  for (const auto& [model, labelled] : {std::pair{circle_model(3.0, Normalization::Sa), false},
+                                        std::pair{rope_label_model(4, 1.5, ValueTransport::Transported), true},
+                                        std::pair{rope_label_model(4, 1.5, ValueTransport::Plain), true}}) {
+    const std::vector<double> gaps = evaluation_gaps(model, labelled);
+    EXPECT_LT(gaps[0], 0.05);
+    // Halving h divides the gap by about 4 (the faces' mean of centre velocities is second order).
+    EXPECT_GT(gaps[0] / gaps[1], 3.0) << gaps[0] << " " << gaps[1];
+    EXPECT_LT(gaps[0] / gaps[1], 5.0) << gaps[0] << " " << gaps[1];
+  }
 }
 
 std::vector<double> smooth_start(const DensitySolver& solver) {
@@ -169,6 +199,92 @@ TEST(MeanfieldCircle, SecondOrderInTheNumberOfCells) {
     const double order = std::log2(errors[i] / errors[i + 1]);
     EXPECT_GT(order, 1.8) << "errors " << errors[i] << " " << errors[i + 1];
     EXPECT_LT(order, 2.3);
+  }
+}
+
+TEST(MeanfieldCircle, RopeWithTransportedValuesIsTheLabelFreeSolutionInTheGaugeCoordinate) {
+  // rho_xi(theta) = g(theta + xi) at t = 0 stays so, g the label-free solution: in psi = theta
+  // + omega xi the score and the transported value depend on psi' - psi only, and the
+  // sources of every label add up to the label-free g. The shifts are whole cells here.
+  const std::size_t labels = 16, angles = 64, shift = angles / labels;
+  CircleOptions options;
+  options.angles = angles;
+  options.labelled = true;
+  options.tolerance = {1e-7, 1e-10};
+  auto labelled = make_circle_solver(rope_label_model(labels, 2.0, ValueTransport::Transported), options);
+  options.labelled = false;
+  auto free = make_circle_solver(circle_model(2.0, Normalization::Usa), options);
+  std::vector<double> g = smooth_start(*free), rows(labels * angles);
+  for (std::size_t c = 0; c < labels; ++c)
+    for (std::size_t a = 0; a < angles; ++a) rows[c * angles + a] = g[(a + c * shift) % angles];
+  double t = 0.0, t_free = 0.0;
+  while (t < 1.0) t += labelled->step(rows, 1.0 - t);
+  while (t_free < 1.0) t_free += free->step(g, 1.0 - t_free);
+  double gap = 0.0, scale = 0.0;
+  for (std::size_t c = 0; c < labels; ++c)
+    for (std::size_t a = 0; a < angles; ++a) {
+      gap = std::max(gap, std::abs(rows[c * angles + a] - g[(a + c * shift) % angles]));
+      scale = std::max(scale, g[a]);
+    }
+  EXPECT_LT(gap, 1e-9 * scale);
+  // The conditional densities moved (the test is not of a state at rest).
+  std::vector<double> start(labels * angles);
+  const std::vector<double> g0 = smooth_start(*free);
+  for (std::size_t c = 0; c < labels; ++c)
+    for (std::size_t a = 0; a < angles; ++a) start[c * angles + a] = g0[(a + c * shift) % angles];
+  EXPECT_LT(labelled->observe(rows).conditional_variance, labelled->observe(start).conditional_variance - 0.05);
+}
+
+TEST(MeanfieldCircle, PlainValuesAverageTheScoreOverTheLabels) {
+  // Rope with plain values, every row the same density: the score of a label pair is
+  // beta cos(delta + xi_c' - xi_c) and the value does not turn, so summed over M_xi equally
+  // spaced nodes the kernel is (I_0(beta) + 2 sum_p I_{p M_xi}(beta) cos(p M_xi delta)) sin(delta):
+  // beta = 0's velocity times I_0(beta), up to I_16(2) ~ 1e-14.
+  const std::size_t labels = 16, angles = 64;
+  const double beta = 2.0;
+  CircleOptions options;
+  options.angles = angles;
+  options.labelled = true;
+  auto plain = make_circle_solver(rope_label_model(labels, beta, ValueTransport::Plain), options);
+  options.labelled = false;
+  auto flat = make_circle_solver(circle_model(0.0, Normalization::Usa), options);
+  const std::vector<double> g = smooth_start(*flat);
+  std::vector<double> rows, plain_rate, flat_rate;
+  for (std::size_t c = 0; c < labels; ++c) rows.insert(rows.end(), g.begin(), g.end());
+  plain->rate(rows, plain_rate);
+  flat->rate(g, flat_rate);
+  double gap = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    gap = std::max(gap, std::abs(plain_rate[i] - std::cyl_bessel_i(0.0, beta) * flat_rate[i % angles]));
+    scale = std::max(scale, std::abs(plain_rate[i]));
+  }
+  EXPECT_GT(scale, 1e-3);
+  EXPECT_LT(gap, 1e-12 * scale);
+}
+
+TEST(MeanfieldCircle, TheUniformStateLosesStabilityAtTheCriticalNoise) {
+  // kappa_c = beta / I_1(beta) (USA) and beta I_0 / I_1 (SA): the first mode decays below it
+  // and grows above it.
+  const double beta = 2.0;
+  for (Normalization normalization : {Normalization::Usa, Normalization::Sa}) {
+    const double critical = beta * (normalization == Normalization::Sa ? std::cyl_bessel_i(0.0, beta) : 1.0) /
+                            std::cyl_bessel_i(1.0, beta);
+    for (double factor : {0.9, 1.1}) {
+      CircleOptions options;
+      options.angles = 128;
+      options.tolerance = {1e-6, 1e-9};
+      auto solver = make_circle_solver(circle_model(beta, normalization, factor * critical), options);
+      std::vector<double> density;
+      for (double theta : solver->grid().theta) density.push_back((1.0 + 0.01 * std::cos(theta)) / (2.0 * kPi));
+      const double start = solver->observe(density).order_parameter;
+      double t = 0.0;
+      while (t < 10.0) t += solver->step(density, 10.0 - t);
+      const double end = solver->observe(density).order_parameter;
+      if (factor < 1.0)
+        EXPECT_LT(end, 0.8 * start) << "kappa " << factor << " kappa_c";
+      else
+        EXPECT_GT(end, 1.2 * start) << "kappa " << factor << " kappa_c";
+    }
   }
 }
 

@@ -23,6 +23,8 @@ struct MeanfieldConfig {
   std::string init_density = "uniform";  ///< uniform | vmf | FILE of grid values
   double init_kappa = 1.0;        ///< vmf: exp(kappa <x, e_1>)
   std::string perturbation;       ///< "k,eps"
+  /// theta | gauge: with labels, perturb cos(k theta) or cos(k psi), psi = theta + alpha(xi_c)
+  std::string perturbation_coordinate = "theta";
   bool zonal = false;
   std::string evaluation = "auto";  ///< circle: auto | fourier | quadrature
   std::string compare;            ///< a particle run to measure against the density

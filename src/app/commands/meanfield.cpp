@@ -44,6 +44,8 @@ po::options_description meanfield_options(MeanfieldConfig& c) {
       ("init-kappa", po::value(&c.init_kappa)->default_value(1.0), "vmf concentration, finite")
       ("perturbation", po::value(&c.perturbation)->default_value("", "none"),
        "k,eps: adds eps cos(k theta) (circle), eps Y_k0 (S^2) or eps P_k (zonal), then renormalises")
+      ("perturbation-coordinate", po::value(&c.perturbation_coordinate)->default_value("theta"),
+       "circle with labels: theta | gauge (cos(k psi), psi = theta + alpha(xi) the gauge coordinate of G(xi))")
       ("zonal", po::bool_switch(&c.zonal), "densities of <x, e_1> only, any d (Q^T K and V multiples of I)")
       ("evaluation", po::value(&c.evaluation)->default_value("auto"),
        "circle velocity: auto | fourier (FFT; the kernel must commute with rotations) | quadrature (cpu pair loop)")
@@ -122,13 +124,29 @@ Problem make_problem(const MeanfieldConfig& cfg, int threads) {
   return problem;
 }
 
-/// The perturbation's shape on the grid: cos(k theta) (circle), Y_k0 (S^2, orthonormal),
-/// P_k(cos theta) (zonal, the Gegenbauer polynomial with P_k(1) = 1).
-double perturbation_shape(const meanfield::DensityGrid& grid, std::size_t d, int k, std::size_t point) {
+/// The rotation angle alpha_c of G(xi_c) at each label node (d = 2; 0 without a gauge): the
+/// gauge coordinate of a token at theta is theta + alpha_c.
+std::vector<double> label_gauge_angles(const Model& label_model) {
+  std::vector<double> angles(label_model.n, 0.0);
+  if (!label_model.gauge || label_model.d != 2) return angles;
+  for (std::size_t c = 0; c < label_model.n; ++c) {
+    const double unit[2] = {1.0, 0.0};
+    double moved[2];
+    label_model.gauge->apply(c, unit, moved);
+    angles[c] = std::atan2(moved[1], moved[0]);
+  }
+  return angles;
+}
+
+/// The perturbation's shape on the grid: cos(k (theta + alpha_c)) (circle, in the gauge
+/// coordinate of label row c), Y_k0 (S^2, orthonormal), P_k(cos theta) (zonal, the Gegenbauer
+/// polynomial with P_k(1) = 1).
+double perturbation_shape(const meanfield::DensityGrid& grid, std::size_t d, int k, std::size_t point,
+                          const std::vector<double>& gauge_angles) {
   const std::size_t columns = grid.kind == meanfield::GridKind::Sphere ? grid.phi.size() : grid.theta.size();
   const double theta = grid.theta[(point / (grid.kind == meanfield::GridKind::Sphere ? columns : 1)) %
                                   (grid.kind == meanfield::GridKind::Sphere ? grid.theta.size() : columns)];
-  if (grid.kind == meanfield::GridKind::Circle) return std::cos(k * theta);
+  if (grid.kind == meanfield::GridKind::Circle) return std::cos(k * (theta + gauge_angles[point / columns]));
   const double t = std::cos(theta);
   const double dimension = grid.kind == meanfield::GridKind::Sphere ? 3.0 : double(d);
   double previous = 1.0, current = k == 0 ? 1.0 : t;
@@ -154,7 +172,8 @@ double first_coordinate(const meanfield::DensityGrid& grid, std::size_t point) {
   return 0.0;
 }
 
-std::vector<double> initial_density(const MeanfieldConfig& cfg, const meanfield::DensityGrid& grid) {
+std::vector<double> initial_density(const MeanfieldConfig& cfg, const meanfield::DensityGrid& grid,
+                                    const std::vector<double>& gauge_angles) {
   const std::size_t size = grid.size();
   // Each label row (or the whole grid) is one probability density.
   const std::size_t rows = grid.kind == meanfield::GridKind::Circle && grid.shape.size() == 2 ? grid.shape[0] : 1;
@@ -187,7 +206,7 @@ std::vector<double> initial_density(const MeanfieldConfig& cfg, const meanfield:
       double mass = 0.0;
       for (std::size_t i = r * row_size; i < (r + 1) * row_size; ++i) mass += grid.weights[i] * density[i];
       for (std::size_t i = r * row_size; i < (r + 1) * row_size; ++i)
-        density[i] = density[i] / mass + numbers[1] * perturbation_shape(grid, cfg.run.d, int(numbers[0]), i);
+        density[i] = density[i] / mass + numbers[1] * perturbation_shape(grid, cfg.run.d, int(numbers[0]), i, gauge_angles);
     }
   }
   for (std::size_t r = 0; r < rows; ++r) {
@@ -287,6 +306,8 @@ MeanfieldConfig parse_meanfield_arguments(const std::vector<std::string>& args) 
       if (vm[name].as<std::string>() != neutral)
         refuse(name, vm[name].as<std::string>(), "acts on labels: give --label-points and --positions uniform");
   if (!cfg.compare.empty()) require_input_file("compare", cfg.compare);
+  if (cfg.perturbation_coordinate != "theta" && cfg.perturbation_coordinate != "gauge")
+    refuse("perturbation-coordinate", cfg.perturbation_coordinate, "accepted: theta, gauge");
   // The run options are validated as a run of the label nodes would be; the noise needs no
   // integrator here (the solver's diffusion takes it).
   RunConfig as_run = run;
@@ -330,7 +351,9 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
     start_thread_team(threads);
     if (cfg.run.resume) check_resumable(cfg);
     problem = make_problem(cfg, threads);
-    density = initial_density(cfg, problem.density->grid());
+    density = initial_density(cfg, problem.density->grid(),
+                              cfg.perturbation_coordinate == "gauge" ? label_gauge_angles(problem.label_model)
+                                                                     : std::vector<double>(problem.label_model.n, 0.0));
     times = output_times(cfg.run);
   } catch (const UsageError& e) {
     log << "mfattn meanfield: " << e.what() << '\n';

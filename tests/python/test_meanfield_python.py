@@ -1,0 +1,233 @@
+"""The Python side of `mfattn meanfield` (docs/python.md, docs/meanfield.md): mfattn.meanfield
+against the command line, the loader's Density, analysis/sample_density.py and
+analysis/plot_meanfield.py.
+
+The module is build/mfattn*.so (MFATTN_PYTHON_MODULE_DIR overrides the folder); the binary is
+MFATTN_BINARY's. Every solve here is small (64-cell circles, L = 8 on S^2): the file runs in
+seconds.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from scipy.special import iv
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MODULE_DIR = Path(os.environ.get("MFATTN_PYTHON_MODULE_DIR", REPO_ROOT / "build"))
+ANALYSIS = REPO_ROOT / "analysis"
+
+import mfattn_io  # noqa: E402  (conftest puts analysis/ on sys.path)
+from plot_meanfield import growth_rates  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mfattn():
+    if not list(MODULE_DIR.glob("mfattn*.so")):
+        pytest.fail(f"no mfattn*.so in {MODULE_DIR} (build it with cmake --build build; "
+                    "pybind11-dev and python3-dev must be installed)", pytrace=False)
+    if str(MODULE_DIR) not in sys.path:
+        sys.path.insert(0, str(MODULE_DIR))
+    import mfattn as module
+    return module
+
+
+@pytest.fixture
+def solve(mfattn_binary: Path, tmp_path: Path):
+    """``solve(*args, out="density.h5") -> Path``: ``mfattn meanfield ARGS --quiet --threads 1
+    --out tmp_path/out``; a nonzero exit fails the test with the program's output."""
+
+    def run(*args, out: str = "density.h5") -> Path:
+        target = tmp_path / out
+        command = [str(mfattn_binary), "meanfield", *map(str, args), "--threads", "1", "--quiet",
+                   "--out", str(target)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            pytest.fail(f"mfattn exited with {done.returncode}: {' '.join(command)}\n"
+                        f"{done.stdout}{done.stderr}", pytrace=False)
+        return target
+
+    return run
+
+
+def bits(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array, dtype=np.float64).view(np.uint64)
+
+
+def keywords(args: list[str]) -> dict:
+    """['--grid', '64', '--zonal'] -> {'grid': '64', 'zonal': True}."""
+    out, k = {}, 0
+    while k < len(args):
+        name = args[k][2:].replace("-", "_")
+        if k + 1 < len(args) and not args[k + 1].startswith("--"):
+            out[name], k = args[k + 1], k + 2
+        else:
+            out[name], k = True, k + 1
+    return out
+
+
+CASES = {
+    "circle": ["--d", "2", "--beta", "3", "--grid", "64", "--perturbation", "2,0.01"],
+    "labels": ["--d", "2", "--grid", "32", "--label-points", "8", "--positions", "uniform",
+               "--geometry", "rope", "--perturbation", "1,0.05"],
+    "zonal": ["--d", "4", "--zonal", "--grid", "64", "--kernel", "sa", "--init-density", "vmf",
+              "--init-kappa", "2"],
+    "sphere": ["--d", "3", "--grid", "8", "--noise-kappa", "10", "--perturbation", "2,0.01"],
+}
+SHAPES = {"circle": (64,), "labels": (8, 32), "zonal": (64,), "sphere": (13, 25)}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_meanfield_returns_the_command_lines_density_bitwise(mfattn, solve, tmp_path, case):
+    args = CASES[case] + ["--horizon", "0.5", "--save-every", "0.25"]
+    path = solve(*args)
+    density = mfattn.meanfield(**keywords(args), threads=1)
+    assert isinstance(density, mfattn.Density) and density.path is None
+    assert density.kind == ("circle" if case == "labels" else case)
+    assert density.values.shape == (3, *SHAPES[case]) and density.status == "complete"
+    with h5py.File(path, "r") as f:
+        group = f["fields/density"]
+        for name, ours in [("value", density.values), ("time", density.times),
+                           ("theta", density.theta), ("weights", density.weights)]:
+            assert np.array_equal(bits(ours), bits(group[name][()])), name
+        assert np.array_equal(density.steps, group["step"][()])
+        for name, ours in [("phi", density.phi), ("labels", density.labels)]:
+            assert (ours is None) == (name not in group), name
+            if ours is not None:
+                assert np.array_equal(bits(ours), bits(group[name][()])), name
+        assert sorted(density.observables) == sorted(f["observables"])
+        for name, ours in density.observables.items():
+            assert np.array_equal(bits(ours), bits(f[f"observables/{name}/value"][()]), equal_nan=True), name
+    assert density.parameters["command"] == "meanfield"
+    # out= keeps the file, which load() reads back alike.
+    kept = mfattn.meanfield(out=tmp_path / "kept.h5", **keywords(args), threads=1)
+    assert kept.path == str(tmp_path / "kept.h5")
+    assert np.array_equal(bits(mfattn.load(kept.path).values), bits(density.values))
+
+
+def test_usage_errors_raise_value_error_with_the_command_lines_message(mfattn, mfattn_binary, tmp_path):
+    with pytest.raises(ValueError, match=r"^--n: not taken by mfattn meanfield") as raised:
+        mfattn.meanfield(d=2, n=16)
+    done = subprocess.run([str(mfattn_binary), "meanfield", "--d", "2", "--n", "16", "--out",
+                           str(tmp_path / "x.h5")], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"mfattn meanfield: {raised.value}"
+    with pytest.raises(ValueError, match=r"^--grid 2: "):
+        mfattn.meanfield(d=2, grid=2)
+    with pytest.raises(ValueError, match=r"^progress: "):
+        mfattn.meanfield(d=2, progress=lambda t, s: True)
+    with pytest.raises(ValueError, match=r"^compare: "):
+        mfattn.meanfield(d=2, compare=str(tmp_path / "run.h5"))
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_load_reads_density_files_and_still_runs(solve, run_mfattn):
+    labelled = mfattn_io.load(solve(*CASES["labels"], "--horizon", "0.2", "--save-every", "0.1"))
+    assert isinstance(labelled, mfattn_io.Density)
+    assert labelled.values.shape == (3, 8, 32) and labelled.labels.shape == (8,)
+    assert labelled.phi is None and labelled.d == 2 and labelled.complete
+    assert np.allclose(labelled.mass(), 1.0, atol=1e-12) and abs(labelled.mass(0) - 1.0) < 1e-12
+    assert np.allclose(labelled.marginal(1), labelled.values[1].mean(axis=0))
+    assert labelled.marginal().shape == (3, 32)
+    # the stored A_1 is the marginal's first Fourier modulus
+    h = 2 * np.pi / 32
+    a1 = abs(np.sum(h * labelled.marginal(2) * np.exp(1j * labelled.theta)))
+    assert abs(a1 - labelled.observables["mode_amplitudes"][2, 0]) < 1e-12
+    assert mfattn_io.is_density(labelled.path) and mfattn_io.is_complete(labelled.path)
+    with pytest.raises(ValueError, match="density file has no replicas"):
+        mfattn_io.load(labelled.path, replica=0)
+    sphere = mfattn_io.load(solve(*CASES["sphere"], "--horizon", "0.1", out="s.h5"))
+    assert sphere.kind == "sphere" and sphere.values.shape[1:] == (13, 25)
+    assert abs((sphere.marginal(0) * sphere.polar_weights).sum() - 1) < 1e-12
+    assert np.allclose(sphere.polar_edges[[0, -1]], [0, np.pi])
+    assert np.all((sphere.polar_edges[:-1] < sphere.theta) & (sphere.theta < sphere.polar_edges[1:]))
+    run = mfattn_io.load(run_mfattn("--n", 8, "--d", 2, "--horizon", 0.1))
+    assert isinstance(run, mfattn_io.Trajectory) and run.positions.shape[1:] == (8, 2)
+    assert not mfattn_io.is_density(run.path)
+
+
+def draw(path: Path, n: int, seed: int, *extra: str) -> np.ndarray:
+    done = subprocess.run([sys.executable, str(ANALYSIS / "sample_density.py"), str(path),
+                           "--n", str(n), "--seed", str(seed), *extra],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return np.loadtxt(done.stdout.splitlines(), ndmin=2)
+
+
+def test_sample_density_draws_from_the_density(solve, run_mfattn, tmp_path):
+    # A vmf start exp(4 cos theta): <cos theta> = I_1(4) / I_0(4) = 0.86, far from a uniform's 0.
+    path = solve("--d", "2", "--grid", "128", "--init-density", "vmf", "--init-kappa", "4",
+                 "--horizon", "0.01", "--save-every", "0.01")
+    density = mfattn_io.load(path)
+    n = 4000
+    x = draw(path, n, 11)
+    assert x.shape == (n, 2)
+    assert np.max(np.abs(np.linalg.norm(x, axis=1) - 1)) < 1e-14
+    theta = np.arctan2(x[:, 1], x[:, 0])
+    masses = density.cell_masses(0)
+    for k in (1, 2, 3):
+        expected = np.sum(masses * np.cos(k * density.theta))
+        square = np.sum(masses * np.cos(k * density.theta) ** 2)
+        sigma = np.sqrt((square - expected ** 2) / n)
+        assert abs(np.cos(k * theta).mean() - expected) < 4.5 * sigma, k
+        assert abs(np.sin(k * theta).mean()) < 4.5 * np.sqrt((1 - square) / n), k
+    assert abs(np.sum(masses * np.cos(density.theta)) - iv(1, 4) / iv(0, 4)) < 1e-3
+    # The same seed gives the same rows; the rows start a particle run.
+    assert np.array_equal(draw(path, 5, 11), draw(path, 5, 11))
+    (tmp_path / "x0.txt").write_text("\n".join(" ".join(repr(v) for v in row) for row in x[:64]) + "\n")
+    run = mfattn_io.load(run_mfattn("--n", 64, "--d", 2, "--init", "file", "--init-file",
+                                    tmp_path / "x0.txt", "--horizon", 0.01))
+    assert np.allclose(run.positions[0], x[:64], atol=1e-15)
+    # S^2 (vmf about e_1, the angle polar from e_3) and a zonal d = 4 density: their means.
+    for args, d in [(["--d", "3", "--grid", "16"], 3), (["--d", "4", "--zonal", "--grid", "128"], 4)]:
+        path = solve(*args, "--init-density", "vmf", "--init-kappa", "2", "--horizon", "0.01",
+                     "--save-every", "0.01", out=f"d{d}.h5")
+        y = draw(path, n, 5)
+        assert y.shape == (n, d) and np.max(np.abs(np.linalg.norm(y, axis=1) - 1)) < 1e-14
+        density = mfattn_io.load(path)
+        expected = density.observables["order_parameter"][0]  # |int x dmu|, along e_1
+        assert abs(y[:, 0].mean() - expected) < 4.5 / np.sqrt(n), (d, y[:, 0].mean(), expected)
+        assert np.all(np.abs(y[:, 1:].mean(axis=0)) < 4.5 / np.sqrt(n)), d
+
+
+def test_growth_rates_are_the_formula_and_the_solvers():
+    beta = 2.5
+    k = np.arange(1, 7)
+    assert np.allclose(growth_rates(2, beta, "usa", 0.0, 6), k ** 2 * iv(k, beta) / beta, rtol=1e-13)
+    assert np.allclose(growth_rates(2, beta, "sa", 4.0, 6),
+                       k ** 2 * (iv(k, beta) / (beta * iv(0, beta)) - 1 / 4.0), rtol=1e-13)
+    assert np.allclose(growth_rates(2, beta, "usa", 0.0, 6, time_scale="rescaled"),
+                       k ** 2 * iv(k, beta) * np.exp(-beta) / beta, rtol=1e-13)
+    # d = 3: c_l = Gamma(3/2) (2/beta)^(1/2) I_{l+1/2}(beta) = sqrt(pi / (2 beta)) I_{l+1/2}.
+    assert np.allclose(growth_rates(3, beta, "usa", 0.0, 6),
+                       k * (k + 1) * np.sqrt(np.pi / (2 * beta)) * iv(k + 0.5, beta) / beta, rtol=1e-13)
+
+
+def test_a_small_perturbation_grows_at_the_linear_rate(solve):
+    density = mfattn_io.load(solve("--d", "2", "--beta", "2", "--grid", "128",
+                                   "--perturbation", "3,1e-5", "--horizon", "1", "--save-every", "1"))
+    a = density.observables["mode_amplitudes"][:, 2]
+    measured = np.log(a[-1] / a[0]) / density.times[-1]
+    assert abs(measured / growth_rates(2, 2.0, "usa", 0.0, 3)[2] - 1) < 0.01
+
+
+def test_plot_meanfield_writes_a_png(solve, run_mfattn, tmp_path):
+    path = solve("--d", "2", "--beta", "2", "--grid", "64", "--perturbation", "2,0.02",
+                 "--horizon", "1", "--save-every", "0.25")
+    run = run_mfattn("--n", 64, "--d", 2, "--beta", 2, "--horizon", 1, "--save-every", 0.25)
+    figure = tmp_path / "figure.png"
+    env = dict(os.environ, MPLBACKEND="Agg")
+    done = subprocess.run([sys.executable, str(ANALYSIS / "plot_meanfield.py"), str(path),
+                           "--run", str(run), "--out", str(figure)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(figure)
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    done = subprocess.run([sys.executable, str(ANALYSIS / "plot_meanfield.py"), str(run)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1 and "not a density file" in done.stderr
