@@ -367,7 +367,51 @@ std::string parameter_text(const ParameterValue& value) {
   return out.str();
 }
 
+namespace {
+
+/// A density file's summary: its frames are those /fields/density/{time, value} both hold.
+FileSummary describe_density_file(const std::string& path, hid_t file, const Checker& check) {
+  FileSummary summary;
+  Handle time = check.own(H5Dopen2(file, (kFieldGroup + "time").c_str(), H5P_DEFAULT), H5Dclose, "opening",
+                          kFieldGroup + "time");
+  Handle value = check.own(H5Dopen2(file, (kFieldGroup + "value").c_str(), H5P_DEFAULT), H5Dclose, "opening",
+                           kFieldGroup + "value");
+  const auto time_dims = dataset_dims(check, time.get(), "fields/density/time");
+  const auto value_dims = dataset_dims(check, value.get(), "fields/density/value");
+  if (time_dims.size() != 1 || value_dims.size() < 2)
+    throw NotMfattnFile(path + " is not an mfattn density file: /fields/density/{time, value} are not [T], [T, ...]");
+  summary.frames = std::min(time_dims[0], value_dims[0]);
+  summary.position_frames = summary.frames;
+  summary.field_shape.assign(value_dims.begin() + 1, value_dims.end());
+  summary.n = 1;
+  for (std::size_t extent : summary.field_shape) summary.n *= extent;
+  summary.d = 1;
+  summary.replicas = 1;
+  if (summary.frames > 0) {
+    read_row(check, time.get(), 0, H5T_NATIVE_DOUBLE, &summary.first_time, "fields/density/time");
+    read_row(check, time.get(), summary.frames - 1, H5T_NATIVE_DOUBLE, &summary.last_time, "fields/density/time");
+  }
+  return summary;
+}
+
+}  // namespace
+
 FileSummary describe_file(const std::string& path) {
+  if (is_mfattn_file(path)) {
+    QuietHdf5Errors quiet;
+    const Checker check(path);
+    Handle file = hdf5::open_read_only(path);
+    if (file.valid() && H5Lexists(file.get(), "/fields", H5P_DEFAULT) > 0 &&
+        H5Lexists(file.get(), "/particles", H5P_DEFAULT) <= 0) {
+      FileSummary summary = describe_density_file(path, file.get(), check);
+      Handle parameters = check.own(H5Gopen2(file.get(), "/parameters", H5P_DEFAULT), H5Gclose, "opening",
+                                    "/parameters");
+      summary.parameters = attributes_of(parameters.get());
+      Handle run = check.own(H5Gopen2(file.get(), "/run", H5P_DEFAULT), H5Gclose, "opening", "/run");
+      summary.run = attributes_of(run.get());
+      return summary;
+    }
+  }
   // The readers' one layout check: NotMfattnFile for a missing, foreign or malformed file.
   // It also gives the frame count, replicas, n and d as every reader sees them.
   const SeriesFile series(path);

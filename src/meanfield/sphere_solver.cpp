@@ -7,7 +7,11 @@
 ///     X = b grad phi (USA) costs one scalar analysis and one gradient synthesis;
 ///   - div(rho X) comes from the spin-1 analysis of the flux (its E part);
 ///   - diffusion is the exact factor exp(-l(l+1) t / kappa), Strang-split around an SSP-RK3
-///     step of the drift.
+///     step of the drift;
+///   - after each step the exponential filter exp(-36 (l/L)^36) damps the top degrees (the
+///     degree L to rounding, l <= L/2 by less than 1e-10): without it a collapsing density,
+///     whose clusters the grid cannot resolve, grows Gibbs oscillations without bound; with
+///     it the solve stays bounded (not positive: min_density records how far it is from it).
 /// libsharp conventions, checked numerically (tests/unit/test_meanfield_sphere.cpp): a_lm of
 /// orthonormal Y_lm with the Condon-Shortley phase, m >= 0 stored; rings ordered by
 /// increasing colatitude with weights (Gauss weight) 2 pi / n_phi; the derivative synthesis
@@ -128,6 +132,7 @@ class SphereSolver final : public DensitySolver {
   DensityGrid grid_;
   FunkHecke factors_;
   std::vector<int> degree_;           // l of each coefficient
+  std::vector<double> filter_;        // exp(-36 (l/L)^36) per degree
   std::vector<double> multiplicity_;  // m = 0: 1; m > 0: 2 (a_{l,-m} = (-1)^m conj a_lm)
   // Scratch, sized once.
   std::vector<Complex> a_, k_, stage_, potential_, kernel_, e_, b_;
@@ -175,6 +180,9 @@ SphereSolver::SphereSolver(const IsotropicInteraction& interaction, std::size_t 
       throw std::invalid_argument("sphere solver: exp(beta a <x,y> - shift) overflows");
 
   const auto count = static_cast<std::size_t>(sharp_alm_count(alm_.get()));
+  filter_.resize(static_cast<std::size_t>(max_degree_) + 1);
+  for (std::size_t l = 0; l < filter_.size(); ++l)
+    filter_[l] = std::exp(-36.0 * std::pow(double(l) / double(max_degree_), 36.0));
   degree_.assign(count, 0);
   multiplicity_.assign(count, 0.0);
   for (int m = 0; m <= max_degree_; ++m)
@@ -191,7 +199,7 @@ std::string SphereSolver::scheme() const {
   return "sphere: libsharp Gauss grid L=" + std::to_string(max_degree_) + " (" +
          std::to_string(grid_.shape[0]) + "x" + std::to_string(grid_.shape[1]) +
          "), pseudo-spectral " + (interaction_.usa ? "USA" : "SA") +
-         ", SSP-RK3 + exact diffusion (Strang)";
+         ", SSP-RK3 + exact diffusion (Strang), exponential filter of order 36";
 }
 
 void SphereSolver::check_size(const std::vector<double>& density) const {
@@ -292,6 +300,7 @@ double SphereSolver::step(std::vector<double>& density, double max_step) {
   drift(stage_, k_);
   for (std::size_t i = 0; i < n; ++i) a_[i] = a_[i] / 3.0 + 2.0 / 3.0 * (stage_[i] + dt * k_[i]);
   if (diffusive) diffuse(a_, dt / 2);
+  for (std::size_t i = 0; i < n; ++i) a_[i] *= filter_[static_cast<std::size_t>(degree_[i])];
   // The drift and diffusion keep a_00 exactly, but a libsharp synthesis-analysis round trip
   // moves it by a biased ~1e-15 relative (measured), which adds up over thousands of steps:
   // restore the incoming mass with a uniform correction of that size.

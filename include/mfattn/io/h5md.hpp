@@ -201,8 +201,12 @@ struct FileSummary {
   std::string save_positions = "all";
   double first_time = 0.0, last_time = 0.0;
   std::vector<std::pair<std::string, std::string>> parameters, run;
+  /// A density file (`mfattn meanfield`): the shape of one frame of /fields/density/value
+  /// (empty for a particle file); n is then its size, d 1 and replicas 1.
+  std::vector<std::size_t> field_shape;
 };
-/// Throws IoError for a missing file or one that is not an mfattn H5MD file.
+/// Throws IoError for a missing file or one that is not an mfattn H5MD file (a particle
+/// run's or a density file).
 FileSummary describe_file(const std::string& path);
 
 /// A parameter as describe_file renders the attribute it is stored in (numbers exactly:

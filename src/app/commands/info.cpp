@@ -47,6 +47,21 @@ int info_command(const std::vector<std::string>& args, std::ostream& out, std::o
       if (name == key) return value;
     return "?";
   };
+  if (!summary.field_shape.empty()) {
+    // A density file of mfattn meanfield: its grid instead of tokens and positions.
+    std::string shape;
+    for (std::size_t extent : summary.field_shape) shape += (shape.empty() ? "" : " x ") + std::to_string(extent);
+    out << "file       " << args[0] << '\n'
+        << "density    " << shape << " grid values per frame (mfattn meanfield; "
+        << lookup(summary.parameters, "scheme_used") << ")\n"
+        << "frames     " << summary.frames << ", t = " << summary.first_time << " .. " << summary.last_time << '\n'
+        << "status     " << lookup(summary.run, "status") << " (steps " << lookup(summary.run, "steps") << ", wall "
+        << lookup(summary.run, "wall_time_s") << " s)\n"
+        << "parameters\n";
+    for (const auto& [name, value] : summary.parameters)
+      if (name != "config_text") out << "  " << name << " = " << value << '\n';
+    return kExitOk;
+  }
   out << "file       " << args[0] << '\n'
       << "tokens     n = " << summary.n << " (active " << lookup(summary.parameters, "active_tokens")
       << "), d = " << summary.d << ", replicas = " << summary.replicas << '\n'

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "app/progress.hpp"
+#include "mfattn/app/meanfield_compare.hpp"
 #include "mfattn/app/model_builder.hpp"
 #include "mfattn/app/run.hpp"
 #include "mfattn/app/stop_signals.hpp"
@@ -22,6 +23,10 @@ namespace mfattn {
 namespace po = boost::program_options;
 
 namespace {
+
+/// --rtol and --atol when not given (the run's are dopri5's).
+constexpr double kMeanfieldDefaultRtol = 1e-6;
+constexpr double kMeanfieldDefaultAtol = 1e-9;
 
 /// The run options that mean the same for densities; every other run option is refused
 /// when given (it has no meaning for a density, or the solver chooses it: --dt).
@@ -279,6 +284,10 @@ MeanfieldConfig parse_meanfield_arguments(const std::vector<std::string>& args) 
                        "see mfattn meanfield --help for those it takes)");
   }
   RunConfig& run = cfg.run;
+  // The step control of a second-order scheme: the run's dopri5 defaults (1e-8, 1e-10) would
+  // take ~60 times the steps for a time error far below the grid's (docs/meanfield.md).
+  if (vm["rtol"].defaulted()) run.rtol = kMeanfieldDefaultRtol;
+  if (vm["atol"].defaulted()) run.atol = kMeanfieldDefaultAtol;
   if (cfg.label_points < 0 || cfg.label_points > 4096)
     refuse("label-points", std::to_string(cfg.label_points), "must be in [0, 4096]");
   if (cfg.grid != 0 && (cfg.grid < 4 || cfg.grid > (run.d == 3 && !cfg.zonal ? 1024 : 1 << 22)))
@@ -321,6 +330,10 @@ MeanfieldConfig parse_meanfield_arguments(const std::vector<std::string>& args) 
   for (const auto& arg : args) command_line << ' ' << arg;
   cfg.command_line = command_line.str();
   cfg.parameters = table_parameters(table, vm);
+  for (Parameter& parameter : cfg.parameters) {
+    if (parameter.name == "rtol") parameter.value = run.rtol;
+    if (parameter.name == "atol") parameter.value = run.atol;
+  }
   return cfg;
 }
 
@@ -339,7 +352,6 @@ std::string meanfield_usage() {
 }
 
 int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream& log) {
-  (void)out;
   MeanfieldConfig cfg = given;
   const StopSignals stop_signals({.keep_ignored = false, .restart_calls = true, .wake_pipe = false,
                                   .end_on_late_repeat = true});
@@ -458,6 +470,14 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
         }
         const double remaining = target - t;
         const double dt = solver.step(density, remaining);
+        // A grid that cannot resolve the solution shows it here: values that are no longer
+        // finite, or steps too small to move the clock.
+        if (!std::all_of(density.begin(), density.end(), [](double v) { return std::isfinite(v); }))
+          throw std::runtime_error("the density is not finite after t = " + format_number(t) +
+                                   " (the grid does not resolve the solution: a larger --grid, or noise)");
+        if (!(dt >= 1e-13 * std::max(1.0, cfg.run.horizon)) && dt < remaining)
+          throw std::runtime_error("the step size fell to " + format_number(dt) + " at t = " + format_number(t) +
+                                   " (the grid does not resolve the solution: a larger --grid, or noise)");
         t = dt >= remaining ? target : t + dt;
         ++steps;
         progress.update(t, steps);
@@ -477,6 +497,11 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
     log << "mfattn meanfield: numerical failure: " << e.what() << '\n';
     record(std::string("failed: ") + e.what());
     return kExitNumerical;
+  }
+  if (!cfg.compare.empty()) {
+    // The density file is closed before it is read back.
+    writer.reset();
+    return compare_density_with_run(cfg.run.out, cfg.compare, /*json=*/false, out, log);
   }
   return kExitOk;
 }

@@ -1,0 +1,403 @@
+"""Shared helpers of the mean-field experiments (experiments/meanfield/*.py).
+
+- ``binary()``: the mfattn binary: $MFATTN_BINARY, else the first of build/mfattn and
+  build-dev/mfattn whose ``meanfield --help`` works.
+- ``mfattn(args, out, reuse)``: runs ``mfattn <args> --out out --overwrite --quiet``; with
+  reuse=True an existing complete file written by the same command line is kept.
+- ``Density`` / ``Particles``: the datasets of a density file (mfattn meanfield) and of a
+  particle run (mfattn run).
+- linear theory of the uniform state (docs: the brief of these experiments, section "Linear
+  theory"): ``growth_rate``, ``kappa_critical``, ``metastable_clusters``.
+- ``w1_circle``: the exact Wasserstein-1 distance on the circle between measures given as
+  piecewise-constant densities on cells and/or weighted atoms.
+- ``write_csv``, ``markdown_table``, ``standard_parser``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from scipy.special import gammaln, ive
+
+ROOT = Path(__file__).resolve().parents[2]
+TWO_PI = 2.0 * np.pi
+
+# ----------------------------------------------------------------------------------------------
+# the binary and runs
+
+
+_BINARY: str | None = None
+
+
+def binary() -> str:
+    global _BINARY
+    if _BINARY is not None:
+        return _BINARY
+    given = os.environ.get("MFATTN_BINARY")
+    if given:
+        _BINARY = given
+        return _BINARY
+    for candidate in (ROOT / "build" / "mfattn", ROOT / "build-dev" / "mfattn"):
+        if candidate.exists():
+            probe = subprocess.run([str(candidate), "meanfield", "--help"], capture_output=True, text=True)
+            if probe.returncode == 0:
+                _BINARY = str(candidate)
+                return _BINARY
+    raise SystemExit("no mfattn binary with the meanfield command: build one (cmake --build build) "
+                     "or set MFATTN_BINARY")
+
+
+def _command_line_of(path: Path) -> str | None:
+    import h5py
+    try:
+        with h5py.File(path, "r") as f:
+            if f["run"].attrs.get("status", b"") not in ("complete", b"complete"):
+                return None
+            return str(f["parameters"].attrs["command_line"])
+    except Exception:  # noqa: BLE001 - any unreadable file is simply rerun
+        return None
+
+
+def mfattn(args: list, out: Path, reuse: bool = False, threads: int | None = None,
+           capture: bool = False) -> subprocess.CompletedProcess | None:
+    """Runs ``mfattn args --out out --overwrite --quiet`` (and --threads when given). With
+    reuse, a complete file at ``out`` whose recorded command line has the same options is
+    kept and nothing runs (returns None)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    args = [str(a) for a in args]
+    if threads is not None:
+        args += ["--threads", str(threads)]
+    full = [binary(), *args, "--out", str(out), "--overwrite", "--quiet"]
+    if reuse and out.exists():
+        recorded = _command_line_of(out)
+        if recorded is not None and recorded.split()[1:] == full[1:]:
+            return None
+    for attempt in range(30):  # the binary may be in the middle of a rebuild (being linked)
+        try:
+            done = subprocess.run(full, capture_output=True, text=True)
+            break
+        except (PermissionError, FileNotFoundError, OSError):
+            if attempt == 29:
+                raise
+            time.sleep(5)
+    if done.returncode != 0:
+        raise SystemExit(f"failed ({done.returncode}): {shlex.join(full)}\n{done.stderr.strip()}")
+    return done
+
+
+def run_parallel(jobs: int, tasks: list, function) -> list:
+    """function(task) for every task, ``jobs`` at a time (threads around subprocesses)."""
+    if jobs <= 1:
+        return [function(t) for t in tasks]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(function, tasks))
+
+
+# ----------------------------------------------------------------------------------------------
+# files
+
+
+class Density:
+    """A density file of ``mfattn meanfield``."""
+
+    def __init__(self, path: Path):
+        import h5py
+        self.path = Path(path)
+        with h5py.File(path, "r") as f:
+            g = f["fields/density"]
+            self.time = g["time"][()]
+            self.value = g["value"][()]
+            self.weights = g["weights"][()]
+            self.theta = g["theta"][()]
+            self.labels = g["labels"][()] if "labels" in g else None
+            self.obs = {name: f["observables"][name]["value"][()] for name in f["observables"]}
+            self.run = dict(f["run"].attrs)
+            self.parameters = dict(f["parameters"].attrs)
+
+    @property
+    def wall_time(self) -> float:
+        return float(self.run.get("wall_time_s", np.nan))
+
+    def frame_at(self, t: float) -> int:
+        i = int(np.argmin(np.abs(self.time - t)))
+        if abs(self.time[i] - t) > 1e-9 * max(1.0, abs(t)):
+            raise ValueError(f"{self.path}: no frame at t = {t} (nearest {self.time[i]})")
+        return i
+
+
+class Particles:
+    """The positions of a particle run of ``mfattn run``."""
+
+    def __init__(self, path: Path):
+        import h5py
+        self.path = Path(path)
+        with h5py.File(path, "r") as f:
+            g = f["particles/tokens/position"]
+            self.time = g["time"][()]
+            self.position = g["value"][()]
+            self.obs = {name: f["observables"][name]["value"][()] for name in f.get("observables", {})}
+            self.obs_time = {name: f["observables"][name]["time"][()] for name in f.get("observables", {})
+                             if "time" in f["observables"][name]}
+            self.run = dict(f["run"].attrs)
+
+    @property
+    def wall_time(self) -> float:
+        return float(self.run.get("wall_time_s", np.nan))
+
+    def angles(self, frame: int) -> np.ndarray:
+        x = self.position[frame]
+        return np.mod(np.arctan2(x[:, 1], x[:, 0]), TWO_PI)
+
+
+def write_density_file(path: Path, values: np.ndarray) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savetxt(path, np.asarray(values, dtype=float), fmt="%.17g")
+    return path
+
+
+def sample_circle(density: Density, n: int, seed: int, frame: int = 0) -> np.ndarray:
+    """n unit vectors drawn from a circle density (the recipe of analysis/sample_density.py:
+    a cell by its mass weights_a value_a, then uniform within the cell)."""
+    rng = np.random.default_rng(seed)
+    p = np.clip(density.weights * density.value[frame], 0.0, None)
+    cells = rng.choice(p.size, size=n, p=p / p.sum())
+    h = TWO_PI / p.size
+    theta = density.theta[cells] + (rng.random(n) - 0.5) * h
+    return np.stack([np.cos(theta), np.sin(theta)], axis=1)
+
+
+def write_samples(density_file: Path, n: int, seed: int, out: Path) -> Path:
+    """x0 text file of n samples of frame 0: analysis/sample_density.py when it is there, else
+    the same recipe here."""
+    out = Path(out)
+    script = ROOT / "analysis" / "sample_density.py"
+    if script.exists():
+        with open(out, "w") as handle:
+            subprocess.run([sys.executable, str(script), str(density_file), "--n", str(n), "--seed", str(seed)],
+                           stdout=handle, check=True)
+    else:
+        np.savetxt(out, sample_circle(Density(density_file), n, seed), fmt="%.17g")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# linear theory of the uniform state (Q = K = V = I)
+
+
+def c_l(l, beta: float, d: int):
+    """c_l(beta) = Gamma(d/2) (2/beta)^(d/2-1) I_{l+d/2-1}(beta) (d = 2: I_l(beta)), the
+    Funk-Hecke eigenvalues of exp(beta <x, y>) against the uniform probability measure."""
+    l = np.asarray(l, dtype=float)
+    nu = l + d / 2.0 - 1.0
+    with np.errstate(divide="ignore"):
+        return np.exp(gammaln(d / 2.0) + (d / 2.0 - 1.0) * np.log(2.0 / beta) + np.log(ive(nu, beta)) + beta)
+
+
+def growth_rate(l, beta: float, d: int = 2, kernel: str = "usa", kappa: float = 0.0,
+                rescaled: bool = False):
+    """gamma_l = l (l + d - 2) (c_l/beta - 1/kappa) (USA) or (c_l/(beta c_0) - 1/kappa) (SA);
+    kappa = 0 means no noise; rescaled multiplies the USA kernel by exp(-beta)."""
+    l = np.asarray(l, dtype=float)
+    drift = c_l(l, beta, d) / beta
+    if kernel == "sa":
+        drift = drift / c_l(0, beta, d)
+    elif rescaled:
+        drift = drift * np.exp(-beta)
+    noise = 0.0 if kappa == 0 else 1.0 / kappa
+    return l * (l + d - 2.0) * (drift - noise)
+
+
+def kappa_critical(beta: float, kernel: str = "usa", d: int = 2) -> float:
+    """Noise level kappa_c below which (kappa < kappa_c, more noise) the uniform state is stable:
+    gamma_1 = 0, kappa_c = beta / c_1 (USA) or beta c_0 / c_1 (SA)."""
+    value = beta / c_l(1, beta, d)
+    return float(value * c_l(0, beta, d) if kernel == "sa" else value)
+
+
+def metastable_clusters(beta: float, kmax: int = 200) -> int:
+    """argmax_k k^2 I_k(beta): the fastest-growing mode of the circle USA (arXiv:2410.23228)."""
+    k = np.arange(1, kmax + 1)
+    return int(k[np.argmax(k * k * ive(k, beta))])
+
+
+# ----------------------------------------------------------------------------------------------
+# Wasserstein-1 on the circle
+
+
+class CircleMeasure:
+    """A probability measure on [0, 2 pi): a piecewise-constant density on cells centred at
+    theta_a = 2 pi a / M (values w.r.t. d theta times the cell weights) plus/or atoms."""
+
+    def __init__(self, cell_masses=None, atoms=None, atom_weights=None):
+        self.knots = np.zeros(0)
+        self.cdf_knots = np.zeros(0)
+        total = 0.0
+        if cell_masses is not None:
+            m = np.asarray(cell_masses, dtype=float)
+            M = m.size
+            h = TWO_PI / M
+            # cell 0 is split by the origin: [0, h/2) and [2 pi - h/2, 2 pi)
+            edges = (np.arange(M) + 0.5) * h
+            self.knots = np.concatenate([[0.0], edges, [TWO_PI]])
+            pieces = np.concatenate([[m[0] / 2.0], m[1:], [m[0] / 2.0]])
+            self.cdf_knots = np.concatenate([[0.0], np.cumsum(pieces)])
+            total += m.sum()
+        self.atoms = np.zeros(0)
+        self.atom_weights = np.zeros(0)
+        if atoms is not None:
+            a = np.mod(np.asarray(atoms, dtype=float), TWO_PI)
+            w = np.full(a.size, 1.0 / a.size) if atom_weights is None else np.asarray(atom_weights, float)
+            order = np.argsort(a)
+            self.atoms, self.atom_weights = a[order], w[order]
+            self.atom_cdf = np.concatenate([[0.0], np.cumsum(self.atom_weights)])
+            total += w.sum()
+        self.total = total
+
+    def breaks(self) -> np.ndarray:
+        return np.concatenate([self.knots, self.atoms])
+
+    def cdf(self, x: np.ndarray, right: bool) -> np.ndarray:
+        """F(x+) (right=True) or F(x-), normalised to total mass 1."""
+        value = np.zeros_like(x)
+        if self.knots.size:
+            value += np.interp(x, self.knots, self.cdf_knots)
+        if self.atoms.size:
+            idx = np.searchsorted(self.atoms, x, side="right" if right else "left")
+            value += self.atom_cdf[idx]
+        return value / self.total
+
+
+def w1_circle(mu: CircleMeasure, nu: CircleMeasure) -> float:
+    """W1 = min_c int_0^{2 pi} |F_mu - F_nu - c| d theta, exact: between consecutive break
+    points (cell edges, atoms) D = F_mu - F_nu is linear; c is the median of D under
+    d theta (bisection), and the integral of |D - c| over each linear piece is exact."""
+    b = np.unique(np.concatenate([[0.0, TWO_PI], mu.breaks(), nu.breaks()]))
+    left, right = b[:-1], b[1:]
+    length = right - left
+    keep = length > 0
+    left, right, length = left[keep], right[keep], length[keep]
+    u = mu.cdf(left, True) - nu.cdf(left, True)      # D just right of the left end
+    v = mu.cdf(right, False) - nu.cdf(right, False)  # D just left of the right end
+    lo_v, hi_v = np.minimum(u, v), np.maximum(u, v)
+
+    def measure_below(c: float) -> float:
+        span = hi_v - lo_v
+        frac = np.where(span > 0, np.clip((c - lo_v) / np.where(span > 0, span, 1.0), 0.0, 1.0),
+                        (lo_v <= c).astype(float))
+        return float(np.sum(length * frac))
+
+    lo, hi = float(lo_v.min()), float(hi_v.max())
+    half = 0.5 * float(length.sum())
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if measure_below(mid) < half:
+            lo = mid
+        else:
+            hi = mid
+    c = 0.5 * (lo + hi)
+    a, z = u - c, v - c
+    same = a * z >= 0
+    absolute = np.abs(a) + np.abs(z)
+    integral = np.where(same, 0.5 * length * absolute,
+                        0.5 * length * (a * a + z * z) / np.where(absolute > 0, absolute, 1.0))
+    return float(integral.sum())
+
+
+def density_measure(density: Density, frame: int) -> CircleMeasure:
+    return CircleMeasure(cell_masses=density.weights * density.value[frame])
+
+
+def particle_measure(particles: Particles, frame: int) -> CircleMeasure:
+    return CircleMeasure(atoms=particles.angles(frame))
+
+
+# ----------------------------------------------------------------------------------------------
+# tables and arguments
+
+
+def write_csv(path: Path, rows: list[dict]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not rows:
+        path.write_text("")
+        return path
+    fields = list(rows[0].keys())
+    for row in rows[1:]:
+        for key in row:
+            if key not in fields:
+                fields.append(key)
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def fmt(value, spec: str = ".4g") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (float, np.floating)):
+        if not np.isfinite(value):
+            return "nan" if np.isnan(value) else str(value)
+        return format(float(value), spec)
+    return str(value)
+
+
+def markdown_table(rows: list[dict], columns: list[str] | None = None, spec: str = ".4g") -> str:
+    if not rows:
+        return "(no rows)"
+    columns = columns or list(rows[0].keys())
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt(row.get(c), spec) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def standard_parser(name: str, doc: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a tiny version (about a minute or less)")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "data" / "meanfield",
+                        help="data folder: runs in OUT_DIR/<name>[_quick]/, the CSV OUT_DIR/<name>[_quick].csv "
+                             "(default data/meanfield)")
+    parser.add_argument("--figure-dir", type=Path, default=ROOT / "data" / "figures",
+                        help="figure folder (default data/figures): meanfield_<name>[_quick].png")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep existing complete runs written by the same command line")
+    parser.set_defaults(_name=name)
+    return parser
+
+
+class Paths:
+    def __init__(self, args: argparse.Namespace):
+        tag = args._name + ("_quick" if args.quick else "")
+        self.runs = Path(args.out_dir) / tag
+        self.runs.mkdir(parents=True, exist_ok=True)
+        self.csv = Path(args.out_dir) / f"{tag}.csv"
+        Path(args.figure_dir).mkdir(parents=True, exist_ok=True)
+        self.figure = Path(args.figure_dir) / f"meanfield_{tag}.png"
+
+
+def pyplot():
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+class Clock:
+    def __init__(self):
+        self.start = time.time()
+
+    def __str__(self) -> str:
+        return f"{time.time() - self.start:.1f} s"
