@@ -95,8 +95,30 @@ LABELS = ("aux_position", "prompt_id", "presence", "id")
 _REPLICA_GROUP = re.compile(r"^tokens(?:_r([1-9][0-9]*))?$")
 
 
+class _Recorded:
+    """What a run's file and a density file share: the frame clock `times` and the /run group."""
+
+    times: np.ndarray
+    run: dict[str, Any]
+
+    @property
+    def frames(self) -> int:
+        """Number of frames T."""
+        return int(self.times.shape[0])
+
+    @property
+    def status(self) -> str:
+        """/run status ("running", "complete", "failed: <reason>", "interrupted: ...")."""
+        return str(self.run.get("status", ""))
+
+    @property
+    def complete(self) -> bool:
+        """True when the run or solve finished (/run status == "complete")."""
+        return self.status == "complete"
+
+
 @dataclass
-class Trajectory:
+class Trajectory(_Recorded):
     """Contents of one mfattn file (see the module docstring for the replica rule).
 
     Attributes:
@@ -148,28 +170,13 @@ class Trajectory:
     save_positions: str = "all"
 
     @property
-    def frames(self) -> int:
-        """Number of frames T."""
-        return int(self.times.shape[0])
-
-    @property
     def position_frames(self) -> int:
         """Number of frames P whose positions the file keeps."""
         return int(self.positions.shape[0])
 
-    @property
-    def status(self) -> str:
-        """/run status ("running", "complete" or "failed: <reason>")."""
-        return str(self.run.get("status", ""))
-
-    @property
-    def complete(self) -> bool:
-        """True when the run finished (/run status == "complete")."""
-        return self.status == "complete"
-
 
 @dataclass
-class Density:
+class Density(_Recorded):
     """Contents of one density file (``mfattn meanfield``; layout in the module docstring).
 
     Attributes:
@@ -206,20 +213,6 @@ class Density:
     run: dict[str, Any]
     d: int
     creator_version: str = ""
-
-    @property
-    def frames(self) -> int:
-        """Number of frames T."""
-        return int(self.times.shape[0])
-
-    @property
-    def status(self) -> str:
-        """/run status ("running", "complete", "failed: <reason>", "interrupted: ...")."""
-        return str(self.run.get("status", ""))
-
-    @property
-    def complete(self) -> bool:
-        return self.status == "complete"
 
     def _frame_values(self, frame: int | None) -> np.ndarray:
         return self.values if frame is None else self.values[frame]

@@ -330,27 +330,33 @@ py::module_ io_module() {
   throw std::runtime_error(message.empty() ? prefix + "exit status " + std::to_string(status) : message);
 }
 
+/// Where run() and meanfield() write: `out`, or (out None) a file in a private folder of the
+/// system's temporary directory, which goes whatever ends the call (the file is loaded first).
+struct OutputFile {
+  std::filesystem::path directory, path;
+  OutputFile(const py::object& out, const char* prefix, const char* name) {
+    if (out.is_none()) {
+      py::module_ tempfile = py::module_::import("tempfile");
+      directory = tempfile.attr("mkdtemp")("prefix"_a = prefix).cast<std::string>();
+      path = directory / name;
+    } else {
+      path = py::str(out).cast<std::string>();
+    }
+  }
+  ~OutputFile() {
+    std::error_code ignored;
+    if (!directory.empty()) std::filesystem::remove_all(directory, ignored);
+  }
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+};
+
 py::object run(py::object out, py::object progress, const py::kwargs& options) {
   std::vector<std::string> words = words_of(options);
   for (const char* own : {"out", "progress"})
     if (options.contains(own)) throw py::value_error(std::string(own) + ": given twice");
-  std::filesystem::path directory, path;
-  // The temporary folder goes whatever ends the call.
-  struct RemoveFolder {
-    std::filesystem::path& folder;
-    ~RemoveFolder() {
-      std::error_code ignored;
-      if (!folder.empty()) std::filesystem::remove_all(folder, ignored);
-    }
-  } remove_folder{directory};
-  if (out.is_none()) {
-    // A private folder of the system's temporary directory, removed after loading.
-    py::module_ tempfile = py::module_::import("tempfile");
-    directory = tempfile.attr("mkdtemp")("prefix"_a = "mfattn-run-").cast<std::string>();
-    path = directory / "run.h5";
-  } else {
-    path = py::str(out).cast<std::string>();
-  }
+  const OutputFile output(out, "mfattn-run-", "run.h5");
+  const std::filesystem::path& path = output.path;
   words.push_back("--out");
   words.push_back(path.string());
   // run() is always quiet (its progress reaches Python through `progress`): quiet=True is
@@ -385,7 +391,7 @@ py::object run(py::object out, py::object progress, const py::kwargs& options) {
   }
   if (status != kExitOk) raise_for(status, log.str());
   py::object trajectory = io_module().attr("load")(path.string());
-  if (!directory.empty()) trajectory.attr("path") = py::none();
+  if (!output.directory.empty()) trajectory.attr("path") = py::none();
   return trajectory;
 }
 
@@ -404,21 +410,8 @@ py::object meanfield(py::object out, py::object progress, const py::kwargs& opti
     throw py::value_error("compare: mfattn.meanfield returns the density; the distances to a particle run "
                           "are the command line's (mfattn meanfield --compare RUN.h5)");
   std::vector<std::string> words = words_of(options);
-  std::filesystem::path directory, path;
-  struct RemoveFolder {
-    std::filesystem::path& folder;
-    ~RemoveFolder() {
-      std::error_code ignored;
-      if (!folder.empty()) std::filesystem::remove_all(folder, ignored);
-    }
-  } remove_folder{directory};
-  if (out.is_none()) {
-    py::module_ tempfile = py::module_::import("tempfile");
-    directory = tempfile.attr("mkdtemp")("prefix"_a = "mfattn-meanfield-").cast<std::string>();
-    path = directory / "density.h5";
-  } else {
-    path = py::str(out).cast<std::string>();
-  }
+  const OutputFile output(out, "mfattn-meanfield-", "density.h5");
+  const std::filesystem::path& path = output.path;
   words.push_back("--out");
   words.push_back(path.string());
   if (std::find(words.begin(), words.end(), "--quiet") == words.end()) words.push_back("--quiet");
@@ -438,7 +431,7 @@ py::object meanfield(py::object out, py::object progress, const py::kwargs& opti
   }
   if (status != kExitOk) raise_for(status, log.str(), "mfattn meanfield: ");
   py::object density = io_module().attr("load")(path.string());
-  if (!directory.empty()) density.attr("path") = py::none();
+  if (!output.directory.empty()) density.attr("path") = py::none();
   return density;
 }
 
