@@ -50,6 +50,13 @@ struct ObserverSchedule {
 /// Trajectory options, a sweep's complete case file the Trajectory and Extent ones.
 std::string option_difference(const RunConfig& cfg, const FileSummary& stored, std::initializer_list<OptionRole> roles);
 
+/// --resume's file (describe_file): UsageError with --overwrite, or when it is missing or not an
+/// mfattn file.
+FileSummary resumable_file(const RunConfig& cfg);
+/// --resume's rule: the file was made with the same Trajectory options (cfg.parameters against
+/// its /parameters) and a horizon no longer than cfg's. Throws UsageError naming the option.
+void refuse_another_trajectory(const RunConfig& cfg, const FileSummary& stored);
+
 /// "SIGTERM", "SIGINT", ... for the signals runs and sweeps report ("signal N" otherwise).
 std::string signal_name(int signal);
 

@@ -248,22 +248,11 @@ std::vector<std::vector<double>> observable_values(const meanfield::DensityObser
   return values;
 }
 
-/// --resume: the file must hold a solve of the same options (the horizon may grow).
+/// --resume: the file must hold a solve of the same options (the horizon may grow), as for runs.
 void check_resumable(const MeanfieldConfig& cfg) {
-  if (cfg.run.overwrite) throw UsageError("--resume: cannot be combined with --overwrite");
-  FileSummary stored;
-  try {
-    stored = describe_file(cfg.run.out);
-  } catch (const NotMfattnFile& e) {
-    throw UsageError(std::string("--resume: ") + e.what());
-  }
   RunConfig all = cfg.run;
   all.parameters = cfg.parameters;
-  if (const std::string difference = option_difference(all, stored, {OptionRole::Trajectory}); !difference.empty())
-    throw UsageError("--resume " + cfg.run.out + ": " + difference);
-  for (const auto& [key, value] : stored.parameters)
-    if (key == "horizon" && cfg.run.horizon < std::stod(value))
-      throw UsageError("--resume: --horizon " + parameter_text(cfg.run.horizon) + " is shorter than the file's " + value);
+  refuse_another_trajectory(all, resumable_file(all));
 }
 
 }  // namespace

@@ -89,21 +89,33 @@ std::string option_difference(const RunConfig& cfg, const FileSummary& stored, s
   return "";
 }
 
+FileSummary resumable_file(const RunConfig& cfg) {
+  if (cfg.overwrite) throw UsageError("--resume: cannot be combined with --overwrite");
+  try {
+    // describe_file checks the layout as every reader does: a file that is not a readable
+    // mfattn file is refused here, before anything is opened for writing.
+    return describe_file(cfg.out);
+  } catch (const NotMfattnFile& e) {
+    throw UsageError(std::string("--resume: ") + e.what());
+  }
+}
+
+void refuse_another_trajectory(const RunConfig& cfg, const FileSummary& stored) {
+  // Extent options may change on a resume (the horizon may grow: below), Execution ones too.
+  if (const std::string difference = option_difference(cfg, stored, {OptionRole::Trajectory}); !difference.empty())
+    throw UsageError("--resume " + cfg.out + ": " + difference);
+  for (const auto& [key, value] : stored.parameters)
+    if (key == "horizon" && cfg.horizon < std::stod(value))
+      throw UsageError("--resume: --horizon " + parameter_text(cfg.horizon) + " is shorter than the file's " + value);
+}
+
 namespace {
 
 /// --resume: the file must exist and have been made with the same options, except those
 /// that do not change the trajectory (the horizon may grow). A run that left --save-every at
 /// its default keeps the file's frame spacing.
 void check_resumable(RunConfig& cfg) {
-  if (cfg.overwrite) throw UsageError("--resume: cannot be combined with --overwrite");
-  FileSummary stored;
-  try {
-    // describe_file checks the layout as every reader does: a file that is not a readable
-    // mfattn file is refused here, before anything is opened for writing.
-    stored = describe_file(cfg.out);
-  } catch (const NotMfattnFile& e) {
-    throw UsageError(std::string("--resume: ") + e.what());
-  }
+  const FileSummary stored = resumable_file(cfg);
   auto stored_value = [&](const std::string& name) -> const std::string* {
     for (const auto& [key, value] : stored.parameters)
       if (key == name) return &value;
@@ -111,12 +123,7 @@ void check_resumable(RunConfig& cfg) {
   };
   if (cfg.save_every == 0.0 && cfg.save_times.empty() && cfg.save_log == 0)
     if (const auto* spacing = stored_value("save_every_used")) cfg.save_every = std::stod(*spacing);
-  // Extent options may change on a resume (the horizon may grow: below), Execution ones too.
-  if (const std::string difference = option_difference(cfg, stored, {OptionRole::Trajectory}); !difference.empty())
-    throw UsageError("--resume " + cfg.out + ": " + difference);
-  if (const auto* horizon = stored_value("horizon"); horizon && cfg.horizon < std::stod(*horizon))
-    throw UsageError("--resume: --horizon " + parameter_text(cfg.horizon) +
-                     " is shorter than the file's " + *horizon);
+  refuse_another_trajectory(cfg, stored);
 }
 
 }  // namespace
