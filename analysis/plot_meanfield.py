@@ -30,9 +30,9 @@ with s = 1 in natural time and exp(-beta) with --time-scale rescaled, eps = --ep
 default), 1/kappa = 0 without noise (--noise-kappa 0). At beta = 0, c_l / beta is its limit
 delta_{l1} / d.
 
-From Python: ``growth_rates(d, beta, kernel, kappa, kmax)`` and ``plot_meanfield(path,
-run=None, out=None) -> Path``. Exit status 1 with one line on stderr for a missing or foreign
-file.
+From Python: ``growth_rates(d, beta, kernel, kappa, kmax)``, ``critical_kappa(beta, kernel, d)``
+(the kappa at which gamma_1 = 0) and ``plot_meanfield(path, run=None, out=None) -> Path``. Exit
+status 1 with one line on stderr for a missing or foreign file.
 """
 from __future__ import annotations
 
@@ -91,6 +91,14 @@ def growth_rates(d: int, beta: float, kernel: str = "usa", kappa: float = 0.0, k
         eps = eps_den if time_scale == "rescaled" else eps_den * math.exp(-beta)
         drift = scaled / (beta * (c0 + eps))
     return laplace * (drift - diffusion)
+
+
+def critical_kappa(beta: float, kernel: str = "usa", d: int = 2, *, time_scale: str = "natural",
+                   eps_den: float = 0.0) -> float:
+    """kappa_c: the noise's kappa at which gamma_1 = 0 (growth_rates without noise is
+    (d - 1) c_1 / beta, or the SA's ratio, and the noise takes (d - 1) / kappa); below it (more
+    noise) the uniform density is stable: beta / c_1 (USA), beta c_0 / c_1 (SA)."""
+    return float((d - 1) / growth_rates(d, beta, kernel, 0.0, 1, time_scale=time_scale, eps_den=eps_den)[0])
 
 
 def _rates_for(density: Density) -> np.ndarray | None:

@@ -21,7 +21,7 @@ prediction is k* = argmax_k k^2 I_k(beta), the fastest-growing mode (arXiv:2410.
 
 Prints the table, writes data/meanfield/cluster_count.csv and
 data/figures/meanfield_cluster_count.png. The particle runs dominate the cost (about
-n^2: roughly 10 s for n = 256 and 2.5-4 min for n = 1024 at beta = 10 on one busy core here), so the
+n^2: about 9 s for n = 1024 at beta = 10 with one thread on one busy core here), so the
 script prints the estimate first; --sizes 256,512 or fewer betas make it shorter.
 
     /usr/bin/python3 experiments/meanfield/cluster_count.py [--quick] [--sizes 256,512,1024] [--jobs 2]
@@ -71,7 +71,12 @@ def plateaus(times: np.ndarray, counts: np.ndarray, max_count: float, min_decade
         end = t[j + 1] if j + 1 < len(t) else t[j]
         runs.append((int(c[i]), t[i], end))
         i = j + 1
-    valid = [(k, a, b) for k, a, b in runs if 0 < k <= max_count and a > 0]
+    # skip the start: plateaus count only from the first frame whose count is at most
+    # max_count and at most half the count of frame 0 (a random start of n tokens already has
+    # ~n/10 components of <x_i, x_j> > 1 - 1e-4 when n = 1024)
+    gathered = np.flatnonzero((c <= max_count) & (c <= 0.5 * c[0] if c[0] > 0 else c <= max_count))
+    t_from = t[gathered[0]] if gathered.size else np.inf
+    valid = [(k, a, b) for k, a, b in runs if 0 < k <= max_count and a > 0 and a >= t_from]
     decades = [(k, np.log10(b / a), a, b) for k, a, b in valid]
     first = next(((k, a) for k, dec, a, b in decades if dec >= min_decades), (np.nan, np.nan))
     longest = max(decades, key=lambda x: x[1], default=(np.nan, np.nan, np.nan, np.nan))
@@ -88,7 +93,8 @@ def main() -> None:
     parser.add_argument("--threshold", type=float, default=5.0, help="x the uniform density 1/(2 pi)")
     parser.add_argument("--min-decades", type=float, default=0.15)
     parser.add_argument("--noise-seed", type=int, default=1)
-    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each --threads 1 when > 1)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
+    parser.add_argument("--threads", type=int, default=None, help="--threads of each run (default 1, $MFATTN_THREADS)")
     args = parser.parse_args()
     if args.quick:
         args.betas, args.grid, args.sizes, args.horizon_factor = "2,5,10", 256, "128", 5.0
@@ -97,8 +103,7 @@ def main() -> None:
     betas = [float(b) for b in args.betas.split(",")]
     sizes = [int(n) for n in args.sizes.split(",") if n]
     seeds = [int(s) for s in args.seeds.split(",")]
-    threads = 1 if args.jobs > 1 else None
-
+    
     info = {}
     for beta in betas:
         k = np.arange(1, 200)
@@ -106,8 +111,8 @@ def main() -> None:
         t_lin = np.log(1.0 / NOISE) / gmax
         info[beta] = dict(k_star=mf.metastable_clusters(beta), t_lin=t_lin, horizon=args.horizon_factor * t_lin)
     # cost estimate of the particle runs: ~ n^2 pair evaluations x dopri5 steps (measured:
-    # n = 1024, beta = 10, horizon 1600: 150-220 s on one core)
-    estimate = sum(150.0 * (n / 1024) ** 2 * info[b]["horizon"] / 1600 for b in betas for n in sizes) * len(seeds)
+    # n = 1024, beta = 10, horizon 1600: 8.6 s with --threads 1; 150-220 s with 2 threads on the busy 2-core machine)
+    estimate = sum(9.0 * (n / 1024) ** 2 * info[b]["horizon"] / 1600 for b in betas for n in sizes) * len(seeds)
     print(f"estimated particle cost: ~{estimate / 60:.1f} min on one core ({len(betas)} betas x sizes {sizes} x "
           f"{len(seeds)} seeds); density runs: seconds", flush=True)
 
@@ -121,7 +126,7 @@ def main() -> None:
         mf.mfattn(["meanfield", "--d", 2, "--beta", beta, "--time-scale", "rescaled", "--grid", args.grid,
                    "--init-density", init, "--horizon", f"{h:.6g}",
                    "--save-times", ",".join(f"{t:.6g}" for t in times if t <= h), "--rtol", "1e-6"],
-                  out, reuse=args.reuse, threads=threads)
+                  out, reuse=args.reuse, threads=args.threads)
         den = mf.Density(out)
         counts = count_density_clusters(den.value, args.threshold / mf.TWO_PI)
         first, longest, final = plateaus(den.time, counts, np.inf, args.min_decades)
@@ -137,7 +142,7 @@ def main() -> None:
         mf.mfattn(["run", "--d", 2, "--n", n, "--beta", beta, "--time-scale", "rescaled", "--init", "uniform",
                    "--seed", seed, "--integrator", "dopri5", "--rtol", "1e-8", "--atol", "1e-10",
                    "--horizon", f"{h:.6g}", "--save-log", 80, "--save-positions", "ends"],
-                  out, reuse=args.reuse, threads=threads)
+                  out, reuse=args.reuse, threads=args.threads)
         import h5py
         with h5py.File(out, "r") as f:
             g = f["observables/n_clusters"]
@@ -182,9 +187,7 @@ def main() -> None:
     ax.set_ylabel("clusters")
     ax.set_title("metastable cluster count on the circle")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(paths.figure, dpi=130)
-    print(f"\n{len(rows)} runs in {clock}; CSV {paths.csv}; figure {paths.figure}")
+    mf.finish(fig, paths, clock, len(rows))
 
 
 if __name__ == "__main__":

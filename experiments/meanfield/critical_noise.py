@@ -70,7 +70,8 @@ def main() -> None:
     parser.add_argument("--kernels", default="usa,sa")
     parser.add_argument("--rtol", type=float, default=1e-6, help="solver rtol (default 1e-6)")
     parser.add_argument("--no-both-starts", action="store_true", help="only the near-uniform start")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each --threads 1 when > 1)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
+    parser.add_argument("--threads", type=int, default=None, help="--threads of each run (default 1, $MFATTN_THREADS)")
     args = parser.parse_args()
     if args.quick:
         args.points, args.horizon, args.average_from, args.grid = 5, 20.0, 10.0, 128
@@ -96,7 +97,7 @@ def main() -> None:
         mf.mfattn(["meanfield", "--d", 2, "--beta", beta, "--kernel", kernel, "--grid", args.grid,
                    "--noise-kappa", f"{kappa:.10g}", *init, "--horizon", args.horizon,
                    "--save-every", args.horizon / 80, "--rtol", args.rtol], out, reuse=args.reuse,
-                  threads=1 if args.jobs > 1 else None)
+                  threads=args.threads)
         den = mf.Density(out)
         window = den.time >= args.average_from - 1e-9
         r = den.obs["order_parameter"]
@@ -151,9 +152,7 @@ def main() -> None:
         ax.set_ylabel(f"order parameter |int x dmu|, mean over t in [{args.average_from:g}, {args.horizon:g}]")
         ax.set_title(f"circle, {kernel.upper()}, beta = {beta:g}, M = {args.grid}")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(paths.figure, dpi=130)
-    print(f"\n{len(rows)} runs in {clock}; CSV {paths.csv}; figure {paths.figure}")
+    mf.finish(fig, paths, clock, len(rows))
 
 
 if __name__ == "__main__":

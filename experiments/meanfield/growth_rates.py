@@ -204,9 +204,7 @@ def main() -> None:
         ax.set_ylabel("|relative error of gamma_l|")
         ax.set_title(f"{geometry}{', kappa=' + format(args.noise_kappa, 'g') if args.noise_kappa else ''}")
         ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(paths.figure, dpi=130)
-    print(f"\n{len(rows)} runs in {clock}; CSV {paths.csv}; figure {paths.figure}")
+    mf.finish(fig, paths, clock, len(rows))
 
 
 if __name__ == "__main__":

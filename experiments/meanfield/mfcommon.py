@@ -2,15 +2,18 @@
 
 - ``binary()``: the mfattn binary: $MFATTN_BINARY, else the first of build/mfattn and
   build-dev/mfattn whose ``meanfield --help`` works.
-- ``mfattn(args, out, reuse)``: runs ``mfattn <args> --out out --overwrite --quiet``; with
-  reuse=True an existing complete file written by the same command line is kept.
+- ``mfattn(args, out, reuse)``: runs ``mfattn <args> --threads T --out out --overwrite --quiet``
+  (T = threads=, else $MFATTN_THREADS, else 1); with reuse=True an existing complete file
+  written by the same command line is kept.
 - ``Density`` / ``Particles``: the datasets of a density file (mfattn meanfield) and of a
   particle run (mfattn run).
 - linear theory of the uniform state (docs: the brief of these experiments, section "Linear
-  theory"): ``growth_rate``, ``kappa_critical``, ``metastable_clusters``.
+  theory"): ``growth_rate``, ``kappa_critical``, ``metastable_clusters``, from
+  analysis/plot_meanfield.py's ``growth_rates`` and ``critical_kappa``.
+- ``write_samples``: a particle start drawn from a density (analysis/sample_density.py).
 - ``w1_circle``: the exact Wasserstein-1 distance on the circle between measures given as
   piecewise-constant densities on cells and/or weighted atoms.
-- ``write_csv``, ``markdown_table``, ``standard_parser``.
+- ``write_csv``, ``markdown_table``, ``standard_parser``, ``add_options``, ``finish``.
 """
 from __future__ import annotations
 
@@ -25,10 +28,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from scipy.special import gammaln, ive
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_PI = 2.0 * np.pi
+
+sys.path.insert(0, str(ROOT / "analysis"))
+from mfattn_io import load  # noqa: E402
+from plot_meanfield import critical_kappa, growth_rates  # noqa: E402
+from sample_density import sample  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
 # the binary and runs
@@ -74,8 +81,11 @@ def mfattn(args: list, out: Path, reuse: bool = False, threads: int | None = Non
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     args = [str(a) for a in args]
-    if threads is not None:
-        args += ["--threads", str(threads)]
+    # one thread per run unless told (MFATTN_THREADS or threads=): OpenMP threads on a busy
+    # 2-core machine wait on each other (a 256-token run took 30 s on 2 threads, 0.1 s on 1)
+    if threads is None:
+        threads = int(os.environ.get("MFATTN_THREADS", "1"))
+    args += ["--threads", str(threads)]
     full = [binary(), *args, "--out", str(out), "--overwrite", "--quiet"]
     if reuse and out.exists():
         recorded = _command_line_of(out)
@@ -106,26 +116,41 @@ def run_parallel(jobs: int, tasks: list, function) -> list:
 # files
 
 
-class Density:
-    """A density file of ``mfattn meanfield``."""
+class _RunFile:
+    """The datasets every mfattn file has: ``time`` of the group GROUP and the /run attributes;
+    a subclass reads the rest in ``_read(f, g)``."""
+
+    GROUP = ""
 
     def __init__(self, path: Path):
         import h5py
         self.path = Path(path)
         with h5py.File(path, "r") as f:
-            g = f["fields/density"]
+            g = f[self.GROUP]
             self.time = g["time"][()]
-            self.value = g["value"][()]
-            self.weights = g["weights"][()]
-            self.theta = g["theta"][()]
-            self.labels = g["labels"][()] if "labels" in g else None
-            self.obs = {name: f["observables"][name]["value"][()] for name in f["observables"]}
+            self._read(f, g)
             self.run = dict(f["run"].attrs)
-            self.parameters = dict(f["parameters"].attrs)
+
+    def _read(self, f, g) -> None:
+        raise NotImplementedError
 
     @property
     def wall_time(self) -> float:
         return float(self.run.get("wall_time_s", np.nan))
+
+
+class Density(_RunFile):
+    """A density file of ``mfattn meanfield``."""
+
+    GROUP = "fields/density"
+
+    def _read(self, f, g) -> None:
+        self.value = g["value"][()]
+        self.weights = g["weights"][()]
+        self.theta = g["theta"][()]
+        self.labels = g["labels"][()] if "labels" in g else None
+        self.obs = {name: f["observables"][name]["value"][()] for name in f["observables"]}
+        self.parameters = dict(f["parameters"].attrs)
 
     def frame_at(self, t: float) -> int:
         i = int(np.argmin(np.abs(self.time - t)))
@@ -134,24 +159,16 @@ class Density:
         return i
 
 
-class Particles:
+class Particles(_RunFile):
     """The positions of a particle run of ``mfattn run``."""
 
-    def __init__(self, path: Path):
-        import h5py
-        self.path = Path(path)
-        with h5py.File(path, "r") as f:
-            g = f["particles/tokens/position"]
-            self.time = g["time"][()]
-            self.position = g["value"][()]
-            self.obs = {name: f["observables"][name]["value"][()] for name in f.get("observables", {})}
-            self.obs_time = {name: f["observables"][name]["time"][()] for name in f.get("observables", {})
-                             if "time" in f["observables"][name]}
-            self.run = dict(f["run"].attrs)
+    GROUP = "particles/tokens/position"
 
-    @property
-    def wall_time(self) -> float:
-        return float(self.run.get("wall_time_s", np.nan))
+    def _read(self, f, g) -> None:
+        self.position = g["value"][()]
+        self.obs = {name: f["observables"][name]["value"][()] for name in f.get("observables", {})}
+        self.obs_time = {name: f["observables"][name]["time"][()] for name in f.get("observables", {})
+                         if "time" in f["observables"][name]}
 
     def angles(self, frame: int) -> np.ndarray:
         x = self.position[frame]
@@ -165,28 +182,11 @@ def write_density_file(path: Path, values: np.ndarray) -> Path:
     return path
 
 
-def sample_circle(density: Density, n: int, seed: int, frame: int = 0) -> np.ndarray:
-    """n unit vectors drawn from a circle density (the recipe of analysis/sample_density.py:
-    a cell by its mass weights_a value_a, then uniform within the cell)."""
-    rng = np.random.default_rng(seed)
-    p = np.clip(density.weights * density.value[frame], 0.0, None)
-    cells = rng.choice(p.size, size=n, p=p / p.sum())
-    h = TWO_PI / p.size
-    theta = density.theta[cells] + (rng.random(n) - 0.5) * h
-    return np.stack([np.cos(theta), np.sin(theta)], axis=1)
-
-
 def write_samples(density_file: Path, n: int, seed: int, out: Path) -> Path:
-    """x0 text file of n samples of frame 0: analysis/sample_density.py when it is there, else
-    the same recipe here."""
+    """x0 text file of n samples of frame 0 (analysis/sample_density.py's ``sample``, seeded
+    like its --seed: the file ``sample_density.py DENSITY --n N --seed S`` prints)."""
     out = Path(out)
-    script = ROOT / "analysis" / "sample_density.py"
-    if script.exists():
-        with open(out, "w") as handle:
-            subprocess.run([sys.executable, str(script), str(density_file), "--n", str(n), "--seed", str(seed)],
-                           stdout=handle, check=True)
-    else:
-        np.savetxt(out, sample_circle(Density(density_file), n, seed), fmt="%.17g")
+    np.savetxt(out, sample(load(density_file), n, np.random.default_rng(seed)), fmt="%.17g")
     return out
 
 
@@ -194,40 +194,26 @@ def write_samples(density_file: Path, n: int, seed: int, out: Path) -> Path:
 # linear theory of the uniform state (Q = K = V = I)
 
 
-def c_l(l, beta: float, d: int):
-    """c_l(beta) = Gamma(d/2) (2/beta)^(d/2-1) I_{l+d/2-1}(beta) (d = 2: I_l(beta)), the
-    Funk-Hecke eigenvalues of exp(beta <x, y>) against the uniform probability measure."""
-    l = np.asarray(l, dtype=float)
-    nu = l + d / 2.0 - 1.0
-    with np.errstate(divide="ignore"):
-        return np.exp(gammaln(d / 2.0) + (d / 2.0 - 1.0) * np.log(2.0 / beta) + np.log(ive(nu, beta)) + beta)
-
-
 def growth_rate(l, beta: float, d: int = 2, kernel: str = "usa", kappa: float = 0.0,
                 rescaled: bool = False):
-    """gamma_l = l (l + d - 2) (c_l/beta - 1/kappa) (USA) or (c_l/(beta c_0) - 1/kappa) (SA);
-    kappa = 0 means no noise; rescaled multiplies the USA kernel by exp(-beta)."""
-    l = np.asarray(l, dtype=float)
-    drift = c_l(l, beta, d) / beta
-    if kernel == "sa":
-        drift = drift / c_l(0, beta, d)
-    elif rescaled:
-        drift = drift * np.exp(-beta)
-    noise = 0.0 if kappa == 0 else 1.0 / kappa
-    return l * (l + d - 2.0) * (drift - noise)
+    """gamma_l (l >= 1, a number or an array) of analysis/plot_meanfield.py's growth_rates:
+    l (l + d - 2) (c_l/beta - 1/kappa) (USA) or (c_l/(beta c_0) - 1/kappa) (SA); kappa = 0 means
+    no noise; rescaled multiplies the USA kernel by exp(-beta)."""
+    l = np.asarray(l, dtype=np.int64)
+    rates = growth_rates(d, beta, kernel, kappa, int(l.max()),
+                         time_scale="rescaled" if rescaled else "natural")
+    return rates[l - 1]
 
 
 def kappa_critical(beta: float, kernel: str = "usa", d: int = 2) -> float:
-    """Noise level kappa_c below which (kappa < kappa_c, more noise) the uniform state is stable:
-    gamma_1 = 0, kappa_c = beta / c_1 (USA) or beta c_0 / c_1 (SA)."""
-    value = beta / c_l(1, beta, d)
-    return float(value * c_l(0, beta, d) if kernel == "sa" else value)
+    """Noise level kappa_c below which (kappa < kappa_c, more noise) the uniform state is stable
+    (analysis/plot_meanfield.py's critical_kappa): gamma_1 = 0."""
+    return critical_kappa(beta, kernel, d)
 
 
 def metastable_clusters(beta: float, kmax: int = 200) -> int:
     """argmax_k k^2 I_k(beta): the fastest-growing mode of the circle USA (arXiv:2410.23228)."""
-    k = np.arange(1, kmax + 1)
-    return int(k[np.argmax(k * k * ive(k, beta))])
+    return int(np.argmax(growth_rates(2, beta, "usa", 0.0, kmax, time_scale="rescaled"))) + 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -377,6 +363,13 @@ def standard_parser(name: str, doc: str) -> argparse.ArgumentParser:
     return parser
 
 
+def add_options(parser: argparse.ArgumentParser, defaults: dict) -> None:
+    """parser.add_argument(option, type=type(default), default=default) for each option: default
+    (an int, a float or a string)."""
+    for option, default in defaults.items():
+        parser.add_argument(option, type=type(default), default=default)
+
+
 class Paths:
     def __init__(self, args: argparse.Namespace):
         tag = args._name + ("_quick" if args.quick else "")
@@ -393,6 +386,14 @@ def pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def finish(fig, paths: Paths, clock: "Clock", count: int, what: str = "runs", dpi: int = 130) -> None:
+    """The end of every script: lays out and saves the figure, then prints
+    ``<count> <what> in <clock>; CSV ...; figure ...``."""
+    fig.tight_layout()
+    fig.savefig(paths.figure, dpi=dpi)
+    print(f"\n{count} {what} in {clock}; CSV {paths.csv}; figure {paths.figure}")
 
 
 class Clock:

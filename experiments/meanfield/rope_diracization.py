@@ -128,9 +128,7 @@ def main() -> None:
         ax.set_xlabel("theta")
         ax.set_ylabel("label xi")
         ax.set_title(f"{name}: log10 rho(theta | xi), t = {den.time[-1]:g}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(paths.figure, dpi=120)
-    print(f"\n{len(results)} runs in {clock}; CSV {paths.csv}; figure {paths.figure}")
+    mf.finish(fig, paths, clock, len(results), dpi=120)
 
 
 if __name__ == "__main__":

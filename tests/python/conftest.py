@@ -14,10 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ANALYSIS_DIR = REPO_ROOT / "analysis"
+# the folder of the Python module mfattn*.so (the `mfattn` fixture)
+MODULE_DIR = Path(os.environ.get("MFATTN_PYTHON_MODULE_DIR", REPO_ROOT / "build"))
 if str(ANALYSIS_DIR) not in sys.path:
     sys.path.insert(0, str(ANALYSIS_DIR))
 
@@ -61,3 +64,36 @@ def run_mfattn(mfattn_binary: Path, tmp_path: Path):
         return target
 
     return run
+
+
+@pytest.fixture(scope="module")
+def mfattn():
+    """The Python module mfattn (MODULE_DIR/mfattn*.so); its absence fails the test, saying
+    where it was looked for."""
+    if not list(MODULE_DIR.glob("mfattn*.so")):
+        pytest.fail(f"no mfattn*.so in {MODULE_DIR} (build it with cmake --build build; "
+                    "pybind11-dev and python3-dev must be installed)", pytrace=False)
+    if str(MODULE_DIR) not in sys.path:
+        sys.path.insert(0, str(MODULE_DIR))
+    import mfattn as module
+    return module
+
+
+def bits(array: np.ndarray) -> np.ndarray:
+    """The float64 values' bit patterns (uint64), for bit-for-bit comparisons."""
+    return np.ascontiguousarray(array, dtype=np.float64).view(np.uint64)
+
+
+def as_kwargs(args: list[str]) -> dict:
+    """Command-line words as Python keywords ('--aux-factor distance' -> aux_factor='distance';
+    a flag without a value -> True)."""
+    out, k = {}, 0
+    while k < len(args):
+        name = args[k][2:].replace("-", "_")
+        if k + 1 < len(args) and not args[k + 1].startswith("--"):
+            out[name] = args[k + 1]
+            k += 2
+        else:
+            out[name] = True
+            k += 1
+    return out

@@ -18,23 +18,12 @@ import numpy as np
 import pytest
 from scipy.special import iv
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-MODULE_DIR = Path(os.environ.get("MFATTN_PYTHON_MODULE_DIR", REPO_ROOT / "build"))
+from conftest import REPO_ROOT, as_kwargs, bits
+
 ANALYSIS = REPO_ROOT / "analysis"
 
 import mfattn_io  # noqa: E402  (conftest puts analysis/ on sys.path)
 from plot_meanfield import growth_rates  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def mfattn():
-    if not list(MODULE_DIR.glob("mfattn*.so")):
-        pytest.fail(f"no mfattn*.so in {MODULE_DIR} (build it with cmake --build build; "
-                    "pybind11-dev and python3-dev must be installed)", pytrace=False)
-    if str(MODULE_DIR) not in sys.path:
-        sys.path.insert(0, str(MODULE_DIR))
-    import mfattn as module
-    return module
 
 
 @pytest.fixture
@@ -55,22 +44,6 @@ def solve(mfattn_binary: Path, tmp_path: Path):
     return run
 
 
-def bits(array: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(array, dtype=np.float64).view(np.uint64)
-
-
-def keywords(args: list[str]) -> dict:
-    """['--grid', '64', '--zonal'] -> {'grid': '64', 'zonal': True}."""
-    out, k = {}, 0
-    while k < len(args):
-        name = args[k][2:].replace("-", "_")
-        if k + 1 < len(args) and not args[k + 1].startswith("--"):
-            out[name], k = args[k + 1], k + 2
-        else:
-            out[name], k = True, k + 1
-    return out
-
-
 CASES = {
     "circle": ["--d", "2", "--beta", "3", "--grid", "64", "--perturbation", "2,0.01"],
     "labels": ["--d", "2", "--grid", "32", "--label-points", "8", "--positions", "uniform",
@@ -86,7 +59,7 @@ SHAPES = {"circle": (64,), "labels": (8, 32), "zonal": (64,), "sphere": (13, 25)
 def test_meanfield_returns_the_command_lines_density_bitwise(mfattn, solve, tmp_path, case):
     args = CASES[case] + ["--horizon", "0.5", "--save-every", "0.25"]
     path = solve(*args)
-    density = mfattn.meanfield(**keywords(args), threads=1)
+    density = mfattn.meanfield(**as_kwargs(args), threads=1)
     assert isinstance(density, mfattn.Density) and density.path is None
     assert density.kind == ("circle" if case == "labels" else case)
     assert density.values.shape == (3, *SHAPES[case]) and density.status == "complete"
@@ -105,7 +78,7 @@ def test_meanfield_returns_the_command_lines_density_bitwise(mfattn, solve, tmp_
             assert np.array_equal(bits(ours), bits(f[f"observables/{name}/value"][()]), equal_nan=True), name
     assert density.parameters["command"] == "meanfield"
     # out= keeps the file, which load() reads back alike.
-    kept = mfattn.meanfield(out=tmp_path / "kept.h5", **keywords(args), threads=1)
+    kept = mfattn.meanfield(out=tmp_path / "kept.h5", **as_kwargs(args), threads=1)
     assert kept.path == str(tmp_path / "kept.h5")
     assert np.array_equal(bits(mfattn.load(kept.path).values), bits(density.values))
 

@@ -17,37 +17,7 @@ import h5py
 import numpy as np
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-MODULE_DIR = Path(os.environ.get("MFATTN_PYTHON_MODULE_DIR", REPO_ROOT / "build"))
-
-
-@pytest.fixture(scope="module")
-def mfattn():
-    if not list(MODULE_DIR.glob("mfattn*.so")):
-        pytest.fail(f"no mfattn*.so in {MODULE_DIR} (build it with cmake --build build; "
-                    "pybind11-dev and python3-dev must be installed)", pytrace=False)
-    if str(MODULE_DIR) not in sys.path:
-        sys.path.insert(0, str(MODULE_DIR))
-    import mfattn as module
-    return module
-
-
-def bits(array: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(array, dtype=np.float64).view(np.uint64)
-
-
-def as_kwargs(args: list[str]) -> dict:
-    """Command-line words as Model/run keywords ('--aux-factor distance' -> aux_factor='distance')."""
-    out, k = {}, 0
-    while k < len(args):
-        name = args[k][2:].replace("-", "_")
-        if k + 1 < len(args) and not args[k + 1].startswith("--"):
-            out[name] = args[k + 1]
-            k += 2
-        else:
-            out[name] = True
-            k += 1
-    return out
+from conftest import MODULE_DIR, REPO_ROOT, as_kwargs, bits  # the fixture mfattn is conftest's too
 
 
 # Every kernel, gauge, mask, factor, prefix and presence option the model has (with random Q,
