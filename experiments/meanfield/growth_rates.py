@@ -11,7 +11,7 @@ every horizon/N and fits log A_l(t) linearly; the rate is compared with
 Cases (full size):
   circle  d = 2, USA and SA, beta = 1, 4, k = 1..8, M = 256, 512, 1024, 2048, 4096; A_k is the
           solver's observable mode_amplitudes (column k).
-  zonal   --zonal, d = 3, 8 (beta = 2), d = 128 (beta = 2, 30), l = 1..4, N = 128..1024
+  zonal   --zonal, d = 3, 8 (beta = 2), d = 128 (beta = 2, 30), l = 1..4, N = 128..1024 (4096 for d = 128)
           (d = 128 up to 2048); A_l is the projection of rho - 1 on the Gegenbauer polynomial of
           degree l (the solver's degree norms are not used: they are O(h^2), not 0, for the
           uniform state, see the notes printed at the end).
@@ -119,7 +119,7 @@ def main() -> None:
                       for k in range(1, 9) for M in (256, 512, 1024, 2048, 4096)]
         if "zonal" in only:
             for d, b in ((3, 2.0), (8, 2.0), (128, 2.0), (128, 30.0)):
-                grids = (128, 256, 512, 1024) + ((2048,) if d == 128 else ())
+                grids = (128, 256, 512, 1024) + ((2048, 4096) if d == 128 else ())
                 cases += [("zonal", kern, b, d, l, N) for kern in ("usa", "sa") for l in range(1, 5)
                           for N in grids]
         if "sphere" in only:

@@ -137,7 +137,9 @@ class FourierField final : public CircleField {
   void face_velocity(const std::vector<double>& density, std::vector<double>& v) override {
     transform_rows(density);
     v.resize(labels_ * m_);
-    std::vector<double> numerator(m_), denominator(m_);
+    std::vector<double>& numerator = numerator_, &denominator = denominator_;
+    numerator.resize(m_);
+    denominator.resize(m_);
     // USA divides by the total mass M = int dmu (1 to rounding for a probability density), as
     // the particles' u_i = (1/M) sum_j w_ij v_ij and the pair loop of QuadratureField do.
     double mass = 0.0;
@@ -160,7 +162,8 @@ class FourierField final : public CircleField {
   void weight_sums(const std::vector<double>& density, std::vector<double>& sums) override {
     transform_rows(density);
     sums.resize(labels_ * m_);
-    std::vector<double> row(m_);
+    std::vector<double>& row = numerator_;
+    row.resize(m_);
     for (std::size_t c = 0; c < labels_; ++c) {
       correlate(c, centre_weight_kernel_, row);
       std::copy(row.begin(), row.end(), sums.begin() + c * m_);
@@ -207,6 +210,7 @@ class FourierField final : public CircleField {
   double eps_den_;
   std::vector<Complex> velocity_kernel_, face_weight_kernel_, centre_weight_kernel_;
   std::vector<Complex> row_spectra_, sum_;
+  std::vector<double> numerator_, denominator_;  // one row's sums, kept between evaluations
 };
 
 /// The label model's gauge seen by the grid's tokens: token c M + a sits at label node c.

@@ -22,24 +22,23 @@ double half_slope(const CellLine& line, const double* f, std::size_t a) {
 
 void transport_rate(const CellLine& line, const double* f, const double* v, double* out) {
   const std::size_t m = line.cells;
+  // The half-slopes once per cell (thread_local: the solvers call this per row and stage).
+  thread_local std::vector<double> delta, flux;
+  delta.resize(m);
+  flux.resize(m);
+  for (std::size_t a = 0; a < m; ++a) delta[a] = half_slope(line, f, a);
   // flux[a] through face a + 1/2; the walled line's last face is the wall.
-  std::vector<double> flux(m, 0.0);
-  const double first_delta = half_slope(line, f, 0);
-  double delta = first_delta;
-  for (std::size_t a = 0; a < m; ++a) {
-    const std::size_t next = a + 1 < m ? a + 1 : 0;
-    const double next_delta = next == 0 ? first_delta : half_slope(line, f, next);
-    if (a + 1 < m || line.periodic) {
-      const double velocity = v[a];
-      const double upwind = velocity > 0.0 ? f[a] + delta : f[next] - next_delta;
-      flux[a] = line.face_measure[a] * velocity * upwind;
-    }
-    delta = next_delta;
+  for (std::size_t a = 0; a + 1 < m; ++a) {
+    const double velocity = v[a];
+    const double upwind = velocity > 0.0 ? f[a] + delta[a] : f[a + 1] - delta[a + 1];
+    flux[a] = line.face_measure[a] * velocity * upwind;
   }
-  for (std::size_t a = 0; a < m; ++a) {
-    const double inflow = a > 0 ? flux[a - 1] : (line.periodic ? flux[m - 1] : 0.0);
-    out[a] = (inflow - flux[a]) / line.cell_measure[a];
-  }
+  flux[m - 1] = line.periodic ? line.face_measure[m - 1] * v[m - 1] *
+                                    (v[m - 1] > 0.0 ? f[m - 1] + delta[m - 1] : f[0] - delta[0])
+                              : 0.0;
+  const double first_inflow = line.periodic ? flux[m - 1] : 0.0;
+  out[0] = (first_inflow - flux[0]) / line.cell_measure[0];
+  for (std::size_t a = 1; a < m; ++a) out[a] = (flux[a - 1] - flux[a]) / line.cell_measure[a];
 }
 
 double positive_transport_step(const CellLine& line, const double* v) {
