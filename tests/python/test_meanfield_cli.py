@@ -39,6 +39,7 @@ def meanfield(binary: Path, out: Path, *args, check: bool = True, timeout: float
     (["--q", "gaussian", "--evaluation", "fourier"], "--evaluation"),
     (["--init-density", "no-such-file.txt"], "--init-density"),
     (["--zonal", "--d", "5", "--label-points", "4", "--positions", "uniform"], "--label-points"),
+    (["--zonal", "--d", "5", "--grid", "1000000"], "--grid 1000000"),
 ])
 def test_refused_options_exit_2_naming_the_option_and_leave_no_file(mfattn_binary, tmp_path, args, option):
     out = tmp_path / "refused.h5"

@@ -9,6 +9,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "app/option_rules.hpp"
 #include "app/progress.hpp"
 #include "mfattn/app/meanfield_compare.hpp"
 #include "mfattn/app/model_builder.hpp"
@@ -255,6 +256,28 @@ void check_resumable(const MeanfieldConfig& cfg) {
   refuse_another_trajectory(all, resumable_file(all));
 }
 
+/// Roughly the bytes a solve needs at its peak: the circle's kernel spectra (3 per label offset)
+/// and work rows, the pair loop's grid tokens; the zonal solver's four dense n_theta^2
+/// matrices (kernels, heat eigenvectors); the sphere's grid and coefficients.
+double meanfield_memory_bytes(const MeanfieldConfig& cfg, double grid) {
+  const double labels = double(std::max<std::int64_t>(cfg.label_points, 1));
+  if (cfg.zonal) return 4.0 * 8.0 * grid * grid;
+  if (cfg.run.d == 3) return 200.0 * (3.0 * grid + 2.0) * (3.0 * grid + 2.0);
+  const double spectra = 3.0 * 16.0 * (2.0 * labels - 1.0) * (grid / 2.0 + 1.0);
+  return spectra + 16.0 * 8.0 * labels * grid + 400.0 * labels * grid;
+}
+
+void refuse_beyond_memory(const MeanfieldConfig& cfg) {
+  const double grid = double(cfg.grid > 0 ? cfg.grid : (cfg.run.d == 3 && !cfg.zonal ? 32 : 256));
+  const double needed = meanfield_memory_bytes(cfg, grid);
+  std::string source;
+  const double available = available_memory_bytes(&source);
+  if (needed > available)
+    throw UsageError("--grid " + std::to_string(static_cast<std::int64_t>(grid)) + " --label-points " + std::to_string(cfg.label_points) +
+                     ": the solve needs about " + option_rules::format_bytes(needed) + " of memory, more than the " +
+                     option_rules::format_bytes(available) + " available (" + source + "); make the grid smaller");
+}
+
 }  // namespace
 
 MeanfieldConfig parse_meanfield_arguments(const std::vector<std::string>& args) {
@@ -304,6 +327,7 @@ MeanfieldConfig parse_meanfield_arguments(const std::vector<std::string>& args) 
       if (vm[name].as<std::string>() != neutral)
         refuse(name, vm[name].as<std::string>(), "acts on labels: give --label-points and --positions uniform");
   if (!cfg.compare.empty()) require_input_file("compare", cfg.compare);
+  refuse_beyond_memory(cfg);
   if (cfg.perturbation_coordinate != "theta" && cfg.perturbation_coordinate != "gauge")
     refuse("perturbation-coordinate", cfg.perturbation_coordinate, "accepted: theta, gauge");
   // The run options are validated as a run of the label nodes would be; the noise needs no
