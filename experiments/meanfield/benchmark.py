@@ -4,11 +4,13 @@
 Model: circle d = 2, USA, beta = 1, Q = K = V = I, no noise, start rho_0 ~ exp(<x, e_1>)
 (--init-density vmf --init-kappa 1), horizon t = 20.
 
-- reference: mfattn meanfield --grid --reference-grid (65536), the "converged" density;
-- density:   mfattn meanfield --grid --grid (4096);
+- reference: mfattn meanfield --grid --reference-grid (16384), the "converged" density
+  (M = 65536 takes 20-40 minutes; docs/performance.md has the table of this script's defaults);
+- density:   mfattn meanfield --grid --grid (4096; the table in docs/performance.md adds --grid 1024 and 2048);
 - particles: n in --sizes (4096, 65536; those above --max-n are left out) samples of the
   density's frame 0 (analysis/sample_density.py), mfattn run --integrator rk4
-  --dt --particles-dt (0.1) to t = 20, --save-positions ends.
+  --dt --particles-dt (0.25: dt = 0.05 gives the same W1 to 3 digits) to t = 20,
+  --save-positions ends.
 
 Per method: the wall time (the file's /run attribute wall_time_s: the solve or the run
 alone, no start-up or sampling) and the error: the exact circle W1 at t = 20 against the
@@ -21,7 +23,7 @@ CFL-limited, so the cost grows like M^2 log M: ~20-40 min; M = 16384 takes ~2.5 
 particles cost ~ 4 (T/dt) n^2 / 2.5e8 s on one core: n = 4096 about 1 min, n = 65536 about
 4 hours (!). The estimate is printed before anything runs; --max-n 16384 or --sizes trims it.
 
-    /usr/bin/python3 experiments/meanfield/benchmark.py [--quick] [--max-n 16384] [--particles-dt 0.1]
+    /usr/bin/python3 experiments/meanfield/benchmark.py [--quick] [--max-n 16384] [--particles-dt 0.25]
 """
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ PAIRS_PER_SECOND = 2.5e8  # measured here: d = 2 USA symmetric pair loop, one co
 
 def main() -> None:
     parser = mf.standard_parser("benchmark", __doc__)
-    mf.add_options(parser, {"--grid": 4096, "--reference-grid": 65536, "--sizes": "4096,65536",
-                            "--max-n": 65536, "--particles-dt": 0.1, "--horizon": 20.0, "--beta": 1.0,
+    mf.add_options(parser, {"--grid": 4096, "--reference-grid": 16384, "--sizes": "4096,65536",
+                            "--max-n": 65536, "--particles-dt": 0.25, "--horizon": 20.0, "--beta": 1.0,
                             "--init-kappa": 1.0, "--seed": 0})
     parser.add_argument("--threads", type=int, default=None, help="--threads of every run (default 1, $MFATTN_THREADS: the same for both methods)")
     parser.add_argument("--dry-run", action="store_true", help="print the estimate only")
