@@ -50,8 +50,9 @@ if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
   # null-token test takes, and the registry's 784-system conformance grid, whose CPU paths
   # the CpuBackend, Auxiliary and Prefix agreement tests take); the SIGKILL-and-resume run and the sweep's SIGKILL-and-rerun
   # test; the mpirun sweep test (Open MPI's own allocations fail LeakSanitizer); and the
-  # mean-field solvers' 1024-cell growth-rate and convergence tables (their code paths are
-  # the other mean-field tests').
+  # mean-field solvers' long solves (1024-cell growth-rate and convergence tables, monotonicity
+  # over whole runs, rope's reduction, S^2's time evolution: their code paths are the other
+  # mean-field tests').
   # Built by clang where it is installed (the tests' own packages include it): under the
   # sanitizers it compiles the template-heavy pair loops in a fraction of GCC's time. Every
   # file at -O0 but the numerical libraries (core, backends, integrators, observers,
@@ -69,7 +70,9 @@ if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
     'Sweep.KilledSweepCompletesOnRerunAndRunsEachCaseOnce' 'Sweep.MpiRanksRunEveryCaseOnce'
     'NullTokens.InsertionLeavesTrajectoriesBitIdentical' 'CudaEmulation.AgreesWithReference*'
     'EveryRegisteredBackend/*' 'MeanfieldZonal.GrowthRatesAreTheGegenbauerFormula'
-    'MeanfieldCircle.SecondOrderInTheNumberOfCells'
+    'MeanfieldCircle.SecondOrderInTheNumberOfCells' 'MeanfieldCircle.MassPositivityAndTheEnergyOfTheGradientFlow'
+    'MeanfieldCircle.RopeWithTransportedValuesIsTheLabelFreeSolutionInTheGaugeCoordinate'
+    'MeanfieldSphere.LinearGrowthRatesFromEvolution'
   )
   sanitizer_compiler=()
   for cxx in clang++-14 clang++; do

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
+from mfattn_io import load
+from sample_density import sample
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL = ["--d", "2", "--beta", "1", "--kernel", "usa", "--horizon", "5", "--save-every", "5"]
 FINE = 1 << 16
 
@@ -52,15 +52,15 @@ def test_w1_between_particles_and_density_falls_like_one_over_root_n(mfattn_bina
     subprocess.run([str(mfattn_binary), "meanfield", *MODEL, "--init-density", "vmf", "--init-kappa", "1",
                     "--grid", "2048", "--quiet", "--threads", "1", "--out", str(density)], check=True, timeout=300)
     cdf = density_cdf_at_horizon(density)
+    loaded = load(density)
     sizes, seeds = [256, 512, 1024, 2048], range(1, 11)
     mean_w1 = []
     for n in sizes:
         distances = []
         for seed in seeds:
+            # analysis/sample_density.py's draw (`sample_density.py D.h5 --n N --seed S`), in process.
             start = tmp_path / "x.txt"
-            with open(start, "w") as rows:
-                subprocess.run([sys.executable, str(REPO / "analysis" / "sample_density.py"), str(density), "--n",
-                                str(n), "--seed", str(seed)], stdout=rows, check=True, timeout=120)
+            np.savetxt(start, sample(loaded, n, np.random.default_rng(seed)), fmt="%.17g")
             run = tmp_path / f"run{n}_{seed}.h5"
             subprocess.run([str(mfattn_binary), "run", *MODEL, "--n", str(n), "--init", "file", "--init-file",
                             str(start), "--integrator", "rk4", "--dt", "0.25", "--quiet", "--threads", "1",

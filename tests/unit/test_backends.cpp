@@ -465,6 +465,36 @@ TEST(NullTokens, NullReceiverHasExactlyZeroVelocity) {
     for (std::size_t c = 0; c < model.d; ++c) EXPECT_EQ(v[i * model.d + c], 0.0);
 }
 
+// Model::receivers_at_unit_speed (the mean-field quadrature's grid points): every receiver
+// moves with P_x u_i, presence 0 included, while the presences still weigh the sources. In
+// each of the CPU loops (small systems, symmetric, one-sided) against the reference backend,
+// and against the particle velocity divided by the presence where that is positive.
+TEST(CpuBackend, ReceiversAtUnitSpeedSampleTheFieldWhateverTheirPresence) {
+  for (const std::vector<std::string>& variant :
+       std::vector<std::vector<std::string>>{{"--n", "20"}, {"--n", "150"}, {"--n", "150", "--q", "gaussian"}}) {
+    const auto cfg = config(testing::with(variant, {"--d", "2", "--beta", "1.5", "--kernel", "usa"}));
+    Model model = build_model(cfg);
+    const State state = build_initial_state(cfg, model);
+    for (std::size_t i = 0; i < model.n; ++i) model.presence[i] = i % 4 == 1 ? 0.0 : 0.01 * double(1 + i % 7);
+    const auto particles = evaluate(model, state, "cpu", 2);
+    model.receivers_at_unit_speed = true;
+    const auto probes = evaluate(model, state, "cpu", 2);
+    const auto reference = evaluate(model, state, "reference", 1);
+    double scale = 0.0;
+    for (double v : reference) scale = std::max(scale, std::fabs(v));
+    EXPECT_LE(testing::max_abs_difference(probes, reference), 1e-13 * scale) << variant[1];
+    for (std::size_t i = 0; i < model.n; ++i)
+      for (std::size_t c = 0; c < model.d; ++c) {
+        const double v = probes[i * model.d + c];
+        if (model.presence[i] > 0.0) {
+          EXPECT_NEAR(v, particles[i * model.d + c] / model.presence[i], 1e-12 * scale);
+        } else if (c == 0) {
+          EXPECT_GT(std::fabs(v) + std::fabs(probes[i * model.d + 1]), 0.0) << "receiver " << i;
+        }
+      }
+  }
+}
+
 TEST(Overflow, UsaInNaturalTimeIsDetected) {
   // The option parser refuses this beta up front; the backend's own check is what the rest
   // of this test shows (a model built by a program, or with matrices that push the logits up).
