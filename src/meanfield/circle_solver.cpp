@@ -34,7 +34,7 @@ class CircleSolver final : public TransportSolver {
                StepTolerance tolerance)
       : TransportSolver(periodic_line(angles), label_model.n, label_model.noise_kappa, tolerance),
         labels_(label_model.n), m_(angles), h_(2.0 * std::numbers::pi / double(angles)),
-        beta_(label_model.beta), kappa_(label_model.noise_kappa), field_(std::move(field)), transform_(angles) {
+        beta_(label_model.beta), field_(std::move(field)), transform_(angles) {
     grid_.kind = GridKind::Circle;
     grid_.shape = labelled ? std::vector<std::size_t>{labels_, m_} : std::vector<std::size_t>{m_};
     for (std::size_t a = 0; a < m_; ++a) grid_.theta.push_back(double(a) * h_);
@@ -87,7 +87,7 @@ class CircleSolver final : public TransportSolver {
     } else {
       o.energy = std::numeric_limits<double>::quiet_NaN();
     }
-    o.free_energy = kappa_ > 0.0 ? o.energy - entropy / kappa_ : o.energy;
+    o.free_energy = noise_kappa() > 0.0 ? o.energy - entropy / noise_kappa() : o.energy;
     return o;
   }
 
@@ -97,7 +97,7 @@ class CircleSolver final : public TransportSolver {
   }
 
   void add_diffusion(const std::vector<double>& density, std::vector<double>& out) const override {
-    const double coefficient = 1.0 / (kappa_ * h_ * h_);
+    const double coefficient = 1.0 / (noise_kappa() * h_ * h_);
     for (std::size_t c = 0; c < labels_; ++c) {
       const double* f = density.data() + c * m_;
       for (std::size_t a = 0; a < m_; ++a)
@@ -111,7 +111,7 @@ class CircleSolver final : public TransportSolver {
   // are set to 0.
   void heat(std::vector<double>& density, double t) override {
     spectrum_.resize(transform_.modes());
-    const double rate = 4.0 / (kappa_ * h_ * h_);
+    const double rate = 4.0 / (noise_kappa() * h_ * h_);
     for (std::size_t c = 0; c < labels_; ++c) {
       double* row = density.data() + c * m_;
       transform_.forward(row, spectrum_.data());
@@ -125,7 +125,7 @@ class CircleSolver final : public TransportSolver {
   }
 
   std::size_t labels_, m_;
-  double h_, beta_, kappa_;
+  double h_, beta_;
   std::unique_ptr<CircleField> field_;
   RealTransform transform_;
   DensityGrid grid_;

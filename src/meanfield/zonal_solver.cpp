@@ -206,10 +206,9 @@ class ZonalSolver final : public TransportSolver {
   double polar_density(double theta) const { return zonal_polar_density(interaction_.d, theta); }
 
   // The average over each cell, under w, of the Gegenbauer polynomials P_1..P_16 of S^{d-1}
-  // (P_k(1) = 1; (k + d - 3) P_k = (2k + d - 4) t P_{k-1} - (k - 1) P_{k-2}) at 4 Gauss points: the
-  // uniform density's amplitudes are then 0 up to O(h^8), not the O(h^2) of centre values.
+  // (gegenbauer_polynomials) at 4 Gauss points: the uniform density's amplitudes are then 0 up to
+  // O(h^8), not the O(h^2) of centre values.
   void build_cell_modes() {
-    const double d = double(interaction_.d);
     std::vector<double> nodes, node_weights;
     gauss_legendre(4, nodes, node_weights);
     cell_modes_.assign(kRecordedModes * n_, 0.0);
@@ -218,15 +217,9 @@ class ZonalSolver final : public TransportSolver {
         const double theta = (double(a) + 0.5 + 0.5 * nodes[q]) * h_;
         const double share = 0.5 * h_ * node_weights[q] * polar_density(theta) / cell_measure_[a];
         if (!(share > 0.0)) continue;
-        const double t = std::cos(theta);
-        double previous = 1.0, current = t;
-        cell_modes_[a] += share * current;
-        for (std::size_t k = 2; k <= kRecordedModes; ++k) {
-          const double next = ((2.0 * k + d - 4.0) * t * current - (k - 1.0) * previous) / (k + d - 3.0);
-          previous = current;
-          current = next;
-          cell_modes_[(k - 1) * n_ + a] += share * current;
-        }
+        double polynomials[kRecordedModes + 1];
+        gegenbauer_polynomials(interaction_.d, std::cos(theta), polynomials, kRecordedModes + 1);
+        for (std::size_t k = 1; k <= kRecordedModes; ++k) cell_modes_[(k - 1) * n_ + a] += share * polynomials[k];
       }
   }
 

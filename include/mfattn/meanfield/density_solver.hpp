@@ -46,6 +46,18 @@ struct DensityGrid {
   }
 };
 
+/// P_k(t), the Gegenbauer polynomial of S^{d-1} normalised by P_k(1) = 1 (d = 2: cos(k theta),
+/// d = 3: Legendre): (k + d - 3) P_k = (2k + d - 4) t P_{k-1} - (k - 1) P_{k-2}, P_0 = 1, P_1 = t.
+/// values[k] = P_k(t) for k = 0..values.size() - 1.
+inline void gegenbauer_polynomials(std::size_t d, double t, double* values, std::size_t count) {
+  const double dimension = double(d);
+  for (std::size_t k = 0; k < count; ++k)
+    values[k] = k == 0 ? 1.0
+                : k == 1 ? t
+                         : ((2.0 * double(k) + dimension - 4.0) * t * values[k - 1] - (double(k) - 1.0) * values[k - 2]) /
+                               (double(k) + dimension - 3.0);
+}
+
 /// The number of mode amplitudes every frame records.
 inline constexpr std::size_t kRecordedModes = 16;
 

@@ -149,20 +149,15 @@ std::vector<double> label_gauge_angles(const Model& label_model) {
 /// polynomial with P_k(1) = 1).
 double perturbation_shape(const meanfield::DensityGrid& grid, std::size_t d, int k, std::size_t point,
                           const std::vector<double>& gauge_angles) {
-  const std::size_t columns = grid.kind == meanfield::GridKind::Sphere ? grid.phi.size() : grid.theta.size();
-  const double theta = grid.theta[(point / (grid.kind == meanfield::GridKind::Sphere ? columns : 1)) %
-                                  (grid.kind == meanfield::GridKind::Sphere ? grid.theta.size() : columns)];
-  if (grid.kind == meanfield::GridKind::Circle) return std::cos(k * (theta + gauge_angles[point / columns]));
-  const double t = std::cos(theta);
-  const double dimension = grid.kind == meanfield::GridKind::Sphere ? 3.0 : double(d);
-  double previous = 1.0, current = k == 0 ? 1.0 : t;
-  for (int j = 2; j <= k; ++j) {
-    const double next = ((2.0 * j + dimension - 4.0) * t * current - (j - 1.0) * previous) / (j + dimension - 3.0);
-    previous = current;
-    current = next;
-  }
-  if (grid.kind == meanfield::GridKind::Sphere) return std::sqrt((2.0 * k + 1.0) / (4.0 * std::numbers::pi)) * current;
-  return current;
+  // Circle rows are label nodes and columns angles; S^2 rows are rings (theta) and columns azimuths.
+  const bool sphere = grid.kind == meanfield::GridKind::Sphere;
+  const std::size_t columns = sphere ? grid.phi.size() : grid.theta.size();
+  const std::size_t row = point / columns, column = point % columns;
+  if (grid.kind == meanfield::GridKind::Circle) return std::cos(k * (grid.theta[column] + gauge_angles[row]));
+  std::vector<double> polynomials(std::size_t(k) + 1);
+  meanfield::gegenbauer_polynomials(sphere ? 3 : d, std::cos(grid.theta[sphere ? row : column]), polynomials.data(),
+                         polynomials.size());
+  return sphere ? std::sqrt((2.0 * k + 1.0) / (4.0 * std::numbers::pi)) * polynomials[k] : polynomials[k];
 }
 
 /// <x, e_1> at a grid point.
@@ -228,7 +223,7 @@ std::vector<double> initial_density(const MeanfieldConfig& cfg, const meanfield:
   return density;
 }
 
-const std::vector<std::pair<std::string, std::size_t>> observable_layout(bool labelled) {
+std::vector<std::pair<std::string, std::size_t>> observable_layout(bool labelled) {
   std::vector<std::pair<std::string, std::size_t>> layout = {
       {"mass", 1}, {"energy", 1}, {"free_energy", 1}, {"min_density", 1},
       {"order_parameter", 1}, {"mode_amplitudes", meanfield::kRecordedModes}};
