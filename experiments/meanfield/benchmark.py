@@ -4,8 +4,8 @@
 Model: circle d = 2, USA, beta = 1, Q = K = V = I, no noise, start rho_0 ~ exp(<x, e_1>)
 (--init-density vmf --init-kappa 1), horizon t = 20.
 
-- reference: mfattn meanfield --grid --reference-grid (16384), the "converged" density
-  (M = 65536 takes 20-40 minutes; docs/performance.md has the table of this script's defaults);
+- reference: mfattn meanfield --grid --reference-grid (65536) --rtol --reference-rtol (1e-8), the
+  "converged" density (about 2 minutes; docs/performance.md has the table of this script's defaults);
 - density:   mfattn meanfield --grid --grid (4096; the table in docs/performance.md adds --grid 1024 and 2048);
 - particles: n in --sizes (4096, 65536; those above --max-n are left out) samples of the
   density's frame 0 (analysis/sample_density.py), mfattn run --integrator rk4
@@ -18,10 +18,10 @@ reference density (and at t = 0: for particles the sampling error). Prints a Mar
 writes data/meanfield/benchmark.csv and data/figures/meanfield_benchmark.png (error against
 wall time).
 
-Cost (2 cores): the reference at M = 65536 is the longest density solve (its step is
-CFL-limited, so the cost grows like M^2 log M: ~20-40 min; M = 16384 takes ~2.5 min);
-particles cost ~ 4 (T/dt) n^2 / 2.5e8 s on one core: n = 4096 about 1 min, n = 65536 about
-4 hours (!). The estimate is printed before anything runs; --max-n 16384 or --sizes trims it.
+Cost (2 cores): a density solve costs ~ M log M per step and its steps do not grow with M
+(the semi-Lagrangian step has no CFL bound): M = 4096 takes ~0.5 s, the reference ~2-3 min;
+particles cost ~ 4 (T/dt) n^2 / 2e9 s on one core (AVX-512; the symmetric pair loop counts a
+pair once): n = 4096 about 2 s, n = 65536 about 12 min. The estimate is printed before anything runs; --max-n 16384 or --sizes trims it.
 
     /usr/bin/python3 experiments/meanfield/benchmark.py [--quick] [--max-n 16384] [--particles-dt 0.25]
 """
@@ -36,12 +36,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mfcommon as mf  # noqa: E402
 
-PAIRS_PER_SECOND = 2.5e8  # measured here: d = 2 USA symmetric pair loop, one core
+PAIRS_PER_SECOND = 2e9  # measured here: n = 65536 to t = 20 in 697 s, d = 2 USA, one core, AVX-512
 
 
 def main() -> None:
     parser = mf.standard_parser("benchmark", __doc__)
-    mf.add_options(parser, {"--grid": 4096, "--reference-grid": 16384, "--sizes": "4096,65536",
+    mf.add_options(parser, {"--grid": 4096, "--reference-grid": 65536, "--reference-rtol": 1e-8, "--sizes": "4096,65536",
                             "--max-n": 65536, "--particles-dt": 0.25, "--horizon": 20.0, "--beta": 1.0,
                             "--init-kappa": 1.0, "--seed": 0})
     parser.add_argument("--threads", type=int, default=None, help="--threads of every run (default 1, $MFATTN_THREADS: the same for both methods)")
@@ -56,19 +56,22 @@ def main() -> None:
 
     steps = T / args.particles_dt
     particle_cost = {n: 4 * steps * n * n / PAIRS_PER_SECOND for n in sizes}
-    # density: ~45000 steps for M = 4096 to t = 20 (~5 s); steps ~ M, step cost ~ M log M
-    density_cost = {M: 5.0 * (M / 4096) ** 2 * np.log(M) / np.log(4096) for M in (args.grid, args.reference_grid)}
+    # density: ~2000 steps for M = 4096 to t = 20 (~0.5 s) at the default tolerance; step cost ~ M log M,
+    # steps ~ rtol^(-1/2)
+    density_cost = {args.grid: 0.5 * (args.grid / 4096) * np.log(args.grid) / np.log(4096),
+                    args.reference_grid: 0.5 * (args.reference_grid / 4096) * np.log(args.reference_grid) / np.log(4096)
+                    * np.sqrt(1e-6 / args.reference_rtol)}
     print("estimated cost on one core: " + ", ".join(f"density M = {M}: ~{c / 60:.1f} min" for M, c in density_cost.items())
           + "; " + ", ".join(f"particles n = {n}: ~{c / 60:.1f} min" for n, c in particle_cost.items()), flush=True)
     if args.dry_run:
         return
 
-    def density_options(grid: int) -> list:
+    def density_options(grid: int, rtol: list = []) -> list:
         return ["meanfield", "--d", 2, "--beta", args.beta, "--kernel", "usa", "--grid", grid,
-                "--init-density", "vmf", "--init-kappa", args.init_kappa, "--horizon", T, "--save-every", T / 4]
+                "--init-density", "vmf", "--init-kappa", args.init_kappa, "--horizon", T, "--save-every", T / 4] + rtol
 
-    reference_file = paths.runs / f"density_M{args.reference_grid}.h5"
-    mf.mfattn(density_options(args.reference_grid), reference_file, reuse=args.reuse, threads=args.threads)
+    reference_file = paths.runs / f"density_M{args.reference_grid}_rtol{args.reference_rtol:g}.h5"
+    mf.mfattn(density_options(args.reference_grid, ["--rtol", args.reference_rtol]), reference_file, reuse=args.reuse, threads=args.threads)
     reference = mf.Density(reference_file)
     print(f"reference M = {args.reference_grid} done ({clock})", flush=True)
     ref0, ref_end = mf.density_measure(reference, 0), mf.density_measure(reference, reference.frame_at(T))
@@ -77,7 +80,7 @@ def main() -> None:
     density_file = paths.runs / f"density_M{args.grid}.h5"
     mf.mfattn(density_options(args.grid), density_file, reuse=args.reuse, threads=args.threads)
     density = mf.Density(density_file)
-    rows.append(dict(method="density (finite volumes)", size=f"M = {args.grid}", wall_time_s=density.wall_time,
+    rows.append(dict(method="density (semi-Lagrangian)", size=f"M = {args.grid}", wall_time_s=density.wall_time,
                      steps=int(density.run["steps"]),
                      w1_t0=mf.w1_circle(mf.density_measure(density, 0), ref0),
                      w1_end=mf.w1_circle(mf.density_measure(density, density.frame_at(T)), ref_end)))
@@ -95,7 +98,7 @@ def main() -> None:
                          wall_time_s=run.wall_time, steps=int(run.run.get("steps", -1)),
                          w1_t0=mf.w1_circle(mf.particle_measure(run, 0), ref0),
                          w1_end=mf.w1_circle(mf.particle_measure(run, j_end), ref_end)))
-    rows.append(dict(method="reference density", size=f"M = {args.reference_grid}", wall_time_s=reference.wall_time,
+    rows.append(dict(method=f"reference density (rtol {args.reference_rtol:g})", size=f"M = {args.reference_grid}", wall_time_s=reference.wall_time,
                      steps=int(reference.run["steps"]), w1_t0=0.0, w1_end=0.0))
     mf.write_csv(paths.csv, rows)
 

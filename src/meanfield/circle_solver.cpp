@@ -1,5 +1,5 @@
 // The circle solver (docs/meanfield.md, "The circle"): one periodic line of M finite-volume
-// cells per label node, stepped by TransportSolver, the velocity from circle_fields.hpp, the
+// cells per label node, stepped by TransportSolver (semi-Lagrangian on periodic lines), the velocity from circle_fields.hpp, the
 // heat semigroup exact by FFT.
 #include <algorithm>
 #include <cmath>
@@ -48,7 +48,7 @@ class CircleSolver final : public TransportSolver {
   std::string scheme() const override {
     return "circle: " + std::to_string(m_) + " cells" +
            (labels_ > 1 ? " x " + std::to_string(labels_) + " label nodes" : "") +
-           ", finite volumes, Heun + Euler error control, exact heat semigroup; velocity by " + field_->name();
+           ", flux-form semi-Lagrangian (Heun characteristics, error control on the feet), exact heat semigroup; velocity by " + field_->name();
   }
 
   DensityObservables observe(const std::vector<double>& density) override {

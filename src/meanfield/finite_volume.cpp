@@ -55,4 +55,43 @@ double positive_transport_step(const CellLine& line, const double* v) {
   return step;
 }
 
+void remap_periodic(const CellLine& line, const double* f, const double* depart, double* out) {
+  const std::size_t m = line.cells;
+  thread_local std::vector<double> delta, prefix;
+  delta.resize(m);
+  prefix.resize(m + 1);
+  prefix[0] = 0.0;
+  for (std::size_t a = 0; a < m; ++a) {
+    delta[a] = half_slope(line, f, a);
+    prefix[a + 1] = prefix[a] + f[a];
+  }
+  const auto wrap = [m](double cell) {
+    const auto whole = static_cast<long long>(cell) % static_cast<long long>(m);
+    return static_cast<std::size_t>(whole < 0 ? whole + static_cast<long long>(m) : whole);
+  };
+  // The sum of count whole cells from cell first on (>= 0: differences of a non-decreasing
+  // prefix sum).
+  const auto whole_cells = [&](std::size_t first, long long count) {
+    double sum = double(count / static_cast<long long>(m)) * prefix[m];
+    const std::size_t rest = static_cast<std::size_t>(count % static_cast<long long>(m));
+    if (first + rest <= m) return sum + (prefix[first + rest] - prefix[first]);
+    return sum + (prefix[m] - prefix[first]) + prefix[first + rest - m];
+  };
+  for (std::size_t a = 0; a < m; ++a) {
+    // depart[-1] is depart[M-1] one period back.
+    const double from = a > 0 ? depart[a - 1] : depart[m - 1] - double(m), to = depart[a];
+    const double from_cell = std::floor(from), to_cell = std::floor(to);
+    const double s0 = from - from_cell, s1 = to - to_cell;
+    const std::size_t b0 = wrap(from_cell), b1 = wrap(to_cell);
+    double value;
+    if (from_cell == to_cell) {
+      value = (s1 - s0) * (f[b0] + delta[b0] * (s0 + s1 - 1.0));
+    } else {
+      value = (1.0 - s0) * (f[b0] + delta[b0] * s0) + s1 * (f[b1] + delta[b1] * (s1 - 1.0)) +
+              whole_cells((b0 + 1) % m, static_cast<long long>(to_cell - from_cell) - 1);
+    }
+    out[a] = std::max(value, 0.0);
+  }
+}
+
 }  // namespace mfattn::meanfield

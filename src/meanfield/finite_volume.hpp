@@ -31,4 +31,13 @@ void transport_rate(const CellLine& line, const double* f, const double* v, doub
 /// nothing moves).
 double positive_transport_step(const CellLine& line, const double* v);
 
+/// The flux-form semi-Lagrangian step of a periodic line of equal cells (docs/meanfield.md,
+/// "Time steps"): face a + 1/2 sits at u = a + 1 in cell units and departs from depart[a]
+/// (unwrapped, increasing in a, depart[M-1] - depart[-1 + M] spans one period); the new value
+/// of cell a is the mass that the reconstruction f_b + delta_b (2 s - 1) (s in [0, 1] across
+/// cell b, the cut slopes of transport_rate) puts between depart[a - 1] and depart[a], over h.
+/// Each piece is >= 0, so out >= 0 exactly; the pieces of a cell add up to its mass, so the
+/// total is kept to rounding. Its dt -> 0 limit is transport_rate's upwind flux.
+void remap_periodic(const CellLine& line, const double* f, const double* depart, double* out);
+
 }  // namespace mfattn::meanfield

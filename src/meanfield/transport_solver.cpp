@@ -11,13 +11,77 @@ TransportSolver::TransportSolver(CellLine line, std::size_t rows, double noise_k
     : line_(std::move(line)), rows_(rows), kappa_(noise_kappa), tolerance_(tolerance) {}
 
 double TransportSolver::step(std::vector<double>& density, double max_step) {
+  return line_.periodic ? remap_step(density, max_step) : finite_volume_step(density, max_step);
+}
+
+namespace {
+
+constexpr int kMaxAttempts = 200;
+
+[[noreturn]] void no_step_found(double dt) {
+  throw std::runtime_error("meanfield: the step size control found no step (last dt " + std::to_string(dt) + ")");
+}
+
+// The shrink factor after a rejected step whose error is ratio times the tolerance.
+double shrink(double ratio) { return std::isfinite(ratio) ? std::max(0.2, 0.9 / std::sqrt(ratio)) : 0.2; }
+
+// v at u (cell units) on a periodic line whose face a + 1/2 (u = a + 1) carries v[a]: the
+// cubic through the four nearest faces (the velocity is a smooth convolution: fourth order).
+double velocity_at(const double* v, std::size_t m, double u) {
+  const double g = u - 1.0, first = std::floor(g), t = g - first;
+  const auto cells = static_cast<long long>(m);
+  long long i = static_cast<long long>(first) % cells;
+  if (i < 0) i += cells;
+  const auto at = [&](long long k) { return v[static_cast<std::size_t>((i + k + cells) % cells)]; };
+  const double before = -t * (t - 1.0) * (t - 2.0) / 6.0, here = (t + 1.0) * (t - 1.0) * (t - 2.0) / 2.0,
+               next = -(t + 1.0) * t * (t - 2.0) / 2.0, after = (t + 1.0) * t * (t - 1.0) / 6.0;
+  return before * at(-1) + here * at(0) + next * at(1) + after * at(2);
+}
+
+}  // namespace
+
+double TransportSolver::remap_step(std::vector<double>& density, double max_step) {
   double dt = std::min(max_step, next_step_);
   bool start_velocity_known = false;
   for (int attempt = 0;; ++attempt) {
-    if (attempt > 200)
-      throw std::runtime_error("meanfield: the step size control found no step (last dt " + std::to_string(dt) + ")");
+    if (attempt > kMaxAttempts) no_step_found(dt);
     start_ = density;
     // Without noise the start of the transport does not depend on dt: its velocity is kept.
+    if (kappa_ > 0.0) heat(start_, 0.5 * dt);
+    if (!start_velocity_known || kappa_ > 0.0) face_velocity(start_, v0_);
+    start_velocity_known = true;
+    if (!departures(dt, v0_, v0_)) {
+      dt *= 0.5;
+      continue;
+    }
+    remap(start_, stage_);
+    predicted_feet_.swap(depart_);
+    face_velocity(stage_, v1_);
+    if (!departures(dt, v1_, v0_)) {
+      dt *= 0.5;
+      continue;
+    }
+    remap(start_, k1_);
+    // The error of the step is the error of the characteristics: the feet move like particles
+    // (radians, the particles' atol + rtol |x| with |x| = 1).
+    double foot_error = 0.0;
+    for (std::size_t i = 0; i < depart_.size(); ++i) foot_error = std::max(foot_error, std::abs(depart_[i] - predicted_feet_[i]));
+    const double ratio = foot_error * line_.cell_measure[0] / (tolerance_.atol + tolerance_.rtol);
+    if (!(ratio <= 1.0)) {
+      dt *= shrink(ratio);
+      continue;
+    }
+    accept(density, k1_, dt, ratio);
+    return dt;
+  }
+}
+
+double TransportSolver::finite_volume_step(std::vector<double>& density, double max_step) {
+  double dt = std::min(max_step, next_step_);
+  bool start_velocity_known = false;
+  for (int attempt = 0;; ++attempt) {
+    if (attempt > kMaxAttempts) no_step_found(dt);
+    start_ = density;
     if (kappa_ > 0.0) heat(start_, 0.5 * dt);
     if (!start_velocity_known || kappa_ > 0.0) face_velocity(start_, v0_);
     start_velocity_known = true;
@@ -35,21 +99,55 @@ double TransportSolver::step(std::vector<double>& density, double max_step) {
       continue;
     }
     transport(stage_, v1_, k2_);
-    double error = 0.0, largest = 0.0;
-    for (std::size_t i = 0; i < start_.size(); ++i) {
-      error = std::max(error, std::abs(0.5 * dt * (k2_[i] - k1_[i])));
-      largest = std::max(largest, std::abs(start_[i]));
-    }
-    const double ratio = error / (tolerance_.atol + tolerance_.rtol * largest);
+    // The Heun result in k2_; the Euler stage is stage_.
+    for (std::size_t i = 0; i < start_.size(); ++i) k2_[i] = start_[i] + 0.5 * dt * (k1_[i] + k2_[i]);
+    const double ratio = error_ratio(stage_, k2_);
     if (!(ratio <= 1.0)) {
-      dt *= std::isfinite(ratio) ? std::max(0.2, 0.9 / std::sqrt(ratio)) : 0.2;
+      dt *= shrink(ratio);
       continue;
     }
-    for (std::size_t i = 0; i < start_.size(); ++i) density[i] = start_[i] + 0.5 * dt * (k1_[i] + k2_[i]);
-    if (kappa_ > 0.0) heat(density, 0.5 * dt);
-    next_step_ = dt * std::min(5.0, 0.9 / std::sqrt(std::max(ratio, 1e-12)));
+    accept(density, k2_, dt, ratio);
     return dt;
   }
+}
+
+double TransportSolver::error_ratio(const std::vector<double>& low, const std::vector<double>& high) const {
+  double error = 0.0, largest = 0.0;
+  for (std::size_t i = 0; i < start_.size(); ++i) {
+    error = std::max(error, std::abs(high[i] - low[i]));
+    largest = std::max(largest, std::abs(start_[i]));
+  }
+  return error / (tolerance_.atol + tolerance_.rtol * largest);
+}
+
+void TransportSolver::accept(std::vector<double>& density, const std::vector<double>& result, double dt, double ratio) {
+  density = result;
+  if (kappa_ > 0.0) heat(density, 0.5 * dt);
+  next_step_ = dt * std::min(5.0, 0.9 / std::sqrt(std::max(ratio, 1e-12)));
+}
+
+bool TransportSolver::departures(double dt, const std::vector<double>& v_end, const std::vector<double>& v_start) {
+  const std::size_t m = line_.cells;
+  const double h = line_.cell_measure[0], reach = dt / h;
+  depart_.resize(rows_ * m);
+  for (std::size_t r = 0; r < rows_; ++r) {
+    const double *end = v_end.data() + r * m, *start = v_start.data() + r * m;
+    double* foot = depart_.data() + r * m;
+    for (std::size_t a = 0; a < m; ++a) {
+      const double face = double(a + 1), first_guess = face - reach * end[a];
+      foot[a] = face - 0.5 * reach * (end[a] + velocity_at(start, m, first_guess));
+    }
+    if (!(foot[0] > foot[m - 1] - double(m))) return false;
+    for (std::size_t a = 1; a < m; ++a)
+      if (!(foot[a] > foot[a - 1])) return false;
+  }
+  return true;
+}
+
+void TransportSolver::remap(const std::vector<double>& density, std::vector<double>& out) const {
+  out.resize(density.size());
+  const std::size_t m = line_.cells;
+  for (std::size_t r = 0; r < rows_; ++r) remap_periodic(line_, density.data() + r * m, depart_.data() + r * m, out.data() + r * m);
 }
 
 void TransportSolver::rate(const std::vector<double>& density, std::vector<double>& out) {

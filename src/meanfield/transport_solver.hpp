@@ -2,11 +2,20 @@
 // The time stepping shared by the finite-volume solvers (circle and zonal;
 // docs/meanfield.md, "Time steps"). A step of size dt is Strang's splitting: half a step of
 // the heat semigroup (the subclass's, exact: it keeps the mass and maps non-negative values
-// to non-negative values), a Heun step of the transport (finite_volume.hpp; both Euler stages
-// within the positivity bound, so the step keeps the density >= 0), half a step of heat. The
-// step size is controlled by the embedded first-order estimate, the difference of the Heun and
-// Euler results: max_a |dt/2 (k2 - k1)_a| <= atol + rtol max_a rho_a (--rtol, --atol), and
-// kept within 0.8 of the positivity bound.
+// to non-negative values), a step of the transport, half a step of heat.
+//  - Periodic lines (the circle): flux-form semi-Lagrangian (remap_periodic). Both stages
+//    follow the characteristics back by Heun's rule (cubic interpolation between faces): the
+//    predictor in the start velocity v0 frozen, the corrector with the predictor's velocity v1
+//    at the arrival and v0 at the foot. Their difference is the first-order error of freezing
+//    the velocity in time, which stays smooth when the density sharpens into clusters. No CFL or positivity bound: the step only
+//    has to keep the departure points in order (it is halved when they cross).
+//  - Walled lines (zonal): a Heun step of the finite-volume rate (finite_volume.hpp), both
+//    Euler stages within the positivity bound (0.8 of it).
+// The step size is controlled by the embedded first-order estimate, the difference of the
+// corrector and the predictor (--rtol, --atol): on periodic lines the difference of their
+// departure points, max_a |foot_a - foot*_a| <= atol + rtol (radians: the error the particles'
+// dopri5 allows a position of norm 1); on walled lines the difference of the densities,
+// max_a |rho_a - rho*_a| <= atol + rtol max_a rho_a.
 #include <cstddef>
 #include <limits>
 #include <vector>
@@ -38,6 +47,17 @@ class TransportSolver : public DensitySolver {
   double noise_kappa() const { return kappa_; }
 
  private:
+  double remap_step(std::vector<double>& density, double max_step);
+  double finite_volume_step(std::vector<double>& density, double max_step);
+  /// Accepts a step whose error estimate is ratio times the tolerance: density <- result
+  /// with the closing half step of heat, and the next step's size.
+  void accept(std::vector<double>& density, const std::vector<double>& result, double dt, double ratio);
+  double error_ratio(const std::vector<double>& low, const std::vector<double>& high) const;
+  /// The departure points of every row's faces over dt (cell units) by Heun's rule back in
+  /// time: v_end at the arrival, v_start at the first guess of the foot. False when they are
+  /// out of order somewhere (the step is too long).
+  bool departures(double dt, const std::vector<double>& v_end, const std::vector<double>& v_start);
+  void remap(const std::vector<double>& density, std::vector<double>& out) const;
   void transport(const std::vector<double>& density, const std::vector<double>& v, std::vector<double>& out) const;
   double positive_step(const std::vector<double>& v) const;
 
@@ -46,7 +66,7 @@ class TransportSolver : public DensitySolver {
   double kappa_;
   StepTolerance tolerance_;
   double next_step_ = std::numeric_limits<double>::infinity();
-  std::vector<double> start_, stage_, k1_, k2_, v0_, v1_;
+  std::vector<double> start_, stage_, k1_, k2_, v0_, v1_, depart_, predicted_feet_;
 };
 
 }  // namespace mfattn::meanfield

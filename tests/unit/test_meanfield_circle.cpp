@@ -202,6 +202,40 @@ TEST(MeanfieldCircle, SecondOrderInTheNumberOfCells) {
   }
 }
 
+// The semi-Lagrangian step has no CFL bound: a fine grid takes steps of many cells. Through a
+// clustering solve (beta = 4, where the velocity reaches about 2 and the density a few cells'
+// width) the steps stay far above the explicit bound h / (2 max |v|), the mass stays 1 and the
+// density >= 0.
+TEST(MeanfieldCircle, TheStepCrossesManyCellsAndKeepsMassAndSign) {
+  Model model = circle_model(1.0, Normalization::Usa);
+  CircleOptions options;
+  options.angles = 4096;
+  options.tolerance = {1e-4, 1e-7};
+  auto solver = make_circle_solver(model, options);
+  std::vector<double> density = smooth_start(*solver);
+  const double h = 2.0 * kPi / 4096.0;
+  double t = 0.0, shortest = 1.0;
+  int steps = 0;
+  while (t < 4.0) {
+    const double dt = solver->step(density, 4.0 - t);
+    t += dt;
+    if (t < 4.0) shortest = std::min(shortest, dt);
+    ++steps;
+  }
+  double mass = 0.0, lowest = 1.0, highest = 0.0;
+  for (std::size_t a = 0; a < density.size(); ++a) {
+    mass += h * density[a];
+    lowest = std::min(lowest, density[a]);
+    highest = std::max(highest, density[a]);
+  }
+  EXPECT_NEAR(mass, 1.0, 1e-12);
+  EXPECT_GE(lowest, 0.0);
+  EXPECT_GT(highest, 10.0) << "the density should have formed clusters";
+  // The explicit bound would be below h / 4 = 3.8e-4 (|v| >= 2 somewhere while it clusters).
+  EXPECT_GT(shortest, 10.0 * h / 4.0) << steps << " steps";
+  std::printf("[semi-Lagrangian] %d steps to t = 4 at M = 4096, shortest %.2e (h = %.2e)\n", steps, shortest, h);
+}
+
 TEST(MeanfieldCircle, RopeWithTransportedValuesIsTheLabelFreeSolutionInTheGaugeCoordinate) {
   // rho_xi(theta) = g(theta + xi) at t = 0 stays so, g the label-free solution: in psi = theta
   // + omega xi the score and the transported value depend on psi' - psi only, and the
