@@ -184,7 +184,8 @@ class Density(_Recorded):
         times: float64 [T], the frame times.
         steps: int64 [T], the solver step of every frame.
         values: float64 [T, *shape], the density at every frame (shape: [M] circle,
-            [M_xi, M] circle with labels, [n_theta, n_phi] sphere, [n_theta] zonal).
+            [M_xi, M] circle with labels, [n_theta, n_phi] sphere, [M_xi, n_theta, n_phi]
+            sphere with labels, [n_theta] zonal).
         theta: float64, the polar grid (circle: cell centres 2 pi a / M; zonal: polar cell
             centres, angle from e_1; sphere: Gauss-Legendre nodes, angle from e_3).
         phi: float64 [n_phi] (sphere), else None.
@@ -236,9 +237,8 @@ class Density(_Recorded):
     def polar_weights(self) -> np.ndarray:
         """[n_theta]: the weight of each polar cell (circle: 2 pi / M; zonal: the normalized
         measure of the cell; sphere: the ring's surface area)."""
-        if self.kind == "sphere":
-            return self.weights.sum(axis=1)
-        return self.weights[0] if self.labels is not None else self.weights
+        weights = self.weights[0] if self.labels is not None else self.weights
+        return weights.sum(axis=1) if self.kind == "sphere" else weights
 
     @property
     def polar_edges(self) -> np.ndarray:
@@ -260,12 +260,16 @@ class Density(_Recorded):
         """The density as a function of the polar angle theta alone: circle the theta-marginal
         w.r.t. d theta (with labels the mean of the conditional rows, each label node carrying
         mass 1 / M_xi); zonal the values themselves; sphere the average over phi (the zonal
-        part, w.r.t. the surface measure). [n_theta] for one frame, [T, n_theta] for None."""
+        part, w.r.t. the surface measure; with labels of the mean of the label rows). [n_theta]
+        for one frame, [T, n_theta] for None."""
         values = self._frame_values(frame)
         if self.kind == "circle" and self.labels is not None:
             return values.mean(axis=-2)
         if self.kind == "sphere":
-            return (values * self.weights).sum(axis=-1) / self.polar_weights
+            if self.labels is not None:
+                values = values.mean(axis=-3)
+            weights = self.weights[0] if self.labels is not None else self.weights
+            return (values * weights).sum(axis=-1) / self.polar_weights
         return np.array(values)
 
     def polar_angle(self, x: np.ndarray) -> np.ndarray:
@@ -450,9 +454,9 @@ def _load_density(f: h5py.File, path: str) -> Density:
     labels = np.asarray(group["labels"][()]) if "labels" in group else None
     kind = "sphere" if phi is not None else "zonal" if parameters.get("zonal") else "circle"
     theta = np.asarray(group["theta"][()])
-    expected = {"sphere": (len(theta), 0 if phi is None else len(phi)),
-                "zonal": (len(theta),),
-                "circle": (len(theta),) if labels is None else (len(labels), len(theta))}[kind]
+    grid = {"sphere": (len(theta), 0 if phi is None else len(phi)), "zonal": (len(theta),),
+            "circle": (len(theta),)}[kind]
+    expected = grid if labels is None else (len(labels), *grid)
     if shape != expected:
         raise reject(f"/fields/density/weights has shape {shape}; a {kind} grid of these theta"
                      f"{', phi' if phi is not None else ''}{', labels' if labels is not None else ''}"

@@ -25,7 +25,8 @@ n plus its null tokens must be N). The density is treated as constant on each ce
                     uniform (in area) on its quadrature cell: phi within phi_j -+ pi / n_phi
                     and cos(theta) within the ring whose area is the Gauss-Legendre weight
                     (edges 1 - cumulative weights, which interlace the nodes). theta is the
-                    polar angle from e_3.
+                    polar angle from e_3. With labels, token i is drawn from its label
+                    node's conditional density, as on the circle.
 
 From Python: ``sample(density, n, rng, frame=0) -> ndarray [n, d]``. Exit status 1 with one
 line on stderr for a missing or foreign file or a frame out of range.
@@ -68,18 +69,23 @@ def sample(density: Density, n: int, rng: np.random.Generator, frame: int = 0) -
               f"{negative:.3g}, drawn as 0 (an under-resolved grid? a larger --grid helps)",
               file=sys.stderr)
     edges = density.polar_edges
+    def pick_cells() -> np.ndarray:
+        """A cell (flat index within a row) per token; with labels token i's row is its label
+        node rint(i M_xi / n) mod M_xi, the node of --positions uniform."""
+        if density.labels is None:
+            return _pick(weights * values, n, rng)
+        nodes = len(density.labels)
+        label = np.rint(np.arange(n) * nodes / n).astype(np.int64) % nodes
+        cells = np.empty(n, dtype=np.int64)
+        for c in np.unique(label):
+            rows = np.flatnonzero(label == c)
+            cells[rows] = _pick(weights[c] * values[c], len(rows), rng)
+        return cells
+
     if density.kind == "circle":
         M = len(density.theta)
         h = 2.0 * np.pi / M
-        if density.labels is None:
-            cells = _pick(weights * values, n, rng)
-        else:
-            nodes = len(density.labels)
-            label = np.rint(np.arange(n) * nodes / n).astype(np.int64) % nodes
-            cells = np.empty(n, dtype=np.int64)
-            for c in np.unique(label):
-                rows = np.flatnonzero(label == c)
-                cells[rows] = _pick(weights[c] * values[c], len(rows), rng)
+        cells = pick_cells()
         theta = density.theta[cells] + (rng.random(n) - 0.5) * h
         return np.stack([np.cos(theta), np.sin(theta)], axis=1)
     if density.kind == "zonal":
@@ -95,7 +101,7 @@ def sample(density: Density, n: int, rng: np.random.Generator, frame: int = 0) -
         return x
     # sphere: cells of the Gauss-Legendre rings times equal phi sectors
     n_phi = len(density.phi)
-    points = _pick(weights * values, n, rng)
+    points = pick_cells()
     ring, sector = np.divmod(points, n_phi)
     mu_top, mu_bottom = np.cos(edges[ring]), np.cos(edges[ring + 1])
     mu = mu_bottom + rng.random(n) * (mu_top - mu_bottom)

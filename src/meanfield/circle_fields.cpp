@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "backends/model_sources.hpp"
+#include "meanfield/label_pairs.hpp"
 #include "meanfield/real_transform.hpp"
 #include "mfattn/backends/backend.hpp"
 
@@ -72,21 +73,10 @@ PairKernel pair_kernel(const Model& model, std::size_t c, std::size_t c2) {
   return kernel;
 }
 
-/// m_cc' c_cc' / M_xi: the label pair's mask, factor and label quadrature weight.
-std::vector<double> label_weights(const Model& model) {
-  const std::size_t labels = model.n;
-  std::vector<double> weights(labels * labels);
-  for (std::size_t c = 0; c < labels; ++c)
-    for (std::size_t c2 = 0; c2 < labels; ++c2)
-      weights[c * labels + c2] =
-          kernels::weight_factor(kernels::model_pair_weight_terms(model, c, c2)) / double(labels);
-  return weights;
-}
-
 class FourierField final : public CircleField {
  public:
   FourierField(const Model& model, std::size_t angles)
-      : labels_(model.n), m_(angles), transform_(angles), label_weight_(label_weights(model)),
+      : labels_(model.n), m_(angles), transform_(angles), label_weight_(label_pair_weights(model)),
         usa_(model.normalization == Normalization::Usa), eps_den_(model.eps_den) {
     // The kernels depend on the label offset c' - c only (uniform label nodes, a gauge
     // linear in xi); each offset's three kernels are transformed once.

@@ -12,6 +12,12 @@
 ///     degree L to rounding, l <= L/2 by less than 1e-10): without it a collapsing density,
 ///     whose clusters the grid cannot resolve, grows Gibbs oscillations without bound; with
 ///     it the solve stays bounded (not positive: min_density records how far it is from it).
+///   - with label nodes (rope about e_3: every node's gauge G_c a rotation by alpha_c about
+///     e_3) the state is one density per node; rotations about e_3 are diagonal in m, so the
+///     field of row c is, per Cartesian component k,
+///       F_c,k = sum_c' A_cc' kernel_l e^{-i m gamma} (sigma_c' rotated)_k,  gamma = alpha_c' - alpha_c,
+///     with sigma_c',k = y_k rho_c' (transported values: R(gamma) sigma, plain: sigma) and
+///     X_c = b P_x F_c (USA) or b P_x F_c / (eps_den + D_c), D_c the same sum over rho_c'.
 /// libsharp conventions, checked numerically (tests/unit/test_meanfield_sphere.cpp): a_lm of
 /// orthonormal Y_lm with the Condon-Shortley phase, m >= 0 stored; rings ordered by
 /// increasing colatitude with weights (Gauss weight) 2 pi / n_phi; the derivative synthesis
@@ -32,6 +38,9 @@
 #include <string>
 #include <vector>
 
+#include "meanfield/label_pairs.hpp"
+#include "mfattn/core/gauge.hpp"
+#include "mfattn/core/model.hpp"
 #include "mfattn/meanfield/solvers.hpp"
 
 namespace mfattn::meanfield {
@@ -104,9 +113,17 @@ FunkHecke funk_hecke(double c, double shift, std::size_t max_degree) {
   return f;
 }
 
+/// The label nodes of a labelled solve: rotation angles about e_3, pair weights A_cc'.
+struct SphereLabels {
+  std::vector<double> nodes;     ///< xi_c, recorded as /fields/density/labels
+  std::vector<double> rotation;  ///< alpha_c: G(xi_c) rotates by alpha_c about e_3
+  std::vector<double> weights;   ///< A_cc' (label_pairs.hpp), row-major
+  bool transported = true;       ///< values G_c^T G_c' V y, else V y
+};
+
 class SphereSolver final : public DensitySolver {
  public:
-  SphereSolver(const IsotropicInteraction& interaction, std::size_t max_degree);
+  SphereSolver(const IsotropicInteraction& interaction, std::size_t max_degree, SphereLabels labels);
 
   const DensityGrid& grid() const override { return grid_; }
   std::string scheme() const override;
@@ -116,15 +133,30 @@ class SphereSolver final : public DensitySolver {
 
  private:
   void check_size(const std::vector<double>& density) const;
-  double grid_mass(const std::vector<double>& density) const;
-  void analyse(const std::vector<double>& values, std::vector<Complex>& coefficients);
-  void synthesise(const std::vector<Complex>& coefficients, std::vector<double>& values);
-  /// out = the coefficients of -div(rho X[rho]) for rho = the band-limited density a;
-  /// returns max |X| on the grid.
+  double row_mass(const double* row) const;
+  /// One row: points_ values <-> count_ coefficients.
+  void analyse(const double* values, Complex* coefficients);
+  void synthesise(const Complex* coefficients, double* values);
+  /// out = the coefficients of -div(rho X[rho]) for rho = the band-limited density a (every
+  /// row); returns max |X| on the grid.
   double drift(const std::vector<Complex>& a, std::vector<Complex>& out);
+  double isotropic_drift(const std::vector<Complex>& a, std::vector<Complex>& out);
+  double labelled_drift(const std::vector<Complex>& a, std::vector<Complex>& out);
+  /// out (coefficients) = the spin-1 divergence part of (flux_theta, flux_phi): -div F.
+  void minus_divergence(Complex* out);
+  /// out = sum_c' A_cc' kernel_l e^{-i m gamma} sum_s mix(gamma)[s] source_c',s for receiver
+  /// row c, gamma = alpha_c' - alpha_c: source row c' has its slots s = 0..slots-1 of count_
+  /// coefficients each at sources + (c' slots + s) count_.
+  template <class Mix>
+  void rotated_sum(std::size_t c, const Complex* sources, std::size_t slots, Mix mix, Complex* out);
   void diffuse(std::vector<Complex>& a, double time) const;
+  bool labelled() const { return !labels_.rotation.empty(); }
 
   IsotropicInteraction interaction_;
+  SphereLabels labels_;
+  std::size_t rows_ = 1;      // label nodes (1 without labels)
+  std::size_t points_ = 0;    // n_theta n_phi, one row's values
+  std::size_t count_ = 0;     // coefficients of one row
   int max_degree_;
   int flags_;  // of every sharp_execute
   std::unique_ptr<sharp_geom_info, GeomDeleter> geom_;
@@ -132,15 +164,17 @@ class SphereSolver final : public DensitySolver {
   DensityGrid grid_;
   FunkHecke factors_;
   std::vector<int> degree_;           // l of each coefficient
+  std::vector<int> order_;            // m of each coefficient
   std::vector<double> filter_;        // exp(-36 (l/L)^36) per degree
   std::vector<double> multiplicity_;  // m = 0: 1; m > 0: 2 (a_{l,-m} = (-1)^m conj a_lm)
   // Scratch, sized once.
-  std::vector<Complex> a_, k_, stage_, potential_, kernel_, e_, b_;
-  std::vector<double> rho_, x_theta_, x_phi_, denominator_;
+  std::vector<Complex> a_, k_, stage_, potential_, kernel_, e_, b_, moments_, phase_;
+  std::vector<double> rho_, x_theta_, x_phi_, denominator_, cartesian_[3];
+  std::vector<double> cos_theta_, sin_theta_, cos_phi_, sin_phi_;
 };
 
-SphereSolver::SphereSolver(const IsotropicInteraction& interaction, std::size_t max_degree)
-    : interaction_(interaction), max_degree_(static_cast<int>(max_degree)),
+SphereSolver::SphereSolver(const IsotropicInteraction& interaction, std::size_t max_degree, SphereLabels labels)
+    : interaction_(interaction), labels_(std::move(labels)), max_degree_(static_cast<int>(max_degree)),
       flags_(SHARP_DP | (max_degree < kThreadedDegree ? SHARP_NO_OPENMP : 0)) {
   // Gauss-Legendre with n rings integrates cos-theta polynomials of degree 2n - 1 exactly and
   // n_phi points integrate e^{i k phi} for |k| < n_phi: the flux's analysis integrates
@@ -191,14 +225,45 @@ SphereSolver::SphereSolver(const IsotropicInteraction& interaction, std::size_t 
       degree_[index] = l;
       multiplicity_[index] = m == 0 ? 1.0 : 2.0;
     }
-  for (auto* v : {&a_, &k_, &stage_, &potential_, &kernel_, &e_, &b_}) v->assign(count, Complex{});
-  for (auto* v : {&rho_, &x_theta_, &x_phi_, &denominator_}) v->assign(grid_.size(), 0.0);
+  points_ = n_theta * n_phi;
+  count_ = count;
+  if (labelled()) {
+    rows_ = labels_.rotation.size();
+    grid_.shape = {rows_, n_theta, n_phi};
+    grid_.labels = labels_.nodes;
+    const std::vector<double> ring_weights = grid_.weights;
+    grid_.weights.clear();
+    for (std::size_t c = 0; c < rows_; ++c) grid_.weights.insert(grid_.weights.end(), ring_weights.begin(), ring_weights.end());
+  }
+  order_.assign(count, 0);
+  for (int m = 0; m <= max_degree_; ++m)
+    for (int l = m; l <= max_degree_; ++l) order_[static_cast<std::size_t>(sharp_alm_index(alm_.get(), l, m))] = m;
+  for (auto* v : {&a_, &k_, &stage_}) v->assign(rows_ * count, Complex{});
+  for (auto* v : {&potential_, &kernel_, &e_, &b_}) v->assign(4 * count, Complex{});
+  for (auto* v : {&rho_, &x_theta_, &x_phi_, &denominator_, &cartesian_[0], &cartesian_[1], &cartesian_[2]})
+    v->assign(points_, 0.0);
+  if (labelled()) {
+    moments_.assign(rows_ * 4 * count, Complex{});
+    phase_.assign(static_cast<std::size_t>(max_degree_) + 1, Complex{});
+    for (std::size_t i = 0; i < n_theta; ++i) {
+      cos_theta_.push_back(std::cos(grid_.theta[i]));
+      sin_theta_.push_back(std::sin(grid_.theta[i]));
+    }
+    for (double phi : grid_.phi) {
+      cos_phi_.push_back(std::cos(phi));
+      sin_phi_.push_back(std::sin(phi));
+    }
+  }
 }
 
 std::string SphereSolver::scheme() const {
-  return "sphere: libsharp Gauss grid L=" + std::to_string(max_degree_) + " (" +
-         std::to_string(grid_.shape[0]) + "x" + std::to_string(grid_.shape[1]) +
-         "), pseudo-spectral " + (interaction_.usa ? "USA" : "SA") +
+  const std::size_t rings = grid_.shape[grid_.shape.size() - 2], columns = grid_.shape.back();
+  return "sphere: libsharp Gauss grid L=" + std::to_string(max_degree_) + " (" + std::to_string(rings) + "x" +
+         std::to_string(columns) + ")" +
+         (labelled() ? " x " + std::to_string(rows_) + " label nodes (rotations about e_3, " +
+                           (labels_.transported ? "transported" : "plain") + " values)"
+                     : std::string()) +
+         ", pseudo-spectral " + (interaction_.usa ? "USA" : "SA") +
          ", SSP-RK3 + exact diffusion (Strang), exponential filter of order 36";
 }
 
@@ -207,30 +272,44 @@ void SphereSolver::check_size(const std::vector<double>& density) const {
     throw std::invalid_argument("sphere solver: density size does not match the grid");
 }
 
-double SphereSolver::grid_mass(const std::vector<double>& density) const {
+double SphereSolver::row_mass(const double* row) const {
   double mass = 0;
-  for (std::size_t p = 0; p < density.size(); ++p) mass += grid_.weights[p] * density[p];
+  for (std::size_t p = 0; p < points_; ++p) mass += grid_.weights[p] * row[p];
   return mass;
 }
 
-void SphereSolver::analyse(const std::vector<double>& values, std::vector<Complex>& coefficients) {
-  void* alm[] = {coefficients.data()};
+void SphereSolver::analyse(const double* values, Complex* coefficients) {
+  void* alm[] = {coefficients};
   // An analysis only reads the map; libsharp's C interface has no const.
-  void* map[] = {const_cast<double*>(values.data())};
+  void* map[] = {const_cast<double*>(values)};
   sharp_execute(SHARP_MAP2ALM, 0, alm, map, geom_.get(), alm_.get(), flags_, nullptr, nullptr);
 }
 
-void SphereSolver::synthesise(const std::vector<Complex>& coefficients,
-                              std::vector<double>& values) {
-  values.resize(grid_.size());
-  void* alm[] = {const_cast<Complex*>(coefficients.data())};  // a synthesis only reads the a_lm
-  void* map[] = {values.data()};
+void SphereSolver::synthesise(const Complex* coefficients, double* values) {
+  void* alm[] = {const_cast<Complex*>(coefficients)};  // a synthesis only reads the a_lm
+  void* map[] = {values};
   sharp_execute(SHARP_ALM2MAP, 0, alm, map, geom_.get(), alm_.get(), flags_, nullptr, nullptr);
 }
 
 double SphereSolver::drift(const std::vector<Complex>& a, std::vector<Complex>& out) {
+  return labelled() ? labelled_drift(a, out) : isotropic_drift(a, out);
+}
+
+void SphereSolver::minus_divergence(Complex* out) {
+  void* alm[] = {e_.data(), b_.data()};
+  void* map[] = {x_theta_.data(), x_phi_.data()};
+  sharp_execute(SHARP_MAP2ALM, 1, alm, map, geom_.get(), alm_.get(), flags_, nullptr, nullptr);
+  // -(div F)_lm = sqrt(l(l+1)) E_lm; the curl part B does not move mass. At l = 0 the factor
+  // is exactly 0, so the mass is kept to rounding.
+  for (std::size_t i = 0; i < count_; ++i) {
+    const double l = degree_[i];
+    out[i] = std::sqrt(l * (l + 1)) * e_[i];
+  }
+}
+
+double SphereSolver::isotropic_drift(const std::vector<Complex>& a, std::vector<Complex>& out) {
   const bool usa = interaction_.usa;
-  for (std::size_t i = 0; i < a.size(); ++i) {
+  for (std::size_t i = 0; i < count_; ++i) {
     potential_[i] = factors_.potential[static_cast<std::size_t>(degree_[i])] * a[i];
     if (!usa) kernel_[i] = factors_.kernel[static_cast<std::size_t>(degree_[i])] * a[i];
   }
@@ -240,13 +319,13 @@ double SphereSolver::drift(const std::vector<Complex>& a, std::vector<Complex>& 
     sharp_execute(SHARP_ALM2MAP_DERIV1, 1, alm, map, geom_.get(), alm_.get(), flags_, nullptr,
                   nullptr);
   }
-  synthesise(a, rho_);
-  if (!usa) synthesise(kernel_, denominator_);
+  synthesise(a.data(), rho_.data());
+  if (!usa) synthesise(kernel_.data(), denominator_.data());
 
   // X = b grad phi (USA) or b grad phi / (eps_den + int w dmu) (SA); the flux rho X
   // overwrites X in place.
   double max_speed2 = 0;
-  for (std::size_t p = 0; p < rho_.size(); ++p) {
+  for (std::size_t p = 0; p < points_; ++p) {
     const double scale = usa ? interaction_.value_scale
                              : interaction_.value_scale / (interaction_.eps_den + denominator_[p]);
     const double xt = scale * x_theta_[p];
@@ -255,16 +334,86 @@ double SphereSolver::drift(const std::vector<Complex>& a, std::vector<Complex>& 
     x_theta_[p] = rho_[p] * xt;
     x_phi_[p] = rho_[p] * xp;
   }
-  {
-    void* alm[] = {e_.data(), b_.data()};
-    void* map[] = {x_theta_.data(), x_phi_.data()};
-    sharp_execute(SHARP_MAP2ALM, 1, alm, map, geom_.get(), alm_.get(), flags_, nullptr, nullptr);
+  minus_divergence(out.data());
+  return std::sqrt(max_speed2);
+}
+
+template <class Mix>
+void SphereSolver::rotated_sum(std::size_t c, const Complex* sources, std::size_t slots, Mix mix, Complex* out) {
+  std::fill_n(out, count_, Complex{});
+  for (std::size_t c2 = 0; c2 < rows_; ++c2) {
+    const double weight = labels_.weights[c * rows_ + c2];
+    if (weight == 0.0) continue;
+    const double gamma = labels_.rotation[c2] - labels_.rotation[c];
+    const auto share = mix(gamma);
+    // e^{-i m gamma} per order m, and the pair's factor per degree l.
+    for (std::size_t m = 0; m < phase_.size(); ++m) phase_[m] = std::polar(1.0, -double(m) * gamma);
+    for (std::size_t slot = 0; slot < slots; ++slot) {
+      if (share[slot] == 0.0) continue;
+      const double scale = weight * share[slot];
+      const Complex* source = sources + (c2 * slots + slot) * count_;
+      for (std::size_t i = 0; i < count_; ++i)
+        out[i] += scale * factors_.kernel[static_cast<std::size_t>(degree_[i])] *
+                  (phase_[static_cast<std::size_t>(order_[i])] * source[i]);
+    }
   }
-  // -(div F)_lm = sqrt(l(l+1)) E_lm; the curl part B does not move mass. At l = 0 the factor
-  // is exactly 0, so the mass is kept to rounding.
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    const double l = degree_[i];
-    out[i] = std::sqrt(l * (l + 1)) * e_[i];
+}
+
+double SphereSolver::labelled_drift(const std::vector<Complex>& a, std::vector<Complex>& out) {
+  const bool usa = interaction_.usa;
+  const std::size_t n_phi = grid_.phi.size(), stride = 4 * count_;  // a source row's slots
+  // Per source row: the coefficients of rho (slot 0) and of y_k rho (slots 1..3).
+  for (std::size_t c2 = 0; c2 < rows_; ++c2) {
+    Complex* moments = moments_.data() + c2 * stride;
+    std::copy_n(a.data() + c2 * count_, count_, moments);
+    synthesise(a.data() + c2 * count_, rho_.data());
+    for (std::size_t p = 0; p < points_; ++p) {
+      const std::size_t ring = p / n_phi, column = p % n_phi;
+      cartesian_[0][p] = rho_[p] * sin_theta_[ring] * cos_phi_[column];
+      cartesian_[1][p] = rho_[p] * sin_theta_[ring] * sin_phi_[column];
+      cartesian_[2][p] = rho_[p] * cos_theta_[ring];
+    }
+    for (std::size_t k = 0; k < 3; ++k) analyse(cartesian_[k].data(), moments + (k + 1) * count_);
+  }
+  double max_speed2 = 0;
+  for (std::size_t c = 0; c < rows_; ++c) {
+    // F_k (k = 0..2) in potential_'s slots, D in kernel_. The slots of a source row: rho,
+    // y_1 rho, y_2 rho, y_3 rho; a transported value R(gamma) y mixes y_1 and y_2.
+    const bool transported = labels_.transported;
+    for (std::size_t k = 0; k < 3; ++k) {
+      Complex* field = potential_.data() + k * count_;
+      rotated_sum(c, moments_.data(), 4, [&](double gamma) {
+        std::array<double, 4> share{0.0, 0.0, 0.0, 0.0};
+        if (transported && k < 2) {
+          share[1] = k == 0 ? std::cos(gamma) : std::sin(gamma);
+          share[2] = k == 0 ? -std::sin(gamma) : std::cos(gamma);
+        } else {
+          share[k + 1] = 1.0;
+        }
+        return share;
+      }, field);
+      synthesise(field, cartesian_[k].data());
+    }
+    if (!usa) {
+      rotated_sum(c, moments_.data(), 4, [](double) { return std::array<double, 4>{1.0, 0.0, 0.0, 0.0}; },
+                  kernel_.data());
+      synthesise(kernel_.data(), denominator_.data());
+    }
+    synthesise(a.data() + c * count_, rho_.data());
+    // X = b P_x F (/ (eps_den + D) for SA) in the (e_theta, e_phi) frame; the flux rho X.
+    for (std::size_t p = 0; p < points_; ++p) {
+      const std::size_t ring = p / n_phi, column = p % n_phi;
+      const double ct = cos_theta_[ring], st = sin_theta_[ring], cp = cos_phi_[column], sp = sin_phi_[column];
+      const double scale = usa ? interaction_.value_scale
+                               : interaction_.value_scale / (interaction_.eps_den + denominator_[p]);
+      const double fx = cartesian_[0][p], fy = cartesian_[1][p], fz = cartesian_[2][p];
+      const double xt = scale * (ct * cp * fx + ct * sp * fy - st * fz);
+      const double xp = scale * (-sp * fx + cp * fy);
+      max_speed2 = std::max(max_speed2, xt * xt + xp * xp);
+      x_theta_[p] = rho_[p] * xt;
+      x_phi_[p] = rho_[p] * xp;
+    }
+    minus_divergence(out.data() + c * count_);
   }
   return std::sqrt(max_speed2);
 }
@@ -275,13 +424,13 @@ void SphereSolver::diffuse(std::vector<Complex>& a, double time) const {
     const double ll = static_cast<double>(l);
     factor[l] = std::exp(-ll * (ll + 1) * time / interaction_.noise_kappa);
   }
-  for (std::size_t i = 0; i < a.size(); ++i) a[i] *= factor[static_cast<std::size_t>(degree_[i])];
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] *= factor[static_cast<std::size_t>(degree_[i % count_])];
 }
 
 double SphereSolver::step(std::vector<double>& density, double max_step) {
   check_size(density);
   if (!(max_step > 0)) throw std::invalid_argument("sphere solver: max_step must be > 0");
-  analyse(density, a_);
+  for (std::size_t c = 0; c < rows_; ++c) analyse(density.data() + c * points_, a_.data() + c * count_);
   // The step depends only on the incoming density (its max |X|) and max_step.
   const double speed = drift(a_, k_);
   double dt = max_step;
@@ -300,53 +449,80 @@ double SphereSolver::step(std::vector<double>& density, double max_step) {
   drift(stage_, k_);
   for (std::size_t i = 0; i < n; ++i) a_[i] = a_[i] / 3.0 + 2.0 / 3.0 * (stage_[i] + dt * k_[i]);
   if (diffusive) diffuse(a_, dt / 2);
-  for (std::size_t i = 0; i < n; ++i) a_[i] *= filter_[static_cast<std::size_t>(degree_[i])];
+  for (std::size_t i = 0; i < n; ++i) a_[i] *= filter_[static_cast<std::size_t>(degree_[i % count_])];
   // The drift and diffusion keep a_00 exactly, but a libsharp synthesis-analysis round trip
   // moves it by a biased ~1e-15 relative (measured), which adds up over thousands of steps:
-  // restore the incoming mass with a uniform correction of that size.
-  const double mass = grid_mass(density);
-  synthesise(a_, density);
-  const double correction = (mass - grid_mass(density)) / (4 * kPi);
-  for (double& value : density) value += correction;
+  // restore each row's incoming mass with a uniform correction of that size.
+  for (std::size_t c = 0; c < rows_; ++c) {
+    double* row = density.data() + c * points_;
+    const double mass = row_mass(row);
+    synthesise(a_.data() + c * count_, row);
+    const double correction = (mass - row_mass(row)) / (4 * kPi);
+    for (std::size_t p = 0; p < points_; ++p) row[p] += correction;
+  }
   return dt;
 }
 
 void SphereSolver::rate(const std::vector<double>& density, std::vector<double>& out) {
   check_size(density);
-  analyse(density, a_);
+  for (std::size_t c = 0; c < rows_; ++c) analyse(density.data() + c * points_, a_.data() + c * count_);
   drift(a_, k_);
   if (interaction_.noise_kappa > 0)
     for (std::size_t i = 0; i < k_.size(); ++i) {
-      const double l = degree_[i];
+      const double l = degree_[i % count_];
       k_[i] -= l * (l + 1) / interaction_.noise_kappa * a_[i];
     }
-  synthesise(k_, out);
+  out.resize(density.size());
+  for (std::size_t c = 0; c < rows_; ++c) synthesise(k_.data() + c * count_, out.data() + c * points_);
 }
 
 DensityObservables SphereSolver::observe(const std::vector<double>& density) {
   check_size(density);
   DensityObservables obs;
-  analyse(density, a_);
-  obs.mass = grid_mass(density);
+  const double row_weight = 1.0 / double(rows_);
+  for (std::size_t c = 0; c < rows_; ++c) analyse(density.data() + c * points_, a_.data() + c * count_);
   obs.min_density = *std::min_element(density.begin(), density.end());
   double entropy = 0;  // sum weights rho log rho over rho > 0: not exact, rho log rho is not
                        // band-limited
-  for (std::size_t p = 0; p < density.size(); ++p)
-    if (density[p] > 0) entropy += grid_.weights[p] * density[p] * std::log(density[p]);
-  // int int K(<x,y>) dmu dmu = sum_{l, |m| <= l} kernel_l |a_lm|^2 and the degree-k power
-  // sum_m |a_km|^2, from the stored m >= 0.
-  double pair = 0;
-  std::array<double, kRecordedModes> power{};
-  for (std::size_t i = 0; i < a_.size(); ++i) {
-    const auto l = static_cast<std::size_t>(degree_[i]);
-    const double p = multiplicity_[i] * std::norm(a_[i]);
-    pair += factors_.kernel[l] * p;
-    if (l >= 1 && l <= kRecordedModes) power[l - 1] += p;
+  for (std::size_t p = 0; p < density.size(); ++p) {
+    obs.mass += row_weight * grid_.weights[p] * density[p];
+    if (density[p] > 0) entropy += row_weight * grid_.weights[p] * density[p] * std::log(density[p]);
   }
-  // A Dirac at x0 has sum_m |Y_km(x0)|^2 = (2k+1)/(4 pi), hence A_k = 1.
-  for (std::size_t k = 1; k <= kRecordedModes; ++k)
-    obs.modes[k - 1] = std::sqrt(4 * kPi / (2.0 * static_cast<double>(k) + 1) * power[k - 1]);
+  // The marginal's coefficients (the mean of the rows) in stage_'s first row.
+  std::fill_n(stage_.begin(), count_, Complex{});
+  for (std::size_t c = 0; c < rows_; ++c)
+    for (std::size_t i = 0; i < count_; ++i) stage_[i] += row_weight * a_[c * count_ + i];
+  // The degree-k power sum_m |a_km|^2 from the stored m >= 0; A_k = sqrt(4 pi / (2k+1) power),
+  // so that a Dirac at x0 (sum_m |Y_km(x0)|^2 = (2k+1)/(4 pi)) has A_k = 1.
+  auto amplitudes = [&](const Complex* coefficients) {
+    std::array<double, kRecordedModes> power{};
+    for (std::size_t i = 0; i < count_; ++i) {
+      const auto l = static_cast<std::size_t>(degree_[i]);
+      if (l >= 1 && l <= kRecordedModes) power[l - 1] += multiplicity_[i] * std::norm(coefficients[i]);
+    }
+    for (std::size_t k = 1; k <= kRecordedModes; ++k)
+      power[k - 1] = std::sqrt(4 * kPi / (2.0 * static_cast<double>(k) + 1) * power[k - 1]);
+    return power;
+  };
+  obs.modes = amplitudes(stage_.data());
   obs.order_parameter = obs.modes[0];  // |int x dmu|^2 = (4 pi / 3) sum_m |a_1m|^2
+  // The energy 1/(2 beta) sum_c (1/M_xi) int rho_c D_c with D_c = sum_c' A_cc' (w * rho_c'):
+  // without labels int int w dmu dmu = sum_lm kernel_l |a_lm|^2.
+  double pair = 0;
+  if (labelled()) {
+    double conditional = 0;
+    for (std::size_t c = 0; c < rows_; ++c) {
+      conditional += row_weight * (1.0 - amplitudes(a_.data() + c * count_)[0]);
+      rotated_sum(c, a_.data(), 1, [](double) { return std::array<double, 1>{1.0}; }, kernel_.data());
+      for (std::size_t i = 0; i < count_; ++i)
+        pair += row_weight * multiplicity_[i] * (std::conj(a_[c * count_ + i]) * kernel_[i]).real();
+    }
+    obs.conditional_variance = conditional;
+    obs.marginal_variance = 1.0 - obs.modes[0];
+  } else {
+    for (std::size_t i = 0; i < count_; ++i)
+      pair += factors_.kernel[static_cast<std::size_t>(degree_[i])] * multiplicity_[i] * std::norm(a_[i]);
+  }
   obs.energy = interaction_.beta > 0 ? pair / (2 * interaction_.beta)
                                      : std::numeric_limits<double>::quiet_NaN();
   obs.free_energy = obs.energy;
@@ -354,10 +530,38 @@ DensityObservables SphereSolver::observe(const std::vector<double>& density) {
   return obs;
 }
 
+/// The label nodes of label_model, whose gauge (if any) must rotate about e_3 at every node.
+SphereLabels sphere_labels(const Model& label_model) {
+  SphereLabels labels;
+  labels.transported = label_model.values == ValueTransport::Transported;
+  labels.weights = label_pair_weights(label_model);
+  for (std::size_t c = 0; c < label_model.n; ++c) {
+    labels.nodes.push_back(label_model.positions.empty() ? 0.0 : label_model.positions[c * label_model.position_dim]);
+    double alpha = 0.0;
+    if (label_model.gauge) {
+      double columns[3][3];
+      for (int k = 0; k < 3; ++k) {
+        const double unit[3] = {k == 0 ? 1.0 : 0.0, k == 1 ? 1.0 : 0.0, k == 2 ? 1.0 : 0.0};
+        label_model.gauge->apply(c, unit, columns[k]);
+      }
+      alpha = std::atan2(columns[0][1], columns[0][0]);
+      const double ca = std::cos(alpha), sa = std::sin(alpha);
+      const double expected[3][3] = {{ca, sa, 0.0}, {-sa, ca, 0.0}, {0.0, 0.0, 1.0}};
+      for (int k = 0; k < 3; ++k)
+        for (int r = 0; r < 3; ++r)
+          if (std::abs(columns[k][r] - expected[k][r]) > 1e-12)
+            throw std::invalid_argument("the gauge of label node " + std::to_string(c) +
+                                        " is not a rotation about e_3 (S^2 takes rope with one rotating block)");
+    }
+    labels.rotation.push_back(alpha);
+  }
+  return labels;
+}
+
 }  // namespace
 
 std::unique_ptr<DensitySolver> make_sphere_solver(const IsotropicInteraction& interaction,
-                                                  std::size_t max_degree) {
+                                                  std::size_t max_degree, const Model* label_model) {
   if (interaction.d != 3) throw std::invalid_argument("sphere solver: needs d = 3");
   if (max_degree < 2 || max_degree > kMaxDegree)
     throw std::invalid_argument("sphere solver: max degree must be in [2, " +
@@ -371,7 +575,9 @@ std::unique_ptr<DensitySolver> make_sphere_solver(const IsotropicInteraction& in
   if (!(interaction.eps_den >= 0) || !std::isfinite(interaction.eps_den) ||
       !(interaction.noise_kappa >= 0) || !std::isfinite(interaction.noise_kappa))
     throw std::invalid_argument("sphere solver: eps_den and noise_kappa must be finite and >= 0");
-  return std::make_unique<SphereSolver>(interaction, max_degree);
+  if (label_model != nullptr && label_model->n == 0) throw std::invalid_argument("sphere solver: no label nodes");
+  return std::make_unique<SphereSolver>(interaction, max_degree,
+                                        label_model != nullptr ? sphere_labels(*label_model) : SphereLabels{});
 }
 
 }  // namespace mfattn::meanfield

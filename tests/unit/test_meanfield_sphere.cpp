@@ -7,6 +7,7 @@
 #include <libsharp/sharp_geomhelpers.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <complex>
 #include <cstdio>
@@ -17,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "mfattn/core/gauge.hpp"
+#include "mfattn/core/model.hpp"
 #include "mfattn/meanfield/solvers.hpp"
 
 namespace {
@@ -453,3 +456,211 @@ TEST(MeanfieldSphere, RefusesBadArguments) {
 }
 
 }  // namespace
+
+// ---- Label nodes with rope about e_3 (make_sphere_solver with a label model) ----
+
+namespace {
+
+using mfattn::Model;
+
+/// M_xi label nodes xi_c = 2 pi c / M_xi, rope about e_3 (d = 3: block (x_1, x_2)) at frequency omega.
+Model sphere_label_model(std::size_t labels, double omega, mfattn::ValueTransport values, bool usa) {
+  Model model;
+  model.n = labels;
+  model.d = 3;
+  model.beta = 1.0;
+  model.normalization = usa ? mfattn::Normalization::Usa : mfattn::Normalization::Sa;
+  model.presence.assign(labels, 1.0);
+  model.prompt_id.assign(labels, 0);
+  for (std::size_t c = 0; c < labels; ++c) model.positions.push_back(2.0 * kPi * double(c) / double(labels));
+  mfattn::GaugeSpec spec;
+  spec.kind = mfattn::GeometryKind::Rope;
+  spec.d = 3;
+  spec.frequencies = {omega};
+  model.gauge = mfattn::make_gauge(spec, model.positions, labels);
+  model.values = values;
+  return model;
+}
+
+/// A degree-2 density per row (band-limited, so the solver's analysis holds it exactly),
+/// different for every row and not symmetric about e_3.
+std::vector<double> label_rows(const DensityGrid& g, std::size_t labels) {
+  std::vector<double> rows;
+  for (std::size_t c = 0; c < labels; ++c) {
+    const double a = 0.7 * std::cos(1.3 * double(c) + 0.2), b = 0.5 * std::sin(0.9 * double(c) + 1.0);
+    for (double t : g.theta)
+      for (double p : g.phi) {
+        const double x = std::sin(t) * std::cos(p), y = std::sin(t) * std::sin(p), z = std::cos(t);
+        rows.push_back((1.0 + a * x + 0.4 * z + b * x * y + 0.3 * z * z) / (4.0 * kPi * (1.0 + 0.1)));
+      }
+  }
+  return rows;
+}
+
+}  // namespace
+
+// The weak form of the rate, term by term from the formula: for test functions phi of degree
+// <= 2, sum_p w_p rate_c(x_p) phi(x_p) = sum_p w_p rho_c(x_p) X_c(x_p) . grad phi(x_p), where
+// X_c is summed here pair by pair over the grid's points (the rotation G_c^T G_c' of every
+// source, its transported or plain value, the SA ratio), independently of the solver's
+// spectral sums. Holds to rounding for USA and SA, transported and plain values.
+TEST(MeanfieldSphereLabels, RateIsTheWeakFormOfThePairSum) {
+  constexpr std::size_t kLabels = 3;
+  for (const bool usa : {true, false})
+    for (const auto values : {mfattn::ValueTransport::Transported, mfattn::ValueTransport::Plain}) {
+      const Model model = sphere_label_model(kLabels, 1.0, values, usa);
+      IsotropicInteraction in = interaction(1.0, 0.0, usa);
+      in.eps_den = usa ? 0.0 : 0.05;
+      auto solver = make_sphere_solver(in, 10, &model);
+      const DensityGrid& g = solver->grid();
+      ASSERT_EQ(g.shape.size(), 3u);
+      ASSERT_EQ(g.shape[0], kLabels);
+      ASSERT_EQ(g.labels.size(), kLabels);
+      const std::size_t n_theta = g.shape[1], n_phi = g.shape[2], points = n_theta * n_phi;
+      const std::vector<double> rho = label_rows(g, kLabels);
+      std::vector<double> rate;
+      solver->rate(rho, rate);
+      ASSERT_EQ(rate.size(), rho.size());
+      std::vector<std::array<double, 3>> x(points);
+      for (std::size_t i = 0; i < n_theta; ++i)
+        for (std::size_t j = 0; j < n_phi; ++j)
+          x[i * n_phi + j] = {std::sin(g.theta[i]) * std::cos(g.phi[j]), std::sin(g.theta[i]) * std::sin(g.phi[j]),
+                              std::cos(g.theta[i])};
+      // Test functions and their ambient gradients.
+      const std::vector<std::function<double(const std::array<double, 3>&, std::array<double, 3>&)>> tests = {
+          [](const auto& p, auto& grad) { grad = {1, 0, 0}; return p[0]; },
+          [](const auto& p, auto& grad) { grad = {0, 1, 0}; return p[1]; },
+          [](const auto& p, auto& grad) { grad = {0, 0, 1}; return p[2]; },
+          [](const auto& p, auto& grad) { grad = {p[1], p[0], 0}; return p[0] * p[1]; },
+          [](const auto& p, auto& grad) { grad = {0, p[2], p[1]}; return p[1] * p[2]; },
+          [](const auto& p, auto& grad) { grad = {2 * p[0], -2 * p[1], 0}; return p[0] * p[0] - p[1] * p[1]; },
+      };
+      double worst = 0;
+      for (std::size_t c = 0; c < kLabels; ++c) {
+        // X_c at every grid point by the pair sum.
+        std::vector<std::array<double, 3>> velocity(points);
+        for (std::size_t p = 0; p < points; ++p) {
+          std::array<double, 3> sum{0, 0, 0};
+          double denominator = in.eps_den;
+          for (std::size_t c2 = 0; c2 < kLabels; ++c2) {
+            const double gamma = 2.0 * kPi * (double(c2) - double(c)) / double(kLabels);  // omega = 1
+            const double cg = std::cos(gamma), sg = std::sin(gamma);
+            for (std::size_t q = 0; q < points; ++q) {
+              const std::array<double, 3>& y = x[q];
+              const std::array<double, 3> ry = {cg * y[0] - sg * y[1], sg * y[0] + cg * y[1], y[2]};
+              const double w = std::exp(x[p][0] * ry[0] + x[p][1] * ry[1] + x[p][2] * ry[2]) * g.weights[q] *
+                               rho[c2 * points + q] / double(kLabels);
+              const std::array<double, 3>& value = values == mfattn::ValueTransport::Transported ? ry : y;
+              for (int k = 0; k < 3; ++k) sum[k] += w * value[k];
+              denominator += w;
+            }
+          }
+          const double scale = usa ? 1.0 : 1.0 / denominator;
+          const double radial = (sum[0] * x[p][0] + sum[1] * x[p][1] + sum[2] * x[p][2]);
+          for (int k = 0; k < 3; ++k) velocity[p][k] = scale * (sum[k] - radial * x[p][k]);
+        }
+        for (const auto& test : tests) {
+          double left = 0, right = 0, size = 0;
+          for (std::size_t p = 0; p < points; ++p) {
+            std::array<double, 3> grad;
+            const double phi = test(x[p], grad);
+            left += g.weights[p] * rate[c * points + p] * phi;
+            const double flux = velocity[p][0] * grad[0] + velocity[p][1] * grad[1] + velocity[p][2] * grad[2];
+            right += g.weights[p] * rho[c * points + p] * flux;
+            size += g.weights[p] * rho[c * points + p] * std::abs(flux);
+          }
+          EXPECT_NEAR(left, right, 1e-11 * size + 1e-14) << "usa " << usa << " transported "
+                                                          << (values == mfattn::ValueTransport::Transported) << " row " << c;
+          worst = std::max(worst, std::abs(left - right) / size);
+        }
+      }
+      std::printf("[sphere labels] usa %d transported %d: worst relative weak-form mismatch %.1e\n", int(usa),
+                  int(values == mfattn::ValueTransport::Transported), worst);
+    }
+}
+
+// Rope about e_3 with transported values and no factor: rotated into its gauge coordinate
+// G_c x, every node's density is the label-free solution when they start so (the S^2 form of
+// the circle's gauge-coordinate test). The rotations 2 pi c / M_xi map the grid onto itself
+// when M_xi divides n_phi.
+TEST(MeanfieldSphereLabels, TransportedRopeIsTheLabelFreeSolutionInTheGaugeCoordinate) {
+  constexpr std::size_t kLabels = 4;
+  const Model model = sphere_label_model(kLabels, 1.0, mfattn::ValueTransport::Transported, true);
+  const IsotropicInteraction in = interaction(2.0, 0.0);
+  const std::size_t degree = 21;  // n_phi = 64
+  auto labelled = make_sphere_solver(in, degree, &model);
+  auto plain = make_sphere_solver(in, degree);
+  const DensityGrid& g = plain->grid();
+  const std::size_t n_theta = g.shape[0], n_phi = g.shape[1], points = n_theta * n_phi;
+  ASSERT_EQ(n_phi % kLabels, 0u) << n_phi;
+  // A band-limited start that is not symmetric about e_3.
+  std::vector<double> start = sample(g, [](double x, double y, double z) {
+    return (1.0 + 0.8 * x + 0.3 * y * z + 0.2 * z) / (4.0 * kPi);
+  });
+  // Row c at x is the label-free density at G_c x: G_c rotates by alpha_c = 2 pi c / M_xi, one
+  // shift of n_phi / M_xi columns per node.
+  auto rotated_rows = [&](const std::vector<double>& free) {
+    std::vector<double> rows(kLabels * points);
+    for (std::size_t c = 0; c < kLabels; ++c)
+      for (std::size_t i = 0; i < n_theta; ++i)
+        for (std::size_t j = 0; j < n_phi; ++j)
+          rows[c * points + i * n_phi + j] = free[i * n_phi + (j + c * n_phi / kLabels) % n_phi];
+    return rows;
+  };
+  std::vector<double> free = start, rows = rotated_rows(start);
+  double t = 0;
+  while (t < 0.5) {
+    const double dt_free = plain->step(free, 0.05);
+    const double dt_rows = labelled->step(rows, dt_free);
+    ASSERT_NEAR(dt_rows, dt_free, 1e-12 * dt_free) << "the label-free solution's step should be stable for the rows";
+    t += dt_free;
+  }
+  const std::vector<double> expected = rotated_rows(free);
+  double worst = 0, largest = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    worst = std::max(worst, std::abs(rows[i] - expected[i]));
+    largest = std::max(largest, std::abs(expected[i]));
+  }
+  EXPECT_LT(worst, 1e-12 * largest);
+  // And the density moved: the comparison is not of two copies of the start.
+  double moved = 0;
+  for (std::size_t i = 0; i < free.size(); ++i) moved = std::max(moved, std::abs(free[i] - start[i]));
+  EXPECT_GT(moved, 1e-3 * largest);
+  const DensityObservables o = labelled->observe(rows);
+  EXPECT_NEAR(o.mass, 1.0, 1e-12);
+  std::printf("[sphere labels] gauge coordinate: max difference %.1e of max %.2f after t = %.2f\n", worst, largest, t);
+}
+
+// Without rotations (omega = 0) and one node the labelled solver is the label-free one.
+TEST(MeanfieldSphereLabels, OneNodeWithoutRotationIsTheLabelFreeSolver) {
+  const Model model = sphere_label_model(1, 0.0, mfattn::ValueTransport::Plain, false);
+  const IsotropicInteraction in = interaction(1.5, 4.0, false);
+  auto labelled = make_sphere_solver(in, 12, &model);
+  auto free = make_sphere_solver(in, 12);
+  std::vector<double> rho = sample(free->grid(), [](double x, double, double z) { return (1 + 0.5 * x + 0.2 * z * z) / (4 * kPi * (1 + 0.2 / 3)); });
+  std::vector<double> a, b;
+  labelled->rate(rho, a);
+  free->rate(rho, b);
+  double worst = 0, largest = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(a[i] - b[i]));
+    largest = std::max(largest, std::abs(b[i]));
+  }
+  EXPECT_LT(worst, 1e-12 * largest);
+  const DensityObservables oa = labelled->observe(rho), ob = free->observe(rho);
+  EXPECT_NEAR(oa.energy, ob.energy, 1e-12 * std::abs(ob.energy));
+  EXPECT_NEAR(oa.order_parameter, ob.order_parameter, 1e-13);
+  EXPECT_NEAR(oa.conditional_variance, 1.0 - ob.order_parameter, 1e-13);
+}
+
+TEST(MeanfieldSphereLabels, RefusesAGaugeThatIsNotARotationAboutE3) {
+  Model model = sphere_label_model(2, 1.0, mfattn::ValueTransport::Transported, true);
+  model.d = 4;
+  mfattn::GaugeSpec spec;
+  spec.kind = mfattn::GeometryKind::Rope;
+  spec.d = 4;
+  spec.frequencies = {1.0, 0.5};
+  model.gauge = mfattn::make_gauge(spec, model.positions, 2);
+  model.d = 3;
+  EXPECT_THROW(make_sphere_solver(interaction(1.0, 0.0), 8, &model), std::invalid_argument);
+}

@@ -24,7 +24,7 @@ enum class GridKind {
   Circle,  ///< d = 2: M angles theta_a = 2 pi a / M, values w.r.t. d theta; with labels
            ///< one row per label node (shape {M_xi, M}), each row a conditional density
   Sphere,  ///< d = 3: values w.r.t. the surface measure on {n_theta, n_phi} (theta the polar
-           ///< angle from e_3)
+           ///< angle from e_3); with labels one such block per label node ({M_xi, n_theta, n_phi})
   Zonal,   ///< any d: densities of <x, e_1> only, values w.r.t. the normalized surface
            ///< measure (uniform = 1) on n_theta polar angles from e_1
 };
@@ -35,7 +35,7 @@ struct DensityGrid {
   std::vector<std::size_t> shape;  ///< of one frame's values
   std::vector<double> theta;       ///< circle angles, or polar angles (sphere: from e_3; zonal: from e_1)
   std::vector<double> phi;         ///< sphere: azimuths
-  std::vector<double> labels;      ///< circle with labels: the label nodes xi_c
+  std::vector<double> labels;      ///< with labels: the label nodes xi_c
   /// Same shape as the values: sum_a weights_a value_a = 1 for a probability density (with
   /// labels: for each label node's row).
   std::vector<double> weights;
@@ -72,8 +72,9 @@ struct DensityObservables {
   /// sphere and zonal the degree-k part's norm, normalized so that a Dirac has A_k = 1
   /// (zonal: |int P_k(<x, e_1>) dmu| with the Gegenbauer polynomial P_k(1) = 1).
   std::array<double, kRecordedModes> modes{};
-  /// With labels: the mean over label nodes of the circular variance 1 - |int e^{i theta}
-  /// dmu_xi| of the conditional densities, and the circular variance of the marginal in theta.
+  /// With labels: the mean over label nodes of 1 - |int x dmu_xi| of the conditional densities
+  /// (the circular variance on the circle, its analogue on S^2), and 1 - |int x dmu| of the
+  /// marginal.
   double conditional_variance = std::numeric_limits<double>::quiet_NaN();
   double marginal_variance = std::numeric_limits<double>::quiet_NaN();
 };

@@ -15,8 +15,9 @@ struct Model;
 
 namespace mfattn::meanfield {
 
-/// The step-size control of the finite-volume solvers: the embedded error estimate of a
-/// step stays below atol + rtol max rho (--rtol, --atol).
+/// The step-size control of the finite-volume solvers (--rtol, --atol): the embedded error
+/// estimate of a step stays below atol + rtol, in radians on the circle (the departure points
+/// of the semi-Lagrangian step), atol + rtol max rho in values on zonal grids.
 struct StepTolerance {
   double rtol = 1e-8;
   double atol = 1e-10;
@@ -62,7 +63,15 @@ struct IsotropicInteraction {
 
 /// d = 3 on the Gauss-Legendre grid of maximal degree L (libsharp): pseudo-spectral, the
 /// interaction diagonal in the degree by the Funk-Hecke theorem.
-std::unique_ptr<DensitySolver> make_sphere_solver(const IsotropicInteraction& interaction, std::size_t max_degree);
+/// With label_model (one token per label node: positions, gauge, values, mask and factor;
+/// presences ignored) one density per node, shape {M_xi, n_theta, n_phi}: the gauge must rotate
+/// about e_3 at every node (rope with one rotating block), so that pair kernels stay diagonal
+/// in the degree and the order m:
+///   X_c(x) = P_x sum_c' A_cc' int w(x, R_cc' y) b (R_cc' y or y) dmu_c'(y),  R_cc' = G_c^T G_c'
+/// (transported or plain values; SA divides by eps_den + the same sum of w), A_cc' the pair's
+/// mask and factor over M_xi.
+std::unique_ptr<DensitySolver> make_sphere_solver(const IsotropicInteraction& interaction, std::size_t max_degree,
+                                                  const Model* label_model = nullptr);
 
 /// Densities of <x, e_1> on S^{d-1} on n_theta polar cells (finite volumes).
 std::unique_ptr<DensitySolver> make_zonal_solver(const IsotropicInteraction& interaction, std::size_t polar_cells,

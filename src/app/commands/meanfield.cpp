@@ -125,7 +125,14 @@ Problem make_problem(const MeanfieldConfig& cfg, int threads) {
     problem.density = meanfield::make_zonal_solver(
         interaction, static_cast<std::size_t>(cfg.grid > 0 ? cfg.grid : 256), {run.rtol, run.atol});
   } else {
-    problem.density = meanfield::make_sphere_solver(interaction, static_cast<std::size_t>(cfg.grid > 0 ? cfg.grid : 32));
+    const std::size_t degree = static_cast<std::size_t>(cfg.grid > 0 ? cfg.grid : 32);
+    try {
+      problem.density = meanfield::make_sphere_solver(interaction, degree, labelled ? &model : nullptr);
+    } catch (const std::invalid_argument& e) {
+      if (!labelled) throw;
+      throw UsageError("--geometry " + run.geometry + ": " + e.what() +
+                       "; S^2 with --label-points takes none or rope with one rotating block (rotations about e_3)");
+    }
   }
   return problem;
 }
@@ -149,10 +156,11 @@ std::vector<double> label_gauge_angles(const Model& label_model) {
 /// polynomial with P_k(1) = 1).
 double perturbation_shape(const meanfield::DensityGrid& grid, std::size_t d, int k, std::size_t point,
                           const std::vector<double>& gauge_angles) {
-  // Circle rows are label nodes and columns angles; S^2 rows are rings (theta) and columns azimuths.
+  // Circle rows are label nodes and columns angles; S^2 rows are rings (theta) and columns
+  // azimuths, after the label node (a block of rings) with labels.
   const bool sphere = grid.kind == meanfield::GridKind::Sphere;
   const std::size_t columns = sphere ? grid.phi.size() : grid.theta.size();
-  const std::size_t row = point / columns, column = point % columns;
+  const std::size_t row = (sphere ? point % (grid.theta.size() * columns) : point) / columns, column = point % columns;
   if (grid.kind == meanfield::GridKind::Circle) return std::cos(k * (grid.theta[column] + gauge_angles[row]));
   std::vector<double> polynomials(std::size_t(k) + 1);
   meanfield::gegenbauer_polynomials(sphere ? 3 : d, std::cos(grid.theta[sphere ? row : column]), polynomials.data(),
@@ -167,7 +175,7 @@ double first_coordinate(const meanfield::DensityGrid& grid, std::size_t point) {
     case meanfield::GridKind::Zonal: return std::cos(grid.theta[point]);
     case meanfield::GridKind::Sphere: {
       const std::size_t columns = grid.phi.size();
-      return std::sin(grid.theta[point / columns]) * std::cos(grid.phi[point % columns]);
+      return std::sin(grid.theta[(point / columns) % grid.theta.size()]) * std::cos(grid.phi[point % columns]);
     }
   }
   return 0.0;
@@ -177,7 +185,7 @@ std::vector<double> initial_density(const MeanfieldConfig& cfg, const meanfield:
                                     const std::vector<double>& gauge_angles) {
   const std::size_t size = grid.size();
   // Each label row (or the whole grid) is one probability density.
-  const std::size_t rows = grid.kind == meanfield::GridKind::Circle && grid.shape.size() == 2 ? grid.shape[0] : 1;
+  const std::size_t rows = grid.labels.empty() ? 1 : grid.shape[0];
   const std::size_t row_size = size / rows;
   std::vector<double> density(size, 1.0);
   if (cfg.init_density == "vmf") {
@@ -257,7 +265,9 @@ void check_resumable(const MeanfieldConfig& cfg) {
 double meanfield_memory_bytes(const MeanfieldConfig& cfg, double grid) {
   const double labels = double(std::max<std::int64_t>(cfg.label_points, 1));
   if (cfg.zonal) return 4.0 * 8.0 * grid * grid;
-  if (cfg.run.d == 3) return 200.0 * (3.0 * grid + 2.0) * (3.0 * grid + 2.0);
+  // S^2: the grid's fields, and per label node about 20 rows of coefficients (L^2 / 2 complex)
+  // and grid values (4.5 L^2).
+  if (cfg.run.d == 3) return 200.0 * (3.0 * grid + 2.0) * (3.0 * grid + 2.0) + labels * 400.0 * grid * grid;
   const double spectra = 3.0 * 16.0 * (2.0 * labels - 1.0) * (grid / 2.0 + 1.0);
   return spectra + 16.0 * 8.0 * labels * grid + 400.0 * labels * grid;
 }
@@ -306,9 +316,6 @@ MeanfieldConfig parse_meanfield_arguments(const std::vector<std::string>& args) 
   if (run.backend != "cpu")
     refuse("backend", run.backend, "mfattn meanfield runs on the cpu (accepted: cpu)");
   if (cfg.zonal && cfg.label_points > 0) refuse("label-points", std::to_string(cfg.label_points), "not with --zonal");
-  if (run.d != 2 && cfg.label_points > 0)
-    refuse("label-points", std::to_string(cfg.label_points),
-           "labels are solved on the circle only (--d 2); S^2 with rope about an axis is not implemented");
   if (run.d > 3 && !cfg.zonal) refuse("d", std::to_string(run.d), "d > 3 needs --zonal (densities of <x, e_1>)");
   if (cfg.evaluation != "auto" && (run.d != 2 || cfg.zonal))
     refuse("evaluation", cfg.evaluation, "chooses the circle's evaluation (--d 2 without --zonal)");
@@ -387,7 +394,7 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
   }
   meanfield::DensitySolver& solver = *problem.density;
   const meanfield::DensityGrid& grid = solver.grid();
-  const bool labelled = grid.kind == meanfield::GridKind::Circle && grid.shape.size() == 2;
+  const bool labelled = !grid.labels.empty();
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   std::unique_ptr<H5mdWriter> writer;

@@ -268,8 +268,11 @@ class DensityFile {
     if (exists("/fields/density/phi")) {
       kind_ = DensityKind::Sphere;
       phi_ = read_all("phi");
-      if (d_ != 3 || shape_.size() != 2 || shape_[0] != theta_.size() || shape_[1] != phi_.size())
-        foreign("is not an S^2 density file (d = 3, value [T, n_theta, n_phi] with theta and phi of those lengths)");
+      const bool labelled = exists("/fields/density/labels");
+      if (d_ != 3 || shape_.size() != (labelled ? 3u : 2u) || shape_[shape_.size() - 2] != theta_.size() ||
+          shape_.back() != phi_.size())
+        foreign("is not an S^2 density file (d = 3, value [T, n_theta, n_phi] or with labels [T, M_xi, n_theta, "
+                "n_phi], theta and phi of those lengths)");
     } else if (zonal) {
       kind_ = DensityKind::Zonal;
       if (shape_.size() != 1 || shape_[0] != theta_.size())
@@ -293,11 +296,13 @@ class DensityFile {
   const std::vector<double>& phi() const { return phi_; }
 
   /// The masses weights * value of one frame, per cell (circle: the theta-marginal, the mean
-  /// of the label rows; sphere: row-major [n_theta, n_phi]), divided by their sum; empty when
-  /// the sum is not a positive finite number.
+  /// of the label rows; sphere: row-major [n_theta, n_phi], with labels also the mean of the
+  /// label rows), divided by their sum; empty when the sum is not a positive finite number.
   std::vector<double> cell_masses(std::size_t frame) const {
     const std::vector<double> values = read_frame(frame);
-    const std::size_t columns = kind_ == DensityKind::Circle ? shape_.back() : grid_size_;
+    const std::size_t columns = kind_ == DensityKind::Circle   ? shape_.back()
+                                : kind_ == DensityKind::Sphere ? theta_.size() * phi_.size()
+                                                               : grid_size_;
     std::vector<double> mass(columns, 0.0);
     for (std::size_t i = 0; i < grid_size_; ++i) mass[i % columns] += weights_[i] * values[i];
     double total = 0.0;
