@@ -10,10 +10,6 @@ namespace mfattn::meanfield {
 TransportSolver::TransportSolver(CellLine line, std::size_t rows, double noise_kappa, StepTolerance tolerance)
     : line_(std::move(line)), rows_(rows), kappa_(noise_kappa), tolerance_(tolerance) {}
 
-double TransportSolver::step(std::vector<double>& density, double max_step) {
-  return line_.periodic ? remap_step(density, max_step) : finite_volume_step(density, max_step);
-}
-
 namespace {
 
 constexpr int kMaxAttempts = 200;
@@ -40,7 +36,7 @@ double velocity_at(const double* v, std::size_t m, double u) {
 
 }  // namespace
 
-double TransportSolver::remap_step(std::vector<double>& density, double max_step) {
+double TransportSolver::step(std::vector<double>& density, double max_step) {
   double dt = std::min(max_step, next_step_);
   bool start_velocity_known = false;
   for (int attempt = 0;; ++attempt) {
@@ -50,80 +46,53 @@ double TransportSolver::remap_step(std::vector<double>& density, double max_step
     if (kappa_ > 0.0) heat(start_, 0.5 * dt);
     if (!start_velocity_known || kappa_ > 0.0) face_velocity(start_, v0_);
     start_velocity_known = true;
-    if (!departures(dt, v0_, v0_)) {
-      dt *= 0.5;
+    const Attempt tried = line_.periodic ? remap_attempt(dt) : finite_volume_attempt(dt);
+    if (tried.result == nullptr) {
+      dt = tried.retry;
       continue;
     }
-    remap(start_, stage_);
-    predicted_feet_.swap(depart_);
-    face_velocity(stage_, v1_);
-    if (!departures(dt, v1_, v0_)) {
-      dt *= 0.5;
-      continue;
-    }
-    remap(start_, k1_);
-    // The error of the step is the error of the characteristics: the feet move like particles
-    // (radians, the particles' atol + rtol |x| with |x| = 1).
-    double foot_error = 0.0;
-    for (std::size_t i = 0; i < depart_.size(); ++i) foot_error = std::max(foot_error, std::abs(depart_[i] - predicted_feet_[i]));
-    const double ratio = foot_error * line_.cell_measure[0] / (tolerance_.atol + tolerance_.rtol);
-    if (!(ratio <= 1.0)) {
-      dt *= shrink(ratio);
-      continue;
-    }
-    accept(density, k1_, dt, ratio);
+    density = *tried.result;
+    if (kappa_ > 0.0) heat(density, 0.5 * dt);
+    next_step_ = dt * std::min(5.0, 0.9 / std::sqrt(std::max(tried.ratio, 1e-12)));
     return dt;
   }
 }
 
-double TransportSolver::finite_volume_step(std::vector<double>& density, double max_step) {
-  double dt = std::min(max_step, next_step_);
-  bool start_velocity_known = false;
-  for (int attempt = 0;; ++attempt) {
-    if (attempt > kMaxAttempts) no_step_found(dt);
-    start_ = density;
-    if (kappa_ > 0.0) heat(start_, 0.5 * dt);
-    if (!start_velocity_known || kappa_ > 0.0) face_velocity(start_, v0_);
-    start_velocity_known = true;
-    const double bound = positive_step(v0_);
-    if (dt > 0.8 * bound) {
-      dt = 0.8 * bound;
-      continue;
-    }
-    transport(start_, v0_, k1_);
-    stage_.resize(start_.size());
-    for (std::size_t i = 0; i < start_.size(); ++i) stage_[i] = start_[i] + dt * k1_[i];
-    face_velocity(stage_, v1_);
-    if (dt > positive_step(v1_)) {
-      dt *= 0.5;
-      continue;
-    }
-    transport(stage_, v1_, k2_);
-    // The Heun result in k2_; the Euler stage is stage_.
-    for (std::size_t i = 0; i < start_.size(); ++i) k2_[i] = start_[i] + 0.5 * dt * (k1_[i] + k2_[i]);
-    const double ratio = error_ratio(stage_, k2_);
-    if (!(ratio <= 1.0)) {
-      dt *= shrink(ratio);
-      continue;
-    }
-    accept(density, k2_, dt, ratio);
-    return dt;
-  }
+TransportSolver::Attempt TransportSolver::remap_attempt(double dt) {
+  if (!departures(dt, v0_, v0_)) return {nullptr, 0.0, 0.5 * dt};
+  remap(start_, stage_);
+  predicted_feet_.swap(depart_);
+  face_velocity(stage_, v1_);
+  if (!departures(dt, v1_, v0_)) return {nullptr, 0.0, 0.5 * dt};
+  remap(start_, k1_);
+  // The error of the step is the error of the characteristics: the feet move like particles
+  // (radians, the particles' atol + rtol |x| with |x| = 1).
+  double foot_error = 0.0;
+  for (std::size_t i = 0; i < depart_.size(); ++i) foot_error = std::max(foot_error, std::abs(depart_[i] - predicted_feet_[i]));
+  const double ratio = foot_error * line_.cell_measure[0] / (tolerance_.atol + tolerance_.rtol);
+  if (!(ratio <= 1.0)) return {nullptr, ratio, dt * shrink(ratio)};
+  return {&k1_, ratio, dt};
 }
 
-double TransportSolver::error_ratio(const std::vector<double>& low, const std::vector<double>& high) const {
+TransportSolver::Attempt TransportSolver::finite_volume_attempt(double dt) {
+  const double bound = positive_step(v0_);
+  if (dt > 0.8 * bound) return {nullptr, 0.0, 0.8 * bound};
+  transport(start_, v0_, k1_);
+  stage_.resize(start_.size());
+  for (std::size_t i = 0; i < start_.size(); ++i) stage_[i] = start_[i] + dt * k1_[i];
+  face_velocity(stage_, v1_);
+  if (dt > positive_step(v1_)) return {nullptr, 0.0, 0.5 * dt};
+  transport(stage_, v1_, k2_);
+  // The Heun result in k2_; the Euler stage is stage_.
+  for (std::size_t i = 0; i < start_.size(); ++i) k2_[i] = start_[i] + 0.5 * dt * (k1_[i] + k2_[i]);
   double error = 0.0, largest = 0.0;
   for (std::size_t i = 0; i < start_.size(); ++i) {
-    error = std::max(error, std::abs(high[i] - low[i]));
+    error = std::max(error, std::abs(k2_[i] - stage_[i]));
     largest = std::max(largest, std::abs(start_[i]));
   }
-  return error / (tolerance_.atol + tolerance_.rtol * largest);
-}
-
-void TransportSolver::accept(std::vector<double>& density, const std::vector<double>& result, double dt, double ratio) {
-  density = result;
-  if (kappa_ > 0.0) heat(density, 0.5 * dt);
-  next_step_ = dt * std::min(5.0, 0.9 / std::sqrt(std::max(ratio, 1e-12)));
+  const double ratio = error / (tolerance_.atol + tolerance_.rtol * largest);
+  if (!(ratio <= 1.0)) return {nullptr, ratio, dt * shrink(ratio)};
+  return {&k2_, ratio, dt};
 }
 
 bool TransportSolver::departures(double dt, const std::vector<double>& v_end, const std::vector<double>& v_start) {

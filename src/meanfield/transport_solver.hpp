@@ -47,12 +47,15 @@ class TransportSolver : public DensitySolver {
   double noise_kappa() const { return kappa_; }
 
  private:
-  double remap_step(std::vector<double>& density, double max_step);
-  double finite_volume_step(std::vector<double>& density, double max_step);
-  /// Accepts a step whose error estimate is ratio times the tolerance: density <- result
-  /// with the closing half step of heat, and the next step's size.
-  void accept(std::vector<double>& density, const std::vector<double>& result, double dt, double ratio);
-  double error_ratio(const std::vector<double>& low, const std::vector<double>& high) const;
+  /// One try at a step of dt from start_ (whose velocity is v0_): the result and its error
+  /// ratio when accepted, else result null and the step to try next.
+  struct Attempt {
+    const std::vector<double>* result;
+    double ratio;
+    double retry;
+  };
+  Attempt remap_attempt(double dt);
+  Attempt finite_volume_attempt(double dt);
   /// The departure points of every row's faces over dt (cell units) by Heun's rule back in
   /// time: v_end at the arrival, v_start at the first guess of the foot. False when they are
   /// out of order somewhere (the step is too long).
