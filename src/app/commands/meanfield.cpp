@@ -44,7 +44,8 @@ po::options_description meanfield_options(MeanfieldConfig& c) {
       ("grid", po::value(&c.grid)->default_value(0, "256, 32 or 256"),
        "circle cells M (d = 2), the maximal degree L (d = 3), or polar cells (--zonal); >= 4")
       ("label-points", po::value(&c.label_points)->default_value(0),
-       "label nodes M_xi (d = 2, --positions uniform): one conditional density per node; 0 = no labels")
+       "label nodes M_xi (d = 2, or d = 3 with rope about e_3; --positions uniform): one conditional density per "
+       "node; 0 = no labels")
       ("init-density", po::value(&c.init_density)->default_value("uniform"),
        "uniform | vmf (exp(kappa <x, e_1>)) | FILE of the grid's values (normalised)")
       ("init-kappa", po::value(&c.init_kappa)->default_value(1.0), "vmf concentration, finite")
@@ -358,8 +359,9 @@ std::string meanfield_usage() {
   po::options_description table = meanfield_options(defaults);
   text << "usage: mfattn meanfield [--config FILE] [options] --out FILE.h5\n"
           "  the mean-field (density) equation of the model mfattn run simulates (docs/meanfield.md):\n"
-          "  d = 2 on the circle (any Q, K, V; labels with --label-points), d = 3 on S^2 and any d with\n"
-          "  --zonal (Q^T K and V multiples of I). It takes these run options (mfattn run --help):\n  ";
+          "  d = 2 on the circle (any Q, K, V; labels with --label-points), d = 3 on S^2 (labels with rope\n"
+          "  about e_3) and any d with --zonal (Q^T K and V multiples of I). It takes these run options\n"
+          "  (mfattn run --help):\n  ";
   for (std::size_t i = 0; i < kMeanfieldRunOptions.size(); ++i)
     text << "--" << kMeanfieldRunOptions[i] << (i + 1 < kMeanfieldRunOptions.size() ? (i % 8 == 7 ? "\n  " : " ") : "\n");
   text << table;
