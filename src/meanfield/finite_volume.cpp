@@ -55,43 +55,50 @@ double positive_transport_step(const CellLine& line, const double* v) {
   return step;
 }
 
-void remap_periodic(const CellLine& line, const double* f, const double* depart, double* out) {
+void remap_periodic(const CellLine& line, const double* f, const double* shift, double* out) {
   const std::size_t m = line.cells;
-  thread_local std::vector<double> delta, prefix;
+  const auto cells = static_cast<long long>(m);
+  thread_local std::vector<double> delta, prefix, flux;
   delta.resize(m);
   prefix.resize(m + 1);
+  flux.resize(m);
   prefix[0] = 0.0;
   for (std::size_t a = 0; a < m; ++a) {
     delta[a] = half_slope(line, f, a);
     prefix[a + 1] = prefix[a] + f[a];
   }
-  const auto wrap = [m](double cell) {
-    const auto whole = static_cast<long long>(cell) % static_cast<long long>(m);
-    return static_cast<std::size_t>(whole < 0 ? whole + static_cast<long long>(m) : whole);
+  const auto wrap = [cells](long long cell) {
+    const long long index = cell % cells;
+    return static_cast<std::size_t>(index < 0 ? index + cells : index);
   };
   // The sum of count whole cells from cell first on (>= 0: differences of a non-decreasing
   // prefix sum).
   const auto whole_cells = [&](std::size_t first, long long count) {
-    double sum = double(count / static_cast<long long>(m)) * prefix[m];
-    const std::size_t rest = static_cast<std::size_t>(count % static_cast<long long>(m));
+    double sum = double(count / cells) * prefix[m];
+    const std::size_t rest = static_cast<std::size_t>(count % cells);
     if (first + rest <= m) return sum + (prefix[first + rest] - prefix[first]);
     return sum + (prefix[m] - prefix[first]) + prefix[first + rest - m];
   };
+  // flux[a]: the mass through face a + 1/2 (at u = a + 1) over the step, the mass between the
+  // face and its foot (> 0 rightwards). It is formed from the piece lengths themselves, so a
+  // shift of 1e-12 cells gives its flux to full precision.
   for (std::size_t a = 0; a < m; ++a) {
-    // depart[-1] is depart[M-1] one period back.
-    const double from = a > 0 ? depart[a - 1] : depart[m - 1] - double(m), to = depart[a];
-    const double from_cell = std::floor(from), to_cell = std::floor(to);
-    const double s0 = from - from_cell, s1 = to - to_cell;
-    const std::size_t b0 = wrap(from_cell), b1 = wrap(to_cell);
-    double value;
-    if (from_cell == to_cell) {
-      value = (s1 - s0) * (f[b0] + delta[b0] * (s0 + s1 - 1.0));
+    const long long face = static_cast<long long>(a) + 1;
+    const double length = std::abs(shift[a]), whole = std::floor(length), part = length - whole;
+    const auto crossed = static_cast<long long>(whole);
+    if (shift[a] >= 0.0) {
+      // Cells face - 1 .. face - crossed whole, and the right part of cell face - crossed - 1.
+      const std::size_t partial = wrap(face - crossed - 1);
+      flux[a] = whole_cells(wrap(face - crossed), crossed) + part * (f[partial] + delta[partial] * (1.0 - part));
     } else {
-      value = (1.0 - s0) * (f[b0] + delta[b0] * s0) + s1 * (f[b1] + delta[b1] * (s1 - 1.0)) +
-              whole_cells((b0 + 1) % m, static_cast<long long>(to_cell - from_cell) - 1);
+      // Cells face .. face + crossed - 1 whole, and the left part of cell face + crossed.
+      const std::size_t partial = wrap(face + crossed);
+      flux[a] = -(whole_cells(wrap(face), crossed) + part * (f[partial] - delta[partial] * (1.0 - part)));
     }
-    out[a] = std::max(value, 0.0);
   }
+  // The new value of cell a is the mass between the feet of its faces: f_a + inflow - outflow
+  // (>= 0 up to rounding, which the cut to 0 removes).
+  for (std::size_t a = 0; a < m; ++a) out[a] = std::max(f[a] + flux[a > 0 ? a - 1 : m - 1] - flux[a], 0.0);
 }
 
 }  // namespace mfattn::meanfield

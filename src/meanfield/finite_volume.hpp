@@ -32,12 +32,16 @@ void transport_rate(const CellLine& line, const double* f, const double* v, doub
 double positive_transport_step(const CellLine& line, const double* v);
 
 /// The flux-form semi-Lagrangian step of a periodic line of equal cells (docs/meanfield.md,
-/// "Time steps"): face a + 1/2 sits at u = a + 1 in cell units and departs from depart[a]
-/// (unwrapped, increasing in a, depart[M-1] - depart[-1 + M] spans one period); the new value
-/// of cell a is the mass that the reconstruction f_b + delta_b (2 s - 1) (s in [0, 1] across
-/// cell b, the cut slopes of transport_rate) puts between depart[a - 1] and depart[a], over h.
-/// Each piece is >= 0, so out >= 0 exactly; the pieces of a cell add up to its mass, so the
-/// total is kept to rounding. Its dt -> 0 limit is transport_rate's upwind flux.
-void remap_periodic(const CellLine& line, const double* f, const double* depart, double* out);
+/// "Time steps"). In cell units cell a is [a, a + 1) and face a + 1/2 sits at u = a + 1; its foot
+/// is a + 1 - shift[a] (shift > 0: the foot lies to the left; the feet must be in order). The
+/// flux through a face is the mass that the reconstruction f_b + delta_b (2 s - 1) (s in [0, 1)
+/// across cell b, the cut slopes of transport_rate) puts between the face and its foot, and
+/// out_a = f_a + flux_{a-1/2} - flux_{a+1/2}: the mass between the feet of cell a's faces, >= 0
+/// (values of order 1e-17 below 0 from rounding are cut to 0); the total is kept to rounding;
+/// the dt -> 0 limit is transport_rate's upwind flux. The shifts, not the feet, are the input
+/// and the fluxes are formed from them: a small perturbation's shift of 1e-12 cells keeps its
+/// flux to full precision (a foot's position near u = 4096 carries 4.5e-13 cells of rounding,
+/// and a difference of two near-equal masses loses the flux's digits).
+void remap_periodic(const CellLine& line, const double* f, const double* shift, double* out);
 
 }  // namespace mfattn::meanfield

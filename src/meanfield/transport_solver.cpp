@@ -61,14 +61,14 @@ double TransportSolver::step(std::vector<double>& density, double max_step) {
 TransportSolver::Attempt TransportSolver::remap_attempt(double dt) {
   if (!departures(dt, v0_, v0_)) return {nullptr, 0.0, 0.5 * dt};
   remap(start_, stage_);
-  predicted_feet_.swap(depart_);
+  predicted_shift_.swap(shift_);
   face_velocity(stage_, v1_);
   if (!departures(dt, v1_, v0_)) return {nullptr, 0.0, 0.5 * dt};
   remap(start_, k1_);
   // The error of the step is the error of the characteristics: the feet move like particles
   // (radians, the particles' atol + rtol |x| with |x| = 1).
   double foot_error = 0.0;
-  for (std::size_t i = 0; i < depart_.size(); ++i) foot_error = std::max(foot_error, std::abs(depart_[i] - predicted_feet_[i]));
+  for (std::size_t i = 0; i < shift_.size(); ++i) foot_error = std::max(foot_error, std::abs(shift_[i] - predicted_shift_[i]));
   const double ratio = foot_error * line_.cell_measure[0] / (tolerance_.atol + tolerance_.rtol);
   if (!(ratio <= 1.0)) return {nullptr, ratio, dt * shrink(ratio)};
   return {&k1_, ratio, dt};
@@ -97,18 +97,20 @@ TransportSolver::Attempt TransportSolver::finite_volume_attempt(double dt) {
 
 bool TransportSolver::departures(double dt, const std::vector<double>& v_end, const std::vector<double>& v_start) {
   const std::size_t m = line_.cells;
-  const double h = line_.cell_measure[0], reach = dt / h;
-  depart_.resize(rows_ * m);
+  const double reach = dt / line_.cell_measure[0];
+  shift_.resize(rows_ * m);
   for (std::size_t r = 0; r < rows_; ++r) {
     const double *end = v_end.data() + r * m, *start = v_start.data() + r * m;
-    double* foot = depart_.data() + r * m;
+    double* shift = shift_.data() + r * m;
     for (std::size_t a = 0; a < m; ++a) {
-      const double face = double(a + 1), first_guess = face - reach * end[a];
-      foot[a] = face - 0.5 * reach * (end[a] + velocity_at(start, m, first_guess));
+      const double first_guess = double(a + 1) - reach * end[a];
+      shift[a] = 0.5 * reach * (end[a] + velocity_at(start, m, first_guess));
     }
-    if (!(foot[0] > foot[m - 1] - double(m))) return false;
+    // The feet a + 1 - shift[a] in order: 1 + shift[a - 1] - shift[a] > 0 (the first face's
+    // left neighbour is the last face, one period back).
+    if (!(1.0 + shift[m - 1] - shift[0] > 0.0)) return false;
     for (std::size_t a = 1; a < m; ++a)
-      if (!(foot[a] > foot[a - 1])) return false;
+      if (!(1.0 + shift[a - 1] - shift[a] > 0.0)) return false;
   }
   return true;
 }
@@ -116,7 +118,7 @@ bool TransportSolver::departures(double dt, const std::vector<double>& v_end, co
 void TransportSolver::remap(const std::vector<double>& density, std::vector<double>& out) const {
   out.resize(density.size());
   const std::size_t m = line_.cells;
-  for (std::size_t r = 0; r < rows_; ++r) remap_periodic(line_, density.data() + r * m, depart_.data() + r * m, out.data() + r * m);
+  for (std::size_t r = 0; r < rows_; ++r) remap_periodic(line_, density.data() + r * m, shift_.data() + r * m, out.data() + r * m);
 }
 
 void TransportSolver::rate(const std::vector<double>& density, std::vector<double>& out) {

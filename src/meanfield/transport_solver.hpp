@@ -56,9 +56,9 @@ class TransportSolver : public DensitySolver {
   };
   Attempt remap_attempt(double dt);
   Attempt finite_volume_attempt(double dt);
-  /// The departure points of every row's faces over dt (cell units) by Heun's rule back in
-  /// time: v_end at the arrival, v_start at the first guess of the foot. False when they are
-  /// out of order somewhere (the step is too long).
+  /// How far back (cells) every row's faces depart over dt, into shift_, by Heun's rule back
+  /// in time: v_end at the arrival, v_start at the first guess of the foot. False when the
+  /// feet are out of order somewhere (the step is too long).
   bool departures(double dt, const std::vector<double>& v_end, const std::vector<double>& v_start);
   void remap(const std::vector<double>& density, std::vector<double>& out) const;
   void transport(const std::vector<double>& density, const std::vector<double>& v, std::vector<double>& out) const;
@@ -69,7 +69,7 @@ class TransportSolver : public DensitySolver {
   double kappa_;
   StepTolerance tolerance_;
   double next_step_ = std::numeric_limits<double>::infinity();
-  std::vector<double> start_, stage_, k1_, k2_, v0_, v1_, depart_, predicted_feet_;
+  std::vector<double> start_, stage_, k1_, k2_, v0_, v1_, shift_, predicted_shift_;
 };
 
 }  // namespace mfattn::meanfield

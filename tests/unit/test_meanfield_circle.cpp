@@ -231,6 +231,32 @@ TEST(MeanfieldCircle, TheStepCrossesManyCellsAndKeepsMassAndSign) {
   std::printf("[semi-Lagrangian] %d steps to t = 4 at M = 4096, shortest %.2e (h = %.2e)\n", steps, shortest, h);
 }
 
+// A slow mode of a 1e-6 perturbation (SA, k = 8, beta = 1: gamma = 5.0e-6) grows in a solve,
+// frames of 0.025 as the command takes them, at the rate of the semi-discrete operator: the
+// semi-Lagrangian step forms each face's flux from its shift, so a shift of 1e-12 cells keeps
+// its digits (fluxes from the feet's positions near u = 4096 were off by 2.8e-4 of this rate).
+TEST(MeanfieldCircle, ASlowModeGrowsAtTheRateOfTheOperator) {
+  Model model = circle_model(1.0, Normalization::Sa);
+  CircleOptions options;
+  options.angles = 4096;
+  options.tolerance = {1e-11, 1e-17};
+  auto solver = make_circle_solver(model, options);
+  const std::vector<double> mode = circle_mode(*solver, 8);
+  const double operator_rate = measured_rate(*solver, mode, 1e-6);
+  std::vector<double> density;
+  for (double value : mode) density.push_back(1.0 / (2.0 * kPi) + 1e-6 * value);
+  const double start = solver->observe(density).modes[7];
+  double t = 0.0;
+  for (int frame = 1; frame <= 20; ++frame) {
+    solver->reset_step_control();
+    while (t < 0.025 * frame - 1e-15) t += solver->step(density, 0.025 * frame - t);
+  }
+  const double evolved_rate = std::log(solver->observe(density).modes[7] / start) / t;
+  EXPECT_NEAR(evolved_rate, operator_rate, 3e-5 * std::abs(operator_rate));
+  std::printf("[slow mode] k = 8: rate %.6e from the operator, %.6e from the solve (relative %.1e)\n", operator_rate,
+              evolved_rate, std::abs(evolved_rate / operator_rate - 1.0));
+}
+
 TEST(MeanfieldCircle, RopeWithTransportedValuesIsTheLabelFreeSolutionInTheGaugeCoordinate) {
   // rho_xi(theta) = g(theta + xi) at t = 0 stays so, g the label-free solution: in psi = theta
   // + omega xi the score and the transported value depend on psi' - psi only, and the
