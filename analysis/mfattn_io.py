@@ -62,7 +62,8 @@ Density files (``mfattn meanfield``, docs/output.md) have /fields/density and no
 ``load`` returns a :class:`Density` for them (``replica`` must then be None):
 
     /fields/density/value      [T, M] circle (d = 2), [T, M_xi, M] circle with labels,
-                               [T, n_theta, n_phi] sphere (d = 3), [T, n_theta] zonal
+                               [T, n_theta, n_phi] sphere (d = 3), [T, M_xi, n_theta, n_phi]
+                               sphere with labels, [T, n_theta] zonal
     /fields/density/{time, step} [T]
     /fields/density/theta      cell centres 2 pi a / M (circle); polar cell centres from e_1
                                (zonal); Gauss-Legendre polar nodes from e_3 (sphere)

@@ -66,12 +66,13 @@ def main() -> None:
     if args.dry_run:
         return
 
-    def density_options(grid: int, rtol: list = []) -> list:
+    def density_options(grid: int, rtol: tuple = ()) -> list:
         return ["meanfield", "--d", 2, "--beta", args.beta, "--kernel", "usa", "--grid", grid,
-                "--init-density", "vmf", "--init-kappa", args.init_kappa, "--horizon", T, "--save-every", T / 4] + rtol
+                "--init-density", "vmf", "--init-kappa", args.init_kappa, "--horizon", T, "--save-every", T / 4,
+                *rtol]
 
     reference_file = paths.runs / f"density_M{args.reference_grid}_rtol{args.reference_rtol:g}.h5"
-    mf.mfattn(density_options(args.reference_grid, ["--rtol", args.reference_rtol]), reference_file, reuse=args.reuse, threads=args.threads)
+    mf.mfattn(density_options(args.reference_grid, ("--rtol", args.reference_rtol)), reference_file, reuse=args.reuse, threads=args.threads)
     reference = mf.Density(reference_file)
     print(f"reference M = {args.reference_grid} done ({clock})", flush=True)
     ref0, ref_end = mf.density_measure(reference, 0), mf.density_measure(reference, reference.frame_at(T))

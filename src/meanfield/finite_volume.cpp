@@ -71,9 +71,15 @@ void remap_periodic(const CellLine& line, const double* f, const double* shift, 
     const long long index = cell % cells;
     return static_cast<std::size_t>(index < 0 ? index + cells : index);
   };
-  // The sum of count whole cells from cell first on (>= 0: differences of a non-decreasing
-  // prefix sum).
+  // The sum of count whole cells from cell first on, >= 0: a few cells added directly (their
+  // own rounding), more as differences of the non-decreasing prefix sum (rounding of the
+  // total's size).
   const auto whole_cells = [&](std::size_t first, long long count) {
+    if (count <= 8) {
+      double sum = 0.0;
+      for (long long j = 0; j < count; ++j) sum += f[(first + static_cast<std::size_t>(j)) % m];
+      return sum;
+    }
     double sum = double(count / cells) * prefix[m];
     const std::size_t rest = static_cast<std::size_t>(count % cells);
     if (first + rest <= m) return sum + (prefix[first + rest] - prefix[first]);

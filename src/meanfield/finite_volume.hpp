@@ -37,7 +37,9 @@ double positive_transport_step(const CellLine& line, const double* v);
 /// flux through a face is the mass that the reconstruction f_b + delta_b (2 s - 1) (s in [0, 1)
 /// across cell b, the cut slopes of transport_rate) puts between the face and its foot, and
 /// out_a = f_a + flux_{a-1/2} - flux_{a+1/2}: the mass between the feet of cell a's faces, >= 0
-/// (values of order 1e-17 below 0 from rounding are cut to 0); the total is kept to rounding;
+/// (values below 0 by rounding are cut to 0: ~1e-17 when the feet stay within eight cells of
+/// their faces, up to 1e-16 of the row's total across longer shifts, whose whole cells come
+/// from the prefix sum); the total is kept to that rounding;
 /// the dt -> 0 limit is transport_rate's upwind flux. The shifts, not the feet, are the input
 /// and the fluxes are formed from them: a small perturbation's shift of 1e-12 cells keeps its
 /// flux to full precision (a foot's position near u = 4096 carries 4.5e-13 cells of rounding,

@@ -144,11 +144,12 @@ class SphereSolver final : public DensitySolver {
   double labelled_drift(const std::vector<Complex>& a, std::vector<Complex>& out);
   /// out (coefficients) = the spin-1 divergence part of (flux_theta, flux_phi): -div F.
   void minus_divergence(Complex* out);
-  /// out = sum_c' A_cc' kernel_l e^{-i m gamma} sum_s mix(gamma)[s] source_c',s for receiver
-  /// row c, gamma = alpha_c' - alpha_c: source row c' has its slots s = 0..slots-1 of count_
-  /// coefficients each at sources + (c' slots + s) count_.
-  template <class Mix>
-  void rotated_sum(std::size_t c, const Complex* sources, std::size_t slots, Mix mix, Complex* out);
+  /// The sums over source nodes c' of receiver node c, in one pass over the coefficients:
+  ///   density_sum = sum_c' A_cc' kernel_l e^{-i m gamma} rho_c'                       (if not null)
+  ///   field_k     = sum_c' A_cc' kernel_l e^{-i m gamma} (R(gamma) or I) (y rho_c')_k  (if not null)
+  /// gamma = alpha_c' - alpha_c; sources holds per node `slots` blocks of count_ coefficients
+  /// (rho, then y_1 rho, y_2 rho, y_3 rho when slots = 4); field is 3 blocks.
+  void receiver_sums(std::size_t c, const Complex* sources, std::size_t slots, Complex* density_sum, Complex* field);
   void diffuse(std::vector<Complex>& a, double time) const;
   bool labelled() const { return !labels_.rotation.empty(); }
 
@@ -169,7 +170,7 @@ class SphereSolver final : public DensitySolver {
   std::vector<double> multiplicity_;  // m = 0: 1; m > 0: 2 (a_{l,-m} = (-1)^m conj a_lm)
   // Scratch, sized once.
   std::vector<Complex> a_, k_, stage_, potential_, kernel_, e_, b_, moments_, phase_;
-  std::vector<double> rho_, x_theta_, x_phi_, denominator_, cartesian_[3];
+  std::vector<double> rho_, x_theta_, x_phi_, denominator_, cartesian_[3], row_values_;
   std::vector<double> cos_theta_, sin_theta_, cos_phi_, sin_phi_;
 };
 
@@ -239,11 +240,13 @@ SphereSolver::SphereSolver(const IsotropicInteraction& interaction, std::size_t 
   for (int m = 0; m <= max_degree_; ++m)
     for (int l = m; l <= max_degree_; ++l) order_[static_cast<std::size_t>(sharp_alm_index(alm_.get(), l, m))] = m;
   for (auto* v : {&a_, &k_, &stage_}) v->assign(rows_ * count, Complex{});
-  for (auto* v : {&potential_, &kernel_, &e_, &b_}) v->assign(4 * count, Complex{});
+  potential_.assign(3 * count, Complex{});  // the labelled field's 3 components
+  for (auto* v : {&kernel_, &e_, &b_}) v->assign(count, Complex{});
   for (auto* v : {&rho_, &x_theta_, &x_phi_, &denominator_, &cartesian_[0], &cartesian_[1], &cartesian_[2]})
     v->assign(points_, 0.0);
   if (labelled()) {
     moments_.assign(rows_ * 4 * count, Complex{});
+    row_values_.assign(rows_ * points_, 0.0);
     phase_.assign(static_cast<std::size_t>(max_degree_) + 1, Complex{});
     for (std::size_t i = 0; i < n_theta; ++i) {
       cos_theta_.push_back(std::cos(grid_.theta[i]));
@@ -338,68 +341,67 @@ double SphereSolver::isotropic_drift(const std::vector<Complex>& a, std::vector<
   return std::sqrt(max_speed2);
 }
 
-template <class Mix>
-void SphereSolver::rotated_sum(std::size_t c, const Complex* sources, std::size_t slots, Mix mix, Complex* out) {
-  std::fill_n(out, count_, Complex{});
+void SphereSolver::receiver_sums(std::size_t c, const Complex* sources, std::size_t slots, Complex* density_sum,
+                                 Complex* field) {
+  if (density_sum != nullptr) std::fill_n(density_sum, count_, Complex{});
+  if (field != nullptr) std::fill_n(field, 3 * count_, Complex{});
+  const bool transported = labels_.transported;
   for (std::size_t c2 = 0; c2 < rows_; ++c2) {
     const double weight = labels_.weights[c * rows_ + c2];
     if (weight == 0.0) continue;
     const double gamma = labels_.rotation[c2] - labels_.rotation[c];
-    const auto share = mix(gamma);
-    // e^{-i m gamma} per order m, and the pair's factor per degree l.
-    for (std::size_t m = 0; m < phase_.size(); ++m) phase_[m] = std::polar(1.0, -double(m) * gamma);
-    for (std::size_t slot = 0; slot < slots; ++slot) {
-      if (share[slot] == 0.0) continue;
-      const double scale = weight * share[slot];
-      const Complex* source = sources + (c2 * slots + slot) * count_;
-      for (std::size_t i = 0; i < count_; ++i)
-        out[i] += scale * factors_.kernel[static_cast<std::size_t>(degree_[i])] *
-                  (phase_[static_cast<std::size_t>(order_[i])] * source[i]);
+    // weight e^{-i m gamma} per order m (the pair's rotation about e_3 is diagonal in m).
+    for (std::size_t m = 0; m < phase_.size(); ++m) phase_[m] = weight * std::polar(1.0, -double(m) * gamma);
+    const Complex* rho = sources + c2 * slots * count_;
+    if (density_sum != nullptr)
+      for (std::size_t i = 0; i < count_; ++i) density_sum[i] += phase_[static_cast<std::size_t>(order_[i])] * rho[i];
+    if (field == nullptr) continue;
+    // (R(gamma) y)_1 = cos y_1 - sin y_2, (R(gamma) y)_2 = sin y_1 + cos y_2 for transported values.
+    const double cg = transported ? std::cos(gamma) : 1.0, sg = transported ? std::sin(gamma) : 0.0;
+    const Complex *y1 = rho + count_, *y2 = y1 + count_, *y3 = y2 + count_;
+    Complex *f1 = field, *f2 = field + count_, *f3 = field + 2 * count_;
+    for (std::size_t i = 0; i < count_; ++i) {
+      const Complex phase = phase_[static_cast<std::size_t>(order_[i])];
+      const Complex a1 = phase * y1[i], a2 = phase * y2[i];
+      f1[i] += cg * a1 - sg * a2;
+      f2[i] += sg * a1 + cg * a2;
+      f3[i] += phase * y3[i];
     }
+  }
+  // kernel_l does not depend on the source: applied once.
+  for (std::size_t i = 0; i < count_; ++i) {
+    const double kernel = factors_.kernel[static_cast<std::size_t>(degree_[i])];
+    if (density_sum != nullptr) density_sum[i] *= kernel;
+    if (field != nullptr)
+      for (std::size_t k = 0; k < 3; ++k) field[k * count_ + i] *= kernel;
   }
 }
 
 double SphereSolver::labelled_drift(const std::vector<Complex>& a, std::vector<Complex>& out) {
   const bool usa = interaction_.usa;
   const std::size_t n_phi = grid_.phi.size(), stride = 4 * count_;  // a source row's slots
-  // Per source row: the coefficients of rho (slot 0) and of y_k rho (slots 1..3).
+  // Per source row: its values (kept for its own flux below) and the coefficients of rho
+  // (slot 0) and of y_k rho (slots 1..3).
   for (std::size_t c2 = 0; c2 < rows_; ++c2) {
     Complex* moments = moments_.data() + c2 * stride;
     std::copy_n(a.data() + c2 * count_, count_, moments);
-    synthesise(a.data() + c2 * count_, rho_.data());
+    double* rho = row_values_.data() + c2 * points_;
+    synthesise(a.data() + c2 * count_, rho);
     for (std::size_t p = 0; p < points_; ++p) {
       const std::size_t ring = p / n_phi, column = p % n_phi;
-      cartesian_[0][p] = rho_[p] * sin_theta_[ring] * cos_phi_[column];
-      cartesian_[1][p] = rho_[p] * sin_theta_[ring] * sin_phi_[column];
-      cartesian_[2][p] = rho_[p] * cos_theta_[ring];
+      cartesian_[0][p] = rho[p] * sin_theta_[ring] * cos_phi_[column];
+      cartesian_[1][p] = rho[p] * sin_theta_[ring] * sin_phi_[column];
+      cartesian_[2][p] = rho[p] * cos_theta_[ring];
     }
     for (std::size_t k = 0; k < 3; ++k) analyse(cartesian_[k].data(), moments + (k + 1) * count_);
   }
   double max_speed2 = 0;
   for (std::size_t c = 0; c < rows_; ++c) {
-    // F_k (k = 0..2) in potential_'s slots, D in kernel_. The slots of a source row: rho,
-    // y_1 rho, y_2 rho, y_3 rho; a transported value R(gamma) y mixes y_1 and y_2.
-    const bool transported = labels_.transported;
-    for (std::size_t k = 0; k < 3; ++k) {
-      Complex* field = potential_.data() + k * count_;
-      rotated_sum(c, moments_.data(), 4, [&](double gamma) {
-        std::array<double, 4> share{0.0, 0.0, 0.0, 0.0};
-        if (transported && k < 2) {
-          share[1] = k == 0 ? std::cos(gamma) : std::sin(gamma);
-          share[2] = k == 0 ? -std::sin(gamma) : std::cos(gamma);
-        } else {
-          share[k + 1] = 1.0;
-        }
-        return share;
-      }, field);
-      synthesise(field, cartesian_[k].data());
-    }
-    if (!usa) {
-      rotated_sum(c, moments_.data(), 4, [](double) { return std::array<double, 4>{1.0, 0.0, 0.0, 0.0}; },
-                  kernel_.data());
-      synthesise(kernel_.data(), denominator_.data());
-    }
-    synthesise(a.data() + c * count_, rho_.data());
+    // F (3 blocks of potential_) and, for SA, D (kernel_).
+    receiver_sums(c, moments_.data(), 4, usa ? nullptr : kernel_.data(), potential_.data());
+    for (std::size_t k = 0; k < 3; ++k) synthesise(potential_.data() + k * count_, cartesian_[k].data());
+    if (!usa) synthesise(kernel_.data(), denominator_.data());
+    const double* rho = row_values_.data() + c * points_;
     // X = b P_x F (/ (eps_den + D) for SA) in the (e_theta, e_phi) frame; the flux rho X.
     for (std::size_t p = 0; p < points_; ++p) {
       const std::size_t ring = p / n_phi, column = p % n_phi;
@@ -410,8 +412,8 @@ double SphereSolver::labelled_drift(const std::vector<Complex>& a, std::vector<C
       const double xt = scale * (ct * cp * fx + ct * sp * fy - st * fz);
       const double xp = scale * (-sp * fx + cp * fy);
       max_speed2 = std::max(max_speed2, xt * xt + xp * xp);
-      x_theta_[p] = rho_[p] * xt;
-      x_phi_[p] = rho_[p] * xp;
+      x_theta_[p] = rho[p] * xt;
+      x_phi_[p] = rho[p] * xp;
     }
     minus_divergence(out.data() + c * count_);
   }
@@ -513,7 +515,7 @@ DensityObservables SphereSolver::observe(const std::vector<double>& density) {
     double conditional = 0;
     for (std::size_t c = 0; c < rows_; ++c) {
       conditional += row_weight * (1.0 - amplitudes(a_.data() + c * count_)[0]);
-      rotated_sum(c, a_.data(), 1, [](double) { return std::array<double, 1>{1.0}; }, kernel_.data());
+      receiver_sums(c, a_.data(), 1, kernel_.data(), nullptr);
       for (std::size_t i = 0; i < count_; ++i)
         pair += row_weight * multiplicity_[i] * (std::conj(a_[c * count_ + i]) * kernel_[i]).real();
     }
@@ -550,7 +552,7 @@ SphereLabels sphere_labels(const Model& label_model) {
       for (int k = 0; k < 3; ++k)
         for (int r = 0; r < 3; ++r)
           if (std::abs(columns[k][r] - expected[k][r]) > 1e-12)
-            throw std::invalid_argument("the gauge of label node " + std::to_string(c) +
+            throw UnsupportedLabelGauge("the gauge of label node " + std::to_string(c) +
                                         " is not a rotation about e_3 (S^2 takes rope with one rotating block)");
     }
     labels.rotation.push_back(alpha);

@@ -7,7 +7,9 @@
 //    follow the characteristics back by Heun's rule (cubic interpolation between faces): the
 //    predictor in the start velocity v0 frozen, the corrector with the predictor's velocity v1
 //    at the arrival and v0 at the foot. Their difference is the first-order error of freezing
-//    the velocity in time, which stays smooth when the density sharpens into clusters. No CFL or positivity bound: the step only
+//    the velocity in time, which stays smooth when the density sharpens into clusters. The
+//    step also keeps dt max|v'| <= 1/4 (the flow map near its linearisation, which Heun's
+//    rule follows) and the feet within half a turn. No CFL or positivity bound: the step only
 //    has to keep the departure points in order (it is halved when they cross).
 //  - Walled lines (zonal): a Heun step of the finite-volume rate (finite_volume.hpp), both
 //    Euler stages within the positivity bound (0.8 of it).
@@ -28,6 +30,7 @@ namespace mfattn::meanfield {
 class TransportSolver : public DensitySolver {
  public:
   /// rows lines of the same cells, each row's values contiguous.
+  /// A periodic line must have equal cells and unit faces (the remap's cell units).
   TransportSolver(CellLine line, std::size_t rows, double noise_kappa, StepTolerance tolerance);
 
   double step(std::vector<double>& density, double max_step) final;
@@ -55,6 +58,8 @@ class TransportSolver : public DensitySolver {
     double retry;
   };
   Attempt remap_attempt(double dt);
+  /// The longest remap step the velocity v allows: dt max|v'| <= 1/4, feet within half a turn.
+  double remap_step_bound(const std::vector<double>& v) const;
   Attempt finite_volume_attempt(double dt);
   /// How far back (cells) every row's faces depart over dt, into shift_, by Heun's rule back
   /// in time: v_end at the arrival, v_start at the first guess of the foot. False when the

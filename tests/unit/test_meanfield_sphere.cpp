@@ -655,12 +655,21 @@ TEST(MeanfieldSphereLabels, OneNodeWithoutRotationIsTheLabelFreeSolver) {
 
 TEST(MeanfieldSphereLabels, RefusesAGaugeThatIsNotARotationAboutE3) {
   Model model = sphere_label_model(2, 1.0, mfattn::ValueTransport::Transported, true);
-  model.d = 4;
+  // A lie gauge whose one generator turns (x_2, x_3): rotations about e_1.
   mfattn::GaugeSpec spec;
-  spec.kind = mfattn::GeometryKind::Rope;
-  spec.d = 4;
-  spec.frequencies = {1.0, 0.5};
+  spec.kind = mfattn::GeometryKind::Lie;
+  spec.d = 3;
+  mfattn::Matrix about_e1 = mfattn::Matrix::Zero(3, 3);
+  about_e1(1, 2) = -1.0;
+  about_e1(2, 1) = 1.0;
+  spec.generators = {about_e1};
   model.gauge = mfattn::make_gauge(spec, model.positions, 2);
-  model.d = 3;
-  EXPECT_THROW(make_sphere_solver(interaction(1.0, 0.0), 8, &model), std::invalid_argument);
+  EXPECT_THROW(make_sphere_solver(interaction(1.0, 0.0), 8, &model), mfattn::meanfield::UnsupportedLabelGauge);
+  // The same generator about e_3 is rope: accepted.
+  mfattn::Matrix about_e3 = mfattn::Matrix::Zero(3, 3);
+  about_e3(0, 1) = -1.0;
+  about_e3(1, 0) = 1.0;
+  spec.generators = {about_e3};
+  model.gauge = mfattn::make_gauge(spec, model.positions, 2);
+  EXPECT_NO_THROW(make_sphere_solver(interaction(1.0, 0.0), 8, &model));
 }

@@ -6,6 +6,7 @@
 ///   zonal   any d, rotation-invariant kernels, densities of <x, e_1> (zonal_solver.cpp)
 #include <cstddef>
 #include <memory>
+#include <stdexcept>
 
 #include "mfattn/meanfield/density_solver.hpp"
 
@@ -72,6 +73,11 @@ struct IsotropicInteraction {
 /// mask and factor over M_xi.
 std::unique_ptr<DensitySolver> make_sphere_solver(const IsotropicInteraction& interaction, std::size_t max_degree,
                                                   const Model* label_model = nullptr);
+
+/// make_sphere_solver's refusal of a label node whose gauge is not a rotation about e_3.
+struct UnsupportedLabelGauge : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
 
 /// Densities of <x, e_1> on S^{d-1} on n_theta polar cells (finite volumes).
 std::unique_ptr<DensitySolver> make_zonal_solver(const IsotropicInteraction& interaction, std::size_t polar_cells,

@@ -129,8 +129,7 @@ Problem make_problem(const MeanfieldConfig& cfg, int threads) {
     const std::size_t degree = static_cast<std::size_t>(cfg.grid > 0 ? cfg.grid : 32);
     try {
       problem.density = meanfield::make_sphere_solver(interaction, degree, labelled ? &model : nullptr);
-    } catch (const std::invalid_argument& e) {
-      if (!labelled) throw;
+    } catch (const meanfield::UnsupportedLabelGauge& e) {
       throw UsageError("--geometry " + run.geometry + ": " + e.what() +
                        "; S^2 with --label-points takes none or rope with one rotating block (rotations about e_3)");
     }
