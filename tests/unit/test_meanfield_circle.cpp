@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <numbers>
 #include <vector>
 
@@ -144,6 +145,14 @@ std::vector<double> smooth_start(const DensitySolver& solver) {
   return density;
 }
 
+/// The circle solver of model on M = angles cells with the step tolerance (rtol, atol).
+std::unique_ptr<DensitySolver> circle_solver(const Model& model, std::size_t angles, StepTolerance tolerance) {
+  CircleOptions options;
+  options.angles = angles;
+  options.tolerance = tolerance;
+  return make_circle_solver(model, options);
+}
+
 void expect_mass_positivity_and_monotone(DensitySolver& solver, double horizon, bool free_energy) {
   std::vector<double> density = smooth_start(solver);
   DensityObservables previous = solver.observe(density);
@@ -164,24 +173,16 @@ void expect_mass_positivity_and_monotone(DensitySolver& solver, double horizon, 
 }
 
 TEST(MeanfieldCircle, MassPositivityAndTheEnergyOfTheGradientFlow) {
-  Model model = circle_model(4.0, Normalization::Usa);
-  CircleOptions options;
-  options.angles = 128;
-  options.tolerance = {1e-5, 1e-8};
-  auto solver = make_circle_solver(model, options);
+  auto solver = circle_solver(circle_model(4.0, Normalization::Usa), 128, {1e-5, 1e-8});
   expect_mass_positivity_and_monotone(*solver, 2.0, false);
-  Model noisy = circle_model(4.0, Normalization::Usa, 2.0);
-  auto noisy_solver = make_circle_solver(noisy, options);
+  auto noisy_solver = circle_solver(circle_model(4.0, Normalization::Usa, 2.0), 128, {1e-5, 1e-8});
   expect_mass_positivity_and_monotone(*noisy_solver, 2.0, true);
 }
 
 TEST(MeanfieldCircle, SecondOrderInTheNumberOfCells) {
   Model model = circle_model(2.0, Normalization::Sa, 5.0);
   auto solve = [&](std::size_t angles) {
-    CircleOptions options;
-    options.angles = angles;
-    options.tolerance = {1e-9, 1e-12};
-    auto solver = make_circle_solver(model, options);
+    auto solver = circle_solver(model, angles, {1e-9, 1e-12});
     std::vector<double> density = smooth_start(*solver);
     double t = 0.0;
     while (t < 0.5) t += solver->step(density, 0.5 - t);
@@ -208,11 +209,7 @@ TEST(MeanfieldCircle, SecondOrderInTheNumberOfCells) {
 // step is longer than 5 h, in which a face at unit speed crosses five cells (an explicit step
 // is at most h / (2 max |v|)); the mass stays 1 and the density >= 0.
 TEST(MeanfieldCircle, TheStepCrossesManyCellsAndKeepsMassAndSign) {
-  Model model = circle_model(1.0, Normalization::Usa);
-  CircleOptions options;
-  options.angles = 4096;
-  options.tolerance = {1e-4, 1e-7};
-  auto solver = make_circle_solver(model, options);
+  auto solver = circle_solver(circle_model(1.0, Normalization::Usa), 4096, {1e-4, 1e-7});
   std::vector<double> density = smooth_start(*solver);
   const double h = 2.0 * kPi / 4096.0;
   double t = 0.0, shortest = 1.0;
@@ -236,11 +233,7 @@ TEST(MeanfieldCircle, TheStepCrossesManyCellsAndKeepsMassAndSign) {
 // semi-Lagrangian step forms each face's flux from its shift, so a shift of 1e-12 cells keeps
 // its digits (fluxes from the feet's positions near u = 4096 were off by 2.8e-4 of this rate).
 TEST(MeanfieldCircle, ASlowModeGrowsAtTheRateOfTheOperator) {
-  Model model = circle_model(1.0, Normalization::Sa);
-  CircleOptions options;
-  options.angles = 4096;
-  options.tolerance = {1e-11, 1e-17};
-  auto solver = make_circle_solver(model, options);
+  auto solver = circle_solver(circle_model(1.0, Normalization::Sa), 4096, {1e-11, 1e-17});
   const std::vector<double> mode = circle_mode(*solver, 8);
   const double operator_rate = measured_rate(*solver, mode, 1e-6);
   std::vector<double> density;
