@@ -51,7 +51,8 @@ if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
   # the CpuBackend, Auxiliary and Prefix agreement tests take); the SIGKILL-and-resume run and the sweep's SIGKILL-and-rerun
   # test; the mpirun sweep test (Open MPI's own allocations fail LeakSanitizer); and the
   # mean-field solvers' long solves (1024-cell growth-rate and convergence tables, monotonicity
-  # over whole runs, rope's reduction, S^2's time evolution: their code paths are the other
+  # over whole runs, rope's reduction, S^2's time evolution, the labelled S^2 rate against a
+  # brute-force pair sum, a slow mode's rate over 20 frames: their code paths are the other
   # mean-field tests').
   # Built by clang where it is installed (the tests' own packages include it): under the
   # sanitizers it compiles the template-heavy pair loops in a fraction of GCC's time. Every
@@ -72,7 +73,8 @@ if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
     'EveryRegisteredBackend/*' 'MeanfieldZonal.GrowthRatesAreTheGegenbauerFormula'
     'MeanfieldCircle.SecondOrderInTheNumberOfCells' 'MeanfieldCircle.MassPositivityAndTheEnergyOfTheGradientFlow'
     'MeanfieldCircle.RopeWithTransportedValuesIsTheLabelFreeSolutionInTheGaugeCoordinate'
-    'MeanfieldSphere.LinearGrowthRatesFromEvolution'
+    'MeanfieldSphere.LinearGrowthRatesFromEvolution' 'MeanfieldSphereLabels.RateIsTheWeakFormOfThePairSum'
+    'MeanfieldCircle.ASlowModeGrowsAtTheRateOfTheOperator'
   )
   sanitizer_compiler=()
   for cxx in clang++-14 clang++; do

@@ -511,7 +511,7 @@ TEST(MeanfieldSphereLabels, RateIsTheWeakFormOfThePairSum) {
       const Model model = sphere_label_model(kLabels, 1.0, values, usa);
       IsotropicInteraction in = interaction(1.0, 0.0, usa);
       in.eps_den = usa ? 0.0 : 0.05;
-      auto solver = make_sphere_solver(in, 10, &model);
+      auto solver = make_sphere_solver(in, 8, &model);
       const DensityGrid& g = solver->grid();
       ASSERT_EQ(g.shape.size(), 3u);
       ASSERT_EQ(g.shape[0], kLabels);
