@@ -51,7 +51,11 @@ double TransportSolver::step(std::vector<double>& density, double max_step) {
     start_ = density;
     // Without noise the start of the transport does not depend on dt: its velocity is kept.
     if (kappa_ > 0.0) heat(start_, 0.5 * dt);
-    if (!start_velocity_known || kappa_ > 0.0) face_velocity(start_, v0_);
+    if (!start_velocity_known || kappa_ > 0.0) {
+      face_velocity(start_, v0_);
+      // The scheme's bound on dt from v0, once per v0 (a rejected step keeps v0 without noise).
+      start_bound_ = line_.periodic ? remap_step_bound(v0_) : 0.8 * positive_step(v0_);
+    }
     start_velocity_known = true;
     const Attempt tried = line_.periodic ? remap_attempt(dt) : finite_volume_attempt(dt);
     if (tried.result == nullptr) {
@@ -70,8 +74,7 @@ TransportSolver::Attempt TransportSolver::remap_attempt(double dt) {
   // then follows it; the error estimate below sees the velocity's change in time, not the
   // flow's curvature), and every foot within half a turn of its face (pi / max|v|). Neither
   // depends on the cell width.
-  const double bound = remap_step_bound(v0_);
-  if (dt > bound) return {nullptr, 0.0, bound};
+  if (dt > start_bound_) return {nullptr, 0.0, start_bound_};
   if (!departures(dt, v0_, v0_)) return {nullptr, 0.0, 0.5 * dt};
   remap(start_, stage_);
   predicted_shift_.swap(shift_);
@@ -88,8 +91,7 @@ TransportSolver::Attempt TransportSolver::remap_attempt(double dt) {
 }
 
 TransportSolver::Attempt TransportSolver::finite_volume_attempt(double dt) {
-  const double bound = positive_step(v0_);
-  if (dt > 0.8 * bound) return {nullptr, 0.0, 0.8 * bound};
+  if (dt > start_bound_) return {nullptr, 0.0, start_bound_};
   transport(start_, v0_, k1_);
   stage_.resize(start_.size());
   for (std::size_t i = 0; i < start_.size(); ++i) stage_[i] = start_[i] + dt * k1_[i];

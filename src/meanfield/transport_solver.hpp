@@ -75,6 +75,9 @@ class TransportSolver : public DensitySolver {
   StepTolerance tolerance_;
   double next_step_ = std::numeric_limits<double>::infinity();
   std::vector<double> start_, stage_, k1_, k2_, v0_, v1_, shift_, predicted_shift_;
+  /// The longest step v0_ allows: remap_step_bound on periodic lines, 0.8 of the positivity
+  /// bound on walled ones.
+  double start_bound_ = std::numeric_limits<double>::infinity();
 };
 
 }  // namespace mfattn::meanfield
