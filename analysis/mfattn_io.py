@@ -28,6 +28,9 @@ Replica rule (the same for positions and observables):
     replica=r      (int, 0 <= r < R; negative counts from the end) that replica only,
                    no replica axis: positions [T, n, d], observables [T] / [T, c].
 
+``export_torch(module, path)`` writes the weights file of ``mfattn run --weights`` from a PyTorch
+layer (see its docstring; ``analysis/export_torch.py`` is its command line).
+
 ``Trajectory.stacked`` tells which case a result is in. Labels (aux_position, prompt_id,
 presence, id) describe the tokens, which all replicas share: they are taken from the selected
 replica's group (replica 0 when stacked), and a stacked load checks that every replica group
@@ -633,3 +636,116 @@ def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajector
         position_steps=position_steps,
         save_positions=save_positions,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights files for `mfattn run --weights` (docs/model.md, section 2b), from PyTorch layers.
+
+def _torch_layer_weights(layer: Any) -> dict[str, Any]:
+    """The arrays of one nn.MultiheadAttention or nn.TransformerEncoderLayer (float64 NumPy)."""
+    import numpy as np
+    import torch
+
+    mlp = None
+    attention = layer
+    if isinstance(layer, torch.nn.TransformerEncoderLayer):
+        attention = layer.self_attn
+        code = getattr(layer, "activation_relu_or_gelu", 0)
+        activation = {1: "relu", 2: "gelu"}.get(code)
+        if activation is None:
+            function = layer.activation
+            name = getattr(function, "__name__", type(function).__name__).lower()
+            activation = next((a for a in ("relu", "gelu", "tanh") if a in name), None)
+            if activation is None or (activation == "gelu" and getattr(function, "approximate", "none") != "none"):
+                raise ValueError(f"export_torch: activation {function!r} is not relu, gelu (erf form) or tanh")
+        mlp = {
+            "w1": layer.linear1.weight, "b1": layer.linear1.bias,
+            "w2": layer.linear2.weight, "b2": layer.linear2.bias, "activation": activation,
+        }
+    if not isinstance(attention, torch.nn.MultiheadAttention):
+        raise ValueError("export_torch: takes a torch.nn.MultiheadAttention or a torch.nn.TransformerEncoderLayer "
+                         f"(or a list of them), not {type(layer).__name__}")
+    if not attention._qkv_same_embed_dim:
+        raise ValueError("export_torch: kdim and vdim must equal embed_dim (tokens attend to themselves)")
+    for name in ("in_proj_bias", "bias_k", "bias_v"):
+        bias = getattr(attention, name, None)
+        if bias is not None and bool(torch.any(bias != 0)):
+            raise ValueError(f"export_torch: the attention's {name} is not zero; mfattn's heads take no "
+                             "attention bias (build the layer with bias=False, or zero it)")
+    if attention.out_proj.bias is not None and bool(torch.any(attention.out_proj.bias != 0)):
+        raise ValueError("export_torch: the attention's out_proj.bias is not zero; mfattn's heads take no "
+                         "attention bias (build the layer with bias=False, or zero it)")
+
+    def array(tensor: Any) -> Any:
+        return np.asarray(tensor.detach().to(torch.float64).cpu().numpy(), dtype=np.float64)
+
+    d, heads = attention.embed_dim, attention.num_heads
+    r = d // heads
+    w = array(attention.in_proj_weight)
+    out = {
+        "query": w[:d].reshape(heads, r, d), "key": w[d:2 * d].reshape(heads, r, d),
+        "value": w[2 * d:].reshape(heads, r, d), "output": array(attention.out_proj.weight),
+        "d": d, "heads": heads, "head_dim": r,
+    }
+    if mlp:
+        out.update({f"mlp_{k}": array(v) for k, v in mlp.items() if k != "activation"})
+        out["activation"] = mlp["activation"]
+    return out
+
+
+def export_torch(module: Any, path: str | os.PathLike) -> dict[str, Any]:
+    """Write the weights file of ``mfattn run --weights`` from a PyTorch layer, and return the options
+    that run it as PyTorch computes it.
+
+    ``module``: a ``torch.nn.MultiheadAttention`` or ``torch.nn.TransformerEncoderLayer`` (its
+    ``self_attn`` and its ``linear2(activation(linear1(x)))``), or a list of them (a
+    ``torch.nn.TransformerEncoder``'s ``layers``): several layers get a leading layer axis, which
+    ``--layer-time`` spreads over time. The attention takes no bias (a nonzero one is refused).
+    The datasets are float64: /attention/query, key, value [H, r, d] (in_proj_weight split per
+    head), /attention/output [d, H r] (out_proj.weight), /mlp/w1 [W, d], b1 [W], w2 [d, W], b2 [d]
+    with the attribute activation.
+
+    Returns the options (``beta`` = 1 / sqrt(r), PyTorch's scaling, ``kernel="sa"``,
+    ``values="plain"``, ``heads``, ``head_dim``, ``mlp``, ``mlp_activation``, ``weights``) for
+    ``mfattn.Model(d=d, **options)`` or the command line.
+    """
+    import torch
+
+    if isinstance(module, torch.nn.TransformerEncoder):
+        layers = list(module.layers)
+    elif isinstance(module, (list, tuple, torch.nn.ModuleList)):
+        layers = list(module)
+    else:
+        layers = [module]
+    if not layers:
+        raise ValueError("export_torch: no layer given")
+    parts = [_torch_layer_weights(layer) for layer in layers]
+    shapes = {(p["d"], p["heads"], p["head_dim"], p.get("mlp_w1", np.empty((0,))).shape, p.get("activation")) for p in parts}
+    if len(shapes) != 1:
+        raise ValueError("export_torch: the layers differ in d, heads, feed-forward width or activation")
+    first = parts[0]
+
+    def stacked(name: str) -> Any:
+        return np.stack([p[name] for p in parts]) if len(parts) > 1 else first[name]
+
+    tmp = f"{os.fspath(path)}.part"
+    with h5py.File(tmp, "w") as f:
+        group = f.create_group("attention")
+        for name in ("query", "key", "value", "output"):
+            group.create_dataset(name, data=stacked(name))
+        if "mlp_w1" in first:
+            mlp = f.create_group("mlp")
+            for name in ("w1", "b1", "w2", "b2"):
+                mlp.create_dataset(name, data=stacked("mlp_" + name))
+            mlp.attrs["activation"] = first["activation"]
+    os.replace(tmp, path)
+    options = {
+        "d": first["d"], "heads": first["heads"], "head_dim": first["head_dim"], "beta": 1.0 / np.sqrt(first["head_dim"]),
+        "kernel": "sa", "values": "plain", "weights": os.fspath(path),
+    }
+    if "mlp_w1" in first:
+        options["mlp"] = first["mlp_w1"].shape[0]
+        options["mlp_activation"] = first["activation"]
+    if len(parts) > 1:
+        options["layers"] = len(parts)  # give layer_time= (--layer-time) too
+    return options

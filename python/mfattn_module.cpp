@@ -470,6 +470,7 @@ PYBIND11_MODULE(mfattn, module) {
              "the Trajectory of an mfattn run file, or the Density of a density file (analysis/mfattn_io.py)");
   module.def("_last_call_released_gil", [] { return last_call_released_gil.load(); });
   module.attr("Trajectory") = io_module().attr("Trajectory");
+  module.attr("export_torch") = io_module().attr("export_torch");
   module.attr("Density") = io_module().attr("Density");
   module.attr("io") = io_module();
 }

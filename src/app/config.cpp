@@ -433,7 +433,16 @@ po::options_description run_options(RunConfig& c) {
       ("v", bound(c.v), kValueOption.help().c_str())
       ("matrices", bound(c.matrices), kMatrixSharingOption.help().c_str())
       ("regen-period", bound(c.regen_period),
-       "new random Q, K, V every this many time units (a new layer), >= 0 (0: never)")
+       "new random Q, K, V every this many time units (a new layer), >= 0 (0: never)");
+  for (const LayerShapeNumber& number : kLayerShapeNumbers)
+    model.add_options()(number.option, bound(c.layer.*number.field), number.help);
+  model.add_options()
+      ("mlp-activation", bound(c.mlp_activation), kActivationOption.help().c_str())
+      ("weights", bound(c.weights, "none"),
+       "FILE.h5 of a layer's weights (/attention/query, key, value, output; /mlp/w1, b1, w2, b2), "
+       "as mfattn.export_torch writes them")
+      ("layer-time", bound(c.layer_time),
+       "with a --weights file of L layers: layer l acts on [l T, (l + 1) T), > 0 (0: one layer)")
       ("geometry", bound(c.geometry), kGeometryOption.help().c_str())
       ("rope-base", bound(c.rope_base), "RoPE base: omega_b = base^(-2(b-1)/d), > 1")
       ("rope-freqs", bound(c.rope_freqs, "from base"),

@@ -13,6 +13,7 @@
 
 #include "mfattn/core/gauge.hpp"
 #include "mfattn/io/h5md.hpp"
+#include "mfattn/io/weights_file.hpp"
 #include "mfattn/core/init.hpp"
 #include "mfattn/core/input_file.hpp"
 #include "mfattn/core/number_text.hpp"
@@ -112,6 +113,113 @@ AttentionMatrices draw_matrices(const RunConfig& cfg, std::uint64_t layer, std::
   return m;
 }
 
+/// True when the options make a whole layer (docs/model.md section 2b): several heads, heads
+/// of r < d, a feed-forward term or a weights file. Otherwise the Model keeps the one head of
+/// Q, K, V, and every run is the one it was before layers existed, to the bit.
+bool is_layer_run(const RunConfig& cfg) {
+  return cfg.layer.heads > 1 || (cfg.layer.head_dim != 0 && cfg.layer.head_dim != cfg.d) ||
+         cfg.layer.mlp_width > 0 || !cfg.weights.empty();
+}
+
+std::size_t head_dim_of(const RunConfig& cfg) {
+  return static_cast<std::size_t>(cfg.layer.head_dim ? cfg.layer.head_dim : cfg.d);
+}
+
+/// Head h of a layer from the presets of --q, --k, --v (docs/model.md section 2b): the d x d
+/// matrices of today's law from the head's own streams (head 0: the streams of the one-head
+/// model), Q_h and K_h their first r rows times sqrt(d / r) (so that a Gaussian entry has
+/// variance 1 / r), and identity the rows h r, ..., h r + r - 1 of I (mod d): the heads split
+/// the coordinates. V_h is the d x d preset (identity: I), or the products of Q_h and K_h.
+AttentionHead preset_head(const RunConfig& cfg, std::uint64_t layer, std::uint64_t set_key, std::size_t h) {
+  const auto d = static_cast<std::size_t>(cfg.d);
+  const std::size_t r = head_dim_of(cfg);
+  const AttentionMatrices full = draw_matrices(cfg, layer, h == 0 ? set_key : set_key | (std::uint64_t(h) << 40));
+  auto head_rows = [&](const Matrix& m, bool identity) {
+    Matrix rows = Matrix::Zero(r, d);
+    if (identity) {
+      for (std::size_t a = 0; a < r; ++a) rows(a, (h * r + a) % d) = 1.0;
+      return rows;
+    }
+    rows = m.topRows(r);
+    if (r != d) rows *= std::sqrt(double(d) / double(r));
+    return rows;
+  };
+  AttentionHead head;
+  head.query = head_rows(full.q, full.q_identity);
+  head.key = head_rows(full.k, full.k_identity);
+  const std::optional<MatrixPreset> v = cfg.choices.v;
+  const Matrix form = head.query.transpose() * head.key;  // Q_h^T K_h, d x d
+  if (v == MatrixPreset::PlusQk || v == MatrixPreset::MinusQk) {
+    head.value = v == MatrixPreset::MinusQk ? Matrix(-form) : form;
+  } else if (v == MatrixPreset::PlusForm || v == MatrixPreset::MinusForm) {
+    const double c = full.q_identity && full.k_identity ? 1.0
+                     : cfg.choices.k == MatrixPreset::GoeUnit ? std::sqrt(double(d) + 1.0)
+                                                              : std::sqrt(double(d));
+    head.value = form.transpose() / c;
+    if (v == MatrixPreset::MinusForm) head.value = -head.value;
+  } else {
+    head.value = full.v_identity ? Matrix(Matrix::Identity(d, d)) : full.v;
+  }
+  head.full_value = head.value;
+  return head;
+}
+
+/// The feed-forward term's preset (docs/model.md section 2b): W1 entries N(0, 1/d), W2
+/// entries N(0, 1/W), zero biases, from the layer's and set's stream 3 (Q, K, V take 0 to 2).
+FeedForward preset_feed_forward(const RunConfig& cfg, std::uint64_t layer, std::uint64_t set_key) {
+  const auto d = static_cast<std::size_t>(cfg.d), width = static_cast<std::size_t>(cfg.layer.mlp_width);
+  RandomStream stream = matrix_stream(static_cast<std::uint64_t>(cfg.seed), 3, layer, set_key);
+  FeedForward mlp;
+  mlp.w1.resize(width, d);
+  mlp.w2.resize(d, width);
+  for (std::size_t a = 0; a < width; ++a)
+    for (std::size_t b = 0; b < d; ++b) mlp.w1(a, b) = stream.normal() / std::sqrt(double(d));
+  for (std::size_t a = 0; a < d; ++a)
+    for (std::size_t b = 0; b < width; ++b) mlp.w2(a, b) = stream.normal() / std::sqrt(double(width));
+  mlp.b1 = Vector::Zero(width);
+  mlp.b2 = Vector::Zero(d);
+  return mlp;
+}
+
+/// Layer `layer` of a --weights file (validated: shapes, one layer or a leading axis of
+/// choices.weight_layers; the last layer also serves a frame at its end time).
+void weights_file_layer(const RunConfig& cfg, std::size_t layer, AttentionMatrices& m) {
+  const WeightsFile file = read_weights_file(cfg.weights);
+  const auto d = static_cast<std::size_t>(cfg.d), heads = static_cast<std::size_t>(cfg.layer.heads);
+  const std::size_t r = head_dim_of(cfg);
+  const std::size_t l = std::min(layer, std::max<std::size_t>(cfg.choices.weight_layers, 1) - 1);
+  // The numbers of layer l of an array whose per-layer size is `size`.
+  auto of_layer = [l](const WeightArray& array, std::size_t size) {
+    const std::size_t first = array.values.size() > size ? l * size : 0;
+    return array.values.data() + first;
+  };
+  auto matrix = [](const double* numbers, std::size_t rows, std::size_t cols) {
+    Matrix out(rows, cols);
+    std::copy(numbers, numbers + rows * cols, out.data());
+    return out;
+  };
+  if (file.query.present()) {
+    m.heads.clear();
+    const Matrix output = matrix(of_layer(file.output, d * heads * r), d, heads * r);
+    for (std::size_t h = 0; h < heads; ++h) {
+      AttentionHead head;
+      head.query = matrix(of_layer(file.query, heads * r * d) + h * r * d, r, d);
+      head.key = matrix(of_layer(file.key, heads * r * d) + h * r * d, r, d);
+      head.value = matrix(of_layer(file.value, heads * r * d) + h * r * d, r, d);
+      head.output = output.middleCols(h * r, r);
+      head.full_value = head.output * head.value;
+      m.heads.push_back(std::move(head));
+    }
+  }
+  if (file.w1.present()) {
+    const auto width = static_cast<std::size_t>(cfg.layer.mlp_width);
+    m.mlp.w1 = matrix(of_layer(file.w1, width * d), width, d);
+    m.mlp.b1 = Eigen::Map<const Vector>(of_layer(file.b1, width), Eigen::Index(width));
+    m.mlp.w2 = matrix(of_layer(file.w2, d * width), d, width);
+    m.mlp.b2 = Eigen::Map<const Vector>(of_layer(file.b2, d), Eigen::Index(d));
+  }
+}
+
 std::vector<double> amplitudes_option(const RunConfig& cfg) {
   const std::size_t n = static_cast<std::size_t>(cfg.n);
   std::vector<double> values;
@@ -138,19 +246,46 @@ std::vector<double> amplitudes_option(const RunConfig& cfg) {
 
 }  // namespace
 
+namespace {
+/// The weights of one layer and matrix set (set_key 0: the shared set, r + 1: replica r's):
+/// the one head's Q, K, V, or a whole layer's heads and feed-forward term.
+AttentionMatrices layer_set(const RunConfig& cfg, std::size_t layer, std::uint64_t set_key) {
+  if (!is_layer_run(cfg)) return draw_matrices(cfg, layer, set_key);
+  AttentionMatrices m;
+  for (std::int64_t h = 0; h < cfg.layer.heads; ++h)
+    m.heads.push_back(preset_head(cfg, layer, set_key, static_cast<std::size_t>(h)));
+  if (cfg.layer.mlp_width > 0) {
+    m.mlp = preset_feed_forward(cfg, layer, set_key);
+    m.mlp.activation = cfg.choices.mlp_activation;
+  }
+  if (!cfg.weights.empty()) {
+    try {
+      weights_file_layer(cfg, layer, m);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("--weights " + cfg.weights + ": " + e.what());
+    }
+  }
+  return m;
+}
+}  // namespace
+
 std::vector<AttentionMatrices> layer_matrices(const RunConfig& cfg, std::size_t layer) {
-  if (cfg.choices.matrices == MatrixSharing::Shared) return {draw_matrices(cfg, layer, 0)};
+  if (cfg.choices.matrices == MatrixSharing::Shared) return {layer_set(cfg, layer, 0)};
   std::vector<AttentionMatrices> sets;
   for (std::int64_t r = 0; r < cfg.replicas; ++r)
-    sets.push_back(draw_matrices(cfg, layer, static_cast<std::uint64_t>(r) + 1));
+    sets.push_back(layer_set(cfg, layer, static_cast<std::uint64_t>(r) + 1));
   return sets;
+}
+
+double layer_period(const RunConfig& cfg) {
+  return cfg.regen_period > 0 ? cfg.regen_period : cfg.layer_time;
 }
 
 namespace {
 /// The number of layers: the l >= 0 with l T <= horizon (1 without --regen-period), from
 /// floor(horizon / T) + 1 corrected for its rounding.
 std::size_t layer_count(const RunConfig& cfg) {
-  const double period = cfg.regen_period;
+  const double period = layer_period(cfg);
   if (!(period > 0)) return 1;
   // Every layer whose start the run reaches, one at the horizon included (within the rounding
   // of layer_at): the final frame there is recorded with that layer's matrices, as a longer
@@ -159,6 +294,8 @@ std::size_t layer_count(const RunConfig& cfg) {
   auto layers = static_cast<std::size_t>(std::max(1.0, std::floor(reached / period) + 1.0));
   while (layers > 1 && double(layers - 1) * period > reached) --layers;
   while (double(layers) * period <= reached) ++layers;
+  // A --weights file's layers: the last one also serves a frame at its end time.
+  if (cfg.choices.weight_layers > 0) layers = std::min(layers, cfg.choices.weight_layers);
   return layers;
 }
 }  // namespace
@@ -166,16 +303,16 @@ std::size_t layer_count(const RunConfig& cfg) {
 std::vector<double> layer_start_times(const RunConfig& cfg) {
   std::vector<double> starts;
   for (std::size_t l = 0, layers = layer_count(cfg); l < layers; ++l)
-    starts.push_back(double(l) * cfg.regen_period);
+    starts.push_back(double(l) * layer_period(cfg));
   return starts;
 }
 
 std::size_t layer_at(const RunConfig& cfg, double time) {
-  if (!(cfg.regen_period > 0)) return 0;
+  if (!(layer_period(cfg) > 0)) return 0;
   // The last layer whose start l T is <= time, a start within rounding (the tolerance at
   // which output_times merges frames) counting as reached: the run lands on a frame time
   // there. The quotient is a first guess; the starts themselves decide (O(1) per call).
-  const double reached = time + 1e-12 * std::max(1.0, cfg.horizon), period = cfg.regen_period;
+  const double reached = time + 1e-12 * std::max(1.0, cfg.horizon), period = layer_period(cfg);
   const std::size_t layers = layer_count(cfg);
   auto l = static_cast<std::size_t>(std::clamp(std::floor(reached / period), 0.0, double(layers - 1)));
   while (l + 1 < layers && double(l + 1) * period <= reached) ++l;
@@ -189,18 +326,41 @@ void record_attention_matrices(const RunConfig& cfg, TokenLabels& labels) {
   std::vector<std::vector<AttentionMatrices>> layers;
   for (std::size_t l = 0; l < labels.matrix_layers; ++l) layers.push_back(layer_matrices(cfg, l));
   labels.matrix_sets = layers.front().size();
+  // Each array's entries for every set and layer, in that order, from `of(set's layer)`.
+  auto record = [&](const std::string& name, std::vector<std::size_t> shape, auto&& of) {
+    TokenLabels::LayerArray array{name, std::move(shape), {}};
+    for (std::size_t set = 0; set < labels.matrix_sets; ++set)
+      for (const auto& layer : layers) of(layer[set], array.values);
+    labels.layer_arrays.push_back(std::move(array));
+  };
+  // Row-major (Matrix is row-major; a Vector is one row).
+  auto append = [](std::vector<double>& to, const auto& m) { to.insert(to.end(), m.data(), m.data() + m.size()); };
   const auto d = static_cast<std::size_t>(cfg.d);
-  for (std::size_t set = 0; set < labels.matrix_sets; ++set)
-    for (const auto& layer : layers) {
-      const AttentionMatrices& m = layer[set];
-      auto append = [d](std::vector<double>& to, const Matrix& matrix) {
-        // Row-major d x d (Matrix is row-major).
-        to.insert(to.end(), matrix.data(), matrix.data() + d * d);
-      };
-      append(labels.query_matrices, m.q);
-      append(labels.key_matrices, m.k);
-      append(labels.value_matrices, m.v);
-    }
+  const AttentionMatrices& first = layers.front().front();
+  if (!first.is_layer()) {
+    record("query", {d, d}, [&](const AttentionMatrices& m, auto& to) { append(to, m.q); });
+    record("key", {d, d}, [&](const AttentionMatrices& m, auto& to) { append(to, m.k); });
+    record("value", {d, d}, [&](const AttentionMatrices& m, auto& to) { append(to, m.v); });
+    return;
+  }
+  const std::size_t heads = first.heads.size(), r = head_dim_of(cfg), rv = first.heads.front().value_dim();
+  auto each_head = [&](auto&& matrix_of) {
+    return [&, matrix_of](const AttentionMatrices& m, auto& to) {
+      for (const AttentionHead& head : m.heads) append(to, matrix_of(head));
+    };
+  };
+  record("query", {heads, r, d}, each_head([](const AttentionHead& h) -> const Matrix& { return h.query; }));
+  record("key", {heads, r, d}, each_head([](const AttentionHead& h) -> const Matrix& { return h.key; }));
+  record("value", {heads, rv, d}, each_head([](const AttentionHead& h) -> const Matrix& { return h.value; }));
+  if (first.heads.front().output.size() > 0)
+    record("output", {heads, d, rv}, each_head([](const AttentionHead& h) -> const Matrix& { return h.output; }));
+  if (!first.mlp.empty()) {
+    const std::size_t width = first.mlp.width();
+    record("mlp_w1", {width, d}, [&](const AttentionMatrices& m, auto& to) { append(to, m.mlp.w1); });
+    record("mlp_b1", {width}, [&](const AttentionMatrices& m, auto& to) { append(to, m.mlp.b1); });
+    record("mlp_w2", {d, width}, [&](const AttentionMatrices& m, auto& to) { append(to, m.mlp.w2); });
+    record("mlp_b2", {d}, [&](const AttentionMatrices& m, auto& to) { append(to, m.mlp.b2); });
+  }
 }
 
 Model build_model(const RunConfig& cfg) {
@@ -365,6 +525,16 @@ Model build_model(const RunConfig& cfg) {
       all_positions.insert(all_positions.end(), model.prefix_positions.begin(),
                            model.prefix_positions.end());
       model.gauge = make_gauge(spec, all_positions, model.n + prefix_count);
+      // The heads' scores: the same family and frequencies computed for dimension r.
+      const std::size_t r = head_dim_of(cfg);
+      if (model.is_layer()) {
+        if (r == model.d) {
+          model.head_gauge = model.gauge;
+        } else {
+          spec.d = r;
+          model.head_gauge = make_gauge(spec, all_positions, model.n + prefix_count);
+        }
+      }
     } catch (const std::invalid_argument& e) {
       throw UsageError("--geometry " + cfg.geometry + ": " + e.what());
     }
@@ -379,6 +549,9 @@ Model build_model(const RunConfig& cfg) {
   model.pair_terms.per_prompt = cfg.choices.mask.per_prompt;
   model.pair_terms.window = cfg.window;
   model.noise_kappa = cfg.noise_kappa;
+  // The layer's shape as the option table sets it (kLayerShapeNumbers), r resolved.
+  model.layer = cfg.layer;
+  model.layer.head_dim = static_cast<std::int64_t>(head_dim_of(cfg));
   return model;
 }
 

@@ -29,6 +29,7 @@
 #include "mfattn/core/gauge.hpp"
 #include "mfattn/core/input_file.hpp"
 #include "mfattn/integrators/integrator.hpp"
+#include "mfattn/io/weights_file.hpp"
 #include "mfattn/app/run_choices.hpp"
 
 namespace mfattn {
@@ -135,6 +136,122 @@ void validate_sizes(const RunConfig& c, const RunChoices& choices) {
                      " --prefix " + std::to_string(c.prefix) + " --prompts " + std::to_string(c.prompts) +
                      ": the run needs about " + format_bytes(needed) + " of memory, more than the " +
                      format_bytes(available) + " available (" + source + "); make it smaller");
+}
+
+/// "[4, 4, 16]"
+std::string shape_text(const std::vector<std::size_t>& shape) {
+  std::string text = "[";
+  for (std::size_t a = 0; a < shape.size(); ++a) text += (a ? ", " : "") + std::to_string(shape[a]);
+  return text + "]";
+}
+
+/// The layer's options (docs/model.md section 2b): the shape's integers, the activation, and
+/// a --weights file's datasets against --d, --heads, --head-dim and --mlp; returns the file's
+/// layer count (0 without a file).
+std::size_t validate_layer(const RunConfig& c, RunChoices& choices) {
+  for (const LayerShapeNumber& number : kLayerShapeNumbers) {
+    const std::int64_t value = c.layer.*number.field, most = number.most > 0 ? number.most : c.d;
+    if (value < number.least || value > most)
+      reject(number.option, std::to_string(value),
+             "must be an integer in [" + std::to_string(number.least) + ", " + std::to_string(most) + "]" +
+                 (number.most > 0 ? "" : " (d = " + std::to_string(c.d) + ")"));
+  }
+  choices.mlp_activation = require_choice(kActivationOption, c.mlp_activation);
+  const std::int64_t d = c.d, heads = c.layer.heads, r = c.layer.head_dim ? c.layer.head_dim : d;
+  const bool several = heads > 1 || r < d;
+  if (several)
+    for (const auto& [option, value] : {std::pair{"q", &c.q}, std::pair{"k", &c.k}, std::pair{"v", &c.v}})
+      if (!kQueryOption.find(*value) && !kValueOption.find(*value))
+        reject(option, *value, "a file gives one d x d matrix, not the r x d matrices of --heads " +
+                                   std::to_string(heads) + " --head-dim " + std::to_string(r) +
+                                   " (give the heads in a --weights file)");
+  if (r < d && !c.generators.empty())
+    reject("generators", c.generators, "d x d generators cannot gauge the r = " + std::to_string(r) +
+                                           " dimensional heads of --head-dim (use a block family)");
+  if (r < 2 && choices.geometry != GeometryKind::None)
+    reject("head-dim", std::to_string(r), "a --geometry needs heads of r >= 2");
+  require_finite("layer-time", c.layer_time);
+  if (c.layer_time < 0) reject("layer-time", format_number(c.layer_time), "must be >= 0");
+  if (c.weights.empty()) {
+    if (c.layer_time > 0)
+      reject("layer-time", format_number(c.layer_time), "needs a --weights file with a leading layer axis");
+    return 0;
+  }
+  require_input_file("weights", c.weights);
+  if (c.regen_period > 0)
+    reject("regen-period", format_number(c.regen_period),
+           "redraws random matrices; a --weights file gives its own layers (use --layer-time)");
+  WeightsFile file;
+  try {
+    file = read_weights_file(c.weights);
+  } catch (const std::exception& e) {
+    reject("weights", c.weights, e.what());
+  }
+  const auto D = static_cast<std::size_t>(d), H = static_cast<std::size_t>(heads), R = static_cast<std::size_t>(r),
+             W = static_cast<std::size_t>(c.layer.mlp_width);
+  std::size_t layers = 0;  // 0: not known yet
+  // Each dataset's shape is `expected`, or `expected` after a leading layer axis.
+  auto check = [&](const char* name, const WeightArray& array, std::vector<std::size_t> expected,
+                   const std::string& from) {
+    std::vector<std::size_t> shape = array.shape;
+    std::size_t file_layers = 1;
+    if (shape.size() == expected.size() + 1) {
+      file_layers = shape.front();
+      shape.erase(shape.begin());
+    }
+    if (shape != expected || (layers && file_layers != layers)) {
+      const std::string axis = layers ? std::to_string(layers) : "L";
+      reject("weights", c.weights,
+             std::string(name) + " is " + shape_text(array.shape) + "; expected " + shape_text(expected) +
+                 " or [" + axis + ", " + shape_text(expected).substr(1) + " from " + from);
+    }
+    layers = file_layers;
+  };
+  const std::string head_options = "--heads " + std::to_string(H) + " --head-dim " + std::to_string(R) +
+                                   " --d " + std::to_string(D);
+  const WeightArray* attention[] = {&file.query, &file.key, &file.value, &file.output};
+  const bool any_attention = std::any_of(std::begin(attention), std::end(attention), [](auto* a) { return a->present(); });
+  if (any_attention) {
+    const char* names[] = {"/attention/query", "/attention/key", "/attention/value", "/attention/output"};
+    for (std::size_t a = 0; a < 4; ++a)
+      if (!attention[a]->present())
+        reject("weights", c.weights, std::string(names[a]) + " is missing (a file with /attention has query, key, value and output)");
+    for (const auto& [option, value] : {std::pair{"q", &c.q}, std::pair{"k", &c.k}, std::pair{"v", &c.v}})
+      if (*value != "identity")
+        reject(option, *value, "not taken with --weights " + shown(c.weights) + ", whose /attention gives Q, K and V");
+    check("/attention/query", file.query, {H, R, D}, head_options);
+    check("/attention/key", file.key, {H, R, D}, head_options);
+    check("/attention/value", file.value, {H, R, D}, head_options);
+    check("/attention/output", file.output, {D, H * R}, head_options);
+  }
+  const WeightArray* mlp[] = {&file.w1, &file.b1, &file.w2, &file.b2};
+  const bool any_mlp = std::any_of(std::begin(mlp), std::end(mlp), [](auto* a) { return a->present(); });
+  if (any_mlp) {
+    const char* names[] = {"/mlp/w1", "/mlp/b1", "/mlp/w2", "/mlp/b2"};
+    for (std::size_t a = 0; a < 4; ++a)
+      if (!mlp[a]->present()) reject("weights", c.weights, std::string(names[a]) + " is missing (/mlp has w1, b1, w2 and b2)");
+    const std::string mlp_options = "--mlp " + std::to_string(W) + " --d " + std::to_string(D);
+    check("/mlp/w1", file.w1, {W, D}, mlp_options);
+    check("/mlp/b1", file.b1, {W}, mlp_options);
+    check("/mlp/w2", file.w2, {D, W}, mlp_options);
+    check("/mlp/b2", file.b2, {D}, mlp_options);
+    if (!file.activation.empty() && file.activation != c.mlp_activation)
+      reject("mlp-activation", c.mlp_activation,
+             "the --weights file's /mlp says activation " + shown(file.activation) + " (give --mlp-activation " +
+                 shown(file.activation) + ")");
+  }
+  if (!any_attention && !any_mlp)
+    reject("weights", c.weights, "holds neither /attention nor /mlp (see docs/model.md, section 2b)");
+  if (layers > 1 && !(c.layer_time > 0))
+    reject("weights", c.weights,
+           "holds " + std::to_string(layers) + " layers: give --layer-time T (layer l acts on [l T, (l + 1) T))");
+  if (layers > 1 && c.horizon > double(layers) * c.layer_time * (1.0 + 1e-12))
+    reject("horizon", format_number(c.horizon),
+           "the --weights file's " + std::to_string(layers) + " layers of --layer-time " + format_number(c.layer_time) +
+               " end at t = " + format_number(double(layers) * c.layer_time));
+  if (layers == 1 && c.layer_time > 0)
+    reject("layer-time", format_number(c.layer_time), "the --weights file has one layer (no leading layer axis)");
+  return layers;
 }
 
 }  // namespace
@@ -297,6 +414,7 @@ RunChoices validate(const RunConfig& c) {
   if (!(c.flush_interval >= 0.0 && c.flush_interval <= 86400.0))
     reject("flush-interval", format_number(c.flush_interval),
            "must lie in [0, 86400] seconds (0: flush every frame)");
+  choices.weight_layers = validate_layer(c, choices);
   if (c.out.empty()) throw UsageError("--out: missing (the output .h5 file is required)");
   validate_output_path(c.out);
   validate_sizes(c, choices);

@@ -17,24 +17,32 @@ double energy_from_weight_sums(const Model& model, const double* x, const double
   for (std::size_t i = 0; i < model.n; ++i) total += model.presence[i] * weight_sums[i];
   // Prefix tokens are receivers of the energy's double sum although they never move: their
   // rows are taken here, pair by pair (P (n + P) pairs per frame).
-  const std::size_t prefix = model.prefix_count(), sources = model.n + prefix, d = model.d;
+  const std::size_t prefix = model.prefix_count(), sources = model.n + prefix;
   if (prefix > 0) {
+    // A layer's energy is the sum of its heads' (docs/model.md section 2b).
+    const AttentionMatrices& matrices = model.matrices_of(replica);
+    const std::size_t heads = model.is_layer() ? matrices.heads.size() : 1;
     thread_local kernels::TokenOperands operands;
-    kernels::prepare_token_operands(model, model.matrices_of(replica), x, operands);
     const double shift = model.exponent_shift();
-    for (std::size_t p = model.n; p < sources; ++p) {
-      const double* query = operands.query(p);
-      double row = 0.0;
-      for (std::size_t j = 0; j < sources; ++j) {
-        const kernels::PairWeightTerms<double> terms = kernels::model_pair_weight_terms(model, p, j);
-        if (!kernels::visible(terms)) continue;
-        const double* key = operands.key(j);
-        double score = 0.0;
-        for (std::size_t c = 0; c < d; ++c) score += query[c] * key[c];
-        row += operands.presence[j] * kernels::weight_factor(terms) *
-               std::exp(model.beta * score - shift);
+    for (std::size_t h = 0; h < heads; ++h) {
+      if (model.is_layer())
+        kernels::prepare_head_operands(kernels::HeadOperands(model, matrices.heads[h]), x, operands);
+      else
+        kernels::prepare_token_operands(model, matrices, x, operands);
+      for (std::size_t p = model.n; p < sources; ++p) {
+        const double* query = operands.query(p);
+        double row = 0.0;
+        for (std::size_t j = 0; j < sources; ++j) {
+          const kernels::PairWeightTerms<double> terms = kernels::model_pair_weight_terms(model, p, j);
+          if (!kernels::visible(terms)) continue;
+          const double* key = operands.key(j);
+          double score = 0.0;
+          for (std::size_t c = 0; c < operands.d; ++c) score += query[c] * key[c];
+          row += operands.presence[j] * kernels::weight_factor(terms) *
+                 std::exp(model.beta * score - shift);
+        }
+        total += model.prefix_weight * row;
       }
-      total += model.prefix_weight * row;
     }
   }
   return total / (2.0 * model.beta * mass * mass);

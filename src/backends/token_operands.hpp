@@ -92,6 +92,139 @@ inline void prepare_token_operands(const Model& model, const AttentionMatrices& 
   }
 }
 
+/// The operands of one head of a layer (AttentionHead, docs/model.md section 2b) in the form
+/// the pair loops take: the query and key (r numbers, the head gauge G^(r) applied) and the
+/// value z_j, each zero-padded to operand_dim numbers, so that the loops of the one head run
+/// unchanged on them (the padding adds exact zeros to every logit and sum):
+///   z_j = G_j y_j (d numbers; transported values with a gauge)  |  A_h y_j (rv numbers)
+/// and the map of a receiver's normalized sums back to R^d, once per receiver:
+///   u^(h) = V_h G_i^T u_pre (transported)  |  O_h u_pre (O_h = I when the head has none).
+/// The products (Q_h y, K_h y, A_h y) of a token are taken together from the stacked
+/// matrices' transpose, each sum in b order from 0 with the components side by side (so that
+/// they vectorize); the output map likewise from O_h^T.
+class HeadOperands {
+ public:
+  const Model& model;
+  const AttentionHead& head;
+  bool transported;                 ///< the values carry the d-dimensional gauge
+  std::size_t score_dim, value_dim, operand_dim;
+  std::size_t product_count;        ///< r + r (+ rv for values in the head space)
+
+  HeadOperands(const Model& m, const AttentionHead& h)
+      : model(m), head(h), transported(m.gauge && m.values == ValueTransport::Transported),
+        score_dim(std::size_t(h.query.rows())), value_dim(h.value_dim()),
+        operand_dim(std::max(score_dim, transported ? m.d : value_dim)),
+        product_count(2 * score_dim + (transported ? 0 : value_dim)) {
+    const std::size_t d = m.d;
+    stacked_t_.assign(d * product_count, 0.0);
+    for (std::size_t b = 0; b < d; ++b) {
+      double* row = stacked_t_.data() + b * product_count;
+      for (std::size_t a = 0; a < score_dim; ++a) {
+        row[a] = h.query(Eigen::Index(a), Eigen::Index(b));
+        row[score_dim + a] = h.key(Eigen::Index(a), Eigen::Index(b));
+      }
+      if (!transported)
+        for (std::size_t a = 0; a < value_dim; ++a) row[2 * score_dim + a] = h.value(Eigen::Index(a), Eigen::Index(b));
+    }
+    const Matrix& back = transported ? h.full_value : h.output;
+    output_t_.assign(std::size_t(back.size()), 0.0);
+    for (Eigen::Index a = 0; a < back.rows(); ++a)
+      for (Eigen::Index b = 0; b < back.cols(); ++b) output_t_[std::size_t(b * back.rows() + a)] = back(a, b);
+  }
+
+  /// out[0, product_count) = (Q_h y, K_h y, A_h y) of contents y (d numbers).
+  void products(const double* y, double* out) const {
+    sum_columns(stacked_t_.data(), product_count, model.d, y, out);
+  }
+  /// The query or key (operand_dim numbers, zero-padded) from a token's products.
+  void query(std::size_t token, const double* products, double* tmp, double* out) const {
+    score_operand(token, products, tmp, out);
+  }
+  void key(std::size_t token, const double* products, double* tmp, double* out) const {
+    score_operand(token, products + score_dim, tmp, out);
+  }
+  /// z_j (operand_dim numbers) of source `token` with contents y and its products.
+  void value(std::size_t token, const double* y, const double* products, double* out) const {
+    std::size_t filled = model.d;
+    if (transported) {
+      model.gauge->apply(token, y, out);
+    } else {
+      filled = value_dim;
+      std::copy(products + 2 * score_dim, products + 2 * score_dim + value_dim, out);
+    }
+    std::fill(out + filled, out + operand_dim, 0.0);
+  }
+  /// u (d numbers) from a receiver's normalized sums u_pre (operand_dim numbers; overwritten).
+  void output(std::size_t token, double* u_pre, double* u) const {
+    const std::size_t d = model.d;
+    if (transported) {
+      model.gauge->apply_transpose(token, u_pre, u);
+      std::copy(u, u + d, u_pre);
+      sum_columns(output_t_.data(), d, d, u_pre, u);
+    } else if (output_t_.empty()) {
+      std::copy(u_pre, u_pre + d, u);
+    } else {
+      sum_columns(output_t_.data(), d, value_dim, u_pre, u);
+    }
+  }
+
+ private:
+  /// out[a] = sum_b m_t[b][a] y[b] for a < columns, b < rows, in b order from 0.
+  static void sum_columns(const double* m_t, std::size_t columns, std::size_t rows, const double* y,
+                          double* out) {
+    for (std::size_t a = 0; a < columns; ++a) out[a] = 0.0;
+    for (std::size_t b = 0; b < rows; ++b) {
+      const double* row = m_t + b * columns;
+      const double yb = y[b];
+      for (std::size_t a = 0; a < columns; ++a) out[a] += row[a] * yb;
+    }
+  }
+  /// out (operand_dim numbers) = G^(r)_token s for the r numbers s; tmp holds r.
+  void score_operand(std::size_t token, const double* s, double* tmp, double* out) const {
+    const std::size_t r = score_dim;
+    if (model.head_gauge) {
+      std::copy(s, s + r, tmp);
+      model.head_gauge->apply(token, tmp, out);
+    } else {
+      std::copy(s, s + r, out);
+    }
+    std::fill(out + r, out + operand_dim, 0.0);
+  }
+
+  std::vector<double> stacked_t_;  ///< d rows of (Q_h^T | K_h^T | A_h^T)
+  std::vector<double> output_t_;   ///< O_h^T (rv x d), V_h^T (transported), or empty (O_h = I)
+};
+
+/// Every source's operands of one head (HeadOperands) as plain arrays: out.d = operand_dim.
+inline void prepare_head_operands(const HeadOperands& head, const double* x, TokenOperands& out) {
+  const Model& model = head.model;
+  const std::size_t dim = head.operand_dim, sources = model.n + model.prefix_count();
+  out.sources = sources;
+  out.d = dim;
+  out.queries.resize(sources * dim);
+  out.keys.resize(sources * dim);
+  out.values.resize(sources * dim);
+  out.presence.resize(sources);
+  out.log_presence.resize(sources);
+  std::vector<double> tmp(dim), products(head.product_count);
+  for (std::size_t j = 0; j < sources; ++j) {
+    const double* y = source_content(model, x, j);
+    head.products(y, products.data());
+    head.query(j, products.data(), tmp.data(), out.queries.data() + j * dim);
+    head.key(j, products.data(), tmp.data(), out.keys.data() + j * dim);
+    head.value(j, y, products.data(), out.values.data() + j * dim);
+    out.presence[j] = source_presence(model, j);
+    out.log_presence[j] = log_presence(out.presence[j]);
+  }
+}
+
+/// f(x_i) of the layer's feed-forward term added to u (d numbers; hidden: its width).
+inline void add_feed_forward(const FeedForward& mlp, const double* x, double* hidden, double* u) {
+  if (mlp.empty()) return;
+  add_feed_forward(mlp.w1.data(), mlp.b1.data(), mlp.w2.data(), mlp.b2.data(), int(mlp.width()),
+                   int(mlp.w1.cols()), mlp.activation, x, hidden, u);
+}
+
 }  // namespace MFATTN_CPU_NAMESPACE
 }  // namespace mfattn::kernels
 MFATTN_CPU_TARGET_END

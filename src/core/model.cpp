@@ -16,7 +16,7 @@ bool Model::every_token_present() const {
 
 bool Model::query_key_identity() const {
   for (const AttentionMatrices& set : matrices)
-    if (!set.q_identity || !set.k_identity) return false;
+    if (!set.q_identity || !set.k_identity || set.is_layer()) return false;
   return true;
 }
 

@@ -241,12 +241,15 @@ void Hdf5H5mdWriter::write_prefix(const TokenLabels& labels) {
 /// Each matrix set's Q, K, V [L, d, d] and the layers' start times, in its particle group
 /// (a shared set in /particles/tokens only).
 void Hdf5H5mdWriter::write_attention_matrices(const TokenLabels& labels) {
-  const std::size_t d = setup_.d, layers = labels.matrix_layers, sets = labels.matrix_sets;
-  const std::size_t per_set = layers * d * d;
-  if ((sets != 1 && sets != particle_groups_.size()) || labels.layer_start.size() != layers ||
-      labels.query_matrices.size() != sets * per_set || labels.key_matrices.size() != sets * per_set ||
-      labels.value_matrices.size() != sets * per_set)
-    throw std::invalid_argument("write_labels: attention matrices need 1 or R sets of L x d x d");
+  const std::size_t layers = labels.matrix_layers, sets = labels.matrix_sets;
+  if ((sets != 1 && sets != particle_groups_.size()) || labels.layer_start.size() != layers)
+    throw std::invalid_argument("write_labels: attention matrices need 1 or R sets of L layers");
+  for (const TokenLabels::LayerArray& array : labels.layer_arrays) {
+    std::size_t size = 1;
+    for (std::size_t extent : array.shape) size *= extent;
+    if (array.values.size() != sets * layers * size)
+      throw std::invalid_argument("write_labels: attention matrix " + array.name + " needs sets x layers x its shape");
+  }
   for (std::size_t set = 0; set < sets; ++set) {
     // A resumed run rewrites them (a longer horizon may add layers).
     const hid_t parent = particle_groups_[set].get();
@@ -258,11 +261,12 @@ void Hdf5H5mdWriter::write_attention_matrices(const TokenLabels& labels) {
     const hid_t g = group.get();
     write_fixed_dataset(check_, g, "layer_start", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {layers},
                         labels.layer_start.data());
-    for (const auto& [name, values] : {std::pair{"query", &labels.query_matrices},
-                                       std::pair{"key", &labels.key_matrices},
-                                       std::pair{"value", &labels.value_matrices}})
-      write_fixed_dataset(check_, g, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {layers, d, d},
-                          values->data() + set * per_set);
+    for (const TokenLabels::LayerArray& array : labels.layer_arrays) {
+      std::vector<hsize_t> dims{layers};
+      for (std::size_t extent : array.shape) dims.push_back(extent);
+      write_fixed_dataset(check_, g, array.name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, dims,
+                          array.values.data() + set * array.values.size() / sets);
+    }
   }
 }
 

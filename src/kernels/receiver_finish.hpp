@@ -87,6 +87,39 @@ MFATTN_HOST_DEVICE inline bool finish_needs_scale(const FinishTerms& terms, bool
   return weight_sum_wanted || terms.usa || terms.eps_den > 0.0;
 }
 
+/// The first steps of the finish: D_i into outcome.weight_sum and, where the receiver moves,
+/// u_pre (d numbers: the weighted average of the z_j, or USA's weighted sum over M). Returns
+/// false where it does not: no visible source (log_max = -inf), p_i = 0, or a USA output that
+/// overflows double (outcome.overflow; u_pre is then not finite). scale: as in finish_sums.
+MFATTN_HOST_DEVICE inline bool normalized_receiver_sums(const FinishTerms& terms, double p_i, int d,
+                                                        double log_max, double scale,
+                                                        double weight_sum_shifted, const double* acc,
+                                                        double* u_pre, FinishOutcome& outcome) {
+  // No source with weight is visible: the receiver does not move.
+  if (log_max == -__builtin_huge_val()) return false;
+  // True weights are exp(log_max - shift) times the shifted ones; the sums are combined in
+  // log space where the plain product would overflow although the result does not.
+  const double log_scale = log_max - terms.exponent_shift;
+  outcome.log_scale = log_scale;
+  outcome.weight_sum = std::isfinite(scale) ? scale * weight_sum_shifted
+                                            : std::exp(log_scale + std::log(weight_sum_shifted));
+  // A null receiver does not move, whatever its sums.
+  if (p_i == 0.0) return false;
+  if (terms.usa && !std::isfinite(scale / terms.mass)) {
+    for (int c = 0; c < d; ++c)
+      u_pre[c] = std::copysign(std::exp(log_scale + std::log(std::fabs(acc[c]) / terms.mass)), acc[c]);
+  } else {
+    normalized_sums(terms.usa, terms.mass, terms.eps_den, scale, weight_sum_shifted, acc, d, u_pre);
+  }
+  if (terms.usa) {
+    bool finite = true;
+    for (int c = 0; c < d; ++c) finite = finite && std::isfinite(u_pre[c]);
+    outcome.overflow = !finite;
+    return finite;
+  }
+  return true;
+}
+
 /// The finish of one receiver (see the file comment). log_max = -inf: no visible source, the
 /// receiver stays. scale: exp(log_max - shift) (any value where finish_needs_scale is false).
 /// v: V row-major (d x d), null for the identity. velocity and attention_output (p_i u, may be
@@ -99,42 +132,14 @@ MFATTN_HOST_DEVICE inline FinishOutcome finish_sums(const FinishTerms& terms, do
                                                     double* attention_output, double* scratch,
                                                     TransposeGauge&& transpose_gauge) {
   FinishOutcome outcome;
-  auto stay = [&] {
+  double* u_pre = scratch;
+  double* u = scratch + d;
+  if (!normalized_receiver_sums(terms, p_i, d, log_max, scale, weight_sum_shifted, acc, u_pre, outcome)) {
+    if (outcome.overflow) return outcome;
     for (int c = 0; c < d; ++c) velocity[c] = 0.0;
     if (attention_output)
       for (int c = 0; c < d; ++c) attention_output[c] = 0.0;
-  };
-  if (log_max == -__builtin_huge_val()) {
-    // No source with weight is visible: the receiver does not move.
-    stay();
     return outcome;
-  }
-  // True weights are exp(log_max - shift) times the shifted ones; the sums are combined in
-  // log space where the plain product would overflow although the result does not.
-  const double log_scale = log_max - terms.exponent_shift;
-  outcome.log_scale = log_scale;
-  outcome.weight_sum = std::isfinite(scale) ? scale * weight_sum_shifted
-                                            : std::exp(log_scale + std::log(weight_sum_shifted));
-  if (p_i == 0.0) {
-    // A null receiver does not move, whatever its sums.
-    stay();
-    return outcome;
-  }
-  double* u_pre = scratch;
-  double* u = scratch + d;
-  if (terms.usa && !std::isfinite(scale / terms.mass)) {
-    for (int c = 0; c < d; ++c)
-      u_pre[c] = std::copysign(std::exp(log_scale + std::log(std::fabs(acc[c]) / terms.mass)), acc[c]);
-  } else {
-    normalized_sums(terms.usa, terms.mass, terms.eps_den, scale, weight_sum_shifted, acc, d, u_pre);
-  }
-  if (terms.usa) {
-    bool finite = true;
-    for (int c = 0; c < d; ++c) finite = finite && std::isfinite(u_pre[c]);
-    if (!finite) {
-      outcome.overflow = true;
-      return outcome;
-    }
   }
   // u = V G_i^T u_pre (transported values) or V u_pre (plain values).
   const double* rotated = u_pre;

@@ -5,11 +5,13 @@
 //             doubles or (where the finish runs on them) CPU lanes; M is row-major, row(a)
 //             gives a pointer to its row a
 //   b_j = log p_j                                         (-inf for a null token)
+//   f(x) = W2 sigma(W1 x + b1) + b2                       (a layer's feed-forward term)
 // The host side that reads a Model with them is src/backends/token_operands.hpp.
 #include <cmath>
 #include <cstddef>
 
 #include "kernels/compile_target.hpp"
+#include "mfattn/core/layer_kinds.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::kernels {
@@ -40,6 +42,25 @@ struct RowMajorRows {
   int d;
   MFATTN_HOST_DEVICE const double* operator()(int a) const { return m + a * d; }
 };
+
+/// sigma(z) of the feed-forward term (layer_kinds.hpp).
+MFATTN_HOST_DEVICE inline double activation(Activation kind, double z) {
+  switch (kind) {
+    case Activation::Relu: return z > 0.0 ? z : 0.0;
+    case Activation::Gelu: return 0.5 * z * (1.0 + std::erf(z * 0.70710678118654752440));
+    case Activation::Tanh: return std::tanh(z);
+  }
+  return z;
+}
+
+/// out[a] += f(x)_a = (W2 sigma(W1 x + b1) + b2)_a for a < d, W1 (width x d) and W2
+/// (d x width) row-major; hidden holds width numbers.
+MFATTN_HOST_DEVICE inline void add_feed_forward(const double* w1, const double* b1, const double* w2,
+                                                const double* b2, int width, int d, Activation kind,
+                                                const double* x, double* hidden, double* out) {
+  for (int h = 0; h < width; ++h) hidden[h] = activation(kind, row_product(w1 + h * d, x, d) + b1[h]);
+  for (int a = 0; a < d; ++a) out[a] += row_product(w2 + a * width, hidden, width) + b2[a];
+}
 
 }  // namespace MFATTN_CPU_NAMESPACE
 }  // namespace mfattn::kernels

@@ -260,6 +260,8 @@ void sa_velocity_via_oattention(const Model& model, const double* x, double* vel
     throw std::invalid_argument("sa_velocity_via_oattention: USA has no denominator, it is not OAttention");
   if (model.pair_terms.factor != AuxFactor::None)
     throw std::invalid_argument("sa_velocity_via_oattention: auxiliary factors are not part of OAttention");
+  if (model.is_layer())
+    throw std::invalid_argument("sa_velocity_via_oattention: a whole layer (heads, feed-forward) is not one OAttention");
   const std::size_t n = model.n, d = model.d, sources = n + model.prefix_count();
   const bool transported = model.gauge && model.values == ValueTransport::Transported;
   auto multiply = [d](const Matrix& m, bool identity, const double* in, double* out) {

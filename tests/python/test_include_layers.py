@@ -72,7 +72,8 @@ def test_no_public_header_is_included_from_a_layer_above():
 # dependency-free headers below it, so that every header there compiles for a CUDA device
 # (tests/CMakeLists.txt compiles all of them with nvcc where it is found). A Model, Eigen or a
 # backend's header is the host side's (src/backends/model_sources.hpp, token_operands.hpp).
-KERNELS_MAY_INCLUDE = {"core/counter_random.hpp", "mfattn/core/rng.hpp", "mfattn/core/pair_kinds.hpp"}
+KERNELS_MAY_INCLUDE = {"core/counter_random.hpp", "mfattn/core/rng.hpp", "mfattn/core/pair_kinds.hpp",
+                       "mfattn/core/layer_kinds.hpp"}
 QUOTED = re.compile(r'#include "([^"]+)"')
 
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mfattn/io/h5md.hpp"
+#include "mfattn/core/layer_kinds.hpp"
 #include "mfattn/core/pair_kinds.hpp"
 #include "mfattn/app/run_choices.hpp"
 
@@ -48,6 +49,12 @@ struct RunConfig {
   std::string q = "identity", k = "identity", v = "identity";
   std::string matrices = "shared";  ///< who shares random Q, K, V: shared | per-replica
   double regen_period = 0.0;        ///< > 0: new Q, K, V every this many time units (layers)
+  /// The layer's shape (kLayerShapeNumbers: --heads, --head-dim, --mlp), copied whole into
+  /// the Model; its activation, weights file and layer time.
+  LayerShape layer;
+  std::string mlp_activation = "relu";
+  std::string weights;
+  double layer_time = 0.0;  ///< > 0 with a --weights file of several layers: layer l on [l T, (l+1) T)
   std::string geometry = "none";
   double rope_base = 10000.0;
   std::string rope_freqs;

@@ -22,6 +22,8 @@ Model build_model(const RunConfig& cfg);
 /// depend only on (seed, layer, replica), never on how many replicas or layers there are.
 std::vector<AttentionMatrices> layer_matrices(const RunConfig& cfg, std::size_t layer);
 
+/// The time each layer lasts: --regen-period, else --layer-time (0: one layer).
+double layer_period(const RunConfig& cfg);
 /// The times at which layers start: 0, then every --regen-period before the horizon.
 std::vector<double> layer_start_times(const RunConfig& cfg);
 

@@ -155,6 +155,33 @@ inline constexpr PairTermNumber kPairTermNumbers[] = {
     {"aux-power", &PairTermParameters::power, NumberRule::AtLeastZero, "power factor r >= 0: (1 + |dxi|)^(-r)"},
 };
 
+/// An integer of the layer's shape that an option sets: the option, its field of LayerShape
+/// (whose default is the option's), its accepted range [least, most] (most 0: up to d, for
+/// --head-dim) and its help line. run_options binds each, validate() checks each,
+/// /parameters records each and the model builder copies RunConfig::layer whole: a new
+/// integer of the layer is one entry here and its field.
+struct LayerShapeNumber {
+  const char* option;
+  std::int64_t LayerShape::*field;
+  std::int64_t least, most;
+  const char* help;
+};
+inline constexpr LayerShapeNumber kLayerShapeNumbers[] = {
+    {"heads", &LayerShape::heads, 1, 64, "attention heads H, 1 to 64, summed: sum_h u_i^(h)"},
+    {"head-dim", &LayerShape::head_dim, 0, 0,
+     "r of every head (Q_h, K_h are r x d; scores gauged in dimension r), 1 to d (0: d)"},
+    {"mlp", &LayerShape::mlp_width, 0, 65536,
+     "hidden width W of the feed-forward term f(x) = W2 sigma(W1 x + b1) + b2, 0 to 65536 (0: none)"},
+};
+
+inline constexpr Choice<Activation> kActivationChoices[] = {
+    {"relu", Activation::Relu},
+    {"gelu", Activation::Gelu, "z (1 + erf(z / sqrt 2)) / 2, torch.nn.GELU()"},
+    {"tanh", Activation::Tanh},
+};
+inline constexpr ChoiceOption<Activation> kActivationOption{.option = "mlp-activation",
+                                                            .choices = kActivationChoices};
+
 /// One part of --mask (parts are joined by '+'): a mask kind, or per-prompt, which adds the
 /// per-prompt rule to the kind of the other part.
 struct MaskPart {
@@ -237,6 +264,9 @@ struct RunChoices {
   InitKind init = InitKind::Uniform;
   PositionFrames save_positions = PositionFrames::All;
   Precision precision = Precision::Double;
+  Activation mlp_activation = Activation::Relu;
+  /// Layers of the --weights file (its leading axis; 1 without one, 0 without a file).
+  std::size_t weight_layers = 0;
   const IntegratorEntry* integrator = find_integrator("rk4");
   const BackendName* backend = &kBackendNames[0];
 };

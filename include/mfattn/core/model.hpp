@@ -9,9 +9,14 @@
 ///   USA: u_i = (1/M) sum_j w_ij v_ij,  M = sum_j p_j
 ///   SA:  u_i = sum_j w_ij v_ij / (eps_den + sum_j w_ij)
 ///   dx_i/dt = p_i * P_{x_i}(u_i),   P_x y = y - <x, y> x
+/// A whole layer (docs/model.md section 2b: heads and a feed-forward term) sums H heads, each
+/// the u_i above with its own Q_h, K_h (r x d, scores gauged in the r-dimensional head space)
+/// and V_h = O_h A_h, and adds f(x_i) = W2 sigma(W1 x_i + b1) + b2:
+///   dx_i/dt = p_i * P_{x_i}( sum_h u_i^(h) + f(x_i) )
 /// Nothing here computes: backends (backend.hpp) evaluate a Model.
 #include <Eigen/Dense>
 
+#include "mfattn/core/layer_kinds.hpp"
 #include "mfattn/core/pair_kinds.hpp"
 
 #include <cstdint>
@@ -42,11 +47,40 @@ class Gauge {
   virtual std::vector<Matrix> recorded_generators() const = 0;
 };
 
-/// Q, K and V of one replica (d x d). The *_identity flags let backends skip the products;
-/// a default set is the identity (its matrices are never read).
+/// One head of a layer (docs/model.md section 2b):
+///   s_ij = beta <G^(r)_i Q_h x_i, G^(r)_j K_h x_j>,   V_h = O_h A_h (d x d, rank <= rv)
+///   v_ij = V_h G_i^T G_j x_j (transported)  |  O_h (A_h x_j) (plain: summed in the rv-dimensional
+///          value space, then mapped back once per receiver)
+/// G^(r) is Model::head_gauge (the gauge's family computed for dimension r).
+struct AttentionHead {
+  Matrix query, key;  ///< Q_h, K_h: r x d
+  Matrix value;       ///< A_h: rv x d
+  Matrix output;      ///< O_h: d x rv; empty (0 x 0) when rv = d and O_h = I
+  Matrix full_value;  ///< V_h = O_h A_h (d x d): what transported values apply
+  std::size_t value_dim() const { return std::size_t(value.rows()); }
+};
+
+/// The feed-forward term f(x) = W2 sigma(W1 x + b1) + b2 (W1: W x d, W2: d x W); none when
+/// W1 is empty.
+struct FeedForward {
+  Matrix w1, w2;
+  Vector b1, b2;
+  Activation activation = Activation::Relu;
+  std::size_t width() const { return std::size_t(w1.rows()); }
+  bool empty() const { return w1.rows() == 0; }
+};
+
+/// The weights of one replica's layer: Q, K and V of the one head (d x d; the *_identity flags
+/// let backends skip the products; a default set is the identity, its matrices never read), or
+/// the heads of a multi-head layer, and the feed-forward term. A layer with heads or a
+/// feed-forward term leaves q, k, v unread.
 struct AttentionMatrices {
   Matrix q, k, v;
   bool q_identity = true, k_identity = true, v_identity = true;
+  std::vector<AttentionHead> heads;  ///< empty: the one head q, k, v
+  FeedForward mlp;
+  /// True when the layer has heads or a feed-forward term (Model::is_layer).
+  bool is_layer() const { return !heads.empty() || !mlp.empty(); }
 };
 
 struct Model {
@@ -94,6 +128,15 @@ struct Model {
   PairTermParameters pair_terms;
 
   std::shared_ptr<const Gauge> gauge;  ///< null: G = I (tokens 0..n-1, then prefix n..n+P-1)
+  /// The heads' score gauge G^(r) in dimension head_dim (the same family and frequencies,
+  /// computed for r; the gauge itself when r = d); null: none.
+  std::shared_ptr<const Gauge> head_gauge;
+  /// The layer's shape as the options set it (kLayerShapeNumbers), head_dim resolved to r.
+  LayerShape layer;
+
+  /// True when the matrices are a whole layer (heads or a feed-forward term): the backends
+  /// then sum the heads and add f(x_i) before the projection (every set has the same shape).
+  bool is_layer() const { return !matrices.empty() && matrices.front().is_layer(); }
 
   /// Prompts and frozen prefix tokens (docs/model.md sections 1 and 3). Sources are indexed
   /// 0..n-1 (the tokens that move) then n..n+P-1 (prefix token p is source n + p, for the

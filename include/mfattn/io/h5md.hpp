@@ -107,14 +107,22 @@ struct TokenLabels {
   std::vector<std::int32_t> prefix_prompt_id{};
   std::vector<double> prefix_presence{};
   std::vector<std::int64_t> prefix_id{};
-  /// The Q, K, V in force, per matrix set and layer: sets 1 (shared by every replica,
+  /// The weights in force, per matrix set and layer: sets 1 (shared by every replica,
   /// written to /particles/tokens) or R (one per replica, written to each replica's group),
-  /// layers L (one, or one per --regen-period span starting at layer_start[l]). Each group
-  /// gets attention_matrices/{query, key, value} [L, d, d] and layer_start [L]; nothing is
-  /// written when matrix_sets is 0.
+  /// layers L (one, or one per --regen-period or --layer-time span starting at
+  /// layer_start[l]). Each group gets attention_matrices/layer_start [L] and one dataset
+  /// [L, shape...] per array: query, key, value [L, d, d] for the one head of Q, K, V; a
+  /// whole layer's query, key [L, H, r, d], value [L, H, rv, d], output [L, H, d, rv] (when
+  /// its heads have one), mlp_w1 [L, W, d], mlp_b1 [L, W], mlp_w2 [L, d, W], mlp_b2 [L, d]
+  /// (docs/output.md). Nothing is written when matrix_sets is 0.
   std::size_t matrix_sets = 0, matrix_layers = 0;
   std::vector<double> layer_start{};
-  std::vector<double> query_matrices{}, key_matrices{}, value_matrices{};  ///< [set][layer][d][d]
+  struct LayerArray {
+    std::string name;
+    std::vector<std::size_t> shape;  ///< of one layer
+    std::vector<double> values;      ///< [set][layer][shape...]
+  };
+  std::vector<LayerArray> layer_arrays{};
 };
 
 /// Where a run stopped: its last complete frame (every dataset holds it), for --resume.

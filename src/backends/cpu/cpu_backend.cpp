@@ -114,6 +114,12 @@ class CpuBackend final : public Backend {
       if (!failure.empty()) throw NumericalError(failure);
       return;
     }
+    if (model_.is_layer()) {
+      on_team([&] { layer(replicas, x, out, failure); });
+      last_loop_ = "one-sided";
+      if (!failure.empty()) throw NumericalError(failure);
+      return;
+    }
     on_team([&] {
       prepare(replicas, x);
       if (symmetric_)
@@ -140,7 +146,7 @@ class CpuBackend final : public Backend {
     const auto present = std::count_if(model.presence.begin(), model.presence.end(),
                                        [](double p) { return p > 0.0; });
     return small_systems_allowed() && present <= static_cast<std::ptrdiff_t>(kSmallSystemTokens) &&
-           model.d <= kSmallDimension &&
+           model.d <= kSmallDimension && !model.is_layer() &&
            !model.gauge && !model.pair_terms.any() && model.prefix_count() == 0;
   }
 
@@ -408,12 +414,72 @@ class CpuBackend final : public Backend {
     }
   }
 
+  /// A whole layer (docs/model.md section 2b), called by every thread of a team: each head in
+  /// order through the one-sided loop on its operands (HeadOperands: r-dimensional scores,
+  /// values in the head's value space), its u_i^(h) added to the receiver's sum; then
+  /// v_i = p_i P_{x_i}(sum_h u_i^(h) + f(x_i)). Each receiver's sum takes the heads in order,
+  /// whatever the threads.
+  void layer(std::size_t replicas, const double* x, const FieldOutputs& out, std::string& failure) {
+    const std::size_t n = model_.n, d = model_.d;
+#pragma omp single
+    {
+      layer_outputs_.assign(replicas * n * d, 0.0);
+      layer_weight_sums_.assign(replicas * n, 0.0);
+    }
+    // Every replica's layer has the same shape (validated); each reads its own matrices.
+    const std::size_t heads = model_.matrices_of(0).heads.size();
+    for (std::size_t h = 0; h < heads; ++h) {
+#pragma omp single
+      {
+        head_operands_.clear();
+        for (std::size_t r = 0; r < replicas; ++r)
+          head_operands_.emplace_back(model_, model_.matrices_of(r).heads[h]);
+      }
+      prepare(replicas, x, head_operands_.data());
+      one_sided(replicas, x, out, failure, head_operands_.data());
+    }
+#pragma omp for schedule(static)
+    for (std::size_t unit = 0; unit < replicas * n; ++unit) {
+      const std::size_t r = unit / n, i = unit % n;
+      const FeedForward& mlp = model_.matrices_of(r).mlp;
+      thread_local std::vector<double> hidden;
+      hidden.resize(mlp.width());
+      double* u = layer_outputs_.data() + unit * d;
+      const double* xi = x + unit * d;
+      kernels::add_feed_forward(mlp, xi, hidden.data(), u);
+      kernels::tangent_velocity(model_.receiver_speed(i), int(d), xi, static_cast<const double*>(u),
+                                out.velocity + unit * d,
+                                out.attention_output ? out.attention_output + unit * d : nullptr);
+      if (out.weight_sums) out.weight_sums[unit] = layer_weight_sums_[unit];
+    }
+  }
+
+  /// Turns one receiver's shifted sums of a layer's head into u_i^(h), added to u_sum
+  /// (d numbers); returns D_i of the head. scratch: 2 max(d, operand_dim) numbers.
+  double finish_head_receiver(const kernels::HeadOperands& head, std::size_t token, double log_max,
+                              double weight_sum_shifted, const double* acc, double* u_sum,
+                              double* scratch) const {
+    kernels::FinishOutcome outcome;
+    const double scale = log_max > kNegInf ? detail::receiver_scale(model_, log_max) : 1.0;
+    double* u_pre = scratch;
+    double* u = scratch + std::max(model_.d, head.operand_dim);
+    if (kernels::normalized_receiver_sums(detail::finish_terms(model_, mass_), model_.receiver_speed(token),
+                                          int(head.operand_dim), log_max, scale, weight_sum_shifted, acc,
+                                          u_pre, outcome)) {
+      head.output(token, u_pre, u);
+      for (std::size_t c = 0; c < model_.d; ++c) u_sum[c] += u[c];
+    } else if (outcome.overflow) {
+      throw NumericalError(detail::usa_overflow_message(model_, outcome.log_scale));
+    }
+    return outcome.weight_sum;
+  }
+
   /// The one-sided loop, called by every thread of a team: panels of receivers walk every
   /// source.
   void one_sided(std::size_t replicas, const double* x, const FieldOutputs& out,
-                 std::string& failure) const {
+                 std::string& failure, const kernels::HeadOperands* heads = nullptr) {
     const std::size_t n = model_.n;
-    const std::size_t panel = kPanelBlocks * block_size(model_.d);
+    const std::size_t panel = kPanelBlocks * block_size(heads ? heads->operand_dim : model_.d);
     const std::size_t panels_per_replica = (n + panel - 1) / panel;
     const std::size_t total_panels = replicas * panels_per_replica;
 #pragma omp for schedule(dynamic, 1)
@@ -425,7 +491,7 @@ class CpuBackend final : public Backend {
         run_panel(r, first, std::min(panel, n - first), x + replica_start,
                   out.velocity + replica_start,
                   out.attention_output ? out.attention_output + replica_start : nullptr,
-                  out.weight_sums ? out.weight_sums + r * n : nullptr);
+                  out.weight_sums ? out.weight_sums + r * n : nullptr, heads ? heads + r : nullptr);
       } catch (const NumericalError& error) {
 #pragma omp critical(mfattn_cpu_failure)
         failure = error.what();
@@ -435,8 +501,8 @@ class CpuBackend final : public Backend {
 
   /// Sizes and the parts fixed for the run (padding, bias), once per replica: later
   /// evaluations overwrite the token entries only, so no array is cleared or reallocated.
-  void prepare_layout(Prepared& p) const {
-    const std::size_t n = model_.n, d = model_.d;
+  void prepare_layout(Prepared& p, std::size_t d) const {
+    const std::size_t n = model_.n;
     if (p.d == d && p.queries.size() == n * d) return;
     p.d = d;
     p.first_moving = cpu::PairTerms::prefix_region(model_);
@@ -463,18 +529,24 @@ class CpuBackend final : public Backend {
   /// Called by every thread of the team: queries, keys and values of every replica's tokens
   /// (spread over the threads), then the offsets B_i. The largest key and bias are maxima,
   /// the same whichever thread sees which token.
-  void prepare(std::size_t replicas, const double* x) {
-    const std::size_t n = model_.n, d = model_.d;
+  /// heads: one head of a layer per replica (its operands, operand_dim numbers each), or null
+  /// for the one head of Q, K, V.
+  void prepare(std::size_t replicas, const double* x, const kernels::HeadOperands* heads = nullptr) {
+    const std::size_t n = model_.n, d = heads ? heads->operand_dim : model_.d, content_dim = model_.d;
 #pragma omp single
     {
       prepared_.resize(replicas);
       largest_key_.assign(replicas, 0.0);
       largest_bias_.assign(replicas, 0.0);
       for (std::size_t r = 0; r < replicas; ++r) {
-        prepare_layout(prepared_[r]);
-        for (std::size_t q = 0; q < model_.prefix_count(); ++q)
-          add_source(prepared_[r], model_.matrices_of(r), q, n + q, model_.prefix.data() + q * d,
-                     largest_key_[r], largest_bias_[r]);
+        prepare_layout(prepared_[r], d);
+        std::vector<double> products(heads ? heads[r].product_count : 0);
+        for (std::size_t q = 0; q < model_.prefix_count(); ++q) {
+          const double* y = model_.prefix.data() + q * content_dim;
+          if (heads) heads[r].products(y, products.data());
+          add_source(prepared_[r], model_.matrices_of(r), q, n + q, y, largest_key_[r], largest_bias_[r],
+                     heads ? heads + r : nullptr, products.data());
+        }
       }
     }
     std::vector<double> key(replicas, 0.0), bias(replicas, 0.0);
@@ -482,14 +554,23 @@ class CpuBackend final : public Backend {
     for (std::size_t unit = 0; unit < replicas * n; ++unit) {
       const std::size_t r = unit / n, i = unit % n;
       Prepared& p = prepared_[r];
-      const double* xi = x + unit * d;
+      const double* xi = x + unit * content_dim;
       Scratch scratch;
       double* work = scratch.rows(d);
       const AttentionMatrices& matrices = model_.matrices_of(r);
-      const double* query =
-          kernels::gauged_product(model_, matrices.q, matrices.q_identity, i, xi, work + d, work);
+      const kernels::HeadOperands* head = heads ? heads + r : nullptr;
+      const double* query = work;
+      thread_local std::vector<double> products;
+      if (head) {
+        // Q_h x, K_h x, A_h x together, read by the query here and the key and value below.
+        products.resize(head->product_count);
+        head->products(xi, products.data());
+        head->query(i, products.data(), work + d, work);
+      } else {
+        query = kernels::gauged_product(model_, matrices.q, matrices.q_identity, i, xi, work + d, work);
+      }
       for (std::size_t c = 0; c < d; ++c) p.queries[i * d + c] = model_.beta * query[c];
-      add_source(p, matrices, p.first_moving + i, i, xi, key[r], bias[r]);
+      add_source(p, matrices, p.first_moving + i, i, xi, key[r], bias[r], head, products.data());
     }
 #pragma omp critical(mfattn_cpu_prepare)
     for (std::size_t r = 0; r < replicas; ++r) {
@@ -518,22 +599,31 @@ class CpuBackend final : public Backend {
 
 
   /// Source s of p holds gauge token `token` with contents y: its key, value, and its share
-  /// of the largest squared key norm and bias. Null sources stay out of the bound, so that
+  /// of the largest squared key norm and bias. With a layer's head, products holds the head's
+  /// products of y (HeadOperands::products). Null sources stay out of the bound, so that
   /// adding them changes no offset.
   void add_source(Prepared& p, const AttentionMatrices& matrices, std::size_t s, std::size_t token,
-                  const double* y, double& largest_key_norm2, double& largest_bias) const {
-    const std::size_t d = model_.d;
+                  const double* y, double& largest_key_norm2, double& largest_bias,
+                  const kernels::HeadOperands* head, const double* products) const {
+    const std::size_t d = p.d;
     Scratch scratch;
     double* out = scratch.rows(d);
-    const double* key =
-        kernels::gauged_product(model_, matrices.k, matrices.k_identity, token, y, out + d, out);
+    const double* key = out;
+    if (head)
+      head->key(token, products, out + d, out);
+    else
+      key = kernels::gauged_product(model_, matrices.k, matrices.k_identity, token, y, out + d, out);
     double key_norm2 = 0.0;
     double* panel = p.key_panels.data() + p.key_index(0, s);
     for (std::size_t c = 0; c < d; ++c) {
       panel[c * kKeyPanel] = key[c];
       key_norm2 += key[c] * key[c];
     }
-    const double* z = kernels::source_value(model_, token, y, out);
+    const double* z = out;
+    if (head)
+      head->value(token, y, products, out);
+    else
+      z = kernels::source_value(model_, token, y, out);
     if (d <= kSmallDimension)
       for (std::size_t c = 0; c < d; ++c) p.values_t[c * p.source_stride + s] = z[c];
     else
@@ -550,7 +640,7 @@ class CpuBackend final : public Backend {
 
   void run_panel(std::size_t replica, std::size_t first, std::size_t receivers_in_panel,
                  const double* x, double* velocity, double* attention_output,
-                 double* weight_sums) const {
+                 double* weight_sums, const kernels::HeadOperands* head) {
     const Prepared& p = prepared_[replica];
     const std::size_t size = block_size(p.d);
     const std::size_t blocks = (receivers_in_panel + size - 1) / size;
@@ -578,7 +668,19 @@ class CpuBackend final : public Backend {
       one_sided::sweep_panel_with(pair_terms_, factor, p, panel.data(), blocks, tile);
     });
     Scratch scratch;
-    double* work = scratch.rows(model_.d);
+    double* work = scratch.rows(std::max(model_.d, p.d));
+    if (head) {
+      // A head of a layer: its u_i^(h) added to the layer's sum (layer() finishes).
+      for (std::size_t b = 0; b < blocks; ++b)
+        for (std::size_t r = 0; r < panel[b].count; ++r) {
+          const BlockSums& block = panel[b];
+          const std::size_t i = block.receivers[r], unit = replica * model_.n + i;
+          layer_weight_sums_[unit] += finish_head_receiver(*head, i, block.offset[r], block.weight_sum[r],
+                                                           block.acc + r * block.acc_stride,
+                                                           layer_outputs_.data() + unit * model_.d, work);
+        }
+      return;
+    }
     const AttentionMatrices& matrices = model_.matrices_of(replica);
     for (std::size_t b = 0; b < blocks; ++b) {
       const BlockSums& block = panel[b];
@@ -608,6 +710,9 @@ class CpuBackend final : public Backend {
   std::vector<Prepared> prepared_;
   // Per replica, while preparing (largest_key_ holds the squared norm until its one root).
   std::vector<double> largest_key_, largest_bias_;
+  // A layer's sums over its heads: u_i (replicas x n x d) and D_i (replicas x n).
+  std::vector<double> layer_outputs_, layer_weight_sums_;
+  std::vector<kernels::HeadOperands> head_operands_;  // the head in progress, one per replica
 };
 
 }  // namespace

@@ -404,6 +404,10 @@ std::unique_ptr<Backend> make_cuda_backend(const Model& model, const BackendOpti
   // The resident kernel scales every receiver by its presence (resident_steps.hpp).
   if (model.receivers_at_unit_speed)
     throw BackendUnavailable("cuda: receivers at unit speed (the mean-field quadrature) run on the cpu backend only");
+  // Its loops and resident kernel take the one head of Q, K, V (docs/cuda.md).
+  if (model.is_layer())
+    throw BackendUnavailable("--backend cuda: a whole layer (--heads > 1, --head-dim < d, --mlp or --weights) "
+                             "runs on the cpu or reference backend only");
   if (options.precision == Precision::Float) return cuda::make_with<float>(model, options, false);
   return cuda::make_with<double>(model, options, false);
 }

@@ -16,6 +16,7 @@ class ReferenceBackend final : public Backend {
   std::string name() const override { return "reference"; }
 
   void evaluate(std::size_t replicas, const double* x, const FieldOutputs& out) override {
+    if (model_.is_layer()) return evaluate_layer(replicas, x, out);
     const std::size_t n = model_.n, d = model_.d;
     std::vector<double> value(d), tmp(d), u(d), numerator(d);
     const double shift = model_.exponent_shift();
@@ -64,6 +65,57 @@ class ReferenceBackend final : public Backend {
   }
 
  private:
+  /// A whole layer (docs/model.md section 2b), as literally: for every receiver, every head's
+  /// u_i^(h) pair by pair (its value mapped back to R^d per pair), summed over the heads in
+  /// order, plus f(x_i); D_i is the sum of the heads' weight sums.
+  void evaluate_layer(std::size_t replicas, const double* x, const FieldOutputs& out) {
+    const std::size_t n = model_.n, d = model_.d;
+    const double shift = model_.exponent_shift(), mass = model_.mass();
+    std::vector<double> u(d), numerator(d), mapped(d), hidden;
+    for (std::size_t r = 0; r < replicas; ++r) {
+      const double* xr = x + r * n * d;
+      const AttentionMatrices& matrices = model_.matrices_of(r);
+      std::vector<kernels::TokenOperands> heads(matrices.heads.size());
+      for (std::size_t h = 0; h < heads.size(); ++h)
+        kernels::prepare_head_operands(kernels::HeadOperands(model_, matrices.heads[h]), xr, heads[h]);
+      hidden.resize(matrices.mlp.width());
+      for (std::size_t i = 0; i < n; ++i) {
+        std::fill(u.begin(), u.end(), 0.0);
+        double weight_sum = 0.0;
+        for (std::size_t h = 0; h < heads.size(); ++h) {
+          const kernels::HeadOperands head(model_, matrices.heads[h]);
+          const kernels::TokenOperands& operands = heads[h];
+          std::vector<double> z(operands.d);
+          std::fill(numerator.begin(), numerator.end(), 0.0);
+          double denominator = 0.0;
+          for (std::size_t j = 0; j < n + model_.prefix_count(); ++j) {
+            const kernels::PairWeightTerms<double> terms = kernels::model_pair_weight_terms(model_, i, j);
+            if (!kernels::visible(terms)) continue;
+            double score = 0.0;
+            for (std::size_t c = 0; c < operands.d; ++c) score += operands.query(i)[c] * operands.key(j)[c];
+            const double weight = operands.presence[j] * kernels::weight_factor(terms) *
+                                  std::exp(model_.beta * score - shift);
+            std::copy(operands.value(j), operands.value(j) + operands.d, z.begin());
+            head.output(i, z.data(), mapped.data());
+            for (std::size_t c = 0; c < d; ++c) numerator[c] += weight * mapped[c];
+            denominator += weight;
+          }
+          const double normaliser = model_.normalization == Normalization::Usa ? mass : model_.eps_den + denominator;
+          if (normaliser > 0.0)
+            for (std::size_t c = 0; c < d; ++c) u[c] += numerator[c] / normaliser;
+          weight_sum += denominator;
+        }
+        for (std::size_t c = 0; c < d; ++c)
+          if (!std::isfinite(u[c])) throw NumericalError("reference: USA weights overflow");
+        kernels::add_feed_forward(matrices.mlp, xr + i * d, hidden.data(), u.data());
+        kernels::tangent_velocity(model_.receiver_speed(i), int(d), xr + i * d, u.data(),
+                                  out.velocity + (r * n + i) * d,
+                                  out.attention_output ? out.attention_output + (r * n + i) * d : nullptr);
+        if (out.weight_sums) out.weight_sums[r * n + i] = weight_sum;
+      }
+    }
+  }
+
   void apply_matrix(const Matrix& m, bool identity, const double* in, double* out) const {
     const std::size_t d = model_.d;
     if (identity) {
