@@ -24,7 +24,10 @@ def main(argv: list[str]) -> int:
 
     module_file, out = argv
     try:
-        module = torch.load(module_file)
+        try:  # torch >= 1.13 takes weights_only; a saved module needs the full unpickler
+            module = torch.load(module_file, weights_only=False)
+        except TypeError:
+            module = torch.load(module_file)
     except Exception as error:  # torch raises many kinds for a file that is not a saved module
         print(f"export_torch.py: {module_file}: cannot be loaded by torch.load ({error})", file=sys.stderr)
         return 2
@@ -33,10 +36,11 @@ def main(argv: list[str]) -> int:
     except ValueError as error:
         print(f"export_torch.py: {error}", file=sys.stderr)
         return 2
-    words = [f"--{k.replace('_', '-')} {v!r}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}"
-             for k, v in options.items() if k != "layers"]
+    words = [f"--{k.replace('_', '-')} {float(v)!r}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}"
+             for k, v in options.items()]
+    layers = mfattn_io.weights_file_layers(out)
     print(f"wrote {out}; run it with: mfattn run {' '.join(words)}"
-          + (f" --layer-time T  ({options['layers']} layers)" if "layers" in options else ""))
+          + (f" --layer-time T  ({layers} layers: layer l acts on [l T, (l + 1) T))" if layers > 1 else ""))
     return 0
 
 

@@ -641,6 +641,29 @@ def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajector
 # ---------------------------------------------------------------------------------------------
 # Weights files for `mfattn run --weights` (docs/model.md, section 2b), from PyTorch layers.
 
+def _torch_activation(function: Any) -> str:
+    """relu, gelu (erf form) or tanh for a TransformerEncoderLayer's activation; anything else
+    (leaky relu, ReLU6, the tanh form of gelu, ...) is refused."""
+    import torch
+    import torch.nn.functional as F
+
+    if function is F.relu or type(function) is torch.nn.ReLU:
+        return "relu"
+    if function is torch.tanh or function is F.tanh or type(function) is torch.nn.Tanh:
+        return "tanh"
+    if function is F.gelu or (type(function) is torch.nn.GELU and getattr(function, "approximate", "none") == "none"):
+        return "gelu"
+    raise ValueError(f"export_torch: activation {function!r} is not relu, gelu (erf form) or tanh")
+
+
+def weights_file_layers(path: str | os.PathLike) -> int:
+    """The layers of a weights file: its datasets' leading axis, or 1."""
+    with h5py.File(path, "r") as f:
+        if "attention/query" in f:
+            return f["attention/query"].shape[0] if f["attention/query"].ndim == 4 else 1
+        return f["mlp/b1"].shape[0] if f["mlp/b1"].ndim == 2 else 1
+
+
 def _torch_layer_weights(layer: Any) -> dict[str, Any]:
     """The arrays of one nn.MultiheadAttention or nn.TransformerEncoderLayer (float64 NumPy)."""
     import numpy as np
@@ -650,21 +673,13 @@ def _torch_layer_weights(layer: Any) -> dict[str, Any]:
     attention = layer
     if isinstance(layer, torch.nn.TransformerEncoderLayer):
         attention = layer.self_attn
-        code = getattr(layer, "activation_relu_or_gelu", 0)
-        activation = {1: "relu", 2: "gelu"}.get(code)
-        if activation is None:
-            function = layer.activation
-            name = getattr(function, "__name__", type(function).__name__).lower()
-            activation = next((a for a in ("relu", "gelu", "tanh") if a in name), None)
-            if activation is None or (activation == "gelu" and getattr(function, "approximate", "none") != "none"):
-                raise ValueError(f"export_torch: activation {function!r} is not relu, gelu (erf form) or tanh")
-        mlp = {
-            "w1": layer.linear1.weight, "b1": layer.linear1.bias,
-            "w2": layer.linear2.weight, "b2": layer.linear2.bias, "activation": activation,
-        }
+        mlp = {"w1": layer.linear1.weight, "b1": layer.linear1.bias, "w2": layer.linear2.weight,
+               "b2": layer.linear2.bias, "activation": _torch_activation(layer.activation)}
     if not isinstance(attention, torch.nn.MultiheadAttention):
         raise ValueError("export_torch: takes a torch.nn.MultiheadAttention or a torch.nn.TransformerEncoderLayer "
                          f"(or a list of them), not {type(layer).__name__}")
+    if getattr(attention, "add_zero_attn", False):
+        raise ValueError("export_torch: add_zero_attn adds a zero key to every softmax; mfattn's heads have none")
     if not attention._qkv_same_embed_dim:
         raise ValueError("export_torch: kdim and vdim must equal embed_dim (tokens attend to themselves)")
     for name in ("in_proj_bias", "bias_k", "bias_v"):
@@ -676,7 +691,9 @@ def _torch_layer_weights(layer: Any) -> dict[str, Any]:
         raise ValueError("export_torch: the attention's out_proj.bias is not zero; mfattn's heads take no "
                          "attention bias (build the layer with bias=False, or zero it)")
 
-    def array(tensor: Any) -> Any:
+    def array(tensor: Any, size: int = 0) -> Any:
+        if tensor is None:  # a layer built with bias=False: a zero bias
+            return np.zeros(size)
         return np.asarray(tensor.detach().to(torch.float64).cpu().numpy(), dtype=np.float64)
 
     d, heads = attention.embed_dim, attention.num_heads
@@ -688,7 +705,9 @@ def _torch_layer_weights(layer: Any) -> dict[str, Any]:
         "d": d, "heads": heads, "head_dim": r,
     }
     if mlp:
-        out.update({f"mlp_{k}": array(v) for k, v in mlp.items() if k != "activation"})
+        width = mlp["w1"].shape[0]
+        out.update({"mlp_w1": array(mlp["w1"]), "mlp_b1": array(mlp["b1"], width), "mlp_w2": array(mlp["w2"]),
+                    "mlp_b2": array(mlp["b2"], d)})
         out["activation"] = mlp["activation"]
     return out
 
@@ -707,7 +726,8 @@ def export_torch(module: Any, path: str | os.PathLike) -> dict[str, Any]:
 
     Returns the options (``beta`` = 1 / sqrt(r), PyTorch's scaling, ``kernel="sa"``,
     ``values="plain"``, ``heads``, ``head_dim``, ``mlp``, ``mlp_activation``, ``weights``) for
-    ``mfattn.Model(d=d, **options)`` or the command line.
+    ``mfattn.Model(n=n, **options)`` or the command line (several layers also need
+    ``layer_time=``; ``weights_file_layers(path)`` says how many there are).
     """
     import torch
 
@@ -746,6 +766,4 @@ def export_torch(module: Any, path: str | os.PathLike) -> dict[str, Any]:
     if "mlp_w1" in first:
         options["mlp"] = first["mlp_w1"].shape[0]
         options["mlp_activation"] = first["activation"]
-    if len(parts) > 1:
-        options["layers"] = len(parts)  # give layer_time= (--layer-time) too
     return options

@@ -13,6 +13,8 @@ r-dimensional head space), SA, plain values, beta = 1 / sqrt(r), n = 1024 tokens
 - PyTorch peer: the code a researcher writes, mha(x, x, x) on the token matrix and the tangent
   projection, float64, torch.set_num_threads(2), median of --repeats calls after a warm-up;
   its peak memory is the process's growth over the call (ru_maxrss), which holds H n^2 weights.
+- Memory: the same layer at --memory-n = 16384 tokens, the peak RSS of `mfattn bench`, against
+  the H n^2 doubles of PyTorch's attention weights there (not run).
 - Roofline: `mfattn bench --roofline` prints the exp rate of the CPU kernels (exps per second,
   measured apart from any pair loop); H n^2 exps per evaluation then bound the time from below.
 
@@ -65,6 +67,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=20, help="PyTorch calls timed (median)")
     parser.add_argument("--min-time", type=float, default=2.0, help="mfattn bench --min-time")
+    parser.add_argument("--memory-n", type=int, default=16384, help="tokens of the memory measurement")
     parser.add_argument("--binary", default=os.environ.get("MFATTN_BINARY", str(ROOT / "build" / "mfattn")))
     parser.add_argument("--out", default=str(ROOT / "data" / "heads" / "benchmark.json"))
     args = parser.parse_args()
@@ -118,7 +121,15 @@ def main() -> None:
                      "speedup": torch_seconds / full["seconds"], "mfattn_maxrss_mib": full["maxrss_mib"],
                      "exps_per_second": full.get("exps_per_second"),
                      "roofline_s": heads * n * n / full["exps_per_second"] if full.get("exps_per_second") else None})
-    result = {"n": n, "d": d, "heads": heads, "head_dim": r, "torch_seconds": torch_seconds,
+    # O(n) memory: the same layer at --memory-n tokens (one evaluation or so), peak RSS; PyTorch
+    # would hold H n^2 attention weights there.
+    big = bench(args.binary, ["--n", str(args.memory_n), "--d", str(d), "--kernel", "sa", "--values", "plain",
+                              "--beta", repr(options["beta"]), "--threads", "2", "--min-time", "0.01",
+                              "--heads", str(heads), "--head-dim", str(r), "--weights", str(work / "layer.h5"),
+                              "--out", str(work / "unused.h5")])
+    result_memory = {"n": args.memory_n, "mfattn_maxrss_mib": big["maxrss_mib"], "seconds": big["seconds"],
+                     "torch_weights_mib": heads * args.memory_n ** 2 * 8 / 2 ** 20}
+    result = {"n": n, "d": d, "heads": heads, "head_dim": r, "torch_seconds": torch_seconds, "memory": result_memory,
               "torch_threads": 2, "torch_peak_growth_mib": torch_growth_mib, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
@@ -131,6 +142,9 @@ def main() -> None:
         roof = f"{1e3 * row['roofline_s']:.2f} ms" if row["roofline_s"] else "-"
         print(f"| {row['kernels']} | {1e3 * row['mfattn_s']:.2f} ms | {1e3 * row['one_head_s']:.3f} ms | "
               f"{row['heads_over_one']:.2f} | {row['speedup']:.1f}x | {roof} | {row['mfattn_maxrss_mib']:.0f} MiB |")
+    m = result_memory
+    print(f"\nAt n = {m['n']}: mfattn peak RSS {m['mfattn_maxrss_mib']:.0f} MiB ({m['seconds']:.2f} s per evaluation, "
+          f"default kernels); PyTorch's H n^2 attention weights alone would take {m['torch_weights_mib']:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -184,7 +184,10 @@ FeedForward preset_feed_forward(const RunConfig& cfg, std::uint64_t layer, std::
 /// Layer `layer` of a --weights file (validated: shapes, one layer or a leading axis of
 /// choices.weight_layers; the last layer also serves a frame at its end time).
 void weights_file_layer(const RunConfig& cfg, std::size_t layer, AttentionMatrices& m) {
-  const WeightsFile file = read_weights_file(cfg.weights);
+  // Read once by validate() (RunChoices::weights); a RunConfig filled in code reads it here.
+  const std::shared_ptr<const WeightsFile> read =
+      cfg.choices.weights ? cfg.choices.weights : std::make_shared<const WeightsFile>(read_weights_file(cfg.weights));
+  const WeightsFile& file = *read;
   const auto d = static_cast<std::size_t>(cfg.d), heads = static_cast<std::size_t>(cfg.layer.heads);
   const std::size_t r = head_dim_of(cfg);
   const std::size_t l = std::min(layer, std::max<std::size_t>(cfg.choices.weight_layers, 1) - 1);

@@ -87,14 +87,21 @@ double estimated_memory_bytes(const RunConfig& c, const RunChoices& choices) {
   //   8 S          positions, presences, ids, prompt ids
   //   3 L M D^2    the Q, K, V the file records: L layers (--regen-period) of M sets (1, or
   //                R with --matrices per-replica)
+  //   a whole layer (model.md section 2b), H heads of r: R N D the sum over the heads,
+  //                2 L M H (2 r + D) D its weights (held and recorded; a file's values take
+  //                r <= D rows), 3 L M W D the feed-forward term's
   // plus threads * N * 24 bytes (cluster forests) and (N / 64)^2 bytes of window-mask tiles.
   const double N = double(c.n) + double(c.null_tokens);
   const double S = N + double(c.prefix) * double(c.prompts);
   const double R = double(c.replicas), D = double(c.d);
   double doubles = 16.0 * R * N * D + 4.0 * R * S * (D + 1.0) + 8.0 * D * D + 8.0 * S;
-  const double layers = c.regen_period > 0 ? std::ceil(c.horizon / c.regen_period) : 1.0;
+  const double period = c.regen_period > 0 ? c.regen_period : c.layer_time;
+  const double layers = period > 0 ? std::ceil(c.horizon / period) : 1.0;
   const double sets = choices.matrices == MatrixSharing::PerReplica ? R : 1.0;
   doubles += 3.0 * layers * sets * D * D;
+  const double heads = double(c.layer.heads), r = c.layer.head_dim ? double(c.layer.head_dim) : D;
+  if (heads > 1 || r < D || c.layer.mlp_width > 0 || !c.weights.empty())
+    doubles += R * N * D + 2.0 * layers * sets * (heads * (2.0 * r + D) * D + 1.5 * double(c.layer.mlp_width) * D);
   if (holds_dense_matrices(choices.geometry)) doubles += S * D * D;
   double bytes = 8.0 * doubles;
   bytes += double(std::max<std::int64_t>(c.threads, 1)) * N * 24.0;

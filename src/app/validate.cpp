@@ -251,6 +251,7 @@ std::size_t validate_layer(const RunConfig& c, RunChoices& choices) {
                " end at t = " + format_number(double(layers) * c.layer_time));
   if (layers == 1 && c.layer_time > 0)
     reject("layer-time", format_number(c.layer_time), "the --weights file has one layer (no leading layer axis)");
+  choices.weights = std::make_shared<const WeightsFile>(std::move(file));
   return layers;
 }
 
@@ -275,9 +276,11 @@ RunChoices validate(const RunConfig& c) {
     choices.k = require_preset_or_file(kKeyOption, c.k);
     choices.v = require_preset_or_file(kValueOption, c.v);
     const std::optional<MatrixPreset> presets[] = {choices.q, choices.k, choices.v};
-    const bool random = std::any_of(std::begin(presets), std::end(presets), [](const auto& preset) {
-      return preset && is_random_preset(*preset);
-    });
+    // A feed-forward term's preset is random too (a file's /mlp, checked later, replaces it).
+    const bool random = c.layer.mlp_width > 0 ||
+                        std::any_of(std::begin(presets), std::end(presets), [](const auto& preset) {
+                          return preset && is_random_preset(*preset);
+                        });
     const std::string named = "--q " + shown(c.q) + " --k " + shown(c.k) + " --v " + shown(c.v);
     choices.matrices = require_choice(kMatrixSharingOption, c.matrices);
     if (choices.matrices == MatrixSharing::PerReplica && !random)

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -64,6 +65,16 @@ struct TokenOperands {
   const double* query(std::size_t j) const { return queries.data() + j * d; }
   const double* key(std::size_t j) const { return keys.data() + j * d; }
   const double* value(std::size_t j) const { return values.data() + j * d; }
+  /// Room for `count` sources of `dim` numbers each (the arrays are reused between calls).
+  void resize(std::size_t count, std::size_t dim) {
+    sources = count;
+    d = dim;
+    queries.resize(count * dim);
+    keys.resize(count * dim);
+    values.resize(count * dim);
+    presence.resize(count);
+    log_presence.resize(count);
+  }
 };
 
 /// Fills `out` for the state x (n rows of d) of a replica whose Q and K are `matrices`; its
@@ -71,13 +82,7 @@ struct TokenOperands {
 inline void prepare_token_operands(const Model& model, const AttentionMatrices& matrices,
                                    const double* x, TokenOperands& out) {
   const std::size_t d = model.d, sources = model.n + model.prefix_count();
-  out.sources = sources;
-  out.d = d;
-  out.queries.resize(sources * d);
-  out.keys.resize(sources * d);
-  out.values.resize(sources * d);
-  out.presence.resize(sources);
-  out.log_presence.resize(sources);
+  out.resize(sources, d);
   std::vector<double> tmp(d), gauged(d);
   auto store = [d](const double* from, double* to) { std::copy(from, from + d, to); };
   for (std::size_t j = 0; j < sources; ++j) {
@@ -116,9 +121,10 @@ class HeadOperands {
         operand_dim(std::max(score_dim, transported ? m.d : value_dim)),
         product_count(2 * score_dim + (transported ? 0 : value_dim)) {
     const std::size_t d = m.d;
-    stacked_t_.assign(d * product_count, 0.0);
+    stacked_stride_ = padded_columns(product_count);
+    stacked_t_.assign(d * stacked_stride_, 0.0);
     for (std::size_t b = 0; b < d; ++b) {
-      double* row = stacked_t_.data() + b * product_count;
+      double* row = stacked_t_.data() + b * stacked_stride_;
       for (std::size_t a = 0; a < score_dim; ++a) {
         row[a] = h.query(Eigen::Index(a), Eigen::Index(b));
         row[score_dim + a] = h.key(Eigen::Index(a), Eigen::Index(b));
@@ -127,14 +133,15 @@ class HeadOperands {
         for (std::size_t a = 0; a < value_dim; ++a) row[2 * score_dim + a] = h.value(Eigen::Index(a), Eigen::Index(b));
     }
     const Matrix& back = transported ? h.full_value : h.output;
-    output_t_.assign(std::size_t(back.size()), 0.0);
+    output_stride_ = padded_columns(std::size_t(back.rows()));
+    output_t_.assign(std::size_t(back.cols()) * output_stride_, 0.0);
     for (Eigen::Index a = 0; a < back.rows(); ++a)
-      for (Eigen::Index b = 0; b < back.cols(); ++b) output_t_[std::size_t(b * back.rows() + a)] = back(a, b);
+      for (Eigen::Index b = 0; b < back.cols(); ++b) output_t_[std::size_t(b) * output_stride_ + std::size_t(a)] = back(a, b);
   }
 
   /// out[0, product_count) = (Q_h y, K_h y, A_h y) of contents y (d numbers).
   void products(const double* y, double* out) const {
-    sum_columns(stacked_t_.data(), product_count, model.d, y, out);
+    sum_columns(stacked_t_.data(), stacked_stride_, product_count, model.d, y, out);
   }
   /// The query or key (operand_dim numbers, zero-padded) from a token's products.
   void query(std::size_t token, const double* products, double* tmp, double* out) const {
@@ -160,24 +167,63 @@ class HeadOperands {
     if (transported) {
       model.gauge->apply_transpose(token, u_pre, u);
       std::copy(u, u + d, u_pre);
-      sum_columns(output_t_.data(), d, d, u_pre, u);
+      sum_columns(output_t_.data(), output_stride_, d, d, u_pre, u);
     } else if (output_t_.empty()) {
       std::copy(u_pre, u_pre + d, u);
     } else {
-      sum_columns(output_t_.data(), d, value_dim, u_pre, u);
+      sum_columns(output_t_.data(), output_stride_, d, value_dim, u_pre, u);
     }
   }
 
  private:
-  /// out[a] = sum_b m_t[b][a] y[b] for a < columns, b < rows, in b order from 0.
-  static void sum_columns(const double* m_t, std::size_t columns, std::size_t rows, const double* y,
-                          double* out) {
-    for (std::size_t a = 0; a < columns; ++a) out[a] = 0.0;
+  /// Columns summed side by side: one vector register of the kernel set this file is built for.
+#if defined(MFATTN_CPU_ISA_AVX512)
+  static constexpr std::size_t kChunk = 8;
+#elif defined(MFATTN_CPU_ISA_AVX2) || defined(MFATTN_CPU_ISA_AVX)
+  static constexpr std::size_t kChunk = 4;
+#else
+  static constexpr std::size_t kChunk = 2;
+#endif
+  /// Rows padded to kChunk columns, or to 4 kChunk above kChunk: a pass then keeps four
+  /// independent sums in flight (one would wait on each multiply-add's latency).
+  static std::size_t padded_columns(std::size_t columns) {
+    const std::size_t unit = columns <= kChunk ? kChunk : 4 * kChunk;
+    return (columns + unit - 1) / unit * unit;
+  }
+
+  /// out[a] = sum_b m_t[b][a] y[b] for a < columns, b < rows, each sum in b order from 0; m_t
+  /// has rows of `stride` numbers (columns padded with zeros: padded_columns). The
+  /// sums of a chunk of columns stay in registers (kWidth numbers each pass).
+  static void sum_columns(const double* m_t, std::size_t stride, std::size_t columns, std::size_t rows,
+                          const double* y, double* out) {
+    std::size_t a = 0;
+    for (; a + 4 * kChunk <= stride; a += 4 * kChunk) sum_chunk<4 * kChunk>(m_t + a, stride, columns - a, rows, y, out + a);
+    for (; a < stride; a += kChunk) sum_chunk<kChunk>(m_t + a, stride, columns - a, rows, y, out + a);
+  }
+  template <std::size_t kWidth>
+  static void sum_chunk(const double* m_t, std::size_t stride, std::size_t left, std::size_t rows,
+                        const double* y, double* out) {
+    // kChunk doubles as one vector of the compiler's (GCC and clang lower it to the target's
+    // registers): each row adds row[a] y[b] to every column's sum at once.
+    using Vector = double __attribute__((vector_size(kChunk * sizeof(double))));
+    constexpr std::size_t kVectors = kWidth / kChunk;
+    Vector sums[kVectors] = {};
     for (std::size_t b = 0; b < rows; ++b) {
-      const double* row = m_t + b * columns;
-      const double yb = y[b];
-      for (std::size_t a = 0; a < columns; ++a) out[a] += row[a] * yb;
+      const double* row = m_t + b * stride;
+      const Vector yb = Vector{} + y[b];
+      for (std::size_t v = 0; v < kVectors; ++v) {
+        Vector part;
+        std::memcpy(&part, row + v * kChunk, sizeof part);
+        sums[v] += part * yb;
+      }
     }
+    if (left >= kWidth) {
+      std::memcpy(out, sums, sizeof sums);
+      return;
+    }
+    double values[kWidth];
+    std::memcpy(values, sums, sizeof values);
+    for (std::size_t a = 0; a < left; ++a) out[a] = values[a];
   }
   /// out (operand_dim numbers) = G^(r)_token s for the r numbers s; tmp holds r.
   void score_operand(std::size_t token, const double* s, double* tmp, double* out) const {
@@ -191,21 +237,16 @@ class HeadOperands {
     std::fill(out + r, out + operand_dim, 0.0);
   }
 
-  std::vector<double> stacked_t_;  ///< d rows of (Q_h^T | K_h^T | A_h^T)
+  std::vector<double> stacked_t_;  ///< d rows of (Q_h^T | K_h^T | A_h^T), stacked_stride_ apart
   std::vector<double> output_t_;   ///< O_h^T (rv x d), V_h^T (transported), or empty (O_h = I)
+  std::size_t stacked_stride_ = 0, output_stride_ = 0;
 };
 
 /// Every source's operands of one head (HeadOperands) as plain arrays: out.d = operand_dim.
 inline void prepare_head_operands(const HeadOperands& head, const double* x, TokenOperands& out) {
   const Model& model = head.model;
   const std::size_t dim = head.operand_dim, sources = model.n + model.prefix_count();
-  out.sources = sources;
-  out.d = dim;
-  out.queries.resize(sources * dim);
-  out.keys.resize(sources * dim);
-  out.values.resize(sources * dim);
-  out.presence.resize(sources);
-  out.log_presence.resize(sources);
+  out.resize(sources, dim);
   std::vector<double> tmp(dim), products(head.product_count);
   for (std::size_t j = 0; j < sources; ++j) {
     const double* y = source_content(model, x, j);

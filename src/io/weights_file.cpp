@@ -26,7 +26,7 @@ WeightArray read_array(hid_t file, const std::string& path) {
     throw std::invalid_argument(path + " must be float64 (numpy float64, torch.float64)");
   Handle space(H5Dget_space(dataset.get()), H5Sclose);
   const int rank = H5Sget_simple_extent_ndims(space.get());
-  if (rank < 1 || rank > 8) throw std::invalid_argument(path + " has rank " + std::to_string(rank) + ", not 1 to 4");
+  if (rank < 1 || rank > 8) throw std::invalid_argument(path + " has rank " + std::to_string(rank) + ", not 1 to 8");
   std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
   H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
   std::size_t count = 1;
@@ -51,8 +51,9 @@ std::string read_text_attribute(hid_t file, const std::string& path, const std::
     return "";
   Handle attribute(H5Aopen_by_name(file, path.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   Handle type(H5Aget_type(attribute.get()), H5Tclose);
-  if (H5Tget_class(type.get()) != H5T_STRING)
-    throw std::invalid_argument(path + " attribute " + name + " must be a string");
+  Handle space(H5Aget_space(attribute.get()), H5Sclose);
+  if (H5Tget_class(type.get()) != H5T_STRING || H5Sget_simple_extent_npoints(space.get()) != 1)
+    throw std::invalid_argument(path + " attribute " + name + " must be one string");
   if (H5Tis_variable_str(type.get()) > 0) {
     char* text = nullptr;
     Handle memory(H5Tcopy(H5T_C_S1), H5Tclose);

@@ -58,8 +58,10 @@ MFATTN_HOST_DEVICE inline double activation(Activation kind, double z) {
 MFATTN_HOST_DEVICE inline void add_feed_forward(const double* w1, const double* b1, const double* w2,
                                                 const double* b2, int width, int d, Activation kind,
                                                 const double* x, double* hidden, double* out) {
-  for (int h = 0; h < width; ++h) hidden[h] = activation(kind, row_product(w1 + h * d, x, d) + b1[h]);
-  for (int a = 0; a < d; ++a) out[a] += row_product(w2 + a * width, hidden, width) + b2[a];
+  // Offsets in std::size_t: W d may pass 2^31.
+  for (int h = 0; h < width; ++h)
+    hidden[h] = activation(kind, row_product(w1 + std::size_t(h) * std::size_t(d), x, d) + b1[h]);
+  for (int a = 0; a < d; ++a) out[a] += row_product(w2 + std::size_t(a) * std::size_t(width), hidden, width) + b2[a];
 }
 
 }  // namespace MFATTN_CPU_NAMESPACE

@@ -92,10 +92,29 @@ def test_attention_bias_is_refused(mfattn, tmp_path):
     assert not (tmp_path / "bias.h5").exists()
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda: torch.nn.MultiheadAttention(D, HEADS, bias=False, add_zero_attn=True, dtype=torch.float64),
+     "add_zero_attn"),
+    (lambda: torch.nn.TransformerEncoderLayer(D, HEADS, 24, dropout=0.0, activation=torch.nn.GELU(approximate="tanh"),
+                                              dtype=torch.float64), r"is not relu, gelu \(erf form\) or tanh"),
+    (lambda: torch.nn.TransformerEncoderLayer(D, HEADS, 24, dropout=0.0, activation=torch.nn.functional.leaky_relu,
+                                              dtype=torch.float64), r"is not relu, gelu \(erf form\) or tanh"),
+])
+def test_modules_that_differ_from_the_flow_are_refused(mfattn, tmp_path, make, message):
+    module = make()
+    if isinstance(module, torch.nn.TransformerEncoderLayer):
+        with torch.no_grad():
+            module.self_attn.in_proj_bias.zero_()
+            module.self_attn.out_proj.bias.zero_()
+    with pytest.raises(ValueError, match=message):
+        mfattn.export_torch(module, tmp_path / "w.h5")
+    assert not (tmp_path / "w.h5").exists()
+
+
 def test_two_layer_file_equals_two_chained_runs(mfattn, run_mfattn, tmp_path):
     layers = [random_encoder(6, "gelu"), random_encoder(7, "gelu")]
     both = mfattn.export_torch(layers, tmp_path / "both.h5")
-    assert both.pop("layers") == 2
+    assert mfattn.io.weights_file_layers(tmp_path / "both.h5") == 2
     first = mfattn.export_torch(layers[0], tmp_path / "first.h5")
     second = mfattn.export_torch(layers[1], tmp_path / "second.h5")
 
@@ -120,9 +139,54 @@ def test_export_command_line(mfattn_binary, tmp_path):
     done = subprocess.run([*script, str(tmp_path / "layer.pt"), str(tmp_path / "w.h5")], capture_output=True,
                           text=True, cwd=str(__import__("conftest").REPO_ROOT))
     assert done.returncode == 0, done.stderr
-    assert "--heads 4 --head-dim 4" in done.stdout and "--mlp 24 --mlp-activation relu" in done.stdout
+    assert "--heads 4 --head-dim 4 --beta 0.5 --kernel sa --values plain" in done.stdout
+    assert "--mlp 24 --mlp-activation relu" in done.stdout
     torch.save(torch.nn.Linear(3, 3), tmp_path / "linear.pt")
     done = subprocess.run([*script, str(tmp_path / "linear.pt"), str(tmp_path / "x.h5")], capture_output=True,
                           text=True, cwd=str(__import__("conftest").REPO_ROOT))
     assert done.returncode == 2 and "takes a torch.nn.MultiheadAttention" in done.stderr
     assert not (tmp_path / "x.h5").exists()
+
+
+def write_weights(path, **arrays):
+    with h5py.File(path, "w") as f:
+        for name, value in arrays.items():
+            if name == "activation":
+                f.require_group("mlp").attrs["activation"] = value
+            else:
+                f[name] = value
+    return path
+
+
+@pytest.mark.parametrize("case, arrays, extra, message", [
+    ("wrong shape", {"attention/query": np.zeros((2, 4, 8)), "attention/key": np.zeros((2, 4, 8)),
+                     "attention/value": np.zeros((2, 4, 8)), "attention/output": np.zeros((8, 8))},
+     ["--heads", "2", "--head-dim", "3"],
+     "/attention/query is [2, 4, 8]; expected [2, 3, 8] or [L, 2, 3, 8] from --heads 2 --head-dim 3 --d 8"),
+    ("missing output", {"attention/query": np.zeros((1, 8, 8)), "attention/key": np.zeros((1, 8, 8)),
+                        "attention/value": np.zeros((1, 8, 8))}, [],
+     "/attention/output is missing"),
+    ("not finite", {"mlp/w1": np.full((3, 8), np.nan), "mlp/b1": np.zeros(3), "mlp/w2": np.zeros((8, 3)),
+                    "mlp/b2": np.zeros(8)}, ["--mlp", "3"], "/mlp/w1 holds a number that is not finite"),
+    ("float32", {"mlp/w1": np.zeros((3, 8), np.float32), "mlp/b1": np.zeros(3), "mlp/w2": np.zeros((8, 3)),
+                 "mlp/b2": np.zeros(8)}, ["--mlp", "3"], "/mlp/w1 must be float64"),
+    ("activation", {"mlp/w1": np.zeros((3, 8)), "mlp/b1": np.zeros(3), "mlp/w2": np.zeros((8, 3)),
+                    "mlp/b2": np.zeros(8), "activation": "gelu"}, ["--mlp", "3"],
+     "--mlp-activation relu: the --weights file's /mlp says activation gelu"),
+    ("layers without time", {"mlp/w1": np.zeros((2, 3, 8)), "mlp/b1": np.zeros((2, 3)), "mlp/w2": np.zeros((2, 8, 3)),
+                             "mlp/b2": np.zeros((2, 8))}, ["--mlp", "3"], "holds 2 layers: give --layer-time T"),
+    ("horizon past the layers", {"mlp/w1": np.zeros((2, 3, 8)), "mlp/b1": np.zeros((2, 3)),
+                                 "mlp/w2": np.zeros((2, 8, 3)), "mlp/b2": np.zeros((2, 8))},
+     ["--mlp", "3", "--layer-time", "0.5", "--horizon", "2"],
+     "--horizon 2: the --weights file's 2 layers of --layer-time 0.5 end at t = 1"),
+    ("empty", {"other": np.zeros(3)}, [], "holds neither /attention nor /mlp"),
+])
+def test_bad_weights_files_are_refused_before_the_run(mfattn_binary, tmp_path, case, arrays, extra, message):
+    weights = write_weights(tmp_path / "w.h5", **arrays)
+    out = tmp_path / "run.h5"
+    done = subprocess.run([str(mfattn_binary), "run", "--n", "8", "--d", "8", "--weights", str(weights), *extra,
+                           "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 2, (case, done.stderr)
+    assert message in done.stderr, (case, done.stderr)
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not out.exists() and not list(tmp_path.glob("run.h5*"))

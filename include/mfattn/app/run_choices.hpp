@@ -10,6 +10,7 @@
 ///
 /// The integrator and backend names are registries of their own (kIntegrators,
 /// kBackendNames): there a name selects a factory and its properties, not an enum value.
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -17,6 +18,7 @@
 #include "mfattn/backends/backend.hpp"
 #include "mfattn/core/choice_table.hpp"
 #include "mfattn/io/h5md.hpp"
+#include "mfattn/io/weights_file.hpp"
 #include "mfattn/integrators/integrator.hpp"
 #include "mfattn/core/pair_kinds.hpp"
 #include "mfattn/core/gauge.hpp"
@@ -267,6 +269,9 @@ struct RunChoices {
   Activation mlp_activation = Activation::Relu;
   /// Layers of the --weights file (its leading axis; 1 without one, 0 without a file).
   std::size_t weight_layers = 0;
+  /// The --weights file as validation read and checked it: the model builder slices every
+  /// layer from it, so the file is read once and a change to it during the run changes nothing.
+  std::shared_ptr<const WeightsFile> weights;
   const IntegratorEntry* integrator = find_integrator("rk4");
   const BackendName* backend = &kBackendNames[0];
 };

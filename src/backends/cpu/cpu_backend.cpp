@@ -414,84 +414,89 @@ class CpuBackend final : public Backend {
     }
   }
 
-  /// A whole layer (docs/model.md section 2b), called by every thread of a team: each head in
-  /// order through the one-sided loop on its operands (HeadOperands: r-dimensional scores,
-  /// values in the head's value space), its u_i^(h) added to the receiver's sum; then
-  /// v_i = p_i P_{x_i}(sum_h u_i^(h) + f(x_i)). Each receiver's sum takes the heads in order,
-  /// whatever the threads.
+  /// A whole layer (docs/model.md section 2b), called by every thread of a team. Every
+  /// (replica, head) pair is a slot s = r H + h with operands of its own (HeadOperands:
+  /// r-dimensional scores, values in the head's value space): one preparation and one
+  /// one-sided loop take all the slots at once, each receiver's u_i^(h) going to its slot's
+  /// row; then v_i = p_i P_{x_i}(sum_h u_i^(h) + f(x_i)), the heads added in order, so the
+  /// bits do not depend on the threads.
   void layer(std::size_t replicas, const double* x, const FieldOutputs& out, std::string& failure) {
     const std::size_t n = model_.n, d = model_.d;
+    // Every replica's layer has the same shape (validated); each reads its own matrices.
+    const std::size_t heads = model_.matrices_of(0).heads.size(), slots = replicas * heads;
 #pragma omp single
     {
-      layer_outputs_.assign(replicas * n * d, 0.0);
-      layer_weight_sums_.assign(replicas * n, 0.0);
+      head_outputs_.resize(slots * n * d);
+      head_weight_sums_.resize(slots * n);
+      head_operands_.clear();
+      for (std::size_t r = 0; r < replicas; ++r)
+        for (std::size_t h = 0; h < heads; ++h) head_operands_.emplace_back(model_, model_.matrices_of(r).heads[h]);
     }
-    // Every replica's layer has the same shape (validated); each reads its own matrices.
-    const std::size_t heads = model_.matrices_of(0).heads.size();
-    for (std::size_t h = 0; h < heads; ++h) {
-#pragma omp single
-      {
-        head_operands_.clear();
-        for (std::size_t r = 0; r < replicas; ++r)
-          head_operands_.emplace_back(model_, model_.matrices_of(r).heads[h]);
-      }
-      prepare(replicas, x, head_operands_.data());
-      one_sided(replicas, x, out, failure, head_operands_.data());
-    }
+    prepare(slots, x, head_operands_.data(), heads);
+    one_sided(slots, x, out, failure, head_operands_.data(), heads);
 #pragma omp for schedule(static)
     for (std::size_t unit = 0; unit < replicas * n; ++unit) {
       const std::size_t r = unit / n, i = unit % n;
       const FeedForward& mlp = model_.matrices_of(r).mlp;
-      thread_local std::vector<double> hidden;
+      thread_local std::vector<double> u, hidden;
+      u.assign(d, 0.0);
       hidden.resize(mlp.width());
-      double* u = layer_outputs_.data() + unit * d;
+      double weight_sum = 0.0;
+      for (std::size_t h = 0; h < heads; ++h) {
+        const std::size_t row = (r * heads + h) * n + i;
+        for (std::size_t c = 0; c < d; ++c) u[c] += head_outputs_[row * d + c];
+        weight_sum += head_weight_sums_[row];
+      }
       const double* xi = x + unit * d;
-      kernels::add_feed_forward(mlp, xi, hidden.data(), u);
-      kernels::tangent_velocity(model_.receiver_speed(i), int(d), xi, static_cast<const double*>(u),
+      kernels::add_feed_forward(mlp, xi, hidden.data(), u.data());
+      kernels::tangent_velocity(model_.receiver_speed(i), int(d), xi, static_cast<const double*>(u.data()),
                                 out.velocity + unit * d,
                                 out.attention_output ? out.attention_output + unit * d : nullptr);
-      if (out.weight_sums) out.weight_sums[unit] = layer_weight_sums_[unit];
+      if (out.weight_sums) out.weight_sums[unit] = weight_sum;
     }
   }
 
-  /// Turns one receiver's shifted sums of a layer's head into u_i^(h), added to u_sum
-  /// (d numbers); returns D_i of the head. scratch: 2 max(d, operand_dim) numbers.
+  /// Turns one receiver's shifted sums of a layer's head into u_i^(h) (d numbers into u;
+  /// zeros where the receiver does not move); returns D_i of the head. scratch:
+  /// 2 max(d, operand_dim) numbers.
   double finish_head_receiver(const kernels::HeadOperands& head, std::size_t token, double log_max,
-                              double weight_sum_shifted, const double* acc, double* u_sum,
+                              double weight_sum_shifted, const double* acc, double* u,
                               double* scratch) const {
     kernels::FinishOutcome outcome;
     const double scale = log_max > kNegInf ? detail::receiver_scale(model_, log_max) : 1.0;
-    double* u_pre = scratch;
-    double* u = scratch + std::max(model_.d, head.operand_dim);
     if (kernels::normalized_receiver_sums(detail::finish_terms(model_, mass_), model_.receiver_speed(token),
                                           int(head.operand_dim), log_max, scale, weight_sum_shifted, acc,
-                                          u_pre, outcome)) {
-      head.output(token, u_pre, u);
-      for (std::size_t c = 0; c < model_.d; ++c) u_sum[c] += u[c];
+                                          scratch, outcome)) {
+      head.output(token, scratch, u);
     } else if (outcome.overflow) {
       throw NumericalError(detail::usa_overflow_message(model_, outcome.log_scale));
+    } else {
+      std::fill(u, u + model_.d, 0.0);
     }
     return outcome.weight_sum;
   }
 
   /// The one-sided loop, called by every thread of a team: panels of receivers walk every
   /// source.
-  void one_sided(std::size_t replicas, const double* x, const FieldOutputs& out,
-                 std::string& failure, const kernels::HeadOperands* heads = nullptr) {
+  /// With a layer's heads (one per slot, heads_per_replica H a replica), panels of every
+  /// slot: slot s reads replica s / H's contents and finishes into its own rows.
+  void one_sided(std::size_t slots, const double* x, const FieldOutputs& out,
+                 std::string& failure, const kernels::HeadOperands* heads = nullptr,
+                 std::size_t heads_per_replica = 1) {
     const std::size_t n = model_.n;
     const std::size_t panel = kPanelBlocks * block_size(heads ? heads->operand_dim : model_.d);
     const std::size_t panels_per_replica = (n + panel - 1) / panel;
-    const std::size_t total_panels = replicas * panels_per_replica;
+    const std::size_t total_panels = slots * panels_per_replica;
 #pragma omp for schedule(dynamic, 1)
     for (std::size_t unit = 0; unit < total_panels; ++unit) {
-      const std::size_t r = unit / panels_per_replica;
+      const std::size_t slot = unit / panels_per_replica, r = slot / heads_per_replica;
       const std::size_t first = (unit % panels_per_replica) * panel;
       try {
         const std::size_t replica_start = r * n * model_.d;
-        run_panel(r, first, std::min(panel, n - first), x + replica_start,
+        run_panel(slot, first, std::min(panel, n - first), x + replica_start,
                   out.velocity + replica_start,
                   out.attention_output ? out.attention_output + replica_start : nullptr,
-                  out.weight_sums ? out.weight_sums + r * n : nullptr, heads ? heads + r : nullptr);
+                  out.weight_sums ? out.weight_sums + r * n : nullptr, heads ? heads + slot : nullptr);
       } catch (const NumericalError& error) {
 #pragma omp critical(mfattn_cpu_failure)
         failure = error.what();
@@ -529,35 +534,37 @@ class CpuBackend final : public Backend {
   /// Called by every thread of the team: queries, keys and values of every replica's tokens
   /// (spread over the threads), then the offsets B_i. The largest key and bias are maxima,
   /// the same whichever thread sees which token.
-  /// heads: one head of a layer per replica (its operands, operand_dim numbers each), or null
-  /// for the one head of Q, K, V.
-  void prepare(std::size_t replicas, const double* x, const kernels::HeadOperands* heads = nullptr) {
+  /// heads: a layer's head per slot (its operands, operand_dim numbers each; slot s is head
+  /// s mod H of replica s / H, H = heads_per_replica), or null for the one head of Q, K, V,
+  /// whose slots are the replicas.
+  void prepare(std::size_t slots, const double* x, const kernels::HeadOperands* heads = nullptr,
+               std::size_t heads_per_replica = 1) {
     const std::size_t n = model_.n, d = heads ? heads->operand_dim : model_.d, content_dim = model_.d;
 #pragma omp single
     {
-      prepared_.resize(replicas);
-      largest_key_.assign(replicas, 0.0);
-      largest_bias_.assign(replicas, 0.0);
-      for (std::size_t r = 0; r < replicas; ++r) {
+      prepared_.resize(slots);
+      largest_key_.assign(slots, 0.0);
+      largest_bias_.assign(slots, 0.0);
+      for (std::size_t r = 0; r < slots; ++r) {
         prepare_layout(prepared_[r], d);
         std::vector<double> products(heads ? heads[r].product_count : 0);
         for (std::size_t q = 0; q < model_.prefix_count(); ++q) {
           const double* y = model_.prefix.data() + q * content_dim;
           if (heads) heads[r].products(y, products.data());
-          add_source(prepared_[r], model_.matrices_of(r), q, n + q, y, largest_key_[r], largest_bias_[r],
-                     heads ? heads + r : nullptr, products.data());
+          add_source(prepared_[r], model_.matrices_of(r / heads_per_replica), q, n + q, y, largest_key_[r],
+                     largest_bias_[r], heads ? heads + r : nullptr, products.data());
         }
       }
     }
-    std::vector<double> key(replicas, 0.0), bias(replicas, 0.0);
+    std::vector<double> key(slots, 0.0), bias(slots, 0.0);
 #pragma omp for schedule(static) nowait
-    for (std::size_t unit = 0; unit < replicas * n; ++unit) {
+    for (std::size_t unit = 0; unit < slots * n; ++unit) {
       const std::size_t r = unit / n, i = unit % n;
       Prepared& p = prepared_[r];
-      const double* xi = x + unit * content_dim;
+      const double* xi = x + ((r / heads_per_replica) * n + i) * content_dim;
       Scratch scratch;
       double* work = scratch.rows(d);
-      const AttentionMatrices& matrices = model_.matrices_of(r);
+      const AttentionMatrices& matrices = model_.matrices_of(r / heads_per_replica);
       const kernels::HeadOperands* head = heads ? heads + r : nullptr;
       const double* query = work;
       thread_local std::vector<double> products;
@@ -573,7 +580,7 @@ class CpuBackend final : public Backend {
       add_source(p, matrices, p.first_moving + i, i, xi, key[r], bias[r], head, products.data());
     }
 #pragma omp critical(mfattn_cpu_prepare)
-    for (std::size_t r = 0; r < replicas; ++r) {
+    for (std::size_t r = 0; r < slots; ++r) {
       largest_key_[r] = std::max(largest_key_[r], key[r]);
       largest_bias_[r] = std::max(largest_bias_[r], bias[r]);
     }
@@ -583,7 +590,7 @@ class CpuBackend final : public Backend {
 #pragma omp single
     for (double& largest : largest_key_) largest = std::sqrt(largest);
 #pragma omp for schedule(static)
-    for (std::size_t unit = 0; unit < replicas * n; ++unit) {
+    for (std::size_t unit = 0; unit < slots * n; ++unit) {
       const std::size_t r = unit / n, i = unit % n;
       Prepared& p = prepared_[r];
       double query_norm2 = 0.0;
@@ -670,14 +677,14 @@ class CpuBackend final : public Backend {
     Scratch scratch;
     double* work = scratch.rows(std::max(model_.d, p.d));
     if (head) {
-      // A head of a layer: its u_i^(h) added to the layer's sum (layer() finishes).
+      // A head of a layer (`replica` is its slot): u_i^(h) into the slot's rows (layer() adds them).
       for (std::size_t b = 0; b < blocks; ++b)
         for (std::size_t r = 0; r < panel[b].count; ++r) {
           const BlockSums& block = panel[b];
-          const std::size_t i = block.receivers[r], unit = replica * model_.n + i;
-          layer_weight_sums_[unit] += finish_head_receiver(*head, i, block.offset[r], block.weight_sum[r],
-                                                           block.acc + r * block.acc_stride,
-                                                           layer_outputs_.data() + unit * model_.d, work);
+          const std::size_t i = block.receivers[r], row = replica * model_.n + i;
+          head_weight_sums_[row] = finish_head_receiver(*head, i, block.offset[r], block.weight_sum[r],
+                                                        block.acc + r * block.acc_stride,
+                                                        head_outputs_.data() + row * model_.d, work);
         }
       return;
     }
@@ -710,9 +717,10 @@ class CpuBackend final : public Backend {
   std::vector<Prepared> prepared_;
   // Per replica, while preparing (largest_key_ holds the squared norm until its one root).
   std::vector<double> largest_key_, largest_bias_;
-  // A layer's sums over its heads: u_i (replicas x n x d) and D_i (replicas x n).
-  std::vector<double> layer_outputs_, layer_weight_sums_;
-  std::vector<kernels::HeadOperands> head_operands_;  // the head in progress, one per replica
+  // A layer's slots (replica r, head h at r H + h): each head's operands, u_i^(h) (n x d rows
+  // a slot) and D_i^(h) (n a slot).
+  std::vector<kernels::HeadOperands> head_operands_;
+  std::vector<double> head_outputs_, head_weight_sums_;
 };
 
 }  // namespace
