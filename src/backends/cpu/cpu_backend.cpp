@@ -417,34 +417,40 @@ class CpuBackend final : public Backend {
   /// A whole layer (docs/model.md section 2b), called by every thread of a team. Every
   /// (replica, head) pair is a slot s = r H + h with operands of its own (HeadOperands:
   /// r-dimensional scores, values in the head's value space): one preparation and one
-  /// one-sided loop take all the slots at once, each receiver's u_i^(h) going to its slot's
-  /// row; then v_i = p_i P_{x_i}(sum_h u_i^(h) + f(x_i)), the heads added in order, so the
-  /// bits do not depend on the threads.
+  /// one-sided loop take all the slots at once, each receiver's normalized sums u_pre going to
+  /// its slot's row (operand_dim numbers: O(H n rv) memory, not H n d); then per receiver
+  /// u_i^(h) = the head's output map of u_pre and v_i = p_i P_{x_i}(sum_h u_i^(h) + f(x_i)),
+  /// the heads added in order, so the bits do not depend on the threads.
   void layer(std::size_t replicas, const double* x, const FieldOutputs& out, std::string& failure) {
     const std::size_t n = model_.n, d = model_.d;
     // Every replica's layer has the same shape (validated); each reads its own matrices.
     const std::size_t heads = model_.matrices_of(0).heads.size(), slots = replicas * heads;
 #pragma omp single
     {
-      head_outputs_.resize(slots * n * d);
-      head_weight_sums_.resize(slots * n);
       head_operands_.clear();
       for (std::size_t r = 0; r < replicas; ++r)
         for (std::size_t h = 0; h < heads; ++h) head_operands_.emplace_back(model_, model_.matrices_of(r).heads[h]);
+      head_outputs_.resize(slots ? slots * n * head_operands_.front().operand_dim : 0);
+      head_weight_sums_.resize(slots * n);
     }
+    const std::size_t width = slots ? head_operands_.front().operand_dim : 0;
     prepare(slots, x, head_operands_.data(), heads);
     one_sided(slots, x, out, failure, head_operands_.data(), heads);
 #pragma omp for schedule(static)
     for (std::size_t unit = 0; unit < replicas * n; ++unit) {
       const std::size_t r = unit / n, i = unit % n;
       const FeedForward& mlp = model_.matrices_of(r).mlp;
-      thread_local std::vector<double> u, hidden;
+      thread_local std::vector<double> u, u_pre, u_head, hidden;
       u.assign(d, 0.0);
+      u_pre.resize(std::max(width, d));
+      u_head.resize(d);
       hidden.resize(mlp.width());
       double weight_sum = 0.0;
       for (std::size_t h = 0; h < heads; ++h) {
-        const std::size_t row = (r * heads + h) * n + i;
-        for (std::size_t c = 0; c < d; ++c) u[c] += head_outputs_[row * d + c];
+        const std::size_t slot = r * heads + h, row = slot * n + i;
+        std::copy_n(head_outputs_.data() + row * width, width, u_pre.data());
+        head_operands_[slot].output(i, u_pre.data(), u_head.data());
+        for (std::size_t c = 0; c < d; ++c) u[c] += u_head[c];
         weight_sum += head_weight_sums_[row];
       }
       const double* xi = x + unit * d;
@@ -456,22 +462,18 @@ class CpuBackend final : public Backend {
     }
   }
 
-  /// Turns one receiver's shifted sums of a layer's head into u_i^(h) (d numbers into u;
-  /// zeros where the receiver does not move); returns D_i of the head. scratch:
-  /// 2 max(d, operand_dim) numbers.
+  /// Turns one receiver's shifted sums of a layer's head into its normalized sums u_pre
+  /// (operand_dim numbers; zeros where the receiver does not move, which every output map
+  /// takes to 0); returns D_i of the head.
   double finish_head_receiver(const kernels::HeadOperands& head, std::size_t token, double log_max,
-                              double weight_sum_shifted, const double* acc, double* u,
-                              double* scratch) const {
+                              double weight_sum_shifted, const double* acc, double* u_pre) const {
     kernels::FinishOutcome outcome;
     const double scale = log_max > kNegInf ? detail::receiver_scale(model_, log_max) : 1.0;
-    if (kernels::normalized_receiver_sums(detail::finish_terms(model_, mass_), model_.receiver_speed(token),
-                                          int(head.operand_dim), log_max, scale, weight_sum_shifted, acc,
-                                          scratch, outcome)) {
-      head.output(token, scratch, u);
-    } else if (outcome.overflow) {
-      throw NumericalError(detail::usa_overflow_message(model_, outcome.log_scale));
-    } else {
-      std::fill(u, u + model_.d, 0.0);
+    if (!kernels::normalized_receiver_sums(detail::finish_terms(model_, mass_), model_.receiver_speed(token),
+                                           int(head.operand_dim), log_max, scale, weight_sum_shifted, acc, u_pre,
+                                           outcome)) {
+      if (outcome.overflow) throw NumericalError(detail::usa_overflow_message(model_, outcome.log_scale));
+      std::fill(u_pre, u_pre + head.operand_dim, 0.0);
     }
     return outcome.weight_sum;
   }
@@ -677,14 +679,15 @@ class CpuBackend final : public Backend {
     Scratch scratch;
     double* work = scratch.rows(std::max(model_.d, p.d));
     if (head) {
-      // A head of a layer (`replica` is its slot): u_i^(h) into the slot's rows (layer() adds them).
+      // A head of a layer (`replica` is its slot): u_pre into the slot's rows (layer() maps
+      // them back and adds them).
       for (std::size_t b = 0; b < blocks; ++b)
         for (std::size_t r = 0; r < panel[b].count; ++r) {
           const BlockSums& block = panel[b];
           const std::size_t i = block.receivers[r], row = replica * model_.n + i;
-          head_weight_sums_[row] = finish_head_receiver(*head, i, block.offset[r], block.weight_sum[r],
-                                                        block.acc + r * block.acc_stride,
-                                                        head_outputs_.data() + row * model_.d, work);
+          head_weight_sums_[row] =
+              finish_head_receiver(*head, i, block.offset[r], block.weight_sum[r], block.acc + r * block.acc_stride,
+                                   head_outputs_.data() + row * head->operand_dim);
         }
       return;
     }
@@ -717,8 +720,8 @@ class CpuBackend final : public Backend {
   std::vector<Prepared> prepared_;
   // Per replica, while preparing (largest_key_ holds the squared norm until its one root).
   std::vector<double> largest_key_, largest_bias_;
-  // A layer's slots (replica r, head h at r H + h): each head's operands, u_i^(h) (n x d rows
-  // a slot) and D_i^(h) (n a slot).
+  // A layer's slots (replica r, head h at r H + h): each head's operands, its normalized sums
+  // u_pre (n rows of operand_dim a slot) and D_i^(h) (n a slot).
   std::vector<kernels::HeadOperands> head_operands_;
   std::vector<double> head_outputs_, head_weight_sums_;
 };
