@@ -9,13 +9,16 @@ seconds="${1:-30}"
 build="${2:-$root/build-fuzz}"
 cxx="${CLANGXX:-clang++-14}"
 command -v "$cxx" >/dev/null || cxx=clang++
+# HDF5 for the --weights file that validation reads (pkg-config names Debian's serial build).
+hdf5_flags=($(pkg-config --cflags hdf5 2>/dev/null || echo -I/usr/include/hdf5/serial))
+hdf5_libs=($(pkg-config --libs hdf5 2>/dev/null || echo -L/usr/lib/x86_64-linux-gnu/hdf5/serial -lhdf5))
 flags=(-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined
-       -I"$root/include" -I"$root/src" -I/usr/include/eigen3 -fopenmp)
+       -I"$root/include" -I"$root/src" -I/usr/include/eigen3 "${hdf5_flags[@]}" -fopenmp)
 mkdir -p "$build/corpus"
-# The sources the parser links (geometry and integrator names, the config reader), compiled
-# once, side by side, and reused.
+# The sources the parser links (geometry and integrator names, the config reader, the
+# --weights reader), compiled once, side by side, and reused.
 objects=() pids=()
-for source in core/gauge core/rng core/init core/input_file core/number_text integrators/integrators app/config app/validate app/run_resources; do
+for source in core/gauge core/rng core/init core/input_file core/number_text integrators/integrators app/config app/validate app/run_resources io/weights_file; do
   object="$build/$(basename "$source").o"
   if [[ ! "$object" -nt "$root/src/$source.cpp" ]]; then
     "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$root/src/$source.cpp" -o "$object" &
@@ -25,7 +28,7 @@ for source in core/gauge core/rng core/init core/input_file core/number_text int
 done
 for pid in "${pids[@]}"; do wait "$pid"; done
 "$cxx" "${flags[@]}" -fsanitize=fuzzer "$here/fuzz_options.cpp" "${objects[@]}" \
-  -lboost_program_options -o "$build/fuzz_options"
+  -lboost_program_options "${hdf5_libs[@]}" -o "$build/fuzz_options"
 cd "$build"
 # Every seed first, then fuzzing from them; new inputs go to BUILD_DIR/corpus.
 ./fuzz_options -runs=0 "$here/corpus"
