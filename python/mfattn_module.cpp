@@ -39,6 +39,7 @@
 #include "mfattn/app/run.hpp"
 #include "mfattn/app/run_choices.hpp"
 #include "mfattn/core/version.hpp"
+#include "mfattn/integrators/integrator.hpp"
 #include "mfattn_io_source.hpp"
 
 namespace py = pybind11;
@@ -225,8 +226,18 @@ class PyModel {
     std::vector<double> velocity(values.size()), sums(replicas * model_.n);
     evaluate(values.data(), replicas, velocity.data(), sums.data(), threads);
     std::vector<double> energies(replicas);
+    // The energy of the states the layer read: the directions for pre and peri.
+    std::vector<double> read(values.data(), values.data() + values.size());
+    if (placement_reads_directions(model_.placement))
+      for (std::size_t t = 0; t < replicas * model_.n; ++t) {
+        double* y = read.data() + t * model_.d;
+        double norm2 = 0.0;
+        for (std::size_t c = 0; c < model_.d; ++c) norm2 += y[c] * y[c];
+        if (norm2 > 0.0)
+          for (std::size_t c = 0; c < model_.d; ++c) y[c] /= std::sqrt(norm2);
+      }
     for (std::size_t r = 0; r < replicas; ++r)
-      energies[r] = energy_from_weight_sums(model_, values.data() + r * model_.n * model_.d,
+      energies[r] = energy_from_weight_sums(model_, read.data() + r * model_.n * model_.d,
                                             sums.data() + r * model_.n, r);
     if (values.ndim() == 2) return py::float_(energies[0]);
     return py::array_t<double>(py::ssize_t(replicas), energies.data());
@@ -270,7 +281,13 @@ class PyModel {
       py::gil_scoped_release released;
       last_call_released_gil = PyGILState_Check() == 0;
       try {
-        pooled.backend->evaluate(replicas, x, FieldOutputs{velocity, sums});
+        if (model_.placement == Placement::Post) {
+          pooled.backend->evaluate(replicas, x, FieldOutputs{velocity, sums});
+        } else {
+          // Another placement (docs/model.md section 2c): the run's own field, through Dynamics.
+          Dynamics dynamics(model_, *pooled.backend, replicas);
+          dynamics.velocity(x, velocity, sums);
+        }
       } catch (const NumericalError& error) {
         failure = error.what();
         numerical = true;

@@ -443,6 +443,8 @@ po::options_description run_options(RunConfig& c) {
        "as mfattn.export_torch writes them")
       ("layer-time", bound(c.layer_time),
        "with a --weights file of L layers: layer l acts on [l T, (l + 1) T), > 0 (0: one layer)")
+      ("normalization", bound(c.normalization), kPlacementOption.help().c_str())
+      ("ngpt-alpha", bound(c.ngpt_alpha), "alpha of --normalization ngpt, > 0")
       ("geometry", bound(c.geometry), kGeometryOption.help().c_str())
       ("rope-base", bound(c.rope_base), "RoPE base: omega_b = base^(-2(b-1)/d), > 1")
       ("rope-freqs", bound(c.rope_freqs, "from base"),
@@ -495,6 +497,8 @@ po::options_description run_options(RunConfig& c) {
       ("init-file", bound(c.init_file, "none"),
        "text rows of d numbers, or an mfattn .h5 file (its last frame)")
       ("init-rho", bound(c.init_rho), "equiangular: common inner product in [-1/(n-1), 1)")
+      ("init-radius", bound(c.init_radius),
+       "--normalization pre, peri or none (states in R^d): the initial contents times this, > 0")
       ("init-clusters", bound(c.init_clusters), "clustered: number of centres, >= 1")
       ("init-spread", bound(c.init_spread), "clustered: spread around each centre, in [0, 1e6]")
       ("normalize-init", po::bool_switch(&c.normalize_init), "normalise the rows of --init-file and of a --prefix-init file")

@@ -555,6 +555,8 @@ Model build_model(const RunConfig& cfg) {
   // The layer's shape as the option table sets it (kLayerShapeNumbers), r resolved.
   model.layer = cfg.layer;
   model.layer.head_dim = static_cast<std::int64_t>(head_dim_of(cfg));
+  model.placement = cfg.choices.placement;
+  model.ngpt_alpha = cfg.ngpt_alpha;
   return model;
 }
 
@@ -597,6 +599,7 @@ State build_initial_state(const RunConfig& cfg, const Model& model) {
   spec.spread = cfg.init_spread;
   spec.rho = cfg.init_rho;
   spec.normalize_file_rows = cfg.normalize_init;
+  spec.euclidean = !placement_on_sphere(cfg.choices.placement);
   spec.kind = cfg.choices.init;
   if (spec.kind == InitKind::File) {
     std::size_t rows = 0;
@@ -625,6 +628,9 @@ State build_initial_state(const RunConfig& cfg, const Model& model) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("--init ") + cfg.init + ": " + e.what());
   }
+  // States in R^d (docs/model.md section 2c) start at radius --init-radius.
+  if (!model.on_sphere() && cfg.init_radius != 1.0)
+    for (double& value : state.x) value *= cfg.init_radius;
   return state;
 }
 

@@ -352,6 +352,27 @@ RunChoices validate(const RunConfig& c) {
     reject("noise-kappa", format_number(c.noise_kappa), "must be 0 or large enough that sqrt(2/kappa) is finite");
   choices.integrator = find_integrator(c.integrator);
   if (!choices.integrator) reject("integrator", c.integrator, "accepted: " + joined(integrator_names(), ", "));
+  // Where the layer's normalization sits (docs/model.md section 2c).
+  choices.placement = require_choice(kPlacementOption, c.normalization);
+  require_finite("ngpt-alpha", c.ngpt_alpha);
+  if (!(c.ngpt_alpha > 0)) reject("ngpt-alpha", format_number(c.ngpt_alpha), "must be > 0");
+  require_finite("init-radius", c.init_radius);
+  if (!(c.init_radius > 0)) reject("init-radius", format_number(c.init_radius), "must be > 0");
+  if (placement_on_sphere(choices.placement)) {
+    if (c.init_radius != 1.0)
+      reject("init-radius", format_number(c.init_radius),
+             "scales states in R^d, and --normalization " + c.normalization + " keeps them on the sphere");
+    if (choices.placement == Placement::Ngpt && std::string(choices.integrator->name) == "euler-unprojected")
+      reject("integrator", c.integrator, "steps the post field x <- N(x + h p u); --normalization ngpt takes "
+                                         "euler, heun, rk4, lie-euler, lie-rk4, dopri5 or euler-maruyama");
+  } else if (!choices.integrator->takes_euclidean) {
+    std::vector<std::string> euclidean;
+    for (const std::string& name : integrator_names())
+      if (find_integrator(name)->takes_euclidean) euclidean.push_back(name);
+    reject("integrator", c.integrator,
+           "moves on the sphere, and --normalization " + c.normalization + " keeps the states in R^d (accepted: " +
+               joined(euclidean, ", ") + ")");
+  }
   choices.save_positions = require_choice(kSavePositionsOption, c.save_positions);
   if (choices.save_positions == PositionFrames::None && c.save_velocity)
     reject("save-positions", c.save_positions,

@@ -156,7 +156,9 @@ void fill_file(const InitSpec& spec, State& st, std::size_t r,
       if (!std::isfinite(row[j])) throw std::invalid_argument(where + " has a non-finite entry");
     const double nr = row_norm(row, d);
     double* x = st.token(r, i);
-    if (spec.normalize_file_rows) {
+    if (spec.euclidean && !spec.normalize_file_rows) {
+      for (std::size_t j = 0; j < d; ++j) x[j] = row[j];
+    } else if (spec.normalize_file_rows) {
       if (!(nr > 0.0)) throw std::invalid_argument(where + " is zero and cannot be normalised");
       for (std::size_t j = 0; j < d; ++j) x[j] = row[j] / nr;
     } else {

@@ -10,6 +10,7 @@
 #include <unsupported/Eigen/MatrixFunctions>
 
 #include "kernels/fixed_steps.hpp"
+#include "kernels/token_formulas.hpp"
 #include "mfattn/integrators/integrator.hpp"
 
 namespace mfattn {
@@ -38,14 +39,38 @@ void Dynamics::evaluate(const double* x, bool with_attention_output, bool with_w
   wants_attention_output_ = wants_attention_output_ || with_attention_output;
   cached_v_.resize(count);
   cached_sums_.resize(replicas_ * model_.n);
-  cached_output_.resize(wants_attention_output_ ? count : 0);
-  backend_.evaluate(replicas_, x,
-                    FieldOutputs{cached_v_.data(), with_weight_sums ? cached_sums_.data() : nullptr,
-                                 wants_attention_output_ ? cached_output_.data() : nullptr});
+  if (model_.placement == Placement::Post) {
+    cached_output_.resize(wants_attention_output_ ? count : 0);
+    backend_.evaluate(replicas_, x,
+                      FieldOutputs{cached_v_.data(), with_weight_sums ? cached_sums_.data() : nullptr,
+                                   wants_attention_output_ ? cached_output_.data() : nullptr});
+  } else {
+    evaluate_placement(x, with_weight_sums);
+  }
   cached_x_.assign(x, x + count);
   cached_attention_output_ = wants_attention_output_;
   cached_weight_sums_ = with_weight_sums;
   cached_ = true;
+}
+
+void Dynamics::evaluate_placement(const double* x, bool with_weight_sums) {
+  // The layer's output p_i F_i on the states it reads (the directions N(x_j) for pre and
+  // peri), then each token's field from the one formula (kernels::placement_velocity).
+  const std::size_t n = model_.n, d = model_.d, count = size();
+  const double* read = x;
+  if (placement_reads_directions(model_.placement)) {
+    directions_.assign(x, x + count);
+    for (std::size_t t = 0; t < replicas_ * n; ++t) kernels::direction(directions_.data() + t * d, int(d));
+    read = directions_.data();
+  }
+  cached_output_.resize(count);
+  layer_velocity_.resize(count);
+  backend_.evaluate(replicas_, read,
+                    FieldOutputs{layer_velocity_.data(), with_weight_sums ? cached_sums_.data() : nullptr,
+                                 cached_output_.data()});
+  for (std::size_t t = 0; t < replicas_ * n; ++t)
+    kernels::placement_velocity(model_.placement, model_.ngpt_alpha, model_.receiver_speed(t % n), int(d),
+                                x + t * d, cached_output_.data() + t * d, cached_v_.data() + t * d);
 }
 
 void Dynamics::velocity(const double* x, double* v, double* weight_sums) {
@@ -441,6 +466,9 @@ void normalize_moving_tokens(const Dynamics& dynamics, double* x) {
 }  // namespace
 
 void normalize_tokens(const Dynamics& dynamics, double* x) {
+  // States in R^d (--normalization pre, peri, none) are not projected: the Runge-Kutta
+  // methods then integrate the field as it is.
+  if (!dynamics.model().on_sphere()) return;
   switch (dynamics.model().d) {
     case 2: return normalize_moving_tokens<2>(dynamics, x);
     case 3: return normalize_moving_tokens<3>(dynamics, x);
@@ -469,14 +497,14 @@ std::unique_ptr<Integrator> make_euler_maruyama(const IntegratorSettings& s) {
 /// The integrators, each once: --integrator's help and validation (integrator_names,
 /// find_integrator) and make_integrator read this table.
 const IntegratorEntry kIntegrators[] = {
-    {"euler", false, make_fixed_step<euler_tableau>},
-    {"euler-unprojected", false, make_plain<EulerUnprojected>},
-    {"heun", false, make_fixed_step<heun_tableau>},
-    {"rk4", false, make_fixed_step<rk4_tableau>},
-    {"lie-euler", false, make_plain<LieEuler>},
-    {"lie-rk4", false, make_plain<LieRk4>},
-    {"dopri5", false, make_dopri5},
-    {"euler-maruyama", true, make_euler_maruyama},
+    {"euler", false, false, make_fixed_step<euler_tableau>},
+    {"euler-unprojected", false, false, make_plain<EulerUnprojected>},
+    {"heun", false, true, make_fixed_step<heun_tableau>},
+    {"rk4", false, true, make_fixed_step<rk4_tableau>},
+    {"lie-euler", false, false, make_plain<LieEuler>},
+    {"lie-rk4", false, false, make_plain<LieRk4>},
+    {"dopri5", false, true, make_dopri5},
+    {"euler-maruyama", true, false, make_euler_maruyama},
 };
 }  // namespace
 

@@ -43,6 +43,39 @@ struct RowMajorRows {
   MFATTN_HOST_DEVICE const double* operator()(int a) const { return m + a * d; }
 };
 
+/// y <- N(y) = y / |y| (0 stays 0): the direction a pre or peri layer reads.
+MFATTN_HOST_DEVICE inline void direction(double* y, int d) {
+  double norm2 = 0.0;
+  for (int c = 0; c < d; ++c) norm2 += y[c] * y[c];
+  if (!(norm2 > 0.0)) return;
+  const double norm = std::sqrt(norm2);
+  for (int c = 0; c < d; ++c) y[c] /= norm;
+}
+
+/// The field of a normalization placement (layer_kinds.hpp, docs/model.md section 2c) for
+/// one token from pu = p_i F_i, the layer's output times p_i on the states it reads:
+///   post  P_x pu      pre, none  pu      peri  p_i N(pu)      ngpt  alpha p_i P_x N(pu)
+/// (N(pu) = N(F_i) for p_i > 0; N(0) = 0). v takes d numbers and may not alias x or pu.
+MFATTN_HOST_DEVICE inline void placement_velocity(Placement placement, double alpha, double p_i, int d,
+                                                  const double* x, const double* pu, double* v) {
+  if (placement == Placement::Pre || placement == Placement::None) {
+    for (int c = 0; c < d; ++c) v[c] = pu[c];
+    return;
+  }
+  double scale = 1.0;
+  if (placement == Placement::Peri || placement == Placement::Ngpt) {
+    double norm2 = 0.0;
+    for (int c = 0; c < d; ++c) norm2 += pu[c] * pu[c];
+    scale = norm2 > 0.0 ? p_i / std::sqrt(norm2) : 0.0;
+    if (placement == Placement::Ngpt) scale *= alpha;
+  }
+  for (int c = 0; c < d; ++c) v[c] = scale * pu[c];
+  if (placement == Placement::Peri) return;
+  double radial = 0.0;
+  for (int c = 0; c < d; ++c) radial += x[c] * v[c];
+  for (int c = 0; c < d; ++c) v[c] -= radial * x[c];
+}
+
 /// sigma(z) of the feed-forward term (layer_kinds.hpp).
 MFATTN_HOST_DEVICE inline double activation(Activation kind, double z) {
   switch (kind) {

@@ -5,6 +5,7 @@
 
 #include "backends/cpu/lane_pair_statistics.hpp"
 #include "backends/cpu/vector_math.hpp"
+#include "kernels/token_formulas.hpp"
 #include "mfattn/backends/backend.hpp"
 
 #include <algorithm>
@@ -28,6 +29,11 @@ std::vector<std::pair<std::string, std::size_t>> observable_layout(const Model& 
       {"order_parameter", 1}, {"moment_eigenvalues", model.d}, {"effective_rank", 1},
       {"marginal_spread", 1}};
   if (has_conditional_spread(model)) layout.emplace_back("conditional_spread", 1);
+  // States in R^d (docs/model.md section 2c): the others are taken on the directions N(x_i).
+  if (!model.on_sphere()) {
+    layout.emplace_back("mean_radius", 1);
+    layout.emplace_back("max_radius", 1);
+  }
   return layout;
 }
 
@@ -269,10 +275,30 @@ std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const S
   const bool conditional = has_conditional_spread(model);
   const std::vector<std::size_t> moving = moving_tokens(model);
   const std::size_t m = moving.size();
-  std::vector<double> gathered(m * d), mean(d);
+  std::vector<double> gathered(m * d), mean(d), directions;
+  const std::size_t radius_values = layout.size() - 2;
   for (std::size_t r = 0; r < R; ++r) {
     const double* x = state.replica(r);
-    values[0][r] = energy_from_weight_sums(model, x, weight_sums.data() + r * n, r);
+    if (!model.on_sphere()) {
+      // The directions N(x_i) of states in R^d, and their radii over the moving tokens.
+      directions.assign(x, x + n * d);
+      double radius_sum = 0.0, largest = 0.0;
+      for (std::size_t i : moving) {
+        double norm2 = 0.0;
+        for (std::size_t c = 0; c < d; ++c) norm2 += x[i * d + c] * x[i * d + c];
+        radius_sum += std::sqrt(norm2);
+        largest = std::max(largest, norm2);
+      }
+      for (std::size_t i = 0; i < n; ++i) kernels::direction(directions.data() + i * d, int(d));
+      values[radius_values][r] = m > 0 ? radius_sum / double(m) : kNaN;
+      values[radius_values + 1][r] = std::sqrt(largest);
+      // The energy of the states the layer read: the directions for pre and peri.
+      values[0][r] = energy_from_weight_sums(
+          model, placement_reads_directions(model.placement) ? directions.data() : x, weight_sums.data() + r * n, r);
+      x = directions.data();
+    } else {
+      values[0][r] = energy_from_weight_sums(model, x, weight_sums.data() + r * n, r);
+    }
     values[1][r] = mean_inner_product(model, x);
     const PairStatistics pairs = pair_statistics(x, d, moving, settings);
     values[2][r] = pairs.min_inner;

@@ -55,6 +55,8 @@ struct RunConfig {
   std::string mlp_activation = "relu";
   std::string weights;
   double layer_time = 0.0;  ///< > 0 with a --weights file of several layers: layer l on [l T, (l+1) T)
+  std::string normalization = "post";  ///< kPlacementOption: where the layer's normalization sits
+  double ngpt_alpha = 1.0;
   std::string geometry = "none";
   double rope_base = 10000.0;
   std::string rope_freqs;
@@ -91,6 +93,7 @@ struct RunConfig {
   std::string init = "uniform";
   std::string init_file;
   double init_rho = 0.5;
+  double init_radius = 1.0;  ///< R^d placements: the initial contents times this
   std::int64_t init_clusters = 3;
   double init_spread = 0.1;
   bool normalize_init = false;

@@ -184,6 +184,16 @@ inline constexpr Choice<Activation> kActivationChoices[] = {
 inline constexpr ChoiceOption<Activation> kActivationOption{.option = "mlp-activation",
                                                             .choices = kActivationChoices};
 
+inline constexpr Choice<Placement> kPlacementChoices[] = {
+    {"post", Placement::Post, "x on the sphere, p P_x F(x)"},
+    {"pre", Placement::Pre, "x in R^d, p F(N(x))"},
+    {"peri", Placement::Peri, "x in R^d, p N(F(N(x)))"},
+    {"ngpt", Placement::Ngpt, "x on the sphere, alpha p P_x N(F(x))"},
+    {"none", Placement::None, "x in R^d, p F(x)"},
+};
+inline constexpr ChoiceOption<Placement> kPlacementOption{.option = "normalization",
+                                                          .choices = kPlacementChoices};
+
 /// One part of --mask (parts are joined by '+'): a mask kind, or per-prompt, which adds the
 /// per-prompt rule to the kind of the other part.
 struct MaskPart {
@@ -267,6 +277,7 @@ struct RunChoices {
   PositionFrames save_positions = PositionFrames::All;
   Precision precision = Precision::Double;
   Activation mlp_activation = Activation::Relu;
+  Placement placement = Placement::Post;
   /// Layers of the --weights file (its leading axis; 1 without one, 0 without a file).
   std::size_t weight_layers = 0;
   /// The --weights file as validation read and checked it: the model builder slices every

@@ -32,6 +32,7 @@ struct InitSpec {
   double rho = 0.5;          ///< Equiangular: common pairwise inner product, in [-1/(n-1), 1)
   std::vector<double> file_rows{};  ///< File: n*d numbers already read (row-major), validated here
   bool normalize_file_rows = false;  ///< File: x_i <- x_i / |x_i| instead of requiring |x_i| = 1
+  bool euclidean = false;  ///< File: states in R^d (docs/model.md section 2c): rows taken as they are
 };
 
 /// Fills replica r of `state` (state.n tokens, state.d dims). Token i's contents depend only on

@@ -133,6 +133,12 @@ struct Model {
   std::shared_ptr<const Gauge> head_gauge;
   /// The layer's shape as the options set it (kLayerShapeNumbers), head_dim resolved to r.
   LayerShape layer;
+  /// Where the layer's normalization sits (docs/model.md section 2c; layer_kinds.hpp): post
+  /// is the field above; the others take the layer's output F_i on the states or on their
+  /// directions, and pre, peri and none leave the states in R^d.
+  Placement placement = Placement::Post;
+  double ngpt_alpha = 1.0;  ///< alpha of ngpt, > 0
+  bool on_sphere() const { return placement_on_sphere(placement); }
 
   /// True when the matrices are a whole layer (heads or a feed-forward term): the backends
   /// then sum the heads and add f(x_i) before the projection (every set has the same shape).

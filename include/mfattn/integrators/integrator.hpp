@@ -58,10 +58,13 @@ class Dynamics {
   Backend& backend_;
   std::size_t replicas_;
   void evaluate(const double* x, bool with_attention_output, bool with_weight_sums);
+  /// The field of a placement other than post (docs/model.md section 2c).
+  void evaluate_placement(const double* x, bool with_weight_sums);
   std::int64_t evaluations_ = 0;
   bool cached_ = false, cached_attention_output_ = false, cached_weight_sums_ = false;
   bool wants_attention_output_ = false;
   std::vector<double> cached_x_, cached_v_, cached_sums_, cached_output_;  ///< the last evaluation
+  std::vector<double> directions_, layer_velocity_;  ///< a placement's read states, the backend's own field
   std::string resident_for_;  ///< the integrator resident_ was asked for ("" before)
   std::unique_ptr<ResidentStepper> resident_;
 };
@@ -100,6 +103,9 @@ struct IntegratorSettings {
 struct IntegratorEntry {
   const char* name;
   bool stochastic;
+  /// Whether it steps states in R^d (--normalization pre, peri, none): the Runge-Kutta
+  /// methods, which then leave out their projection; the others move on the sphere only.
+  bool takes_euclidean;
   std::unique_ptr<Integrator> (*make)(const IntegratorSettings&);
 };
 
@@ -135,7 +141,8 @@ IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& st
                            const std::function<void(const State&)>& observer,
                            const StepHook& after_step = {});
 
-/// Projects every moving token back to the unit sphere (x / |x|).
+/// Projects every moving token back to the unit sphere (x / |x|); states in R^d
+/// (Model::on_sphere false) are left as they are.
 void normalize_tokens(const Dynamics& dynamics, double* x);
 
 }  // namespace mfattn

@@ -405,6 +405,8 @@ std::unique_ptr<Backend> make_cuda_backend(const Model& model, const BackendOpti
   if (model.receivers_at_unit_speed)
     throw BackendUnavailable("cuda: receivers at unit speed (the mean-field quadrature) run on the cpu backend only");
   // Its loops and resident kernel take the one head of Q, K, V (docs/cuda.md).
+  if (model.placement != Placement::Post)
+    throw BackendUnavailable("--backend cuda: --normalization other than post runs on the cpu or reference backend only");
   if (model.is_layer())
     throw BackendUnavailable("--backend cuda: a whole layer (--heads > 1, --head-dim < d, --mlp or --weights) "
                              "runs on the cpu or reference backend only");
