@@ -9,6 +9,7 @@
 #include "mfattn/backends/backend.hpp"
 #include "mfattn/app/config.hpp"
 #include "mfattn/core/number_text.hpp"
+#include "mfattn/integrators/integrator.hpp"
 #include "mfattn/app/run.hpp"
 #include "mfattn/app/run_choices.hpp"
 
@@ -58,18 +59,31 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
     const State state = build_initial_state(cfg, model);
     auto backend = make_backend(cfg.backend, model, backend_options(cfg, threads));
     std::vector<double> velocity(state.size());
-    backend->velocity(state.replicas, state.x.data(), velocity.data(), nullptr);  // warm up
+    // A placement other than post (docs/model.md section 2c) is the backend's evaluation and
+    // the per-token formula of Dynamics, whose remembered evaluation is dropped each time.
+    Dynamics dynamics(model, *backend, state.replicas);
+    auto evaluate = [&] {
+      if (model.placement == Placement::Post) {
+        backend->velocity(state.replicas, state.x.data(), velocity.data(), nullptr);
+        return;
+      }
+      dynamics.matrices_changed();
+      dynamics.velocity(state.x.data(), velocity.data());
+    };
+    evaluate();  // warm up
     std::int64_t evaluations = 0;
     const auto start = std::chrono::steady_clock::now();
     double elapsed = 0.0;
     while (elapsed < min_seconds) {
-      backend->velocity(state.replicas, state.x.data(), velocity.data(), nullptr);
+      evaluate();
       ++evaluations;
       elapsed = seconds_since(start);
     }
     const double pairs = double(state.replicas) * double(model.n) * double(model.n);
     out << std::setprecision(4) << "backend " << backend->name() << " n " << model.n << " d "
-        << model.d << " kernel " << cfg.kernel << " threads " << threads << " evaluations "
+        << model.d << " kernel " << cfg.kernel
+        << (model.placement == Placement::Post ? "" : " normalization " + cfg.normalization) << " threads "
+        << threads << " evaluations "
         << evaluations << " seconds_per_evaluation " << elapsed / double(evaluations)
         << " pairs_per_second " << pairs * double(evaluations) / elapsed << " "
         << backend->describe() << '\n';
