@@ -108,11 +108,20 @@ def manifest_status(out: Path) -> dict[str, str]:
     return {fields[at_id]: fields[at_status] for fields in (row.split(",") for row in rows[1:])}
 
 
+def default_stop_signals() -> None:
+    """In the child before exec: the stop signals at their default disposition. A process keeps
+    an ignored signal across exec, so under `nohup pytest` (SIGHUP ignored) the sweep would
+    ignore the SIGHUP the test sends, as it should for its user, and the test would wait."""
+    for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def start_sweep(binary: Path, sweep: Path, out: Path, tmp_path: Path, *extra: str):
     stdout = open(tmp_path / "sweep.out", "w")
     stderr = open(tmp_path / "sweep.err", "w")
     proc = subprocess.Popen([str(binary), "sweep", "--config", str(sweep), "--out-dir", str(out), *extra],
-                            stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
+                            stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                            preexec_fn=default_stop_signals)
     stdout.close()
     stderr.close()
     return proc
