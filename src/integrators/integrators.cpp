@@ -60,7 +60,7 @@ void Dynamics::evaluate_placement(const double* x, bool with_weight_sums) {
   const double* read = x;
   if (placement_reads_directions(model_.placement)) {
     directions_.assign(x, x + count);
-    for (std::size_t t = 0; t < replicas_ * n; ++t) kernels::direction(directions_.data() + t * d, int(d));
+    take_directions(replicas_ * n, d, directions_.data());
     read = directions_.data();
   }
   cached_output_.resize(count);
@@ -464,6 +464,10 @@ void normalize_moving_tokens(const Dynamics& dynamics, double* x) {
 }
 
 }  // namespace
+
+void take_directions(std::size_t tokens, std::size_t d, double* y) {
+  for (std::size_t t = 0; t < tokens; ++t) kernels::direction(y + t * d, int(d));
+}
 
 void normalize_tokens(const Dynamics& dynamics, double* x) {
   // States in R^d (--normalization pre, peri, none) are not projected: the Runge-Kutta

@@ -5,7 +5,6 @@
 
 #include "backends/cpu/lane_pair_statistics.hpp"
 #include "backends/cpu/vector_math.hpp"
-#include "kernels/token_formulas.hpp"
 #include "mfattn/backends/backend.hpp"
 
 #include <algorithm>
@@ -289,7 +288,7 @@ std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const S
         radius_sum += std::sqrt(norm2);
         largest = std::max(largest, norm2);
       }
-      for (std::size_t i = 0; i < n; ++i) kernels::direction(directions.data() + i * d, int(d));
+      take_directions(n, d, directions.data());
       values[radius_values][r] = m > 0 ? radius_sum / double(m) : kNaN;
       values[radius_values + 1][r] = std::sqrt(largest);
       // The energy of the states the layer read: the directions for pre and peri.

@@ -141,6 +141,10 @@ IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& st
                            const std::function<void(const State&)>& observer,
                            const StepHook& after_step = {});
 
+/// y <- N(y) = y / |y| (0 stays 0) for `tokens` rows of d numbers: the directions of states in
+/// R^d, which a pre or peri layer reads and the observables are taken on (docs/model.md 2c).
+void take_directions(std::size_t tokens, std::size_t d, double* y);
+
 /// Projects every moving token back to the unit sphere (x / |x|); states in R^d
 /// (Model::on_sphere false) are left as they are.
 void normalize_tokens(const Dynamics& dynamics, double* x);

@@ -464,12 +464,16 @@ class CpuBackend final : public Backend {
 
   /// Turns one receiver's shifted sums of a layer's head into its normalized sums u_pre
   /// (operand_dim numbers; zeros where the receiver does not move, which every output map
-  /// takes to 0); returns D_i of the head.
+  /// takes to 0); returns D_i of the head (another number where weight_sum_wanted is false
+  /// and the finish needs no scale: SA without eps_den skips its exp, as the one head does).
   double finish_head_receiver(const kernels::HeadOperands& head, std::size_t token, double log_max,
-                              double weight_sum_shifted, const double* acc, double* u_pre) const {
+                              double weight_sum_shifted, const double* acc, double* u_pre,
+                              bool weight_sum_wanted) const {
     kernels::FinishOutcome outcome;
-    const double scale = log_max > kNegInf ? detail::receiver_scale(model_, log_max) : 1.0;
-    if (!kernels::normalized_receiver_sums(detail::finish_terms(model_, mass_), model_.receiver_speed(token),
+    const kernels::FinishTerms terms = detail::finish_terms(model_, mass_);
+    const bool needs_scale = log_max > kNegInf && kernels::finish_needs_scale(terms, weight_sum_wanted);
+    const double scale = needs_scale ? detail::receiver_scale(model_, log_max) : 1.0;
+    if (!kernels::normalized_receiver_sums(terms, model_.receiver_speed(token),
                                            int(head.operand_dim), log_max, scale, weight_sum_shifted, acc, u_pre,
                                            outcome)) {
       if (outcome.overflow) throw NumericalError(detail::usa_overflow_message(model_, outcome.log_scale));
@@ -676,8 +680,6 @@ class CpuBackend final : public Backend {
     pair_terms_.visit_factor([&](const auto& factor) {
       one_sided::sweep_panel_with(pair_terms_, factor, p, panel.data(), blocks, tile);
     });
-    Scratch scratch;
-    double* work = scratch.rows(std::max(model_.d, p.d));
     if (head) {
       // A head of a layer (`replica` is its slot): u_pre into the slot's rows (layer() maps
       // them back and adds them).
@@ -687,10 +689,12 @@ class CpuBackend final : public Backend {
           const std::size_t i = block.receivers[r], row = replica * model_.n + i;
           head_weight_sums_[row] =
               finish_head_receiver(*head, i, block.offset[r], block.weight_sum[r], block.acc + r * block.acc_stride,
-                                   head_outputs_.data() + row * head->operand_dim);
+                                   head_outputs_.data() + row * head->operand_dim, weight_sums != nullptr);
         }
       return;
     }
+    Scratch scratch;
+    double* work = scratch.rows(model_.d);
     const AttentionMatrices& matrices = model_.matrices_of(replica);
     for (std::size_t b = 0; b < blocks; ++b) {
       const BlockSums& block = panel[b];
