@@ -427,6 +427,10 @@ po::options_description run_options(RunConfig& c) {
       ("d", bound(c.d), "ambient dimension, >= 2")
       ("beta", bound(c.beta), "inverse temperature, >= 0")
       ("kernel", bound(c.kernel), kKernelOption.help().c_str())
+      ("sinkhorn-iterations", bound(c.sinkhorn_iterations),
+       "--kernel sinkhorn: at most this many sweeps (columns, then rows), 0 to 100000 (0: SA)")
+      ("sinkhorn-tol", bound(c.sinkhorn_tol),
+       "--kernel sinkhorn: stop once every column sum is within this of its share, >= 0 (0: never early)")
       ("time-scale", bound(c.time_scale), kTimeScaleOption.help().c_str())
       ("q", bound(c.q), kQueryOption.help().c_str())
       ("k", bound(c.k), kKeyOption.help().c_str())

@@ -386,7 +386,10 @@ Model build_model(const RunConfig& cfg) {
   for (std::size_t i = active; i < model.n; ++i) model.presence[i] = 0.0;
   if (model.mass() <= 0.0)
     throw UsageError("--amplitudes " + cfg.amplitudes + ": every presence is 0 (no token moves)");
-  model.eps_den = cfg.eps_den >= 0.0 ? cfg.eps_den : (weighted ? 1e-12 : 0.0);
+  // Sinkhorn's rows sum to 1 by construction: it has no denominator to guard (validated).
+  model.eps_den = model.normalization == Normalization::Sinkhorn ? 0.0
+                  : cfg.eps_den >= 0.0                           ? cfg.eps_den
+                                                                 : (weighted ? 1e-12 : 0.0);
   // Generators from a file fix k; so do 2-D geometries, grid positions and a positions file.
   std::vector<Matrix> file_generators;
   if (!cfg.generators.empty()) {
@@ -557,6 +560,8 @@ Model build_model(const RunConfig& cfg) {
   model.layer.head_dim = static_cast<std::int64_t>(head_dim_of(cfg));
   model.placement = cfg.choices.placement;
   model.ngpt_alpha = cfg.ngpt_alpha;
+  model.sinkhorn_sweeps = static_cast<std::size_t>(cfg.sinkhorn_iterations);
+  model.sinkhorn_tolerance = cfg.sinkhorn_tol;
   return model;
 }
 

@@ -257,6 +257,29 @@ std::size_t validate_layer(const RunConfig& c, RunChoices& choices) {
 
 }  // namespace
 
+/// --kernel sinkhorn (docs/model.md section 2d): its numbers, and the options whose matrices
+/// have no scaling of the kind.
+void validate_sinkhorn(const RunConfig& c, Normalization kernel, const AuxFactorChoice& aux_factor,
+                       const MaskSelection& mask) {
+  if (c.sinkhorn_iterations < 0 || c.sinkhorn_iterations > 100000)
+    reject("sinkhorn-iterations", std::to_string(c.sinkhorn_iterations), "must be an integer in [0, 100000]");
+  require_finite("sinkhorn-tol", c.sinkhorn_tol);
+  if (c.sinkhorn_tol < 0) reject("sinkhorn-tol", format_number(c.sinkhorn_tol), "must be >= 0 (0: never stop early)");
+  if (kernel != Normalization::Sinkhorn) return;
+  if (mask.kind == MaskKind::Causal)
+    reject("mask", c.mask,
+           "with --kernel sinkhorn: a causal matrix has no doubly stochastic scaling (the first token sees only "
+           "itself, so its column is full and every later row must leave it: the sweeps tend to the identity); "
+           "accepted: full, window, per-prompt, window+per-prompt");
+  if (aux_factor.changes_sign)
+    reject("aux-factor", c.aux_factor,
+           "the " + c.aux_factor + " factor changes sign, and --kernel sinkhorn scales nonnegative weights: "
+           "accepted: none, distance, gaussian, power");
+  if (c.eps_den > 0)
+    reject("eps-den", format_number(c.eps_den),
+           "is SA's denominator term, and --kernel sinkhorn's rows sum to 1 by construction: leave it auto");
+}
+
 RunChoices validate(const RunConfig& c) {
   RunChoices choices;
   if (c.n < 1) reject("n", std::to_string(c.n), "must be an integer >= 1");
@@ -345,6 +368,7 @@ RunChoices validate(const RunConfig& c) {
   if (c.tau <= 0) reject("tau", format_number(c.tau), "must be > 0");
   if (!std::isfinite(c.eps_den) || (c.eps_den < 0 && c.eps_den != -1.0))
     reject("eps-den", format_number(c.eps_den), "must be a finite number >= 0, or auto");
+  validate_sinkhorn(c, kernel, aux_factor, choices.mask);
   if (c.null_tokens < 0) reject("null-tokens", std::to_string(c.null_tokens), "must be >= 0");
   require_finite("noise-kappa", c.noise_kappa);
   if (c.noise_kappa < 0) reject("noise-kappa", format_number(c.noise_kappa), "must be >= 0");

@@ -25,6 +25,8 @@ bool Model::is_gradient_flow() const {
   // Causal masks are not symmetric; noise makes the dynamics stochastic.
   bool value_identity = true;
   for (const AttentionMatrices& set : matrices) value_identity = value_identity && set.v_identity;
+  // Sinkhorn's column scaling and the placements other than post change the field.
+  if (normalization == Normalization::Sinkhorn || placement != Placement::Post) return false;
   return query_key_identity() && value_identity && values == ValueTransport::Transported &&
          pair_terms.mask != MaskKind::Causal && noise_kappa == 0.0 && beta > 0.0;
 }

@@ -257,7 +257,8 @@ template void oattention_direct<float>(const QkvView<float>&, const Visibility&,
 void sa_velocity_via_oattention(const Model& model, const double* x, double* velocity,
                                 std::size_t replica) {
   if (model.normalization != Normalization::Sa)
-    throw std::invalid_argument("sa_velocity_via_oattention: USA has no denominator, it is not OAttention");
+    throw std::invalid_argument("sa_velocity_via_oattention: only SA is an OAttention (USA has no denominator, "
+                                "Sinkhorn scales its columns too)");
   if (model.pair_terms.factor != AuxFactor::None)
     throw std::invalid_argument("sa_velocity_via_oattention: auxiliary factors are not part of OAttention");
   if (model.is_layer())

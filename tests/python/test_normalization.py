@@ -1,7 +1,8 @@
 """Where the normalization sits (docs/model.md, section 2c): every placement against a NumPy
 implementation written here from the table of section 2c (not from the project's code), on a
-short rk4 trajectory (n = 24, d = 4, 200 steps), SA and USA, with and without a RoPE gauge,
-prefix tokens and null tokens; the exact facts (unit norms of post and ngpt, the radius of pre,
+short rk4 trajectory (n = 24, d = 4, 200 steps), SA, USA and Sinkhorn attention (section 2d,
+its scaling written here from that section), with and without a RoPE gauge, prefix tokens and
+null tokens; the exact facts (unit norms of post and ngpt, the radius of pre,
 null tokens changing no bit) and the refusals.
 
 The NumPy side takes from the run's file only its inputs: the initial positions, the token
@@ -22,6 +23,49 @@ N, D, STEPS, DT, BETA = 24, 4, 200, 0.01, 1.5
 PLACEMENTS = ["post", "pre", "peri", "ngpt", "none"]
 
 
+def log_sum_exp(a: np.ndarray, axis: int) -> np.ndarray:
+    """log sum exp over an axis; -inf for a line of -inf."""
+    m = np.max(a, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        return np.squeeze(m + np.log(np.sum(np.exp(a - m), axis=axis, keepdims=True)), axis)
+
+
+def sinkhorn_plan(logits: np.ndarray, source_presence: np.ndarray, receivers: np.ndarray, sweeps: int,
+                  tol: float) -> np.ndarray:
+    """docs/model.md section 2d: P = diag(a) W diag(b) in log space, W_ij = exp(logits_ij)
+    (log p_j included, -inf hidden). From g = 0: rows; then per sweep the columns' error
+    against their shares c_j = R p_j / M_J (stop once <= tol > 0, or after `sweeps`), the
+    columns, the rows. Receivers that are not present (p_i = 0) have empty rows."""
+    neg_inf = -np.inf
+    logits = np.where(receivers[:, None], logits, neg_inf)
+
+    def rows(g):
+        with np.errstate(invalid="ignore"):
+            f = -log_sum_exp(logits + g[None, :], 1)
+        return np.where(receivers & np.isfinite(f), f, neg_inf)
+
+    g = np.zeros(logits.shape[1])
+    f = rows(g)
+    columns = log_sum_exp(f[:, None] + logits, 0)
+    seen = np.isfinite(columns)
+    share = np.zeros_like(g)
+    share[seen] = np.isfinite(f).sum() * source_presence[seen] / source_presence[seen].sum()
+    with np.errstate(divide="ignore"):
+        log_share = np.log(share)
+    for _ in range(sweeps):
+        error = np.max(np.abs(np.where(seen, np.exp(columns + g), 0.0) - share))
+        if tol > 0 and error <= tol:
+            break
+        with np.errstate(invalid="ignore"):
+            g = np.where(seen, log_share - columns, neg_inf)
+        f = rows(g)
+        columns = log_sum_exp(f[:, None] + logits, 0)
+    with np.errstate(invalid="ignore"):
+        plan = np.exp(f[:, None] + logits + g[None, :])
+    return np.nan_to_num(plan, nan=0.0)
+
+
 def direction(y: np.ndarray) -> np.ndarray:
     norm = np.linalg.norm(y, axis=-1, keepdims=True)
     return np.divide(y, norm, out=np.zeros_like(y), where=norm > 0)
@@ -30,7 +74,7 @@ def direction(y: np.ndarray) -> np.ndarray:
 class Layer:
     """F_i(states) of docs/model.md section 2 for Q = K = V = I, from the run's labels."""
 
-    def __init__(self, path, kernel: str, eps: float, beta: float = BETA):
+    def __init__(self, path, kernel: str, eps: float, beta: float = BETA, sweeps: int = 100, tol: float = 1e-12):
         with h5py.File(path) as f:
             tokens = f["particles/tokens"]
             self.x0 = tokens["position/value"][0]
@@ -51,6 +95,7 @@ class Layer:
         else:
             self.G = np.stack([expm(xi * generators[0]) for xi in all_positions])
         self.kernel, self.eps, self.beta = kernel, eps, beta
+        self.sweeps, self.tol = sweeps, tol
 
     def output(self, states: np.ndarray) -> np.ndarray:
         """p_i F_i: the attention output of section 2 (transported values), times p_i."""
@@ -59,6 +104,11 @@ class Layer:
         gauged = np.einsum("jab,jb->ja", self.G, sources)       # G_j y_j
         n = len(states)
         scores = self.beta * gauged[:n] @ gauged.T                    # beta <G_i x_i, G_j y_j>
+        if self.kernel == "sinkhorn":
+            with np.errstate(divide="ignore"):
+                logits = scores + np.log(weight)[None, :]
+            plan = sinkhorn_plan(logits, weight, self.p > 0, self.sweeps, self.tol)
+            return self.p[:, None] * np.einsum("iba,ib->ia", self.G[:n], plan @ gauged)
         w = weight[None, :] * np.exp(scores)
         summed = w @ gauged                                        # sum_j w_ij G_j y_j
         values = np.einsum("iba,ib->ia", self.G[:n], summed)       # G_i^T (...)
@@ -107,7 +157,7 @@ def run(binary, tmp_path, name, *args, beta: float = BETA, dt: float = DT) -> "P
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
-@pytest.mark.parametrize("kernel", ["sa", "usa"])
+@pytest.mark.parametrize("kernel", ["sa", "usa", "sinkhorn"])
 @pytest.mark.parametrize("labels", ["plain", "rope prefix nulls"])
 def test_every_placement_is_the_numpy_flow(mfattn_binary, tmp_path, placement, kernel, labels):
     extra = ["--geometry", "rope", "--prefix", "3", "--prefix-weight", "1.5", "--null-tokens", "2",

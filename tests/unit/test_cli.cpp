@@ -274,7 +274,7 @@ TEST(Config, ChoiceTablesDriveHelpValidationAndValues) {
   expect_table_drives_option(kInitOption, out);
   EXPECT_EQ(kQueryOption.accepted(),
             "accepted: identity, gaussian, goe, gaussian-product, wigner-unit, goe-unit or a readable file");
-  EXPECT_EQ(kKernelOption.help(), "usa (unnormalised) | sa (softmax)");
+  EXPECT_EQ(kKernelOption.help(), "usa (unnormalised) | sa (softmax) | sinkhorn (softmax scaled to a doubly stochastic matrix)");
 }
 
 TEST(Config, ModelTakesTheValueEachChoiceNames) {

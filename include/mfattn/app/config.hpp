@@ -57,6 +57,8 @@ struct RunConfig {
   double layer_time = 0.0;  ///< > 0 with a --weights file of several layers: layer l on [l T, (l+1) T)
   std::string normalization = "post";  ///< kPlacementOption: where the layer's normalization sits
   double ngpt_alpha = 1.0;
+  std::int64_t sinkhorn_iterations = 100;  ///< --kernel sinkhorn: at most this many sweeps
+  double sinkhorn_tol = 1e-12;             ///< --kernel sinkhorn: stop at this column error (0: never)
   std::string geometry = "none";
   double rope_base = 10000.0;
   std::string rope_freqs;

@@ -30,6 +30,7 @@ namespace mfattn {
 inline constexpr Choice<Normalization> kKernelChoices[] = {
     {"usa", Normalization::Usa, "unnormalised"},
     {"sa", Normalization::Sa, "softmax"},
+    {"sinkhorn", Normalization::Sinkhorn, "softmax scaled to a doubly stochastic matrix"},
 };
 inline constexpr ChoiceOption<Normalization> kKernelOption{.option = "kernel", .choices = kKernelChoices};
 

@@ -29,7 +29,7 @@ namespace mfattn {
 using Matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Vector = Eigen::VectorXd;
 
-enum class Normalization { Usa, Sa };
+enum class Normalization { Usa, Sa, Sinkhorn };
 enum class TimeScale { Natural, Rescaled };
 enum class ValueTransport { Transported, Plain };
 
@@ -107,6 +107,10 @@ struct Model {
   /// presence p_i in [0, 1] of each token (size n); p_i = a_i^2 / (tau + a_i^2).
   std::vector<double> presence;
   double eps_den = 0.0;        ///< SA denominator epsilon, >= 0
+  /// Sinkhorn attention (docs/model.md section 2d): at most this many sweeps, stopping once
+  /// the largest column error is at most the tolerance (0: never early).
+  std::size_t sinkhorn_sweeps = 100;
+  double sinkhorn_tolerance = 1e-12;
   /// What a receiver's velocity is multiplied by: its presence p_i (false, the particles of
   /// docs/model.md section 2), or 1 whatever its presence (true). The mean-field quadrature
   /// (docs/meanfield.md) sets it: its grid points are sources whose presences are their

@@ -315,6 +315,10 @@ MeanfieldConfig parse_meanfield_arguments(const std::vector<std::string>& args) 
     refuse("evaluation", cfg.evaluation, "accepted: auto, fourier, quadrature");
   if (run.backend != "cpu")
     refuse("backend", run.backend, "mfattn meanfield runs on the cpu (accepted: cpu)");
+  if (run.kernel == "sinkhorn")
+    refuse("kernel", run.kernel,
+           "the mean-field equations here are SA's and USA's (a density's Sinkhorn scaling is not built; accepted: "
+           "usa, sa)");
   if (cfg.zonal && cfg.label_points > 0) refuse("label-points", std::to_string(cfg.label_points), "not with --zonal");
   if (run.d > 3 && !cfg.zonal) refuse("d", std::to_string(run.d), "d > 3 needs --zonal (densities of <x, e_1>)");
   if (cfg.evaluation != "auto" && (run.d != 2 || cfg.zonal))

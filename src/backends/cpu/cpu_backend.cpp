@@ -44,6 +44,7 @@
 #include "backends/cpu/micro_kernels.hpp"
 #include "backends/cpu/one_sided_loop.hpp"
 #include "backends/cpu/lane_pair_terms.hpp"
+#include "backends/cpu/sinkhorn_passes.hpp"
 #include "backends/cpu/symmetric_pairs.hpp"
 #include "backends/cpu/cpu_kernels.hpp"
 #include "backends/cpu/vector_math.hpp"
@@ -78,9 +79,19 @@ class CpuBackend final : public Backend {
       : model_(model), threads_(threads > 0 ? threads : omp_get_max_threads()),
         mass_(model.mass()), all_present_(model.every_token_present()), pair_terms_(model),
         small_systems_(small_systems_apply(model)),
-        symmetric_(!small_systems_ && cpu::symmetric_pairs_apply(model)
+        symmetric_(!small_systems_ && model.normalization != Normalization::Sinkhorn &&
+                           cpu::symmetric_pairs_apply(model)
                        ? std::make_unique<cpu::SymmetricPairs>(model, pair_terms_)
-                       : nullptr) {
+                       : nullptr),
+        sinkhorn_passes_(model, pair_terms_, prepared_) {
+    if (model.normalization == Normalization::Sinkhorn) {
+      // Validation refuses these options first; a model built by hand meets this.
+      if (!SinkhornPasses::takes(model))
+        throw BackendUnavailable("cpu: Sinkhorn attention takes symmetric masks and nonnegative factors only "
+                                 "(no causal mask, no cosine or toeplitz factor)");
+      sinkhorn_ = std::make_unique<kernels::SinkhornScaling>(
+          kernels::SinkhornTerms{model.sinkhorn_sweeps, model.sinkhorn_tolerance});
+    }
     // b_j = log p_j is fixed for the whole run: taken once here, not per evaluation.
     for (double p : model.presence) token_bias_.push_back(kernels::log_presence(p));
     prefix_bias_ = kernels::log_presence(model.prefix_weight);
@@ -122,12 +133,13 @@ class CpuBackend final : public Backend {
     }
     on_team([&] {
       prepare(replicas, x);
+      if (sinkhorn_) scale_sinkhorn();
       if (symmetric_)
         symmetric_->evaluate(prepared_, replicas, x, out, fall_back, failure);
       else
         one_sided(replicas, x, out, failure);
     });
-    last_loop_ = symmetric_ && !fall_back ? "symmetric" : "one-sided";
+    last_loop_ = symmetric_ && !fall_back ? "symmetric" : sinkhorn_ ? "sinkhorn" : "one-sided";
     if (fall_back) {
       // The shared offset of the symmetric loop was too loose: every receiver again, each
       // with its own offset (and its exact maximum where that is loose too).
@@ -135,9 +147,25 @@ class CpuBackend final : public Backend {
       on_team([&] { one_sided(replicas, x, out, failure); });
     }
     if (!failure.empty()) throw NumericalError(failure);
+    if (sinkhorn_ && out.weight_sums)
+      for (std::size_t r = 0; r < replicas; ++r)
+        for (std::size_t i = 0; i < model_.n; ++i) out.weight_sums[r * model_.n + i] = sinkhorn_weight_sum(r, i);
   }
 
  private:
+  /// Sinkhorn attention (docs/model.md section 2d), called by every thread of the team after
+  /// prepare(): every slot's scaling, then its biases and offsets for the one-sided loop, whose
+  /// output pass is SA's with them.
+  void scale_sinkhorn() {
+    sinkhorn_passes_.prepare(*sinkhorn_, token_bias_, prefix_bias_);
+    sinkhorn_->run(sinkhorn_passes_);
+    sinkhorn_passes_.apply(*sinkhorn_);
+  }
+  /// SA's weight sum D_i of slot s's unscaled weights (the energy's), from its first row pass.
+  double sinkhorn_weight_sum(std::size_t slot, std::size_t i) const {
+    return std::exp(sinkhorn_->slots[slot].first_row_lse[i] - model_.exponent_shift());
+  }
+
   /// Whether the small-system loop takes the evaluation: few tokens that weigh (at most
   /// kSmallSystemTokens with p_j > 0, so appending null tokens never changes the loop), d <= 4,
   /// no gauge, full mask, no factor, no prefix tokens: the plain attention of the reference
@@ -146,7 +174,7 @@ class CpuBackend final : public Backend {
     const auto present = std::count_if(model.presence.begin(), model.presence.end(),
                                        [](double p) { return p > 0.0; });
     return small_systems_allowed() && present <= static_cast<std::ptrdiff_t>(kSmallSystemTokens) &&
-           model.d <= kSmallDimension && !model.is_layer() &&
+           model.d <= kSmallDimension && !model.is_layer() && model.normalization != Normalization::Sinkhorn &&
            !model.gauge && !model.pair_terms.any() && model.prefix_count() == 0;
   }
 
@@ -435,7 +463,12 @@ class CpuBackend final : public Backend {
     }
     const std::size_t width = slots ? head_operands_.front().operand_dim : 0;
     prepare(slots, x, head_operands_.data(), heads);
+    if (sinkhorn_) scale_sinkhorn();
     one_sided(slots, x, out, failure, head_operands_.data(), heads);
+    if (sinkhorn_) {
+#pragma omp for schedule(static)
+      for (std::size_t row = 0; row < slots * n; ++row) head_weight_sums_[row] = sinkhorn_weight_sum(row / n, row % n);
+    }
 #pragma omp for schedule(static)
     for (std::size_t unit = 0; unit < replicas * n; ++unit) {
       const std::size_t r = unit / n, i = unit % n;
@@ -520,7 +553,8 @@ class CpuBackend final : public Backend {
     p.padded_sources = cpu::PairTerms::padded_sources(model_);
     p.padded_dim = round_up(d, kLanes);
     p.bias_free_begin = p.first_moving;
-    p.bias_free_end = all_present_ ? p.first_moving + n / kLanes * kLanes : p.first_moving;
+    // Sinkhorn attention rewrites every bias per evaluation (log p_j + g_j).
+    p.bias_free_end = all_present_ && !sinkhorn_ ? p.first_moving + n / kLanes * kLanes : p.first_moving;
     p.source_stride = p.padded_sources + kLanes;
     p.row_stride = p.padded_dim + kLanes;
     p.queries.assign(n * d, 0.0);
@@ -728,6 +762,9 @@ class CpuBackend final : public Backend {
   // u_pre (n rows of operand_dim a slot) and D_i^(h) (n a slot).
   std::vector<kernels::HeadOperands> head_operands_;
   std::vector<double> head_outputs_, head_weight_sums_;
+  // Sinkhorn attention: the passes over prepared_ and every slot's scaling (null: SA or USA).
+  SinkhornPasses sinkhorn_passes_;
+  std::unique_ptr<kernels::SinkhornScaling> sinkhorn_;
 };
 
 }  // namespace

@@ -19,7 +19,7 @@ inline namespace MFATTN_CPU_NAMESPACE {
 
 /// Labels of the sources as lanes, in the backend's source order: the prefix tokens first
 /// (padded to a whole tile), then the moving tokens: position_dim rows of padded_sources
-/// positions, and the prompt of each source.
+/// positions, and the prompt of each source (-1 for padding).
 struct SourcePositions {
   std::size_t dim = 1, padded_sources = 0;
   std::vector<double> rows;
@@ -103,6 +103,10 @@ class PairTerms {
     for (std::size_t j = 0; j < model.n && !model.positions.empty(); ++j)
       for (std::size_t a = 0; a < k; ++a)
         sources_.rows[a * sources_.padded_sources + first + j] = model.positions[j * k + a];
+    // The moving tokens' prompts too: the loops over moving sources never read them, but
+    // Sinkhorn's column pass takes moving receivers as lanes against a prefix token.
+    for (std::size_t j = 0; j < model.n && j < model.prompt_id.size(); ++j)
+      sources_.prompts[first + j] = model.prompt_id[j];
     receiver_positions_ = model.positions;
     if (receiver_positions_.empty()) receiver_positions_.assign(model.n * k, 0.0);
     receiver_prompts_.assign(model.n, 0.0);

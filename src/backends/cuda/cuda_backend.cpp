@@ -407,6 +407,8 @@ std::unique_ptr<Backend> make_cuda_backend(const Model& model, const BackendOpti
   // Its loops and resident kernel take the one head of Q, K, V (docs/cuda.md).
   if (model.placement != Placement::Post)
     throw BackendUnavailable("--backend cuda: --normalization other than post runs on the cpu or reference backend only");
+  if (model.normalization == Normalization::Sinkhorn)
+    throw BackendUnavailable("--backend cuda: --kernel sinkhorn runs on the cpu or reference backend only");
   if (model.is_layer())
     throw BackendUnavailable("--backend cuda: a whole layer (--heads > 1, --head-dim < d, --mlp or --weights) "
                              "runs on the cpu or reference backend only");

@@ -3,12 +3,77 @@
 // definitions of the physics (kernels/: the token operands and the pair terms' formulas),
 // none of their loops, bounds or sums.
 #include "backends/backend_common.hpp"
+#include "backends/sinkhorn_scaling.hpp"
 #include "backends/token_operands.hpp"
 
 #include <vector>
 
 namespace mfattn {
 namespace {
+
+/// Sinkhorn attention's scaling of one matrix (a replica's, or a head's), literally: the
+/// logits pair by pair and every log-sum-exp from its row's exact maximum.
+class ReferenceSinkhorn {
+ public:
+  /// Scales the matrix of `operands` (every source's query, key and log-presence).
+  ReferenceSinkhorn(const Model& model, const kernels::TokenOperands& operands)
+      : model_(model), operands_(operands),
+        scaling_(kernels::SinkhornTerms{model.sinkhorn_sweeps, model.sinkhorn_tolerance}) {
+    kernels::SinkhornSlot& slot = scaling_.slots.emplace_back();
+    slot.source_log_presence = operands.log_presence;
+    for (std::size_t i = 0; i < model.n; ++i) slot.receiver_present.push_back(model.presence[i] > 0.0);
+    scaling_.reset();
+    scaling_.run(*this);
+  }
+
+  /// beta s_ij + log(m_ij c_ij): l_ij without log p_j (-inf for a hidden pair).
+  double logit(std::size_t i, std::size_t j) const {
+    const kernels::PairWeightTerms<double> terms = kernels::model_pair_weight_terms(model_, i, j);
+    if (!kernels::visible(terms)) return -HUGE_VAL;
+    double score = 0.0;
+    for (std::size_t c = 0; c < operands_.d; ++c) score += operands_.query(i)[c] * operands_.key(j)[c];
+    return model_.beta * score + terms.log_term;
+  }
+  /// P_ij = exp(f_i + l_ij + g_j), the plan's weight of the pair.
+  double plan(std::size_t i, std::size_t j) const {
+    const kernels::SinkhornSlot& slot = scaling_.slots.front();
+    return std::exp(slot.row_scale[i] + logit(i, j) + slot.row_bias[j]);
+  }
+  /// SA's weight sum D_i of the unscaled weights (the energy's).
+  double weight_sum(std::size_t i) const {
+    return std::exp(scaling_.slots.front().first_row_lse[i] - model_.exponent_shift());
+  }
+
+  // The passes of kernels::SinkhornScaling.
+  void rows(kernels::SinkhornScaling& scaling) {
+    kernels::SinkhornSlot& slot = scaling.slots.front();
+    for (std::size_t i = 0; i < model_.n; ++i)
+      scaling.finish_row(slot, i, log_sum_exp(operands_.sources, [&](std::size_t j) {
+                           return logit(i, j) + slot.row_bias[j];
+                         }));
+  }
+  void columns(kernels::SinkhornScaling& scaling) {
+    kernels::SinkhornSlot& slot = scaling.slots.front();
+    for (std::size_t j = 0; j < operands_.sources; ++j)
+      scaling.finish_column(slot, j, log_sum_exp(model_.n, [&](std::size_t i) {
+                              return slot.row_scale[i] + logit(i, j);
+                            }));
+  }
+
+ private:
+  template <class Term>
+  static double log_sum_exp(std::size_t count, Term&& term) {
+    double largest = -HUGE_VAL;
+    for (std::size_t k = 0; k < count; ++k) largest = std::max(largest, term(k));
+    if (largest == -HUGE_VAL) return largest;
+    double sum = 0.0;
+    for (std::size_t k = 0; k < count; ++k) sum += std::exp(term(k) - largest);
+    return kernels::log_sum_exp(largest, sum);
+  }
+  const Model& model_;
+  const kernels::TokenOperands& operands_;
+  kernels::SinkhornScaling scaling_;
+};
 
 class ReferenceBackend final : public Backend {
  public:
@@ -17,6 +82,7 @@ class ReferenceBackend final : public Backend {
 
   void evaluate(std::size_t replicas, const double* x, const FieldOutputs& out) override {
     if (model_.is_layer()) return evaluate_layer(replicas, x, out);
+    if (model_.normalization == Normalization::Sinkhorn) return evaluate_sinkhorn(replicas, x, out);
     const std::size_t n = model_.n, d = model_.d;
     std::vector<double> value(d), tmp(d), u(d), numerator(d);
     const double shift = model_.exponent_shift();
@@ -65,6 +131,38 @@ class ReferenceBackend final : public Backend {
   }
 
  private:
+  /// Sinkhorn attention (docs/model.md section 2d) of the one head, literally:
+  ///   u_i = sum_j P_ij V G_i^T z_j,   P_ij = exp(f_i + l_ij + g_j)
+  /// with the scaling of the replica's matrix; D_i is SA's weight sum.
+  void evaluate_sinkhorn(std::size_t replicas, const double* x, const FieldOutputs& out) {
+    const std::size_t n = model_.n, d = model_.d;
+    std::vector<double> value(d), tmp(d), u(d);
+    for (std::size_t r = 0; r < replicas; ++r) {
+      const double* xr = x + r * n * d;
+      const AttentionMatrices& matrices = model_.matrices_of(r);
+      kernels::prepare_token_operands(model_, matrices, xr, operands_);
+      const ReferenceSinkhorn sinkhorn(model_, operands_);
+      for (std::size_t i = 0; i < n; ++i) {
+        std::fill(u.begin(), u.end(), 0.0);
+        for (std::size_t j = 0; j < operands_.sources; ++j) {
+          const double weight = sinkhorn.plan(i, j);
+          if (weight == 0.0) continue;
+          const double* zj = operands_.value(j);
+          if (model_.values == ValueTransport::Transported && model_.gauge)
+            model_.gauge->apply_transpose(i, zj, value.data());
+          else
+            std::copy(zj, zj + d, value.data());
+          apply_matrix(matrices.v, matrices.v_identity, value.data(), tmp.data());
+          for (std::size_t c = 0; c < d; ++c) u[c] += weight * tmp[c];
+        }
+        kernels::tangent_velocity(model_.receiver_speed(i), int(d), xr + i * d, u.data(),
+                                  out.velocity + (r * n + i) * d,
+                                  out.attention_output ? out.attention_output + (r * n + i) * d : nullptr);
+        if (out.weight_sums) out.weight_sums[r * n + i] = sinkhorn.weight_sum(i);
+      }
+    }
+  }
+
   /// A whole layer (docs/model.md section 2b), as literally: for every receiver, every head's
   /// u_i^(h) pair by pair (its value mapped back to R^d per pair), summed over the heads in
   /// order, plus f(x_i); D_i is the sum of the heads' weight sums.
@@ -78,6 +176,10 @@ class ReferenceBackend final : public Backend {
       std::vector<kernels::TokenOperands> heads(matrices.heads.size());
       for (std::size_t h = 0; h < heads.size(); ++h)
         kernels::prepare_head_operands(kernels::HeadOperands(model_, matrices.heads[h]), xr, heads[h]);
+      // Sinkhorn attention scales every head's matrix on its own.
+      std::vector<std::unique_ptr<ReferenceSinkhorn>> sinkhorn(heads.size());
+      if (model_.normalization == Normalization::Sinkhorn)
+        for (std::size_t h = 0; h < heads.size(); ++h) sinkhorn[h] = std::make_unique<ReferenceSinkhorn>(model_, heads[h]);
       hidden.resize(matrices.mlp.width());
       for (std::size_t i = 0; i < n; ++i) {
         std::fill(u.begin(), u.end(), 0.0);
@@ -93,12 +195,19 @@ class ReferenceBackend final : public Backend {
             if (!kernels::visible(terms)) continue;
             double score = 0.0;
             for (std::size_t c = 0; c < operands.d; ++c) score += operands.query(i)[c] * operands.key(j)[c];
-            const double weight = operands.presence[j] * kernels::weight_factor(terms) *
-                                  std::exp(model_.beta * score - shift);
+            const double weight = sinkhorn[h] ? sinkhorn[h]->plan(i, j)
+                                              : operands.presence[j] * kernels::weight_factor(terms) *
+                                                    std::exp(model_.beta * score - shift);
             std::copy(operands.value(j), operands.value(j) + operands.d, z.begin());
             head.output(i, z.data(), mapped.data());
             for (std::size_t c = 0; c < d; ++c) numerator[c] += weight * mapped[c];
             denominator += weight;
+          }
+          if (sinkhorn[h]) {
+            // The plan's rows sum to 1: u^(h) is the plain sum.
+            for (std::size_t c = 0; c < d; ++c) u[c] += numerator[c];
+            weight_sum += sinkhorn[h]->weight_sum(i);
+            continue;
           }
           const double normaliser = model_.normalization == Normalization::Usa ? mass : model_.eps_den + denominator;
           if (normaliser > 0.0)

@@ -1,0 +1,223 @@
+#pragma once
+// The two passes of Sinkhorn attention's scaling (backends/sinkhorn_scaling.hpp) on the CPU
+// backend's prepared operands, in lanes, O(n) memory: the weights are recomputed every pass,
+// never stored. For a slot (a replica's or a head's matrix) with queries q_i (beta applied),
+// keys k_j in their panels and the pair terms' log-terms t_ij:
+//   rows     L_i = LSE_j (<q_i, k_j> + t_ij + row_bias_j)     lanes over sources j
+//   columns  C_j = LSE_i (f_i + <q_i, k_j> + t_ij)            lanes over receivers i
+// Each log-sum-exp writes its logits to a thread's buffer while taking their maximum m (in
+// lanes, then a fixed pairwise reduction), then sums exp(l - m) in lanes: one exp per pair and
+// pass, the same bits for any thread count. The columns read the queries transposed (d rows
+// of the padded receivers), and the pair terms with the roles of the pair exchanged: source
+// j's labels as the scalar side, the receivers' as lanes. That is the same term because
+// Sinkhorn attention takes symmetric masks and factors only (validated: no causal mask, no
+// sign-changing factor; checked again here).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backends/cpu/lane_pair_terms.hpp"
+#include "backends/cpu/micro_kernels.hpp"
+#include "backends/cpu/vector_math.hpp"
+#include "backends/sinkhorn_scaling.hpp"
+
+MFATTN_CPU_TARGET_BEGIN
+namespace mfattn::cpu {
+inline namespace MFATTN_CPU_NAMESPACE {
+
+class SinkhornPasses {
+ public:
+  SinkhornPasses(const Model& model, const PairTerms& pair_terms, std::vector<Prepared>& prepared)
+      : model_(model), pair_terms_(pair_terms), prepared_(prepared) {}
+
+  /// Receivers padded to whole lanes (the columns' lanes and row_scale's length).
+  std::size_t padded_receivers() const { return (model_.n + kLanes - 1) / kLanes * kLanes; }
+
+  /// The slots' fixed parts (source log-presences in the prepared order, receivers present),
+  /// then the transposed queries of every slot. Called by every thread of the team.
+  void prepare(kernels::SinkhornScaling& scaling, const std::vector<double>& token_bias, double prefix_bias) {
+    const std::size_t n = model_.n, slots = prepared_.size(), padded = padded_receivers();
+#pragma omp single
+    {
+      scaling.slots.resize(slots);
+      queries_t_.resize(slots);
+      for (std::size_t s = 0; s < slots; ++s) {
+        const Prepared& p = prepared_[s];
+        kernels::SinkhornSlot& slot = scaling.slots[s];
+        slot.source_log_presence.assign(p.padded_sources, kNegInf);
+        for (std::size_t q = 0; q < model_.prefix_count(); ++q) slot.source_log_presence[q] = prefix_bias;
+        for (std::size_t j = 0; j < n; ++j) slot.source_log_presence[p.first_moving + j] = token_bias[j];
+        slot.receiver_present.assign(padded, 0);
+        for (std::size_t i = 0; i < n; ++i) slot.receiver_present[i] = model_.presence[i] > 0.0;
+        queries_t_[s].assign(prepared_[s].d * padded, 0.0);
+      }
+      scaling.reset();
+    }
+#pragma omp for schedule(static)
+    for (std::size_t unit = 0; unit < slots * n; ++unit) {
+      const std::size_t s = unit / n, i = unit % n, d = prepared_[s].d;
+      for (std::size_t c = 0; c < d; ++c) queries_t_[s][c * padded + i] = prepared_[s].queries[i * d + c];
+    }
+  }
+
+  /// Whether the passes take the model's pair terms: symmetric ones with no sign-changing
+  /// factor (the backend refuses the others before any evaluation).
+  static bool takes(const Model& model) {
+    bool takes_terms = false;
+    kernels::visit_pair_terms(model.pair_terms, [&](const auto& terms, const auto& prefix_terms) {
+      takes_terms = usable_pair<decltype(terms), decltype(prefix_terms)>();
+    });
+    return takes_terms;
+  }
+
+  void rows(kernels::SinkhornScaling& scaling) {
+    const std::size_t n = model_.n;
+    pair_terms_.dispatch([&](const auto& terms, const auto& prefix_terms) {
+      if constexpr (!usable_pair<decltype(terms), decltype(prefix_terms)>()) return;
+#pragma omp for schedule(dynamic, 8)
+      for (std::size_t unit = 0; unit < scaling.slots.size() * n; ++unit) {
+        kernels::SinkhornSlot& slot = scaling.slots[unit / n];
+        if (!slot.active) continue;
+        const std::size_t i = unit % n;
+        scaling.finish_row(slot, i, row_lse(terms, prefix_terms, prepared_[unit / n], slot, i));
+      }
+    });
+  }
+
+  void columns(kernels::SinkhornScaling& scaling) {
+    const std::size_t sources = prepared_.empty() ? 0 : prepared_.front().padded_sources;
+    pair_terms_.dispatch([&](const auto& terms, const auto& prefix_terms) {
+      if constexpr (!usable_pair<decltype(terms), decltype(prefix_terms)>()) return;
+#pragma omp for schedule(dynamic, 8)
+      for (std::size_t unit = 0; unit < scaling.slots.size() * sources; ++unit) {
+        const std::size_t s = unit / sources, j = unit % sources;
+        kernels::SinkhornSlot& slot = scaling.slots[s];
+        if (!slot.active) continue;
+        if (slot.source_log_presence[j] == kNegInf) {
+          scaling.finish_column(slot, j, kNegInf);
+          continue;
+        }
+        scaling.finish_column(slot, j, column_lse(terms, prefix_terms, prepared_[s], s, slot, j));
+      }
+    });
+  }
+
+  /// Every slot's prepared biases and offsets for the output pass, SA's one-sided loop with
+  /// the plan's scalings: bias log p_j + g_j and offset L_i (>= every logit of the row), so
+  /// that its normalised sums are sum_j P_ij z_j.
+  void apply(const kernels::SinkhornScaling& scaling) {
+#pragma omp for schedule(static)
+    for (std::size_t s = 0; s < prepared_.size(); ++s) {
+      Prepared& p = prepared_[s];
+      const kernels::SinkhornSlot& slot = scaling.slots[s];
+      for (std::size_t j = 0; j < p.padded_sources; ++j) {
+        p.bias[j] = slot.row_bias[j];
+        p.bias_log2[j] = slot.row_bias[j] * kLog2e;
+      }
+      for (std::size_t i = 0; i < model_.n; ++i) p.offsets[i] = slot.row_lse[i];
+      p.logits_above_underflow = false;
+    }
+  }
+
+ private:
+  static constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+  /// A pair-terms type (the kernels' formula, or the lanes' Terms around one) the passes take.
+  template <class T>
+  static constexpr bool usable() {
+    if constexpr (requires { typename T::Formula; })
+      return usable<typename T::Formula>();
+    else
+      return T::kSymmetric && !T::kHasFactor;
+  }
+  template <class A, class B>
+  static constexpr bool usable_pair() {
+    return usable<std::decay_t<A>>() && usable<std::decay_t<B>>();
+  }
+
+  /// m + log sum exp(l - m) of the first `count` logits in buffer_ (a multiple of kLanes),
+  /// whose lane maxima are `largest`.
+  static double log_sum_exp(const double* logits, std::size_t count, Lanes largest) {
+    const double m = simd::horizontal_max(largest);
+    if (m == kNegInf) return m;
+    const Lanes shift = simd::broadcast(m * kLog2e);
+    Lanes sums[4] = {};
+    std::size_t k = 0;
+    for (; k + 4 * kLanes <= count; k += 4 * kLanes) {
+      Lanes t[4], e[4];
+      for (std::size_t h = 0; h < 4; ++h) t[h] = simd::load(logits + k + h * kLanes) * kLog2e - shift;
+      simd::exp2_nonpositive(t, e);
+      for (std::size_t h = 0; h < 4; ++h) sums[h] += e[h];
+    }
+    for (; k < count; k += kLanes) {
+      Lanes t[1] = {simd::load(logits + k) * kLog2e - shift}, e[1];
+      simd::exp2_nonpositive(t, e);
+      sums[0] += e[0];
+    }
+    return kernels::log_sum_exp(m, simd::horizontal_sum((sums[0] + sums[1]) + (sums[2] + sums[3])));
+  }
+
+  template <class Terms, class PrefixTerms>
+  double row_lse(const Terms& terms, const PrefixTerms& prefix_terms, const Prepared& p,
+                 const kernels::SinkhornSlot& slot, std::size_t i) {
+    const std::size_t d = p.d;
+    thread_local std::vector<double> logits;
+    logits.resize(p.padded_sources);
+    const double* q = p.queries.data() + i * d;
+    Lanes largest = simd::broadcast(kNegInf);
+    auto region = [&](const auto& region_terms, std::size_t begin, std::size_t end) {
+      const auto receiver = region_terms.receiver(i);
+      for (std::size_t j = begin; j < end; j += kLanes) {
+        Lanes l = simd::load(slot.row_bias.data() + j);
+        for (std::size_t c = 0; c < d; ++c) l += q[c] * simd::load(p.key_lanes(c, j));
+        if constexpr (std::decay_t<decltype(region_terms)>::kHasLogTerm) l += region_terms.log_term(receiver, j);
+        largest = simd::max(largest, l);
+        simd::store(logits.data() + j, l);
+      }
+    };
+    region(prefix_terms, 0, p.first_moving);
+    region(terms, p.first_moving, p.padded_sources);
+    return log_sum_exp(logits.data(), p.padded_sources, largest);
+  }
+
+  template <class Terms, class PrefixTerms>
+  double column_lse(const Terms& terms, const PrefixTerms& prefix_terms, const Prepared& p, std::size_t s,
+                    const kernels::SinkhornSlot& slot, std::size_t j) {
+    const std::size_t d = p.d, padded = padded_receivers();
+    thread_local std::vector<double> logits, key;
+    logits.resize(padded);
+    key.resize(d);
+    for (std::size_t c = 0; c < d; ++c) key[c] = p.key_panels[p.key_index(c, j)];
+    const double* qt = queries_t_[s].data();
+    Lanes largest = simd::broadcast(kNegInf);
+    auto sweep = [&](const auto& pair_terms, const ReceiverPosition& source) {
+      for (std::size_t i = 0; i < padded; i += kLanes) {
+        Lanes l = simd::load(slot.row_scale.data() + i);
+        for (std::size_t c = 0; c < d; ++c) l += key[c] * simd::load(qt + c * padded + i);
+        // The pair (i, j) read as (j, i): source j's labels as the scalar side.
+        if constexpr (std::decay_t<decltype(pair_terms)>::kHasLogTerm)
+          l += pair_terms.log_term(source, p.first_moving + i);
+        largest = simd::max(largest, l);
+        simd::store(logits.data() + i, l);
+      }
+    };
+    if (j >= p.first_moving) {
+      sweep(terms, terms.receiver(j - p.first_moving));
+    } else {
+      const std::size_t q = j, k = model_.position_dim;
+      const ReceiverPosition prefix{model_.prefix_positions.empty() ? nullptr : model_.prefix_positions.data() + q * k,
+                                    double(model_.prefix_prompt_id[q])};
+      sweep(prefix_terms, prefix);
+    }
+    return log_sum_exp(logits.data(), padded, largest);
+  }
+
+  const Model& model_;
+  const PairTerms& pair_terms_;
+  std::vector<Prepared>& prepared_;
+  std::vector<std::vector<double>> queries_t_;  // per slot: d rows of the padded receivers
+};
+
+}  // namespace MFATTN_CPU_NAMESPACE
+}  // namespace mfattn::cpu
+MFATTN_CPU_TARGET_END
