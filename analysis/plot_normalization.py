@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The clustered-pair fraction over time per normalization placement (docs/model.md section 2c),
+"""The clustered-pair fraction over time per normalization placement (docs/model.md section 2c)
+and for Sinkhorn attention (section 2d),
 one panel per beta, from the curves.csv that experiments/normalization/collapse.py writes
 (columns placement, beta, time, fraction).
 
@@ -43,9 +44,9 @@ def main(argv: list[str]) -> int:
             ax.plot([p[0] for p in points], [p[1] for p in points], label=placement)
         ax.set_xscale("log")
         ax.set_xlabel("t")
-        ax.set_title(f"n = 128, d = 16, SA, random Q, K, V, beta = {beta:g}", fontsize=9)
+        ax.set_title(f"n = 128, d = 16, random Q, K, V, beta = {beta:g}", fontsize=9)
     axes[0][0].set_ylabel("clustered-pair fraction (median over seeds)")
-    axes[0][0].legend(title="--normalization", fontsize=8)
+    axes[0][0].legend(title="--normalization (sinkhorn: --kernel sinkhorn, post)", fontsize=8)
     fig.tight_layout()
     fig.savefig(args.out, dpi=130)
     return 0

@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """Where the normalization sits: the clustered-pair fraction over time for post, pre, peri, ngpt
-and none (docs/model.md section 2c) from the same random starts and the same random Q, K, V.
+and none (docs/model.md section 2c) from the same random starts and the same random Q, K, V, and
+Sinkhorn attention (section 2d, --kernel sinkhorn with its default sweeps, post) against SA at
+the same settings.
 
 n = 128 tokens in d = 16, SA, Q, K, V from the `gaussian` preset (seed s draws both the start
 and the matrices, the same for every placement), beta in --betas, --seeds seeds, rk4 dt 0.05
@@ -32,6 +34,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 PLACEMENTS = ["post", "pre", "peri", "ngpt", "none"]
+# (label, --normalization, --kernel): the five placements with SA, then Sinkhorn attention.
+VARIANTS = [(p, p, "sa") for p in PLACEMENTS] + [("sinkhorn", "post", "sinkhorn")]
+LABELS = [label for label, _, _ in VARIANTS]
 
 
 def main() -> None:
@@ -50,11 +55,11 @@ def main() -> None:
     betas = [float(b) for b in args.betas.split(",")]
     rows, curves = [], []
     for beta in betas:
-        for placement in PLACEMENTS:
+        for label, placement, kernel in VARIANTS:
             fractions, times_full = [], None
             for seed in range(args.seeds):
-                out = work / f"{placement}_b{beta:g}_s{seed}.h5"
-                command = [args.binary, "run", "--n", "128", "--d", "16", "--kernel", "sa", "--beta", str(beta),
+                out = work / f"{label}_b{beta:g}_s{seed}.h5"
+                command = [args.binary, "run", "--n", "128", "--d", "16", "--kernel", kernel, "--beta", str(beta),
                            "--q", "gaussian", "--k", "gaussian", "--v", "gaussian", "--seed", str(seed),
                            "--normalization", placement, "--integrator", "rk4", "--dt", "0.05",
                            "--horizon", str(args.horizon), "--save-log", "60", "--save-positions", "ends",
@@ -74,7 +79,7 @@ def main() -> None:
                     fraction = f["observables/clustered_pair_fraction/value"][:]
                     radius = f["observables/mean_radius/value"][-1] if "observables/mean_radius" in f else 1.0
                 reached = np.nonzero(fraction >= 0.99)[0]
-                rows.append({"placement": placement, "beta": beta, "seed": seed, "diverged_at": diverged,
+                rows.append({"placement": label, "beta": beta, "seed": seed, "diverged_at": diverged,
                              "collapse_time": float(times[reached[0]]) if len(reached) else "",
                              "final_fraction": float(fraction[-1]), "final_mean_radius": float(radius)})
                 fractions.append(fraction)
@@ -84,7 +89,7 @@ def main() -> None:
             fractions = [np.concatenate([f, np.full(len(times_full) - len(f), f[-1])]) for f in fractions]
             times = times_full
             median = np.median(np.array(fractions), axis=0)
-            curves += [{"placement": placement, "beta": beta, "time": float(t), "fraction": float(v)}
+            curves += [{"placement": label, "beta": beta, "time": float(t), "fraction": float(v)}
                        for t, v in zip(times, median)]
     for name, table in (("collapse.csv", rows), ("curves.csv", curves)):
         with open(work / name, "w", newline="") as f:
@@ -96,11 +101,11 @@ def main() -> None:
     subprocess.run([sys.executable, str(ROOT / "analysis" / "plot_normalization.py"), str(work / "curves.csv"),
                     "--out", str(figure)], check=True)
 
-    print("| beta | " + " | ".join(PLACEMENTS) + " |")
-    print("| --- | " + " | ".join("---" for _ in PLACEMENTS) + " |")
+    print("| beta | " + " | ".join(LABELS) + " |")
+    print("| --- | " + " | ".join("---" for _ in LABELS) + " |")
     for beta in betas:
         cells = []
-        for placement in PLACEMENTS:
+        for placement in LABELS:
             found = [r for r in rows if r["beta"] == beta and r["placement"] == placement]
             reached = [r["collapse_time"] for r in found if r["collapse_time"] != ""]
             diverged = [r["diverged_at"] for r in found if r["diverged_at"] != ""]

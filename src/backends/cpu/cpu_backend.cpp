@@ -108,7 +108,9 @@ class CpuBackend final : public Backend {
     // Small evaluations run on one thread: waking a team costs more than it saves, and on a
     // busy machine a late thread stalls every step. The symmetric loop's rounds overlap (see
     // symmetric_pairs.hpp), so a team already pays off there at n = 256.
-    const double pairs = double(replicas) * double(model_.n) * double(model_.n);
+    // Sinkhorn attention takes up to 2 K + 3 passes over the pairs.
+    const double passes = sinkhorn_ ? 2.0 * double(model_.sinkhorn_sweeps) + 3.0 : 1.0;
+    const double pairs = passes * double(replicas) * double(model_.n) * double(model_.n);
     const int team =
         pairs < (symmetric_ ? kSymmetricPairsPerExtraThread : kPairsPerExtraThread) ? 1 : threads_;
     // The loops' worksharing constructs are orphaned: called outside a parallel region (one

@@ -14,6 +14,8 @@
 // sign-changing factor; checked again here).
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "backends/cpu/lane_pair_terms.hpp"
@@ -79,7 +81,10 @@ class SinkhornPasses {
         kernels::SinkhornSlot& slot = scaling.slots[unit / n];
         if (!slot.active) continue;
         const std::size_t i = unit % n;
-        scaling.finish_row(slot, i, row_lse(terms, prefix_terms, prepared_[unit / n], slot, i));
+        const Prepared& p = prepared_[unit / n];
+        scaling.finish_row(slot, i, with_dimension(p.d, [&](auto dim) {
+                             return row_lse<decltype(dim)::value>(terms, prefix_terms, p, slot, i);
+                           }));
       }
     });
   }
@@ -97,7 +102,10 @@ class SinkhornPasses {
           scaling.finish_column(slot, j, kNegInf);
           continue;
         }
-        scaling.finish_column(slot, j, column_lse(terms, prefix_terms, prepared_[s], s, slot, j));
+        const Prepared& p = prepared_[s];
+        scaling.finish_column(slot, j, with_dimension(p.d, [&](auto dim) {
+                                return column_lse<decltype(dim)::value>(terms, prefix_terms, p, s, slot, j);
+                              }));
       }
     });
   }
@@ -135,10 +143,11 @@ class SinkhornPasses {
     return usable<std::decay_t<A>>() && usable<std::decay_t<B>>();
   }
 
-  /// m + log sum exp(l - m) of the first `count` logits in buffer_ (a multiple of kLanes),
-  /// whose lane maxima are `largest`.
-  static double log_sum_exp(const double* logits, std::size_t count, Lanes largest) {
-    const double m = simd::horizontal_max(largest);
+  /// m + log sum exp(l - m) of the first `count` logits (a multiple of kLanes), whose lane
+  /// maxima are in the four vectors `largest` (four, so that the maxima are not one chain of
+  /// dependent instructions: with one, the first pass took half as long again).
+  static double log_sum_exp(const double* logits, std::size_t count, const Lanes (&largest)[4]) {
+    const double m = simd::horizontal_max(simd::max(simd::max(largest[0], largest[1]), simd::max(largest[2], largest[3])));
     if (m == kNegInf) return m;
     const Lanes shift = simd::broadcast(m * kLog2e);
     Lanes sums[4] = {};
@@ -157,48 +166,79 @@ class SinkhornPasses {
     return kernels::log_sum_exp(m, simd::horizontal_sum((sums[0] + sums[1]) + (sums[2] + sums[3])));
   }
 
-  template <class Terms, class PrefixTerms>
+  /// body(std::integral_constant<int, D>) with D = d for d = 2, 3, 4 (the dot products then
+  /// unroll: with d a run-time number they took three quarters of the passes' time at d = 3),
+  /// else D = 0 (any d).
+  template <class Body>
+  static double with_dimension(std::size_t d, Body&& body) {
+    switch (d) {
+      case 2: return body(std::integral_constant<int, 2>{});
+      case 3: return body(std::integral_constant<int, 3>{});
+      case 4: return body(std::integral_constant<int, 4>{});
+      default: return body(std::integral_constant<int, 0>{});
+    }
+  }
+
+  template <int kDim, class Terms, class PrefixTerms>
   double row_lse(const Terms& terms, const PrefixTerms& prefix_terms, const Prepared& p,
                  const kernels::SinkhornSlot& slot, std::size_t i) {
-    const std::size_t d = p.d;
+    const std::size_t d = kDim > 0 ? std::size_t(kDim) : p.d;
     thread_local std::vector<double> logits;
     logits.resize(p.padded_sources);
     const double* q = p.queries.data() + i * d;
-    Lanes largest = simd::broadcast(kNegInf);
+    // Plain pointers: through the thread_local vector and the slot, GCC reloaded both after
+    // every store.
+    double* buffer = logits.data();
+    const double* bias = slot.row_bias.data();
+    Lanes largest[4];
+    for (Lanes& m : largest) m = simd::broadcast(kNegInf);
     auto region = [&](const auto& region_terms, std::size_t begin, std::size_t end) {
       const auto receiver = region_terms.receiver(i);
       for (std::size_t j = begin; j < end; j += kLanes) {
-        Lanes l = simd::load(slot.row_bias.data() + j);
-        for (std::size_t c = 0; c < d; ++c) l += q[c] * simd::load(p.key_lanes(c, j));
+        Lanes l = simd::load(bias + j);
+        const double* keys = p.key_lanes(0, j);
+        for (std::size_t c = 0; c < d; ++c) l += q[c] * simd::load(keys + c * kKeyPanel);
         if constexpr (std::decay_t<decltype(region_terms)>::kHasLogTerm) l += region_terms.log_term(receiver, j);
-        largest = simd::max(largest, l);
-        simd::store(logits.data() + j, l);
+        Lanes& m = largest[(j / kLanes) % 4];
+        m = simd::max(m, l);
+        simd::store(buffer + j, l);
       }
     };
     region(prefix_terms, 0, p.first_moving);
     region(terms, p.first_moving, p.padded_sources);
-    return log_sum_exp(logits.data(), p.padded_sources, largest);
+    return log_sum_exp(buffer, p.padded_sources, largest);
   }
 
-  template <class Terms, class PrefixTerms>
+  template <int kDim, class Terms, class PrefixTerms>
   double column_lse(const Terms& terms, const PrefixTerms& prefix_terms, const Prepared& p, std::size_t s,
                     const kernels::SinkhornSlot& slot, std::size_t j) {
-    const std::size_t d = p.d, padded = padded_receivers();
+    const std::size_t d = kDim > 0 ? std::size_t(kDim) : p.d, padded = padded_receivers();
     thread_local std::vector<double> logits, key;
     logits.resize(padded);
     key.resize(d);
     for (std::size_t c = 0; c < d; ++c) key[c] = p.key_panels[p.key_index(c, j)];
+    // For small d the key in a local array, which no store can alias (so it stays in registers).
+    double local_key[4] = {};
+    const double* k = key.data();
+    if constexpr (kDim > 0) {
+      for (std::size_t c = 0; c < d; ++c) local_key[c] = key[c];
+      k = local_key;
+    }
     const double* qt = queries_t_[s].data();
-    Lanes largest = simd::broadcast(kNegInf);
+    double* buffer = logits.data();
+    const double* row_scale = slot.row_scale.data();
+    Lanes largest[4];
+    for (Lanes& m : largest) m = simd::broadcast(kNegInf);
     auto sweep = [&](const auto& pair_terms, const ReceiverPosition& source) {
       for (std::size_t i = 0; i < padded; i += kLanes) {
-        Lanes l = simd::load(slot.row_scale.data() + i);
-        for (std::size_t c = 0; c < d; ++c) l += key[c] * simd::load(qt + c * padded + i);
+        Lanes l = simd::load(row_scale + i);
+        for (std::size_t c = 0; c < d; ++c) l += k[c] * simd::load(qt + c * padded + i);
         // The pair (i, j) read as (j, i): source j's labels as the scalar side.
         if constexpr (std::decay_t<decltype(pair_terms)>::kHasLogTerm)
           l += pair_terms.log_term(source, p.first_moving + i);
-        largest = simd::max(largest, l);
-        simd::store(logits.data() + i, l);
+        Lanes& m = largest[(i / kLanes) % 4];
+        m = simd::max(m, l);
+        simd::store(buffer + i, l);
       }
     };
     if (j >= p.first_moving) {
@@ -209,7 +249,7 @@ class SinkhornPasses {
                                     double(model_.prefix_prompt_id[q])};
       sweep(prefix_terms, prefix);
     }
-    return log_sum_exp(logits.data(), padded, largest);
+    return log_sum_exp(buffer, padded, largest);
   }
 
   const Model& model_;
