@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -39,22 +38,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def bench(binary: str, args: list[str], env_extra: dict[str, str] | None = None) -> dict:
-    env = dict(os.environ, **(env_extra or {}))
-    command = ["/usr/bin/time", "-f", "maxrss_kib %M", binary, "bench", *args]
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        sys.exit(f"sinkhorn_benchmark: {' '.join(command)} failed:\n{done.stderr}")
-    text = done.stdout + done.stderr
-    out = {"seconds": float(re.search(r"seconds_per_evaluation ([0-9.e+-]+)", text).group(1)),
-           "kernels": re.search(r"cpu_kernels (\S+)", text).group(1),
-           "maxrss_mib": int(re.search(r"maxrss_kib (\d+)", text).group(1)) / 1024}
-    rate = re.search(r"exp_per_second ([0-9.e+-]+)", text)
-    if rate:
-        out["exps_per_second"] = float(rate.group(1))
-    return out
+# `mfattn bench` with its peak RSS, as the heads' benchmark runs it.
+sys.path.insert(0, str(ROOT / "experiments" / "heads"))
+from benchmark import bench  # noqa: E402
 
 
 def median_seconds(call, repeats: int) -> float:

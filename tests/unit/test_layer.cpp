@@ -15,11 +15,7 @@ using testing::max_abs_difference;
 
 std::vector<double> evaluate(const Model& model, const State& state, const std::string& backend_name,
                              int threads, std::vector<double>* weight_sums = nullptr) {
-  auto backend = make_backend(backend_name, model, BackendOptions{threads});
-  std::vector<double> velocity(state.size());
-  if (weight_sums) weight_sums->assign(state.replicas * model.n, 0.0);
-  backend->velocity(state.replicas, state.x.data(), velocity.data(), weight_sums ? weight_sums->data() : nullptr);
-  return velocity;
+  return testing::evaluate_velocity(model, state, backend_name, threads, weight_sums);
 }
 
 /// An r x c matrix of N(0, 1 / c) entries.
@@ -67,18 +63,9 @@ TEST(Layer, CpuAgreesWithReferenceOnTheLayersOptions) {
           const RunConfig cfg = config(testing::with({"--n", n, "--d", d, "--kernel", kernel, "--beta", "1.5",
                                                       "--seed", std::to_string(++checked), "--replicas", "2"},
                                                      extra));
-          const Model model = build_model(cfg);
-          ASSERT_TRUE(model.is_layer());
-          const State state = build_initial_state(cfg, model);
-          std::vector<double> sums, expected_sums;
-          const auto velocity = evaluate(model, state, "cpu", 2, &sums);
-          const auto expected = evaluate(model, state, "reference", 1, &expected_sums);
-          double scale = 1.0, largest_sum = 0.0;
-          for (double v : expected) scale = std::max(scale, std::fabs(v));
-          for (double s : expected_sums) largest_sum = std::max(largest_sum, s);
-          const std::string label = "d " + d + " n " + n + " " + kernel + " case " + std::to_string(checked);
-          EXPECT_LE(max_abs_difference(velocity, expected), 1e-13 * scale) << label;
-          EXPECT_LE(max_abs_difference(sums, expected_sums), 1e-12 * largest_sum) << label;
+          ASSERT_TRUE(build_model(cfg).is_layer());
+          testing::expect_cpu_field_matches_reference(cfg, "d " + d + " n " + n + " " + kernel + " case " +
+                                                          std::to_string(checked));
         }
   EXPECT_GT(checked, 100);
 }
@@ -114,24 +101,10 @@ TEST(Layer, IdenticalHeadsAreOneHeadWithHTimesTheValue) {
 // Null tokens appended change no bit of the others' velocities, and 1 or 2 threads give the
 // same bits, with heads, a gauge, prefix tokens and a feed-forward term.
 TEST(Layer, NullTokensAndThreadCountsChangeNoBit) {
-  const std::vector<std::string> base = {"--d", "6", "--heads", "3", "--head-dim", "2", "--mlp", "5",
-                                         "--geometry", "rope", "--q", "gaussian", "--k", "gaussian",
-                                         "--v", "gaussian", "--prefix", "2", "--kernel", "sa", "--seed", "4",
-                                         "--eps-den", "1e-12"};  // auto gives 0 without null tokens
-  const RunConfig plain_cfg = config(testing::with({"--n", "90"}, base));
-  const RunConfig padded_cfg = config(testing::with({"--n", "90", "--null-tokens", "37"}, base));
-  const Model plain = build_model(plain_cfg), padded = build_model(padded_cfg);
-  const State state = build_initial_state(plain_cfg, plain);
-  State padded_state(1, padded.n, padded.d);
-  std::copy(state.x.begin(), state.x.end(), padded_state.x.begin());
-  for (std::size_t e = state.x.size(); e < padded_state.x.size(); e += 6) padded_state.x[e] = 1.0;
-  for (const std::string backend : {"cpu", "reference"}) {
-    const auto v = evaluate(plain, state, backend, 1), v_padded = evaluate(padded, padded_state, backend, 2);
-    EXPECT_TRUE(testing::bitwise_equal(v.data(), v_padded.data(), v.size())) << backend;
-    for (std::size_t e = v.size(); e < v_padded.size(); ++e) EXPECT_EQ(v_padded[e], 0.0) << backend;
-  }
-  const auto one = evaluate(padded, padded_state, "cpu", 1), two = evaluate(padded, padded_state, "cpu", 2);
-  EXPECT_TRUE(testing::bitwise_equal(one.data(), two.data(), one.size()));
+  testing::expect_null_tokens_and_threads_change_no_bit(
+      {"--heads", "3", "--head-dim", "2", "--mlp", "5", "--geometry", "rope", "--q", "gaussian", "--k", "gaussian",
+       "--v", "gaussian", "--prefix", "2", "--kernel", "sa", "--seed", "4",
+       "--eps-den", "1e-12"});  // auto gives 0 without null tokens
 }
 
 // USA with V_h = Q_h^T Q_h (K_h = Q_h) for every head is the gradient ascent of the sum of the

@@ -132,11 +132,7 @@ TEST(Sinkhorn, ColumnSharesFollowThePresencesOfTheSourcesInView) {
 
 std::vector<double> evaluate(const Model& model, const State& state, const std::string& backend_name, int threads,
                              std::vector<double>* weight_sums = nullptr) {
-  auto backend = make_backend(backend_name, model, BackendOptions{threads});
-  std::vector<double> velocity(state.size());
-  if (weight_sums) weight_sums->assign(state.replicas * model.n, 0.0);
-  backend->velocity(state.replicas, state.x.data(), velocity.data(), weight_sums ? weight_sums->data() : nullptr);
-  return velocity;
+  return testing::evaluate_velocity(model, state, backend_name, threads, weight_sums);
 }
 
 const std::vector<std::vector<std::string>> kSinkhornOptions = {
@@ -164,17 +160,8 @@ TEST(Sinkhorn, CpuAgreesWithReferenceOnTheOptionsItTakes) {
               config(testing::with({"--n", n, "--d", d, "--kernel", "sinkhorn", "--sinkhorn-iterations", sweeps,
                                     "--beta", "1.5", "--seed", std::to_string(++checked), "--replicas", "2"},
                                    extra));
-          const Model model = build_model(cfg);
-          const State state = build_initial_state(cfg, model);
-          std::vector<double> sums, expected_sums;
-          const auto velocity = evaluate(model, state, "cpu", 2, &sums);
-          const auto expected = evaluate(model, state, "reference", 1, &expected_sums);
-          double scale = 1.0, largest_sum = 0.0;
-          for (double v : expected) scale = std::max(scale, std::fabs(v));
-          for (double s : expected_sums) largest_sum = std::max(largest_sum, s);
-          const std::string label = "d " + d + " n " + n + " sweeps " + sweeps + " case " + std::to_string(checked);
-          EXPECT_LE(max_abs_difference(velocity, expected), 1e-13 * scale) << label;
-          EXPECT_LE(max_abs_difference(sums, expected_sums), 1e-12 * largest_sum) << label;
+          testing::expect_cpu_field_matches_reference(
+              cfg, "d " + d + " n " + n + " sweeps " + sweeps + " case " + std::to_string(checked));
         }
   EXPECT_GT(checked, 80);
 }
@@ -207,26 +194,9 @@ TEST(Sinkhorn, ZeroSweepsAreSoftmaxAttention) {
 TEST(Sinkhorn, NullTokensAndThreadCountsChangeNoBit) {
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{"--geometry", "rope", "--prefix", "2", "--q", "gaussian"},
-        std::vector<std::string>{"--heads", "2", "--head-dim", "3", "--mlp", "3", "--aux-factor", "distance"}}) {
-    const std::vector<std::string> base =
-        testing::with({"--d", "6", "--kernel", "sinkhorn", "--sinkhorn-tol", "0", "--sinkhorn-iterations", "12",
-                       "--seed", "4"},
-                      extra);
-    const RunConfig plain_cfg = config(testing::with({"--n", "90"}, base));
-    const RunConfig padded_cfg = config(testing::with({"--n", "90", "--null-tokens", "37"}, base));
-    const Model plain = build_model(plain_cfg), padded = build_model(padded_cfg);
-    const State state = build_initial_state(plain_cfg, plain);
-    State padded_state(1, padded.n, padded.d);
-    std::copy(state.x.begin(), state.x.end(), padded_state.x.begin());
-    for (std::size_t e = state.x.size(); e < padded_state.x.size(); e += 6) padded_state.x[e] = 1.0;
-    for (const std::string backend : {"cpu", "reference"}) {
-      const auto v = evaluate(plain, state, backend, 1), v_padded = evaluate(padded, padded_state, backend, 2);
-      EXPECT_TRUE(testing::bitwise_equal(v.data(), v_padded.data(), v.size())) << backend;
-      for (std::size_t e = v.size(); e < v_padded.size(); ++e) EXPECT_EQ(v_padded[e], 0.0) << backend;
-    }
-    const auto one = evaluate(padded, padded_state, "cpu", 1), two = evaluate(padded, padded_state, "cpu", 2);
-    EXPECT_TRUE(testing::bitwise_equal(one.data(), two.data(), one.size()));
-  }
+        std::vector<std::string>{"--heads", "2", "--head-dim", "3", "--mlp", "3", "--aux-factor", "distance"}})
+    testing::expect_null_tokens_and_threads_change_no_bit(testing::with(
+        {"--kernel", "sinkhorn", "--sinkhorn-tol", "0", "--sinkhorn-iterations", "12", "--seed", "4"}, extra));
 }
 
 // What has no doubly stochastic scaling, or is not built for it, is refused naming the option.

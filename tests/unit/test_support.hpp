@@ -117,6 +117,54 @@ inline bool bitwise_equal(const double* a, const double* b, std::size_t count) {
   return std::memcmp(a, b, count * sizeof(double)) == 0;
 }
 
+/// The velocity of `state` by the backend `backend_name` on `threads` threads, and the weight
+/// sums D_i where weight_sums is given.
+inline std::vector<double> evaluate_velocity(const Model& model, const State& state, const std::string& backend_name,
+                                             int threads, std::vector<double>* weight_sums = nullptr) {
+  auto backend = make_backend(backend_name, model, BackendOptions{threads});
+  std::vector<double> velocity(state.size());
+  if (weight_sums) weight_sums->assign(state.replicas * model.n, 0.0);
+  backend->velocity(state.replicas, state.x.data(), velocity.data(), weight_sums ? weight_sums->data() : nullptr);
+  return velocity;
+}
+
+/// One evaluation of the cpu backend (2 threads) against the reference: velocities within
+/// 1e-13 and weight sums within 1e-12 of their largest values.
+inline void expect_cpu_field_matches_reference(const RunConfig& cfg, const std::string& label) {
+  const Model model = build_model(cfg);
+  const State state = build_initial_state(cfg, model);
+  std::vector<double> sums, expected_sums;
+  const auto velocity = evaluate_velocity(model, state, "cpu", 2, &sums);
+  const auto expected = evaluate_velocity(model, state, "reference", 1, &expected_sums);
+  double scale = 1.0, largest_sum = 0.0;
+  for (double v : expected) scale = std::max(scale, std::fabs(v));
+  for (double s : expected_sums) largest_sum = std::max(largest_sum, s);
+  EXPECT_LE(max_abs_difference(velocity, expected), 1e-13 * scale) << label;
+  EXPECT_LE(max_abs_difference(sums, expected_sums), 1e-12 * largest_sum) << label;
+}
+
+/// Null tokens appended (37 to n = 90, d = 6 in `base`) change no bit of the others'
+/// velocities on the cpu and reference backends and stay still, and 1 or 2 threads give the
+/// same bits.
+inline void expect_null_tokens_and_threads_change_no_bit(const std::vector<std::string>& base) {
+  const RunConfig plain_cfg = config(with({"--n", "90", "--d", "6"}, base));
+  const RunConfig padded_cfg = config(with({"--n", "90", "--d", "6", "--null-tokens", "37"}, base));
+  const Model plain = build_model(plain_cfg), padded = build_model(padded_cfg);
+  const State state = build_initial_state(plain_cfg, plain);
+  State padded_state(1, padded.n, padded.d);
+  std::copy(state.x.begin(), state.x.end(), padded_state.x.begin());
+  for (std::size_t e = state.x.size(); e < padded_state.x.size(); e += 6) padded_state.x[e] = 1.0;
+  for (const std::string backend : {"cpu", "reference"}) {
+    const auto v = evaluate_velocity(plain, state, backend, 1);
+    const auto v_padded = evaluate_velocity(padded, padded_state, backend, 2);
+    EXPECT_TRUE(bitwise_equal(v.data(), v_padded.data(), v.size())) << backend;
+    for (std::size_t e = v.size(); e < v_padded.size(); ++e) EXPECT_EQ(v_padded[e], 0.0) << backend;
+  }
+  const auto one = evaluate_velocity(padded, padded_state, "cpu", 1);
+  const auto two = evaluate_velocity(padded, padded_state, "cpu", 2);
+  EXPECT_TRUE(bitwise_equal(one.data(), two.data(), one.size()));
+}
+
 /// A fresh empty folder for files of one test.
 inline std::filesystem::path scratch_dir(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() / ("mfattn_test_" + name + "_" +

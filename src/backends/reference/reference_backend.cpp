@@ -104,13 +104,7 @@ class ReferenceBackend final : public Backend {
           for (std::size_t c = 0; c < d; ++c) score += gq[c] * gk[c];
           const double weight = operands_.presence[j] * kernels::weight_factor(terms) *
                                 std::exp(model_.beta * score - shift);
-          // v_ij = V G_i^T z_j = V G_i^T G_j x_j (transported) or V x_j (plain), per pair.
-          const double* zj = operands_.value(j);
-          if (model_.values == ValueTransport::Transported && model_.gauge)
-            model_.gauge->apply_transpose(i, zj, value.data());
-          else
-            std::copy(zj, zj + d, value.data());
-          apply_matrix(matrices.v, matrices.v_identity, value.data(), tmp.data());
+          pair_value(matrices, i, j, value.data(), tmp.data());
           for (std::size_t c = 0; c < d; ++c) numerator[c] += weight * tmp[c];
           denominator += weight;
         }
@@ -147,12 +141,7 @@ class ReferenceBackend final : public Backend {
         for (std::size_t j = 0; j < operands_.sources; ++j) {
           const double weight = sinkhorn.plan(i, j);
           if (weight == 0.0) continue;
-          const double* zj = operands_.value(j);
-          if (model_.values == ValueTransport::Transported && model_.gauge)
-            model_.gauge->apply_transpose(i, zj, value.data());
-          else
-            std::copy(zj, zj + d, value.data());
-          apply_matrix(matrices.v, matrices.v_identity, value.data(), tmp.data());
+          pair_value(matrices, i, j, value.data(), tmp.data());
           for (std::size_t c = 0; c < d; ++c) u[c] += weight * tmp[c];
         }
         kernels::tangent_velocity(model_.receiver_speed(i), int(d), xr + i * d, u.data(),
@@ -223,6 +212,18 @@ class ReferenceBackend final : public Backend {
         if (out.weight_sums) out.weight_sums[r * n + i] = weight_sum;
       }
     }
+  }
+
+  /// v_ij = V G_i^T z_j = V G_i^T G_j x_j (transported) or V x_j (plain), per pair, into out
+  /// (scratch: d numbers), from the prepared operands_.
+  void pair_value(const AttentionMatrices& matrices, std::size_t i, std::size_t j, double* scratch,
+                  double* out) const {
+    const double* zj = operands_.value(j);
+    if (model_.values == ValueTransport::Transported && model_.gauge)
+      model_.gauge->apply_transpose(i, zj, scratch);
+    else
+      std::copy(zj, zj + model_.d, scratch);
+    apply_matrix(matrices.v, matrices.v_identity, scratch, out);
   }
 
   void apply_matrix(const Matrix& m, bool identity, const double* in, double* out) const {
