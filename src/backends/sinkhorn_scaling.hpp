@@ -108,6 +108,18 @@ class SinkhornScaling {
 
   const SinkhornTerms& terms() const { return terms_; }
 
+  /// The largest column error and sweeps over the slots of each group of `slots_per_group`
+  /// (a replica's heads) into column_error and sweeps (one number per group).
+  void report(std::size_t slots_per_group, std::vector<double>& column_error, std::vector<double>& sweeps_taken) const {
+    const std::size_t groups = slots_per_group ? slots.size() / slots_per_group : 0;
+    column_error.assign(groups, 0.0);
+    sweeps_taken.assign(groups, 0.0);
+    for (std::size_t s = 0; s < groups * slots_per_group; ++s) {
+      column_error[s / slots_per_group] = std::max(column_error[s / slots_per_group], slots[s].column_error);
+      sweeps_taken[s / slots_per_group] = std::max(sweeps_taken[s / slots_per_group], double(slots[s].sweeps));
+    }
+  }
+
  private:
   /// The error of the current plan, then (if another sweep runs) the new g and its rows'
   /// biases. Returns whether the slot sweeps again.

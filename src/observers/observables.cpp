@@ -33,6 +33,11 @@ std::vector<std::pair<std::string, std::size_t>> observable_layout(const Model& 
     layout.emplace_back("mean_radius", 1);
     layout.emplace_back("max_radius", 1);
   }
+  // Sinkhorn attention (section 2d): how far the frame's scaling got.
+  if (model.normalization == Normalization::Sinkhorn) {
+    layout.emplace_back("sinkhorn_column_error", 1);
+    layout.emplace_back("sinkhorn_sweeps", 1);
+  }
   return layout;
 }
 
@@ -275,7 +280,11 @@ std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const S
   const std::vector<std::size_t> moving = moving_tokens(model);
   const std::size_t m = moving.size();
   std::vector<double> gathered(m * d), mean(d), directions;
-  const std::size_t radius_values = layout.size() - 2;
+  auto position_of = [&](const std::string& name) {
+    return std::size_t(std::find_if(layout.begin(), layout.end(), [&](const auto& entry) { return entry.first == name; }) -
+                       layout.begin());
+  };
+  const std::size_t radius_values = position_of("mean_radius");
   for (std::size_t r = 0; r < R; ++r) {
     const double* x = state.replica(r);
     if (!model.on_sphere()) {
@@ -325,6 +334,14 @@ std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const S
     values[8][r] = effective_rank(eigenvalues);
     values[9][r] = 1.0 - eigenvalues.front();
     if (conditional) values[10][r] = conditional_spread(model, x, moving);
+  }
+  if (model.normalization == Normalization::Sinkhorn) {
+    const ScalingReport report = dynamics.last_scaling();
+    const std::size_t error_values = position_of("sinkhorn_column_error");
+    for (std::size_t r = 0; r < R; ++r) {
+      values[error_values][r] = r < report.column_error.size() ? report.column_error[r] : kNaN;
+      values[error_values + 1][r] = r < report.sweeps.size() ? report.sweeps[r] : kNaN;
+    }
   }
   if (velocity_out) velocity_out->swap(velocity);
   return values;

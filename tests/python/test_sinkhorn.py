@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 
+import h5py
 import numpy as np
 import pytest
 
@@ -86,6 +87,30 @@ def test_zero_sweeps_are_softmax_attention(mfattn):
     np.testing.assert_allclose(zero, sa, rtol=0, atol=1e-15)
     converged = mfattn.Model(n=64, d=3, beta=BETA, kernel="sinkhorn", geometry="rope").velocity(x)
     assert np.abs(converged - sa).max() > 1e-3  # the scaling changes the field
+
+
+@pytest.mark.parametrize("sweeps, tol", [(3, 0.0), (100, 1e-12)])
+def test_every_frame_records_how_far_its_scaling_got(run_mfattn, sweeps, tol):
+    """sinkhorn_column_error and sinkhorn_sweeps of every frame: the plan the frame's velocity
+    used, read back from that velocity (pre placement, d >= n) and measured here."""
+    out = run_mfattn("--n", N, "--d", D, "--beta", BETA, "--kernel", "sinkhorn", "--sinkhorn-iterations", sweeps,
+                     "--sinkhorn-tol", tol, "--normalization", "pre", "--values", "plain", "--integrator", "rk4",
+                     "--dt", 0.05, "--horizon", 1, "--save-every", 0.25, "--save-velocity")
+    with h5py.File(out) as f:
+        x = f["particles/tokens/position/value"][:]
+        velocity = f["particles/tokens/velocity/value"][:]
+        error = f["observables/sinkhorn_column_error/value"][:]
+        taken = f["observables/sinkhorn_sweeps/value"][:]
+    assert len(error) == len(x) == 5
+    for frame in range(len(x)):
+        plan = velocity[frame] @ np.linalg.pinv(direction(x[frame]))
+        measured = np.abs(plan.sum(axis=0) - 1.0).max()
+        assert error[frame] == pytest.approx(measured, rel=1e-3, abs=2e-13)
+    if tol == 0:
+        np.testing.assert_array_equal(taken, sweeps)
+        assert error.min() > 1e-6  # three sweeps do not reach the limit
+    else:
+        assert taken.max() < sweeps and error.max() <= tol
 
 
 @pytest.mark.parametrize("args, message", [

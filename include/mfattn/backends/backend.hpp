@@ -65,6 +65,13 @@ class ResidentStepper {
   virtual ResidentOutcome advance(double* x, std::int64_t steps_before, std::int64_t steps, double h) = 0;
 };
 
+/// How far the last evaluation's Sinkhorn scalings got (docs/model.md section 2d), per
+/// replica, the largest over a layer's heads: the plan's largest column error
+/// max_j |sum_i P_ij - c_j| and the sweeps taken. Empty for the other kernels.
+struct ScalingReport {
+  std::vector<double> column_error, sweeps;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -81,6 +88,8 @@ class Backend {
   /// or "one-sided"; others their name), then what else the backend wants to report (the
   /// CPU backend: "cpu_kernels avx512").
   virtual std::string describe() const { return "loop " + name(); }
+  /// The last evaluation's Sinkhorn scalings (empty where the backend has none).
+  virtual ScalingReport last_scaling() const { return {}; }
   /// The device the backend computes on, as /parameters records it ("" for the host's CPU).
   virtual std::string device_name() const { return ""; }
   /// This backend's resident stepper for the method and replica count, or null where it has

@@ -44,6 +44,9 @@ class Dynamics {
   /// evaluation no longer holds.
   void matrices_changed() { cached_ = false; }
   const Model& model() const { return model_; }
+  /// The Sinkhorn scalings of the last evaluation (Backend::last_scaling): of the state last
+  /// evaluated, which a cached evaluation is too.
+  ScalingReport last_scaling() const { return backend_.last_scaling(); }
   std::size_t replicas() const { return replicas_; }
   std::size_t size() const { return replicas_ * model_.n * model_.d; }
   /// Whether token i (of any replica) moves at all: p_i > 0.

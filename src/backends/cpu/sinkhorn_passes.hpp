@@ -5,9 +5,10 @@
 // keys k_j in their panels and the pair terms' log-terms t_ij:
 //   rows     L_i = LSE_j (<q_i, k_j> + t_ij + row_bias_j)     lanes over sources j
 //   columns  C_j = LSE_i (f_i + <q_i, k_j> + t_ij)            lanes over receivers i
-// Each log-sum-exp writes its logits to a thread's buffer while taking their maximum m (in
-// lanes, then a fixed pairwise reduction), then sums exp(l - m) in lanes: one exp per pair and
-// pass, the same bits for any thread count. The columns read the queries transposed (d rows
+// Each log-sum-exp is one pass summing exp(l - B) in lanes from a Cauchy-Schwarz bound B of
+// the line's logits (the one-sided loop's offset, with the line's largest bias), recomputing
+// the line from its exact maximum only where B is loose by more than ~575: one exp per pair
+// and pass, the same bits for any thread count. The columns read the queries transposed (d rows
 // of the padded receivers), and the pair terms with the roles of the pair exchanged: source
 // j's labels as the scalar side, the receivers' as lanes. That is the same term because
 // Sinkhorn attention takes symmetric masks and factors only (validated: no causal mask, no
@@ -32,8 +33,8 @@ class SinkhornPasses {
   SinkhornPasses(const Model& model, const PairTerms& pair_terms, std::vector<Prepared>& prepared)
       : model_(model), pair_terms_(pair_terms), prepared_(prepared) {}
 
-  /// Receivers padded to whole lanes (the columns' lanes and row_scale's length).
-  std::size_t padded_receivers() const { return (model_.n + kLanes - 1) / kLanes * kLanes; }
+  /// Receivers padded to four whole lanes (the columns' lanes and row_scale's length).
+  std::size_t padded_receivers() const { return (model_.n + 4 * kLanes - 1) / (4 * kLanes) * (4 * kLanes); }
 
   /// The slots' fixed parts (source log-presences in the prepared order, receivers present),
   /// then the transposed queries of every slot. Called by every thread of the team.
@@ -60,6 +61,26 @@ class SinkhornPasses {
       const std::size_t s = unit / n, i = unit % n, d = prepared_[s].d;
       for (std::size_t c = 0; c < d; ++c) queries_t_[s][c * padded + i] = prepared_[s].queries[i * d + c];
     }
+#pragma omp single
+    {
+      largest_key_.assign(slots, 0.0);
+      largest_query_.assign(slots, 0.0);
+      largest_row_bias_.assign(slots, kNegInf);
+      largest_row_scale_.assign(slots, kNegInf);
+      std::vector<double> key;
+      for (std::size_t s = 0; s < slots; ++s) {
+        const Prepared& p = prepared_[s];
+        key.resize(p.d);
+        for (std::size_t j = 0; j < p.padded_sources; ++j) {
+          if (scaling.slots[s].source_log_presence[j] == kNegInf) continue;
+          for (std::size_t c = 0; c < p.d; ++c) key[c] = p.key_panels[p.key_index(c, j)];
+          largest_key_[s] = std::max(largest_key_[s], norm(key.data(), p.d));
+        }
+        for (std::size_t i = 0; i < n; ++i)
+          if (scaling.slots[s].receiver_present[i])
+            largest_query_[s] = std::max(largest_query_[s], norm(p.queries.data() + i * p.d, p.d));
+      }
+    }
   }
 
   /// Whether the passes take the model's pair terms: symmetric ones with no sign-changing
@@ -74,6 +95,11 @@ class SinkhornPasses {
 
   void rows(kernels::SinkhornScaling& scaling) {
     const std::size_t n = model_.n;
+#pragma omp single
+    for (std::size_t s = 0; s < scaling.slots.size(); ++s) {
+      const std::vector<double>& bias = scaling.slots[s].row_bias;
+      largest_row_bias_[s] = *std::max_element(bias.begin(), bias.end());
+    }
     pair_terms_.dispatch([&](const auto& terms, const auto& prefix_terms) {
       if constexpr (!usable_pair<decltype(terms), decltype(prefix_terms)>()) return;
 #pragma omp for schedule(dynamic, 8)
@@ -83,7 +109,7 @@ class SinkhornPasses {
         const std::size_t i = unit % n;
         const Prepared& p = prepared_[unit / n];
         scaling.finish_row(slot, i, with_dimension(p.d, [&](auto dim) {
-                             return row_lse<decltype(dim)::value>(terms, prefix_terms, p, slot, i);
+                             return row_lse<decltype(dim)::value>(terms, prefix_terms, p, unit / n, slot, i);
                            }));
       }
     });
@@ -91,6 +117,11 @@ class SinkhornPasses {
 
   void columns(kernels::SinkhornScaling& scaling) {
     const std::size_t sources = prepared_.empty() ? 0 : prepared_.front().padded_sources;
+#pragma omp single
+    for (std::size_t s = 0; s < scaling.slots.size(); ++s) {
+      const std::vector<double>& scale = scaling.slots[s].row_scale;
+      largest_row_scale_[s] = *std::max_element(scale.begin(), scale.end());
+    }
     pair_terms_.dispatch([&](const auto& terms, const auto& prefix_terms) {
       if constexpr (!usable_pair<decltype(terms), decltype(prefix_terms)>()) return;
 #pragma omp for schedule(dynamic, 8)
@@ -143,32 +174,46 @@ class SinkhornPasses {
     return usable<std::decay_t<A>>() && usable<std::decay_t<B>>();
   }
 
-  /// m + log sum exp(l - m) of the first `count` logits (a multiple of kLanes), whose lane
-  /// maxima are in the four vectors `largest` (four, so that the maxima are not one chain of
-  /// dependent instructions: with one, the first pass took half as long again).
-  static double log_sum_exp(const double* logits, std::size_t count, const Lanes (&largest)[4]) {
-    const double m = simd::horizontal_max(simd::max(simd::max(largest[0], largest[1]), simd::max(largest[2], largest[3])));
+  /// LSE of one line (a row: lanes over sources; a column: lanes over receivers) whose
+  /// logits logit(k) (natural units, kLanes from k on, `count` a multiple of 4 kLanes) are at
+  /// most `bound`: one pass summing exp(l - bound) in lanes, four vectors in lockstep, and
+  /// bound + log S. Where the bound is loose by more than ~575 (S < kLooseBound) the line is
+  /// taken again from its exact maximum m: a pass for m, a pass for the sum. Every sum runs in
+  /// the same order whatever the thread, so the bits do not depend on the thread count.
+  template <class Logits>
+  static double line_lse(std::size_t count, double bound, Logits&& logit) {
+    if (bound == kNegInf) return kNegInf;
+    double sum = 0.0;
+    if (bound < std::numeric_limits<double>::infinity()) {
+      sum = exp_sum(count, bound, logit);
+      if (sum >= kLooseBound) return kernels::log_sum_exp(bound, sum);
+    }
+    Lanes largest[4];
+    for (Lanes& m : largest) m = simd::broadcast(kNegInf);
+    for (std::size_t k = 0; k < count; k += 4 * kLanes)
+      for (std::size_t h = 0; h < 4; ++h) largest[h] = simd::max(largest[h], logit(k + h * kLanes));
+    const double m =
+        simd::horizontal_max(simd::max(simd::max(largest[0], largest[1]), simd::max(largest[2], largest[3])));
     if (m == kNegInf) return m;
-    const Lanes shift = simd::broadcast(m * kLog2e);
+    return kernels::log_sum_exp(m, exp_sum(count, m, logit));
+  }
+
+  /// sum_k exp(logit(k) - offset) over the line, the lanes reduced in a fixed order.
+  template <class Logits>
+  static double exp_sum(std::size_t count, double offset, Logits&& logit) {
+    const double shift = offset * kLog2e;
     Lanes sums[4] = {};
-    std::size_t k = 0;
-    for (; k + 4 * kLanes <= count; k += 4 * kLanes) {
+    for (std::size_t k = 0; k < count; k += 4 * kLanes) {
       Lanes t[4], e[4];
-      for (std::size_t h = 0; h < 4; ++h) t[h] = simd::load(logits + k + h * kLanes) * kLog2e - shift;
+      for (std::size_t h = 0; h < 4; ++h) t[h] = logit(k + h * kLanes) * kLog2e - shift;
       simd::exp2_nonpositive(t, e);
       for (std::size_t h = 0; h < 4; ++h) sums[h] += e[h];
     }
-    for (; k < count; k += kLanes) {
-      Lanes t[1] = {simd::load(logits + k) * kLog2e - shift}, e[1];
-      simd::exp2_nonpositive(t, e);
-      sums[0] += e[0];
-    }
-    return kernels::log_sum_exp(m, simd::horizontal_sum((sums[0] + sums[1]) + (sums[2] + sums[3])));
+    return simd::horizontal_sum((sums[0] + sums[1]) + (sums[2] + sums[3]));
   }
 
   /// body(std::integral_constant<int, D>) with D = d for d = 2, 3, 4 (the dot products then
-  /// unroll: with d a run-time number they took three quarters of the passes' time at d = 3),
-  /// else D = 0 (any d).
+  /// unroll), else D = 0 (any d).
   template <class Body>
   static double with_dimension(std::size_t d, Body&& body) {
     switch (d) {
@@ -179,42 +224,42 @@ class SinkhornPasses {
     }
   }
 
-  template <int kDim, class Terms, class PrefixTerms>
-  double row_lse(const Terms& terms, const PrefixTerms& prefix_terms, const Prepared& p,
-                 const kernels::SinkhornSlot& slot, std::size_t i) {
-    const std::size_t d = kDim > 0 ? std::size_t(kDim) : p.d;
-    thread_local std::vector<double> logits;
-    logits.resize(p.padded_sources);
-    const double* q = p.queries.data() + i * d;
-    // Plain pointers: through the thread_local vector and the slot, GCC reloaded both after
-    // every store.
-    double* buffer = logits.data();
-    const double* bias = slot.row_bias.data();
-    Lanes largest[4];
-    for (Lanes& m : largest) m = simd::broadcast(kNegInf);
-    auto region = [&](const auto& region_terms, std::size_t begin, std::size_t end) {
-      const auto receiver = region_terms.receiver(i);
-      for (std::size_t j = begin; j < end; j += kLanes) {
-        Lanes l = simd::load(bias + j);
-        const double* keys = p.key_lanes(0, j);
-        for (std::size_t c = 0; c < d; ++c) l += q[c] * simd::load(keys + c * kKeyPanel);
-        if constexpr (std::decay_t<decltype(region_terms)>::kHasLogTerm) l += region_terms.log_term(receiver, j);
-        Lanes& m = largest[(j / kLanes) % 4];
-        m = simd::max(m, l);
-        simd::store(buffer + j, l);
-      }
-    };
-    region(prefix_terms, 0, p.first_moving);
-    region(terms, p.first_moving, p.padded_sources);
-    return log_sum_exp(buffer, p.padded_sources, largest);
+  static double norm(const double* v, std::size_t d) {
+    double sum = 0.0;
+    for (std::size_t c = 0; c < d; ++c) sum += v[c] * v[c];
+    return std::sqrt(sum);
   }
 
+  /// L_i = LSE_j (<q_i, k_j> + t_ij + row_bias_j), bounded by |q_i| max|k_j| + max row_bias
+  /// (log-terms are <= 0: masks and nonnegative factors of at most 1).
+  template <int kDim, class Terms, class PrefixTerms>
+  double row_lse(const Terms& terms, const PrefixTerms& prefix_terms, const Prepared& p, std::size_t s,
+                 const kernels::SinkhornSlot& slot, std::size_t i) const {
+    const std::size_t d = kDim > 0 ? std::size_t(kDim) : p.d, first = p.first_moving;
+    const double* q = p.queries.data() + i * d;
+    const double* bias = slot.row_bias.data();
+    const auto receiver = terms.receiver(i);
+    const auto prefix_receiver = prefix_terms.receiver(i);
+    const double bound = norm(q, d) * largest_key_[s] + largest_row_bias_[s];
+    return line_lse(p.padded_sources, bound, [&](std::size_t j) {
+      Lanes l = simd::load(bias + j);
+      const double* keys = p.key_lanes(0, j);
+      for (std::size_t c = 0; c < d; ++c) l += q[c] * simd::load(keys + c * kKeyPanel);
+      if (j < first) {
+        if constexpr (PrefixTerms::kHasLogTerm) l += prefix_terms.log_term(prefix_receiver, j);
+      } else {
+        if constexpr (Terms::kHasLogTerm) l += terms.log_term(receiver, j);
+      }
+      return l;
+    });
+  }
+
+  /// C_j without log p_j: LSE_i (f_i + <q_i, k_j> + t_ij), bounded by |k_j| max|q_i| + max f.
   template <int kDim, class Terms, class PrefixTerms>
   double column_lse(const Terms& terms, const PrefixTerms& prefix_terms, const Prepared& p, std::size_t s,
-                    const kernels::SinkhornSlot& slot, std::size_t j) {
+                    const kernels::SinkhornSlot& slot, std::size_t j) const {
     const std::size_t d = kDim > 0 ? std::size_t(kDim) : p.d, padded = padded_receivers();
-    thread_local std::vector<double> logits, key;
-    logits.resize(padded);
+    thread_local std::vector<double> key;
     key.resize(d);
     for (std::size_t c = 0; c < d; ++c) key[c] = p.key_panels[p.key_index(c, j)];
     // For small d the key in a local array, which no store can alias (so it stays in registers).
@@ -225,37 +270,34 @@ class SinkhornPasses {
       k = local_key;
     }
     const double* qt = queries_t_[s].data();
-    double* buffer = logits.data();
     const double* row_scale = slot.row_scale.data();
-    Lanes largest[4];
-    for (Lanes& m : largest) m = simd::broadcast(kNegInf);
-    auto sweep = [&](const auto& pair_terms, const ReceiverPosition& source) {
-      for (std::size_t i = 0; i < padded; i += kLanes) {
+    const double bound = norm(k, d) * largest_query_[s] + largest_row_scale_[s];
+    auto line = [&](const auto& pair_terms, const ReceiverPosition& source) {
+      return line_lse(padded, bound, [&](std::size_t i) {
         Lanes l = simd::load(row_scale + i);
         for (std::size_t c = 0; c < d; ++c) l += k[c] * simd::load(qt + c * padded + i);
         // The pair (i, j) read as (j, i): source j's labels as the scalar side.
         if constexpr (std::decay_t<decltype(pair_terms)>::kHasLogTerm)
           l += pair_terms.log_term(source, p.first_moving + i);
-        Lanes& m = largest[(i / kLanes) % 4];
-        m = simd::max(m, l);
-        simd::store(buffer + i, l);
-      }
+        return l;
+      });
     };
-    if (j >= p.first_moving) {
-      sweep(terms, terms.receiver(j - p.first_moving));
-    } else {
-      const std::size_t q = j, k = model_.position_dim;
-      const ReceiverPosition prefix{model_.prefix_positions.empty() ? nullptr : model_.prefix_positions.data() + q * k,
-                                    double(model_.prefix_prompt_id[q])};
-      sweep(prefix_terms, prefix);
-    }
-    return log_sum_exp(buffer, padded, largest);
+    if (j >= p.first_moving) return line(terms, terms.receiver(j - p.first_moving));
+    const std::size_t position_dim = model_.position_dim;
+    const ReceiverPosition prefix{
+        model_.prefix_positions.empty() ? nullptr : model_.prefix_positions.data() + j * position_dim,
+        double(model_.prefix_prompt_id[j])};
+    return line(prefix_terms, prefix);
   }
 
   const Model& model_;
   const PairTerms& pair_terms_;
   std::vector<Prepared>& prepared_;
   std::vector<std::vector<double>> queries_t_;  // per slot: d rows of the padded receivers
+  // Per slot: the largest |k_j| over sources with p_j > 0 and |q_i| over present receivers
+  // (per evaluation), the largest row bias and row scale (per pass): the lines' bounds. Null
+  // tokens stay out of them, so appending them changes no bit.
+  std::vector<double> largest_key_, largest_query_, largest_row_bias_, largest_row_scale_;
 };
 
 }  // namespace MFATTN_CPU_NAMESPACE

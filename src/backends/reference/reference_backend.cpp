@@ -39,6 +39,7 @@ class ReferenceSinkhorn {
     const kernels::SinkhornSlot& slot = scaling_.slots.front();
     return std::exp(slot.row_scale[i] + logit(i, j) + slot.row_bias[j]);
   }
+  const kernels::SinkhornSlot& slot() const { return scaling_.slots.front(); }
   /// SA's weight sum D_i of the unscaled weights (the energy's).
   double weight_sum(std::size_t i) const {
     return std::exp(scaling_.slots.front().first_row_lse[i] - model_.exponent_shift());
@@ -79,6 +80,7 @@ class ReferenceBackend final : public Backend {
  public:
   explicit ReferenceBackend(const Model& model) : model_(model) {}
   std::string name() const override { return "reference"; }
+  ScalingReport last_scaling() const override { return last_scaling_; }
 
   void evaluate(std::size_t replicas, const double* x, const FieldOutputs& out) override {
     if (model_.is_layer()) return evaluate_layer(replicas, x, out);
@@ -131,11 +133,13 @@ class ReferenceBackend final : public Backend {
   void evaluate_sinkhorn(std::size_t replicas, const double* x, const FieldOutputs& out) {
     const std::size_t n = model_.n, d = model_.d;
     std::vector<double> value(d), tmp(d), u(d);
+    last_scaling_ = ScalingReport{std::vector<double>(replicas), std::vector<double>(replicas)};
     for (std::size_t r = 0; r < replicas; ++r) {
       const double* xr = x + r * n * d;
       const AttentionMatrices& matrices = model_.matrices_of(r);
       kernels::prepare_token_operands(model_, matrices, xr, operands_);
       const ReferenceSinkhorn sinkhorn(model_, operands_);
+      note_scaling(r, sinkhorn);
       for (std::size_t i = 0; i < n; ++i) {
         std::fill(u.begin(), u.end(), 0.0);
         for (std::size_t j = 0; j < operands_.sources; ++j) {
@@ -167,8 +171,15 @@ class ReferenceBackend final : public Backend {
         kernels::prepare_head_operands(kernels::HeadOperands(model_, matrices.heads[h]), xr, heads[h]);
       // Sinkhorn attention scales every head's matrix on its own.
       std::vector<std::unique_ptr<ReferenceSinkhorn>> sinkhorn(heads.size());
-      if (model_.normalization == Normalization::Sinkhorn)
-        for (std::size_t h = 0; h < heads.size(); ++h) sinkhorn[h] = std::make_unique<ReferenceSinkhorn>(model_, heads[h]);
+      if (r == 0) last_scaling_ = ScalingReport{};
+      if (model_.normalization == Normalization::Sinkhorn) {
+        last_scaling_.column_error.resize(replicas, 0.0);
+        last_scaling_.sweeps.resize(replicas, 0.0);
+        for (std::size_t h = 0; h < heads.size(); ++h) {
+          sinkhorn[h] = std::make_unique<ReferenceSinkhorn>(model_, heads[h]);
+          note_scaling(r, *sinkhorn[h]);
+        }
+      }
       hidden.resize(matrices.mlp.width());
       for (std::size_t i = 0; i < n; ++i) {
         std::fill(u.begin(), u.end(), 0.0);
@@ -226,6 +237,12 @@ class ReferenceBackend final : public Backend {
     apply_matrix(matrices.v, matrices.v_identity, scratch, out);
   }
 
+  /// The largest column error and sweeps of replica r's scalings so far.
+  void note_scaling(std::size_t r, const ReferenceSinkhorn& sinkhorn) {
+    last_scaling_.column_error[r] = std::max(last_scaling_.column_error[r], sinkhorn.slot().column_error);
+    last_scaling_.sweeps[r] = std::max(last_scaling_.sweeps[r], double(sinkhorn.slot().sweeps));
+  }
+
   void apply_matrix(const Matrix& m, bool identity, const double* in, double* out) const {
     const std::size_t d = model_.d;
     if (identity) {
@@ -236,6 +253,7 @@ class ReferenceBackend final : public Backend {
   }
   const Model& model_;
   kernels::TokenOperands operands_;
+  ScalingReport last_scaling_;
 };
 
 }  // namespace
