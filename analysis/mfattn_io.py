@@ -120,6 +120,33 @@ class _Recorded:
         """True when the run or solve finished (/run status == "complete")."""
         return self.status == "complete"
 
+    def animate(self, out: str | os.PathLike, **options: Any):
+        """Writes an animation of this file to `out` (.mp4 or .gif) and returns its path:
+        analysis/animate.py's animate(path, out, replica, fps, frames, trail, view, poster),
+        from the file this object was read from (replica: the one loaded, else 0). Raises
+        ValueError (animate.AnimationError) for bad input, as the script's exit 2."""
+        if getattr(self, "path", None) is None:
+            raise ValueError("animate: nothing was read from a file here (mfattn.run and mfattn.meanfield keep "
+                             "their file when given out=)")
+        replica = getattr(self, "replica", None)
+        if replica is not None:
+            options.setdefault("replica", replica)
+        return _animation_module().animate(self.path, out, **options)
+
+
+def _animation_module():
+    """analysis/animate.py: the module's embedded copy (mfattn.animate), else the file beside
+    this one."""
+    import sys
+    embedded = sys.modules.get("mfattn.animate")
+    if embedded is not None:
+        return embedded
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import animate
+    return animate
+
 
 @dataclass
 class Trajectory(_Recorded):

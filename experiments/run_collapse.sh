@@ -5,7 +5,8 @@
 # plain-value RoPE, distance bias vs cosine Toeplitz, prompts with frozen prefix tokens) into
 # data/seed003/, prints the outcome tables, runs the metastability experiment (d = 2,
 # beta = 5, 9, 16) into data/metastability/ and draws every figure into data/figures/
-# (analysis/make_figures.py).
+# (analysis/make_figures.py), with an animation of the RoPE latitude circle forming (n = 256,
+# analysis/animate.py: data/figures/rope_d3_n256.mp4 and its last frame).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -42,6 +43,10 @@ MPLBACKEND=Agg /usr/bin/python3 analysis/collapse_summary.py "$seed003" --cases 
 
 # Metastability (d = 2, beta = 5, 9, 16, rescaled time, dopri5 to t = 1e5, seeds 0-3): one
 # single-threaded run per core at a time.
+# The RoPE latitude circle forming (n = 256, d = 3): an animation and its last frame.
+MPLBACKEND=Agg /usr/bin/python3 analysis/animate.py "$seed003/rope_d3_n256.h5" --trail 8 \
+  --out "$here/data/figures/rope_d3_n256.mp4" --poster "$here/data/figures/rope_d3_n256_last.png"
+
 meta="$here/data/metastability"
 mkdir -p "$meta"
 for beta in 5 9 16; do

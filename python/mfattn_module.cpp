@@ -40,6 +40,7 @@
 #include "mfattn/app/run_choices.hpp"
 #include "mfattn/core/version.hpp"
 #include "mfattn/integrators/integrator.hpp"
+#include "animate_source.hpp"
 #include "mfattn_io_source.hpp"
 
 namespace py = pybind11;
@@ -318,20 +319,33 @@ class PyModel {
   std::vector<Pooled> pool_;
 };
 
+/// A submodule `name` (registered in sys.modules) run from an embedded analysis/ script's
+/// source, its globals given `given` first. Kept for the life of the process by the caller's
+/// static (never released: a static's destructor would run after the interpreter has gone).
+PyObject* embedded_module(const char* name, const char* file, const char* source, const py::dict& given) {
+  py::module_ types = py::module_::import("types");
+  py::object module = types.attr("ModuleType")(name);
+  py::dict scope = module.attr("__dict__");
+  scope["__file__"] = file;
+  for (const auto& [key, value] : given) scope[key] = value;
+  py::module_::import("sys").attr("modules")[name] = module;
+  py::exec(py::str(source), scope);
+  return module.release().ptr();
+}
+
 /// The embedded analysis/mfattn_io.py as the submodule mfattn.io.
 py::module_ io_module() {
-  // Kept for the life of the process (never released: a static's destructor would run after
-  // the interpreter has gone).
-  static PyObject* io = [] {
-    py::module_ types = py::module_::import("types");
-    py::object module = types.attr("ModuleType")("mfattn.io");
-    py::dict scope = module.attr("__dict__");
-    scope["__file__"] = "mfattn/io.py (analysis/mfattn_io.py, built in)";
-    py::module_::import("sys").attr("modules")["mfattn.io"] = module;
-    py::exec(py::str(kMfattnIoSource), scope);
-    return module.release().ptr();
-  }();
+  static PyObject* io =
+      embedded_module("mfattn.io", "mfattn/io.py (analysis/mfattn_io.py, built in)", kMfattnIoSource, py::dict());
   return py::reinterpret_borrow<py::module_>(io);
+}
+
+/// The embedded analysis/animate.py as the submodule mfattn.animate, reading files with
+/// mfattn.io (given to it as _embedded_io).
+py::module_ animate_module() {
+  static PyObject* animate = embedded_module("mfattn.animate", "mfattn/animate.py (analysis/animate.py, built in)",
+                                             kMfattnAnimateSource, py::dict("_embedded_io"_a = io_module()));
+  return py::reinterpret_borrow<py::module_>(animate);
 }
 
 /// Raises the Python error of a run's (or a meanfield solve's) exit status; `prefix` is the
@@ -490,4 +504,5 @@ PYBIND11_MODULE(mfattn, module) {
   module.attr("export_torch") = io_module().attr("export_torch");
   module.attr("Density") = io_module().attr("Density");
   module.attr("io") = io_module();
+  module.attr("animate") = animate_module();
 }

@@ -3,7 +3,8 @@
 mfattn_packages=(cmake g++ make libeigen3-dev libhdf5-dev libboost-program-options-dev
   libgtest-dev libomp-dev python3-h5py python3-numpy python3-scipy python3-pytest
   python3-matplotlib python3-mdanalysis python3-torch libopenblas0-pthread openmpi-bin libopenmpi-dev
-  clang libclang-rt-14-dev binutils pybind11-dev python3-dev libfftw3-dev libsharp-dev pkg-config)
+  clang libclang-rt-14-dev binutils pybind11-dev python3-dev libfftw3-dev libsharp-dev pkg-config
+  ffmpeg python3-pil)
 
 # On a freshly booted machine another apt-get (unattended-upgrades, cloud-init) often holds
 # the dpkg and list locks: every apt-get call waits for them (up to MFATTN_APT_LOCK_TIMEOUT

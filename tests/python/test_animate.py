@@ -1,0 +1,155 @@
+"""analysis/animate.py: animations of runs and density files drawn from the files' own frames
+(the first and the last always), MP4 through ffmpeg and GIF through Pillow, the projection for
+d > 3, colours by prompt with prefix stars, and bad input refused with exit 2, one line and no
+file left behind (not even a partial one)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import ANALYSIS_DIR
+
+SCRIPT = ANALYSIS_DIR / "animate.py"
+
+
+def animate_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
+                          env={"MPLBACKEND": "Agg", "PATH": "/usr/bin:/bin"})
+
+
+def positions(path: Path, replica: int = 0) -> np.ndarray:
+    group = "particles/tokens" if replica == 0 else f"particles/tokens_r{replica}"
+    with h5py.File(path) as f:
+        return f[f"{group}/position/value"][:]
+
+
+@pytest.fixture(scope="module")
+def animation_module():
+    import animate
+    return animate
+
+
+def test_frames_are_the_files_own_first_and_last_included(run_mfattn, animation_module):
+    out = run_mfattn("--n", 40, "--d", 3, "--kernel", "sa", "--beta", 4, "--geometry", "rope", "--positions", "index",
+                     "--horizon", 5, "--save-every", 0.05)
+    x = positions(out)
+    assert len(x) == 101
+    movie = animation_module.Animation(out, frames=12, trail=3)
+    assert len(movie.indices) == 12 and movie.indices[0] == 0 and movie.indices[-1] == 100
+    for k in (0, 5, 11):
+        movie.draw(k)
+        drawn = np.column_stack(movie.points._offsets3d)
+        np.testing.assert_array_equal(drawn, x[movie.indices[k]])
+    assert movie.label.get_text().startswith("t = 5\n")  # the last frame's time, energy, clusters
+    assert "energy = " in movie.label.get_text() and "clusters = " in movie.label.get_text()
+
+
+def test_gif_and_mp4_are_written(run_mfattn, tmp_path):
+    out = run_mfattn("--n", 30, "--d", 2, "--kernel", "sa", "--beta", 2, "--horizon", 3, "--save-every", 0.1)
+    done = animate_cli(out, "--out", tmp_path / "a.gif", "--frames", 8, "--trail", 2, "--fps", 10)
+    assert done.returncode == 0, done.stderr
+    from PIL import Image
+    with Image.open(tmp_path / "a.gif") as gif:
+        assert gif.n_frames == 8
+    done = animate_cli(out, "--out", tmp_path / "a.mp4", "--frames", 8)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "a.mp4").read_bytes()[4:8] == b"ftyp"  # an MP4 container
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no partial file
+
+
+def test_projection_for_d_above_three_says_its_share(run_mfattn, animation_module):
+    out = run_mfattn("--n", 50, "--d", 8, "--kernel", "sa", "--beta", 1, "--q", "gaussian", "--k", "gaussian",
+                     "--horizon", 4, "--save-every", 0.1)
+    x = positions(out)
+    movie = animation_module.Animation(out, frames=10)
+    pooled = x[movie.indices].reshape(-1, 8)
+    values, vectors = np.linalg.eigh(pooled.T @ pooled / len(pooled))
+    basis = vectors[:, ::-1][:, :2]
+    movie.draw(9)
+    drawn = movie.points.get_offsets()
+    # Eigenvectors are defined up to sign: compare the projections up to a sign per axis.
+    expected = x[-1] @ basis
+    for axis in range(2):
+        assert min(np.abs(drawn[:, axis] - expected[:, axis]).max(),
+                   np.abs(drawn[:, axis] + expected[:, axis]).max()) < 1e-12
+    share = values[::-1][:2].sum() / values.sum()
+    notes = " ".join(t.get_text() for t in movie.fig.texts)
+    assert f"({share:.0%} of its variance)" in notes
+
+
+def test_prompts_colour_the_tokens_and_prefix_tokens_are_stars(run_mfattn, animation_module):
+    out = run_mfattn("--n", 24, "--d", 3, "--kernel", "sa", "--prefix", 2, "--prompts", 2, "--mask", "per-prompt",
+                     "--horizon", 1, "--save-every", 0.5)
+    movie = animation_module.Animation(out)
+    notes = " ".join(t.get_text() for t in movie.fig.texts)
+    assert "colour: prompt" in notes and "stars: prefix tokens" in notes
+    assert len(np.unique(movie.colors, axis=0)) == 2
+
+
+@pytest.mark.parametrize("grid", [["--d", "2", "--grid", "64"], ["--d", "3", "--grid", "16"],
+                                  ["--d", "5", "--zonal", "--grid", "64"]], ids=["circle", "sphere", "zonal"])
+def test_density_files_animate(mfattn_binary, tmp_path, grid):
+    density = tmp_path / "density.h5"
+    done = subprocess.run([str(mfattn_binary), "meanfield", *grid, "--beta", "3",
+                           "--perturbation", "1,0.05", "--horizon", "2", "--save-every", "0.5", "--out", str(density),
+                           "--quiet"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    done = animate_cli(density, "--out", tmp_path / "density.gif")
+    assert done.returncode == 0, done.stderr
+    from PIL import Image
+    with Image.open(tmp_path / "density.gif") as gif:
+        assert gif.n_frames == 5
+
+
+def test_a_failure_while_writing_leaves_nothing(run_mfattn, tmp_path, animation_module):
+    out = run_mfattn("--n", 16, "--d", 3, "--horizon", 1, "--save-every", 0.1)
+    movie = animation_module.Animation(out)
+    drawn = movie.draw
+
+    def failing(k):
+        if k == 3:
+            raise RuntimeError("interrupted")
+        return drawn(k)
+
+    movie.draw = failing
+    with pytest.raises(RuntimeError):
+        movie.save(tmp_path / "broken.gif")
+    assert list(tmp_path.glob("*broken*")) == [] and list(tmp_path.glob(".*")) == []
+
+
+def test_bad_input_is_refused_with_exit_2_and_no_file(run_mfattn, tmp_path):
+    foreign = tmp_path / "foreign.h5"
+    with h5py.File(foreign, "w") as f:
+        f["data"] = np.zeros(3)
+    no_positions = run_mfattn("--n", 8, "--horizon", 1, "--save-positions", "none", out="none.h5")
+    two = run_mfattn("--n", 8, "--horizon", 1, "--replicas", 2, out="two.h5")
+    cases = [
+        ([foreign, "--out", tmp_path / "x.gif"], "not an mfattn H5MD file"),
+        ([no_positions, "--out", tmp_path / "x.gif"], "no positions (--save-positions none)"),
+        ([two, "--out", tmp_path / "x.gif", "--replica", 5], "replica"),
+        ([two, "--out", tmp_path / "x.avi"], "--out"),
+        ([two, "--out", tmp_path / "x.gif", "--frames", 1], "--frames 1: must be an integer >= 2"),
+        ([tmp_path / "missing.h5", "--out", tmp_path / "x.gif"], "no such file"),
+    ]
+    for args, message in cases:
+        done = animate_cli(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert not list(tmp_path.glob("x.*")) and not list(tmp_path.glob(".x*"))
+
+
+def test_the_module_animates_what_it_loads(run_mfattn, tmp_path, mfattn):
+    out = run_mfattn("--n", 20, "--d", 3, "--horizon", 1, "--save-every", 0.1, "--replicas", 2)
+    written = mfattn.load(out, replica=1).animate(tmp_path / "r1.gif", frames=4)
+    assert written == tmp_path / "r1.gif"
+    from PIL import Image
+    with Image.open(written) as gif:
+        assert gif.n_frames == 4
+    assert mfattn.animate.__file__.startswith("mfattn/animate.py")  # the embedded copy
+    with pytest.raises(ValueError, match="--out"):
+        mfattn.load(out).animate(tmp_path / "r.avi")
