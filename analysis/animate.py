@@ -92,6 +92,31 @@ def facing_view(final: np.ndarray) -> tuple[float, float]:
     return elevation, float(np.degrees(np.arctan2(direction[1], direction[0])))
 
 
+def load_file(path: Path, replica: int = 0):
+    """The run (its one replica) or density file at `path`, with the checks of the module
+    docstring: AnimationError for a missing or foreign file, a replica out of range, a density
+    file with a replica other than 0, or a run without positions."""
+    path = Path(path)
+    if not path.is_file():
+        raise AnimationError(f"{path}: no such file")
+    try:
+        with _open(path) as f:
+            is_density = _is_density(f)
+        if is_density and replica != 0:
+            raise AnimationError(f"--replica {replica}: a density file has no replicas (accepted: 0)")
+        loaded = load(path) if is_density else load(path, replica=replica)
+    except (OSError, KeyError) as error:
+        raise AnimationError(f"{path}: not an mfattn run or density file ({error})") from None
+    except AnimationError:
+        raise
+    except ValueError as error:
+        raise AnimationError(str(error).splitlines()[0]) from None
+    if not is_density and np.asarray(loaded.positions).shape[0] == 0:
+        raise AnimationError(f"{path}: the run has no positions (--save-positions {loaded.save_positions}): "
+                             "nothing to draw")
+    return loaded
+
+
 class Animation:
     """The figure and artists of one animation; draw(k) shows drawn frame k."""
 
@@ -102,18 +127,7 @@ class Animation:
         if trail < 0:
             raise AnimationError(f"--trail {trail}: must be an integer >= 0")
         self.path = Path(path)
-        if not self.path.is_file():
-            raise AnimationError(f"{self.path}: no such file")
-        try:
-            with _open(self.path) as f:
-                is_density = _is_density(f)
-            if is_density and replica != 0:
-                raise AnimationError(f"--replica {replica}: a density file has no replicas (accepted: 0)")
-            loaded = load(self.path) if is_density else load(self.path, replica=replica)
-        except (OSError, KeyError) as error:
-            raise AnimationError(f"{self.path}: not an mfattn run or density file ({error})") from None
-        except ValueError as error:
-            raise AnimationError(str(error).splitlines()[0]) from None
+        loaded = load_file(self.path, replica)
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -128,9 +142,6 @@ class Animation:
 
     def _particles(self, tr, frames: int, view) -> None:
         positions = np.asarray(tr.positions)
-        if positions.shape[0] == 0:
-            raise AnimationError(f"{self.path}: the run has no positions (--save-positions "
-                                 f"{tr.save_positions}): nothing to animate")
         presence = np.asarray(tr.labels.get("presence", np.ones(positions.shape[1])))
         self.active = presence > 0
         self.times = np.asarray(tr.position_times)
@@ -384,11 +395,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--view", default=None, help="ELEV,AZIM in degrees (d = 3)")
     parser.add_argument("--poster", default=None, help="also the last frame as a PNG")
     args = parser.parse_args(argv)
+    return exit_status("animate.py", lambda: animate(
+        args.file, args.out, replica=args.replica, fps=args.fps, frames=args.frames, trail=args.trail,
+        view=_view(args.view) if args.view else None, poster=args.poster))
+
+
+def exit_status(prog: str, write) -> int:
+    """Runs write() (it returns the path written) for a script's main: prints the path and
+    returns 0, or prints "<prog>: <message>" on stderr and returns 2 for bad input."""
     try:
-        out = animate(args.file, args.out, replica=args.replica, fps=args.fps, frames=args.frames, trail=args.trail,
-                      view=_view(args.view) if args.view else None, poster=args.poster)
+        out = write()
     except AnimationError as error:
-        print(f"animate.py: {error}", file=sys.stderr)
+        print(f"{prog}: {error}", file=sys.stderr)
         return 2
     print(out)
     return 0

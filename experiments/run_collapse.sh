@@ -6,7 +6,8 @@
 # data/seed003/, prints the outcome tables, runs the metastability experiment (d = 2,
 # beta = 5, 9, 16) into data/metastability/ and draws every figure into data/figures/
 # (analysis/make_figures.py), with an animation of the RoPE latitude circle forming (n = 256,
-# analysis/animate.py: data/figures/rope_d3_n256.mp4 and its last frame).
+# analysis/animate.py: data/figures/rope_d3_n256.mp4 and its last frame) and its viewer page
+# (analysis/view.py: data/figures/rope_d3_n256.html).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -46,6 +47,7 @@ MPLBACKEND=Agg /usr/bin/python3 analysis/collapse_summary.py "$seed003" --cases 
 # The RoPE latitude circle forming (n = 256, d = 3): an animation and its last frame.
 MPLBACKEND=Agg /usr/bin/python3 analysis/animate.py "$seed003/rope_d3_n256.h5" --trail 8 \
   --out "$here/data/figures/rope_d3_n256.mp4" --poster "$here/data/figures/rope_d3_n256_last.png"
+/usr/bin/python3 analysis/view.py "$seed003/rope_d3_n256.h5" --out "$here/data/figures/rope_d3_n256.html"
 
 meta="$here/data/metastability"
 mkdir -p "$meta"

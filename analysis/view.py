@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""A trajectory viewer in one self-contained HTML file: no server, no network, no library (the
+data and a small script of its own inside the page), to copy from a cluster and open in any
+browser.
+
+    /usr/bin/python3 analysis/view.py RUN.h5 --out run.html [--replica R] [--max-mb 6]
+
+The page shows one replica of a particle run:
+- d = 3: the sphere, turned with the mouse (drag), its far side dimmed; d = 2: the circle;
+  d > 3: the projection on the top two eigenvectors of the second moment pooled over the frames
+  in the page, with their share of the variance (analysis/animate.py's projection);
+- a time slider and a play button; the URL's #frame=K opens frame K;
+- tokens coloured by index (position order for index positions) or by prompt, prefix tokens
+  as stars;
+- the observables energy, n_clusters and min_inner against t under it, with a cursor at the
+  current time.
+The frames are thinned (evenly, the first and the last kept) so that the positions (float32 in
+base64) stay under --max-mb megabytes; the page says how many of the file's frames it holds. The page
+names its token count (#tokens), the current time (#time) and the cursor's time (#cursor-time),
+and records script errors in #errors; body[data-ready="1"] once it has drawn.
+
+The HTML is written under a temporary name and renamed when complete. Exit 2 with one line on
+stderr for a missing or foreign file, a density file, a run without positions, a replica out of
+range, an output name that does not end in .html, or a bad --max-mb.
+
+From Python: ``view(path, out, replica=0, max_mb=6.0) -> Path`` and ``page_data(path, ...)``.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from animate import AnimationError, exit_status, frame_indices, load_file, second_moment_basis  # noqa: E402
+
+OBSERVABLES = ("energy", "n_clusters", "min_inner")
+PAGE = Path(__file__).with_name("view_page.html")
+
+
+def _float32(values: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(values, dtype="<f4").tobytes()).decode("ascii")
+
+
+def _colors(loaded, active: np.ndarray) -> tuple[list[str], str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+    prompts = loaded.labels.get("prompt_id")
+    prompts = None if prompts is None else np.asarray(prompts)[active]
+    m = int(active.sum())
+    if prompts is not None and np.unique(prompts).size > 1:
+        return [to_hex(colormaps["tab10"](int(p) % 10)) for p in prompts], "colour: prompt"
+    return ([to_hex(c) for c in colormaps["viridis"](np.linspace(0.0, 1.0, max(m, 1)))[:m]],
+            "colour: token index (first dark, last yellow)")
+
+
+def page_data(path: str | os.PathLike, replica: int = 0, max_mb: float = 6.0) -> dict:
+    """What the page embeds (and tests read back): frames, times, dims, positions (base64
+    float32, [frames, tokens, dims]), colours, observables, prefix, notes."""
+    if not (max_mb > 0 and np.isfinite(max_mb)):
+        raise AnimationError(f"--max-mb {max_mb}: must be a number > 0")
+    path = Path(path)
+    loaded = load_file(path, replica)
+    if not hasattr(loaded, "positions"):
+        raise AnimationError(f"{path}: a density file; the viewer shows particle runs (analysis/animate.py "
+                             "animates densities)")
+    positions = np.asarray(loaded.positions)
+    active = np.asarray(loaded.labels.get("presence", np.ones(positions.shape[1]))) > 0
+    x = positions[:, active]
+    d, m = x.shape[-1], x.shape[1]
+    dims = 3 if d == 3 else 2
+    frames_total = x.shape[0]
+    # float32 in base64: 4 bytes a number, times 4/3.
+    limit = max(2, int(max_mb * 1e6 * 3 / 4 // (4 * m * dims)))
+    kept = frame_indices(frames_total, limit)
+    notes = []
+    if len(kept) < frames_total:
+        notes.append(f"showing {len(kept)} of the file's {frames_total} frames (thinned evenly to keep the page "
+                     f"under {max_mb:g} MB)")
+    if d == 2:
+        projected = x[kept][..., :2]
+    elif d == 3:
+        projected = x[kept]
+    else:
+        values, vectors = second_moment_basis(x[kept].reshape(-1, d))
+        projected = x[kept] @ vectors[:, :2]
+        notes.append(f"projection on e1, e2 of the second moment over the frames shown "
+                     f"({values[:2].sum() / values.sum():.0%} of its variance)")
+    colors, colour_note = _colors(loaded, active)
+    notes.insert(0, colour_note)
+    prefix = loaded.prefix.get("position") if loaded.prefix else None
+    prefix_points = []
+    if prefix is not None and len(prefix):
+        prefix = np.asarray(prefix)
+        prefix_points = (prefix if d == 3 else prefix[:, :2] if d == 2 else prefix @ vectors[:, :2]).tolist()
+        notes.append("stars: prefix tokens")
+    observables = {}
+    for name in OBSERVABLES:
+        if name in loaded.observables:
+            values = np.asarray(loaded.observables[name], dtype=float)
+            if values.ndim > 1:
+                values = values[:, 0]
+            times = np.asarray(loaded.observable_times.get(name, loaded.times[:len(values)]), dtype=float)
+            finite = np.isfinite(values)
+            observables[name] = {"t": times[finite].tolist(), "v": values[finite].tolist()}
+    p = loaded.parameters
+    title = (f"{path.stem}: {str(p.get('kernel', '?')).upper()}, n = {m}, d = {d}, "
+             f"beta = {p.get('beta', float('nan')):g}" + (f", replica {replica}" if loaded.replicas > 1 else ""))
+    return {"title": title, "d": d, "dims": dims, "tokens": m, "frames": len(kept), "file_frames": frames_total,
+            "frame_indices": kept.tolist(), "times": np.asarray(loaded.position_times)[kept].tolist(),
+            "positions": _float32(projected), "colors": colors, "prefix": prefix_points,
+            "observables": observables, "notes": notes}
+
+
+def view(path: str | os.PathLike, out: str | os.PathLike, replica: int = 0, max_mb: float = 6.0) -> Path:
+    """Writes the viewer page of `path` to `out` (see the module docstring) and returns it."""
+    out = Path(out)
+    if out.suffix.lower() != ".html":
+        raise AnimationError(f"--out {out}: accepted: a name ending in .html")
+    data = page_data(path, replica, max_mb)
+    text = PAGE.read_text()
+    text = text.replace("@TITLE@", html.escape(data["title"]))
+    # JSON inside <script>: "</" could close the element, so it is escaped.
+    text = text.replace("@DATA@", json.dumps(data, separators=(",", ":")).replace("</", "<\\/"))
+    partial = out.with_name(f".{out.stem}.partial.html")
+    try:
+        partial.write_text(text)
+        os.replace(partial, out)
+    finally:
+        if partial.exists():
+            partial.unlink()
+    return out
+
+
+def read_page_data(page: str | os.PathLike) -> dict:
+    """The data a page embeds, with positions decoded to float32 [frames, tokens, dims]."""
+    text = Path(page).read_text()
+    start = text.index('<script id="mfattn-data" type="application/json">') + len(
+        '<script id="mfattn-data" type="application/json">')
+    data = json.loads(text[start:text.index("</script>", start)].replace("<\\/", "</"))
+    data["positions"] = np.frombuffer(base64.b64decode(data["positions"]), dtype="<f4").reshape(
+        data["frames"], data["tokens"], data["dims"])
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="view.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("file")
+    parser.add_argument("--out", required=True, help="run.html")
+    parser.add_argument("--replica", type=int, default=0)
+    parser.add_argument("--max-mb", type=float, default=6.0, help="the positions' share of the page, in MB")
+    args = parser.parse_args(argv)
+    return exit_status("view.py", lambda: view(args.file, args.out, replica=args.replica, max_mb=args.max_mb))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

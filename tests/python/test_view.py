@@ -1,0 +1,128 @@
+"""analysis/view.py: the viewer page embeds the file's own positions (read back here), thins
+long runs and says so, refuses bad input with exit 2 and no file, and, in Debian's chromium
+(headless; skipped with a message only where it is not installed), loads without a script
+error, names the file's token count, shows the frame's time at the cursor, and moves the
+tokens (and only them) between two frames."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import ANALYSIS_DIR
+
+SCRIPT = ANALYSIS_DIR / "view.py"
+CHROMIUM = shutil.which("chromium")
+
+
+def view_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
+                          env={"MPLBACKEND": "Agg", "PATH": "/usr/bin:/bin"})
+
+
+@pytest.fixture(scope="module")
+def view_module():
+    import view
+    return view
+
+
+def file_positions(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with h5py.File(path) as f:
+        return f["particles/tokens/position/value"][:], f["particles/tokens/position/time"][:]
+
+
+def test_the_page_embeds_the_files_positions(run_mfattn, tmp_path, view_module):
+    out = run_mfattn("--n", 30, "--d", 3, "--kernel", "sa", "--beta", 3, "--geometry", "rope", "--positions",
+                     "index", "--horizon", 4, "--save-every", 0.1)
+    x, times = file_positions(out)
+    done = view_cli(out, "--out", tmp_path / "run.html")
+    assert done.returncode == 0, done.stderr
+    data = view_module.read_page_data(tmp_path / "run.html")
+    assert data["tokens"] == 30 and data["frames"] == len(x) == 41
+    np.testing.assert_allclose(data["positions"], x, rtol=0, atol=1e-7)  # float32
+    np.testing.assert_array_equal(data["times"], times)
+    assert set(data["observables"]) == {"energy", "n_clusters", "min_inner"}
+
+
+def test_long_runs_are_thinned_and_the_page_says_so(run_mfattn, tmp_path, view_module):
+    out = run_mfattn("--n", 50, "--d", 6, "--horizon", 2, "--save-every", 0.01, "--q", "gaussian")
+    x, _ = file_positions(out)
+    # 50 tokens x 2 coordinates x 4 bytes x 4/3 (base64): 93 frames in 0.05 MB
+    data = view_module.page_data(out, max_mb=0.05)
+    assert data["frames"] == 93 and data["frame_indices"][0] == 0 and data["frame_indices"][-1] == len(x) - 1
+    assert f"showing 93 of the file's {len(x)} frames" in "; ".join(data["notes"])
+    assert "of its variance" in "; ".join(data["notes"])  # d > 3: the projection says its share
+    positions = np.frombuffer(__import__("base64").b64decode(data["positions"]), dtype="<f4").reshape(93, 50, 2)
+    pooled = x[data["frame_indices"]].reshape(-1, 6)
+    vectors = np.linalg.eigh(pooled.T @ pooled / len(pooled))[1][:, ::-1][:, :2]
+    expected = x[-1] @ vectors
+    for axis in range(2):  # eigenvectors up to sign
+        assert min(np.abs(positions[-1][:, axis] - expected[:, axis]).max(),
+                   np.abs(positions[-1][:, axis] + expected[:, axis]).max()) < 1e-6
+
+
+def test_bad_input_is_refused_with_exit_2_and_no_file(run_mfattn, mfattn_binary, tmp_path):
+    foreign = tmp_path / "foreign.h5"
+    with h5py.File(foreign, "w") as f:
+        f["data"] = np.zeros(3)
+    no_positions = run_mfattn("--n", 8, "--horizon", 1, "--save-positions", "none", out="none.h5")
+    density = tmp_path / "density.h5"
+    subprocess.run([str(mfattn_binary), "meanfield", "--d", "2", "--grid", "32", "--horizon", "0.5", "--out",
+                    str(density), "--quiet"], check=True)
+    cases = [([foreign], "not an mfattn H5MD file"), ([no_positions], "no positions"),
+             ([density], "a density file"), ([no_positions, "--replica", 3], "replica"),
+             ([no_positions, "--max-mb", 0], "--max-mb 0")]
+    for args, message in cases:
+        done = view_cli(*args, "--out", tmp_path / "x.html")
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1
+    done = view_cli(no_positions, "--out", tmp_path / "x.htm")
+    assert done.returncode == 2 and "--out" in done.stderr
+    assert not list(tmp_path.glob("x.*")) and not list(tmp_path.glob(".x*"))
+
+
+def chromium(*args, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--virtual-time-budget=5000", "--window-size=700,1000", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def dom_value(dom: str, element: str) -> str:
+    found = re.search(rf'id="{element}">([^<]*)<', dom)
+    assert found, f"no #{element} in the page"
+    return found.group(1)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tests/install_deps.sh installs it)")
+def test_the_page_in_a_real_browser(run_mfattn, tmp_path):
+    out = run_mfattn("--n", 64, "--d", 3, "--kernel", "sa", "--beta", 4, "--geometry", "rope", "--positions",
+                     "index", "--horizon", 10, "--save-every", 0.5)
+    _, times = file_positions(out)
+    page = tmp_path / "run.html"
+    assert view_cli(out, "--out", page).returncode == 0
+    for frame in (0, 7, len(times) - 1):
+        done = chromium("--dump-dom", f"file://{page}#frame={frame}")
+        dom = done.stdout
+        assert 'data-ready="1"' in dom, done.stderr[-2000:]
+        assert dom_value(dom, "errors") == ""  # no script error
+        assert dom_value(dom, "tokens") == "64"
+        assert float(dom_value(dom, "time")) == times[frame]
+        assert float(dom_value(dom, "cursor-time")) == times[frame]
+    assert "Uncaught" not in chromium("--enable-logging=stderr", "--v=0", "--dump-dom", f"file://{page}").stderr
+    shots = []
+    for frame in (0, len(times) - 1):
+        shot = tmp_path / f"frame{frame}.png"
+        chromium(f"--screenshot={shot}", f"file://{page}#frame={frame}")
+        from PIL import Image
+        with Image.open(shot) as image:
+            shots.append(np.asarray(image.convert("RGB"), dtype=int))
+    sphere = (slice(40, 600), slice(12, 572))  # the sphere's canvas
+    differ = np.any(shots[0][sphere] != shots[1][sphere], axis=-1)
+    assert differ.sum() > 500  # the tokens moved
+    assert differ.mean() < 0.2  # the sphere's drawing stays where it was
