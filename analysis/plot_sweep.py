@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,7 +65,9 @@ class Sweep:
 
     @property
     def name(self) -> str:
-        return self.folder.resolve().name
+        """The folder's name as given ("." becomes the working folder's name; a symlinked
+        folder keeps its link's name)."""
+        return Path(os.path.abspath(self.folder)).name
 
 
 def read_manifest(folder: Path) -> tuple[list[dict[str, str]], dict[str, str]]:

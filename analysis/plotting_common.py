@@ -319,8 +319,18 @@ def predicted_clusters(beta: float, k_max: int = 1000) -> int:
 
 
 def find_h5(folder: str | os.PathLike) -> list[Path]:
-    """Every *.h5 under ``folder`` (recursively), sorted by path."""
-    return sorted(p for p in Path(folder).rglob("*.h5") if p.is_file())
+    """Every *.h5 under ``folder`` (recursively, into symlinked folders too: runs are often
+    linked in from scratch space; a folder reached twice, as through a link cycle, is read
+    once), sorted by path."""
+    found, seen = [], set()
+    for root, folders, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:
+            folders[:] = []
+            continue
+        seen.add(real)
+        found += [Path(root) / name for name in files if name.endswith(".h5") and (Path(root) / name).is_file()]
+    return sorted(found)
 
 
 def _comparable(value: Any) -> Any:

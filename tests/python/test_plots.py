@@ -453,3 +453,18 @@ def test_make_figures_cli_skips_missing_and_fails_on_nothing(run_mfattn, tmp_pat
                        "no such data folder")
     (data / "sweeps/one/junk.h5").write_text("junk\n")
     assert_clear_error(script("make_figures.py", "--data", data), "make_figures.py", "junk.h5")
+
+
+def test_make_figures_follows_symlinked_run_folders(run_mfattn, tmp_path):
+    """Runs linked in from elsewhere (scratch space) are drawn; a link cycle is read once."""
+    scratch = tmp_path / "scratch" / "sweep"
+    scratch.mkdir(parents=True)
+    shutil.move(run_mfattn("--n", 8, "--d", 3, "--beta", 2, *SHORT, out="a.h5"), scratch / "a.h5")
+    (scratch / "loop").symlink_to(scratch)  # a cycle
+    data = tmp_path / "data"
+    (data / "sweeps").mkdir(parents=True)
+    (data / "sweeps" / "linked").symlink_to(scratch)
+    done = script("make_figures.py", "--data", data)
+    assert done.returncode == 0, done.stderr
+    outputs = [Path(line).name for line in done.stdout.splitlines() if not line.startswith("note:")]
+    assert outputs == ["linked_outcomes.md", "linked_outcomes.csv"]
