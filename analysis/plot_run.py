@@ -2,6 +2,7 @@
 """Figures of one mfattn run (one replica of one H5MD file).
 
     MPLBACKEND=Agg /usr/bin/python3 analysis/plot_run.py FILE.h5 --out DIR [--replica R]
+        [--no-trails] [--times T1,T2,...]
 
 writes into DIR, and prints, with STEM the file stem (plus _r<R> when the file holds several
 replicas):
@@ -16,10 +17,21 @@ replicas):
     STEM_energy_clusters.png energy and number of clusters against log time (shared axis), so
                              that metastable plateaus show as steps.
     STEM_gram.png            histogram of the final <x_i, x_j>, i < j.
+    STEM_snapshots.png       with --times: the state at each of those times (the kept frame
+                             nearest to it), one panel each.
+    STEM_density.png         for more than 1000 tokens, whose trajectories and overlapping
+                             points say nothing: the final tokens' density (d = 2 a histogram of
+                             the angle, d = 3 over longitude and sin(latitude), d > 3 over the
+                             e1-e2 projection); the state figure then has no trajectories.
     STEM_positions.png       only when the positions xi enter the model (geometry, auxiliary
                              factor, causal or window mask) and vary: every coordinate of the
                              final x against xi (RoPE's latitude circle, the wavy curves of
                              generalised RoPE).
+
+Under the state figures a line says what the colours mean. Trajectories between frames follow
+the sphere (arcs, not chords, where frames are sparse); --no-trails leaves them out (256 trails
+cover the sphere and hide a RoPE latitude circle). With log-spaced frames (--save-log) the d = 2
+angle panel has a log time axis.
 
 Observables come from the file when stored and are otherwise recomputed from the positions
 (plotting_common). Only tokens with presence > 0 are drawn. A file written with
@@ -66,6 +78,36 @@ def token_colors(run: Run) -> np.ndarray:
     return plt.get_cmap("viridis")(np.linspace(0.0, 1.0, max(m, 1)))[:m]
 
 
+def colour_note(run: Run) -> str:
+    """What the tokens' colours mean (written under the state figures)."""
+    if _prompts(run) is not None:
+        return "colour: prompt (tab10: blue, orange, green, ...)"
+    return "colour: token index, first dark blue to last yellow (position order for index positions)"
+
+
+def log_spaced(run: Run) -> bool:
+    """Whether the run saved log-spaced frames (--save-log): its times go on log axes."""
+    return float(run.param("save-log", 0) or 0) > 0
+
+
+# Many tokens: trajectories and overlapping points say nothing; the state figure then draws the
+# final points small and adds a density of them (STEM_density.png).
+MANY_TOKENS = 1000
+
+
+def along_sphere(x: np.ndarray, substeps: int = 8) -> np.ndarray:
+    """Trajectories x [T, m, d] with `substeps` points between consecutive frames along the
+    sphere (normalised linear interpolation), so that sparse frames draw arcs, not chords."""
+    if len(x) < 2:
+        return x
+    s = np.linspace(0.0, 1.0, substeps, endpoint=False)[None, :, None, None]
+    between = (1 - s) * x[:-1, None] + s * x[1:, None]  # [T-1, substeps, m, d]
+    norms = np.linalg.norm(between, axis=-1, keepdims=True)
+    between = np.divide(between, norms, out=between.copy(), where=norms > 0)
+    between[:, 0] = x[:-1]  # the frames themselves, as stored
+    return np.concatenate([between.reshape(-1, *x.shape[1:]), x[-1:]])
+
+
 def prefix_style(run: Run) -> dict:
     """Scatter style of the frozen prefix tokens: large stars with a black edge, coloured by
     prompt when the run has several prompts, red otherwise."""
@@ -103,11 +145,12 @@ def draw_sphere(ax, run: Run, trajectories: bool = True) -> None:
     ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v),
                       color="0.85", linewidth=0.3)
     colors = token_colors(run)
-    if trajectories:
-        x = run.x[drawn_frames(run)]
+    many = run.final.shape[0] > MANY_TOKENS
+    if trajectories and not many:
+        x = along_sphere(run.x[drawn_frames(run)])
         ax.add_collection3d(Line3DCollection([x[:, i] for i in range(x.shape[1])],
                                              colors=colors, linewidths=0.6, alpha=0.3))
-    ax.scatter(*run.final.T, s=12, c=colors, depthshade=False)
+    ax.scatter(*run.final.T, s=2 if many else 12, c=colors, depthshade=False)
     prefix = _prefix_points(run)
     if prefix is not None:
         ax.scatter(*prefix[:, :3].T, depthshade=False, **prefix_style(run))
@@ -127,12 +170,15 @@ def draw_plane(ax, run: Run, basis: np.ndarray | None = None, trajectories: bool
     angle = np.linspace(0, 2 * np.pi, 361)
     ax.plot(np.cos(angle), np.sin(angle), color="0.7", linewidth=0.8)
     colors = token_colors(run)
-    if trajectories:
-        x = project(run.x[drawn_frames(run)])
+    many = run.final.shape[0] > MANY_TOKENS
+    if trajectories and not many:
+        frames = run.x[drawn_frames(run)]
+        # On the circle itself (d = 2) the path between frames is an arc, not a chord.
+        x = project(along_sphere(frames) if basis is None else frames)
         ax.add_collection(LineCollection([x[:, i] for i in range(x.shape[1])], colors=colors,
                                          linewidths=0.6, alpha=0.3))
     final = project(run.final)
-    ax.scatter(final[:, 0], final[:, 1], s=14, c=colors, zorder=4)
+    ax.scatter(final[:, 0], final[:, 1], s=2 if many else 14, c=colors, zorder=4)
     prefix = _prefix_points(run)
     if prefix is not None:
         p = project(prefix)
@@ -172,9 +218,15 @@ def draw_angles(ax, run: Run) -> None:
             ax.axhline(a, color=color if isinstance(color, str) else color[k], linestyle=":",
                        linewidth=1.2)
         low, high = min(low, angles.min()), max(high, angles.max())
-    ax.set_xlim(t[0], t[-1] if t[-1] > t[0] else t[0] + 1)
+    if log_spaced(run) and (t > 0).sum() > 1:
+        # Log-spaced frames: on a linear axis everything before the last decade is one pixel.
+        ax.set_xscale("log")
+        ax.set_xlim(t[t > 0][0], t[-1])
+        ax.set_xlabel("t (log scale)")
+    else:
+        ax.set_xlim(t[0], t[-1] if t[-1] > t[0] else t[0] + 1)
+        ax.set_xlabel("t")
     ax.set_ylim(low - 0.2, high + 0.2)
-    ax.set_xlabel("t")
     ax.set_ylabel("angle (continuous in t)")
 
 
@@ -198,26 +250,26 @@ def state_axes(fig, spec, run: Run, trajectories: bool = True):
     return ax
 
 
-def sphere_figure(run: Run, out_dir: Path) -> Path:
-    """STEM_sphere.png (see the module docstring)."""
+def sphere_figure(run: Run, out_dir: Path, trails: bool = True) -> Path:
+    """STEM_sphere.png (see the module docstring); trails=False draws the final state alone."""
     plt = pyplot()
     if not run.keeps_every_frame:
         # --save-positions ends: two frames make no trajectory; the final state only.
-        fig = plt.figure(figsize=(5.5, 5.5))
+        fig = plt.figure(figsize=(5.5, 5.8))
         state_axes(fig, (1, 1, 1), run, trajectories=False)
     elif run.d == 3:
-        fig = plt.figure(figsize=(5.5, 5.5))
-        state_axes(fig, (1, 1, 1), run)
+        fig = plt.figure(figsize=(5.5, 5.8))
+        state_axes(fig, (1, 1, 1), run, trails)
     elif run.d == 2:
-        fig = plt.figure(figsize=(10.5, 4.6))
-        state_axes(fig, (1, 2, 1), run)
+        fig = plt.figure(figsize=(10.5, 4.9))
+        state_axes(fig, (1, 2, 1), run, trails)
         draw_angles(fig.add_subplot(1, 2, 2), run)
     else:
-        fig = plt.figure(figsize=(10.5, 5.0))
+        fig = plt.figure(figsize=(10.5, 5.3))
         values, vectors = projection_basis(run)
         for slot, other in enumerate((1, 2)):
             ax = fig.add_subplot(1, 2, slot + 1)
-            draw_plane(ax, run, vectors[:, [0, other]])
+            draw_plane(ax, run, vectors[:, [0, other]], trails)
             ax.set_xlabel(f"e1 (eigenvalue {values[0]:.3f})")
             ax.set_ylabel(f"e{other + 1} (eigenvalue {values[other]:.3f})")
     title = run.title()
@@ -225,9 +277,63 @@ def sphere_figure(run: Run, out_dir: Path) -> Path:
         title += "\nprojection on the top eigenvectors of the final (1/n) sum x x^T"
     if not run.keeps_every_frame:
         title += f"\nfinal state (--save-positions {run.save_positions}: no trajectories)"
+    elif run.final.shape[0] > MANY_TOKENS:
+        title += f"\n{run.final.shape[0]} tokens: no trajectories (their density: {run.stem}_density.png)"
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.text(0.5, 0.012, colour_note(run), ha="center", fontsize=7, color="0.3")
     return save_figure(fig, out_dir / f"{run.stem}_sphere.png")
+
+
+def snapshots_figure(run: Run, out_dir: Path, times: list[float]) -> Path:
+    """STEM_snapshots.png: the state at each requested time (the kept frame nearest to it),
+    one panel each, no trajectories."""
+    plt = pyplot()
+    import dataclasses
+    stored = np.asarray(run.position_times)
+    columns = min(len(times), 4)
+    rows = -(-len(times) // columns)
+    fig = plt.figure(figsize=(3.8 * columns, 4.0 * rows + 0.4))
+    for k, wanted in enumerate(times):
+        frame = int(np.argmin(np.abs(stored - wanted)))
+        at = dataclasses.replace(run, positions=run.positions[:frame + 1], position_times=stored[:frame + 1],
+                                 times=run.times)
+        ax = state_axes(fig, (rows, columns, k + 1), at, trajectories=False)
+        ax.set_title(f"t = {stored[frame]:.4g}" + (f" (nearest to {wanted:g})" if stored[frame] != wanted else ""),
+                     fontsize=8)
+    fig.suptitle(run.title(), fontsize=9)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.text(0.5, 0.012, colour_note(run), ha="center", fontsize=7, color="0.3")
+    return save_figure(fig, out_dir / f"{run.stem}_snapshots.png")
+
+
+def density_figure(run: Run, out_dir: Path) -> Path:
+    """STEM_density.png, for runs of many tokens: the final tokens' density: d = 2 a histogram
+    of their angle, d = 3 a 2-D histogram over longitude and sin(latitude) (equal areas), d > 3
+    over the e1-e2 projection."""
+    plt = pyplot()
+    x = run.final
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    if run.d == 2:
+        ax.hist(np.arctan2(x[:, 1], x[:, 0]), bins=180, range=(-np.pi, np.pi), color="C0")
+        ax.set_xlabel("angle of the final tokens")
+        ax.set_ylabel("tokens")
+    else:
+        if run.d == 3:
+            u, v = np.arctan2(x[:, 1], x[:, 0]), np.clip(x[:, 2], -1, 1)
+            extent = ((-np.pi, np.pi), (-1, 1))
+            ax.set_xlabel("longitude atan2(x2, x1)")
+            ax.set_ylabel("sin(latitude) = x3")
+        else:
+            basis = projection_basis(run)[1][:, :2]
+            u, v = (x @ basis).T
+            extent = ((-1, 1), (-1, 1))
+            ax.set_xlabel("e1"), ax.set_ylabel("e2")
+        counts = ax.hist2d(u, v, bins=(120, 60), range=extent, cmap="magma", cmin=1)[3]
+        fig.colorbar(counts, ax=ax, label="tokens per cell")
+    ax.set_title(f"{run.title()}\ndensity of the final tokens", fontsize=8)
+    fig.tight_layout()
+    return save_figure(fig, out_dir / f"{run.stem}_density.png")
 
 
 def energy_clusters_axes(ax_energy, ax_clusters, run: Run, **style) -> None:
@@ -349,19 +455,25 @@ def final_states_figure(runs: list[Run], path: str | Path, columns: int = 3) -> 
     return save_figure(fig, path)
 
 
-def plot_run(path: str | Path, out_dir: str | Path, replica: int = 0) -> list[Path]:
+def plot_run(path: str | Path, out_dir: str | Path, replica: int = 0, trails: bool = True,
+             times: list[float] | None = None) -> list[Path]:
     """Every figure of one replica of ``path`` into ``out_dir``; returns the files written.
-    FileNotFoundError / ValueError for a missing or foreign file or a bad replica."""
+    trails=False leaves the trajectories out of the state figure; times adds the snapshots
+    figure. FileNotFoundError / ValueError for a missing or foreign file or a bad replica."""
     run = load_run(path, replica)
     out_dir = Path(out_dir)
     if not run.has_positions:
         print(f"plot_run.py: note: {run.no_positions_note()}: drawing "
               f"{run.stem}_energy_clusters.png only", file=sys.stderr)
         return [energy_clusters_figure(run, out_dir)]
-    written = [sphere_figure(run, out_dir), energy_clusters_figure(run, out_dir),
+    written = [sphere_figure(run, out_dir, trails), energy_clusters_figure(run, out_dir),
                gram_figure(run, out_dir)]
     if uses_positions(run):
         written.append(positions_figure(run, out_dir))
+    if run.final.shape[0] > MANY_TOKENS:
+        written.append(density_figure(run, out_dir))
+    if times:
+        written.append(snapshots_figure(run, out_dir, times))
     return written
 
 
@@ -372,8 +484,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("file", type=Path, help="an mfattn .h5 file")
     parser.add_argument("--out", type=Path, required=True, help="folder for the PNG files")
     parser.add_argument("--replica", type=int, default=0, help="replica to draw (default 0)")
+    parser.add_argument("--no-trails", action="store_true", help="the state figure without trajectories")
+    parser.add_argument("--times", default=None,
+                        help="T1,T2,...: also STEM_snapshots.png, the state at each (nearest kept frame)")
     args = parser.parse_args(argv)
-    for written in plot_run(args.file, args.out, args.replica):
+    times = None
+    if args.times:
+        try:
+            times = [float(t) for t in args.times.split(",")]
+        except ValueError:
+            raise ValueError(f"--times {args.times}: accepted: times separated by commas (e.g. 0,5,20)") from None
+    for written in plot_run(args.file, args.out, args.replica, trails=not args.no_trails, times=times):
         print(written)
 
 

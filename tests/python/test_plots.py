@@ -468,3 +468,53 @@ def test_make_figures_follows_symlinked_run_folders(run_mfattn, tmp_path):
     assert done.returncode == 0, done.stderr
     outputs = [Path(line).name for line in done.stdout.splitlines() if not line.startswith("note:")]
     assert outputs == ["linked_outcomes.md", "linked_outcomes.csv"]
+
+
+# --- plot_run as a researcher uses it: snapshots, trails, colours, log time, many tokens ------
+
+
+def test_trajectories_follow_the_sphere_between_frames():
+    from plot_run import along_sphere
+    angle = np.array([0.0, 2.0, 3.0])  # frames far apart on the circle: a chord would cut across
+    x = np.stack([np.cos(angle), np.sin(angle)], axis=-1)[:, None, :]  # [3 frames, 1 token, 2]
+    path = along_sphere(x, substeps=8)
+    assert path.shape == (17, 1, 2)
+    np.testing.assert_allclose(np.linalg.norm(path, axis=-1), 1.0, rtol=0, atol=1e-15)
+    for k, frame in ((0, 0), (8, 1), (16, 2)):  # the frames themselves, to the bit
+        np.testing.assert_array_equal(path[k], x[frame])
+
+
+def test_snapshots_no_trails_and_the_colour_note(run_mfattn, tmp_path):
+    out = run_mfattn("--n", 24, "--d", 3, "--beta", 4, "--kernel", "sa", "--geometry", "rope", "--positions", "index",
+                     "--prefix", 2, "--prompts", 2, "--mask", "per-prompt", *SHORT)
+    done = script("plot_run.py", out, "--out", tmp_path, "--no-trails", "--times", "0,1.3,4")
+    assert done.returncode == 0, done.stderr
+    assert_png(tmp_path / "run_snapshots.png")
+    run = plotting_common.load_run(out)
+    from plot_run import colour_note, state_axes
+    assert colour_note(run).startswith("colour: prompt")
+    figure = matplotlib.pyplot.figure()
+
+    def line_collections(trajectories: bool) -> int:  # the wireframe is one, the trails another
+        ax = state_axes(figure, (1, 1, 1), run, trajectories=trajectories)
+        return sum(type(c).__name__ == "Line3DCollection" for c in ax.collections)
+
+    assert line_collections(True) == line_collections(False) + 1
+    bad = script("plot_run.py", out, "--out", tmp_path, "--times", "soon")
+    assert bad.returncode == 1 and "--times soon" in bad.stderr
+
+
+def test_log_spaced_runs_get_a_log_time_axis(run_mfattn):
+    out = run_mfattn("--n", 12, "--d", 2, "--beta", 4, "--kernel", "sa", "--horizon", 100, "--save-log", 40)
+    run = plotting_common.load_run(out)
+    from plot_run import draw_angles
+    ax = matplotlib.pyplot.figure().add_subplot()
+    draw_angles(ax, run)
+    assert ax.get_xscale() == "log"
+
+
+def test_many_tokens_draw_a_density_instead_of_trajectories(run_mfattn, tmp_path):
+    out = run_mfattn("--n", 1100, "--d", 3, "--horizon", 0.2, "--save-every", 0.1, "--threads", 2)
+    written = plot_run(out, tmp_path)
+    assert tmp_path / "run_density.png" in written
+    assert_png(tmp_path / "run_density.png")
