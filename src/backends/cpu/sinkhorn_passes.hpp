@@ -108,7 +108,7 @@ class SinkhornPasses {
         if (!slot.active) continue;
         const std::size_t i = unit % n;
         const Prepared& p = prepared_[unit / n];
-        scaling.finish_row(slot, i, with_dimension(p.d, [&](auto dim) {
+        scaling.finish_row(slot, i, with_dimension<decltype(terms), decltype(prefix_terms)>(p.d, [&](auto dim) {
                              return row_lse<decltype(dim)::value>(terms, prefix_terms, p, unit / n, slot, i);
                            }));
       }
@@ -134,7 +134,7 @@ class SinkhornPasses {
           continue;
         }
         const Prepared& p = prepared_[s];
-        scaling.finish_column(slot, j, with_dimension(p.d, [&](auto dim) {
+        scaling.finish_column(slot, j, with_dimension<decltype(terms), decltype(prefix_terms)>(p.d, [&](auto dim) {
                                 return column_lse<decltype(dim)::value>(terms, prefix_terms, p, s, slot, j);
                               }));
       }
@@ -213,9 +213,13 @@ class SinkhornPasses {
   }
 
   /// body(std::integral_constant<int, D>) with D = d for d = 2, 3, 4 (the dot products then
-  /// unroll), else D = 0 (any d).
-  template <class Body>
+  /// unroll), else D = 0 (any d). Only the plain pairs (no mask, factor or per-prompt rule)
+  /// take the fixed dimensions: each is a loop of its own per instruction set, and every
+  /// combination of pair terms times dimensions would be compiled.
+  template <class Terms, class PrefixTerms, class Body>
   static double with_dimension(std::size_t d, Body&& body) {
+    if constexpr (std::decay_t<Terms>::kHasLogTerm || std::decay_t<PrefixTerms>::kHasLogTerm)
+      return body(std::integral_constant<int, 0>{});
     switch (d) {
       case 2: return body(std::integral_constant<int, 2>{});
       case 3: return body(std::integral_constant<int, 3>{});
