@@ -92,6 +92,19 @@ def facing_view(final: np.ndarray) -> tuple[float, float]:
     return elevation, float(np.degrees(np.arctan2(direction[1], direction[0])))
 
 
+def token_colours(labels: dict, active: np.ndarray) -> tuple[np.ndarray, str]:
+    """RGBA colours of the active tokens, and what they mean: their prompt's (tab10) where the
+    run has several prompts, else viridis in token order (position order for index positions)."""
+    from matplotlib import colormaps
+    prompts = labels.get("prompt_id")
+    prompts = None if prompts is None else np.asarray(prompts)[active]
+    if prompts is not None and np.unique(prompts).size > 1:
+        return colormaps["tab10"](prompts % 10), "colour: prompt"
+    m = int(active.sum())
+    return colormaps["viridis"](np.linspace(0.0, 1.0, max(m, 1)))[:m], \
+        "colour: token index (first dark, last yellow)"
+
+
 def load_file(path: Path, replica: int = 0):
     """The run (its one replica) or density file at `path`, with the checks of the module
     docstring: AnimationError for a missing or foreign file, a replica out of range, a density
@@ -150,16 +163,8 @@ class Animation:
         self.d = self.x.shape[-1]
         self.energy = self._observable(tr, "energy")
         self.clusters = self._observable(tr, "n_clusters")
-        prompts = tr.labels.get("prompt_id")
-        prompts = None if prompts is None else np.asarray(prompts)[self.active]
-        several_prompts = prompts is not None and np.unique(prompts).size > 1
         m = int(self.active.sum())
-        if several_prompts:
-            self.colors = self.plt.get_cmap("tab10")(prompts % 10)
-            colour_note = "colour: prompt"
-        else:
-            self.colors = self.plt.get_cmap("viridis")(np.linspace(0.0, 1.0, max(m, 1)))[:m]
-            colour_note = "colour: token index (first dark, last yellow)"
+        self.colors, colour_note = token_colours(tr.labels, self.active)
         prefix = tr.prefix.get("position") if tr.prefix else None
         final = self.x[-1]
         self.fig = self.plt.figure(figsize=(6.4, 6.4), dpi=100)

@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from animate import AnimationError, exit_status, frame_indices, load_file, second_moment_basis  # noqa: E402
+from animate import (AnimationError, exit_status, frame_indices, load_file, second_moment_basis,  # noqa: E402
+                     token_colours)
 
 OBSERVABLES = ("energy", "n_clusters", "min_inner")
 PAGE = Path(__file__).with_name("view_page.html")
@@ -49,17 +50,12 @@ def _float32(values: np.ndarray) -> str:
 
 
 def _colors(loaded, active: np.ndarray) -> tuple[list[str], str]:
+    """animate.py's token colours as hex strings for the page."""
     import matplotlib
     matplotlib.use("Agg")
-    from matplotlib import colormaps
     from matplotlib.colors import to_hex
-    prompts = loaded.labels.get("prompt_id")
-    prompts = None if prompts is None else np.asarray(prompts)[active]
-    m = int(active.sum())
-    if prompts is not None and np.unique(prompts).size > 1:
-        return [to_hex(colormaps["tab10"](int(p) % 10)) for p in prompts], "colour: prompt"
-    return ([to_hex(c) for c in colormaps["viridis"](np.linspace(0.0, 1.0, max(m, 1)))[:m]],
-            "colour: token index (first dark, last yellow)")
+    colours, note = token_colours(loaded.labels, active)
+    return [to_hex(c) for c in colours], note
 
 
 def page_data(path: str | os.PathLike, replica: int = 0, max_mb: float = 6.0) -> dict:

@@ -100,7 +100,9 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   ScalingReport last_scaling() const override {
     ScalingReport report;
-    if (sinkhorn_) sinkhorn_->report(sinkhorn_slots_per_replica_, report.column_error, report.sweeps);
+    // A slot per replica, or per (replica, head) of a layer.
+    const std::size_t slots_per_replica = model_.is_layer() ? model_.matrices_of(0).heads.size() : 1;
+    if (sinkhorn_) sinkhorn_->report(slots_per_replica, report.column_error, report.sweeps);
     return report;
   }
   std::string describe() const override {
@@ -133,13 +135,11 @@ class CpuBackend final : public Backend {
       return;
     }
     if (model_.is_layer()) {
-      sinkhorn_slots_per_replica_ = model_.matrices_of(0).heads.size();
       on_team([&] { layer(replicas, x, out, failure); });
       last_loop_ = "one-sided";
       if (!failure.empty()) throw NumericalError(failure);
       return;
     }
-    sinkhorn_slots_per_replica_ = 1;
     on_team([&] {
       prepare(replicas, x);
       if (sinkhorn_) scale_sinkhorn();
@@ -774,7 +774,6 @@ class CpuBackend final : public Backend {
   // Sinkhorn attention: the passes over prepared_ and every slot's scaling (null: SA or USA).
   SinkhornPasses sinkhorn_passes_;
   std::unique_ptr<kernels::SinkhornScaling> sinkhorn_;
-  std::size_t sinkhorn_slots_per_replica_ = 1;  // a layer's heads
 };
 
 }  // namespace
