@@ -8,10 +8,12 @@ each with the reference's first-order step beside --integrator rk4.
 DATA is the folder experiments/reference/run_reference.py writes (default data/reference):
 
     DATA/phase_diagram/<kernel>_<matrices>_<integrator>.npz   -> FIGURES/phase_<kernel>_<matrices>.png
-        beta x t maps (pcolormesh, RdBu_r, as the reference draws them) of the batch-mean
-        clustered-pair fraction: the reference step, rk4, and their difference
-        (reference - rk4, a symmetric colour scale) where both exist. Checkpoints after a run
-        failed numerically (NaN) are grey.
+        beta x t maps of the batch-mean clustered-pair fraction in the project's one
+        phase-diagram style (plotting_common.phase_map: t across, beta up, RdBu_r as the
+        reference draws them, the axes starting at the smallest beta and the first
+        checkpoint): the reference step, rk4, and their difference (reference - rk4, a
+        symmetric colour scale) where both exist. Checkpoints after a run failed
+        numerically (NaN) are grey.
     DATA/sphere/{reference,rk4}.h5                             -> FIGURES/sphere.png
         3-D scatter of the tokens on the sphere at a few times, one row per integrator.
 
@@ -29,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from plotting_common import cli, pyplot, save_figure  # noqa: E402
+from plotting_common import cli, phase_map, pyplot, save_figure  # noqa: E402
 from mfattn_io import load  # noqa: E402
 
 INTEGRATOR_LABEL = {"reference": "reference step (unprojected Euler)", "rk4": "rk4 (same dt)"}
@@ -63,26 +65,10 @@ def phase_figures(folder: Path, out: Path) -> list[Path]:
         first = runs[order[0]]
         for ax, (label, values, run) in zip(axes[0], panels):
             src = run or first
-            failed = bool(np.isnan(values).any())
-            values = np.ma.masked_invalid(values)
-            T, B = np.meshgrid(src["checkpoints"], src["betas"])
-            if failed:
-                label += "\n(grey: the run failed numerically)"
-                ax.set_facecolor("0.7")
-            if run is None:
-                lim = float(np.ma.max(np.abs(values))) if values.count() else 0.0
-                lim = lim or 1e-16
-                pc = ax.pcolormesh(T, B, values, cmap="RdBu_r", vmin=-lim, vmax=lim,
-                                   shading="nearest", rasterized=True)
-            else:
-                pc = ax.pcolormesh(T, B, values, cmap="RdBu_r", vmin=0.0, vmax=1.0,
-                                   shading="nearest", rasterized=True)
-                st = run["settings"]
-                if st.get("binary_integrator") == "euler":
-                    label += "\n(projected euler: this binary lacks euler-unprojected)"
-            fig.colorbar(pc, ax=ax)
-            ax.set_xlabel("t")
-            ax.set_ylabel("beta")
+            if run is not None and run["settings"].get("binary_integrator") == "euler":
+                label += "\n(projected euler: this binary lacks euler-unprojected)"
+            phase_map(ax, src["betas"], src["checkpoints"], values, difference=run is None,
+                      label="difference" if run is None else "clustered pair fraction")
             ax.set_title(label, fontsize=9)
         st = first["settings"]
         fig.suptitle(f"{kernel.upper()}, {matrices} matrices: batch-mean fraction of pairs with "

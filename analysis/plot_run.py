@@ -433,9 +433,11 @@ def positions_figure(run: Run, out_dir: Path) -> Path:
     return save_figure(fig, out_dir / f"{run.stem}_positions.png")
 
 
-def final_states_figure(runs: list[Run], path: str | Path, columns: int = 3) -> Path:
+def final_states_figure(runs: list[Run], path: str | Path, columns: int = 3,
+                        titles: list[str] | None = None) -> Path:
     """One panel per run with its final state (no trajectories): the combined final-state
-    figure of a set of cases (circle, sphere or e1-e2 projection by d)."""
+    figure of a set of cases (circle, sphere or e1-e2 projection by d), each titled with
+    ``titles`` or else the run's own title line."""
     plt = pyplot()
     if not runs:
         raise ValueError("final_states_figure: no run to draw")
@@ -450,7 +452,7 @@ def final_states_figure(runs: list[Run], path: str | Path, columns: int = 3) -> 
             ax.set_axis_off()
         else:
             ax = state_axes(fig, (rows, columns, k + 1), run, trajectories=False)
-        ax.set_title(run.title().replace(": ", ":\n", 1), fontsize=7)
+        ax.set_title(titles[k] if titles else run.title().replace(": ", ":\n", 1), fontsize=7)
     fig.tight_layout()
     return save_figure(fig, path)
 

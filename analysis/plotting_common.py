@@ -394,6 +394,85 @@ def time_axis(ax, times: np.ndarray) -> np.ndarray:
     return np.ones(len(times), dtype=bool)
 
 
+# --- the phase diagram ------------------------------------------------------------------------
+# One style for every beta x t phase diagram the project draws (plot_sweep.py, plot_reference.py,
+# examples/phase_diagram.py): time across, beta up, the reference code's colour map
+# (arXiv:2312.10794 draws its maps with RdBu_r), 0 to 1 for a fraction, a symmetric scale for
+# a difference, and both axes spanning exactly the computed values: the first cell starts at
+# the smallest beta and the first frame, not half a cell before them.
+
+PHASE_COLOUR_MAP = "RdBu_r"
+
+
+def _cell_edges(centres: np.ndarray, log: bool = False) -> np.ndarray:
+    """Edges of the cells around sorted ``centres`` (midpoints between neighbours, in log
+    space when ``log``), the outer edges at the first and last centre themselves."""
+    values = np.log(centres) if log else np.asarray(centres, dtype=float)
+    if values.size == 1:
+        edges = np.array([values[0] - 0.5, values[0] + 0.5])
+    else:
+        edges = np.r_[values[0], (values[1:] + values[:-1]) / 2, values[-1]]
+    return np.exp(edges) if log else edges
+
+
+def evenly_spaced(values: np.ndarray, log: bool = False) -> bool:
+    """True when the sorted ``values`` (at least 3) have equal gaps (equal ratios when
+    ``log``), to 1 part in 1000 of the range."""
+    values = np.asarray(values, dtype=float)
+    if values.size < 3 or (log and values[0] <= 0):
+        return values.size == 2 and (not log or values[0] > 0)
+    v = np.log(values) if log else values
+    gaps = np.diff(v)
+    return bool(np.all(np.abs(gaps - gaps.mean()) <= 1e-3 * (v[-1] - v[0])))
+
+
+def phase_map(ax, betas, times, values, *, log_time: bool = False, difference: bool = False,
+              label: str = f"fraction of pairs with <x_i, x_j> > 1 - {PAIR_DELTA:g}"):
+    """Draws a beta x t map on ``ax`` in the project's one phase-diagram style and returns
+    the mesh (for a colour bar). ``values`` is [len(betas), len(times)]; NaN cells (a run that
+    failed numerically) are grey and the title notes it. The beta axis is numeric when the
+    betas are evenly spaced (linear) or evenly spaced in log (log axis); otherwise every beta
+    gets a row of the same height, labelled with its value (cells sized by uneven gaps would
+    hide the small betas). ``log_time`` puts t on a log axis (frames at t > 0 only)."""
+    betas = np.asarray(betas, dtype=float)
+    times = np.asarray(times, dtype=float)
+    values = np.asarray(values, dtype=float)
+    if log_time:
+        keep = times > 0
+        times, values = times[keep], values[:, keep]
+        ax.set_xscale("log")
+    t_edges = _cell_edges(times, log=log_time)
+    if evenly_spaced(betas):
+        b_edges, rows = _cell_edges(betas), None
+    elif evenly_spaced(betas, log=True):
+        b_edges, rows = _cell_edges(betas, log=True), None
+        ax.set_yscale("log")
+    else:
+        b_edges, rows = np.arange(betas.size + 1) - 0.5, np.arange(betas.size)
+    masked = np.ma.masked_invalid(values)
+    if difference:
+        limit = float(np.ma.max(np.abs(masked))) if masked.count() else 0.0
+        limit = limit or 1e-16
+        low, high = -limit, limit
+    else:
+        low, high = 0.0, 1.0
+    if masked.mask.any():
+        ax.set_facecolor("0.7")
+        label += "\n(grey: the run failed numerically)"
+    mesh = ax.pcolormesh(t_edges, b_edges, masked, cmap=PHASE_COLOUR_MAP, vmin=low, vmax=high,
+                         shading="flat", rasterized=True)
+    if rows is not None:
+        labelled = rows[::max(1, -(-betas.size // 12))]
+        ax.set_yticks(labelled)
+        ax.set_yticklabels([f"{betas[r]:.4g}" for r in labelled])
+    ax.set_xlim(t_edges[0], t_edges[-1])
+    ax.set_ylim(b_edges[0], b_edges[-1])
+    ax.set_xlabel("t (log scale)" if log_time else "t")
+    ax.set_ylabel("beta")
+    ax.figure.colorbar(mesh, ax=ax, label=label)
+    return mesh
+
+
 def cli(prog: str) -> Callable:
     """Decorator for a script's main(argv): a missing or foreign input file (or any other
     expected failure: OSError, ValueError, KeyError from h5py) prints one line

@@ -289,10 +289,12 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 def test_sweep_table_and_phase_diagram_match_the_files(sweep_dir, tmp_path):
     out = tmp_path / "out"
     written = plot_sweep(sweep_dir, out)
-    assert [p.name for p in written] == ["mysweep_phase_diagram.png", "mysweep_outcomes.md",
+    assert [p.name for p in written] == ["mysweep_phase_diagram.png", "mysweep_outcomes.png",
+                                         "mysweep_final_states.png", "mysweep_outcomes.md",
                                          "mysweep_outcomes.csv"]
-    assert_png(written[0])
-    rows = read_csv(written[2])
+    for figure in written[:3]:
+        assert_png(figure)
+    rows = read_csv(written[4])
     columns = list(rows[0])
     assert columns == ["case", "file", "status", "replica", "beta", "seed", "replicas", "t_final",
                        "final_clusters", "collapsed", "final_min_inner", "marginal_spread"]
@@ -329,7 +331,7 @@ def test_sweep_table_and_phase_diagram_match_the_files(sweep_dir, tmp_path):
     assert outcome[("0.5", "0", "")]["collapsed"] == "yes"
     assert any(r["collapsed"] == "no" for r in rows if r["beta"] == "4.0")
 
-    markdown = written[1].read_text().splitlines()
+    markdown = written[3].read_text().splitlines()
     table = [line for line in markdown if line.startswith("|")]
     assert table[0] == "| " + " | ".join(columns) + " |"
     assert len(table) == 2 + len(rows)
@@ -358,9 +360,10 @@ def test_sweep_uses_stored_observables_and_tolerates_no_manifest(run_mfattn, tmp
     with h5py.File(folder / "s1.h5", "r+") as f:
         replace_observable(f, "n_clusters", np.full(f["particles/tokens/position/time"].shape[0], 5.0))
     written = plot_sweep(folder, tmp_path / "out")
-    # One beta only: tables but no phase diagram.
-    assert [p.name for p in written] == ["plain_outcomes.md", "plain_outcomes.csv"]
-    rows = read_csv(written[1])
+    # One beta only and no axis but the seed: no phase diagram, no outcome figure.
+    assert [p.name for p in written] == ["plain_final_states.png", "plain_outcomes.md",
+                                         "plain_outcomes.csv"]
+    rows = read_csv(written[2])
     assert [r["case"] for r in rows] == ["s0", "s1"]
     assert list(rows[0])[:4] == ["case", "file", "status", "seed"]
     assert rows[1]["final_clusters"] == "5"
@@ -370,7 +373,8 @@ def test_sweep_cli_and_bad_files(sweep_dir, tmp_path):
     done = script("plot_sweep.py", sweep_dir, "--out", tmp_path / "cli")
     assert done.returncode == 0, done.stderr
     printed = [Path(line) for line in done.stdout.split()]
-    assert [p.name for p in printed] == ["mysweep_phase_diagram.png", "mysweep_outcomes.md",
+    assert [p.name for p in printed] == ["mysweep_phase_diagram.png", "mysweep_outcomes.png",
+                                         "mysweep_final_states.png", "mysweep_outcomes.md",
                                          "mysweep_outcomes.csv"]
     assert all(p.is_file() for p in printed)
 
@@ -385,6 +389,128 @@ def test_sweep_cli_and_bad_files(sweep_dir, tmp_path):
     empty.mkdir()
     assert_clear_error(script("plot_sweep.py", empty), "plot_sweep.py", "no .h5 files")
     assert_clear_error(script("plot_sweep.py", tmp_path / "nowhere"), "plot_sweep.py", "not a folder")
+
+
+def test_a_categorical_sweep_gets_its_figures_and_a_table_without_repeated_columns(mfattn_binary, tmp_path):
+    """The sweep a researcher runs first: kernel x geometry x seed through `mfattn sweep`, whose
+    manifest also carries every observable's final value. The table has each column once,
+    short numbers in Markdown, and the figures: outcomes per axis value and the final states
+    drawn from the files' last frames."""
+    config = tmp_path / "grid.ini"
+    config.write_text("[model]\nd = 3\nn = 10\nbeta = 1\n[stepping]\nhorizon = 2\nsave-every = 0.5\n"
+                      "threads = 1\n[axes]\nkernel = usa sa\ngeometry = none rope\nseed = 0 1\n")
+    done = subprocess.run([str(mfattn_binary), "sweep", "--config", str(config)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = tmp_path / "grid"
+    written = plot_sweep(folder, tmp_path / "out")
+    assert [p.name for p in written] == ["grid_outcomes.png", "grid_final_states.png",
+                                         "grid_outcomes.md", "grid_outcomes.csv"]
+    for figure in written[:2]:
+        assert_png(figure)
+    rows = read_csv(written[3])
+    # conditional_spread: the RoPE runs store it (an auxiliary geometry).
+    assert list(rows[0]) == ["case", "file", "status", "kernel", "geometry", "seed", "t_final",
+                             "final_clusters", "collapsed", "final_min_inner", "marginal_spread",
+                             "conditional_spread"]
+    manifest = read_csv(folder / "manifest.csv")
+    assert [r["case"] for r in rows] == [m["case_id"] for m in manifest]
+    assert [(r["kernel"], r["geometry"], r["seed"]) for r in rows] == \
+        [(m["kernel"], m["geometry"], m["seed"]) for m in manifest]
+    # Markdown: numbers of at most 6 significant digits, min_inner with up to 10.
+    table = [line.split("|")[1:-1] for line in written[2].read_text().splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in table[0]]
+    for line in table[1:]:
+        for name, cell in zip(header, (c.strip() for c in line)):
+            digits = len(cell.lstrip("-").replace(".", "").split("e")[0].lstrip("0"))
+            limit = 10 if name == "final_min_inner" else 6
+            assert digits <= limit or not cell.replace(".", "").replace("-", "").isdigit(), (name, cell)
+
+    sweep = collect(folder)
+    assert sweep.axes == ["kernel", "geometry"]
+    assert len(sweep.cases) == 8
+    for case, row in zip(sweep.cases, rows):
+        assert case.parameters["kernel"] == row["kernel"] and case.parameters["seed"] == int(row["seed"])
+        with h5py.File(folder / row["file"], "r") as f:
+            last = f["particles/tokens/position/value"][-1]
+        np.testing.assert_array_equal(case.final_run.final, last)
+        assert case.final_run.positions.shape[0] == 1  # the grid keeps the final frame only
+
+
+def test_the_phase_diagram_style(tmp_path):
+    """plotting_common.phase_map: t across and beta up, RdBu_r from 0 to 1 (a symmetric scale
+    for a difference), both axes from the first value to the last, numbers on a linear or log
+    axis when the betas are evenly spaced (in log), equal rows labelled by value otherwise,
+    and grey cells where a run failed."""
+    plt = plotting_common.pyplot()
+    times = np.linspace(0.0, 30.0, 61)
+    cases = [(np.linspace(0.1, 9.0, 90), "linear", None),
+             (2.0 ** np.arange(-2, 5), "log", None),
+             (np.array([0.1, 0.2, 0.4, 0.7, 1, 9]), "linear", "rows")]
+    for betas, scale, rows in cases:
+        values = np.random.default_rng(0).random((betas.size, times.size))
+        fig, ax = plt.subplots()
+        mesh = plotting_common.phase_map(ax, betas, times, values)
+        assert ax.get_xlim() == (0.0, 30.0) and ax.get_xlabel() == "t" and ax.get_ylabel() == "beta"
+        assert mesh.get_cmap().name == "RdBu_r" and mesh.get_clim() == (0.0, 1.0)
+        assert ax.get_yscale() == scale
+        if rows:
+            assert ax.get_ylim() == (-0.5, betas.size - 0.5)
+            assert [t.get_text() for t in ax.get_yticklabels()] == ["0.1", "0.2", "0.4", "0.7", "1", "9"]
+        else:
+            assert ax.get_ylim() == pytest.approx((betas[0], betas[-1]), rel=1e-12)
+        plt.close(fig)
+    fig, ax = plt.subplots()
+    difference = np.full((3, times.size), 0.25)
+    difference[1, 10:] = np.nan
+    mesh = plotting_common.phase_map(ax, [1, 2, 3], times, difference * -1, difference=True, label="diff")
+    assert mesh.get_clim() == (-0.25, 0.25)
+    assert ax.get_facecolor()[:3] == pytest.approx((0.7, 0.7, 0.7))
+    assert "failed numerically" in fig.axes[-1].get_ylabel()
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    plotting_common.phase_map(ax, [1, 2], np.r_[0.0, np.geomspace(0.01, 100, 9)], np.zeros((2, 10)),
+                              log_time=True)
+    assert ax.get_xscale() == "log" and ax.get_xlim() == pytest.approx((0.01, 100))
+    plt.close(fig)
+
+
+def test_every_phase_diagram_route_draws_in_the_one_style(monkeypatch, mfattn, sweep_dir, tmp_path):
+    """plot_sweep.py, plot_reference.py and examples/phase_diagram.py all draw their maps with
+    plotting_common.phase_map (whose style the test above fixes), with t across and beta up."""
+    import runpy
+    import plot_reference
+    import plot_sweep as plot_sweep_module
+    calls = []
+    real = plotting_common.phase_map
+
+    def spy(ax, betas, times, values, **options):
+        calls.append((np.asarray(betas, dtype=float), np.asarray(times, dtype=float), np.shape(values)))
+        return real(ax, betas, times, values, **options)
+
+    monkeypatch.setattr(plotting_common, "phase_map", spy)
+    monkeypatch.setattr(plot_sweep_module, "phase_map", spy)
+    monkeypatch.setattr(plot_reference, "phase_map", spy)
+
+    plot_sweep(sweep_dir, tmp_path / "sweep")
+    assert len(calls) == 1 and list(calls[0][0]) == [0.5, 4.0] and calls[0][2] == (2, calls[0][1].size)
+
+    data = tmp_path / "reference" / "phase_diagram"
+    data.mkdir(parents=True)
+    for integrator in ("reference", "rk4"):
+        np.savez(data / f"sa_identity_{integrator}.npz", betas=np.linspace(0.1, 9, 4),
+                 checkpoints=np.linspace(0, 30, 11), mean=np.full((4, 11), 0.5),
+                 settings='{"n": 32, "d": 2, "batch": 8}')
+    plot_reference.phase_figures(data, tmp_path / "reference" / "figures")
+    assert len(calls) == 4 and all(c[2] == (4, 11) for c in calls[1:])
+
+    example = REPO_ROOT / "examples" / "phase_diagram.py"
+    monkeypatch.setattr("sys.argv", [str(example), "--systems", "4", "--betas", "3", "--horizon", "2",
+                                     "--checkpoints", "4", "--out", str(tmp_path / "example")])
+    monkeypatch.syspath_prepend(str(example.parent))  # as running the script puts its folder first
+    runpy.run_path(str(example), run_name="__main__")
+    assert len(calls) == 5 and calls[4][2] == (3, 5)
+    assert_png(tmp_path / "example" / "phase_diagram.png")
 
 
 # --- make_figures -----------------------------------------------------------------------------
@@ -421,7 +547,8 @@ def test_make_figures_draws_every_experiment_present(run_mfattn, tmp_path, capsy
           for kind in ("sphere", "energy_clusters", "gram")],
         "seed003/rope_mixed_d4_n16_positions.png",
         "metastability_beta4.png", "metastability_beta9.png", "metastability.png",
-        "sweeps/tiny_phase_diagram.png", "sweeps/tiny_outcomes.md", "sweeps/tiny_outcomes.csv"])
+        "sweeps/tiny_phase_diagram.png", "sweeps/tiny_outcomes.png", "sweeps/tiny_final_states.png",
+        "sweeps/tiny_outcomes.md", "sweeps/tiny_outcomes.csv"])
     for p in written:
         assert str(p) in printed.splitlines()
         if p.suffix == ".png":
@@ -443,7 +570,7 @@ def test_make_figures_cli_skips_missing_and_fails_on_nothing(run_mfattn, tmp_pat
     assert f"note: {data / 'seed003'} not present; skipped" in lines
     assert f"note: {data / 'metastability'} not present; skipped" in lines
     outputs = [Path(line) for line in lines if not line.startswith("note:")]
-    assert [p.name for p in outputs] == ["one_outcomes.md", "one_outcomes.csv"]
+    assert [p.name for p in outputs] == ["one_final_states.png", "one_outcomes.md", "one_outcomes.csv"]
     assert all(p.parent == data / "figures" / "sweeps" and p.is_file() for p in outputs)
 
     empty = tmp_path / "empty"
@@ -467,7 +594,7 @@ def test_make_figures_follows_symlinked_run_folders(run_mfattn, tmp_path):
     done = script("make_figures.py", "--data", data)
     assert done.returncode == 0, done.stderr
     outputs = [Path(line).name for line in done.stdout.splitlines() if not line.startswith("note:")]
-    assert outputs == ["linked_outcomes.md", "linked_outcomes.csv"]
+    assert outputs == ["linked_final_states.png", "linked_outcomes.md", "linked_outcomes.csv"]
 
 
 # --- plot_run as a researcher uses it: snapshots, trails, colours, log time, many tokens ------
