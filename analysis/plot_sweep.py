@@ -281,7 +281,27 @@ def collect(folder: str | Path, skip_bad: bool = False) -> Sweep:
             cases.append(Case(params, outcome, final[0]))
     return Sweep(folder=folder, columns=columns, rows=rows, series=series,
                  log_time=log_time and bool(series), cases=cases,
-                 axes=[name for name in varied if name not in REPETITION_AXES])
+                 axes=_independent_axes([name for name in varied if name not in REPETITION_AXES],
+                                        cases))
+
+
+def _independent_axes(names: list[str], cases: list[Case]) -> list[str]:
+    """``names`` without those that only relabel an earlier one: a value that follows from
+    another parameter's value and determines it in turn (a [derived] dt zipped with beta, or
+    files that differ in beta and a dt computed from it) is the same axis drawn twice."""
+    kept: list[str] = []
+    for name in names:
+        def mapping(a: str, b: str) -> bool:
+            seen: dict[str, str] = {}
+            for case in cases:
+                key = format_value(case.parameters.get(a))
+                value = format_value(case.parameters.get(b))
+                if seen.setdefault(key, value) != value:
+                    return False
+            return True
+        if not any(mapping(k, name) and mapping(name, k) for k in kept):
+            kept.append(name)
+    return kept
 
 
 def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
@@ -437,10 +457,12 @@ def outcomes_figure(sweep: Sweep, path: Path) -> Path | None:
             if numeric:
                 if log_x:
                     ax.set_xscale("log")
-                ax.set_xticks([float(v) for v in values] if len(values) <= 12 else
-                              ax.get_xticks())
-                if len(values) <= 12:
-                    ax.set_xticklabels([f"{v:.4g}" for v in values])
+                # Ticks at the values when they are few and short (n = 64 128 256, beta = 0.5
+                # 1 4); otherwise the axis's own round numbers (linspace(0.1, 9, 10) would
+                # label 1.08889).
+                if len(values) <= 12 and all(len(f"{v:g}") <= 4 for v in values):
+                    ax.set_xticks([float(v) for v in values])
+                    ax.set_xticklabels([f"{v:g}" for v in values])
                     ax.minorticks_off()
             else:
                 ax.set_xticks(range(len(values)))

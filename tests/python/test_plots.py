@@ -437,6 +437,18 @@ def test_a_categorical_sweep_gets_its_figures_and_a_table_without_repeated_colum
         assert case.final_run.positions.shape[0] == 1  # the grid keeps the final frame only
 
 
+def test_an_axis_that_only_relabels_another_is_not_drawn_twice():
+    """A [derived] dt zipped with beta is the beta axis again; kernel x n are two axes even
+    where each value of one meets every value of the other."""
+    from plot_sweep import Case, _independent_axes
+    zipped = [Case({"beta": b, "dt": 0.1 / b, "kernel": k, "n": n}, {}, None)
+              for b in (0.5, 1.0, 4.0) for k in ("sa", "usa") for n in (32, 64)]
+    assert _independent_axes(["kernel", "n", "beta", "dt"], zipped) == ["kernel", "n", "beta"]
+    # dt the same for two betas: it no longer names the beta, so it is an axis of its own.
+    zipped[0].parameters["dt"] = zipped[4].parameters["dt"]
+    assert _independent_axes(["beta", "dt"], zipped) == ["beta", "dt"]
+
+
 def test_the_phase_diagram_style(tmp_path):
     """plotting_common.phase_map: t across and beta up, RdBu_r from 0 to 1 (a symmetric scale
     for a difference), both axes from the first value to the last, numbers on a linear or log
