@@ -42,13 +42,13 @@ done
 MPLBACKEND=Agg /usr/bin/python3 analysis/collapse_summary.py "$seed003" --cases \
   --figure "$here/data/figures/seed003_min_inner.png" --final-figure "$here/data/figures/seed003_final.png"
 
-# Metastability (d = 2, beta = 5, 9, 16, rescaled time, dopri5 to t = 1e5, seeds 0-3): one
-# single-threaded run per core at a time.
 # The RoPE latitude circle forming (n = 256, d = 3): an animation and its last frame.
 MPLBACKEND=Agg /usr/bin/python3 analysis/animate.py "$seed003/rope_d3_n256.h5" --trail 8 \
   --out "$here/data/figures/rope_d3_n256.mp4" --poster "$here/data/figures/rope_d3_n256_last.png"
 /usr/bin/python3 analysis/view.py "$seed003/rope_d3_n256.h5" --out "$here/data/figures/rope_d3_n256.html"
 
+# Metastability (d = 2, beta = 5, 9, 16, rescaled time, dopri5 to t = 1e5, seeds 0-3): one
+# single-threaded run per core at a time.
 meta="$here/data/metastability"
 mkdir -p "$meta"
 for beta in 5 9 16; do
