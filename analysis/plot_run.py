@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
+from animate import token_colours
 from plotting_common import (CLUSTER_DELTA, PAIR_DELTA, Run, cli, final_value, load_run, observable,
                              pair_values, pyplot, save_figure, second_moment, time_axis,
                              uses_positions)
@@ -68,14 +69,10 @@ def _prompts(run: Run) -> np.ndarray | None:
 
 
 def token_colors(run: Run) -> np.ndarray:
-    """One colour per active token: its prompt's (tab10) when the run has several prompts,
+    """One colour per active token, by the rule the animation and the viewer page use
+    (animate.token_colours): its prompt's (tab10) when the run has several prompts,
     otherwise viridis in token order (which is position order for index positions)."""
-    plt = pyplot()
-    prompts = _prompts(run)
-    if prompts is not None:
-        return plt.get_cmap("tab10")(prompts % 10)
-    m = int(run.active.sum())
-    return plt.get_cmap("viridis")(np.linspace(0.0, 1.0, max(m, 1)))[:m]
+    return token_colours(run.labels, run.active)[0]
 
 
 def colour_note(run: Run) -> str:

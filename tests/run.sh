@@ -123,9 +123,16 @@ if [ "${MFATTN_SKIP_FUZZ:-0}" != 1 ]; then
 fi
 
 phase "pytest (fuzzing beside it)"
+# One pytest worker per core (pytest-xdist, installed above): most tests wait on a
+# single-threaded mfattn process or on matplotlib, so two workers take about 120 s where one
+# took 190 s. Every test keeps to its own tmp_path, so the order and the pairing do not matter.
+pytest_workers=()
+if /usr/bin/python3 -c "import xdist" 2>/dev/null; then
+  pytest_workers=(-n "$jobs")
+fi
 pytest_status=0
 if ls tests/python/test_*.py >/dev/null 2>&1; then
-  MFATTN_BINARY="$here/build/mfattn" MPLBACKEND=Agg /usr/bin/python3 -m pytest -q tests/python ||
+  MFATTN_BINARY="$here/build/mfattn" MPLBACKEND=Agg /usr/bin/python3 -m pytest -q "${pytest_workers[@]}" tests/python ||
     pytest_status=$?
 fi
 
