@@ -3,11 +3,14 @@
 
     /usr/bin/python3 analysis/metastability_table.py data/metastability [--mfattn build/mfattn]
 
-Runs ``mfattn analyze --json`` on every *.h5 in the folder (one implementation of plateaus
-and merges: the C++ one, docs/analyze.md) and prints one Markdown row per beta: the predicted
+Runs ``mfattn analyze --json`` on every *.h5 under the folder, whatever its name (one
+implementation of plateaus and merges: the C++ one, docs/analyze.md), takes beta and the seed
+from each file's /parameters (the seed drawn, seed_used, where --seed was auto), and prints one
+Markdown row per beta: the predicted
 count k* = argmax_k k^2 I_k(beta) (fastest-growing mode of the uniform state on the circle,
 plotting_common.predicted_clusters), then per seed the cluster counts of the plateaus that
-last at least half a decade of time, with their span in decades, and the count at the end.
+last at least half a decade of time, with their span in decades, and the count at the end
+(the last frame's time in the header; several when the runs end at different times).
 Plateaus with more than n / 8 clusters are left out: they are the start, before the tokens
 have gathered (a random start on the circle has many pairs closer than delta_c by chance).
 """
@@ -20,7 +23,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from plotting_common import predicted_clusters
+import h5py
+
+from plotting_common import find_h5, predicted_clusters
 
 MIN_DECADES = 0.5  # plateaus shorter than this are transients of the merging cascade
 
@@ -34,9 +39,17 @@ def analyze(binary: Path, path: Path) -> dict:
 
 
 def beta_and_seed(path: Path) -> tuple[float, int]:
-    """beta<b>_seed<s>.h5 as written by experiments/run_collapse.sh."""
-    beta, seed = path.stem.split("_")
-    return float(beta.removeprefix("beta")), int(seed.removeprefix("seed"))
+    """beta and the seed of the run in ``path``, from its /parameters (seed_used, the seed
+    drawn, where the run was asked for --seed auto). SystemExit naming the file when it has
+    none (not an mfattn run)."""
+    try:
+        with h5py.File(path, "r") as f:
+            attributes = f["parameters"].attrs
+            seed = attributes["seed_used"] if "seed_used" in attributes else attributes["seed"]
+            return float(attributes["beta"]), int(seed)
+    except (OSError, KeyError, ValueError) as error:
+        raise SystemExit(f"metastability_table.py: {path}: no beta and seed in /parameters "
+                         f"(not an mfattn run?): {error}") from error
 
 
 def long_plateaus(report: dict) -> str:
@@ -55,15 +68,17 @@ def main() -> int:
     parser.add_argument("--mfattn", type=Path,
                         default=Path(__file__).resolve().parents[1] / "build" / "mfattn")
     args = parser.parse_args()
-    files = sorted(args.folder.glob("beta*_seed*.h5"))
+    files = find_h5(args.folder) if args.folder.is_dir() else []
     if not files:
-        print(f"metastability_table.py: no beta*_seed*.h5 files in {args.folder}", file=sys.stderr)
+        print(f"metastability_table.py: no .h5 files under {args.folder}", file=sys.stderr)
         return 1
     rows: dict[float, list[tuple[int, dict]]] = defaultdict(list)
     for path in files:
         beta, seed = beta_and_seed(path)
         rows[beta].append((seed, analyze(args.mfattn, path)))
-    print(f"| beta | k* | seed: plateau clusters (decades), >= {MIN_DECADES} decade | clusters at t = 1e5 |")
+    ends = sorted({r["t_last"] for runs in rows.values() for _, r in runs})
+    print(f"| beta | k* | seed: plateau clusters (decades), >= {MIN_DECADES} decade | clusters at "
+          f"t = {', '.join(f'{t:g}' for t in ends)} |")
     print("|---|---|---|---|")
     for beta in sorted(rows):
         runs = sorted(rows[beta], key=lambda item: item[0])

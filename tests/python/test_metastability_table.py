@@ -1,34 +1,57 @@
-"""analysis/metastability_table.py on small real runs: one row per beta with k*, the plateaus
-that mfattn analyze reports, and the final counts; a folder without runs is an error."""
+"""analysis/metastability_table.py on runs named anyhow: beta and the seed come from each
+file's /parameters, any *.h5 under the folder is read, and the plateau counts are those of
+`mfattn analyze --json` for the same file."""
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from conftest import REPO_ROOT
+from plotting_common import predicted_clusters
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "analysis" / "metastability_table.py"
 
 
-def test_table_lists_each_beta_with_its_prediction_and_final_counts(run_mfattn, mfattn_binary, tmp_path):
-    for beta in (5, 9):
-        for seed in (0, 1):
-            run_mfattn("--n", 24, "--d", 2, "--beta", beta, "--time-scale", "rescaled",
-                       "--integrator", "dopri5", "--horizon", 300, "--save-log", 40,
-                       "--seed", seed, out=f"beta{beta}_seed{seed}.h5")
-    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "--mfattn", str(mfattn_binary)],
-                          capture_output=True, text=True, check=True)
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert [row.split("|")[1].strip() for row in rows] == ["5", "9"]
-    assert [row.split("|")[2].strip() for row in rows] == ["3", "4"]  # k* of beta = 5, 9
-    for row in rows:
-        finals = row.split("|")[4].split(",")
-        assert len(finals) == 2 and all(1 <= int(f) <= 24 for f in finals)
-        assert "0: " in row and "1: " in row
+def table(folder: Path, binary: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["/usr/bin/python3", str(SCRIPT), str(folder), "--mfattn", str(binary)],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, MPLBACKEND="Agg"))
 
 
-def test_empty_folder_is_an_error(tmp_path, mfattn_binary):
-    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "--mfattn", str(mfattn_binary)],
-                          capture_output=True, text=True)
-    assert done.returncode == 1 and "no beta*_seed*.h5 files" in done.stderr
+def test_rows_come_from_the_files_parameters_whatever_their_names(run_mfattn, mfattn_binary, tmp_path):
+    folder = tmp_path / "runs"
+    runs = {"first.h5": (4, 3), "deeper/x.h5": (4, 1), "b9.h5": (9, 2)}
+    for name, (beta, seed) in runs.items():
+        path = run_mfattn("--n", 24, "--d", 2, "--beta", beta, "--seed", seed, "--time-scale", "rescaled",
+                          "--horizon", 100, "--save-log", 20, out=Path(name).name)
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(path, target)
+    done = table(folder, mfattn_binary)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].endswith("| clusters at t = 100 |")
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]}
+    assert sorted(rows) == ["4", "9"]
+    assert rows["4"][1] == str(predicted_clusters(4.0)) and rows["9"][1] == str(predicted_clusters(9.0))
+    # Seeds in order, from /parameters (the names say nothing of them).
+    assert [part.split(":")[0] for part in rows["4"][2].split("; ")] == ["1", "3"]
+    finals = {}
+    for name, (beta, seed) in runs.items():
+        report = json.loads(subprocess.run([str(mfattn_binary), "analyze", "--json", str(folder / name)],
+                                           capture_output=True, text=True, check=True).stdout)
+        finals.setdefault(beta, []).append((seed, str(report["final_clusters"])))
+    assert rows["4"][3] == ", ".join(c for _, c in sorted(finals[4]))
+    assert rows["9"][3] == finals[9][0][1]
+
+
+def test_an_empty_folder_or_a_foreign_file_is_one_clear_line(mfattn_binary, tmp_path):
+    done = table(tmp_path, mfattn_binary)
+    assert done.returncode == 1 and done.stderr.strip() == f"metastability_table.py: no .h5 files under {tmp_path}"
+    import h5py
+    with h5py.File(tmp_path / "foreign.h5", "w") as f:
+        f["x"] = [1.0]
+    done = table(tmp_path, mfattn_binary)
+    assert done.returncode == 1 and "foreign.h5: no beta and seed in /parameters" in done.stderr
