@@ -9,6 +9,9 @@
 #
 # Usage: experiments/reference/phase_diagram.sh [run_reference.py phase options, e.g. --quick,
 #        --kernels sa, --matrices identity, --batch 512, --betas 10, --jobs 2, --out-dir DIR]
-# MFATTN_BINARY=path uses that binary and builds nothing. Times on 2 cores: docs/reference.md.
+# Times on 2 cores: docs/reference.md.
+# The binary: MFATTN_BINARY=path, else this checkout's build/mfattn; --build installs what is
+# missing and builds it (nothing is built otherwise). A relative --out-dir is taken from the
+# calling folder. --help lists every option and its accepted values.
 source "$(dirname "${BASH_SOURCE[0]}")/run_with_figures.sh"
 run_with_figures phase "$@"

@@ -134,37 +134,58 @@ def sphere(a) -> int:
     return 0 if err < 1e-10 else 1
 
 
+def comma_list(accepted: tuple[str, ...]):
+    """An argparse type: a comma-separated list of some of ``accepted``, in the given order;
+    anything else is an error naming the value and what is accepted."""
+    def parse(text: str) -> str:
+        items = [item.strip() for item in text.split(",")]
+        unknown = [item for item in items if item not in accepted]
+        if unknown or not items:
+            raise argparse.ArgumentTypeError(f"{text!r}: accepted: a comma-separated list of "
+                                             f"{', '.join(accepted)}")
+        return ",".join(items)
+    return parse
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     ph = sub.add_parser("phase", help="phase-diagrams.py")
     ph.add_argument("--mfattn", default=None, help="binary (default $MFATTN_BINARY, build/mfattn)")
-    ph.add_argument("--out-dir", default=str(ROOT / "data" / "reference"))
-    ph.add_argument("--kernels", default="sa,usa")
-    ph.add_argument("--matrices", default="identity,random")
-    ph.add_argument("--integrators", default="reference,rk4")
-    ph.add_argument("--random-kq", type=int, default=1, choices=[1, 2, 3])
-    ph.add_argument("--random-v", type=int, default=1, choices=[0, 1, 2, 3])
-    ph.add_argument("--batch", type=int, default=2048)
-    ph.add_argument("--n", type=int, default=32)
-    ph.add_argument("--d", type=int, default=2)
-    ph.add_argument("--betas", type=int, default=90)
-    ph.add_argument("--beta-min", type=float, default=0.1)
-    ph.add_argument("--beta-max", type=float, default=9.0)
-    ph.add_argument("--maxtime-sa", type=float, default=30.0)
-    ph.add_argument("--maxtime-usa", type=float, default=1.0)
-    ph.add_argument("--step", type=float, default=0.1)
-    ph.add_argument("--checkpoints", type=int, default=200)
-    ph.add_argument("--seed", type=int, default=0)
-    ph.add_argument("--jobs", type=int, default=mr.default_jobs())
+    ph.add_argument("--out-dir", default=str(ROOT / "data" / "reference"),
+                    help="folder for phase_diagram/*.npz (default: data/reference of the checkout)")
+    ph.add_argument("--kernels", default="sa,usa", type=comma_list(("sa", "usa")),
+                    help="comma-separated, of: sa, usa (default sa,usa)")
+    ph.add_argument("--matrices", default="identity,random", type=comma_list(("identity", "random")),
+                    help="comma-separated, of: identity, random (per-system draws; default both)")
+    ph.add_argument("--integrators", default="reference,rk4", type=comma_list(("reference", "rk4")),
+                    help="comma-separated, of: reference (the reference's step), rk4 (default both)")
+    ph.add_argument("--random-kq", type=int, default=1, choices=[1, 2, 3],
+                    help="the reference's randomKQ preset for random matrices: 1, 2 or 3 (default 1)")
+    ph.add_argument("--random-v", type=int, default=1, choices=[0, 1, 2, 3],
+                    help="the reference's randomV preset: 0, 1, 2 or 3 (default 1)")
+    ph.add_argument("--batch", type=int, default=2048, help="systems per beta (default 2048)")
+    ph.add_argument("--n", type=int, default=32, help="tokens per system (default 32)")
+    ph.add_argument("--d", type=int, default=2, help="dimension (default 2)")
+    ph.add_argument("--betas", type=int, default=90, help="number of betas (default 90)")
+    ph.add_argument("--beta-min", type=float, default=0.1, help="smallest beta (default 0.1)")
+    ph.add_argument("--beta-max", type=float, default=9.0, help="largest beta (default 9)")
+    ph.add_argument("--maxtime-sa", type=float, default=30.0, help="horizon of the SA runs (default 30)")
+    ph.add_argument("--maxtime-usa", type=float, default=1.0, help="horizon of the USA runs (default 1)")
+    ph.add_argument("--step", type=float, default=0.1,
+                    help="the step (default 0.1; USA: capped at 0.1 / max(sqrt(beta) e^(beta - 1/2), 1))")
+    ph.add_argument("--checkpoints", type=int, default=200, help="frames per run (default 200)")
+    ph.add_argument("--seed", type=int, default=0, help="seed of the initial states (default 0)")
+    ph.add_argument("--jobs", type=int, default=mr.default_jobs(), help="runs at once (default: the cores)")
     ph.add_argument("--quick", action="store_true", help="32 systems, 3 betas up to 4, T = 2 (SA), 0.1 (USA)")
     sp = sub.add_parser("sphere", help="sphere.py")
-    sp.add_argument("--mfattn", default=None)
-    sp.add_argument("--out-dir", default=str(ROOT / "data" / "reference"))
-    sp.add_argument("--n", type=int, default=64)
-    sp.add_argument("--T", type=float, default=15.0)
-    sp.add_argument("--beta", type=float, default=1.0)
-    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--mfattn", default=None, help="binary (default $MFATTN_BINARY, build/mfattn)")
+    sp.add_argument("--out-dir", default=str(ROOT / "data" / "reference"),
+                    help="folder for sphere/*.h5 (default: data/reference of the checkout)")
+    sp.add_argument("--n", type=int, default=64, help="tokens (default 64)")
+    sp.add_argument("--T", type=float, default=15.0, help="horizon (default 15)")
+    sp.add_argument("--beta", type=float, default=1.0, help="beta (default 1)")
+    sp.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     sp.add_argument("--quick", action="store_true", help="n = 16, T = 2")
     a = p.parse_args(argv)
     return phase(a) if a.command == "phase" else sphere(a)

@@ -6,6 +6,9 @@
 # the tokens at a few times (data/reference/figures/sphere.png, analysis/plot_reference.py).
 #
 # Usage: experiments/reference/sphere.sh [run_reference.py sphere options: --quick, --n 256,
-#        --T 15, --seed S, --out-dir DIR]. MFATTN_BINARY=path uses that binary, builds nothing.
+#        --T 15, --seed S, --out-dir DIR].
+# The binary: MFATTN_BINARY=path, else this checkout's build/mfattn; --build installs what is
+# missing and builds it (nothing is built otherwise). A relative --out-dir is taken from the
+# calling folder. --help lists every option and its accepted values.
 source "$(dirname "${BASH_SOURCE[0]}")/run_with_figures.sh"
 run_with_figures sphere "$@"

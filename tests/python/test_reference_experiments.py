@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,3 +84,39 @@ def test_plot_reference_refuses_an_empty_folder(tmp_path):
                           capture_output=True, text=True, timeout=120, env=dict(os.environ, MPLBACKEND="Agg"))
     assert done.returncode == 1
     assert done.stderr.startswith("plot_reference.py: error:") and "no phase_diagram" in done.stderr
+
+
+def test_a_relative_out_dir_is_the_callers_and_help_lists_accepted_values(mfattn_binary, tmp_path):
+    env = dict(os.environ, MPLBACKEND="Agg", MFATTN_BINARY=str(mfattn_binary))
+    done = subprocess.run(["bash", str(REPO_ROOT / "experiments/reference/phase_diagram.sh"), "--quick",
+                           "--kernels", "sa", "--matrices", "identity", "--out-dir", "mine"],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "mine" / "phase_diagram" / "sa_identity_reference.npz").is_file()
+    assert_png(tmp_path / "mine" / "figures" / "phase_sa_identity.png")
+
+    shown = subprocess.run(["bash", str(REPO_ROOT / "experiments/reference/phase_diagram.sh"), "--help"],
+                           capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    for words in ("of: sa, usa", "of: identity, random", "of: reference", "0, 1, 2 or 3"):
+        assert words in " ".join(shown.stdout.split()), words
+    wrong = subprocess.run(["/usr/bin/python3", str(REPO_ROOT / "experiments/reference/run_reference.py"),
+                            "phase", "--kernels", "sa,softmax"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "'sa,softmax': accepted: a comma-separated list of sa, usa" in wrong.stderr
+
+
+def test_nothing_is_installed_or_built_unless_asked(tmp_path):
+    """A checkout without build/mfattn and no MFATTN_BINARY: one line naming --build and
+    MFATTN_BINARY, exit 2, and no build/ or data/ made (the scripts copied into a bare tree)."""
+    checkout = tmp_path / "checkout"
+    (checkout / "experiments" / "reference").mkdir(parents=True)
+    for name in ("phase_diagram.sh", "sphere.sh", "run_with_figures.sh"):
+        shutil.copy(REPO_ROOT / "experiments/reference" / name, checkout / "experiments/reference" / name)
+    env = {k: v for k, v in os.environ.items() if k != "MFATTN_BINARY"}
+    for name in ("phase_diagram.sh", "sphere.sh"):
+        done = subprocess.run(["bash", str(checkout / "experiments/reference" / name), "--quick"],
+                              capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+        assert done.returncode == 2, done.stdout + done.stderr
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1 and "--build" in lines[0] and "MFATTN_BINARY" in lines[0], done.stderr
+        assert not (checkout / "build").exists() and not (checkout / "data").exists()
