@@ -332,8 +332,12 @@ TEST(Info, DescribesAFileAndRejectsForeignOnes) {
   ASSERT_EQ(run_mfattn("run --n 12 --d 4 --replicas 2 --horizon 2 --save-every 0.5 --quiet --out " + out).exit_code, 0);
   const auto info = run_mfattn("info " + out);
   EXPECT_EQ(info.exit_code, 0);
-  for (const char* expected : {"n = 12", "d = 4", "replicas = 2", "frames     5", "t = 0 .. 2", "complete", "beta = 1"})
+  for (const char* expected : {"n = 12", "d = 4", "replicas = 2", "frames     5", "t = 0 .. 2", "complete", "beta = 1",
+                               "\n  eps-den = auto\n", "\n  eps_den_used = 0\n"})
     EXPECT_NE(info.output.find(expected), std::string::npos) << expected << "\n" << info.output;
+  // A value given is shown as given.
+  ASSERT_EQ(run_mfattn("run --n 4 --horizon 0.1 --eps-den 0.5 --quiet --overwrite --out " + out).exit_code, 0);
+  EXPECT_NE(run_mfattn("info " + out).output.find("\n  eps-den = 0.5\n"), std::string::npos);
   // Missing or not an mfattn file: a usage error, as for analyze and run --resume.
   EXPECT_EQ(run_mfattn("info " + (dir / "missing.h5").string()).exit_code, 2);
   std::ofstream(dir / "foreign.h5") << "not hdf5";
