@@ -231,7 +231,7 @@ void store_checked(const po::parsed_options& parsed, const po::options_descripti
     if (option && (dynamic_cast<const po::validation_error*>(&e) ||
                    dynamic_cast<const po::invalid_bool_value*>(&e)))
       throw UsageError(where + "--" + name + " " + shown(value) + ": " + accepted_text(*option));
-    throw UsageError(where + option_error_text(e));
+    throw UsageError(where + option_error_text(e, &table));
   }
 }
 
@@ -294,15 +294,59 @@ void OptionsGivenOnce::take(const std::string& option) {
   given_.push_back(option);
 }
 
-std::string option_error_text(const po::error& error) {
+std::vector<std::string> closest_option_names(const po::options_description& table, const std::string& name) {
+  // Levenshtein distance: a typo (--heds), a missing or extra letter (--head, --headss).
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<std::size_t> row(b.size() + 1);
+    for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+      std::size_t diagonal = row[0];
+      row[0] = i;
+      for (std::size_t j = 1; j <= b.size(); ++j) {
+        const std::size_t above = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        diagonal = above;
+      }
+    }
+    return row[b.size()];
+  };
+  const std::size_t limit = std::max<std::size_t>(1, name.size() / 3);
+  std::vector<std::pair<std::size_t, std::string>> near;
+  for (const auto& option : table.options()) {
+    const std::string& candidate = option->long_name();
+    const std::size_t d = distance(name, candidate);
+    // A stem of three letters or more names every option it begins (--mlp -> --mlp-activation).
+    const bool stem = name.size() >= 3 && candidate.starts_with(name);
+    if (d <= limit || stem) near.emplace_back(stem ? 0 : d, candidate);
+  }
+  std::sort(near.begin(), near.end());
+  std::vector<std::string> names;
+  for (std::size_t k = 0; k < near.size() && k < 3; ++k) names.push_back("--" + near[k].second);
+  return names;
+}
+
+std::string closest_options_note(const po::options_description& table, const std::string& name) {
+  std::string note;
+  for (const std::string& near : closest_option_names(table, name)) note += (note.empty() ? "; the closest: " : ", ") + near;
+  return note;
+}
+
+std::string option_error_text(const po::error& error, const po::options_description* table) {
   const auto* e = dynamic_cast<const po::error_with_option_name*>(&error);
   if (!e) return error.what();
   const std::string option = "--" + shown(BoostErrorFields::name(*e));
   const std::string value = shown(BoostErrorFields::field(*e, "value"));
   if (dynamic_cast<const po::invalid_config_file_syntax*>(e))
     return "invalid line '" + shown(BoostErrorFields::field(*e, "invalid_line")) + "' (expected key = value or [section])";
-  if (dynamic_cast<const po::unknown_option*>(e))
-    return "unrecognised option '" + option + "' (option names are given in full; see --help)";
+  if (dynamic_cast<const po::unknown_option*>(e)) {
+    std::string text = option + ": no such option";
+    std::string bare = BoostErrorFields::name(*e);
+    while (bare.starts_with("-")) bare.erase(0, 1);
+    const std::vector<std::string> near = table ? closest_option_names(*table, bare) : std::vector<std::string>{};
+    for (std::size_t k = 0; k < near.size(); ++k)
+      text += (k == 0 ? " (the closest: " : ", ") + near[k] + (k + 1 == near.size() ? ")" : "");
+    return text + "; --help lists every option";
+  }
   if (dynamic_cast<const po::multiple_occurrences*>(e)) return repeated_option_message(option);
   if (dynamic_cast<const po::required_option*>(e)) return option + ": required";
   if (const auto* syntax = dynamic_cast<const po::invalid_command_line_syntax*>(e)) {
@@ -377,7 +421,8 @@ std::vector<ConfigEntry> parse_config_text(const std::string& text, const std::s
     const auto dot = full_key.rfind('.');
     const std::string key = dot == std::string::npos ? full_key : full_key.substr(dot + 1);
     if (!find_option(table, key))
-      throw UsageError(where + "unknown key '" + shown(full_key) + "' (not an option of mfattn run)");
+      throw UsageError(where + "unknown key '" + shown(full_key) + "' (not an option of mfattn run" +
+                       closest_options_note(table, key) + ")");
     if (key == "config")
       throw UsageError(where + "key '" + shown(full_key) +
                        "' is not accepted in a config file (a config file cannot name another; "
@@ -413,9 +458,9 @@ void store_command_line(const std::vector<std::string>& args, const po::options_
     const po::option_description* option = find_option(table, name);
     if (e.kind() == po::invalid_syntax::missing_parameter && option)
       throw UsageError("--" + name + ": a value is missing (" + accepted_text(*option) + ")");
-    throw UsageError(option_error_text(e));
+    throw UsageError(option_error_text(e, &table));
   } catch (const po::error& e) {
-    throw UsageError(option_error_text(e));
+    throw UsageError(option_error_text(e, &table));
   }
   store_checked(tidy(parsed, table), table, vm, "");
 }
@@ -565,7 +610,7 @@ void store_run_arguments(const std::vector<std::string>& args, const po::options
   } catch (const UsageError&) {
     throw;
   } catch (const po::error& e) {
-    throw UsageError(option_error_text(e));
+    throw UsageError(option_error_text(e, &table));
   }
 }
 

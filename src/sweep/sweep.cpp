@@ -257,7 +257,7 @@ SweepFile read_sweep_file(const std::string& text, const std::string& origin, co
     if (section == "axes" || section == "zip") {
       if (!table.find_nothrow(name, false))
         throw UsageError("axis " + name + ": not an option of mfattn run (" + origin +
-                         ": unknown key '" + key + "')");
+                         ": unknown key '" + key + "'" + closest_options_note(table, name) + ")");
       if (kSweepOwned.count(name) || kAlwaysPassed.count(name))
         throw UsageError("axis " + name + ": not allowed (the sweep sets --" + name + " itself)");
       if (is_axis_name(file.factors, name)) throw UsageError("axis " + name + ": given twice");
@@ -281,7 +281,8 @@ SweepFile read_sweep_file(const std::string& text, const std::string& origin, co
     } else if (section == "derived") {
       const std::string derived = key.substr(dot + 1);
       if (!table.find_nothrow(derived, false))
-        throw UsageError(at + "unknown key '" + key + "' (not an option of mfattn run)");
+        throw UsageError(at + "unknown key '" + key + "' (not an option of mfattn run" +
+                         closest_options_note(table, derived) + ")");
       if (kSweepOwned.count(derived) || kAlwaysPassed.count(derived))
         throw UsageError(at + "derived " + derived + ": not allowed (the sweep sets --" + derived + " itself)");
       for (const auto& earlier : plan.derived)
@@ -291,7 +292,8 @@ SweepFile read_sweep_file(const std::string& text, const std::string& origin, co
       plan.derived.push_back({derived, value, line});
     } else {
       if (!table.find_nothrow(name, false))
-        throw UsageError(origin + ": unknown key '" + key + "' (not an option of mfattn run)");
+        throw UsageError(origin + ": unknown key '" + key + "' (not an option of mfattn run" +
+                         closest_options_note(table, name) + ")");
       if (kSweepOwned.count(name))
         throw UsageError(origin + ": key '" + key + "' is not allowed in a sweep file (the sweep sets --" +
                          name + " itself)");
@@ -736,7 +738,7 @@ SweepOptions parse_sweep_arguments(const std::vector<std::string>& args) {
     po::store(po::command_line_parser(args).options(table).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    throw UsageError(option_error_text(e));
+    throw UsageError(option_error_text(e, &table));
   }
   if (options.config.empty()) throw UsageError("--config: missing (the sweep file is required)");
   const std::size_t job_count = parse_count("--jobs", jobs, 1);

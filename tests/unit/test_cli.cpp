@@ -75,6 +75,34 @@ TEST(Cli, BadInputGetsOneLineExitTwoAndNoFile) {
   }
 }
 
+// An unknown option says that there is no such option and names the closest ones, on the
+// command line, in a config file and for mfattn sweep; nothing close: no list.
+TEST(Cli, AnUnknownOptionNamesTheClosestOnes) {
+  using testing::usage_message;
+  EXPECT_EQ(usage_message({"--heds", "2"}),
+            "--heds: no such option (the closest: --heads); --help lists every option");
+  EXPECT_EQ(usage_message({"--mlp-activatoin", "relu"}),
+            "--mlp-activatoin: no such option (the closest: --mlp-activation); --help lists every option");
+  // A stem names the options it begins.
+  const std::string head = usage_message({"--head", "2"});
+  EXPECT_NE(head.find("(the closest: --head-dim, --heads)"), std::string::npos) << head;
+  EXPECT_EQ(usage_message({"--zzzzzzzz", "1"}), "--zzzzzzzz: no such option; --help lists every option");
+  const auto dir = scratch_dir("unknown_option");
+  std::ofstream(dir / "run.ini") << "n = 8\nbetta = 2\n";
+  const auto from_file = run_mfattn("run --config " + (dir / "run.ini").string() + " --out " + (dir / "o.h5").string());
+  EXPECT_EQ(from_file.exit_code, 2);
+  EXPECT_NE(from_file.output.find("betta"), std::string::npos) << from_file.output;
+  EXPECT_NE(from_file.output.find("(not an option of mfattn run; the closest: --beta)"), std::string::npos)
+      << from_file.output;
+  std::ofstream(dir / "grid.ini") << "n = 8\n[axes]\nbetta = 1 2\n";
+  const auto axis = run_mfattn("sweep --config " + (dir / "grid.ini").string() + " --dry-run");
+  EXPECT_EQ(axis.exit_code, 2);
+  EXPECT_NE(axis.output.find("'axes.betta'; the closest: --beta)"), std::string::npos) << axis.output;
+  const auto sweep = run_mfattn("sweep --confg x.ini");
+  EXPECT_EQ(sweep.exit_code, 2);
+  EXPECT_NE(sweep.output.find("--confg: no such option (the closest: --config)"), std::string::npos) << sweep.output;
+}
+
 TEST(Cli, CudaBackendInCpuBuildSaysSoClearly) {
   const auto dir = scratch_dir("cuda");
   const auto result = run_mfattn("run --backend cuda --quiet --out " + (dir / "c.h5").string());
@@ -146,7 +174,8 @@ using testing::usage_message;
 
 TEST(Config, ParserTakesFullNamesOneValueEachAndListsJoined) {
   const std::string out = (scratch_dir("parser") / "p.h5").string();
-  EXPECT_NE(usage_message({"--kern", "sa", "--out", out}).find("'--kern'"), std::string::npos);
+  EXPECT_EQ(usage_message({"--kern", "sa", "--out", out}),
+            "--kern: no such option (the closest: --kernel); --help lists every option");
   EXPECT_NE(usage_message({"--n", "8", "16", "--out", out}).find("stray value '16'"), std::string::npos);
   EXPECT_NE(usage_message({"oops", "--out", out}).find("stray argument 'oops'"), std::string::npos);
   EXPECT_EQ(usage_message({"--n", "1e3", "--out", out}), "--n 1e3: must be an integer >= 1");

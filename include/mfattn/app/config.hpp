@@ -210,8 +210,20 @@ void store_command_line(const std::vector<std::string>& args,
                         boost::program_options::variables_map& vm);
 
 /// A one-line message for a Boost option error, made without its what() (which never
-/// returns for a value holding a placeholder such as "%value%").
-std::string option_error_text(const boost::program_options::error& error);
+/// returns for a value holding a placeholder such as "%value%"). With the option `table`, an
+/// unknown option's message names the closest options of the table (closest_option_names).
+std::string option_error_text(const boost::program_options::error& error,
+                              const boost::program_options::options_description* table = nullptr);
+
+/// Up to three names of `table` (with their "--") close to `name` (given without dashes):
+/// within a Levenshtein distance of max(1, |name| / 3), or begun by a name of three letters
+/// or more; the stems first, then by distance and name.
+std::vector<std::string> closest_option_names(const boost::program_options::options_description& table,
+                                              const std::string& name);
+
+/// "; the closest: --a, --b" for an unknown `name` (closest_option_names), or "" when none is
+/// close: the tail of the messages for an unknown key of a config or sweep file.
+std::string closest_options_note(const boost::program_options::options_description& table, const std::string& name);
 
 /// Stores the command line `args`, then the --config file it names (the command line wins;
 /// cfg.config_text receives the file's text), into `vm` through `table` (run_options(cfg),
