@@ -248,3 +248,24 @@ def test_pip_install_puts_an_importable_module_in_place(mfattn, tmp_path):
                            env=dict(os.environ, PYTHONPATH=str(target)), cwd=tmp_path, timeout=120)
     assert check.returncode == 0, check.stderr
     assert check.stdout.split() == [str(next(target.glob("mfattn*.so"))), "complete"]
+
+
+def test_velocity_and_energy_refuse_rows_off_the_sphere(mfattn):
+    """The post placement's state is on the unit sphere: a row off it is refused naming the row
+    and its norm (never a field of no state the model has); a row normalised in float32 is
+    taken; the other placements take states in R^d."""
+    model = mfattn.Model(n=8, d=3, kernel="sa", beta=2)
+    for method in (model.velocity, model.energy):
+        with pytest.raises(ValueError, match=r"x: row 0 has norm 1\.7320508075688772; the state is on "
+                                             r"the unit sphere \(within 1e-06 of norm 1\)"):
+            method(np.ones((8, 3)))
+    x = model.initial_state()
+    stretched = np.stack([x, x])
+    stretched[1, 5] *= 1.001
+    with pytest.raises(ValueError, match=r"x: row 5 of replica 1 has norm 1\.0009999"):
+        model.velocity(stretched)
+    single = x.astype(np.float32)
+    single /= np.linalg.norm(single, axis=-1, keepdims=True)
+    np.testing.assert_allclose(model.velocity(single.astype(np.float64)), model.velocity(x), atol=1e-6)
+    pre = mfattn.Model(n=8, d=3, kernel="sa", beta=2, normalization="pre")
+    assert np.isfinite(pre.velocity(2.0 * x)).all() and np.isfinite(pre.energy(2.0 * x))
