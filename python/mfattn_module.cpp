@@ -108,13 +108,14 @@ RunConfig parse(const std::vector<std::string>& words) {
   }
 }
 
-/// How far from 1 a row's norm may be for the post placement (a row normalised in float32 is
-/// within 1e-7 of it).
+/// How far from 1 a row's norm may be for a placement on the sphere (a row normalised in
+/// float32 is within 1e-7 of it).
 constexpr double kUnitNormTolerance = 1e-6;
 
 /// x as a C-contiguous float64 array of shape (n, d) or (R, n, d) for this model: copied once
 /// if it is not; ValueError for another shape, a non-numeric dtype, a non-finite number or,
-/// for the post placement, a row whose norm is not 1 within kUnitNormTolerance.
+/// for the placements on the sphere (post, ngpt), a row whose norm is not 1 within
+/// kUnitNormTolerance.
 py::array_t<double, py::array::c_style> checked_positions(const py::handle& x, const Model& model,
                                                           std::size_t& replicas) {
   py::array array = py::array::ensure(x);
@@ -142,10 +143,10 @@ py::array_t<double, py::array::c_style> checked_positions(const py::handle& x, c
     if (!std::isfinite(data[e]))
       throw py::value_error("x: element " + std::to_string(e) + " is " + std::to_string(data[e]) +
                             " (every position must be finite)");
-  // The post placement's state is on the unit sphere and its field is the sphere's: a row off
-  // it would give a field of no state the model has, so it is refused rather than normalised
-  // behind the caller's back. The other placements (docs/model.md section 2c) live in R^d.
-  if (model.placement == Placement::Post)
+  // The states of post and ngpt are on the unit sphere: a row off it would give a field of no
+  // state the model has, so it is refused rather than normalised behind the caller's back.
+  // pre, peri and none (docs/model.md section 2c) live in R^d.
+  if (placement_on_sphere(model.placement))
     for (std::size_t row = 0; row < replicas * model.n; ++row) {
       double norm2 = 0.0;
       for (std::size_t c = 0; c < model.d; ++c) norm2 += data[row * model.d + c] * data[row * model.d + c];

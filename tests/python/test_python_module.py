@@ -269,3 +269,5 @@ def test_velocity_and_energy_refuse_rows_off_the_sphere(mfattn):
     np.testing.assert_allclose(model.velocity(single.astype(np.float64)), model.velocity(x), atol=1e-6)
     pre = mfattn.Model(n=8, d=3, kernel="sa", beta=2, normalization="pre")
     assert np.isfinite(pre.velocity(2.0 * x)).all() and np.isfinite(pre.energy(2.0 * x))
+    with pytest.raises(ValueError, match=r"x: row 0 has norm (2|1\.99999)"):
+        mfattn.Model(n=8, d=3, kernel="sa", beta=2, normalization="ngpt").velocity(2.0 * x)
