@@ -120,3 +120,18 @@ def test_nothing_is_installed_or_built_unless_asked(tmp_path):
         lines = done.stderr.splitlines()
         assert len(lines) == 1 and "--build" in lines[0] and "MFATTN_BINARY" in lines[0], done.stderr
         assert not (checkout / "build").exists() and not (checkout / "data").exists()
+
+
+def test_the_sa_sweep_file_reference_md_prints_ships_and_runs(mfattn_binary):
+    """docs/reference.md's SA sweep is experiments/sweeps/reference_sa_step.ini, line for line,
+    and mfattn sweep takes it: 10 cases, beta zipped with the seed."""
+    text = (REPO_ROOT / "docs" / "reference.md").read_text()
+    block = text.split("reference_sa_step.ini` (every step a", 1)[1].split("```ini\n", 1)[1].split("```", 1)[0]
+    shipped = REPO_ROOT / "experiments" / "sweeps" / "reference_sa_step.ini"
+    lines = [line for line in shipped.read_text().splitlines() if line and not line.startswith("#")]
+    assert block.splitlines() == lines
+    done = subprocess.run([str(mfattn_binary), "sweep", "--config", str(shipped), "--dry-run"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].startswith("mfattn sweep: 10 cases")
+    assert "beta=9.0 seed=9" in done.stdout or "beta=9 seed=9" in done.stdout
