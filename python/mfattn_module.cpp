@@ -13,7 +13,8 @@
 //                                out or a temporary file, loaded as a Density
 //   mfattn.load(path)            the loader of analysis/mfattn_io.py (embedded at build time)
 //
-// Options are turned into command-line words and parsed by parse_run_arguments, so a bad
+// Options are turned into command-line words (an array of two dimensions or more into a text
+// file of its rows, for q=, init_file=, ...) and parsed by parse_run_arguments, so a bad
 // value raises ValueError with the CLI's own message. Evaluations release the GIL; each
 // concurrent call takes a backend of its own from the model's pool.
 #include <pybind11/functional.h>
@@ -32,6 +33,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mfattn/backends/backend.hpp"
@@ -62,16 +64,61 @@ PyObject* numerical_error_type = nullptr;
 /// ask, since whether two threads overlap is a matter of timing.
 std::atomic<bool> last_call_released_gil{false};
 
+/// The command line's words of a call's keywords, and the folder of the text files that its
+/// array values were written to (removed with this object: it lives as long as what reads
+/// them, the call or the Model).
+struct OptionWords {
+  std::vector<std::string> words;
+  std::filesystem::path array_folder;
+  OptionWords() = default;
+  OptionWords(OptionWords&& other) noexcept
+      : words(std::move(other.words)), array_folder(std::exchange(other.array_folder, {})) {}
+  OptionWords& operator=(OptionWords&& other) noexcept {
+    std::swap(words, other.words);
+    std::swap(array_folder, other.array_folder);
+    return *this;
+  }
+  OptionWords(const OptionWords&) = delete;
+  OptionWords& operator=(const OptionWords&) = delete;
+  ~OptionWords() {
+    std::error_code ignored;
+    if (!array_folder.empty()) std::filesystem::remove_all(array_folder, ignored);
+  }
+
+  /// A matrix or table (an array of two dimensions or more) as the text file the option takes:
+  /// rows of the last axis's length, every number in 17 significant digits (exact for float64).
+  std::string file_of(const std::string& option, const py::handle& array) {
+    if (array_folder.empty()) {
+      py::module_ tempfile = py::module_::import("tempfile");
+      array_folder = tempfile.attr("mkdtemp")("prefix"_a = "mfattn-arrays-").cast<std::string>();
+    }
+    const std::filesystem::path path = array_folder / (option + ".txt");
+    py::module_ numpy = py::module_::import("numpy");
+    py::object values = numpy.attr("asarray")(array, "dtype"_a = "float64");
+    const int columns = py::len(values.attr("shape")) ? values.attr("shape")[py::int_(-1)].cast<int>() : 1;
+    numpy.attr("savetxt")(path.string(), values.attr("reshape")(-1, columns), "fmt"_a = "%.17g");
+    return path.string();
+  }
+};
+
 /// A keyword's value as the command line's words: True a switch, False and None nothing,
-/// lists joined by commas, floats in Python's shortest round-trip form.
-void option_words(const std::string& key, const py::handle& value, std::vector<std::string>& words) {
+/// lists and one-dimensional arrays joined by commas, an array of two dimensions or more (a
+/// matrix for q=, k=, v=, rows for init_file=, blocks for generators=) a text file of its rows,
+/// floats in Python's shortest round-trip form.
+void option_words(const std::string& key, const py::handle& value, OptionWords& out) {
+  std::vector<std::string>& words = out.words;
   std::string name = key;
   for (char& c : name)
     if (c == '_') c = '-';
   if (value.is_none()) return;
   // NumPy scalars (numpy.bool_, numpy.float64, ...) as their Python values.
   if (py::hasattr(value, "tolist") && py::hasattr(value, "ndim") && value.attr("ndim").cast<int>() == 0)
-    return option_words(key, value.attr("tolist")(), words);
+    return option_words(key, value.attr("tolist")(), out);
+  if (py::hasattr(value, "ndim") && py::hasattr(value, "shape") && value.attr("ndim").cast<int>() >= 2) {
+    words.push_back("--" + name);
+    words.push_back(out.file_of(name, value));
+    return;
+  }
   if (py::isinstance<py::bool_>(value)) {
     if (value.cast<bool>()) words.push_back("--" + name);
     return;
@@ -93,8 +140,8 @@ void option_words(const std::string& key, const py::handle& value, std::vector<s
   }
 }
 
-std::vector<std::string> words_of(const py::kwargs& options) {
-  std::vector<std::string> words;
+OptionWords words_of(const py::kwargs& options) {
+  OptionWords words;
   for (const auto& [key, value] : options) option_words(key.cast<std::string>(), value, words);
   return words;
 }
@@ -208,7 +255,8 @@ class PyModel {
     for (const char* output_option : {"out", "resume", "overwrite"})
       if (options.contains(output_option))
         throw py::value_error(std::string(output_option) + ": a Model writes no file; this option belongs to mfattn.run()");
-    std::vector<std::string> words = words_of(options);
+    arrays_ = words_of(options);  // kept: initial_state() may read an init_file= array's file
+    std::vector<std::string> words = arrays_.words;
     words.push_back("--out");
     words.push_back("mfattn-model.h5");  // parse_run_arguments wants one; nothing is written
     cfg_ = parse(words);
@@ -337,6 +385,7 @@ class PyModel {
     return out;
   }
 
+  OptionWords arrays_;
   RunConfig cfg_;
   Model model_;
   int threads_ = 1;
@@ -408,7 +457,8 @@ struct OutputFile {
 };
 
 py::object run(py::object out, py::object progress, const py::kwargs& options) {
-  std::vector<std::string> words = words_of(options);
+  const OptionWords given = words_of(options);
+  std::vector<std::string> words = given.words;
   for (const char* own : {"out", "progress"})
     if (options.contains(own)) throw py::value_error(std::string(own) + ": given twice");
   const OutputFile output(out, "mfattn-run-", "run.h5");
@@ -465,7 +515,8 @@ py::object meanfield(py::object out, py::object progress, const py::kwargs& opti
   if (options.contains("compare") && !options["compare"].is_none())
     throw py::value_error("compare: mfattn.meanfield returns the density; the distances to a particle run "
                           "are the command line's (mfattn meanfield --compare RUN.h5)");
-  std::vector<std::string> words = words_of(options);
+  const OptionWords given = words_of(options);
+  std::vector<std::string> words = given.words;
   const OutputFile output(out, "mfattn-meanfield-", "density.h5");
   const std::filesystem::path& path = output.path;
   words.push_back("--out");

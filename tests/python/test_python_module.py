@@ -271,3 +271,43 @@ def test_velocity_and_energy_refuse_rows_off_the_sphere(mfattn):
     assert np.isfinite(pre.velocity(2.0 * x)).all() and np.isfinite(pre.energy(2.0 * x))
     with pytest.raises(ValueError, match=r"x: row 0 has norm (2|1\.99999)"):
         mfattn.Model(n=8, d=3, kernel="sa", beta=2, normalization="ngpt").velocity(2.0 * x)
+
+
+def test_matrix_and_table_options_take_numpy_arrays(mfattn, tmp_path):
+    """q=, k=, v= (and init_file=, generators=: every option that reads a FILE of numbers) take
+    an array of two dimensions or more: the same bits as the file of its values, the run's
+    file holding the matrices, and the temporary text files gone with the call or the Model."""
+    import gc
+    import glob
+    import tempfile
+
+    def array_folders() -> set[str]:
+        return set(glob.glob(str(Path(tempfile.gettempdir()) / "mfattn-arrays-*")))
+
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.normal(size=(3, 3)) for _ in range(3))
+    for name, matrix in (("q", q), ("k", k), ("v", v)):
+        np.savetxt(tmp_path / f"{name}.txt", matrix, fmt="%.17g")
+    before = array_folders()
+    by_array = mfattn.Model(n=6, d=3, kernel="sa", q=q, k=k, v=v)
+    by_file = mfattn.Model(n=6, d=3, kernel="sa", **{name: str(tmp_path / f"{name}.txt") for name in "qkv"})
+    x = by_array.initial_state()
+    assert np.array_equal(by_array.velocity(x).view(np.uint64), by_file.velocity(x).view(np.uint64))
+
+    start = rng.normal(size=(6, 3))
+    start /= np.linalg.norm(start, axis=1, keepdims=True)
+    model = mfattn.Model(n=6, d=3, init="file", init_file=start)
+    np.testing.assert_allclose(model.initial_state(), start, atol=1e-15)
+    held = array_folders() - before
+    assert len(held) == 2  # one per Model given arrays, kept while it lives
+    del model, by_array
+    gc.collect()
+    assert not (array_folders() & held)
+
+    out = tmp_path / "run.h5"
+    mfattn.run(n=6, d=3, kernel="sa", q=q, horizon=0.1, out=str(out))
+    with h5py.File(out, "r") as f:
+        assert np.array_equal(f["particles/tokens/attention_matrices/query"][0], q)  # [layers, d, d]
+    assert not (array_folders() - before)
+    with pytest.raises(ValueError, match="--q"):
+        mfattn.Model(n=6, d=3, q=np.ones((2, 2)))
