@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
@@ -147,12 +148,69 @@ OptionWords words_of(const py::kwargs& options) {
 }
 
 /// parse_run_arguments with UsageError as ValueError (the CLI's message, without "mfattn run: ").
+/// A message of the command line's as Python says it: an option "--aux-factor" is the keyword
+/// "aux_factor" ("--kernel softmax" is "kernel=softmax"), and "--help lists every option" is
+/// "mfattn.options() lists every option".
+std::string in_keywords(std::string message) {
+  const std::string help = "--help lists every option";
+  for (std::size_t at = 0; (at = message.find(help, at)) != std::string::npos;)
+    message.replace(at, help.size(), "mfattn.options() lists every option");
+  std::string said;
+  for (std::size_t k = 0; k < message.size(); ++k) {
+    const bool starts = message.compare(k, 2, "--") == 0 && k + 2 < message.size() &&
+                        std::islower(static_cast<unsigned char>(message[k + 2])) &&
+                        (k == 0 || !std::isalnum(static_cast<unsigned char>(message[k - 1])));
+    if (!starts) {
+      said += message[k];
+      continue;
+    }
+    std::size_t end = k + 2;
+    while (end < message.size() && (std::islower(static_cast<unsigned char>(message[end])) ||
+                                    std::isdigit(static_cast<unsigned char>(message[end])) || message[end] == '-'))
+      ++end;
+    std::string keyword = message.substr(k + 2, end - k - 2);
+    for (char& c : keyword)
+      if (c == '-') c = '_';
+    said += keyword;
+    // "--kernel softmax: ..." reads "kernel=softmax: ..."; "--heads: ..." reads "heads: ...".
+    if (end + 1 < message.size() && message[end] == ' ' && message[end + 1] != '(') {
+      said += "=";
+      ++end;
+    }
+    k = end - 1;
+  }
+  return said;
+}
+
 RunConfig parse(const std::vector<std::string>& words) {
   try {
     return parse_run_arguments(words);
   } catch (const UsageError& error) {
-    throw py::value_error(error.what());
+    throw py::value_error(in_keywords(error.what()));
   }
+}
+
+/// mfattn.options(): every option of `mfattn run` from its one table, in the --help order.
+py::dict run_option_table() {
+  RunConfig unused;
+  const boost::program_options::options_description table = run_options(unused);
+  py::dict options;
+  for (const auto& option : table.options()) {
+    std::string keyword = option->long_name();
+    for (char& c : keyword)
+      if (c == '-') c = '_';
+    // format_parameter() is "arg (=64)" for a value with a default, "arg" without one, ""
+    // for a switch.
+    const std::string shown = option->format_parameter();
+    py::object value = py::none();
+    if (const auto at = shown.find("(="); at != std::string::npos)
+      value = py::str(shown.substr(at + 2, shown.size() - at - 3));
+    else if (shown.empty())
+      value = py::str("off (a switch: True turns it on)");
+    options[py::str(keyword)] =
+        py::dict("option"_a = "--" + option->long_name(), "default"_a = value, "help"_a = option->description());
+  }
+  return options;
 }
 
 /// How far from 1 a row's norm may be for a placement on the sphere (a row normalised in
@@ -255,6 +313,12 @@ class PyModel {
     for (const char* output_option : {"out", "resume", "overwrite"})
       if (options.contains(output_option))
         throw py::value_error(std::string(output_option) + ": a Model writes no file; this option belongs to mfattn.run()");
+    for (const auto& [key, value] : options) {
+      const bool array = py::hasattr(value, "shape") && py::hasattr(value, "ndim") && value.attr("ndim").cast<int>() >= 1;
+      given_ += (given_.empty() ? "" : ", ") + key.cast<std::string>() + "=" +
+                (array ? "<array " + py::str(value.attr("shape")).cast<std::string>() + ">"
+                       : py::repr(value).cast<std::string>());
+    }
     arrays_ = words_of(options);  // kept: initial_state() may read an init_file= array's file
     std::vector<std::string> words = arrays_.words;
     words.push_back("--out");
@@ -274,6 +338,14 @@ class PyModel {
   std::size_t d() const { return model_.d; }
   std::size_t replicas() const { return std::size_t(cfg_.replicas); }
   double beta() const { return model_.beta; }
+  /// mfattn.Model(<the keywords given>) and, as a comment, the model it resolved to.
+  std::string repr() const {
+    std::ostringstream text;
+    text << "mfattn.Model(" << given_ << ")  # " << cfg_.kernel << ", n = " << model_.n << ", d = " << model_.d
+         << ", beta = " << model_.beta << ", " << cfg_.replicas << " replica" << (cfg_.replicas == 1 ? "" : "s")
+         << ", backend " << cfg_.backend << "; every option: mfattn.options()";
+    return text.str();
+  }
   std::string backend_name() const { return cfg_.backend; }
 
   py::array_t<double> initial_state() const {
@@ -385,6 +457,7 @@ class PyModel {
     return out;
   }
 
+  std::string given_;  // the keywords as given, for repr
   OptionWords arrays_;
   RunConfig cfg_;
   Model model_;
@@ -428,7 +501,7 @@ py::module_ animate_module() {
   std::string message = log;
   while (!message.empty() && message.back() == '\n') message.pop_back();
   for (std::size_t at = 0; (at = message.find(prefix, at)) != std::string::npos;) message.erase(at, prefix.size());
-  if (status == kExitUsage) raise_python(PyExc_ValueError, message);
+  if (status == kExitUsage) raise_python(PyExc_ValueError, in_keywords(message));
   if (status == kExitNumerical) raise_python(numerical_error_type, message);
   if (status == kExitIo) raise_python(PyExc_OSError, message);
   if (status == 128 + 2 || status == kExitStoppedByCaller) raise_python(PyExc_KeyboardInterrupt, message);
@@ -526,7 +599,7 @@ py::object meanfield(py::object out, py::object progress, const py::kwargs& opti
   try {
     cfg = parse_meanfield_arguments(words);
   } catch (const UsageError& error) {
-    throw py::value_error(error.what());
+    throw py::value_error(in_keywords(error.what()));
   }
   cfg.command_line = "mfattn.meanfield: mfattn meanfield";
   for (const std::string& word : words) cfg.command_line += " " + word;
@@ -554,24 +627,62 @@ PYBIND11_MODULE(mfattn, module) {
       "mfattn.NumericalError", "a weight overflowed or the state diverged (the CLI's exit 3)",
       PyExc_ArithmeticError, nullptr);
   module.attr("NumericalError") = py::handle(numerical_error_type);
-  py::class_<PyModel>(module, "Model",
-                      "Model(**options): the field of `mfattn run` with these options ('-' written '_').")
+  py::class_<PyModel>(module, "Model", R"doc(Model(**options): the field of `mfattn run` with these options.
+
+Keywords are the options of `mfattn run` with '-' written '_' (aux_factor="distance"); every one,
+with its default and what it accepts: mfattn.options(). True is a switch, a list or 1-D array a
+comma list, an array of 2 or more dimensions a matrix or table (q=, k=, v=, init_file=, ...).
+A bad value raises ValueError naming the keyword, the value and what is accepted.
+
+    model = mfattn.Model(n=64, d=3, kernel="sa", beta=4, geometry="rope")
+    x = model.initial_state()        # (n, d); (R, n, d) with replicas=R
+    v = model.velocity(x)            # dx/dt
+    e = model.energy(x)
+
+docs/python.md has the whole surface.)doc")
       .def(py::init<const py::kwargs&>())
+      .def("__repr__", &PyModel::repr)
       .def_property_readonly("n", &PyModel::n, "tokens that move (null tokens included)")
-      .def_property_readonly("d", &PyModel::d)
-      .def_property_readonly("replicas", &PyModel::replicas, "--replicas (the initial state's)")
-      .def_property_readonly("beta", &PyModel::beta)
-      .def_property_readonly("backend", &PyModel::backend_name)
-      .def("initial_state", &PyModel::initial_state, "the run's initial positions: (n, d), or (R, n, d) for R > 1")
-      .def("velocity", &PyModel::velocity, "x"_a, "threads"_a = py::none(),
-           "dx/dt for x of shape (n, d) or (R, n, d); a new array of the same shape")
-      .def("energy", &PyModel::energy, "x"_a, "threads"_a = py::none(),
-           "the energy of x: a float for (n, d), an array of R for (R, n, d)");
-  module.def("run", &run, "out"_a = py::none(), "progress"_a = py::none(),
-             "run(out=None, progress=None, **options): `mfattn run`, loaded as a Trajectory");
+      .def_property_readonly("d", &PyModel::d, "the dimension of the space (tokens on S^{d-1})")
+      .def_property_readonly("replicas", &PyModel::replicas, "replicas= (the initial state's)")
+      .def_property_readonly("beta", &PyModel::beta, "the inverse temperature beta")
+      .def_property_readonly("backend", &PyModel::backend_name, "the backend that evaluates the field (backend=)")
+      .def("initial_state", &PyModel::initial_state,
+           "initial_state() -> array: the run's initial positions (init=, seed=, ...): (n, d), or (R, n, d) "
+           "for replicas=R > 1")
+      .def("velocity", &PyModel::velocity, "x"_a, "threads"_a = py::none(), R"doc(velocity(x, threads=None) -> array
+
+dx/dt of the model at x, a new array of x's shape: x is (n, d) or (R, n, d), any real dtype.
+For the placements on the sphere (normalization="post", the default, and "ngpt") every row
+must have norm 1 within 1e-6, else ValueError naming the row and its norm; pre, peri and none
+take states in R^d. threads: OpenMP threads of this call (default: the model's threads=).
+Releases the GIL. Raises mfattn.NumericalError where a weight overflows.)doc")
+      .def("energy", &PyModel::energy, "x"_a, "threads"_a = py::none(), R"doc(energy(x, threads=None)
+
+E = 1 / (2 beta M^2) sum_ij p_i p_j m_ij c_ij exp(s_ij) of x (docs/model.md section 4), the
+run's `energy` observable: a float for x of shape (n, d), an array of R floats for (R, n, d).
+The same checks of x as velocity.)doc");
+  module.def("run", &run, "out"_a = py::none(), "progress"_a = py::none(), R"doc(run(out=None, progress=None, **options) -> Trajectory
+
+`mfattn run` with these options (the same keywords as Model; mfattn.options() lists them),
+written to out (a path) or to a temporary file, and loaded as a Trajectory (times, positions,
+observables, parameters; docs/python.md). The defaults are the command line's: rk4 at
+dt=0.01, a frame every 0.1. progress(t, step) is called now and then; returning False stops
+the run (KeyboardInterrupt). Bad options raise ValueError naming the keyword; a numerical
+failure mfattn.NumericalError; a failed write OSError. Releases the GIL.)doc");
   module.def("meanfield", &meanfield, "out"_a = py::none(), "progress"_a = py::none(),
-             "meanfield(out=None, progress=None, **options): `mfattn meanfield`, loaded as a Density "
-             "(progress: None only)");
+             R"doc(meanfield(out=None, progress=None, **options) -> Density
+
+`mfattn meanfield` (the density equation of the same model; docs/meanfield.md) with these
+options ('-' written '_'), to out or a temporary file, loaded as a Density. progress: None
+only (the solver has no hook). Bad options raise ValueError naming the keyword.)doc");
+  module.def("options", &run_option_table, R"doc(options() -> dict
+
+Every option of `mfattn run` (and of Model and run), from the one option table behind the
+command line's --help: keyword -> {"option": "--name", "default": the default as text (None
+where there is none), "help": what it accepts}.
+
+    for keyword, about in mfattn.options().items(): print(keyword, about["default"], about["help"]))doc");
   module.def("load", [](py::object path, py::object replica) { return io_module().attr("load")(path, replica); },
              "path"_a, "replica"_a = py::none(),
              "the Trajectory of an mfattn run file, or the Density of a density file (analysis/mfattn_io.py)");

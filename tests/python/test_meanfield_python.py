@@ -87,13 +87,14 @@ def test_meanfield_returns_the_command_lines_density_bitwise(mfattn, solve, tmp_
 
 
 def test_usage_errors_raise_value_error_with_the_command_lines_message(mfattn, mfattn_binary, tmp_path):
-    with pytest.raises(ValueError, match=r"^--n: not taken by mfattn meanfield") as raised:
+    # The command line's message, its options said as keywords (--n is n, --grid 2 is grid=2).
+    with pytest.raises(ValueError, match=r"^n: not taken by mfattn meanfield") as raised:
         mfattn.meanfield(d=2, n=16)
     done = subprocess.run([str(mfattn_binary), "meanfield", "--d", "2", "--n", "16", "--out",
                            str(tmp_path / "x.h5")], capture_output=True, text=True)
     assert done.returncode == 2
-    assert done.stderr.strip() == f"mfattn meanfield: {raised.value}"
-    with pytest.raises(ValueError, match=r"^--grid 2: "):
+    assert done.stderr.strip().startswith("mfattn meanfield: --n: not taken by mfattn meanfield")
+    with pytest.raises(ValueError, match=r"^grid=2: "):
         mfattn.meanfield(d=2, grid=2)
     with pytest.raises(ValueError, match=r"^progress: "):
         mfattn.meanfield(d=2, progress=lambda t, s: True)

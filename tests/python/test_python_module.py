@@ -6,6 +6,7 @@ without it fails these tests, saying where it was looked for.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -96,6 +97,14 @@ def cli_message(mfattn_binary: Path, args: list[str]) -> str:
     return done.stderr.strip().removeprefix("mfattn run: ")
 
 
+def as_keywords(message: str) -> str:
+    """The command line's message as the module says it: "--kernel softmax" is
+    "kernel=softmax", "--aux-factor:" is "aux_factor:", --help is mfattn.options()."""
+    message = message.replace("--help lists every option", "mfattn.options() lists every option")
+    message = re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*) (?!\()", lambda m: m.group(1).replace("-", "_") + "=", message)
+    return re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)", lambda m: m.group(1).replace("-", "_"), message)
+
+
 @pytest.mark.parametrize("args", [
     ["--kernel", "softmax"],
     ["--n", "-4"],
@@ -105,7 +114,7 @@ def cli_message(mfattn_binary: Path, args: list[str]) -> str:
     ["--integrator", "euler", "--noise-kappa", "3"],
 ], ids=lambda a: " ".join(a))
 def test_bad_options_raise_value_error_with_the_cli_message(mfattn, mfattn_binary, args):
-    expected = cli_message(mfattn_binary, ["--n", "8", *args] if args[0] != "--n" else args)
+    expected = as_keywords(cli_message(mfattn_binary, ["--n", "8", *args] if args[0] != "--n" else args))
     kwargs = as_kwargs(["--n", "8", *args] if args[0] != "--n" else args)
     with pytest.raises(ValueError) as raised:
         mfattn.Model(**kwargs)
@@ -113,6 +122,28 @@ def test_bad_options_raise_value_error_with_the_cli_message(mfattn, mfattn_binar
     with pytest.raises(ValueError) as raised:
         mfattn.run(**kwargs)
     assert str(raised.value) == expected
+
+
+def test_messages_name_the_keywords_and_options_lists_the_table(mfattn, mfattn_binary):
+    """Errors say kernel=softmax, not --kernel softmax; mfattn.options() is the one option table
+    (the same names, defaults and help as `mfattn run --help`); repr(Model) gives its keywords."""
+    with pytest.raises(ValueError) as raised:
+        mfattn.Model(kernel="softmax")
+    assert str(raised.value) == "kernel=softmax: accepted: usa, sa, sinkhorn"
+    with pytest.raises(ValueError) as raised:
+        mfattn.Model(heds=2)
+    assert str(raised.value) == "heds: no such option (the closest: heads); mfattn.options() lists every option"
+    options = mfattn.options()
+    shown = subprocess.run([str(mfattn_binary), "run", "--help"], capture_output=True, text=True).stdout
+    listed = re.findall(r"^  --([a-z0-9-]+)", shown, flags=re.M)
+    assert set(options) == {name.replace("-", "_") for name in listed}
+    assert options["n"] == {"option": "--n", "default": "64", "help": "active tokens, >= 1"}
+    assert options["kernel"]["default"] == "usa" and "sinkhorn" in options["kernel"]["help"]
+    assert options["quiet"]["default"].startswith("off")
+    model = mfattn.Model(n=8, kernel="sa", q=np.eye(3))
+    assert repr(model).startswith("mfattn.Model(n=8, kernel='sa', q=<array (3, 3)>)  # sa, n = 8, d = 3")
+    for documented in (mfattn.Model, mfattn.Model.velocity, mfattn.Model.energy, mfattn.run, mfattn.options):
+        assert len(documented.__doc__) > 200, documented
 
 
 def test_unknown_option_and_unavailable_backend_are_named(mfattn):
