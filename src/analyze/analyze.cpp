@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <charconv>
+#include <map>
 #include <cstdio>
 #include <iomanip>
 #include <limits>
@@ -319,10 +321,35 @@ void write_analysis_json(const Analysis& a, std::ostream& out) {
   out << '\n';
 }
 
-void write_analysis_text(const Analysis& a, std::ostream& out) {
-  auto line = [&](const std::string& key, const std::string& value) {
-    out << std::left << std::setw(26) << key << value << '\n';
-  };
+bool plateau_listed(const Plateau& p, double min_decades) {
+  if (p.final) return true;
+  if (std::isfinite(p.decades)) return p.decades >= min_decades;
+  return p.last_frame > p.first_frame;
+}
+
+namespace {
+
+void text_line(std::ostream& out, const std::string& key, const std::string& value) {
+  out << std::left << std::setw(26) << key << value << '\n';
+}
+
+std::string plateau_span(const Plateau& p) {
+  return std::to_string(p.clusters) + (p.clusters == 1 ? " cluster" : " clusters") + " for " +
+         (std::isfinite(p.decades) ? short_number(p.decades) + " decades" : "undefined decades") + " (t = " +
+         short_number(p.t_start) + " .. " + short_number(p.t_end) + ")";
+}
+
+/// "key: count, key: count" of a histogram, keys ascending.
+std::string histogram_text(const std::map<std::size_t, std::size_t>& counts) {
+  std::string text;
+  for (const auto& [key, count] : counts) text += (text.empty() ? "" : ", ") + std::to_string(key) + ": " + std::to_string(count);
+  return text.empty() ? "none" : text;
+}
+
+}  // namespace
+
+void write_analysis_text(const Analysis& a, std::ostream& out, double min_decades) {
+  auto line = [&](const std::string& key, const std::string& value) { text_line(out, key, value); };
   line("file", a.file);
   line("status", a.status ? *a.status : "(none)");
   line("replica", std::to_string(a.replica) + " of " + std::to_string(a.replicas));
@@ -346,9 +373,17 @@ void write_analysis_text(const Analysis& a, std::ostream& out) {
     monotone += *a.gradient_flow ? "; gradient flow: the energy must not decrease"
                                  : "; not a gradient flow: the energy may decrease";
   line("energy_monotone", monotone);
-  std::size_t metastable = 0;
+  std::string summary;
+  std::size_t metastable = 0, hidden = 0;
+  for (const Plateau& p : a.plateaus)
+    if (p.metastable) summary += (summary.empty() ? "" : "; ") + plateau_span(p);
+  line("metastable", summary.empty() ? "none (no plateau but the last lasts a decade)" : summary);
   for (const Plateau& p : a.plateaus) {
     metastable += p.metastable;
+    if (!plateau_listed(p, min_decades)) {
+      ++hidden;
+      continue;
+    }
     std::string text = std::to_string(p.clusters) + (p.clusters == 1 ? " cluster" : " clusters") + ", t = " + short_number(p.t_start) + " .. " +
                        short_number(p.t_end) + ", " +
                        (std::isfinite(p.decades) ? short_number(p.decades) + " decades" : "decades undefined") +
@@ -357,6 +392,9 @@ void write_analysis_text(const Analysis& a, std::ostream& out) {
     if (p.final) text += ", final";
     line("plateau", text);
   }
+  if (hidden > 0)
+    line("plateaus_not_listed", std::to_string(hidden) + " shorter than " + short_number(min_decades) +
+                                    " decades (--min-decades 0 lists them; --json has every one)");
   line("metastable_plateaus", std::to_string(metastable));
   for (const ClusterChange& c : a.merges)
     line("merge", "t = " + short_number(c.time) + ": " + std::to_string(c.from) + " -> " + std::to_string(c.to));
@@ -370,11 +408,121 @@ void write_analysis_text(const Analysis& a, std::ostream& out) {
   line("energy_staircase", staircase);
 }
 
+namespace {
+
+struct ReplicaSummary {
+  std::size_t collapsed = 0;
+  std::map<std::size_t, std::size_t> final_clusters, metastable_counts, metastable_clusters;
+  std::vector<double> collapse_times;  // sorted
+};
+
+ReplicaSummary summarise(const std::vector<Analysis>& analyses) {
+  ReplicaSummary s;
+  for (const Analysis& a : analyses) {
+    s.collapsed += a.collapsed;
+    ++s.final_clusters[a.final_clusters];
+    if (a.collapse_time) s.collapse_times.push_back(*a.collapse_time);
+    std::size_t metastable = 0;
+    for (const Plateau& p : a.plateaus)
+      if (p.metastable) {
+        ++metastable;
+        ++s.metastable_clusters[p.clusters];
+      }
+    ++s.metastable_counts[metastable];
+  }
+  std::sort(s.collapse_times.begin(), s.collapse_times.end());
+  return s;
+}
+
+/// The median of sorted values (the mean of the middle two for an even count).
+double median(const std::vector<double>& sorted) {
+  const std::size_t m = sorted.size() / 2;
+  return sorted.size() % 2 ? sorted[m] : 0.5 * (sorted[m - 1] + sorted[m]);
+}
+
+}  // namespace
+
+void write_replicas_text(const std::vector<Analysis>& analyses, std::ostream& out) {
+  auto line = [&](const std::string& key, const std::string& value) { text_line(out, key, value); };
+  const Analysis& first = analyses.front();
+  const ReplicaSummary s = summarise(analyses);
+  line("file", first.file);
+  line("status", first.status ? *first.status : "(none)");
+  line("replicas", std::to_string(analyses.size()) + " (every one analysed)");
+  line("tokens", "n = " + std::to_string(first.n) + ", d = " + std::to_string(first.d));
+  line("frames_read", std::to_string(first.frames) + " (t = " + short_number(first.t_first) + " .. " +
+                          short_number(first.t_last) + ")");
+  line("collapsed", std::to_string(s.collapsed) + " of " + std::to_string(analyses.size()) +
+                        " (criterion: final min_inner >= 1 - " + short_number(first.collapse_delta) + ")");
+  line("collapse_time", s.collapse_times.empty()
+                            ? "never"
+                            : "min " + short_number(s.collapse_times.front()) + ", median " +
+                                  short_number(median(s.collapse_times)) + ", max " +
+                                  short_number(s.collapse_times.back()) + " (the collapsed replicas)");
+  line("final_clusters", histogram_text(s.final_clusters) + " (clusters: replicas)");
+  line("metastable_plateaus", histogram_text(s.metastable_counts) + " (plateaus: replicas)");
+  line("metastable_clusters", histogram_text(s.metastable_clusters) + " (clusters: metastable plateaus)");
+}
+
+void write_replicas_json(const std::vector<Analysis>& analyses, std::ostream& out) {
+  const Analysis& first = analyses.front();
+  const ReplicaSummary s = summarise(analyses);
+  Json json(out);
+  auto histogram = [&](const std::string& name, const std::map<std::size_t, std::size_t>& counts) {
+    json.key(name);
+    json.open('{');
+    for (const auto& [key, count] : counts) json.field(std::to_string(key), Json::integer(count));
+    json.close('}');
+  };
+  json.open('{');
+  json.field("file", Json::quoted(first.file));
+  json.field("status", Json::text(first.status));
+  json.field("replicas", Json::integer(analyses.size()));
+  json.field("n", Json::integer(first.n));
+  json.field("d", Json::integer(first.d));
+  json.field("frames_read", Json::integer(first.frames));
+  json.field("t_last", Json::number(first.t_last));
+  json.field("collapse_delta", Json::number(first.collapse_delta));
+  json.field("collapsed", Json::integer(s.collapsed));
+  if (s.collapse_times.empty()) {
+    json.field("collapse_time", "null");
+  } else {
+    json.key("collapse_time");
+    json.open('{');
+    json.field("min", Json::number(s.collapse_times.front()));
+    json.field("median", Json::number(median(s.collapse_times)));
+    json.field("max", Json::number(s.collapse_times.back()));
+    json.close('}');
+  }
+  histogram("final_clusters", s.final_clusters);
+  histogram("metastable_plateaus", s.metastable_counts);
+  histogram("metastable_clusters", s.metastable_clusters);
+  json.key("per_replica");
+  json.open('[');
+  for (const Analysis& a : analyses) {
+    std::size_t metastable = 0;
+    for (const Plateau& p : a.plateaus) metastable += p.metastable;
+    json.separator();
+    json.open('{');
+    json.field("replica", Json::integer(a.replica));
+    json.field("final_clusters", Json::integer(a.final_clusters));
+    json.field("collapsed", Json::boolean(a.collapsed));
+    json.field("collapse_time", Json::number(a.collapse_time));
+    json.field("min_inner_final", Json::number(a.min_inner_final));
+    json.field("metastable_plateaus", Json::integer(metastable));
+    json.close('}');
+  }
+  json.close(']');
+  json.close('}');
+  out << '\n';
+}
+
 int analyze_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  constexpr const char* kUsageLine = "usage: mfattn analyze FILE.h5 [--json] [--replica R]";
-  bool json = false;
+  constexpr const char* kUsageLine = "usage: mfattn analyze FILE.h5 [--json] [--replica R|all] [--min-decades D]";
+  bool json = false, every_replica = false;
   std::optional<std::string> path;
   std::size_t replica = 0;
+  double min_decades = kDefaultListedDecades;
   OptionsGivenOnce given;
   for (std::size_t k = 0; k < args.size(); ++k) {
     const std::string& arg = args[k];
@@ -388,6 +536,25 @@ int analyze_command(const std::vector<std::string>& args, std::ostream& out, std
     }
     if (arg == "--json") {
       json = true;
+    } else if (arg == "--min-decades" || arg.rfind("--min-decades=", 0) == 0) {
+      std::string value;
+      if (arg == "--min-decades") {
+        if (k + 1 == args.size()) {
+          err << "mfattn analyze: --min-decades needs a value (a number of decades >= 0); " << kUsageLine << '\n';
+          return kExitUsage;
+        }
+        value = args[++k];
+      } else {
+        value = arg.substr(std::string("--min-decades=").size());
+      }
+      double parsed = 0.0;
+      const auto result = std::from_chars(value.data(), value.data() + value.size(), parsed);
+      if (result.ec != std::errc() || result.ptr != value.data() + value.size() || !(parsed >= 0.0) ||
+          !std::isfinite(parsed)) {
+        err << "mfattn analyze: --min-decades " << value << ": expected a number of decades >= 0\n";
+        return kExitUsage;
+      }
+      min_decades = parsed;
     } else if (arg == "--replica" || arg.rfind("--replica=", 0) == 0) {
       std::string value;
       if (arg == "--replica") {
@@ -399,6 +566,10 @@ int analyze_command(const std::vector<std::string>& args, std::ostream& out, std
       } else {
         value = arg.substr(std::string("--replica=").size());
       }
+      if (value == "all") {
+        every_replica = true;
+        continue;
+      }
       std::size_t used = 0;
       unsigned long long parsed = 0;
       try {
@@ -407,12 +578,12 @@ int analyze_command(const std::vector<std::string>& args, std::ostream& out, std
         used = 0;
       }
       if (used == 0 || used != value.size() || value.front() == '-' || value.front() == '+') {
-        err << "mfattn analyze: --replica " << value << ": expected a replica index >= 0\n";
+        err << "mfattn analyze: --replica " << value << ": expected a replica index >= 0, or all\n";
         return kExitUsage;
       }
       replica = static_cast<std::size_t>(parsed);
     } else if (!arg.empty() && arg[0] == '-' && arg != "-") {
-      err << "mfattn analyze: unknown option " << arg << " (accepted: --json, --replica R); "
+      err << "mfattn analyze: unknown option " << arg << " (accepted: --json, --replica R|all, --min-decades D); "
           << kUsageLine << '\n';
       return kExitUsage;
     } else if (path) {
@@ -427,9 +598,11 @@ int analyze_command(const std::vector<std::string>& args, std::ostream& out, std
     err << "mfattn analyze: expected one FILE.h5; " << kUsageLine << '\n';
     return kExitUsage;
   }
-  Analysis analysis;
+  std::vector<Analysis> analyses;
   try {
-    analysis = analyze_file(*path, replica);
+    analyses.push_back(analyze_file(*path, replica));
+    if (every_replica)
+      for (std::size_t r = 1; r < analyses.front().replicas; ++r) analyses.push_back(analyze_file(*path, r));
   } catch (const UsageError& e) {
     err << "mfattn analyze: " << e.what() << '\n';
     return kExitUsage;
@@ -440,8 +613,14 @@ int analyze_command(const std::vector<std::string>& args, std::ostream& out, std
     err << "mfattn analyze: " << e.what() << '\n';
     return kExitIo;
   }
-  if (json) write_analysis_json(analysis, out);
-  else write_analysis_text(analysis, out);
+  if (every_replica) {
+    if (json) write_replicas_json(analyses, out);
+    else write_replicas_text(analyses, out);
+  } else if (json) {
+    write_analysis_json(analyses.front(), out);
+  } else {
+    write_analysis_text(analyses.front(), out, min_decades);
+  }
   out.flush();
   return kExitOk;
 }

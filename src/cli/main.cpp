@@ -32,7 +32,7 @@ constexpr const char* kUsage =
     "  sweep  a grid of runs from a sweep file, resumable, sharded (mfattn sweep --help)\n"
     "  bench  interaction throughput in pairs per second (mfattn bench --help)\n"
     "  info   what an mfattn file holds: mfattn info FILE.h5\n"
-    "  analyze  collapse and metastability summary: mfattn analyze FILE.h5 [--json] [--replica R]\n"
+    "  analyze  collapse and metastability summary: mfattn analyze FILE.h5 [--json] [--replica R|all]\n"
     "  oclosure  zero-token insertion ablation and OAttention precision (mfattn oclosure --help)\n"
     "  realize  exact realization of a target law by RoPE orbits or prefix gauges (mfattn realize --help)\n"
     "  meanfield  the density (mean-field) equation of the same model (mfattn meanfield --help)\n"
@@ -112,10 +112,12 @@ int print_help(const std::string& command) {
     return mfattn::kExitOk;
   }
   if (command == "analyze") {
-    std::cout << "usage: mfattn analyze FILE.h5 [--json] [--replica R]\n"
+    std::cout << "usage: mfattn analyze FILE.h5 [--json] [--replica R|all] [--min-decades D]\n"
               << "  collapse time, cluster plateaus over log time, merge times, energy staircase\n"
-              << "  --json         one JSON object instead of text\n"
-              << "  --replica R    which replica (0)\n";
+              << "  --json           one JSON object instead of text (every plateau)\n"
+              << "  --replica R      which replica (0); all: every replica, summed up\n"
+              << "  --min-decades D  the text lists plateaus of at least D decades (0.05), the final one\n"
+              << "                   and a first one of several frames; 0 lists every plateau\n";
     return mfattn::kExitOk;
   }
   if (command == "oclosure") {

@@ -244,6 +244,79 @@ TEST(Analyze, ReplicaOptionSelectsTheReplica) {
   EXPECT_EQ(std::count(beyond.output.begin(), beyond.output.end(), '\n'), 1) << beyond.output;
 }
 
+// --replica all sums up every replica: replica 0 collapses at t = 1000 after a metastable
+// 2-cluster plateau, replica 1 stays at 4 clusters.
+TEST(Analyze, EveryReplicaIsSummedUp) {
+  const auto dir = scratch_dir("analyze_all");
+  const std::string path = (dir / "two.h5").string();
+  write_constructed(path, true, 2);
+  const auto text = run_mfattn("analyze " + path + " --replica all");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  for (const std::string item : {"replicas                  2 (every one analysed)\n",
+                                 "collapsed                 1 of 2 (criterion: final min_inner >= 1 - 0.0001)\n",
+                                 "collapse_time             min 1000, median 1000, max 1000 (the collapsed replicas)\n",
+                                 "final_clusters            1: 1, 4: 1 (clusters: replicas)\n",
+                                 "metastable_plateaus       0: 1, 1: 1 (plateaus: replicas)\n",
+                                 "metastable_clusters       2: 1 (clusters: metastable plateaus)\n"})
+    EXPECT_NE(text.output.find(item), std::string::npos) << item << "\n" << text.output;
+  const auto json = check_json(path + " --replica all",
+                               "assert d['replicas'] == 2 and d['collapsed'] == 1\n"
+                               "assert d['collapse_time'] == {'min': 1000.0, 'median': 1000.0, 'max': 1000.0}\n"
+                               "assert d['final_clusters'] == {'1': 1, '4': 1}\n"
+                               "assert d['metastable_clusters'] == {'2': 1}\n"
+                               "assert [r['final_clusters'] for r in d['per_replica']] == [1, 4]\n"
+                               "assert [r['collapsed'] for r in d['per_replica']] == [True, False]");
+  EXPECT_EQ(json.exit_code, 0) << json.output;
+}
+
+// The text leaves out plateaus shorter than --min-decades (0.05 by default: the one-frame
+// plateaus of a cascade), says how many, and sums up the metastable ones in one line; the
+// JSON keeps every plateau.
+TEST(Analyze, ShortPlateausAreLeftOutOfTheTextAndCounted) {
+  const auto dir = scratch_dir("analyze_min_decades");
+  const std::string path = (dir / "circle.h5").string();
+  ASSERT_EQ(run_mfattn("run --n 24 --d 2 --beta 9 --time-scale rescaled --horizon 10000 --save-log 200 "
+                       "--integrator dopri5 --seed 1 --threads 1 --quiet --out " + path)
+                .exit_code,
+            0);
+  const Analysis a = analyze_file(path);
+  std::size_t listed = 0, metastable = 0;
+  for (const Plateau& p : a.plateaus) {
+    listed += plateau_listed(p, kDefaultListedDecades);
+    metastable += p.metastable;
+  }
+  ASSERT_LT(listed, a.plateaus.size());  // this run has one-frame plateaus
+  ASSERT_GE(metastable, 1u);
+  auto count = [](const std::string& text, const std::string& item) {
+    std::size_t found = 0;
+    for (std::size_t at = 0; (at = text.find(item, at)) != std::string::npos; ++at) ++found;
+    return found;
+  };
+  const auto shown = run_mfattn("analyze " + path);
+  ASSERT_EQ(shown.exit_code, 0) << shown.output;
+  EXPECT_EQ(count(shown.output, "\nplateau "), listed) << shown.output;
+  EXPECT_NE(shown.output.find("plateaus_not_listed       " + std::to_string(a.plateaus.size() - listed) +
+                              " shorter than 0.05 decades"),
+            std::string::npos)
+      << shown.output;
+  // One summary line, naming each metastable plateau once.
+  const std::size_t at = shown.output.find("\nmetastable                ");
+  ASSERT_NE(at, std::string::npos) << shown.output;
+  const std::string summary = shown.output.substr(at + 1, shown.output.find('\n', at + 1) - at - 1);
+  EXPECT_EQ(count(summary, " decades (t = "), metastable) << summary;
+  const auto every = run_mfattn("analyze " + path + " --min-decades 0");
+  EXPECT_EQ(count(every.output, "\nplateau "), a.plateaus.size()) << every.output;
+  EXPECT_EQ(every.output.find("plateaus_not_listed"), std::string::npos) << every.output;
+  const auto json = check_json(path, "assert len(d['plateaus']) == " + std::to_string(a.plateaus.size()));
+  EXPECT_EQ(json.exit_code, 0) << json.output;
+  for (const std::string bad : {"-1", "many", "nan"}) {
+    const auto refused = run_mfattn("analyze " + path + " --min-decades " + bad);
+    EXPECT_EQ(refused.exit_code, kExitUsage) << bad;
+    EXPECT_NE(refused.output.find("--min-decades " + bad + ": expected a number of decades >= 0"), std::string::npos)
+        << refused.output;
+  }
+}
+
 TEST(Analyze, EnergyDecreaseAndInterruptedRunAreReported) {
   const auto dir = scratch_dir("analyze_energy");
   const std::string path = (dir / "dip.h5").string();

@@ -1,6 +1,6 @@
 #pragma once
 /// \file analyze.hpp
-/// `mfattn analyze FILE [--json] [--replica R]`: collapse and metastability summary of a
+/// `mfattn analyze FILE [--json] [--replica R|all] [--min-decades D]`: collapse and metastability summary of a
 /// finished, running or interrupted mfattn file (docs/model.md section 6, docs/analyze.md).
 ///
 /// Per frame f (time t_f) of one replica it uses the stored n_clusters, min_inner and energy;
@@ -100,13 +100,31 @@ Analysis analyze_series(const AnalysisSeries& series, const AnalysisSettings& se
 Analysis analyze_file(const std::string& path, std::size_t replica = 0,
                       AnalysisSettings settings = {});
 
-/// One item per line.
-void write_analysis_text(const Analysis& analysis, std::ostream& out);
+/// Plateaus shorter than this many decades are left out of the text listing by default: the
+/// one-frame plateaus of a merging cascade (0 decades) say nothing (--min-decades D).
+inline constexpr double kDefaultListedDecades = 0.05;
+
+/// Whether the text lists plateau `p`: the final one, one of at least `min_decades` decades,
+/// or one whose decades are undefined (it starts at t = 0) and that spans more than one frame.
+bool plateau_listed(const Plateau& p, double min_decades);
+
+/// One item per line: the collapse, a one-line summary of the metastable plateaus, the
+/// plateaus plateau_listed keeps (and how many it left out), merges, splits, the energy.
+void write_analysis_text(const Analysis& analysis, std::ostream& out,
+                         double min_decades = kDefaultListedDecades);
+
+/// `--replica all`: every replica of one file (analyses[r] of replica r) summed up: how many
+/// collapsed, the replicas per final cluster count, the collapse times (min, median, max over
+/// the collapsed ones), the replicas per number of metastable plateaus and the metastable
+/// plateaus per cluster count; the JSON adds one short record per replica.
+void write_replicas_text(const std::vector<Analysis>& analyses, std::ostream& out);
+void write_replicas_json(const std::vector<Analysis>& analyses, std::ostream& out);
 /// Exactly one JSON object (and a newline): numbers with 17 significant digits, NaN and
 /// infinities as null, absent values as null.
 void write_analysis_json(const Analysis& analysis, std::ostream& out);
 
-/// `mfattn analyze FILE [--json] [--replica R]`; returns an exit code (2 usage, 4 I/O).
+/// `mfattn analyze FILE [--json] [--replica R|all] [--min-decades D]`; returns an exit code
+/// (2 usage, 4 I/O).
 int analyze_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
 }  // namespace mfattn
