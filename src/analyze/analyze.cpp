@@ -524,6 +524,16 @@ int analyze_command(const std::vector<std::string>& args, std::ostream& out, std
   std::size_t replica = 0;
   double min_decades = kDefaultListedDecades;
   OptionsGivenOnce given;
+  // The value of "--name VALUE" or "--name=VALUE" at args[k] (k moves past VALUE); nullopt,
+  // after the message, when it is missing.
+  auto value_of = [&](const std::string& name, const char* wanted, std::size_t& k) -> std::optional<std::string> {
+    if (args[k] != name) return args[k].substr(name.size() + 1);
+    if (k + 1 == args.size()) {
+      err << "mfattn analyze: " << name << " needs a value (" << wanted << "); " << kUsageLine << '\n';
+      return std::nullopt;
+    }
+    return args[++k];
+  };
   for (std::size_t k = 0; k < args.size(); ++k) {
     const std::string& arg = args[k];
     if (arg.rfind("--", 0) == 0) {
@@ -537,16 +547,9 @@ int analyze_command(const std::vector<std::string>& args, std::ostream& out, std
     if (arg == "--json") {
       json = true;
     } else if (arg == "--min-decades" || arg.rfind("--min-decades=", 0) == 0) {
-      std::string value;
-      if (arg == "--min-decades") {
-        if (k + 1 == args.size()) {
-          err << "mfattn analyze: --min-decades needs a value (a number of decades >= 0); " << kUsageLine << '\n';
-          return kExitUsage;
-        }
-        value = args[++k];
-      } else {
-        value = arg.substr(std::string("--min-decades=").size());
-      }
+      const auto given_value = value_of("--min-decades", "a number of decades >= 0", k);
+      if (!given_value) return kExitUsage;
+      const std::string& value = *given_value;
       double parsed = 0.0;
       const auto result = std::from_chars(value.data(), value.data() + value.size(), parsed);
       if (result.ec != std::errc() || result.ptr != value.data() + value.size() || !(parsed >= 0.0) ||
@@ -556,16 +559,9 @@ int analyze_command(const std::vector<std::string>& args, std::ostream& out, std
       }
       min_decades = parsed;
     } else if (arg == "--replica" || arg.rfind("--replica=", 0) == 0) {
-      std::string value;
-      if (arg == "--replica") {
-        if (k + 1 == args.size()) {
-          err << "mfattn analyze: --replica needs a value (a replica index >= 0); " << kUsageLine << '\n';
-          return kExitUsage;
-        }
-        value = args[++k];
-      } else {
-        value = arg.substr(std::string("--replica=").size());
-      }
+      const auto given_value = value_of("--replica", "a replica index >= 0, or all", k);
+      if (!given_value) return kExitUsage;
+      const std::string& value = *given_value;
       if (value == "all") {
         every_replica = true;
         continue;
