@@ -410,6 +410,10 @@ void write_analysis_text(const Analysis& a, std::ostream& out, double min_decade
 
 namespace {
 
+std::size_t metastable_count(const Analysis& a) {
+  return std::size_t(std::count_if(a.plateaus.begin(), a.plateaus.end(), [](const Plateau& p) { return p.metastable; }));
+}
+
 struct ReplicaSummary {
   std::size_t collapsed = 0;
   std::map<std::size_t, std::size_t> final_clusters, metastable_counts, metastable_clusters;
@@ -422,13 +426,9 @@ ReplicaSummary summarise(const std::vector<Analysis>& analyses) {
     s.collapsed += a.collapsed;
     ++s.final_clusters[a.final_clusters];
     if (a.collapse_time) s.collapse_times.push_back(*a.collapse_time);
-    std::size_t metastable = 0;
     for (const Plateau& p : a.plateaus)
-      if (p.metastable) {
-        ++metastable;
-        ++s.metastable_clusters[p.clusters];
-      }
-    ++s.metastable_counts[metastable];
+      if (p.metastable) ++s.metastable_clusters[p.clusters];
+    ++s.metastable_counts[metastable_count(a)];
   }
   std::sort(s.collapse_times.begin(), s.collapse_times.end());
   return s;
@@ -500,8 +500,6 @@ void write_replicas_json(const std::vector<Analysis>& analyses, std::ostream& ou
   json.key("per_replica");
   json.open('[');
   for (const Analysis& a : analyses) {
-    std::size_t metastable = 0;
-    for (const Plateau& p : a.plateaus) metastable += p.metastable;
     json.separator();
     json.open('{');
     json.field("replica", Json::integer(a.replica));
@@ -509,7 +507,7 @@ void write_replicas_json(const std::vector<Analysis>& analyses, std::ostream& ou
     json.field("collapsed", Json::boolean(a.collapsed));
     json.field("collapse_time", Json::number(a.collapse_time));
     json.field("min_inner_final", Json::number(a.min_inner_final));
-    json.field("metastable_plateaus", Json::integer(metastable));
+    json.field("metastable_plateaus", Json::integer(metastable_count(a)));
     json.close('}');
   }
   json.close(']');
