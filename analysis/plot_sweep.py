@@ -98,6 +98,7 @@ class Sweep:
     log_time: bool
     cases: list[Case] = dataclasses.field(default_factory=list)
     axes: list[str] = dataclasses.field(default_factory=list)
+    repetitions: list[str] = dataclasses.field(default_factory=list)  # varied REPETITION_AXES
 
     @property
     def name(self) -> str:
@@ -282,7 +283,8 @@ def collect(folder: str | Path, skip_bad: bool = False) -> Sweep:
     return Sweep(folder=folder, columns=columns, rows=rows, series=series,
                  log_time=log_time and bool(series), cases=cases,
                  axes=_independent_axes([name for name in varied if name not in REPETITION_AXES],
-                                        cases))
+                                        cases),
+                 repetitions=[name for name in REPETITION_AXES if name in varied])
 
 
 def _independent_axes(names: list[str], cases: list[Case]) -> list[str]:
@@ -476,9 +478,8 @@ def outcomes_figure(sweep: Sweep, path: Path) -> Path | None:
         ax_inner.set_ylabel("1 - final min_inner\n(below the dashed line: collapsed)")
         if coloured:
             ax_clusters.legend(fontsize=7, title=", ".join(others), title_fontsize=7)
-    repeats = [a for a in REPETITION_AXES if a in varied_parameters([c.parameters for c in sweep.cases])]
     fig.suptitle(f"{sweep.name}: final outcomes, one point per run and replica"
-                 + (f" ({', '.join(repeats)} pooled)" if repeats else "")
+                 + (f" ({', '.join(sweep.repetitions)} pooled)" if sweep.repetitions else "")
                  + "; lines join the means (geometric for 1 - min_inner)", fontsize=9)
     fig.tight_layout()
     return save_figure(fig, path)
@@ -490,8 +491,7 @@ def final_states_grid(sweep: Sweep, path: Path) -> Path | None:
     drawn = [c for c in sweep.cases if c.final_run is not None]
     if not drawn:
         return None
-    order = sweep.axes + [a for a in REPETITION_AXES
-                          if a in varied_parameters([c.parameters for c in sweep.cases])]
+    order = sweep.axes + sweep.repetitions
     ranks = {name: [format_value(v) for v in _axis_values(sweep, name)] for name in order}
     drawn.sort(key=lambda c: [ranks[name].index(format_value(c.parameters.get(name)))
                               for name in order])

@@ -333,6 +333,16 @@ void text_line(std::ostream& out, const std::string& key, const std::string& val
   out << std::left << std::setw(26) << key << value << '\n';
 }
 
+/// The lines every text report starts with: the file, its status, the sizes, the frames read.
+void text_header(std::ostream& out, const Analysis& a, const std::string& replica_key, const std::string& replica_text) {
+  text_line(out, "file", a.file);
+  text_line(out, "status", a.status ? *a.status : "(none)");
+  text_line(out, replica_key, replica_text);
+  text_line(out, "tokens", "n = " + std::to_string(a.n) + ", d = " + std::to_string(a.d));
+  text_line(out, "frames_read", std::to_string(a.frames) + " (t = " + short_number(a.t_first) + " .. " +
+                                    short_number(a.t_last) + ")");
+}
+
 std::string plateau_span(const Plateau& p) {
   return std::to_string(p.clusters) + (p.clusters == 1 ? " cluster" : " clusters") + " for " +
          (std::isfinite(p.decades) ? short_number(p.decades) + " decades" : "undefined decades") + " (t = " +
@@ -350,12 +360,7 @@ std::string histogram_text(const std::map<std::size_t, std::size_t>& counts) {
 
 void write_analysis_text(const Analysis& a, std::ostream& out, double min_decades) {
   auto line = [&](const std::string& key, const std::string& value) { text_line(out, key, value); };
-  line("file", a.file);
-  line("status", a.status ? *a.status : "(none)");
-  line("replica", std::to_string(a.replica) + " of " + std::to_string(a.replicas));
-  line("tokens", "n = " + std::to_string(a.n) + ", d = " + std::to_string(a.d));
-  line("frames_read", std::to_string(a.frames) + " (t = " + short_number(a.t_first) + " .. " +
-                          short_number(a.t_last) + ")");
+  text_header(out, a, "replica", std::to_string(a.replica) + " of " + std::to_string(a.replicas));
   line("clusters", std::string(a.clusters_from_positions ? "recomputed from positions" : "from the file") +
                        ", delta_c = " + short_number(a.cluster_delta));
   line("final_clusters", std::to_string(a.final_clusters));
@@ -446,12 +451,7 @@ void write_replicas_text(const std::vector<Analysis>& analyses, std::ostream& ou
   auto line = [&](const std::string& key, const std::string& value) { text_line(out, key, value); };
   const Analysis& first = analyses.front();
   const ReplicaSummary s = summarise(analyses);
-  line("file", first.file);
-  line("status", first.status ? *first.status : "(none)");
-  line("replicas", std::to_string(analyses.size()) + " (every one analysed)");
-  line("tokens", "n = " + std::to_string(first.n) + ", d = " + std::to_string(first.d));
-  line("frames_read", std::to_string(first.frames) + " (t = " + short_number(first.t_first) + " .. " +
-                          short_number(first.t_last) + ")");
+  text_header(out, first, "replicas", std::to_string(analyses.size()) + " (every one analysed)");
   line("collapsed", std::to_string(s.collapsed) + " of " + std::to_string(analyses.size()) +
                         " (criterion: final min_inner >= 1 - " + short_number(first.collapse_delta) + ")");
   line("collapse_time", s.collapse_times.empty()

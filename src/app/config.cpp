@@ -196,8 +196,16 @@ std::string accepted_text(const po::option_description& option) {
   return kind + " (" + about + ")";
 }
 
+}  // namespace
+
+std::string stored_value_text(const std::string& key, const std::string& stored) {
+  return key == "eps-den" && stored == "-1" ? "auto" : stored;
+}
+
+namespace {
+
 /// Rewrites one option value before it is stored: "auto" for --eps-den (stored as -1, the
-/// automatic value), and refuses a negative --eps-den.
+/// automatic value; stored_value_text turns it back), and refuses a negative --eps-den.
 void prepare_value(const std::string& key, std::string& value) {
   if (key != "eps-den") return;
   if (value == "auto") {

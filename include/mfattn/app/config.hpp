@@ -209,6 +209,10 @@ void store_command_line(const std::vector<std::string>& args,
                         const boost::program_options::options_description& table,
                         boost::program_options::variables_map& vm);
 
+/// A stored /parameters value as the user wrote the option: the sentinel the option table
+/// stores for a word is that word again (eps-den -1 is "auto"); any other value as stored.
+std::string stored_value_text(const std::string& key, const std::string& stored);
+
 /// A one-line message for a Boost option error, made without its what() (which never
 /// returns for a value holding a placeholder such as "%value%"). With the option `table`, an
 /// unknown option's message names the closest options of the table (closest_option_names).

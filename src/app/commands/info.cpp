@@ -62,11 +62,6 @@ int info_command(const std::vector<std::string>& args, std::ostream& out, std::o
       if (name != "config_text") out << "  " << name << " = " << value << '\n';
     return kExitOk;
   }
-  // A value the option table stores as a sentinel is shown as the word the user gave
-  // (docs/output.md: eps-den = -1 is auto).
-  auto shown = [](const std::string& name, const std::string& value) -> std::string {
-    return name == "eps-den" && value == "-1" ? "auto" : value;
-  };
   out << "file       " << args[0] << '\n'
       << "tokens     n = " << summary.n << " (active " << lookup(summary.parameters, "active_tokens")
       << "), d = " << summary.d << ", replicas = " << summary.replicas << '\n'
@@ -83,7 +78,7 @@ int info_command(const std::vector<std::string>& args, std::ostream& out, std::o
       << '\n'
       << "parameters\n";
   for (const auto& [name, value] : summary.parameters)
-    if (name != "config_text") out << "  " << name << " = " << shown(name, value) << '\n';
+    if (name != "config_text") out << "  " << name << " = " << stored_value_text(name, value) << '\n';
   return kExitOk;
 }
 
