@@ -25,10 +25,15 @@ Density files (`mfattn meanfield`): the circle's density (its theta-marginal wit
 polar curve 1 + rho(theta) / max rho; zonal densities as rho(theta) against the angle from e_1;
 S^2 as the sphere's grid points coloured by the density (one colour scale over all frames).
 
+Tokens whose position is not finite (NaN or inf: a file another program wrote, or a damaged
+one) are left out of the frames they are in, and their trails of the frames around; the corner
+says how many, and the line under the figure from which time. The title is the file's name as
+it is: never read as mathtext ("$...$"), bytes that are not UTF-8 shown as U+FFFD.
+
 The file is written under a temporary name beside --out and renamed once complete, so a failed
 or interrupted animation leaves nothing. Exit 2 with one line on stderr for a missing or foreign
-file, a run without positions (--save-positions none), a replica out of range, an output name
-that is neither .mp4 nor .gif, or a bad option value.
+file, a run without positions (--save-positions none) or with no finite position in any frame,
+a replica out of range, an output name that is neither .mp4 nor .gif, or a bad option value.
 
 From Python: ``animate(path, out, replica=0, fps=20, frames=240, trail=0, view=None, poster=None)
 -> Path``; ``Animation(path, ...)`` draws frame k with ``draw(k)`` (tests read its artists back);
@@ -55,10 +60,38 @@ Density, _is_density, _open, load = io.Density, io._is_density, io._open, io.loa
 
 DEFAULT_FRAMES = 240
 DEFAULT_FPS = 20
+# For matplotlib Text drawn from a file (its name, its parameters): the characters as they are,
+# not mathtext ("$\frac{$.h5" would raise when drawn) nor TeX (under text.usetex).
+PLAIN_TEXT = {"parse_math": False, "usetex": False}
 
 
 class AnimationError(ValueError):
     """Bad input: one line for the user, exit 2."""
+
+
+def file_title(path: str | os.PathLike) -> str:
+    """The file's name without its suffix, to show: bytes that are not UTF-8 (which Python holds
+    as surrogates, and neither a font nor a UTF-8 page can show) become U+FFFD."""
+    return os.fsencode(Path(path).stem).decode("utf-8", "replace")
+
+
+def finite_tokens(path: Path, x: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """[frames, tokens]: whether each token's position x[frame, token] is finite (not NaN or
+    inf: a file another program wrote, or a damaged one); AnimationError for a file with none."""
+    finite = np.isfinite(x).all(axis=-1)
+    if not finite.any():
+        raise AnimationError(f"{path}: no finite position in any frame (non-finite from frame 0, t = {times[0]:g}): "
+                             "nothing to draw")
+    return finite
+
+
+def non_finite_note(finite: np.ndarray, times: np.ndarray) -> str:
+    """From when tokens are left out (finite_tokens's [frames, tokens]); "" where none is."""
+    if finite.all():
+        return ""
+    first = int(np.flatnonzero(~finite.all(axis=1))[0])
+    return (f"non-finite positions from t = {times[first]:.4g} (the file's frame {first}): those tokens are left "
+            "out of their frames")
 
 
 def frame_indices(count: int, limit: int) -> np.ndarray:
@@ -161,14 +194,18 @@ class Animation:
         self.indices = frame_indices(len(self.times), frames)
         self.x = positions[:, self.active]
         self.d = self.x.shape[-1]
+        # What can be drawn; a file with nothing is refused here, before a figure is made.
+        self.finite = finite_tokens(self.path, self.x, self.times)
+        with_finite = np.flatnonzero(self.finite.any(axis=1))
         self.energy = self._observable(tr, "energy")
         self.clusters = self._observable(tr, "n_clusters")
         m = int(self.active.sum())
         self.colors, colour_note = token_colours(tr.labels, self.active)
         prefix = tr.prefix.get("position") if tr.prefix else None
-        final = self.x[-1]
+        # The last finite tokens (those of a run's last frame unless the file went non-finite).
+        final = self.x[with_finite[-1]][self.finite[with_finite[-1]]]
         self.fig = self.plt.figure(figsize=(6.4, 6.4), dpi=100)
-        title = f"{self.path.stem}: {str(tr.parameters.get('kernel', '?')).upper()}, n = {m}, d = {self.d}, " \
+        title = f"{file_title(self.path)}: {str(tr.parameters.get('kernel', '?')).upper()}, n = {m}, d = {self.d}, " \
                 f"beta = {tr.parameters.get('beta', float('nan')):g}"
         if self.d == 3:
             self.ax = self.fig.add_subplot(projection="3d")
@@ -181,7 +218,8 @@ class Animation:
             self.ax.set_box_aspect((1, 1, 1), zoom=1.25)
             self.ax.set_axis_off()
             self.project = lambda y: y
-            self.points = self.ax.scatter(*self.x[0].T, s=14, c=self.colors, depthshade=False)
+            shown = self.finite[0]
+            self.points = self.ax.scatter(*self.x[0][shown].T, s=14, c=self.colors[shown], depthshade=False)
             if prefix is not None and len(prefix):
                 self.ax.scatter(*np.asarray(prefix)[:, :3].T, marker="*", s=130, c="red", edgecolors="black",
                                 depthshade=False)
@@ -198,8 +236,11 @@ class Animation:
                 view_note = ""
             else:
                 # The second moment pooled over the drawn frames: the final one alone is
-                # degenerate once the tokens have collapsed.
-                drawn = self.x[self.indices].reshape(-1, self.d)
+                # degenerate once the tokens have collapsed. Their finite tokens (or, where
+                # the drawn frames have none, every frame's).
+                drawn = self.x[self.indices][self.finite[self.indices]]
+                if len(drawn) == 0:
+                    drawn = self.x[self.finite]
                 values, vectors = second_moment_basis(drawn)
                 basis = vectors[:, :2]
                 self.project = lambda y: y @ basis
@@ -208,8 +249,9 @@ class Animation:
                              f"({share:.0%} of its variance)")
                 self.ax.set_xlabel(f"e1 (eigenvalue {values[0]:.3f})")
                 self.ax.set_ylabel(f"e2 (eigenvalue {values[1]:.3f})")
-            first = self.project(self.x[0])
-            self.points = self.ax.scatter(first[:, 0], first[:, 1], s=14, c=self.colors, zorder=4)
+            shown = self.finite[0]
+            first = self.project(self.x[0][shown])
+            self.points = self.ax.scatter(first[:, 0], first[:, 1], s=14, c=self.colors[shown], zorder=4)
             if prefix is not None and len(prefix):
                 p = self.project(np.asarray(prefix))
                 self.ax.scatter(p[:, 0], p[:, 1], marker="*", s=130, c="red", edgecolors="black", zorder=5)
@@ -218,11 +260,14 @@ class Animation:
             self.ax.add_collection(self.trails)
             self.ax.set_xlim(-1.08, 1.08), self.ax.set_ylim(-1.08, 1.08)
             self.ax.set_aspect("equal")
-        self.fig.suptitle(title, fontsize=10)
+        self.fig.suptitle(title, fontsize=10, **PLAIN_TEXT)
         notes = "; ".join(n for n in (colour_note, view_note) if n)
         if prefix is not None and len(prefix):
             notes += "; stars: prefix tokens"
-        self.fig.text(0.5, 0.015, notes, ha="center", fontsize=7, color="0.3")
+        self.fig.text(0.5, 0.015, notes, ha="center", fontsize=7, color="0.3", **PLAIN_TEXT)
+        if not self.finite.all():
+            self.fig.text(0.5, 0.04, non_finite_note(self.finite, self.times), ha="center", fontsize=7, color="#b00",
+                          **PLAIN_TEXT)
         self.label = self.fig.text(0.02, 0.95, "", fontsize=9, family="monospace", va="top")
         self.draw = self._draw_particles
 
@@ -242,22 +287,33 @@ class Animation:
         return float(series[1][k])
 
     def drawn(self, k: int) -> np.ndarray:
-        """The coordinates drawn at animation frame k: the file's frame indices[k], projected."""
-        return self.project(self.x[self.indices[k]])
+        """The coordinates drawn at animation frame k: the file's frame indices[k], its finite
+        tokens, projected."""
+        frame = self.indices[k]
+        return self.project(self.x[frame][self.finite[frame]])
 
     def _draw_particles(self, k: int):
         frame = self.indices[k]
+        shown = self.finite[frame]
         y = self.drawn(k)
         if self.d == 3:
             self.points._offsets3d = (y[:, 0], y[:, 1], y[:, 2])
         else:
             self.points.set_offsets(y[:, :2])
+        # The colours follow the tokens drawn (a frame may leave non-finite ones out).
+        self.points.set_facecolor(self.colors[shown])
         if self.trail > 0:
             window = self.indices[max(0, k - self.trail):k + 1]
-            path = self.project(self.x[window])  # [K, m, dims]
+            # The trails of the tokens finite over the whole window: no NaN in matplotlib's
+            # paths, and the colours follow the tokens kept.
+            whole = self.finite[window].all(axis=0)
+            path = self.project(self.x[window][:, whole])  # [K, tokens, dims]
             self.trails.set_segments([path[:, i] for i in range(path.shape[1])])
+            self.trails.set_color(self.colors[whole])
         time = float(self.times[frame])
         parts = [f"t = {time:.4g}"]
+        if not shown.all():
+            parts.append(f"{int((~shown).sum())} of {len(shown)} tokens not finite (not drawn)")
         energy, clusters = self._value_at(self.energy, time), self._value_at(self.clusters, time)
         if energy is not None:
             parts.append(f"energy = {energy:.6g}")
@@ -272,8 +328,8 @@ class Animation:
         self.times = np.asarray(density.times)
         self.indices = frame_indices(len(self.times), frames)
         self.fig = self.plt.figure(figsize=(6.4, 6.4), dpi=100)
-        self.fig.suptitle(f"{self.path.stem}: density ({density.kind}), d = {density.d}, "
-                          f"beta = {density.parameters.get('beta', float('nan')):g}", fontsize=10)
+        self.fig.suptitle(f"{file_title(self.path)}: density ({density.kind}), d = {density.d}, "
+                          f"beta = {density.parameters.get('beta', float('nan')):g}", fontsize=10, **PLAIN_TEXT)
         self.label = self.fig.text(0.02, 0.95, "", fontsize=9, family="monospace", va="top")
         self.density = density
         if density.kind == "sphere":

@@ -19,9 +19,18 @@ base64) stay under --max-mb megabytes; the page says how many of the file's fram
 names its token count (#tokens), the current time (#time) and the cursor's time (#cursor-time),
 and records script errors in #errors; body[data-ready="1"] once it has drawn.
 
+Nothing from the file becomes markup: the title (the file's name and /parameters values) is
+HTML-escaped in the page's <title> and heading, the data is JSON with <, > and & written as \\u
+escapes (so neither "</script>" nor "<!--" can end or stall its script element), each template
+placeholder is filled exactly once (a name holding "@DATA@" stays text), and the page's script
+sets what it shows from the data through textContent.
+
+Non-finite positions (NaN or inf) stay so in the page, whose canvas leaves those tokens out, and
+a note says from which time (the projection for d > 3 is of the finite ones).
+
 The HTML is written under a temporary name and renamed when complete. Exit 2 with one line on
-stderr for a missing or foreign file, a density file, a run without positions, a replica out of
-range, an output name that does not end in .html, or a bad --max-mb.
+stderr for a missing or foreign file, a density file, a run without positions or with no finite
+one, a replica out of range, an output name that does not end in .html, or a bad --max-mb.
 
 From Python: ``view(path, out, replica=0, max_mb=6.0) -> Path`` and ``page_data(path, ...)``.
 """
@@ -32,17 +41,20 @@ import base64
 import html
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from animate import (AnimationError, exit_status, frame_indices, load_file, second_moment_basis,  # noqa: E402
-                     token_colours)
+from animate import (AnimationError, exit_status, file_title, finite_tokens, frame_indices, load_file,  # noqa: E402
+                     non_finite_note, second_moment_basis, token_colours)
 
 OBSERVABLES = ("energy", "n_clusters", "min_inner")
 PAGE = Path(__file__).with_name("view_page.html")
+PLACEHOLDER = re.compile(r"@(TITLE|DATA)@")
+DATA_ELEMENT = '<script id="mfattn-data" type="application/json">'
 
 
 def _float32(values: np.ndarray) -> str:
@@ -72,6 +84,8 @@ def page_data(path: str | os.PathLike, replica: int = 0, max_mb: float = 6.0) ->
     active = np.asarray(loaded.labels.get("presence", np.ones(positions.shape[1]))) > 0
     x = positions[:, active]
     d, m = x.shape[-1], x.shape[1]
+    # Non-finite positions stay NaN in the page, where the canvas leaves them out.
+    finite = finite_tokens(path, x, np.asarray(loaded.position_times))
     dims = 3 if d == 3 else 2
     frames_total = x.shape[0]
     # float32 in base64: 4 bytes a number, times 4/3.
@@ -86,10 +100,13 @@ def page_data(path: str | os.PathLike, replica: int = 0, max_mb: float = 6.0) ->
     elif d == 3:
         projected = x[kept]
     else:
-        values, vectors = second_moment_basis(x[kept].reshape(-1, d))
+        pooled = x[kept][finite[kept]]
+        values, vectors = second_moment_basis(pooled if len(pooled) else x[finite])
         projected = x[kept] @ vectors[:, :2]
         notes.append(f"projection on e1, e2 of the second moment over the frames shown "
                      f"({values[:2].sum() / values.sum():.0%} of its variance)")
+    if not finite.all():
+        notes.append(non_finite_note(finite, np.asarray(loaded.position_times)))
     colors, colour_note = _colors(loaded, active)
     notes.insert(0, colour_note)
     prefix = loaded.prefix.get("position") if loaded.prefix else None
@@ -108,12 +125,21 @@ def page_data(path: str | os.PathLike, replica: int = 0, max_mb: float = 6.0) ->
             finite = np.isfinite(values)
             observables[name] = {"t": times[finite].tolist(), "v": values[finite].tolist()}
     p = loaded.parameters
-    title = (f"{path.stem}: {str(p.get('kernel', '?')).upper()}, n = {m}, d = {d}, "
+    title = (f"{file_title(path)}: {str(p.get('kernel', '?')).upper()}, n = {m}, d = {d}, "
              f"beta = {p.get('beta', float('nan')):g}" + (f", replica {replica}" if loaded.replicas > 1 else ""))
     return {"title": title, "d": d, "dims": dims, "tokens": m, "frames": len(kept), "file_frames": frames_total,
             "frame_indices": kept.tolist(), "times": np.asarray(loaded.position_times)[kept].tolist(),
             "positions": _float32(projected), "colors": colors, "prefix": prefix_points,
             "observables": observables, "notes": notes}
+
+
+def script_json(data: dict) -> str:
+    """`data` as JSON to sit inside a <script> element: <, > and & occur only inside its strings
+    (file names, parameters), and there as \\u003c, \\u003e and \\u0026, which JSON reads back
+    as the characters, so no "</script>" (the element's end) or "<!--" (after which a "<script>"
+    keeps the element open past its end) can be in it."""
+    text = json.dumps(data, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def view(path: str | os.PathLike, out: str | os.PathLike, replica: int = 0, max_mb: float = 6.0) -> Path:
@@ -122,13 +148,13 @@ def view(path: str | os.PathLike, out: str | os.PathLike, replica: int = 0, max_
     if out.suffix.lower() != ".html":
         raise AnimationError(f"--out {out}: accepted: a name ending in .html")
     data = page_data(path, replica, max_mb)
-    text = PAGE.read_text()
-    text = text.replace("@TITLE@", html.escape(data["title"]))
-    # JSON inside <script>: "</" could close the element, so it is escaped.
-    text = text.replace("@DATA@", json.dumps(data, separators=(",", ":")).replace("</", "<\\/"))
+    fills = {"TITLE": html.escape(data["title"]), "DATA": script_json(data)}
+    # One pass over the template: a placeholder inside a fill (a file named "@DATA@<img ...>.h5")
+    # is the file's text, not the page's, and is left as it is.
+    text = PLACEHOLDER.sub(lambda placeholder: fills[placeholder.group(1)], PAGE.read_text(encoding="utf-8"))
     partial = out.with_name(f".{out.stem}.partial.html")
     try:
-        partial.write_text(text)
+        partial.write_text(text, encoding="utf-8")
         os.replace(partial, out)
     finally:
         if partial.exists():
@@ -138,9 +164,9 @@ def view(path: str | os.PathLike, out: str | os.PathLike, replica: int = 0, max_
 
 def read_page_data(page: str | os.PathLike) -> dict:
     """The data a page embeds, with positions decoded to float32 [frames, tokens, dims]."""
-    text = Path(page).read_text()
-    start = text.index('<script id="mfattn-data" type="application/json">') + len(
-        '<script id="mfattn-data" type="application/json">')
+    text = Path(page).read_text(encoding="utf-8")
+    start = text.index(DATA_ELEMENT) + len(DATA_ELEMENT)
+    # Pages before the \u escapes wrote "</" as "<\/"; json.loads reads the \u escapes itself.
     data = json.loads(text[start:text.index("</script>", start)].replace("<\\/", "</"))
     data["positions"] = np.frombuffer(base64.b64decode(data["positions"]), dtype="<f4").reshape(
         data["frames"], data["tokens"], data["dims"])

@@ -1,9 +1,12 @@
 """analysis/animate.py: animations of runs and density files drawn from the files' own frames
 (the first and the last always), MP4 through ffmpeg and GIF through Pillow, the projection for
 d > 3, colours by prompt with prefix stars, and bad input refused with exit 2, one line and no
-file left behind (not even a partial one)."""
+file left behind (not even a partial one). File names are titles as they are (never mathtext),
+and non-finite positions are left out of the frames they are in (a file with nothing finite is
+refused)."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +156,74 @@ def test_the_module_animates_what_it_loads(run_mfattn, tmp_path, mfattn):
     assert mfattn.animate.__file__.startswith("mfattn/animate.py")  # the embedded copy
     with pytest.raises(ValueError, match="--out"):
         mfattn.load(out).animate(tmp_path / "r.avi")
+
+
+def test_file_names_are_titles_not_mathtext(run_mfattn, mfattn_binary, tmp_path, animation_module):
+    # "$...$" is mathtext to matplotlib, and "\\frac{" an error in it (raised when the title is drawn).
+    name = "$\\frac{$ & $x_1$"
+    run = tmp_path / f"{name}.h5"
+    shutil.copyfile(run_mfattn("--n", 8, "--d", 3, "--horizon", 1, "--save-every", 0.5), run)
+    density = tmp_path / f"{name} density.h5"
+    subprocess.run([str(mfattn_binary), "meanfield", "--d", "2", "--grid", "32", "--horizon", "0.5", "--save-every",
+                    "0.5", "--out", str(density), "--quiet"], check=True)
+    for path in (run, density):
+        done = animate_cli(path, "--out", tmp_path / "a.gif", "--frames", 2, "--poster", tmp_path / "a.png")
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "a.gif").is_file() and (tmp_path / "a.png").is_file()
+        movie = animation_module.Animation(path, frames=2)
+        title = movie.fig._suptitle
+        assert title.get_text().startswith(f"{path.stem}: ")
+        movie.fig.canvas.draw()  # the text as it is: drawn without a mathtext parse
+        movie.plt.close(movie.fig)
+
+
+def with_non_finite(path: Path, frames, tokens=slice(None)) -> None:
+    """Writes NaN into the positions of `tokens` in `frames` (the rest as the run wrote them)."""
+    with h5py.File(path, "r+") as f:
+        value = f["particles/tokens/position/value"]
+        x = value[:]
+        x[frames, tokens] = np.nan
+        value[...] = x
+
+
+@pytest.mark.parametrize("d", [2, 3, 5])
+def test_non_finite_tokens_are_left_out_of_their_frames(run_mfattn, tmp_path, animation_module, d):
+    out = run_mfattn("--n", 8, "--d", d, "--horizon", 1, "--save-every", 0.1)
+    with_non_finite(out, [3], [2, 5])  # two tokens of frame 3
+    with_non_finite(out, slice(7, None))  # the run went NaN at frame 7
+    x = positions(out)
+    from matplotlib.collections import Collection
+    movie = animation_module.Animation(out, trail=2)
+    assert list(movie.indices) == list(range(11))
+    for k in range(11):
+        movie.draw(k)
+        if d == 3:
+            drawn = np.column_stack(movie.points._offsets3d)
+        else:
+            drawn = movie.points.get_offsets()
+        finite = np.isfinite(x[k]).all(axis=1)
+        assert len(drawn) == finite.sum() == (8 if k < 7 and k != 3 else 6 if k == 3 else 0)
+        assert np.isfinite(drawn).all()
+        if d <= 3:
+            np.testing.assert_array_equal(drawn, x[k][finite][:, :d])
+        # Each token keeps its colour (the colours as set: a 3-D scatter sorts them by depth when drawn).
+        np.testing.assert_array_equal(Collection.get_facecolor(movie.points).reshape(-1, 4), movie.colors[finite])
+        assert ("not finite" in movie.label.get_text()) == (k == 3 or k >= 7), movie.label.get_text()
+    notes = " ".join(t.get_text() for t in movie.fig.texts)
+    assert "non-finite positions from t = 0.3" in notes, notes
+    movie.plt.close(movie.fig)
+    done = animate_cli(out, "--out", tmp_path / "a.gif", "--trail", 2)
+    assert done.returncode == 0, done.stderr
+    from PIL import Image
+    with Image.open(tmp_path / "a.gif") as gif:
+        assert gif.n_frames == 11
+
+
+def test_a_file_with_no_finite_position_is_refused(run_mfattn, tmp_path):
+    out = run_mfattn("--n", 8, "--d", 3, "--horizon", 1, "--save-every", 0.5)
+    with_non_finite(out, slice(None))
+    done = animate_cli(out, "--out", tmp_path / "x.gif")
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert str(out) in done.stderr and "frame 0" in done.stderr, done.stderr
+    assert not list(tmp_path.glob("x.*")) and not list(tmp_path.glob(".x*"))

@@ -2,9 +2,14 @@
 long runs and says so, refuses bad input with exit 2 and no file, and, in Debian's chromium
 (headless; skipped with a message only where it is not installed), loads without a script
 error, names the file's token count, shows the frame's time at the cursor, and moves the
-tokens (and only them) between two frames."""
+tokens (and only them) between two frames. Non-finite positions stay NaN in the page (which
+draws without them) and a file with no finite one is refused. Hostile file names (and file text)
+stay text: the page keeps its own elements only, reads back, and draws with no injected handler
+run."""
 from __future__ import annotations
 
+import html
+import os
 import re
 import shutil
 import subprocess
@@ -126,3 +131,98 @@ def test_the_page_in_a_real_browser(run_mfattn, tmp_path):
     differ = np.any(shots[0][sphere] != shots[1][sphere], axis=-1)
     assert differ.sum() > 500  # the tokens moved
     assert differ.mean() < 0.2  # the sphere's drawing stays where it was
+
+
+def test_non_finite_positions_are_left_out_of_the_page(run_mfattn, tmp_path, view_module):
+    out = run_mfattn("--n", 8, "--d", 5, "--horizon", 1, "--save-every", 0.5)
+    with h5py.File(out, "r+") as f:
+        value = f["particles/tokens/position/value"]
+        x = value[:]
+        x[2, [1, 6]] = np.nan  # two tokens of the last frame
+        value[...] = x
+    page = tmp_path / "run.html"
+    done = view_cli(out, "--out", page)
+    assert done.returncode == 0, done.stderr
+    data = view_module.read_page_data(page)
+    assert data["frames"] == 3
+    finite = np.isfinite(data["positions"]).all(axis=-1)
+    np.testing.assert_array_equal(finite, np.isfinite(x).all(axis=-1))  # NaN where the file has it
+    assert "non-finite positions from t = 1 (the file's frame 2)" in "; ".join(data["notes"])
+    if CHROMIUM is not None:
+        dom = chromium("--dump-dom", f"file://{page}#frame=2").stdout
+        assert 'data-ready="1"' in dom and dom_value(dom, "errors") == ""
+    with h5py.File(out, "r+") as f:
+        f["particles/tokens/position/value"][...] = np.nan
+    done = view_cli(out, "--out", tmp_path / "none.html")
+    assert done.returncode == 2 and "no finite position in any frame (non-finite from frame 0" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not list(tmp_path.glob("*none*"))
+
+
+# File names (and a /parameters string, which the title also quotes) written to break out of
+# the page: a placeholder of the page's own template, markup, a comment that would swallow the
+# data's closing tag, the characters HTML escapes, and a byte that is not UTF-8 (Python holds it
+# as a surrogate, which no UTF-8 page can hold) with a newline. "/" cannot be in a file name, so
+# the closing tag comes in through the kernel attribute. The handlers mark the body if they run.
+HOSTILE_NAMES = ["@DATA@<img src=x onerror=document.body.dataset.injected=1>", "<!--<script>",
+                 "@TITLE@<b onmouseover=x>@DATA@", 'a&b"\'', "not utf-8 \udcff\nline"]
+HOSTILE_KERNEL = "</script><script>document.body.dataset.injected=1</script><!--"
+
+
+def hostile_runs(run_mfattn, folder: Path) -> list[Path]:
+    """A small run copied to each hostile name, and one whose kernel attribute is hostile."""
+    out = run_mfattn("--n", 8, "--d", 3, "--horizon", 1, "--save-every", 0.5)
+    copies = []
+    for name in HOSTILE_NAMES:
+        copies.append(folder / f"{name}.h5")
+        shutil.copyfile(out, copies[-1])
+    copies.append(folder / "kernel.h5")
+    shutil.copyfile(out, copies[-1])
+    with h5py.File(copies[-1], "r+") as f:
+        f["parameters"].attrs["kernel"] = HOSTILE_KERNEL
+    return copies
+
+
+def markup_counts(text: str) -> dict[str, int]:
+    lower = text.lower()
+    return {tag: lower.count(tag) for tag in ("<script", "</script", "<!--", "<img", "<b ")}
+
+
+def test_hostile_file_names_stay_text_in_the_page(run_mfattn, tmp_path, view_module):
+    runs = hostile_runs(run_mfattn, tmp_path)
+    x, times = file_positions(runs[0])
+    template = markup_counts(view_module.PAGE.read_text())
+    for run in runs:
+        page = tmp_path / f"page{runs.index(run)}.html"
+        done = view_cli(run, "--out", page)
+        assert done.returncode == 0, done.stderr
+        text = page.read_text(encoding="utf-8")
+        # The template's two script elements (the data and the code) and its one comment:
+        # nothing of the file's name as markup.
+        assert markup_counts(text) == template, run.name
+        assert text.count(view_module.DATA_ELEMENT) == 1
+        data = view_module.read_page_data(page)
+        # A placeholder in the name is text, in the three places the title is (<title>, the
+        # heading and the data), not filled in.
+        for placeholder in ("@DATA@", "@TITLE@"):
+            assert text.count(placeholder) == 3 * data["title"].count(placeholder), run.name
+        assert data["title"].startswith(f"{os.fsencode(run.stem).decode('utf-8', 'replace')}: "), data["title"]
+        np.testing.assert_allclose(data["positions"], x, rtol=0, atol=1e-7)
+        np.testing.assert_array_equal(data["times"], times)
+        escaped = html.escape(data["title"])
+        assert f"<title>{escaped}</title>" in text and f'<h1 id="title">{escaped}</h1>' in text
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tests/install_deps.sh installs it)")
+def test_hostile_file_names_run_nothing_in_a_real_browser(run_mfattn, tmp_path, view_module):
+    for run in hostile_runs(run_mfattn, tmp_path):
+        page = tmp_path / "page.html"
+        assert view_cli(run, "--out", page).returncode == 0
+        done = chromium("--dump-dom", f"file://{page}")
+        dom = done.stdout
+        assert 'data-ready="1"' in dom, (run.name, done.stderr[-2000:])
+        assert dom_value(dom, "errors") == "", run.name
+        assert dom_value(dom, "tokens") == "8", run.name
+        assert "data-injected" not in dom, run.name  # no injected handler ran
+        # The heading is the title as text (the DOM serialises <, > and & as entities).
+        title = view_module.read_page_data(page)["title"]
+        assert f'<h1 id="title">{html.escape(title, quote=False)}</h1>' in dom, run.name
