@@ -133,17 +133,29 @@ def test_two_layer_file_equals_two_chained_runs(mfattn, run_mfattn, tmp_path):
         assert np.abs(end - f["particles/tokens/position/value"][0]).max() > 0.05  # it moved
 
 
-def test_export_command_line(mfattn_binary, tmp_path):
-    torch.save(random_encoder(8, "relu"), tmp_path / "layer.pt")
-    script = [ "/usr/bin/python3", "analysis/export_torch.py"]
-    done = subprocess.run([*script, str(tmp_path / "layer.pt"), str(tmp_path / "w.h5")], capture_output=True,
-                          text=True, cwd=str(__import__("conftest").REPO_ROOT))
+def test_export_command_line(tmp_path):
+    """The script takes a state dict (loaded with weights_only=True) plus --heads and --activation;
+    a pickled module only with --trust-pickle (tests/python/test_faults_export_torch.py)."""
+    layer = random_encoder(8, "relu")
+    torch.save(layer.state_dict(), tmp_path / "layer.pt")
+    script = ["/usr/bin/python3", "analysis/export_torch.py"]
+    root = str(__import__("conftest").REPO_ROOT)
+    done = subprocess.run([*script, "--heads", str(HEADS), "--activation", "relu", str(tmp_path / "layer.pt"),
+                           str(tmp_path / "w.h5")], capture_output=True, text=True, cwd=root)
     assert done.returncode == 0, done.stderr
     assert "--heads 4 --head-dim 4 --beta 0.5 --kernel sa --values plain" in done.stdout
     assert "--mlp 24 --mlp-activation relu" in done.stdout
+    torch.save(layer, tmp_path / "module.pt")
+    done = subprocess.run([*script, "--trust-pickle", str(tmp_path / "module.pt"), str(tmp_path / "m.h5")],
+                          capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr
+    with h5py.File(tmp_path / "w.h5") as f, h5py.File(tmp_path / "m.h5") as g:
+        for name in ("attention/query", "attention/key", "attention/value", "attention/output",
+                     "mlp/w1", "mlp/b1", "mlp/w2", "mlp/b2"):
+            assert np.array_equal(f[name][()], g[name][()]), name
     torch.save(torch.nn.Linear(3, 3), tmp_path / "linear.pt")
-    done = subprocess.run([*script, str(tmp_path / "linear.pt"), str(tmp_path / "x.h5")], capture_output=True,
-                          text=True, cwd=str(__import__("conftest").REPO_ROOT))
+    done = subprocess.run([*script, "--trust-pickle", str(tmp_path / "linear.pt"), str(tmp_path / "x.h5")],
+                          capture_output=True, text=True, cwd=root)
     assert done.returncode == 2 and "takes a torch.nn.MultiheadAttention" in done.stderr
     assert not (tmp_path / "x.h5").exists()
 
@@ -174,9 +186,10 @@ def write_weights(path, **arrays):
                     "mlp/b2": np.zeros(8), "activation": "gelu"}, ["--mlp", "3"],
      "--mlp-activation relu: the --weights file's /mlp says activation gelu"),
     ("layers without time", {"mlp/w1": np.zeros((2, 3, 8)), "mlp/b1": np.zeros((2, 3)), "mlp/w2": np.zeros((2, 8, 3)),
-                             "mlp/b2": np.zeros((2, 8))}, ["--mlp", "3"], "holds 2 layers: give --layer-time T"),
+                             "mlp/b2": np.zeros((2, 8)), "activation": "relu"}, ["--mlp", "3"],
+     "holds 2 layers: give --layer-time T"),
     ("horizon past the layers", {"mlp/w1": np.zeros((2, 3, 8)), "mlp/b1": np.zeros((2, 3)),
-                                 "mlp/w2": np.zeros((2, 8, 3)), "mlp/b2": np.zeros((2, 8))},
+                                 "mlp/w2": np.zeros((2, 8, 3)), "mlp/b2": np.zeros((2, 8)), "activation": "relu"},
      ["--mlp", "3", "--layer-time", "0.5", "--horizon", "2"],
      "--horizon 2: the --weights file's 2 layers of --layer-time 0.5 end at t = 1"),
     ("empty", {"other": np.zeros(3)}, [], "holds neither /attention nor /mlp"),
