@@ -59,6 +59,8 @@ constexpr double kMaxExponent = 1e5;
 /// eigenvalues up to about i L max|X|, and SSP-RK3 is stable on the imaginary axis up to
 /// sqrt(3); C pi = 1.57 keeps a margin.
 constexpr double kCourant = 0.5;
+/// A deviation from the mean below this fraction of the mean coefficient is rounding.
+constexpr double kDeviationRounding = 1e-12;
 /// Below this degree libsharp runs serially (SHARP_NO_OPENMP): a transform then takes well
 /// under a millisecond and OpenMP's fork/join costs more than it saves (measured 16 ms vs
 /// 0.07 ms at L = 16 on a loaded 2-core machine; threads only paid off on an idle one).
@@ -123,7 +125,8 @@ struct SphereLabels {
 
 class SphereSolver final : public DensitySolver {
  public:
-  SphereSolver(const IsotropicInteraction& interaction, std::size_t max_degree, SphereLabels labels);
+  SphereSolver(const IsotropicInteraction& interaction, std::size_t max_degree, SphereLabels labels,
+               StepTolerance tolerance);
 
   const DensityGrid& grid() const override { return grid_; }
   std::string scheme() const override;
@@ -155,6 +158,7 @@ class SphereSolver final : public DensitySolver {
 
   IsotropicInteraction interaction_;
   SphereLabels labels_;
+  StepTolerance tolerance_;
   std::size_t rows_ = 1;      // label nodes (1 without labels)
   std::size_t points_ = 0;    // n_theta n_phi, one row's values
   std::size_t count_ = 0;     // coefficients of one row
@@ -174,8 +178,9 @@ class SphereSolver final : public DensitySolver {
   std::vector<double> cos_theta_, sin_theta_, cos_phi_, sin_phi_;
 };
 
-SphereSolver::SphereSolver(const IsotropicInteraction& interaction, std::size_t max_degree, SphereLabels labels)
-    : interaction_(interaction), labels_(std::move(labels)), max_degree_(static_cast<int>(max_degree)),
+SphereSolver::SphereSolver(const IsotropicInteraction& interaction, std::size_t max_degree, SphereLabels labels,
+                           StepTolerance tolerance)
+    : interaction_(interaction), labels_(std::move(labels)), tolerance_(tolerance), max_degree_(static_cast<int>(max_degree)),
       flags_(SHARP_DP | (max_degree < kThreadedDegree ? SHARP_NO_OPENMP : 0)) {
   // Gauss-Legendre with n rings integrates cos-theta polynomials of degree 2n - 1 exactly and
   // n_phi points integrate e^{i k phi} for |k| < n_phi: the flux's analysis integrates
@@ -437,6 +442,22 @@ double SphereSolver::step(std::vector<double>& density, double max_step) {
   const double speed = drift(a_, k_);
   double dt = max_step;
   if (speed > 0) dt = std::min(dt, kCourant * kPi / (max_degree_ * speed));
+  // The density's deviation from its mean changes by at most relative_change() of itself
+  // (StepTolerance): dt <= relative_change / gamma with gamma = |drift| / |deviation|, the
+  // growth rate of a small perturbation of the uniform state, which the bound above (max |X|
+  // of order eps) never sees. A deviation below 1e-12 of the mean is rounding.
+  double deviation = 0.0, change = 0.0, mean = 0.0;
+  for (std::size_t i = 0; i < a_.size(); ++i) {
+    const double weight = multiplicity_[i % count_];
+    if (degree_[i % count_] == 0) {
+      mean = std::max(mean, std::abs(a_[i]));
+      continue;
+    }
+    deviation += weight * std::norm(a_[i]);
+    change += weight * std::norm(k_[i]);
+  }
+  const double growth = std::sqrt(change) / (std::sqrt(deviation) + kDeviationRounding * mean);
+  if (growth > 0) dt = std::min(dt, tolerance_.relative_change() / growth);
 
   const bool diffusive = interaction_.noise_kappa > 0;
   if (diffusive) {
@@ -563,7 +584,8 @@ SphereLabels sphere_labels(const Model& label_model) {
 }  // namespace
 
 std::unique_ptr<DensitySolver> make_sphere_solver(const IsotropicInteraction& interaction,
-                                                  std::size_t max_degree, const Model* label_model) {
+                                                  std::size_t max_degree, const StepTolerance& tolerance,
+                                                  const Model* label_model) {
   if (interaction.d != 3) throw std::invalid_argument("sphere solver: needs d = 3");
   if (max_degree < 2 || max_degree > kMaxDegree)
     throw std::invalid_argument("sphere solver: max degree must be in [2, " +
@@ -579,7 +601,8 @@ std::unique_ptr<DensitySolver> make_sphere_solver(const IsotropicInteraction& in
     throw std::invalid_argument("sphere solver: eps_den and noise_kappa must be finite and >= 0");
   if (label_model != nullptr && label_model->n == 0) throw std::invalid_argument("sphere solver: no label nodes");
   return std::make_unique<SphereSolver>(interaction, max_degree,
-                                        label_model != nullptr ? sphere_labels(*label_model) : SphereLabels{});
+                                        label_model != nullptr ? sphere_labels(*label_model) : SphereLabels{},
+                                        tolerance);
 }
 
 }  // namespace mfattn::meanfield

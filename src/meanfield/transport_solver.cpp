@@ -8,6 +8,8 @@
 
 namespace mfattn::meanfield {
 
+double StepTolerance::relative_change() const { return std::sqrt(std::sqrt(rtol)); }
+
 TransportSolver::TransportSolver(CellLine line, std::size_t rows, double noise_kappa, StepTolerance tolerance)
     : line_(std::move(line)), rows_(rows), kappa_(noise_kappa), tolerance_(tolerance) {
   if (line_.periodic)
@@ -64,7 +66,9 @@ double TransportSolver::step(std::vector<double>& density, double max_step) {
     }
     density = *tried.result;
     if (kappa_ > 0.0) heat(density, 0.5 * dt);
-    next_step_ = dt * std::min(5.0, 0.9 / std::sqrt(std::max(tried.ratio, 1e-12)));
+    // The error estimate is O(dt^2), the velocity's change O(dt).
+    next_step_ = dt * std::min({5.0, 0.9 / std::sqrt(std::max(tried.ratio, 1e-12)),
+                                0.9 / std::max(tried.change_ratio, 1e-12)});
     return dt;
   }
 }
@@ -86,8 +90,40 @@ TransportSolver::Attempt TransportSolver::remap_attempt(double dt) {
   double foot_error = 0.0;
   for (std::size_t i = 0; i < shift_.size(); ++i) foot_error = std::max(foot_error, std::abs(shift_[i] - predicted_shift_[i]));
   const double ratio = foot_error * line_.cell_measure[0] / (tolerance_.atol + tolerance_.rtol);
-  if (!(ratio <= 1.0)) return {nullptr, ratio, dt * shrink(ratio)};
-  return {&k1_, ratio, dt};
+  const double change_ratio = velocity_change_ratio();
+  if (!(ratio <= 1.0) || !(change_ratio <= 1.0)) return refused(dt, ratio, change_ratio);
+  return {&k1_, ratio, dt, change_ratio};
+}
+
+double TransportSolver::velocity_change_ratio() {
+  double change = 0.0, largest = 0.0;
+  for (std::size_t i = 0; i < v0_.size(); ++i) {
+    change = std::max(change, std::abs(v1_[i] - v0_[i]));
+    largest = std::max(largest, std::abs(v0_[i]));
+  }
+  return change / (tolerance_.relative_change() * largest + kVelocityRounding * velocity_scale());
+}
+
+double TransportSolver::velocity_scale() {
+  if (velocity_scale_ < 0.0) {
+    const std::size_t m = line_.cells;
+    const auto widest = static_cast<std::size_t>(
+        std::max_element(line_.cell_measure.begin(), line_.cell_measure.end()) - line_.cell_measure.begin());
+    std::vector<double> point(rows_ * m, 0.0), v;
+    for (std::size_t r = 0; r < rows_; ++r) point[r * m + widest] = 1.0 / line_.cell_measure[widest];
+    face_velocity(point, v);
+    velocity_scale_ = 0.0;
+    for (double value : v) velocity_scale_ = std::max(velocity_scale_, std::abs(value));
+  }
+  return velocity_scale_;
+}
+
+TransportSolver::Attempt TransportSolver::refused(double dt, double ratio, double change_ratio) {
+  // shrink() for the O(dt^2) error estimate; the velocity's change is O(dt).
+  const double by_change = std::isfinite(change_ratio) ? std::max(0.2, 0.9 / change_ratio) : 0.2;
+  return {nullptr, ratio, dt * std::min(ratio > 1.0 || !std::isfinite(ratio) ? shrink(ratio) : 1.0,
+                                        change_ratio > 1.0 || !std::isfinite(change_ratio) ? by_change : 1.0),
+          change_ratio};
 }
 
 TransportSolver::Attempt TransportSolver::finite_volume_attempt(double dt) {
@@ -106,8 +142,9 @@ TransportSolver::Attempt TransportSolver::finite_volume_attempt(double dt) {
     largest = std::max(largest, std::abs(start_[i]));
   }
   const double ratio = error / (tolerance_.atol + tolerance_.rtol * largest);
-  if (!(ratio <= 1.0)) return {nullptr, ratio, dt * shrink(ratio)};
-  return {&k2_, ratio, dt};
+  const double change_ratio = velocity_change_ratio();
+  if (!(ratio <= 1.0) || !(change_ratio <= 1.0)) return refused(dt, ratio, change_ratio);
+  return {&k2_, ratio, dt, change_ratio};
 }
 
 double TransportSolver::remap_step_bound(const std::vector<double>& v) const {

@@ -17,7 +17,11 @@
 // corrector and the predictor (--rtol, --atol): on periodic lines the difference of their
 // departure points, max_a |foot_a - foot*_a| <= atol + rtol (radians: the error the particles'
 // dopri5 allows a position of norm 1); on walled lines the difference of the densities,
-// max_a |rho_a - rho*_a| <= atol + rtol max_a rho_a.
+// max_a |rho_a - rho*_a| <= atol + rtol max_a rho_a. Both are absolute, and a small
+// perturbation of the uniform state moves neither: the step also keeps the velocity's change
+// between the two stages within StepTolerance::relative_change() of its largest value (plus
+// kVelocityRounding of the grid's velocity scale), which bounds gamma dt for a mode growing at
+// gamma whatever its amplitude.
 #include <cstddef>
 #include <limits>
 #include <vector>
@@ -56,7 +60,16 @@ class TransportSolver : public DensitySolver {
     const std::vector<double>* result;
     double ratio;
     double retry;
+    double change_ratio = 0.0;  ///< the velocity's change over its bound (velocity_change_ratio)
   };
+  /// max_a |v1_a - v0_a| over its bound, relative_change max_a |v0_a| + kVelocityRounding
+  /// velocity_scale(): <= 1 for a step to be accepted (linear in dt).
+  double velocity_change_ratio();
+  /// The speed a unit mass in the widest cell of every row induces (max |v|), made once: the
+  /// scale of the velocity's rounding.
+  double velocity_scale();
+  /// The attempt refused with both ratios, and the step to try next.
+  static Attempt refused(double dt, double ratio, double change_ratio);
   Attempt remap_attempt(double dt);
   /// The longest remap step the velocity v allows: dt max|v'| <= 1/4, feet within half a turn.
   double remap_step_bound(const std::vector<double>& v) const;
@@ -78,6 +91,7 @@ class TransportSolver : public DensitySolver {
   /// The longest step v0_ allows: remap_step_bound on periodic lines, 0.8 of the positivity
   /// bound on walled ones.
   double start_bound_ = std::numeric_limits<double>::infinity();
+  double velocity_scale_ = -1.0;  ///< < 0: not made yet
 };
 
 }  // namespace mfattn::meanfield

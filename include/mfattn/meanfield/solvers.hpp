@@ -16,13 +16,27 @@ struct Model;
 
 namespace mfattn::meanfield {
 
-/// The step-size control of the finite-volume solvers (--rtol, --atol): the embedded error
-/// estimate of a step stays below atol + rtol, in radians on the circle (the departure points
-/// of the semi-Lagrangian step), atol + rtol max rho in values on zonal grids.
+/// The step-size control of the solvers (--rtol, --atol; docs/meanfield.md, "Time steps").
+///  - Finite volumes: the embedded error estimate of a step stays below atol + rtol, in
+///    radians on the circle (the departure points of the semi-Lagrangian step), atol + rtol
+///    max rho in values on zonal grids.
+///  - Every solver: the field changes over a step by at most relative_change() of itself (the
+///    velocity's largest value on the finite-volume grids, the drift's norm relative to the
+///    density's deviation from its mean on S^2). A perturbation eps of the uniform state
+///    moves the feet and values by O(eps) only, which the absolute estimates above never
+///    see; this keeps gamma dt <= rtol^(1/4) for a mode growing at gamma, so that a growth
+///    rate measured at the default rtol 1e-6 is within about 2e-4 (second-order steps: the
+///    relative error of a rate is about (gamma dt)^2 / 6).
 struct StepTolerance {
   double rtol = 1e-8;
   double atol = 1e-10;
+  double relative_change() const;
 };
+
+/// Velocity changes below this fraction of the grid's velocity scale (the speed a unit mass
+/// in one cell induces) are rounding: the uniform state's velocity is of order 1e-16 of it,
+/// and its change over a step is no growth to follow.
+inline constexpr double kVelocityRounding = 1e-12;
 
 /// How the circle solver evaluates the velocity: by FFT when the kernel commutes with
 /// rotations (Automatic chooses that when it does), else by the CPU pair loop.
@@ -72,6 +86,7 @@ struct IsotropicInteraction {
 /// (transported or plain values; SA divides by eps_den + the same sum of w), A_cc' the pair's
 /// mask and factor over M_xi.
 std::unique_ptr<DensitySolver> make_sphere_solver(const IsotropicInteraction& interaction, std::size_t max_degree,
+                                                  const StepTolerance& tolerance = {},
                                                   const Model* label_model = nullptr);
 
 /// make_sphere_solver's refusal of a label node whose gauge is not a rotation about e_3.
