@@ -86,6 +86,7 @@ Circle values are densities w.r.t. d theta; zonal values w.r.t. the normalized s
 from __future__ import annotations
 
 import os
+import stat
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -358,6 +359,9 @@ def _open(path: str | os.PathLike) -> h5py.File:
         raise ValueError(f"{path}: not an mfattn H5MD file (a directory)")
     if not os.access(path, os.R_OK):
         raise PermissionError(f"{path}: cannot be read (permission denied)")
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        # HDF5 would open a FIFO by name and wait on it for ever.
+        raise ValueError(f"{path}: not an mfattn H5MD file (not a regular file)")
     if not h5py.is_hdf5(path):
         raise ValueError(f"{path}: not an mfattn H5MD file (not an HDF5 file)")
     # No file locking: a running mfattn holds its lock for the whole run, and every frame it
@@ -365,14 +369,47 @@ def _open(path: str | os.PathLike) -> h5py.File:
     # holds with other locking flags (a caller's own h5py.File): then use the default flags.
     try:
         try:
-            return h5py.File(path, "r", locking=False)
+            f = h5py.File(path, "r", locking=False)
         except OSError as error:
             if "locking" not in str(error):
                 raise
-            return h5py.File(path, "r")
+            f = h5py.File(path, "r")
     except OSError as error:
         raise ValueError(f"{path}: not a readable mfattn H5MD file (HDF5 finds its signature but "
                          f"cannot open it, truncated or damaged?: {error})") from error
+    outside = _reach_outside(f)
+    if outside:
+        f.close()
+        raise ValueError(f"{path}: {outside}; mfattn reads no data outside the file it is given")
+    return f
+
+
+def _reach_outside(f: h5py.File) -> str:
+    """The first external or user-defined link in ``f`` ("" when there is none): HDF5 would
+    open its target, another file (a FIFO: a read would wait for ever). The command line
+    refuses the same (docs/failure-model.md, "Files that reach outside themselves"); datasets
+    whose data lies in other files are refused where they are read (_read)."""
+    found: list[str] = []
+
+    def link(name: bytes, info) -> int | None:
+        if info.type not in (h5py.h5l.TYPE_HARD, h5py.h5l.TYPE_SOFT):
+            found.append(f"/{name.decode(errors='replace')} is an external link (to another file)")
+            return 1
+        return None
+
+    f.id.links.visit(link, info=True)
+    return found[0] if found else ""
+
+
+def _read(dataset: h5py.Dataset, selection: Any = ()) -> Any:
+    """``dataset[selection]``, refusing (ValueError) a virtual dataset (its sources are other
+    files; a missing one reads as the fill value) or one stored in external files."""
+    if dataset.is_virtual or dataset.external:
+        kind = "is a virtual dataset (its data lies in other files)" if dataset.is_virtual else \
+            "stores its data in external files"
+        raise ValueError(f"{dataset.file.filename}: {dataset.name} {kind}; mfattn reads no data outside the "
+                         "file it is given")
+    return dataset[selection]
 
 
 def _replica_groups(f: h5py.File, path: str) -> list[str]:
@@ -481,10 +518,10 @@ def _load_density(f: h5py.File, path: str) -> Density:
                      "[T, *weights.shape]")
     T = min(value.shape[0], group["time"].shape[0], group["step"].shape[0])
     parameters = _attrs(f["parameters"]) if isinstance(f.get("parameters"), h5py.Group) else {}
-    phi = np.asarray(group["phi"][()]) if "phi" in group else None
-    labels = np.asarray(group["labels"][()]) if "labels" in group else None
+    phi = np.asarray(_read(group["phi"])) if "phi" in group else None
+    labels = np.asarray(_read(group["labels"])) if "labels" in group else None
     kind = "sphere" if phi is not None else "zonal" if parameters.get("zonal") else "circle"
-    theta = np.asarray(group["theta"][()])
+    theta = np.asarray(_read(group["theta"]))
     grid = {"sphere": (len(theta), 0 if phi is None else len(phi)), "zonal": (len(theta),),
             "circle": (len(theta),)}[kind]
     expected = grid if labels is None else (len(labels), *grid)
@@ -498,18 +535,18 @@ def _load_density(f: h5py.File, path: str) -> Density:
         for key in obs_root:
             item = obs_root[key]
             if isinstance(item, h5py.Group) and isinstance(item.get("value"), h5py.Dataset):
-                observables[key] = np.asarray(item["value"][:T])
+                observables[key] = np.asarray(_read(item["value"], np.s_[:T]))
     run = _attrs(f["run"]) if isinstance(f.get("run"), h5py.Group) else {}
     d = parameters.get("d", 3 if kind == "sphere" else 2)
     return Density(
         path=path,
-        times=np.asarray(group["time"][:T]),
-        steps=np.asarray(group["step"][:T]),
+        times=np.asarray(_read(group["time"], np.s_[:T])),
+        steps=np.asarray(_read(group["step"], np.s_[:T])),
         values=np.asarray(value[:T]),
         theta=theta,
         phi=phi,
         labels=labels,
-        weights=np.asarray(group["weights"][()]),
+        weights=np.asarray(_read(group["weights"])),
         kind=kind,
         observables=observables,
         parameters=parameters,
@@ -583,27 +620,27 @@ def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajector
         P = min(lengths)
 
         pos0 = first["position"]
-        position_times = np.asarray(pos0["time"][:P])
-        position_steps = np.asarray(pos0["step"][:P])
+        position_times = np.asarray(_read(pos0["time"], np.s_[:P]))
+        position_steps = np.asarray(_read(pos0["step"], np.s_[:P]))
         clock = _frame_clock(f, spath)
         if clock is None:  # every frame's positions: the position element is the clock
             times, steps = position_times, position_steps
         else:
             T = min(clock["time"].shape[0], clock["step"].shape[0])
-            times, steps = np.asarray(clock["time"][:T]), np.asarray(clock["step"][:T])
+            times, steps = np.asarray(_read(clock["time"], np.s_[:T])), np.asarray(_read(clock["step"], np.s_[:T]))
         if stacked:
             positions = np.empty((P, len(selected), n, d), dtype=value0.dtype)
             for slot, r in enumerate(selected):
-                positions[:, slot] = particles[groups[r]]["position/value"][:P]
+                positions[:, slot] = _read(particles[groups[r]]["position/value"], np.s_[:P])
         else:
             positions = np.asarray(value0[:P])
 
-        labels = {name: np.asarray(first[name][()]) for name in LABELS if name in first}
+        labels = {name: np.asarray(_read(first[name])) for name in LABELS if name in first}
         if stacked:
             for r in selected[1:]:
                 group = particles[groups[r]]
                 for name, ref in labels.items():
-                    if name not in group or not np.array_equal(group[name][()], ref):
+                    if name not in group or not np.array_equal(_read(group[name]), ref):
                         raise ValueError(f"{spath}: label {name} of replica {r} differs from "
                                          f"replica {selected[0]}")
 
@@ -616,7 +653,7 @@ def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajector
                 group = obs_root[name]
                 if not isinstance(group, h5py.Group) or "value" not in group:
                     continue
-                value = np.asarray(group["value"][()])
+                value = np.asarray(_read(group["value"]))
                 if R > 1:
                     if value.ndim < 2 or value.shape[1] != R:
                         raise ValueError(f"{spath}: observable {name} has shape {value.shape}, "
@@ -626,9 +663,9 @@ def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajector
                     value = value[:, np.newaxis]
                 observables[name] = value
                 if "time" in group:
-                    observable_times[name] = np.asarray(group["time"][()])
+                    observable_times[name] = np.asarray(_read(group["time"]))
                 if "step" in group:
-                    observable_steps[name] = np.asarray(group["step"][()])
+                    observable_steps[name] = np.asarray(_read(group["step"]))
 
         parameters = _attrs(f["parameters"]) if isinstance(f.get("parameters"), h5py.Group) else {}
         save_positions = str(parameters.get("save-positions", "all" if clock is None else
@@ -638,7 +675,7 @@ def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajector
         prefix_group = particles.get("prefix")
         prefix = {}
         if isinstance(prefix_group, h5py.Group):
-            prefix = {name: np.asarray(prefix_group[name][()])
+            prefix = {name: np.asarray(_read(prefix_group[name]))
                       for name in ("position",) + LABELS if name in prefix_group}
 
     return Trajectory(

@@ -106,6 +106,15 @@ struct OptionWords {
 /// lists and one-dimensional arrays joined by commas, an array of two dimensions or more (a
 /// matrix for q=, k=, v=, rows for init_file=, blocks for generators=) a text file of its rows,
 /// floats in Python's shortest round-trip form.
+/// Whether the run option --name takes a value (it is not a switch such as --overwrite).
+/// Options outside the run table (meanfield's own) are not known here and pass.
+bool takes_a_value(const std::string& name) {
+  static RunConfig unused;
+  static const boost::program_options::options_description table = run_options(unused);
+  const boost::program_options::option_description* option = table.find_nothrow(name, false);
+  return option != nullptr && option->semantic()->max_tokens() > 0;
+}
+
 void option_words(const std::string& key, const py::handle& value, OptionWords& out) {
   std::vector<std::string>& words = out.words;
   std::string name = key;
@@ -121,6 +130,11 @@ void option_words(const std::string& key, const py::handle& value, OptionWords& 
     return;
   }
   if (py::isinstance<py::bool_>(value)) {
+    // True is a switch's "given"; an option that takes a value would otherwise swallow the
+    // next option as its value (heads=True read the call's own out= as heads' value).
+    if (takes_a_value(name))
+      throw py::value_error(key + "=" + (value.cast<bool>() ? "True" : "False") +
+                            ": takes a value, not True or False (those are for switches such as overwrite=True)");
     if (value.cast<bool>()) words.push_back("--" + name);
     return;
   }

@@ -207,6 +207,9 @@ namespace {
 /// Rewrites one option value before it is stored: "auto" for --eps-den (stored as -1, the
 /// automatic value; stored_value_text turns it back), and refuses a negative --eps-den.
 void prepare_value(const std::string& key, std::string& value) {
+  // Every option's default is what leaving it out gives; an empty value given on purpose
+  // (--weights '', a config line "weights =") would otherwise be taken silently as that default.
+  if (value.empty()) reject(key, "''", "is empty (leave the option out for its default)");
   if (key != "eps-den") return;
   if (value == "auto") {
     value = "-1";

@@ -293,10 +293,12 @@ std::size_t layer_count(const RunConfig& cfg) {
   // Every layer whose start the run reaches, one at the horizon included (within the rounding
   // of layer_at): the final frame there is recorded with that layer's matrices, as a longer
   // run records the same frame, so a run resumed from it continues bit-identically.
-  const double reached = cfg.horizon + 1e-12 * std::max(1.0, cfg.horizon);
-  auto layers = static_cast<std::size_t>(std::max(1.0, std::floor(reached / period) + 1.0));
+  const double reached = cfg.horizon + time_resolution(cfg.horizon);
+  // validate keeps the count within kMaxLayers (and the period above the time resolution);
+  // the bound here keeps a model built without it from a loop of astronomically many starts.
+  auto layers = static_cast<std::size_t>(std::clamp(std::floor(reached / period) + 1.0, 1.0, double(kMaxLayers) + 1.0));
   while (layers > 1 && double(layers - 1) * period > reached) --layers;
-  while (double(layers) * period <= reached) ++layers;
+  while (layers <= std::size_t(kMaxLayers) && double(layers) * period <= reached) ++layers;
   // A --weights file's layers: the last one also serves a frame at its end time.
   if (cfg.choices.weight_layers > 0) layers = std::min(layers, cfg.choices.weight_layers);
   return layers;
@@ -315,7 +317,7 @@ std::size_t layer_at(const RunConfig& cfg, double time) {
   // The last layer whose start l T is <= time, a start within rounding (the tolerance at
   // which output_times merges frames) counting as reached: the run lands on a frame time
   // there. The quotient is a first guess; the starts themselves decide (O(1) per call).
-  const double reached = time + 1e-12 * std::max(1.0, cfg.horizon), period = layer_period(cfg);
+  const double reached = time + time_resolution(cfg.horizon), period = layer_period(cfg);
   const std::size_t layers = layer_count(cfg);
   auto l = static_cast<std::size_t>(std::clamp(std::floor(reached / period), 0.0, double(layers - 1)));
   while (l + 1 < layers && double(l + 1) * period <= reached) ++l;

@@ -52,6 +52,17 @@ inline void require_finite(const std::string& option, double value) {
   if (!std::isfinite(value)) reject(option, format_number(value), "must be a finite number");
 }
 
+/// A span of time (the horizon, a layer's time) that frames and layer starts can resolve: at
+/// least kShortestSpanResolutions time resolutions of the run's horizon (a layer's time may
+/// also be 0, off).
+inline void require_resolved_span(const std::string& option, double span, double horizon, bool zero_is_off) {
+  const double shortest = kShortestSpanResolutions * time_resolution(horizon);
+  if (span > 0 && span < shortest)
+    reject(option, format_number(span),
+           std::string(zero_is_off ? "must be 0 or at least " : "must be at least ") + format_number(shortest) +
+               " (1e-9 of max(1, horizon): frames and layer starts closer than 1e-12 of it are one time)");
+}
+
 /// Bytes in a human unit.
 inline std::string format_bytes(double bytes) {
   const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};

@@ -157,6 +157,8 @@ std::size_t validate_layer(const RunConfig& c, RunChoices& choices) {
                  (number.most > 0 ? "" : " (d = " + std::to_string(c.d) + ")"));
   }
   choices.mlp_activation = require_choice(kActivationOption, c.mlp_activation);
+  if (c.layer.mlp_width == 0 && choices.mlp_activation != require_choice(kActivationOption, RunConfig{}.mlp_activation))
+    reject("mlp-activation", c.mlp_activation, "there is no feed-forward term to act in (give --mlp W)");
   const std::int64_t d = c.d, heads = c.layer.heads, r = c.layer.head_dim ? c.layer.head_dim : d;
   const bool several = heads > 1 || r < d;
   if (several)
@@ -172,6 +174,7 @@ std::size_t validate_layer(const RunConfig& c, RunChoices& choices) {
     reject("head-dim", std::to_string(r), "a --geometry needs heads of r >= 2");
   require_finite("layer-time", c.layer_time);
   if (c.layer_time < 0) reject("layer-time", format_number(c.layer_time), "must be >= 0");
+  require_resolved_span("layer-time", c.layer_time, c.horizon, /*zero_is_off=*/true);
   if (c.weights.empty()) {
     if (c.layer_time > 0)
       reject("layer-time", format_number(c.layer_time), "needs a --weights file with a leading layer axis");
@@ -235,7 +238,11 @@ std::size_t validate_layer(const RunConfig& c, RunChoices& choices) {
     check("/mlp/b1", file.b1, {W}, mlp_options);
     check("/mlp/w2", file.w2, {D, W}, mlp_options);
     check("/mlp/b2", file.b2, {D}, mlp_options);
-    if (!file.activation.empty() && file.activation != c.mlp_activation)
+    if (file.activation.empty())
+      reject("weights", c.weights,
+             "/mlp has no activation attribute (" + kActivationOption.accepted() +
+                 "; analysis/export_torch.py writes it, h5py: f[\"mlp\"].attrs[\"activation\"] = \"gelu\")");
+    if (file.activation != c.mlp_activation)
       reject("mlp-activation", c.mlp_activation,
              "the --weights file's /mlp says activation " + shown(file.activation) + " (give --mlp-activation " +
                  shown(file.activation) + ")");
@@ -250,7 +257,8 @@ std::size_t validate_layer(const RunConfig& c, RunChoices& choices) {
            "the --weights file's " + std::to_string(layers) + " layers of --layer-time " + format_number(c.layer_time) +
                " end at t = " + format_number(double(layers) * c.layer_time));
   if (layers == 1 && c.layer_time > 0)
-    reject("layer-time", format_number(c.layer_time), "the --weights file has one layer (no leading layer axis)");
+    reject("layer-time", format_number(c.layer_time), "the --weights file holds one layer (no leading layer axis, or one of length 1): --layer-time "
+                                                      "spreads L >= 2 layers over time; leave it out");
   choices.weights = std::make_shared<const WeightsFile>(std::move(file));
   return layers;
 }
@@ -311,6 +319,7 @@ RunChoices validate(const RunConfig& c) {
              "per-replica draws only change random presets, and " + named + " has none");
     require_finite("regen-period", c.regen_period);
     if (c.regen_period < 0) reject("regen-period", format_number(c.regen_period), "must be >= 0");
+    require_resolved_span("regen-period", c.regen_period, c.horizon, /*zero_is_off=*/true);
     if (c.regen_period > 0 && !random)
       reject("regen-period", format_number(c.regen_period),
              "a new layer redraws random presets only, and " + named + " has none");
@@ -412,6 +421,7 @@ RunChoices validate(const RunConfig& c) {
     require_finite(name, value);
     if (value <= 0) reject(name, format_number(value), "must be > 0");
   }
+  require_resolved_span("horizon", c.horizon, c.horizon, /*zero_is_off=*/false);
   require_finite("save-every", c.save_every);
   if (c.save_every < 0) reject("save-every", format_number(c.save_every), "must be > 0");
   if (c.save_log < 0 || c.save_log == 1)

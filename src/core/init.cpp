@@ -290,7 +290,7 @@ std::string parse_number_line(std::string_view line, std::vector<double>& values
 
 std::vector<double> read_text_rows(const std::string& path, std::size_t d, std::size_t& rows_out) {
   rows_out = 0;
-  if (d < 1) throw std::invalid_argument("read_text_rows: d must be >= 1");
+  const bool any_width = d == kRowsOfAnyWidth;
   std::istringstream in(read_input_file(path, kMaxNumbersFileBytes));
   std::vector<double> out;
   std::string line;
@@ -306,8 +306,10 @@ std::vector<double> read_text_rows(const std::string& path, std::size_t d, std::
     const std::size_t count = values.size();
     out.insert(out.end(), values.begin(), values.end());
     if (count == 0) continue;  // blank or comment-only line
+    if (any_width && rows_out == 0) d = count;
     if (count != d)
-      fail("expected d = " + std::to_string(d) + " numbers, found " + std::to_string(count));
+      fail(any_width ? "expected " + std::to_string(d) + " numbers, as on the first row, found " + std::to_string(count)
+                     : "expected d = " + std::to_string(d) + " numbers, found " + std::to_string(count));
     ++rows_out;
   }
   if (rows_out == 0) throw std::invalid_argument("'" + path + "' contains no rows");

@@ -118,7 +118,14 @@ void overwrite_row(const Checker& check, hid_t dataset, hsize_t row, hid_t memor
 void read_row(const Checker& check, hid_t dataset, hsize_t row, hid_t memory_type, void* out,
               const char* what);
 
-/// Writes a fixed-size dataset, replacing an earlier one of the same name.
+/// Writes a fixed-size dataset, replacing an earlier one of the same name. One of more than
+/// kCompressedFixedBytes is stored in chunks of about that size, shuffled and deflated (level
+/// 1): the identity Q, K and V of attention_matrices at d = 4096 were 400 MB of zeros.
+inline constexpr std::size_t kCompressedFixedBytes = std::size_t{1} << 20;
+/// The largest d whose file keeps HDF5's oldest format: the box's boundary attribute (d
+/// variable-length strings, 16 bytes each) must stay within its 64 KiB header message. Larger
+/// d take the 1.8 format (h5md_writer.cpp).
+inline constexpr std::size_t kOldestFormatLargestD = 2048;
 void write_fixed_dataset(const Checker& check, hid_t parent, const std::string& name,
                          hid_t file_type, hid_t memory_type, const std::vector<hsize_t>& dims,
                          const void* data);

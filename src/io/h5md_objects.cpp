@@ -216,8 +216,24 @@ void write_fixed_dataset(const Checker& check, hid_t parent, const std::string& 
   check(exists, "looking up", name);
   if (exists > 0) check(H5Ldelete(parent, name.c_str(), H5P_DEFAULT), "deleting", name);
   Handle space = dataspace(check, dims);
+  Handle properties = check.own(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "creating properties");
+  const std::size_t bytes = element_count(dims) * H5Tget_size(file_type);
+  if (bytes > kCompressedFixedBytes && !dims.empty()) {
+    // Chunks of whole trailing rows: every axis but the last two taken one index at a time,
+    // then as many rows of the last axis as make about kCompressedFixedBytes.
+    std::vector<hsize_t> chunk(dims.size(), 1);
+    chunk.back() = dims.back();
+    if (dims.size() >= 2)
+      chunk[dims.size() - 2] = std::min(dims[dims.size() - 2],
+                                        rows_per_chunk(dims.back() * H5Tget_size(file_type), kCompressedFixedBytes));
+    else
+      chunk.back() = std::min(dims.back(), rows_per_chunk(H5Tget_size(file_type), kCompressedFixedBytes));
+    check(H5Pset_chunk(properties.get(), static_cast<int>(chunk.size()), chunk.data()), "setting chunks of", name);
+    check(H5Pset_shuffle(properties.get()), "setting shuffle on", name);
+    check(H5Pset_deflate(properties.get(), 1), "setting deflate on", name);
+  }
   Handle dataset = check.own(H5Dcreate2(parent, name.c_str(), file_type, space.get(), H5P_DEFAULT,
-                                        H5P_DEFAULT, H5P_DEFAULT),
+                                        properties.get(), H5P_DEFAULT),
                              H5Dclose, "creating dataset", name);
   if (element_count(dims) == 0) return;  // as in write_attribute
   check(H5Dwrite(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "writing", name);

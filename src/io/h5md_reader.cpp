@@ -40,7 +40,9 @@ Hdf5H5mdWriter::Hdf5H5mdWriter(const WriterSetup& setup, ResumePoint& point)
       (H5Lexists(file_.get(), "/run/checkpoint", H5P_DEFAULT) > 0) != keeps_checkpoint())
     throw IoError(setup.path + ": --resume needs the --save-positions the file was written with");
   auto open = [&](const std::string& name) {
-    return check_.own(H5Dopen2(file_.get(), name.c_str(), H5P_DEFAULT), H5Dclose, "opening", name);
+    Handle dataset = hdf5::open_dataset(file_.get(), name);
+    if (!dataset.valid()) check_.fail("opening", name);
+    return dataset;
   };
   step_ = open(clock_group_ + "step");
   time_ = open(clock_group_ + "time");
@@ -143,7 +145,9 @@ Hdf5H5mdWriter::Hdf5H5mdWriter(const WriterSetup& setup, ResumePoint& point)
 hsize_t Hdf5H5mdWriter::resume_from_checkpoint(hsize_t frames, ResumePoint& point) {
   auto open = [&](const char* name) {
     const std::string path = std::string("/run/checkpoint/") + name;
-    return check_.own(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), H5Dclose, "opening", path);
+    Handle dataset = hdf5::open_dataset(file_.get(), path);
+    if (!dataset.valid()) check_.fail("opening", path);
+    return dataset;
   };
   checkpoint_.x = open("x");
   checkpoint_.step = open("step");
@@ -194,9 +198,9 @@ Frame read_last_frame(const std::string& path) {
   Handle file = hdf5::open_read_only(path);
   if (!file.valid()) check.fail("opening the file");
   auto open = [&](const std::string& name) {
-    const hid_t dataset = H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT);
-    if (dataset < 0) throw IoError(foreign + "it has no dataset " + name);
-    return Handle(dataset, H5Dclose);
+    Handle dataset = hdf5::open_dataset(file.get(), name);
+    if (!dataset.valid()) throw IoError(foreign + "it has no dataset " + name);
+    return dataset;
   };
   Handle value = open("/particles/tokens/position/value");
   Handle step = open("/particles/tokens/position/step");
@@ -284,6 +288,8 @@ bool is_mfattn_file(const std::string& path) {
     const std::string name = text;
     H5free_memory(text);
     return name == "mfattn";
+  } catch (const NotMfattnFile&) {
+    throw;  // a file that reaches outside itself (open_read_only) is refused, not taken as text
   } catch (...) {
     return false;
   }
@@ -372,10 +378,10 @@ namespace {
 /// A density file's summary: its frames are those /fields/density/{time, value} both hold.
 FileSummary describe_density_file(const std::string& path, hid_t file, const Checker& check) {
   FileSummary summary;
-  Handle time = check.own(H5Dopen2(file, (kFieldGroup + "time").c_str(), H5P_DEFAULT), H5Dclose, "opening",
-                          kFieldGroup + "time");
-  Handle value = check.own(H5Dopen2(file, (kFieldGroup + "value").c_str(), H5P_DEFAULT), H5Dclose, "opening",
-                           kFieldGroup + "value");
+  Handle time = hdf5::open_dataset(file, kFieldGroup + "time");
+  if (!time.valid()) check.fail("opening", kFieldGroup + "time");
+  Handle value = hdf5::open_dataset(file, kFieldGroup + "value");
+  if (!value.valid()) check.fail("opening", kFieldGroup + "value");
   const auto time_dims = dataset_dims(check, time.get(), "fields/density/time");
   const auto value_dims = dataset_dims(check, value.get(), "fields/density/value");
   if (time_dims.size() != 1 || value_dims.size() < 2)

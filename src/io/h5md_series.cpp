@@ -147,7 +147,7 @@ struct SeriesFile::Impl {
 
   Handle dataset(const std::string& name) const {
     if (!exists(name)) foreign("it has no dataset " + name);
-    Handle handle(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+    Handle handle = hdf5::open_dataset(file.get(), name);
     if (!handle.valid()) fail("opening " + name + " failed");
     return handle;
   }
@@ -230,6 +230,9 @@ SeriesFile::SeriesFile(const std::string& path) : impl_(std::make_unique<Impl>()
   }
   if (f.string_attribute("/h5md/creator", "name") != std::optional<std::string>("mfattn"))
     f.foreign("no /h5md/creator with name \"mfattn\"");
+  if (H5Lexists(f.file.get(), "/fields", H5P_DEFAULT) > 0 && H5Lexists(f.file.get(), "/particles", H5P_DEFAULT) <= 0)
+    throw NotMfattnFile(path + " is a density file of mfattn meanfield, and this reads particle runs (mfattn info " +
+                        "describes a density file, analysis/plot_meanfield.py draws it)");
   const auto value = f.dims("/particles/tokens/position/value");
   const auto step = f.dims("/particles/tokens/position/step");
   const auto time = f.dims("/particles/tokens/position/time");

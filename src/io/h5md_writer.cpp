@@ -5,8 +5,13 @@
 /// and the reopening for --resume is in h5md_reader.cpp.
 ///
 /// Choices made here:
-/// - The file uses HDF5's default (oldest compatible) format and no SWMR: after flush() a
-///   writer killed with SIGKILL leaves a file that plain h5py opens.
+/// - The file uses HDF5's oldest compatible format and no SWMR: after flush() a writer killed
+///   with SIGKILL leaves a file that plain h5py opens. Above kOldestFormatLargestD it uses the
+///   1.8 format (readable by every HDF5 since 1.8, 2008), which stores an attribute of more
+///   than 64 KiB (the box's boundary names d strings: d = 4096 did not fit in the oldest).
+///   Not for every file: the 1.8 format's metadata checksums make a reader beside a running
+///   writer fail now and then on metadata the writer is rewriting (5 of 1500 `info` calls),
+///   which the oldest format's readers never did.
 /// - HDF5's automatic error printing is switched off for the duration of every call into this
 ///   file, and each failed HDF5 call becomes an IoError naming the file and the operation.
 /// - append_frame copies a frame into staged rows; flush() writes them, one block per
@@ -57,8 +62,13 @@ Hdf5H5mdWriter::Hdf5H5mdWriter(const WriterSetup& setup)
   clock_group_ = frame_clock_path(setup);
   QuietHdf5Errors quiet;
   std::error_code ignored;
-  if (!setup.overwrite && std::filesystem::exists(setup.path, ignored)) {
-    throw OutputExists("output file " + setup.path + " exists (use --overwrite to replace it)");
+  // symlink_status: a symbolic link is something at the path even when its target is missing
+  // (the publishing rename would find it and not replace it).
+  if (!setup.overwrite && std::filesystem::exists(std::filesystem::symlink_status(setup.path, ignored))) {
+    const bool dangling = std::filesystem::is_symlink(std::filesystem::symlink_status(setup.path, ignored)) &&
+                          !std::filesystem::exists(setup.path, ignored);
+    throw OutputExists("output file " + setup.path + (dangling ? " is a symbolic link to a missing file" : " exists") +
+                       " (use --overwrite to replace it)");
   }
   if (setup.overwrite) {
     refuse_unless_replaceable(setup.path);
@@ -75,9 +85,12 @@ Hdf5H5mdWriter::Hdf5H5mdWriter(const WriterSetup& setup)
   // than the two position rows of a replica with Ends. Files meant to be small take K = 4.
   if (keeps_checkpoint())
     check_(H5Pset_istore_k(creation.get(), kSmallFileChunkIndexK), "setting the chunk index size");
+  Handle access = check_.own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "creating properties");
+  if (setup.d > kOldestFormatLargestD)
+    check_(H5Pset_libver_bounds(access.get(), H5F_LIBVER_V18, H5F_LIBVER_V18), "choosing the file format");
   file_ = check_.own(H5Fcreate(write_path_.c_str(),
                                setup.atomic_publish ? H5F_ACC_EXCL : H5F_ACC_TRUNC,
-                               creation.get(), H5P_DEFAULT),
+                               creation.get(), access.get()),
                      H5Fclose, "creating the file");
   published_ = !setup.atomic_publish;
   reserve_space(kMetadataMargin);

@@ -19,7 +19,7 @@ WeightArray read_array(hid_t file, const std::string& path) {
   const std::string group = path.substr(0, slash);
   if (H5Lexists(file, group.c_str(), H5P_DEFAULT) <= 0 || H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0)
     return array;
-  Handle dataset(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
+  Handle dataset = hdf5::open_dataset(file, path);
   if (!dataset.valid()) throw std::invalid_argument(path + " is not a dataset");
   Handle type(H5Dget_type(dataset.get()), H5Tclose);
   if (H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != 8)
@@ -65,14 +65,19 @@ std::string read_text_attribute(hid_t file, const std::string& path, const std::
     H5free_memory(text);
     return result;
   }
+  // A fixed-length string of `size` bytes may fill them all (NumPy's S4 holds "relu" with no
+  // terminator, as C, MATLAB and h5py's bytes write it): read into size + 1 bytes of a
+  // null-terminated type, which HDF5's conversion terminates, and drop a space padding's spaces.
   const std::size_t size = H5Tget_size(type.get());
-  std::string result(size, '\0');
+  std::string result(size + 1, '\0');
   Handle memory(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(memory.get(), size);
+  H5Tset_size(memory.get(), size + 1);
+  H5Tset_strpad(memory.get(), H5T_STR_NULLTERM);
   H5Tset_cset(memory.get(), H5Tget_cset(type.get()));
   if (H5Aread(attribute.get(), memory.get(), result.data()) < 0)
     throw std::invalid_argument(path + " attribute " + name + " cannot be read");
   result.resize(result.find('\0') == std::string::npos ? size : result.find('\0'));
+  if (H5Tget_strpad(type.get()) == H5T_STR_SPACEPAD) result.erase(result.find_last_not_of(' ') + 1);
   return result;
 }
 

@@ -194,6 +194,26 @@ std::vector<double> moment_eigenvalues(const double* rows, std::size_t m, std::s
   return eigenvalues;
 }
 
+/// The same eigenvalues from the m x m Gram matrix (1/m) Y Y^T when there are fewer rows than
+/// dimensions (m < d): C = (1/m) Y^T Y has the Gram matrix's eigenvalues and d - m zeros.
+/// O(m^2 d + m^3) instead of O(m d^2 + d^3): a run at d = 2048 with a few tokens spent seconds
+/// per frame in the d x d solver.
+std::vector<double> gram_eigenvalues(const double* rows, std::size_t m, std::size_t d) {
+  const auto size = static_cast<Eigen::Index>(m);
+  Eigen::MatrixXd gram(size, size);
+  for (std::size_t a = 0; a < m; ++a)
+    for (std::size_t b = a; b < m; ++b) {
+      double inner = 0.0;
+      for (std::size_t c = 0; c < d; ++c) inner += rows[a * d + c] * rows[b * d + c];
+      const auto ai = static_cast<Eigen::Index>(a), bi = static_cast<Eigen::Index>(b);
+      gram(ai, bi) = gram(bi, ai) = inner / double(m);
+    }
+  const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> solver(gram, Eigen::EigenvaluesOnly);
+  std::vector<double> eigenvalues(d, 0.0);
+  for (std::size_t a = 0; a < m; ++a) eigenvalues[a] = solver.eigenvalues()[size - 1 - static_cast<Eigen::Index>(a)];
+  return eigenvalues;
+}
+
 }  // namespace
 
 std::vector<double> second_moment_eigenvalues(const double* rows, std::size_t m, std::size_t d) {
@@ -217,6 +237,7 @@ std::vector<double> second_moment_eigenvalues(const double* rows, std::size_t m,
   }
   if (d == 3) return moment_eigenvalues<3>(rows, m, d);
   if (d == 4) return moment_eigenvalues<4>(rows, m, d);
+  if (m < d) return gram_eigenvalues(rows, m, d);
   return moment_eigenvalues<Eigen::Dynamic>(rows, m, d);
 }
 

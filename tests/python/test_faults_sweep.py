@@ -321,14 +321,21 @@ def test_unreadable_inputs_mean_the_same_everywhere(mfattn_binary, run_mfattn, t
         assert type(caught.value) is expected, f"load {name}: {caught.value!r}"
         assert why.split()[-1] in str(caught.value), f"load {name}: {caught.value}"
 
-    # A real mfattn file whose data cannot be read (external raw storage that is gone): I/O.
+    # A real mfattn file whose data cannot be read (a compressed chunk whose bytes are not
+    # deflate's): I/O. (Data stored outside the file is refused as such, exit 2:
+    # test_faults_layer_inputs.py.)
     broken = tmp_path / "broken.h5"
     shutil.copy(good, broken)
     with h5py.File(broken, "a") as f:
-        shape = f["particles/tokens/position/time"].shape
+        times = f["particles/tokens/position/time"][()]
         del f["particles/tokens/position/time"]
-        f.create_dataset("particles/tokens/position/time", shape=shape, dtype="f8",
-                         external=[(str(tmp_path / "gone.bin"), 0, h5py.h5f.UNLIMITED)])
+        f.create_dataset("particles/tokens/position/time", data=times, chunks=times.shape, compression="gzip")
+    with h5py.File(broken, "r") as f:
+        chunk = f["particles/tokens/position/time"].id.get_chunk_info(0)
+    data = bytearray(broken.read_bytes())
+    data[chunk.byte_offset:chunk.byte_offset + chunk.size] = bytes(range(256)) * (chunk.size // 256) + bytes(
+        chunk.size % 256)
+    broken.write_bytes(bytes(data))
     for command in ("info", "analyze"):
         done = subprocess.run([str(mfattn_binary), command, str(broken)], capture_output=True, text=True,
                               timeout=DEADLINE)

@@ -195,6 +195,13 @@ inline constexpr std::size_t kMaxConfigBytes = std::size_t{1} << 20;
 inline constexpr std::int64_t kMaxRunTokens = 2147483647;
 /// Most layers of one run (--horizon / --regen-period).
 inline constexpr std::int64_t kMaxLayers = 1000000;
+/// Times closer than this are one time: frames (output_times) and layer starts merge within
+/// it. 1e-12 of the horizon's scale, max(1, horizon).
+inline double time_resolution(double horizon) { return 1e-12 * (horizon > 1.0 ? horizon : 1.0); }
+/// The shortest horizon, --layer-time and --regen-period, in time resolutions: frames and
+/// layer starts closer than this could not be told apart (a layer time of 1e-200 was a
+/// loop over 1e188 layer starts before frame 0).
+inline constexpr double kShortestSpanResolutions = 1000.0;
 /// Most frames of one run (--save-every, --save-log, --save-times).
 inline constexpr std::int64_t kMaxFrames = 10000000;
 /// Most columns of a --positions file (k): the d (d - 1) / 2 coordinates of so(16), the

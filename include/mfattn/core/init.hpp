@@ -78,9 +78,12 @@ std::string parse_number_line(std::string_view line, std::vector<double>& values
 
 /// Reads a text file of rows of d numbers separated by whitespace or commas ('#' starts a
 /// comment, blank lines are skipped); returns them row-major and sets rows_out to the row count.
+/// d = kRowsOfAnyWidth takes the first row's width for every row (a grid's values one per
+/// line, on one line, or as the rows of NumPy's savetxt of a 2-D array).
 /// Throws std::invalid_argument naming the file and the first bad line/row, InputFileRefused
 /// (the reason alone: the caller names the option and the file) for a file that is not a
 /// readable regular file of at most kMaxNumbersFileBytes.
+inline constexpr std::size_t kRowsOfAnyWidth = 0;
 std::vector<double> read_text_rows(const std::string& path, std::size_t d, std::size_t& rows_out);
 
 }  // namespace mfattn

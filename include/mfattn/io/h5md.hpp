@@ -221,7 +221,9 @@ FileSummary describe_file(const std::string& path);
 /// integers in full, doubles as the shortest text that reads back as the same double).
 std::string parameter_text(const ParameterValue& value);
 
-/// True when the file is HDF5 and carries the H5MD root group with creator "mfattn".
+/// True when the file is HDF5 and carries the H5MD root group with creator "mfattn". Throws
+/// NotMfattnFile for an HDF5 file that reaches outside itself (an external link, a virtual
+/// dataset) or holds an object that cannot be loaded: no reader opens it.
 bool is_mfattn_file(const std::string& path);
 
 /// What `mfattn realize` adds to its run's file as /realization (docs/realization.md):

@@ -78,7 +78,8 @@ PairStatistics pair_statistics(const double* x, std::size_t d,
                                const ObservableSettings& settings = {});
 
 /// The d eigenvalues of (1/m) sum_{a} y_a y_a^T over m rows y_a of d numbers, descending
-/// (all NaN for m = 0).
+/// (all NaN for m = 0). With fewer rows than dimensions (m < d, d > 4) they are those of the
+/// m x m Gram matrix (1/m) y_a . y_b and d - m exact zeros: O(m^2 d + m^3), not O(d^3).
 std::vector<double> second_moment_eigenvalues(const double* rows, std::size_t m, std::size_t d);
 /// exp(-sum q_k log q_k) of the eigenvalues normalised to sum 1 (negatives from rounding count
 /// as 0; NaN when none is positive or any is NaN).

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "app/option_rules.hpp"
+#include "app/kept_frames.hpp"
 #include "app/progress.hpp"
 #include "mfattn/app/meanfield_compare.hpp"
 #include "mfattn/app/model_builder.hpp"
@@ -18,6 +19,7 @@
 #include "mfattn/core/input_file.hpp"
 #include "mfattn/core/number_text.hpp"
 #include "mfattn/core/version.hpp"
+#include "mfattn/io/series.hpp"
 #include "mfattn/meanfield/solvers.hpp"
 
 namespace mfattn {
@@ -42,7 +44,7 @@ po::options_description meanfield_options(MeanfieldConfig& c) {
   po::options_description own("Mean-field options");
   own.add_options()
       ("grid", po::value(&c.grid)->default_value(0, "256, 32 or 256"),
-       "circle cells M (d = 2), the maximal degree L (d = 3), or polar cells (--zonal); >= 4")
+       "circle cells M (d = 2) or polar cells (--zonal), in [4, 4194304]; the maximal degree L (d = 3), in [4, 1024]")
       ("label-points", po::value(&c.label_points)->default_value(0),
        "label nodes M_xi (d = 2, or d = 3 with rope about e_3; --positions uniform): one conditional density per "
        "node; 0 = no labels")
@@ -128,7 +130,8 @@ Problem make_problem(const MeanfieldConfig& cfg, int threads) {
   } else {
     const std::size_t degree = static_cast<std::size_t>(cfg.grid > 0 ? cfg.grid : 32);
     try {
-      problem.density = meanfield::make_sphere_solver(interaction, degree, labelled ? &model : nullptr);
+      problem.density = meanfield::make_sphere_solver(interaction, degree, {run.rtol, run.atol},
+                                                      labelled ? &model : nullptr);
     } catch (const meanfield::UnsupportedLabelGauge& e) {
       throw UsageError("--geometry " + run.geometry + ": " + e.what() +
                        "; S^2 with --label-points takes none or rope with one rotating block (rotations about e_3)");
@@ -181,6 +184,24 @@ double first_coordinate(const meanfield::DensityGrid& grid, std::size_t point) {
   return 0.0;
 }
 
+/// The highest mode k of --perturbation the grid resolves: M / 2 on the circle (Nyquist), L on
+/// S^2 (degree <= L), n_theta / 2 zonal (two cells per oscillation of P_k across [0, pi]).
+int highest_resolved_mode(const MeanfieldConfig& cfg, const meanfield::DensityGrid& grid) {
+  switch (grid.kind) {
+    case meanfield::GridKind::Circle: return int(grid.theta.size() / 2);
+    case meanfield::GridKind::Zonal: return int(grid.theta.size() / 2);
+    case meanfield::GridKind::Sphere: return int(cfg.grid > 0 ? cfg.grid : 32);
+  }
+  return 0;
+}
+
+/// "[64, 256]": a grid shape as a message shows it.
+std::string shape_text(const std::vector<std::size_t>& shape) {
+  std::string text = "[";
+  for (std::size_t a = 0; a < shape.size(); ++a) text += (a ? ", " : "") + std::to_string(shape[a]);
+  return text + "]";
+}
+
 std::vector<double> initial_density(const MeanfieldConfig& cfg, const meanfield::DensityGrid& grid,
                                     const std::vector<double>& gauge_angles) {
   const std::size_t size = grid.size();
@@ -191,37 +212,56 @@ std::vector<double> initial_density(const MeanfieldConfig& cfg, const meanfield:
   if (cfg.init_density == "vmf") {
     for (std::size_t i = 0; i < size; ++i) density[i] = std::exp(cfg.init_kappa * (first_coordinate(grid, i) - 1.0));
   } else if (cfg.init_density != "uniform") {
+    const std::string layout = std::to_string(size) + " numbers, the grid's values of shape " + shape_text(grid.shape) +
+                               " in row-major order (one per line, all on one line, or rows of equal width such as "
+                               "NumPy's savetxt of the 2-D array)";
     std::size_t found = 0;
     try {
-      density = read_text_rows(cfg.init_density, 1, found);
+      density = read_text_rows(cfg.init_density, kRowsOfAnyWidth, found);
     } catch (const std::exception& e) {
-      refuse("init-density", cfg.init_density, std::string(e.what()) + " (accepted: uniform, vmf or a FILE of " +
-                                                   std::to_string(size) + " numbers)");
+      refuse("init-density", cfg.init_density, std::string(e.what()) + " (accepted: uniform, vmf or a FILE of " + layout + ")");
     }
     if (density.size() != size)
-      refuse("init-density", cfg.init_density, "needs " + std::to_string(size) + " numbers (the grid's values), found " +
-                                                   std::to_string(density.size()));
-    for (double value : density)
+      refuse("init-density", cfg.init_density, "holds " + std::to_string(density.size()) + " numbers; needs " + layout);
+    double largest = 0.0;
+    for (double value : density) {
       if (!(value >= 0.0) || !std::isfinite(value))
         refuse("init-density", cfg.init_density, "values must be finite and >= 0");
+      largest = std::max(largest, value);
+    }
+    // The file's scale is free (it is normalised below): dividing by the largest value first
+    // keeps the mass finite for values near the largest double.
+    if (largest > 0.0)
+      for (double& value : density) value /= largest;
   }
+  // The mass of row r on the grid; a row without it is refused, naming the label node.
+  auto row_mass = [&](std::size_t r) {
+    double mass = 0.0;
+    for (std::size_t i = r * row_size; i < (r + 1) * row_size; ++i) mass += grid.weights[i] * density[i];
+    if (!(mass > 0.0) || !std::isfinite(mass))
+      refuse("init-density", cfg.init_density,
+             rows > 1 ? "has no mass in row " + std::to_string(r) + " (label node xi = " +
+                            format_number(grid.labels[r]) + "): each label node's row is a probability density"
+                      : std::string("has no mass on the grid"));
+    return mass;
+  };
   if (!cfg.perturbation.empty()) {
     std::vector<double> numbers;
+    const int highest = highest_resolved_mode(cfg, grid);
     if (!parse_number_list(cfg.perturbation, numbers) || numbers.size() != 2 || numbers[0] < 1 ||
-        numbers[0] != std::floor(numbers[0]) || numbers[0] > 1000)
-      refuse("perturbation", cfg.perturbation, "needs k,eps with an integer k in [1, 1000] and a finite eps");
+        numbers[0] != std::floor(numbers[0]) || numbers[0] > highest || !std::isfinite(numbers[1]))
+      refuse("perturbation", cfg.perturbation,
+             "needs k,eps with an integer k in [1, " + std::to_string(highest) +
+                 "] (the highest mode this grid resolves) and a finite eps");
     // The perturbation is relative to the density's mean value on each row.
     for (std::size_t r = 0; r < rows; ++r) {
-      double mass = 0.0;
-      for (std::size_t i = r * row_size; i < (r + 1) * row_size; ++i) mass += grid.weights[i] * density[i];
+      const double mass = row_mass(r);
       for (std::size_t i = r * row_size; i < (r + 1) * row_size; ++i)
         density[i] = density[i] / mass + numbers[1] * perturbation_shape(grid, cfg.run.d, int(numbers[0]), i, gauge_angles);
     }
   }
   for (std::size_t r = 0; r < rows; ++r) {
-    double mass = 0.0;
-    for (std::size_t i = r * row_size; i < (r + 1) * row_size; ++i) mass += grid.weights[i] * density[i];
-    if (!(mass > 0.0) || !std::isfinite(mass)) refuse("init-density", cfg.init_density, "has no mass on the grid");
+    const double mass = row_mass(r);
     for (std::size_t i = r * row_size; i < (r + 1) * row_size; ++i) {
       density[i] /= mass;
       if (density[i] < 0.0)
@@ -307,9 +347,12 @@ MeanfieldConfig parse_meanfield_arguments(const std::vector<std::string>& args) 
   if (vm["atol"].defaulted()) run.atol = kMeanfieldDefaultAtol;
   if (cfg.label_points < 0 || cfg.label_points > 4096)
     refuse("label-points", std::to_string(cfg.label_points), "must be in [0, 4096]");
-  if (cfg.grid != 0 && (cfg.grid < 4 || cfg.grid > (run.d == 3 && !cfg.zonal ? 1024 : 1 << 22)))
-    refuse("grid", std::to_string(cfg.grid), run.d == 3 && !cfg.zonal ? "must be in [4, 1024] (the maximal degree L)"
-                                                                      : "must be in [4, 4194304]");
+  // (0 is the default's sentinel, "256, 32 or 256"; given, it is refused as any other value.)
+  const bool sphere_degree = run.d == 3 && !cfg.zonal;
+  if ((!vm["grid"].defaulted() || cfg.grid != 0) && (cfg.grid < 4 || cfg.grid > (sphere_degree ? 1024 : 1 << 22)))
+    refuse("grid", std::to_string(cfg.grid),
+           sphere_degree ? "must be an integer in [4, 1024] (the maximal degree L on S^2)"
+                         : std::string("must be an integer in [4, 4194304] (") + (cfg.zonal ? "polar cells)" : "circle cells)"));
   if (!std::isfinite(cfg.init_kappa)) refuse("init-kappa", format_number(cfg.init_kappa), "must be finite");
   if (cfg.evaluation != "auto" && cfg.evaluation != "fourier" && cfg.evaluation != "quadrature")
     refuse("evaluation", cfg.evaluation, "accepted: auto, fourier, quadrature");
@@ -332,10 +375,22 @@ MeanfieldConfig parse_meanfield_arguments(const std::vector<std::string>& args) 
                                         {"mask", "full"}})
       if (vm[name].as<std::string>() != neutral)
         refuse(name, vm[name].as<std::string>(), "acts on labels: give --label-points and --positions uniform");
-  if (!cfg.compare.empty()) require_input_file("compare", cfg.compare);
+  if (!cfg.compare.empty()) {
+    // The particle run is checked before the solve (a file it would refuse afterwards would
+    // leave a density file behind a usage error).
+    require_input_file("compare", cfg.compare);
+    try {
+      const SeriesFile run_file(cfg.compare);
+    } catch (const NotMfattnFile& e) {
+      refuse("compare", cfg.compare, e.what());
+    }
+  }
   refuse_beyond_memory(cfg);
   if (cfg.perturbation_coordinate != "theta" && cfg.perturbation_coordinate != "gauge")
     refuse("perturbation-coordinate", cfg.perturbation_coordinate, "accepted: theta, gauge");
+  if (cfg.perturbation_coordinate == "gauge" && (cfg.label_points == 0 || run.d != 2 || cfg.zonal))
+    refuse("perturbation-coordinate", cfg.perturbation_coordinate,
+           "the gauge coordinate is a label node's (the circle with --label-points); accepted here: theta");
   // The run options are validated as a run of the label nodes would be; the noise needs no
   // integrator here (the solver's diffusion takes it).
   RunConfig as_run = run;
@@ -348,7 +403,14 @@ MeanfieldConfig parse_meanfield_arguments(const std::vector<std::string>& args) 
   command_line << "mfattn meanfield";
   for (const auto& arg : args) command_line << ' ' << arg;
   cfg.command_line = command_line.str();
-  cfg.parameters = table_parameters(table, vm);
+  // /parameters records the options a solve takes (the run table's others have no meaning
+  // for a density: info would list them).
+  const po::options_description own = meanfield_options(cfg);
+  cfg.parameters.clear();
+  for (const Parameter& parameter : table_parameters(table, vm))
+    if (std::find(kMeanfieldRunOptions.begin(), kMeanfieldRunOptions.end(), parameter.name) != kMeanfieldRunOptions.end() ||
+        own.find_nothrow(parameter.name, false) != nullptr)
+      cfg.parameters.push_back(parameter);
   for (Parameter& parameter : cfg.parameters) {
     if (parameter.name == "rtol") parameter.value = run.rtol;
     if (parameter.name == "atol") parameter.value = run.atol;
@@ -453,25 +515,50 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
   }
   double t = resumed.time;
   std::int64_t steps = resumed.step;
-  double flushed_time = t, last_flush = -1.0;
+  double last_flush = -1.0;
   Progress progress("mfattn meanfield", cfg.run.quiet, t, cfg.run.horizon, steps, log);
-  auto record = [&](const std::string& status) {
+  // The last frame the file keeps, for /run and the last line (kept_frames.hpp): a flush that
+  // meets a full disk may keep only some of the staged frames.
+  KeptFrames file_frames(*writer, {resumed.time, resumed.step, 0, resumed.wall_seconds}, resumed.frames);
+  auto flush_frames = [&] {
     try {
       writer->flush();
-      writer->write_run_info(status, resumed.wall_seconds + elapsed(), steps, 0);
-      writer->flush();
     } catch (const IoError&) {
+      file_frames.note_flushed();
+      throw;
     }
+    file_frames.note_flushed();
+  };
+  // Records why the solve ended in /run, if the file still takes it (a full disk may not),
+  // with the counts of the last frame it keeps; the staged frames are flushed first unless
+  // writing failed already. Whether the status was recorded.
+  auto record = [&](const std::string& status, bool flush_staged_first) {
+    try {
+      if (flush_staged_first) flush_frames();
+      const FrameCounts& kept = file_frames.kept();
+      writer->write_run_info(status, kept.wall_seconds, kept.step, 0);
+      writer->flush();
+      return true;
+    } catch (const IoError&) {
+      file_frames.note_flushed();
+      return false;
+    }
+  };
+  auto keeps_line = [&](bool recorded, const std::string& advice) {
+    if (writer->current_path() != cfg.run.out) return;  // not published: no file is left
+    log << "mfattn meanfield: " << writer->current_path() << " keeps every frame up to t = "
+        << format_number(file_frames.kept().time) << (recorded ? " and records the failure" : "") << " ("
+        << advice << ")\n";
   };
   try {
     auto append = [&](double time) {
       writer->append_frame(steps, time, density.data(), observable_values(solver.observe(density), labelled),
                            0.0, nullptr, time == cfg.run.horizon ? FrameRole::Final : FrameRole::Intermediate);
+      file_frames.appended({time, steps, 0, resumed.wall_seconds + elapsed()});
       writer->write_run_progress(resumed.wall_seconds + elapsed(), steps, 0);
       if (last_flush < 0.0 || elapsed() - last_flush >= cfg.run.flush_interval || time == cfg.run.horizon) {
-        writer->flush();
+        flush_frames();
         last_flush = elapsed();
-        flushed_time = time;
       }
     };
     if (!cfg.run.resume) append(0.0);
@@ -482,9 +569,9 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
       while (t < target) {
         if (const int signal = StopSignals::received()) {
           progress.finish();
-          record("interrupted: " + signal_name(signal));
-          log << "mfattn meanfield: interrupted by " << signal_name(signal) << " at t = " << t << "; "
-              << writer->current_path() << " keeps every frame up to t = " << flushed_time
+          record("interrupted: " + signal_name(signal), /*flush_staged_first=*/true);
+          log << "mfattn meanfield: interrupted by " << signal_name(signal) << " at t = " << format_number(t) << "; "
+              << writer->current_path() << " keeps every frame up to t = " << format_number(file_frames.kept().time)
               << " (continue it with --resume)\n";
           return 128 + signal;
         }
@@ -495,7 +582,8 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
         if (!std::all_of(density.begin(), density.end(), [](double v) { return std::isfinite(v); }))
           throw std::runtime_error("the density is not finite after t = " + format_number(t) +
                                    " (the grid does not resolve the solution: a larger --grid, or noise)");
-        if (!(dt >= 1e-13 * std::max(1.0, cfg.run.horizon)) && dt < remaining)
+        // (Relative to the clock, not to the horizon: a far horizon says nothing of the step.)
+        if (!(dt >= 1e-13 * std::max(1.0, t)) && dt < remaining)
           throw std::runtime_error("the step size fell to " + format_number(dt) + " at t = " + format_number(t) +
                                    " (the grid does not resolve the solution: a larger --grid, or noise)");
         t = dt >= remaining ? target : t + dt;
@@ -507,15 +595,21 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
     writer->write_run_info("complete", resumed.wall_seconds + elapsed(), steps, 0);
     writer->flush();
     progress.finish();
+  } catch (const OutputExists& e) {
+    // The output appeared while frame 0 was being published: nothing of this solve is left.
+    progress.finish();
+    log << "mfattn meanfield: " << e.what() << '\n';
+    return kExitUsage;
   } catch (const std::runtime_error& e) {
     progress.finish();
     if (dynamic_cast<const IoError*>(&e)) {
       log << "mfattn meanfield: " << e.what() << '\n';
-      record(std::string("failed: I/O: ") + e.what());
+      keeps_line(record(std::string("failed: I/O: ") + e.what(), /*flush_staged_first=*/false),
+                 "continue it with --resume once the fault is fixed");
       return kExitIo;
     }
     log << "mfattn meanfield: numerical failure: " << e.what() << '\n';
-    record(std::string("failed: ") + e.what());
+    record(std::string("failed: ") + e.what(), /*flush_staged_first=*/true);
     return kExitNumerical;
   }
   if (!cfg.compare.empty()) {

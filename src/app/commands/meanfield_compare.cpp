@@ -330,7 +330,7 @@ class DensityFile {
   }
   hdf5::Handle open_dataset(const std::string& name) const {
     if (!exists(name)) foreign("has no " + name);
-    hdf5::Handle set(H5Dopen2(file_.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+    hdf5::Handle set = hdf5::open_dataset(file_.get(), name);
     if (!set.valid()) fail("opening " + name + " failed");
     hdf5::Handle type(H5Dget_type(set.get()), H5Tclose);
     if (!type.valid() || H5Tget_class(type.get()) != H5T_FLOAT) foreign(name + " is not a floating-point dataset");

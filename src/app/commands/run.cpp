@@ -27,6 +27,7 @@
 #include "mfattn/core/rng.hpp"
 #include "mfattn/app/run_choices.hpp"
 #include "mfattn/app/stop_signals.hpp"
+#include "app/kept_frames.hpp"
 #include "app/progress.hpp"
 #include "mfattn/core/version.hpp"
 
@@ -166,10 +167,10 @@ std::vector<double> output_times(const RunConfig& cfg) {
   }
   times.push_back(horizon);
   std::sort(times.begin(), times.end());
-  // Times closer than a relative 1e-12 are the same frame.
+  // Times closer than the time resolution are the same frame.
   std::vector<double> unique;
   for (double t : times)
-    if (unique.empty() || t - unique.back() > 1e-12 * std::max(1.0, horizon)) unique.push_back(t);
+    if (unique.empty() || t - unique.back() > time_resolution(horizon)) unique.push_back(t);
     else unique.back() = t;
   unique.front() = 0.0;
   unique.back() = horizon;  // within rounding of it, and the horizon is landed on exactly
@@ -311,7 +312,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   }
   std::vector<double> targets = times;
   for (double start : layer_start_times(cfg)) {
-    const double tolerance = 1e-12 * std::max(1.0, cfg.horizon);
+    const double tolerance = time_resolution(cfg.horizon);
     // times is sorted: the frame nearest to start is at or just before its lower bound.
     const auto next = std::lower_bound(times.begin(), times.end(), start - tolerance);
     const bool near_frame = next != times.end() && *next <= start + tolerance;
@@ -344,25 +345,12 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   // /run's counts go with every flush, as of the last frame, so a killed run's counts match
   // its last flushed frame; the frames survive a SIGKILL from here on.
   std::int64_t frame_step = resumed.step, frame_rejected = resumed.rejected_steps;
-  // The counts of every frame appended since the last flush, and those of the last frame
-  // the file keeps: a flush that meets a full disk may keep some of its frames, and /run and
-  // the last message then speak of the last kept one, not of the last appended.
-  struct FrameCounts {
-    double time;
-    std::int64_t step, rejected;
-    double wall_seconds;
-  };
-  std::vector<FrameCounts> unflushed;
-  FrameCounts kept{resumed.time, resumed.step, resumed.rejected_steps, resumed.wall_seconds};
-  std::size_t kept_frames = resumed.frames;
+  // The last frame the file keeps, for /run and the last line (kept_frames.hpp).
+  KeptFrames file_frames(*writer, {resumed.time, resumed.step, resumed.rejected_steps, resumed.wall_seconds},
+                         resumed.frames);
   auto note_kept_frames = [&] {
-    const std::size_t now = std::min(writer->flushed_frames(), kept_frames + unflushed.size());
-    if (now > kept_frames) {
-      kept = unflushed[now - kept_frames - 1];
-      unflushed.erase(unflushed.begin(), unflushed.begin() + static_cast<std::ptrdiff_t>(now - kept_frames));
-      kept_frames = now;
-    }
-    flushed_time = kept.time;
+    file_frames.note_flushed();
+    flushed_time = file_frames.kept().time;
   };
   auto flush_frames = [&] {
     writer->write_run_progress(resumed.wall_seconds + elapsed(), frame_step, frame_rejected);
@@ -417,7 +405,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     last_frame_time = s.time;
     frame_step = s.step;
     frame_rejected = rejected_total();
-    unflushed.push_back({s.time, s.step, frame_rejected, resumed.wall_seconds + elapsed()});
+    file_frames.appended({s.time, s.step, frame_rejected, resumed.wall_seconds + elapsed()});
     if (flush_due(frame_index) || progress.line_due(s.time)) flush_frames();
     ++frame_index;
     progress.update(s.time, s.step);
@@ -444,6 +432,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
         writer->flush();
         note_kept_frames();
       }
+      const FrameCounts& kept = file_frames.kept();
       writer->write_run_info(status, kept.wall_seconds, kept.step, kept.rejected);
       writer->flush();
       return true;
