@@ -746,7 +746,10 @@ def _torch_layer_weights(layer: Any) -> dict[str, Any]:
         raise ValueError("export_torch: add_zero_attn adds a zero key to every softmax; mfattn's heads have none")
     if not attention._qkv_same_embed_dim:
         raise ValueError("export_torch: kdim and vdim must equal embed_dim (tokens attend to themselves)")
-    for name in ("in_proj_bias", "bias_k", "bias_v"):
+    if getattr(attention, "bias_k", None) is not None or getattr(attention, "bias_v", None) is not None:
+        raise ValueError("export_torch: add_bias_kv appends a key and a value to every softmax (a zero key still "
+                         "weighs e^0); mfattn's heads have none")
+    for name in ("in_proj_bias",):
         bias = getattr(attention, name, None)
         if bias is not None and bool(torch.any(bias != 0)):
             raise ValueError(f"export_torch: the attention's {name} is not zero; mfattn's heads take no "

@@ -92,9 +92,19 @@ def test_attention_bias_is_refused(mfattn, tmp_path):
     assert not (tmp_path / "bias.h5").exists()
 
 
+def zeroed_bias_kv(attention):
+    with torch.no_grad():
+        attention.bias_k.zero_()
+        attention.bias_v.zero_()
+    return attention
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda: torch.nn.MultiheadAttention(D, HEADS, bias=False, add_zero_attn=True, dtype=torch.float64),
      "add_zero_attn"),
+    # Zero bias_k and bias_v are still an extra key and value: PyTorch's output moved by 0.1.
+    (lambda: zeroed_bias_kv(torch.nn.MultiheadAttention(D, HEADS, bias=False, add_bias_kv=True, dtype=torch.float64)),
+     "add_bias_kv"),
     (lambda: torch.nn.TransformerEncoderLayer(D, HEADS, 24, dropout=0.0, activation=torch.nn.GELU(approximate="tanh"),
                                               dtype=torch.float64), r"is not relu, gelu \(erf form\) or tanh"),
     (lambda: torch.nn.TransformerEncoderLayer(D, HEADS, 24, dropout=0.0, activation=torch.nn.functional.leaky_relu,
