@@ -86,8 +86,9 @@ struct OptionWords {
     if (!array_folder.empty()) std::filesystem::remove_all(array_folder, ignored);
   }
 
-  /// A matrix or table (an array of two dimensions or more) as the text file the option takes:
-  /// rows of the last axis's length, every number in 17 significant digits (exact for float64).
+  /// A matrix or table (an array of two dimensions or more; one dimension: a column) as the text
+  /// file the option takes: rows of the last axis's length, every number in 17 significant
+  /// digits (exact for float64).
   std::string file_of(const std::string& option, const py::handle& array) {
     if (array_folder.empty()) {
       py::module_ tempfile = py::module_::import("tempfile");
@@ -96,7 +97,7 @@ struct OptionWords {
     const std::filesystem::path path = array_folder / (option + ".txt");
     py::module_ numpy = py::module_::import("numpy");
     py::object values = numpy.attr("asarray")(array, "dtype"_a = "float64");
-    const int columns = py::len(values.attr("shape")) ? values.attr("shape")[py::int_(-1)].cast<int>() : 1;
+    const int columns = py::len(values.attr("shape")) >= 2 ? values.attr("shape")[py::int_(-1)].cast<int>() : 1;
     numpy.attr("savetxt")(path.string(), values.attr("reshape")(-1, columns), "fmt"_a = "%.17g");
     return path.string();
   }
@@ -124,7 +125,10 @@ void option_words(const std::string& key, const py::handle& value, OptionWords& 
   // NumPy scalars (numpy.bool_, numpy.float64, ...) as their Python values.
   if (py::hasattr(value, "tolist") && py::hasattr(value, "ndim") && value.attr("ndim").cast<int>() == 0)
     return option_words(key, value.attr("tolist")(), out);
-  if (py::hasattr(value, "ndim") && py::hasattr(value, "shape") && value.attr("ndim").cast<int>() >= 2) {
+  // A matrix or table, or a 1-D array for an option that takes no list (init_density=,
+  // positions=: a file of one number per line), goes to a file.
+  if (py::hasattr(value, "ndim") && py::hasattr(value, "shape") &&
+      (value.attr("ndim").cast<int>() >= 2 || (value.attr("ndim").cast<int>() == 1 && !is_list_option(name)))) {
     words.push_back("--" + name);
     words.push_back(out.file_of(name, value));
     return;

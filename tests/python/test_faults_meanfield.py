@@ -143,6 +143,20 @@ def test_a_file_of_the_grids_values_is_read_in_every_layout(mfattn_binary, tmp_p
     np.testing.assert_allclose((weights * frames[0]).sum(axis=1), 1.0, rtol=1e-13)
 
 
+def test_numpy_arrays_are_initial_densities_in_python(mfattn, mfattn_binary, tmp_path):
+    """init_density= takes the 1-D array of the grid's values (it was joined by commas and
+    looked up as a file name) and the 2-D [labels, angles] array: the command line's bits."""
+    values = 1.0 + 0.5 * np.cos(np.arange(64).reshape(4, 16) * 0.3)
+    np.savetxt(tmp_path / "rows.txt", values, fmt="%.17g")
+    expected = first_frame(solved(mfattn_binary, tmp_path / "cli.h5", *LABELLED, "--init-density", tmp_path / "rows.txt"))
+    options = dict(d=2, grid=16, label_points=4, positions="uniform", geometry="rope", horizon=0.1, save_every=0.1)
+    for array in (values, values.ravel()):
+        density = mfattn.meanfield(init_density=array, threads=1, **options)
+        np.testing.assert_array_equal(bits(np.asarray(density.values)[0]), bits(expected))
+    circle = mfattn.meanfield(d=2, grid=16, horizon=0.1, save_every=0.1, init_density=values[0], threads=1)
+    assert np.asarray(circle.values).shape == (2, 16)
+
+
 def test_ragged_rows_and_a_wrong_count_name_the_grids_shape(mfattn_binary, tmp_path):
     (tmp_path / "ragged.txt").write_text("1 1 1 1\n1 1 1\n")
     (tmp_path / "short.txt").write_text(" ".join(["1"] * 63) + "\n")

@@ -190,6 +190,10 @@ std::string read_config_text(const std::string& path);
 /// message gives it, first when nothing is at path.
 void require_input_file(const std::string& option, const std::string& path, const std::string& names = "");
 
+/// Whether the option --name takes a list (several words joined by commas: --save-times,
+/// --rope-freqs, --amplitudes, --toeplitz-coefficients, --toeplitz-frequencies).
+bool is_list_option(const std::string& name);
+
 inline constexpr std::size_t kMaxConfigBytes = std::size_t{1} << 20;
 /// Most tokens in all (n + null tokens + prompts * prefix): token and prompt ids are int.
 inline constexpr std::int64_t kMaxRunTokens = 2147483647;
