@@ -75,6 +75,15 @@ def file_title(path: str | os.PathLike) -> str:
     return os.fsencode(Path(path).stem).decode("utf-8", "replace")
 
 
+def shown_number(value) -> str:
+    """A parameter's value in a title: a number as %g, anything else (a file written by
+    another program may hold any text there) as its text."""
+    try:
+        return f"{float(value):g}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
 def finite_tokens(path: Path, x: np.ndarray, times: np.ndarray) -> np.ndarray:
     """[frames, tokens]: whether each token's position x[frame, token] is finite (not NaN or
     inf: a file another program wrote, or a damaged one); AnimationError for a file with none."""
@@ -206,7 +215,7 @@ class Animation:
         final = self.x[with_finite[-1]][self.finite[with_finite[-1]]]
         self.fig = self.plt.figure(figsize=(6.4, 6.4), dpi=100)
         title = f"{file_title(self.path)}: {str(tr.parameters.get('kernel', '?')).upper()}, n = {m}, d = {self.d}, " \
-                f"beta = {tr.parameters.get('beta', float('nan')):g}"
+                f"beta = {shown_number(tr.parameters.get('beta', float('nan')))}"
         if self.d == 3:
             self.ax = self.fig.add_subplot(projection="3d")
             u, v = np.mgrid[0:2 * np.pi:30j, 0:np.pi:15j]
@@ -329,7 +338,7 @@ class Animation:
         self.indices = frame_indices(len(self.times), frames)
         self.fig = self.plt.figure(figsize=(6.4, 6.4), dpi=100)
         self.fig.suptitle(f"{file_title(self.path)}: density ({density.kind}), d = {density.d}, "
-                          f"beta = {density.parameters.get('beta', float('nan')):g}", fontsize=10, **PLAIN_TEXT)
+                          f"beta = {shown_number(density.parameters.get('beta', float('nan')))}", fontsize=10, **PLAIN_TEXT)
         self.label = self.fig.text(0.02, 0.95, "", fontsize=9, family="monospace", va="top")
         self.density = density
         if density.kind == "sphere":

@@ -542,7 +542,7 @@ def _load_density(f: h5py.File, path: str) -> Density:
         path=path,
         times=np.asarray(_read(group["time"], np.s_[:T])),
         steps=np.asarray(_read(group["step"], np.s_[:T])),
-        values=np.asarray(value[:T]),
+        values=np.asarray(_read(value, np.s_[:T])),
         theta=theta,
         phi=phi,
         labels=labels,
@@ -633,7 +633,7 @@ def load(path: str | os.PathLike, replica: int | str | None = None) -> Trajector
             for slot, r in enumerate(selected):
                 positions[:, slot] = _read(particles[groups[r]]["position/value"], np.s_[:P])
         else:
-            positions = np.asarray(value0[:P])
+            positions = np.asarray(_read(value0, np.s_[:P]))
 
         labels = {name: np.asarray(_read(first[name])) for name in LABELS if name in first}
         if stacked:

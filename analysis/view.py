@@ -40,6 +40,7 @@ import argparse
 import base64
 import html
 import json
+import math
 import os
 import re
 import sys
@@ -48,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from animate import (AnimationError, exit_status, file_title, finite_tokens, frame_indices, load_file,  # noqa: E402
+from animate import (AnimationError, exit_status, file_title, finite_tokens, frame_indices, load_file, shown_number,  # noqa: E402
                      non_finite_note, second_moment_basis, token_colours)
 
 OBSERVABLES = ("energy", "n_clusters", "min_inner")
@@ -126,11 +127,22 @@ def page_data(path: str | os.PathLike, replica: int = 0, max_mb: float = 6.0) ->
             observables[name] = {"t": times[finite].tolist(), "v": values[finite].tolist()}
     p = loaded.parameters
     title = (f"{file_title(path)}: {str(p.get('kernel', '?')).upper()}, n = {m}, d = {d}, "
-             f"beta = {p.get('beta', float('nan')):g}" + (f", replica {replica}" if loaded.replicas > 1 else ""))
+             f"beta = {shown_number(p.get('beta', float('nan')))}" + (f", replica {replica}" if loaded.replicas > 1 else ""))
     return {"title": title, "d": d, "dims": dims, "tokens": m, "frames": len(kept), "file_frames": frames_total,
             "frame_indices": kept.tolist(), "times": np.asarray(loaded.position_times)[kept].tolist(),
             "positions": _float32(projected), "colors": colors, "prefix": prefix_points,
             "observables": observables, "notes": notes}
+
+
+def _finite_or_null(value):
+    """`value` with every non-finite float (in nested dicts and lists) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_null(item) for item in value]
+    return value
 
 
 def script_json(data: dict) -> str:
@@ -138,7 +150,9 @@ def script_json(data: dict) -> str:
     (file names, parameters), and there as \\u003c, \\u003e and \\u0026, which JSON reads back
     as the characters, so no "</script>" (the element's end) or "<!--" (after which a "<script>"
     keeps the element open past its end) can be in it."""
-    text = json.dumps(data, separators=(",", ":"))
+    # JSON has no NaN or infinity (the browser's JSON.parse refuses the page): a non-finite
+    # number (a frame time another program wrote) is written as null.
+    text = json.dumps(_finite_or_null(data), separators=(",", ":"), allow_nan=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 

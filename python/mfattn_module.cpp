@@ -125,10 +125,12 @@ void option_words(const std::string& key, const py::handle& value, OptionWords& 
   // NumPy scalars (numpy.bool_, numpy.float64, ...) as their Python values.
   if (py::hasattr(value, "tolist") && py::hasattr(value, "ndim") && value.attr("ndim").cast<int>() == 0)
     return option_words(key, value.attr("tolist")(), out);
-  // A matrix or table, or a 1-D array for an option that takes no list (init_density=,
-  // positions=: a file of one number per line), goes to a file.
+  // A matrix or table goes to a file, and so does a 1-D array for an option that reads a
+  // column of numbers from a file (any other 1-D array is a list: perturbation=np.array([k,
+  // eps]) is "k,eps").
   if (py::hasattr(value, "ndim") && py::hasattr(value, "shape") &&
-      (value.attr("ndim").cast<int>() >= 2 || (value.attr("ndim").cast<int>() == 1 && !is_list_option(name)))) {
+      (value.attr("ndim").cast<int>() >= 2 ||
+       (value.attr("ndim").cast<int>() == 1 && (name == "positions" || name == "init-density")))) {
     words.push_back("--" + name);
     words.push_back(out.file_of(name, value));
     return;

@@ -13,7 +13,10 @@ at n = 150 (the small-system cases at n <= 48) with frames at t = 0.5 and 1, onc
 to the pair loops or the physics can break: the three CPU loops, d = 3, 4, 20 and 64, SA and USA,
 random Q, K and V, RoPE and axial/mixed gauges, transported and plain values, the causal,
 window and per-prompt masks, every auxiliary factor, prefix tokens, presence amplitudes and
-null tokens, noise, dopri5 and replicas.
+null tokens, noise, dopri5 and replicas, whole layers (heads of r < d, feed-forward terms),
+Sinkhorn attention, every normalization placement; the `meanfield` cases run `mfattn
+meanfield` to t = 1 (the circle by FFT, by the pair loop and with labels, S^2 with and without
+labels, a zonal grid) and compare /fields/density/value.
 
 Prints one row per case: the largest |x_other - x_reference| for each other binary.
 --observables: compare every /observables series too (the energy, inner products, ...), and
@@ -80,6 +83,44 @@ CASES = {
                                      "gaussian", "--aux-sigma", "3", "--prefix", "4", "--positions", "uniform"],
     "reference d3 per-prompt window": ["--d", "3", "--kernel", "usa", "--backend", "reference", "--prefix", "5",
                                        "--mask", "per-prompt", "--prompts", "3"],
+    # A whole layer (heads of r < d, a feed-forward term), Sinkhorn attention and the
+    # normalization placements, on the cpu and the reference backend.
+    "layer d6 heads mlp": ["--d", "6", "--kernel", "sa", "--heads", "3", "--head-dim", "2", "--q", "gaussian",
+                           "--k", "gaussian", "--v", "gaussian", "--mlp", "8", "--mlp-activation", "gelu"],
+    "layer d4 heads rope usa": ["--d", "4", "--kernel", "usa", "--heads", "2", "--head-dim", "4", "--q", "gaussian",
+                                "--geometry", "rope", "--beta", "0.5"],
+    "layer d3 heads prefix per-prompt": ["--d", "3", "--kernel", "sa", "--heads", "2", "--head-dim", "3", "--prefix",
+                                         "4", "--mask", "per-prompt", "--prompts", "3", "--mlp", "5"],
+    "reference layer d5 heads mlp": ["--d", "5", "--kernel", "sa", "--backend", "reference", "--heads", "2",
+                                     "--head-dim", "3", "--q", "gaussian", "--k", "gaussian", "--mlp", "6",
+                                     "--mlp-activation", "tanh"],
+    "sinkhorn d3": ["--d", "3", "--kernel", "sinkhorn"],
+    "sinkhorn d4 window rope": ["--d", "4", "--kernel", "sinkhorn", "--mask", "window", "--window", "30", "--geometry", "rope",
+                                "--sinkhorn-iterations", "20"],
+    "sinkhorn layer d4 heads": ["--d", "4", "--kernel", "sinkhorn", "--heads", "2", "--head-dim", "2", "--q",
+                                "gaussian", "--k", "gaussian"],
+    "reference sinkhorn d3 prefix": ["--d", "3", "--kernel", "sinkhorn", "--backend", "reference", "--prefix", "3"],
+    **{f"placement {placement} d4 sa": ["--d", "4", "--kernel", "sa", "--normalization", placement, "--q", "gaussian"]
+       for placement in ("pre", "peri", "ngpt", "none")},
+    "placement pre layer d4 mlp": ["--d", "4", "--kernel", "usa", "--normalization", "pre", "--heads", "2",
+                                   "--mlp", "6"],
+    "reference placement peri d3": ["--d", "3", "--kernel", "sa", "--backend", "reference", "--normalization",
+                                    "peri"],
+    # The mean-field solvers (mfattn meanfield; /fields/density/value is compared): the circle
+    # by FFT, by the pair loop and with label nodes, S^2 with and without labels, zonal grids.
+    "meanfield circle fourier": {"meanfield": ["--d", "2", "--beta", "3", "--grid", "128", "--init-density", "vmf",
+                                               "--init-kappa", "1"]},
+    "meanfield circle quadrature": {"meanfield": ["--d", "2", "--beta", "2", "--grid", "48", "--q", "gaussian",
+                                                  "--perturbation", "2,0.05"]},
+    "meanfield circle labels rope": {"meanfield": ["--d", "2", "--grid", "32", "--label-points", "4", "--positions",
+                                                   "uniform", "--geometry", "rope", "--perturbation", "1,0.05",
+                                                   "--kernel", "sa"]},
+    "meanfield sphere": {"meanfield": ["--d", "3", "--grid", "12", "--noise-kappa", "8", "--perturbation", "2,0.05"]},
+    "meanfield sphere labels": {"meanfield": ["--d", "3", "--grid", "8", "--label-points", "4", "--positions",
+                                              "uniform", "--geometry", "rope", "--rope-freqs", "1", "--init-density",
+                                              "vmf", "--noise-kappa", "10"]},
+    "meanfield zonal d8": {"meanfield": ["--d", "8", "--zonal", "--beta", "2", "--grid", "96", "--init-density", "vmf",
+                                         "--init-kappa", "2", "--kernel", "sa"]},
 }
 
 
@@ -99,6 +140,16 @@ def run_case(spec, extra, out, threads, observables=False, is_reference=False):
     for setting in settings:
         key, value = setting.split("=", 1)
         env[key] = value
+    if isinstance(extra, dict):
+        # A density (mfattn meanfield): frames at t = 0.5 and 1 of the default step control.
+        argv = [binary, "meanfield", "--horizon", "1", "--save-every", "0.5", "--threads", str(threads), "--quiet",
+                "--overwrite", "--out", out, *extra["meanfield"]]
+        subprocess.run(argv, check=True, env=env, stderr=subprocess.PIPE if is_reference else None, text=True)
+        with h5py.File(out, "r") as f:
+            arrays = {"position": f["fields/density/value"][...]}
+            if observables:
+                arrays.update(observed(f))
+            return arrays
     # n = 150 unless the case names its own (the small-system loop takes at most 48 tokens).
     size = [] if "--n" in extra else ["--n", "150"]
     argv = [binary, "run", *size, "--horizon", "1", "--save-every", "0.5", "--dt", "0.05",

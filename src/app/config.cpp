@@ -72,6 +72,9 @@ po::typed_value<T>* bound(T& field, const std::string& shown) {
 /// The options that take a list: several words on the command line are joined by commas.
 const std::vector<std::string> kListOptions = {"save-times", "rope-freqs", "amplitudes",
                                                "toeplitz-coefficients", "toeplitz-frequencies"};
+bool is_list_option(const std::string& name) {
+  return std::find(kListOptions.begin(), kListOptions.end(), name) != kListOptions.end();
+}
 /// "--save-times, --rope-freqs, ... and --toeplitz-frequencies", for the messages.
 std::string list_options_text() {
   std::string text;
@@ -81,10 +84,6 @@ std::string list_options_text() {
 }
 
 }  // namespace
-
-bool is_list_option(const std::string& name) {
-  return std::find(kListOptions.begin(), kListOptions.end(), name) != kListOptions.end();
-}
 
 ToeplitzSeries toeplitz_series(const RunConfig& c) {
   std::vector<double> coefficients, frequencies;
@@ -619,6 +618,9 @@ void store_run_arguments(const std::vector<std::string>& args, const po::options
       }
     }
     po::notify(vm);
+    cfg.given.clear();
+    for (const auto& [name, value] : vm)
+      if (!value.defaulted()) cfg.given.push_back(name);
   } catch (const UsageError&) {
     throw;
   } catch (const po::error& e) {

@@ -157,7 +157,8 @@ std::size_t validate_layer(const RunConfig& c, RunChoices& choices) {
                  (number.most > 0 ? "" : " (d = " + std::to_string(c.d) + ")"));
   }
   choices.mlp_activation = require_choice(kActivationOption, c.mlp_activation);
-  if (c.layer.mlp_width == 0 && choices.mlp_activation != require_choice(kActivationOption, RunConfig{}.mlp_activation))
+  if (c.layer.mlp_width == 0 && (c.was_given("mlp-activation") ||
+                                 choices.mlp_activation != require_choice(kActivationOption, RunConfig{}.mlp_activation)))
     reject("mlp-activation", c.mlp_activation, "there is no feed-forward term to act in (give --mlp W)");
   const std::int64_t d = c.d, heads = c.layer.heads, r = c.layer.head_dim ? c.layer.head_dim : d;
   const bool several = heads > 1 || r < d;

@@ -101,6 +101,8 @@ double TransportSolver::velocity_change_ratio() {
     change = std::max(change, std::abs(v1_[i] - v0_[i]));
     largest = std::max(largest, std::abs(v0_[i]));
   }
+  // A field that does not change (a zero velocity: V = 0, pure diffusion) bounds no step.
+  if (change == 0.0) return 0.0;
   return change / (tolerance_.relative_change() * largest + kVelocityRounding * velocity_scale());
 }
 

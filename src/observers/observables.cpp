@@ -8,6 +8,7 @@
 #include "mfattn/backends/backend.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -210,7 +211,10 @@ std::vector<double> gram_eigenvalues(const double* rows, std::size_t m, std::siz
     }
   const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> solver(gram, Eigen::EigenvaluesOnly);
   std::vector<double> eigenvalues(d, 0.0);
-  for (std::size_t a = 0; a < m; ++a) eigenvalues[a] = solver.eigenvalues()[size - 1 - static_cast<Eigen::Index>(a)];
+  for (std::size_t a = 0; a < m; ++a) eigenvalues[a] = solver.eigenvalues()[static_cast<Eigen::Index>(a)];
+  // Descending, the d - m zeros among them (a rounding-level eigenvalue of the Gram matrix may
+  // be slightly negative and then goes after them).
+  std::sort(eigenvalues.begin(), eigenvalues.end(), std::greater<>());
   return eigenvalues;
 }
 

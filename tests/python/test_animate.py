@@ -227,3 +227,14 @@ def test_a_file_with_no_finite_position_is_refused(run_mfattn, tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert str(out) in done.stderr and "frame 0" in done.stderr, done.stderr
     assert not list(tmp_path.glob("x.*")) and not list(tmp_path.glob(".x*"))
+
+
+def test_a_text_parameter_is_shown_as_text(run_mfattn, tmp_path):
+    """A file another program wrote may hold any text as beta: the title formatted it as a
+    number (a traceback, exit 1)."""
+    run = run_mfattn("--n", 8, "--d", 3, "--horizon", 1, "--save-every", 0.5)
+    with h5py.File(run, "r+") as f:
+        f["parameters"].attrs["beta"] = "$\\frac{$"
+    done = animate_cli(run, "--out", tmp_path / "a.gif", "--frames", 2)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "a.gif").is_file()

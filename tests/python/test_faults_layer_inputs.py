@@ -139,6 +139,25 @@ def test_a_virtual_dataset_reading_a_fifo_is_refused_by_every_reader_without_wai
         mfattn_io.load(run)
 
 
+@pytest.mark.parametrize("where", ["particles/tokens/position/value", "fields/density/value"])
+def test_the_loader_refuses_a_virtual_dataset_where_it_reads_the_bulk(mfattn_binary, tmp_path, where):
+    """The positions of a run and the values of a density file: a missing source loaded as
+    silent zeros, a FIFO source hung the loader."""
+    out = tmp_path / "file.h5"
+    command = (["run", "--n", 8, "--d", D] if where.startswith("particles") else ["meanfield", "--d", 2, "--grid", 16])
+    assert cli(mfattn_binary, *command, "--horizon", 0.1, "--save-every", 0.1, "--quiet", "--out", out).returncode == 0
+    with h5py.File(out, "a") as f:
+        shape, dtype = f[where].shape, f[where].dtype
+        layout = h5py.VirtualLayout(shape=shape, dtype=dtype)
+        layout[...] = h5py.VirtualSource(str(tmp_path / "missing.h5"), "x", shape=shape)
+        parent, name = where.rsplit("/", 1)
+        del f[where]
+        f[parent].create_virtual_dataset(name, layout)
+    with pytest.raises(ValueError, match=f"/{where} is a virtual dataset"):
+        mfattn_io.load(out)
+    refused(cli(mfattn_binary, "info", out), "is a virtual dataset")
+
+
 def test_a_virtual_dataset_or_external_storage_is_refused(mfattn_binary, tmp_path):
     """A virtual dataset whose source is missing read silently as its fill value (zeros)."""
     weights = weights_file(tmp_path / "vds.h5")
@@ -191,6 +210,7 @@ def test_a_fixed_length_activation_attribute_is_read_whole(mfattn_binary, tmp_pa
     ("no activation", "/mlp has no activation attribute"),
     ("empty weights", "--weights '': is empty"),
     ("activation without mlp", "--mlp-activation gelu: there is no feed-forward term"),
+    ("default activation given without mlp", "--mlp-activation relu: there is no feed-forward term"),
     ("one layer of a leading axis", "no leading layer axis, or one of length 1"),
 ])
 def test_layer_options_once_taken_silently_are_refused(mfattn_binary, tmp_path, case, said):
@@ -200,6 +220,8 @@ def test_layer_options_once_taken_silently_are_refused(mfattn_binary, tmp_path, 
         args = ["--weights", ""]
     elif case == "activation without mlp":
         args = ["--mlp-activation", "gelu"]
+    elif case == "default activation given without mlp":
+        args = ["--mlp-activation", "relu"]
     else:
         args = ["--weights", weights_file(tmp_path / "w.h5", layers=1), "--layer-time", 1]
     done = cli(mfattn_binary, "run", "--n", 8, "--d", D, *args, "--out", tmp_path / "o.h5")
@@ -249,4 +271,5 @@ def test_second_moment_eigenvalues_of_few_tokens_in_many_dimensions(mfattn_binar
         moment = x[frame].T @ x[frame] / len(x[frame])
         expected = np.sort(np.linalg.eigvalsh(moment))[::-1]
         np.testing.assert_allclose(eigenvalues[frame][:5], expected[:5], atol=1e-14)
-        assert np.all(eigenvalues[frame][5:] == 0.0)
+        assert np.all(eigenvalues[frame][5:] == 0.0) or np.sum(eigenvalues[frame] != 0.0) <= 5
+        assert np.all(np.diff(eigenvalues[frame]) <= 0.0)  # descending, as documented

@@ -9,6 +9,7 @@ run."""
 from __future__ import annotations
 
 import html
+import json
 import os
 import re
 import shutil
@@ -226,3 +227,23 @@ def test_hostile_file_names_run_nothing_in_a_real_browser(run_mfattn, tmp_path, 
         # The heading is the title as text (the DOM serialises <, > and & as entities).
         title = view_module.read_page_data(page)["title"]
         assert f'<h1 id="title">{html.escape(title, quote=False)}</h1>' in dom, run.name
+
+
+def test_non_numeric_parameters_and_non_finite_times_still_make_a_page(run_mfattn, tmp_path, view_module):
+    """A file another program wrote: a text beta (the title formatted it as a number: a
+    traceback) and a NaN frame time (JSON has no NaN: the browser refused the page's data)."""
+    run = run_mfattn("--n", 8, "--d", 3, "--horizon", 1, "--save-every", 0.25)
+    with h5py.File(run, "r+") as f:
+        f["parameters"].attrs["beta"] = "$\\frac{$"
+        f["particles/tokens/position/time"][2] = np.nan
+    page = tmp_path / "page.html"
+    done = view_cli(run, "--out", page)
+    assert done.returncode == 0, done.stderr
+    text = page.read_text(encoding="utf-8")
+    start = text.index(view_module.DATA_ELEMENT) + len(view_module.DATA_ELEMENT)
+
+    def no_constant(name):
+        raise ValueError(f"the page's JSON holds {name}")
+
+    data = json.loads(text[start:text.index("</script>", start)], parse_constant=no_constant)
+    assert data["times"][2] is None and "beta = $\\frac{$" in data["title"]

@@ -127,6 +127,15 @@ struct RunConfig {
   std::string command_line;
   std::string config_text;
   std::vector<Parameter> parameters;
+  /// The options given (on the command line or in the config file), by name without dashes:
+  /// an option left at its default and one given its default's value are told apart where a
+  /// rule needs it (--mlp-activation without --mlp).
+  std::vector<std::string> given;
+  bool was_given(const std::string& name) const {
+    for (const std::string& option : given)
+      if (option == name) return true;
+    return false;
+  }
 };
 
 /// The table of `run` options bound to the fields of cfg.
@@ -189,10 +198,6 @@ std::string read_config_text(const std::string& path);
 /// also takes names, names is what it accepts ("accepted: a, b or a readable file"): the
 /// message gives it, first when nothing is at path.
 void require_input_file(const std::string& option, const std::string& path, const std::string& names = "");
-
-/// Whether the option --name takes a list (several words joined by commas: --save-times,
-/// --rope-freqs, --amplitudes, --toeplitz-coefficients, --toeplitz-frequencies).
-bool is_list_option(const std::string& name);
 
 inline constexpr std::size_t kMaxConfigBytes = std::size_t{1} << 20;
 /// Most tokens in all (n + null tokens + prompts * prefix): token and prompt ids are int.

@@ -25,8 +25,8 @@ namespace mfattn::meanfield {
 ///    density's deviation from its mean on S^2). A perturbation eps of the uniform state
 ///    moves the feet and values by O(eps) only, which the absolute estimates above never
 ///    see; this keeps gamma dt <= rtol^(1/4) for a mode growing at gamma, so that a growth
-///    rate measured at the default rtol 1e-6 is within about 2e-4 (second-order steps: the
-///    relative error of a rate is about (gamma dt)^2 / 6).
+///    rate measured at the default rtol 1e-6 is within about 1.4e-4 (second-order steps: the
+///    relative error of a rate is about (gamma dt)^2 / 7).
 struct StepTolerance {
   double rtol = 1e-8;
   double atol = 1e-10;

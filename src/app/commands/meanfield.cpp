@@ -223,6 +223,16 @@ std::vector<double> initial_density(const MeanfieldConfig& cfg, const meanfield:
     }
     if (density.size() != size)
       refuse("init-density", cfg.init_density, "holds " + std::to_string(density.size()) + " numbers; needs " + layout);
+    // Rows of a width that is a trailing part of the shape (1, the last axis, the last two,
+    // ..., all): a transposed table (rows of another width) would be read scrambled.
+    const std::size_t width = size / found;
+    bool trailing = width == 1;
+    for (std::size_t axis = grid.shape.size(), part = 1; axis-- > 0 && !trailing;)
+      trailing = (part *= grid.shape[axis]) == width;
+    if (!trailing)
+      refuse("init-density", cfg.init_density,
+             "has rows of " + std::to_string(width) + " numbers, which is no trailing part of the grid's shape " +
+                 shape_text(grid.shape) + " (one number per row, rows of the last axis, ..., or all on one line)");
     double largest = 0.0;
     for (double value : density) {
       if (!(value >= 0.0) || !std::isfinite(value))
@@ -508,6 +518,10 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
     }
   } catch (const OutputExists& e) {
     log << "mfattn meanfield: " << e.what() << '\n';
+    return kExitUsage;
+  } catch (const NotMfattnFile& e) {
+    // --resume of a file that is not a density file to continue (data outside it, ...).
+    log << "mfattn meanfield: --resume: " << e.what() << '\n';
     return kExitUsage;
   } catch (const IoError& e) {
     log << "mfattn meanfield: " << e.what() << '\n';
