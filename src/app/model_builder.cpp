@@ -85,11 +85,17 @@ Matrix matrix_option(const std::string& option, std::optional<MatrixPreset> pres
   return m;
 }
 
+/// The d x d matrices of --q, --k, --v for one layer and matrix set, and which are the identity.
+struct DrawnMatrices {
+  Matrix q, k, v;
+  bool q_identity = true, k_identity = true, v_identity = true;
+};
+
 /// The Q, K, V of one layer and matrix set (set_key 0: the shared set, r + 1: replica r's).
-AttentionMatrices draw_matrices(const RunConfig& cfg, std::uint64_t layer, std::uint64_t set_key) {
+DrawnMatrices draw_matrices(const RunConfig& cfg, std::uint64_t layer, std::uint64_t set_key) {
   const auto d = static_cast<std::size_t>(cfg.d);
   const auto seed = static_cast<std::uint64_t>(cfg.seed);
-  AttentionMatrices m;
+  DrawnMatrices m;
   m.q = matrix_option(std::string(kQueryOption.option), cfg.choices.q, cfg.q, d, matrix_stream(seed, 0, layer, set_key), m.q_identity);
   m.k = matrix_option(std::string(kKeyOption.option), cfg.choices.k, cfg.k, d, matrix_stream(seed, 1, layer, set_key), m.k_identity);
   const std::optional<MatrixPreset> v = cfg.choices.v;
@@ -114,8 +120,10 @@ AttentionMatrices draw_matrices(const RunConfig& cfg, std::uint64_t layer, std::
 }
 
 /// True when the options make a whole layer (docs/model.md section 2b): several heads, heads
-/// of r < d, a feed-forward term or a weights file. Otherwise the Model keeps the one head of
-/// Q, K, V, and every run is the one it was before layers existed, to the bit.
+/// of r < d, a feed-forward term or a weights file. Otherwise the Model's attention is the one
+/// head of Q, K, V (square_head: its values summed as they are, V applied once per receiver),
+/// and every run is the one it was before layers existed, to the bit; the file records that
+/// head's Q, K, V as d x d matrices.
 bool is_layer_run(const RunConfig& cfg) {
   return cfg.layer.heads > 1 || (cfg.layer.head_dim != 0 && cfg.layer.head_dim != cfg.d) ||
          cfg.layer.mlp_width > 0 || !cfg.weights.empty();
@@ -133,7 +141,7 @@ std::size_t head_dim_of(const RunConfig& cfg) {
 AttentionHead preset_head(const RunConfig& cfg, std::uint64_t layer, std::uint64_t set_key, std::size_t h) {
   const auto d = static_cast<std::size_t>(cfg.d);
   const std::size_t r = head_dim_of(cfg);
-  const AttentionMatrices full = draw_matrices(cfg, layer, h == 0 ? set_key : set_key | (std::uint64_t(h) << 40));
+  const DrawnMatrices full = draw_matrices(cfg, layer, h == 0 ? set_key : set_key | (std::uint64_t(h) << 40));
   auto head_rows = [&](const Matrix& m, bool identity) {
     Matrix rows = Matrix::Zero(r, d);
     if (identity) {
@@ -253,8 +261,13 @@ namespace {
 /// The weights of one layer and matrix set (set_key 0: the shared set, r + 1: replica r's):
 /// the one head's Q, K, V, or a whole layer's heads and feed-forward term.
 AttentionMatrices layer_set(const RunConfig& cfg, std::size_t layer, std::uint64_t set_key) {
-  if (!is_layer_run(cfg)) return draw_matrices(cfg, layer, set_key);
   AttentionMatrices m;
+  if (!is_layer_run(cfg)) {
+    DrawnMatrices drawn = draw_matrices(cfg, layer, set_key);
+    m.heads.push_back(square_head(std::move(drawn.q), drawn.q_identity, std::move(drawn.k), drawn.k_identity,
+                                  std::move(drawn.v), drawn.v_identity));
+    return m;
+  }
   for (std::int64_t h = 0; h < cfg.layer.heads; ++h)
     m.heads.push_back(preset_head(cfg, layer, set_key, static_cast<std::size_t>(h)));
   if (cfg.layer.mlp_width > 0) {
@@ -342,10 +355,11 @@ void record_attention_matrices(const RunConfig& cfg, TokenLabels& labels) {
   auto append = [](std::vector<double>& to, const auto& m) { to.insert(to.end(), m.data(), m.data() + m.size()); };
   const auto d = static_cast<std::size_t>(cfg.d);
   const AttentionMatrices& first = layers.front().front();
-  if (!first.is_layer()) {
-    record("query", {d, d}, [&](const AttentionMatrices& m, auto& to) { append(to, m.q); });
-    record("key", {d, d}, [&](const AttentionMatrices& m, auto& to) { append(to, m.k); });
-    record("value", {d, d}, [&](const AttentionMatrices& m, auto& to) { append(to, m.v); });
+  if (!is_layer_run(cfg)) {
+    // The one head of --q, --k, --v: its d x d Q, K and V (= V_h).
+    record("query", {d, d}, [&](const AttentionMatrices& m, auto& to) { append(to, m.heads.front().query); });
+    record("key", {d, d}, [&](const AttentionMatrices& m, auto& to) { append(to, m.heads.front().key); });
+    record("value", {d, d}, [&](const AttentionMatrices& m, auto& to) { append(to, m.heads.front().full_value); });
     return;
   }
   const std::size_t heads = first.heads.size(), r = head_dim_of(cfg), rv = first.heads.front().value_dim();
@@ -533,15 +547,12 @@ Model build_model(const RunConfig& cfg) {
       all_positions.insert(all_positions.end(), model.prefix_positions.begin(),
                            model.prefix_positions.end());
       model.gauge = make_gauge(spec, all_positions, model.n + prefix_count);
-      // The heads' scores: the same family and frequencies computed for dimension r.
+      // The scores of heads of r < d: the same family and frequencies computed for dimension
+      // r (heads of r = d take the gauge itself).
       const std::size_t r = head_dim_of(cfg);
-      if (model.is_layer()) {
-        if (r == model.d) {
-          model.head_gauge = model.gauge;
-        } else {
-          spec.d = r;
-          model.head_gauge = make_gauge(spec, all_positions, model.n + prefix_count);
-        }
+      if (r != model.d) {
+        spec.d = r;
+        model.head_gauge = make_gauge(spec, all_positions, model.n + prefix_count);
       }
     } catch (const std::invalid_argument& e) {
       throw UsageError("--geometry " + cfg.geometry + ": " + e.what());

@@ -21,14 +21,10 @@ double energy_from_weight_sums(const Model& model, const double* x, const double
   if (prefix > 0) {
     // A layer's energy is the sum of its heads' (docs/model.md section 2b).
     const AttentionMatrices& matrices = model.matrices_of(replica);
-    const std::size_t heads = model.is_layer() ? matrices.heads.size() : 1;
     thread_local kernels::TokenOperands operands;
     const double shift = model.exponent_shift();
-    for (std::size_t h = 0; h < heads; ++h) {
-      if (model.is_layer())
-        kernels::prepare_head_operands(kernels::HeadOperands(model, matrices.heads[h]), x, operands);
-      else
-        kernels::prepare_token_operands(model, matrices, x, operands);
+    for (const AttentionHead& head : matrices.heads) {
+      kernels::prepare_head_operands(kernels::HeadOperands(model, head), x, operands);
       for (std::size_t p = model.n; p < sources; ++p) {
         const double* query = operands.query(p);
         double row = 0.0;
@@ -99,9 +95,11 @@ double finish_receiver(const Model& model, const AttentionMatrices& matrices, do
                        double* scratch) {
   const kernels::FinishTerms terms = finish_terms(model, mass);
   const bool transported = model.gauge && model.values == ValueTransport::Transported;
+  // The one head's V_h = V, applied once to the sums of the values (A_h = I).
+  const AttentionHead& head = matrices.heads.front();
   const kernels::FinishOutcome outcome = kernels::finish_sums(
       terms, model.receiver_speed(token), int(model.d), x_i, log_max, scale, weight_sum_shifted, acc,
-      matrices.v_identity ? nullptr : matrices.v.data(), out.velocity, out.attention_output, scratch,
+      head.full_value_identity ? nullptr : head.full_value.data(), out.velocity, out.attention_output, scratch,
       [&](const double* in, double* rotated) {
         if (transported) model.gauge->apply_transpose(token, in, rotated);
         return transported;

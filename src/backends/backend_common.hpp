@@ -4,10 +4,24 @@
 #include "kernels/receiver_finish.hpp"
 #include "mfattn/backends/backend.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 
 namespace mfattn::detail {
+
+/// Whether every matrix set of the model is one head whose values are the contents (A_h = I,
+/// r = d; the head of --q, --k, --v) and no feed-forward term: a receiver's field is then its
+/// one sum of values, V_h G_i^T applied once (finish_receiver), and the loops that take only
+/// such heads (the CPU's small-system and symmetric loops, the CUDA backend) apply.
+inline bool one_head_of_contents(const Model& model) {
+  for (std::size_t r = 0; r < std::max<std::size_t>(model.matrices.size(), 1); ++r) {
+    const AttentionMatrices& set = model.matrices_of(r);
+    if (!set.single_head() || !set.heads.front().value_identity || set.heads.front().score_dim() != model.d)
+      return false;
+  }
+  return true;
+}
 
 /// Where one receiver's results go: velocity (d numbers) always, attention_output (d
 /// numbers, p_i u_i before the projection) when not null.
@@ -22,8 +36,9 @@ struct ReceiverOutput {
 /// Turns the shifted sums of one receiver into its velocity.
 ///   log_max: running maximum m of the log-weights (-inf: no visible source)
 ///   weight_sum_shifted = sum_j exp(l_ij - m),  acc = sum_j exp(l_ij - m) z_j  (z-space)
-/// Writes v_i = p_i P_{x_i}(u_i), u_i = V G_i^T (acc / normaliser) with V = matrices.v, and
-/// returns D_i = exp(m - shift) * weight_sum_shifted.
+/// Writes v_i = p_i P_{x_i}(u_i), u_i = V G_i^T (acc / normaliser) with V the full value map
+/// of the set's one head (a set of one head whose values are the contents, A_h = I:
+/// single_head()), and returns D_i = exp(m - shift) * weight_sum_shifted.
 /// mass: model.mass(), computed once per evaluation by the caller. scratch: 2 * d doubles.
 double finish_receiver(const Model& model, const AttentionMatrices& matrices, double mass,
                        std::size_t token, const double* x_i, double log_max,

@@ -9,9 +9,11 @@
 // where each consumer has always applied it (the CPU backend scales its queries once, the
 // scalar consumers take beta * <q, k>), so that no consumer's bits move.
 //
-// gauged_product and source_value are the per-token forms: the CPU backend calls them from its
-// threads and packs the results into its panels at once. prepare_token_operands fills plain
-// arrays with them, for the reference backend, the energy and the OAttention link.
+// HeadOperands is every head's form (the one head of --q, --k, --v included): the CPU backend
+// calls it from its threads and packs the results into its panels at once;
+// prepare_head_operands fills plain arrays with it, for the reference backend, the energy and
+// the OAttention link. gauged_product and source_value are the one head's per-token forms the
+// CUDA backend's host side takes.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -77,87 +79,86 @@ struct TokenOperands {
   }
 };
 
-/// Fills `out` for the state x (n rows of d) of a replica whose Q and K are `matrices`; its
-/// arrays are reused between calls.
-inline void prepare_token_operands(const Model& model, const AttentionMatrices& matrices,
-                                   const double* x, TokenOperands& out) {
-  const std::size_t d = model.d, sources = model.n + model.prefix_count();
-  out.resize(sources, d);
-  std::vector<double> tmp(d), gauged(d);
-  auto store = [d](const double* from, double* to) { std::copy(from, from + d, to); };
-  for (std::size_t j = 0; j < sources; ++j) {
-    const double* y = source_content(model, x, j);
-    store(gauged_product(model, matrices.q, matrices.q_identity, j, y, tmp.data(), gauged.data()),
-          out.queries.data() + j * d);
-    store(gauged_product(model, matrices.k, matrices.k_identity, j, y, tmp.data(), gauged.data()),
-          out.keys.data() + j * d);
-    store(source_value(model, j, y, gauged.data()), out.values.data() + j * d);
-    out.presence[j] = source_presence(model, j);
-    out.log_presence[j] = log_presence(out.presence[j]);
-  }
-}
-
-/// The operands of one head of a layer (AttentionHead, docs/model.md section 2b) in the form
-/// the pair loops take: the query and key (r numbers, the head gauge G^(r) applied) and the
-/// value z_j, each zero-padded to operand_dim numbers, so that the loops of the one head run
-/// unchanged on them (the padding adds exact zeros to every logit and sum):
-///   z_j = G_j y_j (d numbers; transported values with a gauge)  |  A_h y_j (rv numbers)
+/// The operands of one head (AttentionHead, docs/model.md sections 2 and 2b) in the form the
+/// pair loops take: the query and key (r numbers, the score gauge applied: the gauge for r = d,
+/// Model::head_gauge for r < d) and the value z_j, each zero-padded to operand_dim numbers, so
+/// that the loops run unchanged on every head (the padding adds exact zeros to every logit and
+/// sum):
+///   z_j = G_j y_j (d numbers; transported values with a gauge)  |  A_h y_j (rv numbers; y_j
+///         itself where A_h = I)
 /// and the map of a receiver's normalized sums back to R^d, once per receiver:
 ///   u^(h) = V_h G_i^T u_pre (transported)  |  O_h u_pre (O_h = I when the head has none).
-/// The products (Q_h y, K_h y, A_h y) of a token are taken together from the stacked
-/// matrices' transpose, each sum in b order from 0 with the components side by side (so that
-/// they vectorize); the output map likewise from O_h^T.
+/// The products of a token (Q_h y, K_h y, A_h y, those that are not the identity) are sums in
+/// b order from 0. A head whose values are the contents (A_h = I: the head of --q, --k, --v)
+/// takes its Q_h y and K_h y row by row (kernels::matrix_product, as every backend of that head
+/// always has, to the bit); any other takes its products together from the stacked matrices'
+/// transpose, the components side by side (so that they vectorize); the output map likewise
+/// from O_h^T.
 class HeadOperands {
  public:
   const Model& model;
   const AttentionHead& head;
   bool transported;                 ///< the values carry the d-dimensional gauge
   std::size_t score_dim, value_dim, operand_dim;
-  std::size_t product_count;        ///< r + r (+ rv for values in the head space)
+  std::size_t product_count;        ///< numbers products() writes (the non-identity products)
 
   HeadOperands(const Model& m, const AttentionHead& h)
       : model(m), head(h), transported(m.gauge && m.values == ValueTransport::Transported),
-        score_dim(std::size_t(h.query.rows())), value_dim(h.value_dim()),
+        score_dim(h.score_dim()), value_dim(h.value_dim()),
         operand_dim(std::max(score_dim, transported ? m.d : value_dim)),
-        product_count(2 * score_dim + (transported ? 0 : value_dim)) {
+        score_gauge_(score_dim == m.d ? m.gauge.get() : m.head_gauge.get()) {
     const std::size_t d = m.d;
+    query_at_ = 0;
+    key_at_ = query_at_ + (h.query_identity ? 0 : score_dim);
+    value_at_ = key_at_ + (h.key_identity ? 0 : score_dim);
+    product_count = value_at_ + (transported || h.value_identity ? 0 : value_dim);
+    if (h.value_identity) product_count = key_at_ + (h.key_identity ? 0 : score_dim);
+    row_products_ = h.value_identity;
+    if (row_products_) {
+      build_output_map();
+      return;
+    }
     stacked_stride_ = padded_columns(product_count);
     stacked_t_.assign(d * stacked_stride_, 0.0);
     for (std::size_t b = 0; b < d; ++b) {
       double* row = stacked_t_.data() + b * stacked_stride_;
       for (std::size_t a = 0; a < score_dim; ++a) {
-        row[a] = h.query(Eigen::Index(a), Eigen::Index(b));
-        row[score_dim + a] = h.key(Eigen::Index(a), Eigen::Index(b));
+        if (!h.query_identity) row[query_at_ + a] = h.query(Eigen::Index(a), Eigen::Index(b));
+        if (!h.key_identity) row[key_at_ + a] = h.key(Eigen::Index(a), Eigen::Index(b));
       }
-      if (!transported)
-        for (std::size_t a = 0; a < value_dim; ++a) row[2 * score_dim + a] = h.value(Eigen::Index(a), Eigen::Index(b));
+      if (product_count > value_at_)
+        for (std::size_t a = 0; a < value_dim; ++a) row[value_at_ + a] = h.value(Eigen::Index(a), Eigen::Index(b));
     }
-    const Matrix& back = transported ? h.full_value : h.output;
-    output_stride_ = padded_columns(std::size_t(back.rows()));
-    output_t_.assign(std::size_t(back.cols()) * output_stride_, 0.0);
-    for (Eigen::Index a = 0; a < back.rows(); ++a)
-      for (Eigen::Index b = 0; b < back.cols(); ++b) output_t_[std::size_t(b) * output_stride_ + std::size_t(a)] = back(a, b);
+    build_output_map();
   }
 
-  /// out[0, product_count) = (Q_h y, K_h y, A_h y) of contents y (d numbers).
+  /// out[0, product_count) = the head's non-identity products (Q_h y, K_h y, A_h y) of
+  /// contents y (d numbers).
   void products(const double* y, double* out) const {
-    sum_columns(stacked_t_.data(), stacked_stride_, product_count, model.d, y, out);
+    if (product_count == 0) return;
+    if (!row_products_) return sum_columns(stacked_t_.data(), stacked_stride_, product_count, model.d, y, out);
+    const int d = int(model.d);
+    if (!head.query_identity) matrix_product(RowMajorRows{head.query.data(), d}, d, y, out + query_at_);
+    if (!head.key_identity) matrix_product(RowMajorRows{head.key.data(), d}, d, y, out + key_at_);
   }
-  /// The query or key (operand_dim numbers, zero-padded) from a token's products.
-  void query(std::size_t token, const double* products, double* tmp, double* out) const {
-    score_operand(token, products, tmp, out);
+  /// The query or key (operand_dim numbers, zero-padded) of a token with contents y and its
+  /// products.
+  void query(std::size_t token, const double* y, const double* products, double* tmp, double* out) const {
+    score_operand(token, head.query_identity ? y : products + query_at_, tmp, out);
   }
-  void key(std::size_t token, const double* products, double* tmp, double* out) const {
-    score_operand(token, products + score_dim, tmp, out);
+  void key(std::size_t token, const double* y, const double* products, double* tmp, double* out) const {
+    score_operand(token, head.key_identity ? y : products + key_at_, tmp, out);
   }
   /// z_j (operand_dim numbers) of source `token` with contents y and its products.
   void value(std::size_t token, const double* y, const double* products, double* out) const {
     std::size_t filled = model.d;
     if (transported) {
       model.gauge->apply(token, y, out);
+    } else if (head.value_identity) {
+      std::copy(y, y + model.d, out);
     } else {
       filled = value_dim;
-      std::copy(products + 2 * score_dim, products + 2 * score_dim + value_dim, out);
+      std::copy(products + value_at_, products + value_at_ + value_dim, out);
     }
     std::fill(out + filled, out + operand_dim, 0.0);
   }
@@ -166,6 +167,7 @@ class HeadOperands {
     const std::size_t d = model.d;
     if (transported) {
       model.gauge->apply_transpose(token, u_pre, u);
+      if (output_t_.empty()) return;
       std::copy(u, u + d, u_pre);
       sum_columns(output_t_.data(), output_stride_, d, d, u_pre, u);
     } else if (output_t_.empty()) {
@@ -225,20 +227,35 @@ class HeadOperands {
     std::memcpy(values, sums, sizeof values);
     for (std::size_t a = 0; a < left; ++a) out[a] = values[a];
   }
+  /// The output map: V_h (transported; none where V_h = I) or O_h (plain; none where empty).
+  void build_output_map() {
+    const bool none = transported ? head.full_value_identity : head.output.size() == 0;
+    if (none) return;
+    const Matrix& back = transported ? head.full_value : head.output;
+    output_stride_ = padded_columns(std::size_t(back.rows()));
+    output_t_.assign(std::size_t(back.cols()) * output_stride_, 0.0);
+    for (Eigen::Index a = 0; a < back.rows(); ++a)
+      for (Eigen::Index b = 0; b < back.cols(); ++b)
+        output_t_[std::size_t(b) * output_stride_ + std::size_t(a)] = back(a, b);
+  }
+
   /// out (operand_dim numbers) = G^(r)_token s for the r numbers s; tmp holds r.
   void score_operand(std::size_t token, const double* s, double* tmp, double* out) const {
     const std::size_t r = score_dim;
-    if (model.head_gauge) {
+    if (score_gauge_) {
       std::copy(s, s + r, tmp);
-      model.head_gauge->apply(token, tmp, out);
+      score_gauge_->apply(token, tmp, out);
     } else {
       std::copy(s, s + r, out);
     }
     std::fill(out + r, out + operand_dim, 0.0);
   }
 
-  std::vector<double> stacked_t_;  ///< d rows of (Q_h^T | K_h^T | A_h^T), stacked_stride_ apart
-  std::vector<double> output_t_;   ///< O_h^T (rv x d), V_h^T (transported), or empty (O_h = I)
+  const Gauge* score_gauge_;       ///< G (r = d), G^(r) (r < d), or null
+  bool row_products_ = false;      ///< products row by row (A_h = I), else stacked
+  std::size_t query_at_ = 0, key_at_ = 0, value_at_ = 0;  ///< where each product starts
+  std::vector<double> stacked_t_;  ///< d rows of the non-identity (Q_h^T | K_h^T | A_h^T)
+  std::vector<double> output_t_;   ///< O_h^T (rv x d), V_h^T (transported), or empty (none)
   std::size_t stacked_stride_ = 0, output_stride_ = 0;
 };
 
@@ -247,12 +264,12 @@ inline void prepare_head_operands(const HeadOperands& head, const double* x, Tok
   const Model& model = head.model;
   const std::size_t dim = head.operand_dim, sources = model.n + model.prefix_count();
   out.resize(sources, dim);
-  std::vector<double> tmp(dim), products(head.product_count);
+  std::vector<double> tmp(dim), products(std::max<std::size_t>(head.product_count, 1));
   for (std::size_t j = 0; j < sources; ++j) {
     const double* y = source_content(model, x, j);
     head.products(y, products.data());
-    head.query(j, products.data(), tmp.data(), out.queries.data() + j * dim);
-    head.key(j, products.data(), tmp.data(), out.keys.data() + j * dim);
+    head.query(j, y, products.data(), tmp.data(), out.queries.data() + j * dim);
+    head.key(j, y, products.data(), tmp.data(), out.keys.data() + j * dim);
     head.value(j, y, products.data(), out.values.data() + j * dim);
     out.presence[j] = source_presence(model, j);
     out.log_presence[j] = log_presence(out.presence[j]);

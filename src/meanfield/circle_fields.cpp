@@ -64,9 +64,11 @@ struct PairKernel {
 };
 
 PairKernel pair_kernel(const Model& model, std::size_t c, std::size_t c2) {
-  const AttentionMatrices& m = model.matrices_of(0);
+  // The one head of --q, --k, --v (meanfield takes no layer options).
+  const AttentionHead& m = model.matrices_of(0).heads.front();
   const Planar relative = relative_gauge(model, c, c2);
-  const Planar q = planar(m.q, m.q_identity), k = planar(m.k, m.k_identity), v = planar(m.v, m.v_identity);
+  const Planar q = planar(m.query, m.query_identity), k = planar(m.key, m.key_identity),
+               v = planar(m.full_value, m.full_value_identity);
   PairKernel kernel;
   kernel.score = product(transpose(q), product(relative, k));
   kernel.value = model.values == ValueTransport::Transported ? product(v, relative) : v;

@@ -261,8 +261,12 @@ void sa_velocity_via_oattention(const Model& model, const double* x, double* vel
                                 "Sinkhorn scales its columns too)");
   if (model.pair_terms.factor != AuxFactor::None)
     throw std::invalid_argument("sa_velocity_via_oattention: auxiliary factors are not part of OAttention");
-  if (model.is_layer())
-    throw std::invalid_argument("sa_velocity_via_oattention: a whole layer (heads, feed-forward) is not one OAttention");
+  const AttentionMatrices& matrices = model.matrices_of(replica);
+  if (!matrices.single_head() || !matrices.heads.front().value_identity ||
+      matrices.heads.front().score_dim() != model.d)
+    throw std::invalid_argument("sa_velocity_via_oattention: a whole layer (several heads, heads of r < d, a "
+                                "feed-forward term) is not one OAttention");
+  const AttentionHead& head = matrices.heads.front();
   const std::size_t n = model.n, d = model.d, sources = n + model.prefix_count();
   const bool transported = model.gauge && model.values == ValueTransport::Transported;
   auto multiply = [d](const Matrix& m, bool identity, const double* in, double* out) {
@@ -273,8 +277,7 @@ void sa_velocity_via_oattention(const Model& model, const double* x, double* vel
   };
   // q_i = G_i Q x_i, k_j = G_j K y_j, z_j and p_j, as every backend prepares them.
   kernels::TokenOperands operands;
-  const AttentionMatrices& matrices = model.matrices_of(replica);
-  kernels::prepare_token_operands(model, matrices, x, operands);
+  kernels::prepare_head_operands(kernels::HeadOperands(model, head), x, operands);
   // m_ij: the model's positional mask and the per-prompt rule, as the backends apply them.
   Visibility mask = Visibility::full();
   if (model.pair_terms.any()) {
@@ -298,7 +301,7 @@ void sa_velocity_via_oattention(const Model& model, const double* x, double* vel
     // r = V R_i OAttention_i, then the tangent projection; OAttention_i already carries p_i.
     if (transported) model.gauge->apply_transpose(i, o, s.data());
     else std::copy(o, o + d, s.data());
-    multiply(matrices.v, matrices.v_identity, s.data(), r.data());
+    multiply(head.full_value, head.full_value_identity, s.data(), r.data());
     // The tangent projection with p_i = 1 (OAttention_i carries p_i already; 1 * y is y).
     kernels::tangent_velocity(1.0, int(d), xi, r.data(), velocity + i * d, static_cast<double*>(nullptr));
   }

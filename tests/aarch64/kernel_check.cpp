@@ -78,18 +78,12 @@ Model make_model(const Spec& s) {
   model.normalization = s.norm;
   model.time_scale = s.time_scale;
   model.values = s.values;
+  const auto identity = Matrix::Identity(Eigen::Index(s.d), Eigen::Index(s.d));
   AttentionMatrices matrices;
-  matrices.q = Matrix::Identity(s.d, s.d);
-  matrices.k = Matrix::Identity(s.d, s.d);
-  matrices.v = Matrix::Identity(s.d, s.d);
-  if (s.random_q) {
-    matrices.q = random_matrix(s.d, s.seed, 0, 1.0, false);
-    matrices.q_identity = false;
-  }
-  if (s.random_v) {
-    matrices.v = random_matrix(s.d, s.seed, 2, 0.0, true);
-    matrices.v_identity = false;
-  }
+  matrices.heads.push_back(square_head(s.random_q ? random_matrix(s.d, s.seed, 0, 1.0, false) : Matrix(identity),
+                                       !s.random_q, identity, true,
+                                       s.random_v ? random_matrix(s.d, s.seed, 2, 0.0, true) : Matrix(identity),
+                                       !s.random_v));
   model.matrices = {matrices};
   model.presence.assign(model.n, 0.0);
   for (std::size_t i = 0; i < s.n; ++i) model.presence[i] = s.presence;

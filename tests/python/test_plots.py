@@ -646,8 +646,9 @@ def test_snapshots_no_trails_and_the_colour_note(run_mfattn, tmp_path):
 def test_log_spaced_runs_get_a_log_time_axis(run_mfattn):
     out = run_mfattn("--n", 12, "--d", 2, "--beta", 4, "--kernel", "sa", "--horizon", 100, "--save-log", 40)
     run = plotting_common.load_run(out)
+    import matplotlib.pyplot as plt  # (not through `matplotlib`: alone, no other test has imported it)
     from plot_run import draw_angles
-    ax = matplotlib.pyplot.figure().add_subplot()
+    ax = plt.figure().add_subplot()
     draw_angles(ax, run)
     assert ax.get_xscale() == "log"
 

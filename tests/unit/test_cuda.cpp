@@ -60,8 +60,8 @@ std::vector<double> absolute_scales(const Model& model, const State& state) {
   std::vector<double> scales(state.replicas * n, 0.0), value(d), product(d);
   kernels::TokenOperands operands;
   for (std::size_t r = 0; r < state.replicas; ++r) {
-    const AttentionMatrices& matrices = model.matrices_of(r);
-    kernels::prepare_token_operands(model, matrices, state.x.data() + r * n * d, operands);
+    const AttentionHead& head = model.matrices_of(r).heads.front();
+    kernels::prepare_head_operands(kernels::HeadOperands(model, head), state.x.data() + r * n * d, operands);
     for (std::size_t i = 0; i < n; ++i) {
       double absolute = 0.0, denominator = 0.0;
       for (std::size_t j = 0; j < sources; ++j) {
@@ -79,9 +79,9 @@ std::vector<double> absolute_scales(const Model& model, const State& state) {
         double norm2 = 0.0;
         for (std::size_t a = 0; a < d; ++a) {
           double sum = value[a];
-          if (!matrices.v_identity) {
+          if (!head.full_value_identity) {
             sum = 0.0;
-            for (std::size_t b = 0; b < d; ++b) sum += matrices.v(a, b) * value[b];
+            for (std::size_t b = 0; b < d; ++b) sum += head.full_value(a, b) * value[b];
           }
           norm2 += sum * sum;
         }

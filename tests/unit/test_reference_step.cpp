@@ -27,8 +27,8 @@ std::vector<double> hand_attention_output(const Model& model, const AttentionMat
   };
   std::vector<double> queries(n * d), keys(n * d), out(n * d), numerator(d), value(d);
   for (std::size_t j = 0; j < n; ++j) {
-    apply(m.q, x + j * d, queries.data() + j * d);
-    apply(m.k, x + j * d, keys.data() + j * d);
+    apply(m.heads.front().query, x + j * d, queries.data() + j * d);
+    apply(m.heads.front().key, x + j * d, keys.data() + j * d);
   }
   for (std::size_t i = 0; i < n; ++i) {
     std::fill(numerator.begin(), numerator.end(), 0.0);
@@ -37,7 +37,7 @@ std::vector<double> hand_attention_output(const Model& model, const AttentionMat
       double score = 0.0;
       for (std::size_t c = 0; c < d; ++c) score += queries[i * d + c] * keys[j * d + c];
       const double weight = 1.0 * 1.0 * std::exp(model.beta * score - 0.0);
-      apply(m.v, x + j * d, value.data());
+      apply(m.heads.front().full_value, x + j * d, value.data());
       for (std::size_t c = 0; c < d; ++c) numerator[c] += weight * value[c];
       denominator += weight;
     }
@@ -123,23 +123,23 @@ TEST(PerReplicaMatrices, DifferBetweenReplicasAndReproduceFromTheSeed) {
   const RunConfig cfg = config(kRandomSa);
   const auto sets = layer_matrices(cfg, 0);
   ASSERT_EQ(sets.size(), 3u);
-  EXPECT_FALSE(same_matrix(sets[0].k, sets[1].k));
-  EXPECT_FALSE(same_matrix(sets[1].v, sets[2].v));
-  EXPECT_TRUE(sets[0].q_identity);
+  EXPECT_FALSE(same_matrix(sets[0].heads.front().key, sets[1].heads.front().key));
+  EXPECT_FALSE(same_matrix(sets[1].heads.front().full_value, sets[2].heads.front().full_value));
+  EXPECT_TRUE(sets[0].heads.front().query_identity);
   const auto again = layer_matrices(cfg, 0);
   for (std::size_t r = 0; r < 3; ++r) {
-    EXPECT_TRUE(same_matrix(sets[r].k, again[r].k));
-    EXPECT_TRUE(same_matrix(sets[r].v, again[r].v));
+    EXPECT_TRUE(same_matrix(sets[r].heads.front().key, again[r].heads.front().key));
+    EXPECT_TRUE(same_matrix(sets[r].heads.front().full_value, again[r].heads.front().full_value));
   }
   // A replica's draw does not depend on how many replicas there are.
   auto more = kRandomSa;
   more[std::find(more.begin(), more.end(), "--replicas") - more.begin() + 1] = "7";
-  EXPECT_TRUE(same_matrix(layer_matrices(config(more), 0)[2].k, sets[2].k));
+  EXPECT_TRUE(same_matrix(layer_matrices(config(more), 0)[2].heads.front().key, sets[2].heads.front().key));
   // Another seed, other matrices; another layer, other matrices.
   auto other = kRandomSa;
   other.back() = "5";
-  EXPECT_FALSE(same_matrix(layer_matrices(config(other), 0)[0].k, sets[0].k));
-  EXPECT_FALSE(same_matrix(layer_matrices(cfg, 1)[0].k, sets[0].k));
+  EXPECT_FALSE(same_matrix(layer_matrices(config(other), 0)[0].heads.front().key, sets[0].heads.front().key));
+  EXPECT_FALSE(same_matrix(layer_matrices(cfg, 1)[0].heads.front().key, sets[0].heads.front().key));
 }
 
 TEST(PerReplicaMatrices, SharedLayerZeroIsTheDrawOfEarlierVersions) {
@@ -152,7 +152,7 @@ TEST(PerReplicaMatrices, SharedLayerZeroIsTheDrawOfEarlierVersions) {
     for (int c = 0; c < 3; ++c) expected(r, c) = stream.normal() / std::sqrt(3.0);
   const auto sets = layer_matrices(cfg, 0);
   ASSERT_EQ(sets.size(), 1u);
-  EXPECT_TRUE(same_matrix(sets[0].k, expected));
+  EXPECT_TRUE(same_matrix(sets[0].heads.front().key, expected));
 }
 
 /// Mean and variance of entry (r, c) of one matrix of `which` (q, k or v) over many seeds.
@@ -169,7 +169,8 @@ void expect_law(const std::vector<std::string>& options, char which, const std::
     for (int seed = 0; seed < kDraws; ++seed) {
       cfg.seed = seed;
       const AttentionMatrices m = layer_matrices(cfg, 0)[0];
-      const Matrix& a = which == 'q' ? m.q : which == 'k' ? m.k : m.v;
+      const AttentionHead& head = m.heads.front();
+      const Matrix& a = which == 'q' ? head.query : which == 'k' ? head.key : head.full_value;
       sum += a(law.row, law.col);
       sum2 += a(law.row, law.col) * a(law.row, law.col);
     }
@@ -203,10 +204,10 @@ TEST(MatrixPresets, EntriesFollowTheirDocumentedLaws) {
 TEST(MatrixPresets, PlusFormIsTheTransposedFormOverItsScale) {
   const RunConfig cfg = config({"--d", "3", "--q", "gaussian", "--k", "gaussian-product", "--v",
                                 "minus-form", "--seed", "1"});
-  const AttentionMatrices m = layer_matrices(cfg, 0)[0];
-  const Matrix expected = -(m.k.transpose() * m.q) / std::sqrt(3.0);
-  EXPECT_LT((m.v - expected).cwiseAbs().maxCoeff(), 1e-15);
-  EXPECT_FALSE(m.v_identity);
+  const AttentionHead m = layer_matrices(cfg, 0)[0].heads.front();
+  const Matrix expected = -(m.key.transpose() * m.query) / std::sqrt(3.0);
+  EXPECT_LT((m.full_value - expected).cwiseAbs().maxCoeff(), 1e-15);
+  EXPECT_FALSE(m.full_value_identity);
 }
 
 TEST(Layers, StartEveryPeriodUpToTheHorizon) {

@@ -47,16 +47,26 @@ class Gauge {
   virtual std::vector<Matrix> recorded_generators() const = 0;
 };
 
-/// One head of a layer (docs/model.md section 2b):
+/// One head of attention (docs/model.md sections 2 and 2b); a Model's attention is one or more
+/// of them (AttentionMatrices::heads), whatever the options that made it:
 ///   s_ij = beta <G^(r)_i Q_h x_i, G^(r)_j K_h x_j>,   V_h = O_h A_h (d x d, rank <= rv)
 ///   v_ij = V_h G_i^T G_j x_j (transported)  |  O_h (A_h x_j) (plain: summed in the rv-dimensional
 ///          value space, then mapped back once per receiver)
-/// G^(r) is Model::head_gauge (the gauge's family computed for dimension r).
+/// G^(r) is the gauge for r = d and Model::head_gauge (the gauge's family computed for
+/// dimension r) for r < d. The one head of --q, --k, --v is Q_h = Q, K_h = K (r = d), A_h = I and
+/// O_h = V_h = V: its values are summed as they are and V is applied once per receiver.
+/// Every matrix is held in full; the *_identity flags say which are the identity, so that a
+/// backend skips their products (a property it chooses its loops on, as the symmetric loop
+/// takes Q_h = K_h = I).
 struct AttentionHead {
   Matrix query, key;  ///< Q_h, K_h: r x d
   Matrix value;       ///< A_h: rv x d
   Matrix output;      ///< O_h: d x rv; empty (0 x 0) when rv = d and O_h = I
   Matrix full_value;  ///< V_h = O_h A_h (d x d): what transported values apply
+  bool query_identity = false, key_identity = false;
+  bool value_identity = false;       ///< A_h = I: the values are the contents themselves
+  bool full_value_identity = false;  ///< V_h = I (and O_h = I)
+  std::size_t score_dim() const { return std::size_t(query.rows()); }
   std::size_t value_dim() const { return std::size_t(value.rows()); }
 };
 
@@ -70,18 +80,23 @@ struct FeedForward {
   bool empty() const { return w1.rows() == 0; }
 };
 
-/// The weights of one replica's layer: Q, K and V of the one head (d x d; the *_identity flags
-/// let backends skip the products; a default set is the identity, its matrices never read), or
-/// the heads of a multi-head layer, and the feed-forward term. A layer with heads or a
-/// feed-forward term leaves q, k, v unread.
+/// The weights of one replica's layer: its heads (at least one; every set of a Model has the
+/// same shape) and the feed-forward term (empty: none):
+///   dx_i/dt = p_i P_{x_i}( sum_h u_i^(h) + f(x_i) )
 struct AttentionMatrices {
-  Matrix q, k, v;
-  bool q_identity = true, k_identity = true, v_identity = true;
-  std::vector<AttentionHead> heads;  ///< empty: the one head q, k, v
+  std::vector<AttentionHead> heads;
   FeedForward mlp;
-  /// True when the layer has heads or a feed-forward term (Model::is_layer).
-  bool is_layer() const { return !heads.empty() || !mlp.empty(); }
+  /// One head and no feed-forward term: the field is that head's u_i alone (backends finish
+  /// such a receiver in one step).
+  bool single_head() const { return heads.size() == 1 && mlp.empty(); }
 };
+
+/// The one head of Q = K = V = I in dimension d (the attention of a Model built in code that
+/// names no matrices).
+AttentionMatrices identity_attention(std::size_t d);
+/// The same, made once per d and kept for the process (what Model::matrices_of returns for a
+/// Model without matrices).
+const AttentionMatrices& identity_attention_of_dimension(std::size_t d);
 
 struct Model {
   std::size_t n = 0;           ///< tokens that move (active ones, null tokens included)
@@ -91,17 +106,17 @@ struct Model {
   TimeScale time_scale = TimeScale::Natural;
   ValueTransport values = ValueTransport::Transported;
 
-  /// Q, K, V in force: one set shared by every replica (--matrices shared), or one per
-  /// replica (--matrices per-replica); none means identity. A run with --regen-period
-  /// replaces them at the start of every layer (Dynamics::matrices_changed).
+  /// The attention in force: one set shared by every replica (--matrices shared), or one per
+  /// replica (--matrices per-replica); none means the one head of Q = K = V = I
+  /// (identity_attention). A run with --regen-period replaces them at the start of every
+  /// layer (Dynamics::matrices_changed).
   std::vector<AttentionMatrices> matrices;
   /// The set replica r uses.
   const AttentionMatrices& matrices_of(std::size_t replica) const {
-    static const AttentionMatrices identity{};
-    if (matrices.empty()) return identity;
+    if (matrices.empty()) return identity_attention_of_dimension(d);
     return matrices.size() == 1 ? matrices.front() : matrices[replica];
   }
-  /// True when every set has Q = K = I (the weights are symmetric in i and j).
+  /// True when every set is one head with Q = K = I (the weights are symmetric in i and j).
   bool query_key_identity() const;
 
   /// presence p_i in [0, 1] of each token (size n); p_i = a_i^2 / (tau + a_i^2).
@@ -132,8 +147,8 @@ struct Model {
   PairTermParameters pair_terms;
 
   std::shared_ptr<const Gauge> gauge;  ///< null: G = I (tokens 0..n-1, then prefix n..n+P-1)
-  /// The heads' score gauge G^(r) in dimension head_dim (the same family and frequencies,
-  /// computed for r; the gauge itself when r = d); null: none.
+  /// The score gauge G^(r) of heads of r < d (the same family and frequencies, computed for r;
+  /// heads of r = d take `gauge` itself); null: none.
   std::shared_ptr<const Gauge> head_gauge;
   /// The layer's shape as the options set it (kLayerShapeNumbers), head_dim resolved to r.
   LayerShape layer;
@@ -143,10 +158,6 @@ struct Model {
   Placement placement = Placement::Post;
   double ngpt_alpha = 1.0;  ///< alpha of ngpt, > 0
   bool on_sphere() const { return placement_on_sphere(placement); }
-
-  /// True when the matrices are a whole layer (heads or a feed-forward term): the backends
-  /// then sum the heads and add f(x_i) before the projection (every set has the same shape).
-  bool is_layer() const { return !matrices.empty() && matrices.front().is_layer(); }
 
   /// Prompts and frozen prefix tokens (docs/model.md sections 1 and 3). Sources are indexed
   /// 0..n-1 (the tokens that move) then n..n+P-1 (prefix token p is source n + p, for the
@@ -172,6 +183,10 @@ struct Model {
   /// Weight shift applied in the exponent: beta in rescaled time, 0 in natural time.
   double exponent_shift() const { return time_scale == TimeScale::Rescaled ? beta : 0.0; }
 };
+
+/// The one head of --q, --k, --v: Q_h = Q, K_h = K (d x d), A_h = I, O_h = V_h = V, with the
+/// identity flags given.
+AttentionHead square_head(Matrix q, bool q_identity, Matrix k, bool k_identity, Matrix v, bool v_identity);
 
 /// p = a^2 / (tau + a^2); exactly 0 for a = 0.
 double presence_from_amplitude(double amplitude, double tau);

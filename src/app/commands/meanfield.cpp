@@ -69,11 +69,11 @@ po::options_description meanfield_options(MeanfieldConfig& c) {
 
 /// Q^T K = a I and V = b I of the label model's matrices (rotation-invariant on S^{d-1}).
 bool isotropic(const Model& model, double& a, double& b) {
-  const AttentionMatrices& m = model.matrices_of(0);
+  const AttentionHead& m = model.matrices_of(0).heads.front();
   const std::size_t d = model.d;
-  const Matrix q = m.q_identity ? Matrix::Identity(d, d) : m.q;
-  const Matrix k = m.k_identity ? Matrix::Identity(d, d) : m.k;
-  const Matrix v = m.v_identity ? Matrix::Identity(d, d) : m.v;
+  const Matrix q = m.query_identity ? Matrix::Identity(d, d) : m.query;
+  const Matrix k = m.key_identity ? Matrix::Identity(d, d) : m.key;
+  const Matrix v = m.full_value_identity ? Matrix::Identity(d, d) : m.full_value;
   const Matrix form = q.transpose() * k;
   a = form(0, 0);
   b = v(0, 0);

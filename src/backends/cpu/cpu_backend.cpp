@@ -78,7 +78,7 @@ class CpuBackend final : public Backend {
   CpuBackend(const Model& model, int threads)
       : model_(model), threads_(threads > 0 ? threads : omp_get_max_threads()),
         mass_(model.mass()), all_present_(model.every_token_present()), pair_terms_(model),
-        small_systems_(small_systems_apply(model)),
+        one_head_of_contents_(detail::one_head_of_contents(model)), small_systems_(small_systems_apply(model)),
         symmetric_(!small_systems_ && model.normalization != Normalization::Sinkhorn &&
                            cpu::symmetric_pairs_apply(model)
                        ? std::make_unique<cpu::SymmetricPairs>(model, pair_terms_)
@@ -100,8 +100,8 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   ScalingReport last_scaling() const override {
     ScalingReport report;
-    // A slot per replica, or per (replica, head) of a layer.
-    const std::size_t slots_per_replica = model_.is_layer() ? model_.matrices_of(0).heads.size() : 1;
+    // A slot per (replica, head).
+    const std::size_t slots_per_replica = model_.matrices_of(0).heads.size();
     if (sinkhorn_) sinkhorn_->report(slots_per_replica, report.column_error, report.sweeps);
     return report;
   }
@@ -134,29 +134,33 @@ class CpuBackend final : public Backend {
       if (!failure.empty()) throw NumericalError(failure);
       return;
     }
-    if (model_.is_layer()) {
-      on_team([&] { layer(replicas, x, out, failure); });
-      last_loop_ = "one-sided";
-      if (!failure.empty()) throw NumericalError(failure);
-      return;
+    // Every (replica, head) pair is a slot s = r H + h with operands of its own.
+    const std::size_t heads = model_.matrices_of(0).heads.size(), slots = replicas * heads;
+    head_operands_.clear();
+    for (std::size_t r = 0; r < replicas; ++r)
+      for (const AttentionHead& head : model_.matrices_of(r).heads) head_operands_.emplace_back(model_, head);
+    if (!one_head_of_contents_) {
+      head_outputs_.resize(slots * model_.n * head_operands_.front().operand_dim);
+      head_weight_sums_.resize(slots * model_.n);
     }
     on_team([&] {
-      prepare(replicas, x);
+      prepare(slots, x, heads);
       if (sinkhorn_) scale_sinkhorn();
       if (symmetric_)
         symmetric_->evaluate(prepared_, replicas, x, out, fall_back, failure);
       else
-        one_sided(replicas, x, out, failure);
+        one_sided(slots, x, out, failure, heads);
+      if (!one_head_of_contents_) combine_heads(replicas, x, out);
     });
     last_loop_ = symmetric_ && !fall_back ? "symmetric" : sinkhorn_ ? "sinkhorn" : "one-sided";
     if (fall_back) {
       // The shared offset of the symmetric loop was too loose: every receiver again, each
       // with its own offset (and its exact maximum where that is loose too).
       failure.clear();
-      on_team([&] { one_sided(replicas, x, out, failure); });
+      on_team([&] { one_sided(slots, x, out, failure, heads); });
     }
     if (!failure.empty()) throw NumericalError(failure);
-    if (sinkhorn_ && out.weight_sums)
+    if (sinkhorn_ && one_head_of_contents_ && out.weight_sums)
       for (std::size_t r = 0; r < replicas; ++r)
         for (std::size_t i = 0; i < model_.n; ++i) out.weight_sums[r * model_.n + i] = sinkhorn_weight_sum(r, i);
   }
@@ -183,7 +187,7 @@ class CpuBackend final : public Backend {
     const auto present = std::count_if(model.presence.begin(), model.presence.end(),
                                        [](double p) { return p > 0.0; });
     return small_systems_allowed() && present <= static_cast<std::ptrdiff_t>(kSmallSystemTokens) &&
-           model.d <= kSmallDimension && !model.is_layer() && model.normalization != Normalization::Sinkhorn &&
+           model.d <= kSmallDimension && detail::one_head_of_contents(model) && model.normalization != Normalization::Sinkhorn &&
            !model.gauge && !model.pair_terms.any() && model.prefix_count() == 0;
   }
 
@@ -281,6 +285,7 @@ class CpuBackend final : public Backend {
     const std::size_t padded = vectors * kLanes;
     const double* x = x_all + r * n * d;
     const AttentionMatrices& matrices = model_.matrices_of(r);
+    const AttentionHead& head = matrices.heads.front();
     thread_local AlignedDoubles keys, queries, coordinates, bias;
     keys.resize(n * d);
     queries.assign(d * padded, 0.0);
@@ -299,8 +304,8 @@ class CpuBackend final : public Backend {
       const double* xj = x + j * d;
       double* key = keys.data() + j * d;
       for (std::size_t c = 0; c < d; ++c) {
-        key[c] = product(matrices.k, matrices.k_identity, xj, c);
-        queries[c * padded + j] = model_.beta * product(matrices.q, matrices.q_identity, xj, c) * kLog2e;
+        key[c] = product(head.key, head.key_identity, xj, c);
+        queries[c * padded + j] = model_.beta * product(head.query, head.query_identity, xj, c) * kLog2e;
         coordinates[c * padded + j] = xj[c];
       }
       bias[j] = token_bias_[j] * kLog2e;
@@ -418,10 +423,11 @@ class CpuBackend final : public Backend {
     kernels::normalized_sums(usa, mass_, model_.eps_den, scale, sum, acc, int(d), u_pre);
     // u = V u_pre (no gauge in this loop), then v_i = p_i (u - <x_i, u> x_i).
     Lanes u[d];
-    if (matrices.v_identity) {
+    const AttentionHead& head = matrices.heads.front();
+    if (head.full_value_identity) {
       for (std::size_t c = 0; c < d; ++c) u[c] = u_pre[c];
     } else {
-      kernels::matrix_product(kernels::RowMajorRows{matrices.v.data(), int(d)}, int(d), u_pre, u);
+      kernels::matrix_product(kernels::RowMajorRows{head.full_value.data(), int(d)}, int(d), u_pre, u);
     }
     Lanes xi[d];
     for (std::size_t c = 0; c < d; ++c) xi[c] = simd::load(o.coordinates + c * o.padded + first);
@@ -451,29 +457,16 @@ class CpuBackend final : public Backend {
     }
   }
 
-  /// A whole layer (docs/model.md section 2b), called by every thread of a team. Every
-  /// (replica, head) pair is a slot s = r H + h with operands of its own (HeadOperands:
-  /// r-dimensional scores, values in the head's value space): one preparation and one
-  /// one-sided loop take all the slots at once, each receiver's normalized sums u_pre going to
-  /// its slot's row (operand_dim numbers: O(H n rv) memory, not H n d); then per receiver
-  /// u_i^(h) = the head's output map of u_pre and v_i = p_i P_{x_i}(sum_h u_i^(h) + f(x_i)),
-  /// the heads added in order, so the bits do not depend on the threads.
-  void layer(std::size_t replicas, const double* x, const FieldOutputs& out, std::string& failure) {
+  /// The field of sets that are not one head of contents (docs/model.md section 2b), called by
+  /// every thread of a team after the one-sided loop has put each (replica, head) slot's
+  /// normalized sums u_pre into its rows (operand_dim numbers: O(H n rv) memory, not H n d):
+  /// per receiver u_i^(h) = the head's output map of u_pre and
+  /// v_i = p_i P_{x_i}(sum_h u_i^(h) + f(x_i)), the heads added in order, so the bits do not
+  /// depend on the threads.
+  void combine_heads(std::size_t replicas, const double* x, const FieldOutputs& out) {
     const std::size_t n = model_.n, d = model_.d;
-    // Every replica's layer has the same shape (validated); each reads its own matrices.
     const std::size_t heads = model_.matrices_of(0).heads.size(), slots = replicas * heads;
-#pragma omp single
-    {
-      head_operands_.clear();
-      for (std::size_t r = 0; r < replicas; ++r)
-        for (std::size_t h = 0; h < heads; ++h) head_operands_.emplace_back(model_, model_.matrices_of(r).heads[h]);
-      head_outputs_.resize(slots ? slots * n * head_operands_.front().operand_dim : 0);
-      head_weight_sums_.resize(slots * n);
-    }
-    const std::size_t width = slots ? head_operands_.front().operand_dim : 0;
-    prepare(slots, x, head_operands_.data(), heads);
-    if (sinkhorn_) scale_sinkhorn();
-    one_sided(slots, x, out, failure, head_operands_.data(), heads);
+    const std::size_t width = head_operands_.front().operand_dim;
     if (sinkhorn_) {
 #pragma omp for schedule(static)
       for (std::size_t row = 0; row < slots * n; ++row) head_weight_sums_[row] = sinkhorn_weight_sum(row / n, row % n);
@@ -525,14 +518,13 @@ class CpuBackend final : public Backend {
   }
 
   /// The one-sided loop, called by every thread of a team: panels of receivers walk every
-  /// source.
-  /// With a layer's heads (one per slot, heads_per_replica H a replica), panels of every
-  /// slot: slot s reads replica s / H's contents and finishes into its own rows.
-  void one_sided(std::size_t slots, const double* x, const FieldOutputs& out,
-                 std::string& failure, const kernels::HeadOperands* heads = nullptr,
-                 std::size_t heads_per_replica = 1) {
+  /// source. Panels of every (replica, head) slot (heads_per_replica H a replica): slot s
+  /// reads replica s / H's contents; a set of one head of contents finishes each receiver's
+  /// velocity at once, any other slot its normalized sums into its own rows (combine_heads).
+  void one_sided(std::size_t slots, const double* x, const FieldOutputs& out, std::string& failure,
+                 std::size_t heads_per_replica) {
     const std::size_t n = model_.n;
-    const std::size_t panel = kPanelBlocks * block_size(heads ? heads->operand_dim : model_.d);
+    const std::size_t panel = kPanelBlocks * block_size(head_operands_.front().operand_dim);
     const std::size_t panels_per_replica = (n + panel - 1) / panel;
     const std::size_t total_panels = slots * panels_per_replica;
 #pragma omp for schedule(dynamic, 1)
@@ -541,10 +533,9 @@ class CpuBackend final : public Backend {
       const std::size_t first = (unit % panels_per_replica) * panel;
       try {
         const std::size_t replica_start = r * n * model_.d;
-        run_panel(slot, first, std::min(panel, n - first), x + replica_start,
-                  out.velocity + replica_start,
+        run_panel(slot, r, first, std::min(panel, n - first), x + replica_start, out.velocity + replica_start,
                   out.attention_output ? out.attention_output + replica_start : nullptr,
-                  out.weight_sums ? out.weight_sums + r * n : nullptr, heads ? heads + slot : nullptr);
+                  out.weight_sums ? out.weight_sums + r * n : nullptr, head_operands_[slot]);
       } catch (const NumericalError& error) {
 #pragma omp critical(mfattn_cpu_failure)
         failure = error.what();
@@ -580,15 +571,12 @@ class CpuBackend final : public Backend {
       p.values_rows.assign(p.padded_sources * p.row_stride, 0.0);
   }
 
-  /// Called by every thread of the team: queries, keys and values of every replica's tokens
+  /// Called by every thread of the team: queries, keys and values of every slot's tokens
   /// (spread over the threads), then the offsets B_i. The largest key and bias are maxima,
-  /// the same whichever thread sees which token.
-  /// heads: a layer's head per slot (its operands, operand_dim numbers each; slot s is head
-  /// s mod H of replica s / H, H = heads_per_replica), or null for the one head of Q, K, V,
-  /// whose slots are the replicas.
-  void prepare(std::size_t slots, const double* x, const kernels::HeadOperands* heads = nullptr,
-               std::size_t heads_per_replica = 1) {
-    const std::size_t n = model_.n, d = heads ? heads->operand_dim : model_.d, content_dim = model_.d;
+  /// the same whichever thread sees which token. Slot s is head s mod H of replica s / H
+  /// (H = heads_per_replica), its operands head_operands_[s] (operand_dim numbers each).
+  void prepare(std::size_t slots, const double* x, std::size_t heads_per_replica) {
+    const std::size_t n = model_.n, d = head_operands_.front().operand_dim, content_dim = model_.d;
 #pragma omp single
     {
       prepared_.resize(slots);
@@ -596,12 +584,12 @@ class CpuBackend final : public Backend {
       largest_bias_.assign(slots, 0.0);
       for (std::size_t r = 0; r < slots; ++r) {
         prepare_layout(prepared_[r], d);
-        std::vector<double> products(heads ? heads[r].product_count : 0);
+        std::vector<double> products(std::max<std::size_t>(head_operands_[r].product_count, 1));
         for (std::size_t q = 0; q < model_.prefix_count(); ++q) {
           const double* y = model_.prefix.data() + q * content_dim;
-          if (heads) heads[r].products(y, products.data());
-          add_source(prepared_[r], model_.matrices_of(r / heads_per_replica), q, n + q, y, largest_key_[r],
-                     largest_bias_[r], heads ? heads + r : nullptr, products.data());
+          head_operands_[r].products(y, products.data());
+          add_source(prepared_[r], q, n + q, y, largest_key_[r], largest_bias_[r], head_operands_[r],
+                     products.data());
         }
       }
     }
@@ -613,20 +601,15 @@ class CpuBackend final : public Backend {
       const double* xi = x + ((r / heads_per_replica) * n + i) * content_dim;
       Scratch scratch;
       double* work = scratch.rows(d);
-      const AttentionMatrices& matrices = model_.matrices_of(r / heads_per_replica);
-      const kernels::HeadOperands* head = heads ? heads + r : nullptr;
-      const double* query = work;
+      const kernels::HeadOperands& head = head_operands_[r];
       thread_local std::vector<double> products;
-      if (head) {
-        // Q_h x, K_h x, A_h x together, read by the query here and the key and value below.
-        products.resize(head->product_count);
-        head->products(xi, products.data());
-        head->query(i, products.data(), work + d, work);
-      } else {
-        query = kernels::gauged_product(model_, matrices.q, matrices.q_identity, i, xi, work + d, work);
-      }
-      for (std::size_t c = 0; c < d; ++c) p.queries[i * d + c] = model_.beta * query[c];
-      add_source(p, matrices, p.first_moving + i, i, xi, key[r], bias[r], head, products.data());
+      // Q_h x, K_h x, A_h x together (those that are not the identity), read by the query here
+      // and the key and value below.
+      products.resize(std::max<std::size_t>(head.product_count, 1));
+      head.products(xi, products.data());
+      head.query(i, xi, products.data(), work + d, work);
+      for (std::size_t c = 0; c < d; ++c) p.queries[i * d + c] = model_.beta * work[c];
+      add_source(p, p.first_moving + i, i, xi, key[r], bias[r], head, products.data());
     }
 #pragma omp critical(mfattn_cpu_prepare)
     for (std::size_t r = 0; r < slots; ++r) {
@@ -655,20 +638,16 @@ class CpuBackend final : public Backend {
 
 
   /// Source s of p holds gauge token `token` with contents y: its key, value, and its share
-  /// of the largest squared key norm and bias. With a layer's head, products holds the head's
-  /// products of y (HeadOperands::products). Null sources stay out of the bound, so that
-  /// adding them changes no offset.
-  void add_source(Prepared& p, const AttentionMatrices& matrices, std::size_t s, std::size_t token,
-                  const double* y, double& largest_key_norm2, double& largest_bias,
-                  const kernels::HeadOperands* head, const double* products) const {
+  /// of the largest squared key norm and bias; products holds the head's products of y
+  /// (HeadOperands::products). Null sources stay out of the bound, so that adding them
+  /// changes no offset.
+  void add_source(Prepared& p, std::size_t s, std::size_t token, const double* y, double& largest_key_norm2,
+                  double& largest_bias, const kernels::HeadOperands& head, const double* products) const {
     const std::size_t d = p.d;
     Scratch scratch;
     double* out = scratch.rows(d);
     const double* key = out;
-    if (head)
-      head->key(token, products, out + d, out);
-    else
-      key = kernels::gauged_product(model_, matrices.k, matrices.k_identity, token, y, out + d, out);
+    head.key(token, y, products, out + d, out);
     double key_norm2 = 0.0;
     double* panel = p.key_panels.data() + p.key_index(0, s);
     for (std::size_t c = 0; c < d; ++c) {
@@ -676,10 +655,7 @@ class CpuBackend final : public Backend {
       key_norm2 += key[c] * key[c];
     }
     const double* z = out;
-    if (head)
-      head->value(token, y, products, out);
-    else
-      z = kernels::source_value(model_, token, y, out);
+    head.value(token, y, products, out);
     if (d <= kSmallDimension)
       for (std::size_t c = 0; c < d; ++c) p.values_t[c * p.source_stride + s] = z[c];
     else
@@ -694,10 +670,10 @@ class CpuBackend final : public Backend {
     return d <= kSmallDimension ? kSmallBlock : kLargeBlock;
   }
 
-  void run_panel(std::size_t replica, std::size_t first, std::size_t receivers_in_panel,
-                 const double* x, double* velocity, double* attention_output,
-                 double* weight_sums, const kernels::HeadOperands* head) {
-    const Prepared& p = prepared_[replica];
+  void run_panel(std::size_t slot, std::size_t replica, std::size_t first, std::size_t receivers_in_panel,
+                 const double* x, double* velocity, double* attention_output, double* weight_sums,
+                 const kernels::HeadOperands& head) {
+    const Prepared& p = prepared_[slot];
     const std::size_t size = block_size(p.d);
     const std::size_t blocks = (receivers_in_panel + size - 1) / size;
     const std::size_t acc_stride = std::max(p.padded_dim, kSmallDimension);
@@ -723,16 +699,15 @@ class CpuBackend final : public Backend {
     pair_terms_.visit_factor([&](const auto& factor) {
       one_sided::sweep_panel_with(pair_terms_, factor, p, panel.data(), blocks, tile);
     });
-    if (head) {
-      // A head of a layer (`replica` is its slot): u_pre into the slot's rows (layer() maps
-      // them back and adds them).
+    if (!one_head_of_contents_) {
+      // u_pre into the slot's rows (combine_heads maps them back and adds them).
       for (std::size_t b = 0; b < blocks; ++b)
         for (std::size_t r = 0; r < panel[b].count; ++r) {
           const BlockSums& block = panel[b];
-          const std::size_t i = block.receivers[r], row = replica * model_.n + i;
+          const std::size_t i = block.receivers[r], row = slot * model_.n + i;
           head_weight_sums_[row] =
-              finish_head_receiver(*head, i, block.offset[r], block.weight_sum[r], block.acc + r * block.acc_stride,
-                                   head_outputs_.data() + row * head->operand_dim, weight_sums != nullptr);
+              finish_head_receiver(head, i, block.offset[r], block.weight_sum[r], block.acc + r * block.acc_stride,
+                                   head_outputs_.data() + row * head.operand_dim, weight_sums != nullptr);
         }
       return;
     }
@@ -761,14 +736,16 @@ class CpuBackend final : public Backend {
   std::vector<double> token_bias_;  // log p_j of the moving tokens (-inf for p_j = 0)
   double prefix_bias_ = 0.0;        // log of the prefix weight
   cpu::PairTerms pair_terms_;
+  bool one_head_of_contents_;  // every set one head of contents: receivers finish at once
   bool small_systems_;  // the small-system loop takes every evaluation (small_systems_apply)
   std::unique_ptr<cpu::SymmetricPairs> symmetric_;  // null: the symmetric loop does not apply
   std::string last_loop_ = "none";
   std::vector<Prepared> prepared_;
   // Per replica, while preparing (largest_key_ holds the squared norm until its one root).
   std::vector<double> largest_key_, largest_bias_;
-  // A layer's slots (replica r, head h at r H + h): each head's operands, its normalized sums
-  // u_pre (n rows of operand_dim a slot) and D_i^(h) (n a slot).
+  // The slots (replica r, head h at r H + h): each head's operands, and where the set is not
+  // one head of contents its normalized sums u_pre (n rows of operand_dim a slot) and D_i^(h)
+  // (n a slot).
   std::vector<kernels::HeadOperands> head_operands_;
   std::vector<double> head_outputs_, head_weight_sums_;
   // Sinkhorn attention: the passes over prepared_ and every slot's scaling (null: SA or USA).

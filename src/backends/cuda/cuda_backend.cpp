@@ -157,15 +157,13 @@ class CudaBackend final : public Backend {
 #pragma omp for schedule(static)
       for (std::size_t unit = 0; unit < replicas * sources; ++unit) {
         const std::size_t r = unit / sources, j = unit % sources;
-        const AttentionMatrices& matrices = model_.matrices_of(r);
+        const AttentionHead& head = model_.matrices_of(r).heads.front();
         const double* y = kernels::source_content(model_, x + r * n * d, j);
         if (j < n) {
-          const double* query =
-              kernels::gauged_product(model_, matrices.q, matrices.q_identity, j, y, work + d, work);
+          const double* query = kernels::gauged_product(model_, head.query, head.query_identity, j, y, work + d, work);
           for (std::size_t c = 0; c < d; ++c) queries_[(r * n + j) * d + c] = Real(query_scale * query[c]);
         }
-        const double* key =
-            kernels::gauged_product(model_, matrices.k, matrices.k_identity, j, y, work + d, work);
+        const double* key = kernels::gauged_product(model_, head.key, head.key_identity, j, y, work + d, work);
         double norm2 = 0.0;
         for (std::size_t c = 0; c < d; ++c) {
           const Real stored = Real(key[c]);
@@ -278,28 +276,28 @@ class ResidentSteps final : public ResidentStepper {
   }
 
  private:
-  /// Q, K and V of every matrix set, row-major; a factor that is the identity in every set
-  /// is passed as null (no product).
+  /// Q, K and V of every matrix set's one head, row-major; a factor that is the identity in
+  /// every set is passed as null (no product).
   void pack_matrices() {
     const std::size_t d = model_.d;
     const std::size_t sets = model_.matrices.size() > 1 ? args_.replicas : 1;
     args_.matrix_stride = sets > 1 ? d * d : 0;
     auto pack = [&](std::vector<double>& out, auto member, auto identity) -> const double* {
       bool all_identity = true;
-      for (std::size_t r = 0; r < sets; ++r) all_identity = all_identity && model_.matrices_of(r).*identity;
+      for (std::size_t r = 0; r < sets; ++r) all_identity = all_identity && model_.matrices_of(r).heads.front().*identity;
       if (all_identity) return nullptr;
       out.assign(sets * d * d, 0.0);
       for (std::size_t r = 0; r < sets; ++r) {
-        const AttentionMatrices& set = model_.matrices_of(r);
+        const AttentionHead& head = model_.matrices_of(r).heads.front();
         for (std::size_t a = 0; a < d; ++a)
           for (std::size_t b = 0; b < d; ++b)
-            out[(r * d + a) * d + b] = set.*identity ? double(a == b) : (set.*member)(a, b);
+            out[(r * d + a) * d + b] = head.*identity ? double(a == b) : (head.*member)(a, b);
       }
       return out.data();
     };
-    args_.q = pack(q_, &AttentionMatrices::q, &AttentionMatrices::q_identity);
-    args_.k = pack(k_, &AttentionMatrices::k, &AttentionMatrices::k_identity);
-    args_.v = pack(v_, &AttentionMatrices::v, &AttentionMatrices::v_identity);
+    args_.q = pack(q_, &AttentionHead::query, &AttentionHead::query_identity);
+    args_.k = pack(k_, &AttentionHead::key, &AttentionHead::key_identity);
+    args_.v = pack(v_, &AttentionHead::full_value, &AttentionHead::full_value_identity);
   }
 
   const Model& model_;
@@ -409,7 +407,7 @@ std::unique_ptr<Backend> make_cuda_backend(const Model& model, const BackendOpti
     throw BackendUnavailable("--backend cuda: --normalization other than post runs on the cpu or reference backend only");
   if (model.normalization == Normalization::Sinkhorn)
     throw BackendUnavailable("--backend cuda: --kernel sinkhorn runs on the cpu or reference backend only");
-  if (model.is_layer())
+  if (!detail::one_head_of_contents(model))
     throw BackendUnavailable("--backend cuda: a whole layer (--heads > 1, --head-dim < d, --mlp or --weights) "
                              "runs on the cpu or reference backend only");
   if (options.precision == Precision::Float) return cuda::make_with<float>(model, options, false);

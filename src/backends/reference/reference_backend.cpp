@@ -6,6 +6,7 @@
 #include "backends/sinkhorn_scaling.hpp"
 #include "backends/token_operands.hpp"
 
+#include <memory>
 #include <vector>
 
 namespace mfattn {
@@ -82,140 +83,70 @@ class ReferenceBackend final : public Backend {
   std::string name() const override { return "reference"; }
   ScalingReport last_scaling() const override { return last_scaling_; }
 
+  /// The field of docs/model.md sections 2 and 2b, as literally: for every receiver, every
+  /// head's u_i^(h) pair by pair (each pair's value mapped back to R^d:
+  /// V_h G_i^T z_j or O_h z_j), the heads in order, plus f(x_i); D_i is the sum of the heads'
+  /// weight sums. Sinkhorn attention (section 2d) scales every head's matrix on its own and
+  /// sums its plan's weights, P_ij = exp(f_i + l_ij + g_j), whose rows sum to 1.
   void evaluate(std::size_t replicas, const double* x, const FieldOutputs& out) override {
-    if (model_.is_layer()) return evaluate_layer(replicas, x, out);
-    if (model_.normalization == Normalization::Sinkhorn) return evaluate_sinkhorn(replicas, x, out);
-    const std::size_t n = model_.n, d = model_.d;
-    std::vector<double> value(d), tmp(d), u(d), numerator(d);
-    const double shift = model_.exponent_shift();
-    for (std::size_t r = 0; r < replicas; ++r) {
-      const double* xr = x + r * n * d;
-      const AttentionMatrices& matrices = model_.matrices_of(r);
-      kernels::prepare_token_operands(model_, matrices, xr, operands_);
-      for (std::size_t i = 0; i < n; ++i) {
-        const double* xi = xr + i * d;
-        std::fill(numerator.begin(), numerator.end(), 0.0);
-        double denominator = 0.0;
-        const double* gq = operands_.query(i);
-        // Sources: the n tokens of this replica, then the P frozen prefix tokens.
-        for (std::size_t j = 0; j < n + model_.prefix_count(); ++j) {
-          const kernels::PairWeightTerms<double> terms = kernels::model_pair_weight_terms(model_, i, j);
-          if (!kernels::visible(terms)) continue;
-          const double* gk = operands_.key(j);
-          double score = 0.0;
-          for (std::size_t c = 0; c < d; ++c) score += gq[c] * gk[c];
-          const double weight = operands_.presence[j] * kernels::weight_factor(terms) *
-                                std::exp(model_.beta * score - shift);
-          pair_value(matrices, i, j, value.data(), tmp.data());
-          for (std::size_t c = 0; c < d; ++c) numerator[c] += weight * tmp[c];
-          denominator += weight;
-        }
-        if (model_.normalization == Normalization::Usa) {
-          const double mass = model_.mass();
-          for (std::size_t c = 0; c < d; ++c) u[c] = numerator[c] / mass;
-          for (std::size_t c = 0; c < d; ++c)
-            if (!std::isfinite(u[c])) throw NumericalError("reference: USA weights overflow");
-        } else {
-          const double total = model_.eps_den + denominator;
-          for (std::size_t c = 0; c < d; ++c) u[c] = total > 0.0 ? numerator[c] / total : 0.0;
-        }
-        kernels::tangent_velocity(model_.receiver_speed(i), int(d), xi, u.data(), out.velocity + (r * n + i) * d,
-                                  out.attention_output ? out.attention_output + (r * n + i) * d : nullptr);
-        if (out.weight_sums) out.weight_sums[r * n + i] = denominator;
-      }
-    }
-  }
-
- private:
-  /// Sinkhorn attention (docs/model.md section 2d) of the one head, literally:
-  ///   u_i = sum_j P_ij V G_i^T z_j,   P_ij = exp(f_i + l_ij + g_j)
-  /// with the scaling of the replica's matrix; D_i is SA's weight sum.
-  void evaluate_sinkhorn(std::size_t replicas, const double* x, const FieldOutputs& out) {
-    const std::size_t n = model_.n, d = model_.d;
-    std::vector<double> value(d), tmp(d), u(d);
-    last_scaling_ = ScalingReport{std::vector<double>(replicas), std::vector<double>(replicas)};
-    for (std::size_t r = 0; r < replicas; ++r) {
-      const double* xr = x + r * n * d;
-      const AttentionMatrices& matrices = model_.matrices_of(r);
-      kernels::prepare_token_operands(model_, matrices, xr, operands_);
-      const ReferenceSinkhorn sinkhorn(model_, operands_);
-      note_scaling(r, sinkhorn);
-      for (std::size_t i = 0; i < n; ++i) {
-        std::fill(u.begin(), u.end(), 0.0);
-        for (std::size_t j = 0; j < operands_.sources; ++j) {
-          const double weight = sinkhorn.plan(i, j);
-          if (weight == 0.0) continue;
-          pair_value(matrices, i, j, value.data(), tmp.data());
-          for (std::size_t c = 0; c < d; ++c) u[c] += weight * tmp[c];
-        }
-        kernels::tangent_velocity(model_.receiver_speed(i), int(d), xr + i * d, u.data(),
-                                  out.velocity + (r * n + i) * d,
-                                  out.attention_output ? out.attention_output + (r * n + i) * d : nullptr);
-        if (out.weight_sums) out.weight_sums[r * n + i] = sinkhorn.weight_sum(i);
-      }
-    }
-  }
-
-  /// A whole layer (docs/model.md section 2b), as literally: for every receiver, every head's
-  /// u_i^(h) pair by pair (its value mapped back to R^d per pair), summed over the heads in
-  /// order, plus f(x_i); D_i is the sum of the heads' weight sums.
-  void evaluate_layer(std::size_t replicas, const double* x, const FieldOutputs& out) {
     const std::size_t n = model_.n, d = model_.d;
     const double shift = model_.exponent_shift(), mass = model_.mass();
-    std::vector<double> u(d), numerator(d), mapped(d), hidden;
+    const bool sinkhorn_attention = model_.normalization == Normalization::Sinkhorn;
+    std::vector<double> u(d), numerator(d), mapped(d), hidden, z;
+    last_scaling_ = sinkhorn_attention ? ScalingReport{std::vector<double>(replicas), std::vector<double>(replicas)}
+                                       : ScalingReport{};
     for (std::size_t r = 0; r < replicas; ++r) {
       const double* xr = x + r * n * d;
       const AttentionMatrices& matrices = model_.matrices_of(r);
-      std::vector<kernels::TokenOperands> heads(matrices.heads.size());
-      for (std::size_t h = 0; h < heads.size(); ++h)
-        kernels::prepare_head_operands(kernels::HeadOperands(model_, matrices.heads[h]), xr, heads[h]);
-      // Sinkhorn attention scales every head's matrix on its own.
+      std::vector<kernels::HeadOperands> heads;
+      for (const AttentionHead& head : matrices.heads) heads.emplace_back(model_, head);
+      operands_.resize(heads.size());
+      for (std::size_t h = 0; h < heads.size(); ++h) kernels::prepare_head_operands(heads[h], xr, operands_[h]);
       std::vector<std::unique_ptr<ReferenceSinkhorn>> sinkhorn(heads.size());
-      if (r == 0) last_scaling_ = ScalingReport{};
-      if (model_.normalization == Normalization::Sinkhorn) {
-        last_scaling_.column_error.resize(replicas, 0.0);
-        last_scaling_.sweeps.resize(replicas, 0.0);
+      if (sinkhorn_attention)
         for (std::size_t h = 0; h < heads.size(); ++h) {
-          sinkhorn[h] = std::make_unique<ReferenceSinkhorn>(model_, heads[h]);
+          sinkhorn[h] = std::make_unique<ReferenceSinkhorn>(model_, operands_[h]);
           note_scaling(r, *sinkhorn[h]);
         }
-      }
       hidden.resize(matrices.mlp.width());
       for (std::size_t i = 0; i < n; ++i) {
-        std::fill(u.begin(), u.end(), 0.0);
         double weight_sum = 0.0;
         for (std::size_t h = 0; h < heads.size(); ++h) {
-          const kernels::HeadOperands head(model_, matrices.heads[h]);
-          const kernels::TokenOperands& operands = heads[h];
-          std::vector<double> z(operands.d);
+          const kernels::TokenOperands& operands = operands_[h];
+          z.resize(operands.d);
           std::fill(numerator.begin(), numerator.end(), 0.0);
           double denominator = 0.0;
-          for (std::size_t j = 0; j < n + model_.prefix_count(); ++j) {
+          for (std::size_t j = 0; j < operands.sources; ++j) {
             const kernels::PairWeightTerms<double> terms = kernels::model_pair_weight_terms(model_, i, j);
             if (!kernels::visible(terms)) continue;
-            double score = 0.0;
-            for (std::size_t c = 0; c < operands.d; ++c) score += operands.query(i)[c] * operands.key(j)[c];
-            const double weight = sinkhorn[h] ? sinkhorn[h]->plan(i, j)
-                                              : operands.presence[j] * kernels::weight_factor(terms) *
-                                                    std::exp(model_.beta * score - shift);
+            double weight = 0.0;
+            if (sinkhorn[h]) {
+              weight = sinkhorn[h]->plan(i, j);
+              if (weight == 0.0) continue;
+            } else {
+              double score = 0.0;
+              for (std::size_t c = 0; c < operands.d; ++c) score += operands.query(i)[c] * operands.key(j)[c];
+              weight = operands.presence[j] * kernels::weight_factor(terms) * std::exp(model_.beta * score - shift);
+            }
             std::copy(operands.value(j), operands.value(j) + operands.d, z.begin());
-            head.output(i, z.data(), mapped.data());
+            heads[h].output(i, z.data(), mapped.data());
             for (std::size_t c = 0; c < d; ++c) numerator[c] += weight * mapped[c];
             denominator += weight;
           }
-          if (sinkhorn[h]) {
-            // The plan's rows sum to 1: u^(h) is the plain sum.
-            for (std::size_t c = 0; c < d; ++c) u[c] += numerator[c];
-            weight_sum += sinkhorn[h]->weight_sum(i);
-            continue;
+          // u_i^(h): the plan's rows sum to 1 (Sinkhorn); else the sum over M (USA) or over
+          // eps_den + the weights (SA), 0 where that is 0. The first head's is u itself.
+          const double normaliser = sinkhorn[h] ? 1.0
+                                    : model_.normalization == Normalization::Usa ? mass
+                                                                                  : model_.eps_den + denominator;
+          for (std::size_t c = 0; c < d; ++c) {
+            const double share = sinkhorn[h] ? numerator[c] : normaliser > 0.0 ? numerator[c] / normaliser : 0.0;
+            u[c] = h == 0 ? share : u[c] + share;
           }
-          const double normaliser = model_.normalization == Normalization::Usa ? mass : model_.eps_den + denominator;
-          if (normaliser > 0.0)
-            for (std::size_t c = 0; c < d; ++c) u[c] += numerator[c] / normaliser;
-          weight_sum += denominator;
+          weight_sum += sinkhorn[h] ? sinkhorn[h]->weight_sum(i) : denominator;
         }
-        for (std::size_t c = 0; c < d; ++c)
-          if (!std::isfinite(u[c])) throw NumericalError("reference: USA weights overflow");
+        if (model_.normalization == Normalization::Usa)
+          for (std::size_t c = 0; c < d; ++c)
+            if (!std::isfinite(u[c])) throw NumericalError("reference: USA weights overflow");
         kernels::add_feed_forward(matrices.mlp, xr + i * d, hidden.data(), u.data());
         kernels::tangent_velocity(model_.receiver_speed(i), int(d), xr + i * d, u.data(),
                                   out.velocity + (r * n + i) * d,
@@ -225,34 +156,15 @@ class ReferenceBackend final : public Backend {
     }
   }
 
-  /// v_ij = V G_i^T z_j = V G_i^T G_j x_j (transported) or V x_j (plain), per pair, into out
-  /// (scratch: d numbers), from the prepared operands_.
-  void pair_value(const AttentionMatrices& matrices, std::size_t i, std::size_t j, double* scratch,
-                  double* out) const {
-    const double* zj = operands_.value(j);
-    if (model_.values == ValueTransport::Transported && model_.gauge)
-      model_.gauge->apply_transpose(i, zj, scratch);
-    else
-      std::copy(zj, zj + model_.d, scratch);
-    apply_matrix(matrices.v, matrices.v_identity, scratch, out);
-  }
-
+ private:
   /// The largest column error and sweeps of replica r's scalings so far.
   void note_scaling(std::size_t r, const ReferenceSinkhorn& sinkhorn) {
     last_scaling_.column_error[r] = std::max(last_scaling_.column_error[r], sinkhorn.slot().column_error);
     last_scaling_.sweeps[r] = std::max(last_scaling_.sweeps[r], double(sinkhorn.slot().sweeps));
   }
 
-  void apply_matrix(const Matrix& m, bool identity, const double* in, double* out) const {
-    const std::size_t d = model_.d;
-    if (identity) {
-      std::copy(in, in + d, out);
-      return;
-    }
-    kernels::matrix_product(kernels::RowMajorRows{m.data(), int(d)}, int(d), in, out);
-  }
   const Model& model_;
-  kernels::TokenOperands operands_;
+  std::vector<kernels::TokenOperands> operands_;  ///< a head's each, reused between calls
   ScalingReport last_scaling_;
 };
 
