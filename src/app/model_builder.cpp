@@ -119,16 +119,6 @@ DrawnMatrices draw_matrices(const RunConfig& cfg, std::uint64_t layer, std::uint
   return m;
 }
 
-/// True when the options make a whole layer (docs/model.md section 2b): several heads, heads
-/// of r < d, a feed-forward term or a weights file. Otherwise the Model's attention is the one
-/// head of Q, K, V (square_head: its values summed as they are, V applied once per receiver),
-/// and every run is the one it was before layers existed, to the bit; the file records that
-/// head's Q, K, V as d x d matrices.
-bool is_layer_run(const RunConfig& cfg) {
-  return cfg.layer.heads > 1 || (cfg.layer.head_dim != 0 && cfg.layer.head_dim != cfg.d) ||
-         cfg.layer.mlp_width > 0 || !cfg.weights.empty();
-}
-
 std::size_t head_dim_of(const RunConfig& cfg) {
   return static_cast<std::size_t>(cfg.layer.head_dim ? cfg.layer.head_dim : cfg.d);
 }
@@ -262,7 +252,7 @@ namespace {
 /// the one head's Q, K, V, or a whole layer's heads and feed-forward term.
 AttentionMatrices layer_set(const RunConfig& cfg, std::size_t layer, std::uint64_t set_key) {
   AttentionMatrices m;
-  if (!is_layer_run(cfg)) {
+  if (!is_whole_layer(cfg)) {
     DrawnMatrices drawn = draw_matrices(cfg, layer, set_key);
     m.heads.push_back(square_head(std::move(drawn.q), drawn.q_identity, std::move(drawn.k), drawn.k_identity,
                                   std::move(drawn.v), drawn.v_identity));
@@ -355,7 +345,7 @@ void record_attention_matrices(const RunConfig& cfg, TokenLabels& labels) {
   auto append = [](std::vector<double>& to, const auto& m) { to.insert(to.end(), m.data(), m.data() + m.size()); };
   const auto d = static_cast<std::size_t>(cfg.d);
   const AttentionMatrices& first = layers.front().front();
-  if (!is_layer_run(cfg)) {
+  if (!is_whole_layer(cfg)) {
     // The one head of --q, --k, --v: its d x d Q, K and V (= V_h).
     record("query", {d, d}, [&](const AttentionMatrices& m, auto& to) { append(to, m.heads.front().query); });
     record("key", {d, d}, [&](const AttentionMatrices& m, auto& to) { append(to, m.heads.front().key); });

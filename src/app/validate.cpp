@@ -275,15 +275,23 @@ void validate_sinkhorn(const RunConfig& c, Normalization kernel, const AuxFactor
   require_finite("sinkhorn-tol", c.sinkhorn_tol);
   if (c.sinkhorn_tol < 0) reject("sinkhorn-tol", format_number(c.sinkhorn_tol), "must be >= 0 (0: never stop early)");
   if (kernel != Normalization::Sinkhorn) return;
+  // The accepted values, from the tables (a new mask kind or factor is listed by its entry).
+  auto names_where = [](const auto& option, auto&& keep) {
+    std::string names;
+    for (const auto& choice : option.choices)
+      if (keep(choice.value)) names += (names.empty() ? "" : ", ") + std::string(choice.name);
+    return names;
+  };
   if (mask.kind == MaskKind::Causal)
     reject("mask", c.mask,
            "with --kernel sinkhorn: a causal matrix has no doubly stochastic scaling (the first token sees only "
            "itself, so its column is full and every later row must leave it: the sweeps tend to the identity); "
-           "accepted: full, window, per-prompt, window+per-prompt");
+           "accepted: " + names_where(kMaskOption, [](const MaskPart& part) { return part.kind != MaskKind::Causal; }) +
+               " and their combinations");
   if (aux_factor.changes_sign)
     reject("aux-factor", c.aux_factor,
            "the " + c.aux_factor + " factor changes sign, and --kernel sinkhorn scales nonnegative weights: "
-           "accepted: none, distance, gaussian, power");
+           "accepted: " + names_where(kAuxFactorOption, [](const AuxFactorChoice& factor) { return !factor.changes_sign; }));
   if (c.eps_den > 0)
     reject("eps-den", format_number(c.eps_den),
            "is SA's denominator term, and --kernel sinkhorn's rows sum to 1 by construction: leave it auto");
@@ -474,6 +482,11 @@ RunChoices validate(const RunConfig& c) {
     reject("flush-interval", format_number(c.flush_interval),
            "must lie in [0, 86400] seconds (0: flush every frame)");
   choices.weight_layers = validate_layer(c, choices);
+  // What the backend's registry entry declares it takes (capabilities.hpp).
+  const ModelKinds kinds{choices.kernel, choices.placement, choices.aux_factor.factor, is_whole_layer(c), false};
+  if (const std::string refusal = capability_refusal("--backend " + c.backend, choices.backend->takes, kinds);
+      !refusal.empty())
+    throw UsageError(refusal);
   if (c.out.empty()) throw UsageError("--out: missing (the output .h5 file is required)");
   validate_output_path(c.out);
   validate_sizes(c, choices);

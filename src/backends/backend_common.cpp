@@ -57,8 +57,13 @@ static_assert(std::size(kBackendFactories) == std::size(kBackendNames),
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model,
                                       const BackendOptions& options) {
-  for (std::size_t i = 0; i < std::size(kBackendNames); ++i)
-    if (name == kBackendNames[i].name) return kBackendFactories[i](model, options);
+  for (std::size_t i = 0; i < std::size(kBackendNames); ++i) {
+    if (name != kBackendNames[i].name) continue;
+    // What the entry declares it takes (a model built in code; validate() refuses options so).
+    const std::string refusal = capability_refusal("--backend " + name, kBackendNames[i].takes, ModelKinds::of(model));
+    if (!refusal.empty()) throw BackendUnavailable(refusal);
+    return kBackendFactories[i](model, options);
+  }
   const std::string accepted = backend_names_text(", ");
   throw BackendUnavailable("--backend " + name + ": unknown backend (accepted: " + accepted + ")");
 }

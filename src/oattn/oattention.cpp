@@ -256,17 +256,10 @@ template void oattention_direct<float>(const QkvView<float>&, const Visibility&,
 
 void sa_velocity_via_oattention(const Model& model, const double* x, double* velocity,
                                 std::size_t replica) {
-  if (model.normalization != Normalization::Sa)
-    throw std::invalid_argument("sa_velocity_via_oattention: only SA is an OAttention (USA has no denominator, "
-                                "Sinkhorn scales its columns too)");
-  if (model.pair_terms.factor != AuxFactor::None)
-    throw std::invalid_argument("sa_velocity_via_oattention: auxiliary factors are not part of OAttention");
-  const AttentionMatrices& matrices = model.matrices_of(replica);
-  if (!matrices.single_head() || !matrices.heads.front().value_identity ||
-      matrices.heads.front().score_dim() != model.d)
-    throw std::invalid_argument("sa_velocity_via_oattention: a whole layer (several heads, heads of r < d, a "
-                                "feed-forward term) is not one OAttention");
-  const AttentionHead& head = matrices.heads.front();
+  if (const std::string refusal = capability_refusal("the OAttention link", kOAttentionTakes, ModelKinds::of(model));
+      !refusal.empty())
+    throw std::invalid_argument("sa_velocity_via_oattention: " + refusal);
+  const AttentionHead& head = model.matrices_of(replica).heads.front();
   const std::size_t n = model.n, d = model.d, sources = n + model.prefix_count();
   const bool transported = model.gauge && model.values == ValueTransport::Transported;
   auto multiply = [d](const Matrix& m, bool identity, const double* in, double* out) {

@@ -138,6 +138,14 @@ struct RunConfig {
   }
 };
 
+/// True when the options make a whole layer (docs/model.md section 2b): several heads, heads
+/// of r < d, a feed-forward term or a weights file. Otherwise the Model's attention is the one
+/// head of Q, K, V (square_head).
+inline bool is_whole_layer(const RunConfig& cfg) {
+  return cfg.layer.heads > 1 || (cfg.layer.head_dim != 0 && cfg.layer.head_dim != cfg.d) ||
+         cfg.layer.mlp_width > 0 || !cfg.weights.empty();
+}
+
 /// The table of `run` options bound to the fields of cfg.
 boost::program_options::options_description run_options(RunConfig& cfg);
 

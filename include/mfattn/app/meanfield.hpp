@@ -10,9 +10,53 @@
 #include <vector>
 
 #include "mfattn/app/config.hpp"
+#include "mfattn/core/capabilities.hpp"
+#include "mfattn/core/choice_table.hpp"
 #include "mfattn/io/h5md.hpp"
+#include "mfattn/meanfield/solvers.hpp"
 
 namespace mfattn {
+
+/// --init-density: the uniform density, the von Mises-Fisher one, or a FILE of the grid's values.
+enum class InitDensity { Uniform, Vmf, File };
+/// --perturbation-coordinate: cos(k theta), or with labels cos(k psi) in a node's gauge coordinate.
+enum class PerturbationCoordinate { Theta, Gauge };
+
+/// The choices of mfattn meanfield's own options, looked up once (as RunChoices for the run's).
+struct MeanfieldChoices {
+  meanfield::CircleEvaluation evaluation = meanfield::CircleEvaluation::Automatic;
+  InitDensity init_density = InitDensity::Uniform;
+  PerturbationCoordinate perturbation_coordinate = PerturbationCoordinate::Theta;
+};
+
+inline constexpr Choice<meanfield::CircleEvaluation> kEvaluationChoices[] = {
+    {"auto", meanfield::CircleEvaluation::Automatic, "fourier where it applies, else quadrature"},
+    {"fourier", meanfield::CircleEvaluation::Fourier, "FFT; the kernel must commute with rotations"},
+    {"quadrature", meanfield::CircleEvaluation::Quadrature, "the cpu pair loop"},
+};
+inline constexpr ChoiceOption<meanfield::CircleEvaluation> kEvaluationOption{
+    .option = "evaluation", .choices = kEvaluationChoices, .lead = "circle velocity"};
+
+inline constexpr Choice<InitDensity> kInitDensityChoices[] = {
+    {"uniform", InitDensity::Uniform},
+    {"vmf", InitDensity::Vmf, "exp(kappa <x, e_1>)"},
+};
+inline constexpr ChoiceOption<InitDensity> kInitDensityOption{
+    .option = "init-density", .choices = kInitDensityChoices, .file_help = "FILE of the grid's values (normalised)"};
+
+inline constexpr Choice<PerturbationCoordinate> kPerturbationCoordinateChoices[] = {
+    {"theta", PerturbationCoordinate::Theta},
+    {"gauge", PerturbationCoordinate::Gauge, "cos(k psi), psi = theta + alpha(xi) the gauge coordinate of G(xi)"},
+};
+inline constexpr ChoiceOption<PerturbationCoordinate> kPerturbationCoordinateOption{
+    .option = "perturbation-coordinate", .choices = kPerturbationCoordinateChoices, .lead = "circle with labels"};
+
+/// What the mean-field solver takes of a model (capabilities.hpp): SA and USA (a density's
+/// Sinkhorn scaling is not built), the post placement, the one head of Q, K, V.
+inline constexpr Normalization kMeanfieldKernels[] = {Normalization::Usa, Normalization::Sa};
+inline constexpr Placement kMeanfieldPlacements[] = {Placement::Post};
+inline constexpr Capabilities kMeanfieldTakes{
+    .kernels = kMeanfieldKernels, .placements = kMeanfieldPlacements, .whole_layers = false};
 
 struct MeanfieldConfig {
   RunConfig run;  ///< the run table's options (validated as a run of the label nodes)
@@ -28,6 +72,7 @@ struct MeanfieldConfig {
   bool zonal = false;
   std::string evaluation = "auto";  ///< circle: auto | fourier | quadrature
   std::string compare;            ///< a particle run to measure against the density
+  MeanfieldChoices choices;       ///< the values of evaluation, init-density, perturbation-coordinate
   std::string command_line;
   std::vector<Parameter> parameters;  ///< every option, as /parameters records it
 };

@@ -9,7 +9,9 @@
 /// its array (and, for a new enum value, the code that acts on it).
 ///
 /// The integrator and backend names are registries of their own (kIntegrators,
-/// kBackendNames): there a name selects a factory and its properties, not an enum value.
+/// kBackendNames): there a name selects a factory and its properties, not an enum value. The
+/// tables of the model's own kinds (kernel, placement, auxiliary factor), which capability
+/// messages below the app layer name values from too, are in core/model_choices.hpp.
 #include <memory>
 #include <optional>
 #include <span>
@@ -24,15 +26,10 @@
 #include "mfattn/core/gauge.hpp"
 #include "mfattn/core/init.hpp"
 #include "mfattn/core/model.hpp"
+#include "mfattn/core/model_choices.hpp"
 
 namespace mfattn {
 
-inline constexpr Choice<Normalization> kKernelChoices[] = {
-    {"usa", Normalization::Usa, "unnormalised"},
-    {"sa", Normalization::Sa, "softmax"},
-    {"sinkhorn", Normalization::Sinkhorn, "softmax scaled to a doubly stochastic matrix"},
-};
-inline constexpr ChoiceOption<Normalization> kKernelOption{.option = "kernel", .choices = kKernelChoices};
 
 inline constexpr Choice<TimeScale> kTimeScaleChoices[] = {
     {"natural", TimeScale::Natural},
@@ -119,25 +116,6 @@ inline constexpr Choice<ValueTransport> kValuesChoices[] = {
 };
 inline constexpr ChoiceOption<ValueTransport> kValuesOption{.option = "values", .choices = kValuesChoices};
 
-/// An auxiliary factor and what validation must know of it: a factor that changes sign can
-/// make the SA denominator vanish (so SA refuses it), and one defined on a line needs 1-D
-/// positions. The rules read these fields, so a new factor is one entry below.
-struct AuxFactorChoice {
-  AuxFactor factor;
-  bool changes_sign = false;
-  bool needs_one_dimensional_positions = false;
-  bool operator==(const AuxFactorChoice&) const = default;
-};
-inline constexpr Choice<AuxFactorChoice> kAuxFactorChoices[] = {
-    {"none", {AuxFactor::None}},
-    {"distance", {AuxFactor::Distance}, "exp(-lambda |dxi|)"},
-    {"gaussian", {AuxFactor::Gaussian}, "exp(-|dxi|^2/(2 sigma^2))"},
-    {"cosine", {AuxFactor::Cosine, true, true}, "cos(omega dxi), k = 1, USA only"},
-    {"toeplitz", {AuxFactor::Toeplitz, true, true}, "sum_k a_k cos(omega_k dxi), k = 1, USA only"},
-    {"power", {AuxFactor::Power}, "(1 + |dxi|)^(-r), KERPLE's power kernel"},
-};
-inline constexpr ChoiceOption<AuxFactorChoice> kAuxFactorOption{.option = "aux-factor",
-                                                                .choices = kAuxFactorChoices};
 
 /// What a number of the pair terms accepts (besides being finite).
 enum class NumberRule { Finite, AtLeastZero, Positive };
@@ -185,15 +163,6 @@ inline constexpr Choice<Activation> kActivationChoices[] = {
 inline constexpr ChoiceOption<Activation> kActivationOption{.option = "mlp-activation",
                                                             .choices = kActivationChoices};
 
-inline constexpr Choice<Placement> kPlacementChoices[] = {
-    {"post", Placement::Post, "x on the sphere, p P_x F(x)"},
-    {"pre", Placement::Pre, "x in R^d, p F(N(x))"},
-    {"peri", Placement::Peri, "x in R^d, p N(F(N(x)))"},
-    {"ngpt", Placement::Ngpt, "x on the sphere, alpha p P_x N(F(x))"},
-    {"none", Placement::None, "x in R^d, p F(x)"},
-};
-inline constexpr ChoiceOption<Placement> kPlacementOption{.option = "normalization",
-                                                          .choices = kPlacementChoices};
 
 /// One part of --mask (parts are joined by '+'): a mask kind, or per-prompt, which adds the
 /// per-prompt rule to the kind of the other part.

@@ -7,6 +7,7 @@
 /// Backends are chosen by name at run time (make_backend); each one computes every
 /// receiver's sums in a fixed order, so results do not depend on the thread count.
 #include "mfattn/backends/backend_errors.hpp"
+#include "mfattn/core/capabilities.hpp"
 #include "mfattn/core/model.hpp"
 #include "mfattn/backends/pair_statistics.hpp"
 
@@ -116,13 +117,22 @@ struct BackendOptions {
 };
 
 /// One backend of the registry: its name (the value of --backend), a line for --help, and
-/// what the options' rules must know of it.
+/// what the options' rules must know of it: what it takes of a model (capabilities.hpp; the
+/// options' validation and make_backend refuse the rest, with generated messages).
 struct BackendName {
   const char* name;
   const char* summary;
   bool takes_float = false;      ///< --precision float is accepted
   bool uses_cpu_kernels = false; ///< runs the CPU kernel sets (the file records which one)
+  Capabilities takes{};
+  bool evaluates_densities = false;  ///< the mean-field solver's quadrature may run on it
 };
+
+/// What the CUDA backend's loops and resident kernel take: SA and USA, the post placement,
+/// the one head of Q, K, V (docs/cuda.md); the resident kernel scales every receiver by its
+/// presence.
+inline constexpr Normalization kCudaKernels[] = {Normalization::Usa, Normalization::Sa};
+inline constexpr Placement kCudaPlacements[] = {Placement::Post};
 
 /// Every backend, in the order --help lists them: the one place their names live (the option
 /// parser reads them from here without linking any backend). Its factory is at the same index
@@ -130,9 +140,11 @@ struct BackendName {
 /// backend that this build lacks (cuda without the toolkit) is still listed; its factory
 /// throws BackendUnavailable saying why.
 inline constexpr BackendName kBackendNames[] = {
-    {"cpu", "tiled, vectorised pair loops on OpenMP threads", false, true},
+    {"cpu", "tiled, vectorised pair loops on OpenMP threads", false, true, {}, true},
     {"reference", "plain loops in the order of the formulas (the test oracle)"},
-    {"cuda", "NVIDIA GPUs (builds with the CUDA toolkit only)", true, false},
+    {"cuda", "NVIDIA GPUs (builds with the CUDA toolkit only)", true, false,
+     {.kernels = kCudaKernels, .placements = kCudaPlacements, .whole_layers = false,
+      .receivers_at_unit_speed = false}},
 };
 
 /// The registry's entry of that name, or nullptr.

@@ -50,6 +50,7 @@
 #include <optional>
 #include <vector>
 
+#include "mfattn/core/capabilities.hpp"
 #include "mfattn/core/model.hpp"
 
 namespace mfattn::oattn {
@@ -178,6 +179,14 @@ Rows<T> softmax_attention(const Rows<T>& h, const AttentionWeights<T>& weights,
 template <class A>
 void oattention_direct(const QkvView<A>& in, const Visibility& mask, const OAttentionOptions& options,
                        A* out);
+
+/// What the OAttention link takes of a model (capabilities.hpp): SA (USA has no denominator,
+/// Sinkhorn scales its columns too), no auxiliary factor, the one head of Q, K, V.
+inline constexpr Normalization kOAttentionKernels[] = {Normalization::Sa};
+inline constexpr AuxFactor kOAttentionFactors[] = {AuxFactor::None};
+inline constexpr Capabilities kOAttentionTakes{
+    .kernels = kOAttentionKernels, .factors = kOAttentionFactors, .whole_layers = false};
+
 
 /// The particle link: the velocity v_i = P_{x_i}(V R_i OAttention_i) of every token of one
 /// replica (x: n x d), OAttention taken with q_i = G_i Q x_i, k_j = G_j K x_j, values

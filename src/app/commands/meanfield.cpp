@@ -48,16 +48,14 @@ po::options_description meanfield_options(MeanfieldConfig& c) {
       ("label-points", po::value(&c.label_points)->default_value(0),
        "label nodes M_xi (d = 2, or d = 3 with rope about e_3; --positions uniform): one conditional density per "
        "node; 0 = no labels")
-      ("init-density", po::value(&c.init_density)->default_value("uniform"),
-       "uniform | vmf (exp(kappa <x, e_1>)) | FILE of the grid's values (normalised)")
+      ("init-density", po::value(&c.init_density)->default_value("uniform"), kInitDensityOption.help().c_str())
       ("init-kappa", po::value(&c.init_kappa)->default_value(1.0), "vmf concentration, finite")
       ("perturbation", po::value(&c.perturbation)->default_value("", "none"),
        "k,eps: adds eps cos(k theta) (circle), eps Y_k0 (S^2) or eps P_k (zonal), then renormalises")
       ("perturbation-coordinate", po::value(&c.perturbation_coordinate)->default_value("theta"),
-       "circle with labels: theta | gauge (cos(k psi), psi = theta + alpha(xi) the gauge coordinate of G(xi))")
+       kPerturbationCoordinateOption.help().c_str())
       ("zonal", po::bool_switch(&c.zonal), "densities of <x, e_1> only, any d (Q^T K and V multiples of I)")
-      ("evaluation", po::value(&c.evaluation)->default_value("auto"),
-       "circle velocity: auto | fourier (FFT; the kernel must commute with rotations) | quadrature (cpu pair loop)")
+      ("evaluation", po::value(&c.evaluation)->default_value("auto"), kEvaluationOption.help().c_str())
       ("compare", po::value(&c.compare)->default_value("", "none"),
        "RUN.h5: print W1 between that particle run's empirical measure and the density at common frames");
   return own;
@@ -102,9 +100,7 @@ Problem make_problem(const MeanfieldConfig& cfg, int threads) {
     meanfield::CircleOptions options;
     options.angles = static_cast<std::size_t>(cfg.grid > 0 ? cfg.grid : 256);
     options.labelled = labelled;
-    options.evaluation = cfg.evaluation == "fourier"      ? meanfield::CircleEvaluation::Fourier
-                         : cfg.evaluation == "quadrature" ? meanfield::CircleEvaluation::Quadrature
-                                                          : meanfield::CircleEvaluation::Automatic;
+    options.evaluation = cfg.choices.evaluation;
     options.tolerance = {run.rtol, run.atol};
     options.threads = threads;
     if (options.evaluation == meanfield::CircleEvaluation::Fourier && !meanfield::circle_kernels_commute(model))
@@ -209,9 +205,9 @@ std::vector<double> initial_density(const MeanfieldConfig& cfg, const meanfield:
   const std::size_t rows = grid.labels.empty() ? 1 : grid.shape[0];
   const std::size_t row_size = size / rows;
   std::vector<double> density(size, 1.0);
-  if (cfg.init_density == "vmf") {
+  if (cfg.choices.init_density == InitDensity::Vmf) {
     for (std::size_t i = 0; i < size; ++i) density[i] = std::exp(cfg.init_kappa * (first_coordinate(grid, i) - 1.0));
-  } else if (cfg.init_density != "uniform") {
+  } else if (cfg.choices.init_density == InitDensity::File) {
     const std::string layout = std::to_string(size) + " numbers, the grid's values of shape " + shape_text(grid.shape) +
                                " in row-major order (one per line, all on one line, or rows of equal width such as "
                                "NumPy's savetxt of the 2-D array)";
@@ -219,7 +215,7 @@ std::vector<double> initial_density(const MeanfieldConfig& cfg, const meanfield:
     try {
       density = read_text_rows(cfg.init_density, kRowsOfAnyWidth, found);
     } catch (const std::exception& e) {
-      refuse("init-density", cfg.init_density, std::string(e.what()) + " (accepted: uniform, vmf or a FILE of " + layout + ")");
+      refuse("init-density", cfg.init_density, std::string(e.what()) + " (" + kInitDensityOption.accepted() + " of " + layout + ")");
     }
     if (density.size() != size)
       refuse("init-density", cfg.init_density, "holds " + std::to_string(density.size()) + " numbers; needs " + layout);
@@ -364,27 +360,49 @@ MeanfieldConfig parse_meanfield_arguments(const std::vector<std::string>& args) 
            sphere_degree ? "must be an integer in [4, 1024] (the maximal degree L on S^2)"
                          : std::string("must be an integer in [4, 4194304] (") + (cfg.zonal ? "polar cells)" : "circle cells)"));
   if (!std::isfinite(cfg.init_kappa)) refuse("init-kappa", format_number(cfg.init_kappa), "must be finite");
-  if (cfg.evaluation != "auto" && cfg.evaluation != "fourier" && cfg.evaluation != "quadrature")
-    refuse("evaluation", cfg.evaluation, "accepted: auto, fourier, quadrature");
-  if (run.backend != "cpu")
-    refuse("backend", run.backend, "mfattn meanfield runs on the cpu (accepted: cpu)");
-  if (run.kernel == "sinkhorn")
-    refuse("kernel", run.kernel,
-           "the mean-field equations here are SA's and USA's (a density's Sinkhorn scaling is not built; accepted: "
-           "usa, sa)");
+  // The run options are validated as a run of the label nodes would be (the noise needs no
+  // integrator here: the solver's diffusion takes it); then what the solver takes is checked on
+  // their typed values (RunChoices), as its own choices are on MeanfieldChoices.
+  RunConfig as_run = run;
+  as_run.n = std::max<std::int64_t>(cfg.label_points, 1);
+  as_run.integrator = run.noise_kappa > 0 ? "euler-maruyama" : "rk4";
+  run.choices = validate(as_run);
+  run.n = as_run.n;
+  run.integrator = as_run.integrator;
+  const RunChoices& chosen = run.choices;
+  cfg.choices.evaluation = option_rules::require_choice(kEvaluationOption, cfg.evaluation);
+  if (const auto init = kInitDensityOption.preset(cfg.init_density)) {
+    cfg.choices.init_density = *init;
+  } else {
+    cfg.choices.init_density = InitDensity::File;
+    require_input_file("init-density", cfg.init_density, kInitDensityOption.accepted());
+  }
+  cfg.choices.perturbation_coordinate =
+      option_rules::require_choice(kPerturbationCoordinateOption, cfg.perturbation_coordinate);
+  if (!chosen.backend->evaluates_densities) {
+    std::string takes;
+    for (const BackendName& entry : kBackendNames)
+      if (entry.evaluates_densities) takes += (takes.empty() ? "" : ", ") + std::string(entry.name);
+    refuse("backend", run.backend, "mfattn meanfield runs on the cpu (accepted: " + takes + ")");
+  }
+  const ModelKinds kinds{chosen.kernel, chosen.placement, chosen.aux_factor.factor, is_whole_layer(run), false};
+  if (const std::string refusal = capability_refusal("mfattn meanfield", kMeanfieldTakes, kinds); !refusal.empty())
+    throw UsageError(refusal);
   if (cfg.zonal && cfg.label_points > 0) refuse("label-points", std::to_string(cfg.label_points), "not with --zonal");
   if (run.d > 3 && !cfg.zonal) refuse("d", std::to_string(run.d), "d > 3 needs --zonal (densities of <x, e_1>)");
-  if (cfg.evaluation != "auto" && (run.d != 2 || cfg.zonal))
+  if (cfg.choices.evaluation != meanfield::CircleEvaluation::Automatic && (run.d != 2 || cfg.zonal))
     refuse("evaluation", cfg.evaluation, "chooses the circle's evaluation (--d 2 without --zonal)");
-  if (cfg.label_points > 0 && run.positions != "uniform")
+  if (cfg.label_points > 0 && chosen.positions != PositionLayout::Uniform)
     refuse("positions", run.positions, "label nodes sit at xi_c = 2 pi c / M_xi: --label-points needs --positions uniform");
-  if (cfg.label_points == 0 && run.positions != "index")
+  if (cfg.label_points == 0 && chosen.positions != PositionLayout::Index)
     refuse("positions", run.positions, "positions are label nodes: give --label-points");
-  if (cfg.label_points == 0)
-    for (const auto& [name, neutral] : {std::pair<const char*, const char*>{"geometry", "none"}, {"aux-factor", "none"},
-                                        {"mask", "full"}})
-      if (vm[name].as<std::string>() != neutral)
-        refuse(name, vm[name].as<std::string>(), "acts on labels: give --label-points and --positions uniform");
+  if (cfg.label_points == 0) {
+    // A gauge, a factor or a mask acts on labels.
+    const char* needs_labels = "acts on labels: give --label-points and --positions uniform";
+    if (chosen.geometry != GeometryKind::None) refuse("geometry", run.geometry, needs_labels);
+    if (chosen.aux_factor.factor != AuxFactor::None) refuse("aux-factor", run.aux_factor, needs_labels);
+    if (chosen.mask.kind != MaskKind::Full || chosen.mask.per_prompt) refuse("mask", run.mask, needs_labels);
+  }
   if (!cfg.compare.empty()) {
     // The particle run is checked before the solve (a file it would refuse afterwards would
     // leave a density file behind a usage error).
@@ -396,19 +414,11 @@ MeanfieldConfig parse_meanfield_arguments(const std::vector<std::string>& args) 
     }
   }
   refuse_beyond_memory(cfg);
-  if (cfg.perturbation_coordinate != "theta" && cfg.perturbation_coordinate != "gauge")
-    refuse("perturbation-coordinate", cfg.perturbation_coordinate, "accepted: theta, gauge");
-  if (cfg.perturbation_coordinate == "gauge" && (cfg.label_points == 0 || run.d != 2 || cfg.zonal))
+  if (cfg.choices.perturbation_coordinate == PerturbationCoordinate::Gauge &&
+      (cfg.label_points == 0 || run.d != 2 || cfg.zonal))
     refuse("perturbation-coordinate", cfg.perturbation_coordinate,
-           "the gauge coordinate is a label node's (the circle with --label-points); accepted here: theta");
-  // The run options are validated as a run of the label nodes would be; the noise needs no
-  // integrator here (the solver's diffusion takes it).
-  RunConfig as_run = run;
-  as_run.n = std::max<std::int64_t>(cfg.label_points, 1);
-  as_run.integrator = run.noise_kappa > 0 ? "euler-maruyama" : "rk4";
-  run.choices = validate(as_run);
-  run.n = as_run.n;
-  run.integrator = as_run.integrator;
+           "the gauge coordinate is a label node's (the circle with --label-points); accepted here: " +
+               std::string(kPerturbationCoordinateOption.name_of(PerturbationCoordinate::Theta)));
   std::ostringstream command_line;
   command_line << "mfattn meanfield";
   for (const auto& arg : args) command_line << ' ' << arg;
@@ -456,8 +466,9 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
     if (cfg.run.resume) check_resumable(cfg);
     problem = make_problem(cfg, threads);
     density = initial_density(cfg, problem.density->grid(),
-                              cfg.perturbation_coordinate == "gauge" ? label_gauge_angles(problem.label_model)
-                                                                     : std::vector<double>(problem.label_model.n, 0.0));
+                              cfg.choices.perturbation_coordinate == PerturbationCoordinate::Gauge
+                                  ? label_gauge_angles(problem.label_model)
+                                  : std::vector<double>(problem.label_model.n, 0.0));
     times = output_times(cfg.run);
   } catch (const UsageError& e) {
     log << "mfattn meanfield: " << e.what() << '\n';

@@ -369,6 +369,10 @@ std::unique_ptr<ResidentStepper> CudaBackend<Real>::resident_stepper(const Fixed
 
 template <class Real>
 std::unique_ptr<Backend> make_with(const Model& model, const BackendOptions& options, bool emulated) {
+  // What the registry entry declares it takes (the emulation too), then the loops' sizes.
+  if (const std::string why = capability_refusal("--backend cuda", find_backend("cuda")->takes, ModelKinds::of(model));
+      !why.empty())
+    throw BackendUnavailable(why);
   if (const std::string why = refusal(model); !why.empty()) throw BackendUnavailable(why);
   std::unique_ptr<SumsEngine<Real>> engine;
   if (emulated) {
@@ -399,17 +403,7 @@ std::unique_ptr<Backend> make_emulated_cuda_backend(const Model& model, const Ba
 }  // namespace cuda
 
 std::unique_ptr<Backend> make_cuda_backend(const Model& model, const BackendOptions& options) {
-  // The resident kernel scales every receiver by its presence (resident_steps.hpp).
-  if (model.receivers_at_unit_speed)
-    throw BackendUnavailable("cuda: receivers at unit speed (the mean-field quadrature) run on the cpu backend only");
-  // Its loops and resident kernel take the one head of Q, K, V (docs/cuda.md).
-  if (model.placement != Placement::Post)
-    throw BackendUnavailable("--backend cuda: --normalization other than post runs on the cpu or reference backend only");
-  if (model.normalization == Normalization::Sinkhorn)
-    throw BackendUnavailable("--backend cuda: --kernel sinkhorn runs on the cpu or reference backend only");
-  if (!detail::one_head_of_contents(model))
-    throw BackendUnavailable("--backend cuda: a whole layer (--heads > 1, --head-dim < d, --mlp or --weights) "
-                             "runs on the cpu or reference backend only");
+  // What it takes of a model is its registry entry's (kBackendNames), checked by make_backend.
   if (options.precision == Precision::Float) return cuda::make_with<float>(model, options, false);
   return cuda::make_with<double>(model, options, false);
 }
