@@ -69,6 +69,18 @@ po::typed_value<T>* bound(T& field, const std::string& shown) {
   return po::value<T>(&field)->default_value(field, shown);
 }
 
+/// Binds every number of kNumberOptions whose field lies in Feature, in the table's order.
+template <class Feature>
+void add_numbers(po::options_description& table, RunConfig& c) {
+  for (const NumberOption& number : kNumberOptions)
+    std::visit(
+        [&](auto field) {
+          if constexpr (std::is_same_v<decltype(feature_of_field(field)), Feature>)
+            table.add_options()(number.option, bound(c.feature<Feature>().*field), number.help);
+        },
+        number.field);
+}
+
 /// The options that take a list: several words on the command line are joined by commas.
 const std::vector<std::string> kListOptions = {"save-times", "rope-freqs", "amplitudes",
                                                "toeplitz-coefficients", "toeplitz-frequencies"};
@@ -482,11 +494,9 @@ po::options_description run_options(RunConfig& c) {
       ("n", bound(c.n), "active tokens, >= 1")
       ("d", bound(c.d), "ambient dimension, >= 2")
       ("beta", bound(c.beta), "inverse temperature, >= 0")
-      ("kernel", bound(c.kernel), kKernelOption.help().c_str())
-      ("sinkhorn-iterations", bound(c.sinkhorn_iterations),
-       "--kernel sinkhorn: at most this many sweeps (columns, then rows), 0 to 100000 (0: SA)")
-      ("sinkhorn-tol", bound(c.sinkhorn_tol),
-       "--kernel sinkhorn: stop once every column sum is within this of its share, >= 0 (0: never early)")
+      ("kernel", bound(c.kernel), kKernelOption.help().c_str());
+  add_numbers<SinkhornParameters>(model, c);
+  model.add_options()
       ("time-scale", bound(c.time_scale), kTimeScaleOption.help().c_str())
       ("q", bound(c.q), kQueryOption.help().c_str())
       ("k", bound(c.k), kKeyOption.help().c_str())
@@ -494,8 +504,7 @@ po::options_description run_options(RunConfig& c) {
       ("matrices", bound(c.matrices), kMatrixSharingOption.help().c_str())
       ("regen-period", bound(c.regen_period),
        "new random Q, K, V every this many time units (a new layer), >= 0 (0: never)");
-  for (const LayerShapeNumber& number : kLayerShapeNumbers)
-    model.add_options()(number.option, bound(c.layer.*number.field), number.help);
+  add_numbers<LayerShape>(model, c);
   model.add_options()
       ("mlp-activation", bound(c.mlp_activation), kActivationOption.help().c_str())
       ("weights", bound(c.weights, "none"),
@@ -515,8 +524,7 @@ po::options_description run_options(RunConfig& c) {
       ("pos-scale", bound(c.pos_scale), "scale of index, random and grid positions, > 0")
       ("values", bound(c.values), kValuesOption.help().c_str())
       ("aux-factor", bound(c.aux_factor), kAuxFactorOption.help().c_str());
-  for (const PairTermNumber& number : kPairTermNumbers)
-    model.add_options()(number.option, bound(c.pair_terms.*number.field), number.help);
+  add_numbers<PairTermParameters>(model, c);
   model.add_options()
       ("toeplitz-coefficients", bound(c.toeplitz_coefficients, "1"),
        "toeplitz factor coefficients a_1,...,a_K (1 to 16 finite numbers)")

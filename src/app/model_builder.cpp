@@ -221,30 +221,6 @@ void weights_file_layer(const RunConfig& cfg, std::size_t layer, AttentionMatric
   }
 }
 
-std::vector<double> amplitudes_option(const RunConfig& cfg) {
-  const std::size_t n = static_cast<std::size_t>(cfg.n);
-  std::vector<double> values;
-  if (!parse_number_list(cfg.amplitudes, values)) {
-    std::size_t rows = 0;
-    try {
-      values = read_text_rows(cfg.amplitudes, 1, rows);
-    } catch (const std::exception& e) {
-      throw UsageError("--amplitudes " + cfg.amplitudes +
-                       ": neither a list of numbers nor a readable file (" + e.what() + ")");
-    }
-  }
-  if (values.size() == 1) values.assign(n, values[0]);
-  if (values.size() != n)
-    throw UsageError("--amplitudes " + cfg.amplitudes + ": needs 1 or n = " + std::to_string(n) +
-                     " numbers, found " + std::to_string(values.size()));
-  // presence a^2 / (tau + a^2) needs a finite square.
-  for (double a : values)
-    if (!(a >= 0.0) || !std::isfinite(a * a))
-      throw UsageError("--amplitudes " + cfg.amplitudes +
-                       ": amplitudes must lie in [0, 1.3e154] (their square must be a finite number)");
-  return values;
-}
-
 }  // namespace
 
 namespace {
@@ -384,11 +360,9 @@ Model build_model(const RunConfig& cfg) {
   model.matrices = layer_matrices(cfg, 0);
   const bool weighted = !cfg.amplitudes.empty() || cfg.null_tokens > 0;
   model.presence.assign(model.n, 1.0);
-  if (!cfg.amplitudes.empty()) {
-    const auto amplitudes = amplitudes_option(cfg);
+  if (!cfg.choices.amplitudes.empty())
     for (std::size_t i = 0; i < active; ++i)
-      model.presence[i] = presence_from_amplitude(amplitudes[i], cfg.tau);
-  }
+      model.presence[i] = presence_from_amplitude(cfg.choices.amplitudes[i], cfg.tau);
   for (std::size_t i = active; i < model.n; ++i) model.presence[i] = 0.0;
   if (model.mass() <= 0.0)
     throw UsageError("--amplitudes " + cfg.amplitudes + ": every presence is 0 (no token moves)");
@@ -529,8 +503,7 @@ Model build_model(const RunConfig& cfg) {
     spec.base = cfg.rope_base;
     spec.seed = seed;
     spec.generators = file_generators;
-    if (!cfg.rope_freqs.empty() && !parse_number_list(cfg.rope_freqs, spec.frequencies))
-      throw UsageError("--rope-freqs " + cfg.rope_freqs + ": needs a list of finite numbers");
+    spec.frequencies = cfg.choices.rope_frequencies;
     try {
       // The gauge covers the moving tokens, then the prefix tokens (sources n .. n + P - 1).
       std::vector<double> all_positions = model.positions;
@@ -549,22 +522,21 @@ Model build_model(const RunConfig& cfg) {
     }
   }
   model.values = cfg.choices.values;
-  // The option table's numbers as they are (kPairTermNumbers), then the choices and lists.
+  // The option table's numbers as they are (kNumberOptions), then the choices and lists.
   model.pair_terms = cfg.pair_terms;
   model.pair_terms.factor = aux_factor.factor;
   // The rule validate() applies, so a RunConfig built in code meets it too.
-  if (aux_factor.factor == AuxFactor::Toeplitz) model.pair_terms.toeplitz = toeplitz_series(cfg);
+  if (aux_factor.factor == AuxFactor::Toeplitz) model.pair_terms.toeplitz = cfg.choices.toeplitz;
   model.pair_terms.mask = cfg.choices.mask.kind;
   model.pair_terms.per_prompt = cfg.choices.mask.per_prompt;
   model.pair_terms.window = cfg.window;
   model.noise_kappa = cfg.noise_kappa;
-  // The layer's shape as the option table sets it (kLayerShapeNumbers), r resolved.
+  // The layer's shape as the option table sets it (kNumberOptions), r resolved.
   model.layer = cfg.layer;
   model.layer.head_dim = static_cast<std::int64_t>(head_dim_of(cfg));
   model.placement = cfg.choices.placement;
   model.ngpt_alpha = cfg.ngpt_alpha;
-  model.sinkhorn_sweeps = static_cast<std::size_t>(cfg.sinkhorn_iterations);
-  model.sinkhorn_tolerance = cfg.sinkhorn_tol;
+  model.sinkhorn = cfg.sinkhorn;
   return model;
 }
 

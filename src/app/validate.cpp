@@ -149,13 +149,6 @@ std::string shape_text(const std::vector<std::size_t>& shape) {
 /// a --weights file's datasets against --d, --heads, --head-dim and --mlp; returns the file's
 /// layer count (0 without a file).
 std::size_t validate_layer(const RunConfig& c, RunChoices& choices) {
-  for (const LayerShapeNumber& number : kLayerShapeNumbers) {
-    const std::int64_t value = c.layer.*number.field, most = number.most > 0 ? number.most : c.d;
-    if (value < number.least || value > most)
-      reject(number.option, std::to_string(value),
-             "must be an integer in [" + std::to_string(number.least) + ", " + std::to_string(most) + "]" +
-                 (number.most > 0 ? "" : " (d = " + std::to_string(c.d) + ")"));
-  }
   choices.mlp_activation = require_choice(kActivationOption, c.mlp_activation);
   if (c.layer.mlp_width == 0 && (c.was_given("mlp-activation") ||
                                  choices.mlp_activation != require_choice(kActivationOption, RunConfig{}.mlp_activation)))
@@ -220,8 +213,9 @@ std::size_t validate_layer(const RunConfig& c, RunChoices& choices) {
     for (std::size_t a = 0; a < 4; ++a)
       if (!attention[a]->present())
         reject("weights", c.weights, std::string(names[a]) + " is missing (a file with /attention has query, key, value and output)");
-    for (const auto& [option, value] : {std::pair{"q", &c.q}, std::pair{"k", &c.k}, std::pair{"v", &c.v}})
-      if (*value != "identity")
+    for (const auto& [option, value, preset] : {std::tuple{"q", &c.q, choices.q}, std::tuple{"k", &c.k, choices.k},
+                                                std::tuple{"v", &c.v, choices.v}})
+      if (preset != MatrixPreset::Identity)
         reject(option, *value, "not taken with --weights " + shown(c.weights) + ", whose /attention gives Q, K and V");
     check("/attention/query", file.query, {H, R, D}, head_options);
     check("/attention/key", file.key, {H, R, D}, head_options);
@@ -270,10 +264,6 @@ std::size_t validate_layer(const RunConfig& c, RunChoices& choices) {
 /// have no scaling of the kind.
 void validate_sinkhorn(const RunConfig& c, Normalization kernel, const AuxFactorChoice& aux_factor,
                        const MaskSelection& mask) {
-  if (c.sinkhorn_iterations < 0 || c.sinkhorn_iterations > 100000)
-    reject("sinkhorn-iterations", std::to_string(c.sinkhorn_iterations), "must be an integer in [0, 100000]");
-  require_finite("sinkhorn-tol", c.sinkhorn_tol);
-  if (c.sinkhorn_tol < 0) reject("sinkhorn-tol", format_number(c.sinkhorn_tol), "must be >= 0 (0: never stop early)");
   if (kernel != Normalization::Sinkhorn) return;
   // The accepted values, from the tables (a new mask kind or factor is listed by its entry).
   auto names_where = [](const auto& option, auto&& keep) {
@@ -297,10 +287,65 @@ void validate_sinkhorn(const RunConfig& c, Normalization kernel, const AuxFactor
            "is SA's denominator term, and --kernel sinkhorn's rows sum to 1 by construction: leave it auto");
 }
 
+/// --amplitudes: one number for every token, n numbers, or a file of n rows.
+std::vector<double> amplitudes_option(const RunConfig& cfg) {
+  const std::size_t n = static_cast<std::size_t>(cfg.n);
+  std::vector<double> values;
+  if (!parse_number_list(cfg.amplitudes, values)) {
+    std::size_t rows = 0;
+    try {
+      values = read_text_rows(cfg.amplitudes, 1, rows);
+    } catch (const std::exception& e) {
+      throw UsageError("--amplitudes " + cfg.amplitudes +
+                       ": neither a list of numbers nor a readable file (" + e.what() + ")");
+    }
+  }
+  if (values.size() == 1) values.assign(n, values[0]);
+  if (values.size() != n)
+    throw UsageError("--amplitudes " + cfg.amplitudes + ": needs 1 or n = " + std::to_string(n) +
+                     " numbers, found " + std::to_string(values.size()));
+  // presence a^2 / (tau + a^2) needs a finite square.
+  for (double a : values)
+    if (!(a >= 0.0) || !std::isfinite(a * a))
+      throw UsageError("--amplitudes " + cfg.amplitudes +
+                       ": amplitudes must lie in [0, 1.3e154] (their square must be a finite number)");
+  return values;
+}
+
+/// Every number of kNumberOptions, by its rule (one message per rule for every number).
+void validate_numbers(const RunConfig& c) {
+  for (const NumberOption& number : kNumberOptions)
+    std::visit(
+        [&](auto field) {
+          using Feature = decltype(feature_of_field(field));
+          const auto value = c.feature<Feature>().*field;
+          if constexpr (std::is_floating_point_v<decltype(value)>) require_finite(number.option, value);
+          switch (number.rule) {
+            case NumberRule::Finite: break;
+            case NumberRule::AtLeastZero:
+              if (value < 0) reject(number.option, format_number(double(value)), "must be >= 0");
+              break;
+            case NumberRule::Positive:
+              if (!(value > 0)) reject(number.option, format_number(double(value)), "must be > 0");
+              break;
+            case NumberRule::IntegerRange: {
+              const std::int64_t most = number.most > 0 ? number.most : c.d;
+              if (!(value >= number.least && value <= most))
+                reject(number.option, format_number(double(value)),
+                       "must be an integer in [" + std::to_string(number.least) + ", " + std::to_string(most) + "]" +
+                           (number.most > 0 ? "" : " (d = " + std::to_string(c.d) + ")"));
+              break;
+            }
+          }
+        },
+        number.field);
+}
+
 RunChoices validate(const RunConfig& c) {
   RunChoices choices;
   if (c.n < 1) reject("n", std::to_string(c.n), "must be an integer >= 1");
   if (c.d < 2) reject("d", std::to_string(c.d), "must be an integer >= 2");
+  validate_numbers(c);
   require_finite("beta", c.beta);
   if (c.beta < 0) reject("beta", format_number(c.beta), "must be >= 0");
   const Normalization kernel = choices.kernel = require_choice(kKernelOption, c.kernel);
@@ -346,13 +391,10 @@ RunChoices validate(const RunConfig& c) {
   choices.positions = require_preset_or_file(kPositionsOption, c.positions);
   choices.values = require_choice(kValuesOption, c.values);
   const AuxFactorChoice aux_factor = choices.aux_factor = require_choice(kAuxFactorOption, c.aux_factor);
-  for (const PairTermNumber& number : kPairTermNumbers) {
-    const double value = c.pair_terms.*number.field;
-    require_finite(number.option, value);
-    if (number.rule == NumberRule::AtLeastZero && value < 0) reject(number.option, format_number(value), "must be >= 0");
-    if (number.rule == NumberRule::Positive && value <= 0) reject(number.option, format_number(value), "must be > 0");
-  }
-  if (aux_factor.factor == AuxFactor::Toeplitz) toeplitz_series(c);
+  if (aux_factor.factor == AuxFactor::Toeplitz) choices.toeplitz = toeplitz_series(c);
+  if (!c.rope_freqs.empty() && !parse_number_list(c.rope_freqs, choices.rope_frequencies))
+    reject("rope-freqs", c.rope_freqs, "needs a list of finite numbers");
+  if (!c.amplitudes.empty()) choices.amplitudes = amplitudes_option(c);
   if (aux_factor.changes_sign && kernel == Normalization::Sa)
     reject("aux-factor", c.aux_factor,
            "the " + c.aux_factor + " factor changes sign, so the SA denominator can vanish: use --kernel usa");
@@ -404,9 +446,13 @@ RunChoices validate(const RunConfig& c) {
     if (c.init_radius != 1.0)
       reject("init-radius", format_number(c.init_radius),
              "scales states in R^d, and --normalization " + c.normalization + " keeps them on the sphere");
-    if (choices.placement == Placement::Ngpt && std::string(choices.integrator->name) == "euler-unprojected")
-      reject("integrator", c.integrator, "steps the post field x <- N(x + h p u); --normalization ngpt takes "
-                                         "euler, heun, rk4, lie-euler, lie-rk4, dopri5 or euler-maruyama");
+    if (choices.placement == Placement::Ngpt && choices.integrator->steps_unprojected_output) {
+      std::vector<std::string> stepping_the_field;
+      for (const std::string& name : integrator_names())
+        if (!find_integrator(name)->steps_unprojected_output) stepping_the_field.push_back(name);
+      reject("integrator", c.integrator, "steps the post field x <- N(x + h p u); --normalization ngpt takes " +
+                                             joined(stepping_the_field, ", "));
+    }
   } else if (!choices.integrator->takes_euclidean) {
     std::vector<std::string> euclidean;
     for (const std::string& name : integrator_names())
@@ -435,6 +481,12 @@ RunChoices validate(const RunConfig& c) {
   if (c.save_every < 0) reject("save-every", format_number(c.save_every), "must be > 0");
   if (c.save_log < 0 || c.save_log == 1)
     reject("save-log", std::to_string(c.save_log), "must be an integer >= 2");
+  if (!c.save_times.empty()) {
+    if (!parse_number_list(c.save_times, choices.save_times))
+      reject("save-times", c.save_times, "needs a list of finite numbers");
+    for (double t : choices.save_times)
+      if (t < 0 || t > c.horizon) reject("save-times", c.save_times, "times must lie in [0, horizon]");
+  }
   const int schedules = (c.save_every > 0) + !c.save_times.empty() + (c.save_log > 0);
   if (schedules > 1)
     reject("save-every", format_number(c.save_every),

@@ -502,7 +502,7 @@ std::unique_ptr<Integrator> make_euler_maruyama(const IntegratorSettings& s) {
 /// find_integrator) and make_integrator read this table.
 const IntegratorEntry kIntegrators[] = {
     {"euler", false, false, make_fixed_step<euler_tableau>},
-    {"euler-unprojected", false, false, make_plain<EulerUnprojected>},
+    {"euler-unprojected", false, false, make_plain<EulerUnprojected>, true},
     {"heun", false, true, make_fixed_step<heun_tableau>},
     {"rk4", false, true, make_fixed_step<rk4_tableau>},
     {"lie-euler", false, false, make_plain<LieEuler>},

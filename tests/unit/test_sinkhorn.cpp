@@ -211,7 +211,7 @@ TEST(Sinkhorn, OptionsWithoutAScalingAreRefusedNamingThem) {
   EXPECT_EQ(usage_message({"--kernel", "sinkhorn", "--sinkhorn-iterations", "-1", "--out", "x.h5"}),
             "--sinkhorn-iterations -1: must be an integer in [0, 100000]");
   EXPECT_EQ(usage_message({"--kernel", "sinkhorn", "--sinkhorn-tol", "-1", "--out", "x.h5"}),
-            "--sinkhorn-tol -1: must be >= 0 (0: never stop early)");
+            "--sinkhorn-tol -1: must be >= 0");
   const Model model = build_model(config({"--n", "8", "--kernel", "sinkhorn"}));
   try {
     make_backend("cuda", model, BackendOptions{1});

@@ -49,16 +49,15 @@ struct RunConfig {
   std::string q = "identity", k = "identity", v = "identity";
   std::string matrices = "shared";  ///< who shares random Q, K, V: shared | per-replica
   double regen_period = 0.0;        ///< > 0: new Q, K, V every this many time units (layers)
-  /// The layer's shape (kLayerShapeNumbers: --heads, --head-dim, --mlp), copied whole into
-  /// the Model; its activation, weights file and layer time.
+  /// The layer's shape (kNumberOptions: --heads, --head-dim, --mlp), copied whole into the
+  /// Model; its activation, weights file and layer time.
   LayerShape layer;
   std::string mlp_activation = "relu";
   std::string weights;
   double layer_time = 0.0;  ///< > 0 with a --weights file of several layers: layer l on [l T, (l+1) T)
   std::string normalization = "post";  ///< kPlacementOption: where the layer's normalization sits
   double ngpt_alpha = 1.0;
-  std::int64_t sinkhorn_iterations = 100;  ///< --kernel sinkhorn: at most this many sweeps
-  double sinkhorn_tol = 1e-12;             ///< --kernel sinkhorn: stop at this column error (0: never)
+  SinkhornParameters sinkhorn;  ///< --sinkhorn-iterations, --sinkhorn-tol (kNumberOptions), copied whole
   std::string geometry = "none";
   double rope_base = 10000.0;
   std::string rope_freqs;
@@ -67,8 +66,8 @@ struct RunConfig {
   double pos_scale = 1.0;
   std::string values = "transported";
   std::string aux_factor = "none";
-  /// The numbers of kPairTermNumbers (--aux-lambda, --aux-sigma, ...; run_choices.hpp); the
-  /// model builder fills the mask, the factor and the series from the options above and below.
+  /// The pair terms' numbers (kNumberOptions: --aux-lambda, --aux-sigma, ...; run_choices.hpp);
+  /// the model builder fills the mask, the factor and the series from the options above and below.
   PairTermParameters pair_terms;
   std::string toeplitz_coefficients = "1", toeplitz_frequencies = "1";  ///< lists, --aux-factor toeplitz
   std::string mask = "full";
@@ -136,7 +135,33 @@ struct RunConfig {
       if (option == name) return true;
     return false;
   }
+
+  /// The struct of a feature whose numbers kNumberOptions binds (PairTermParameters,
+  /// LayerShape, SinkhornParameters): the option table reads and writes them through here.
+  template <class Feature>
+  Feature& feature();
+  template <class Feature>
+  const Feature& feature() const {
+    return const_cast<RunConfig*>(this)->feature<Feature>();
+  }
 };
+
+template <>
+inline PairTermParameters& RunConfig::feature<PairTermParameters>() {
+  return pair_terms;
+}
+template <>
+inline LayerShape& RunConfig::feature<LayerShape>() {
+  return layer;
+}
+template <>
+inline SinkhornParameters& RunConfig::feature<SinkhornParameters>() {
+  return sinkhorn;
+}
+
+/// The feature struct that a member pointer of kNumberOptions points into.
+template <class Member, class Feature>
+Feature feature_of_field(Member Feature::*);
 
 /// True when the options make a whole layer (docs/model.md section 2b): several heads, heads
 /// of r < d, a feed-forward term or a weights file. Otherwise the Model's attention is the one

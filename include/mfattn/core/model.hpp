@@ -91,6 +91,15 @@ struct AttentionMatrices {
   bool single_head() const { return heads.size() == 1 && mlp.empty(); }
 };
 
+/// Sinkhorn attention's numbers (docs/model.md section 2d; kNumberOptions binds them): at most
+/// `sweeps` sweeps, stopping once the largest column error is at most `tolerance` (0: never
+/// early). The run's RunConfig holds them and the Model copies them whole, so that a new
+/// number is its field here and its entry in that table.
+struct SinkhornParameters {
+  std::int64_t sweeps = 100;
+  double tolerance = 1e-12;
+};
+
 /// The one head of Q = K = V = I in dimension d (the attention of a Model built in code that
 /// names no matrices).
 AttentionMatrices identity_attention(std::size_t d);
@@ -122,10 +131,8 @@ struct Model {
   /// presence p_i in [0, 1] of each token (size n); p_i = a_i^2 / (tau + a_i^2).
   std::vector<double> presence;
   double eps_den = 0.0;        ///< SA denominator epsilon, >= 0
-  /// Sinkhorn attention (docs/model.md section 2d): at most this many sweeps, stopping once
-  /// the largest column error is at most the tolerance (0: never early).
-  std::size_t sinkhorn_sweeps = 100;
-  double sinkhorn_tolerance = 1e-12;
+  /// Sinkhorn attention's numbers (docs/model.md section 2d), as the options set them.
+  SinkhornParameters sinkhorn;
   /// What a receiver's velocity is multiplied by: its presence p_i (false, the particles of
   /// docs/model.md section 2), or 1 whatever its presence (true). The mean-field quadrature
   /// (docs/meanfield.md) sets it: its grid points are sources whose presences are their
@@ -150,7 +157,7 @@ struct Model {
   /// The score gauge G^(r) of heads of r < d (the same family and frequencies, computed for r;
   /// heads of r = d take `gauge` itself); null: none.
   std::shared_ptr<const Gauge> head_gauge;
-  /// The layer's shape as the options set it (kLayerShapeNumbers), head_dim resolved to r.
+  /// The layer's shape as the options set it (kNumberOptions), head_dim resolved to r.
   LayerShape layer;
   /// Where the layer's normalization sits (docs/model.md section 2c; layer_kinds.hpp): post
   /// is the field above; the others take the layer's output F_i on the states or on their

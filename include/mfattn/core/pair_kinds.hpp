@@ -16,7 +16,7 @@
 ///   per prompt  a pair with a prefix token is hidden unless both share a prompt
 /// Adding a factor: its formula and its entry in the factor list (src/kernels/pair_terms.hpp),
 /// its enum value here, its option entry (include/mfattn/app/run_choices.hpp) and, with a
-/// parameter, that parameter's field here and its entry in kPairTermNumbers (run_choices.hpp).
+/// parameter, that parameter's field here and its entry in kNumberOptions (run_choices.hpp).
 
 #include <cstddef>
 
@@ -38,7 +38,7 @@ struct ToeplitzSeries {
 };
 
 /// A model's pair terms as plain numbers a device can copy. The option table binds the
-/// numbers (kPairTermNumbers) and the model builder fills the rest; the defaults here are
+/// numbers (kNumberOptions) and the model builder fills the rest; the defaults here are
 /// the options' defaults.
 struct PairTermParameters {
   MaskKind mask = MaskKind::Full;

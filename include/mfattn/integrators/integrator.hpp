@@ -110,6 +110,9 @@ struct IntegratorEntry {
   /// methods, which then leave out their projection; the others move on the sphere only.
   bool takes_euclidean;
   std::unique_ptr<Integrator> (*make)(const IntegratorSettings&);
+  /// Whether it steps the unprojected attention output, x <- N(x + h p u) (the reference code's
+  /// step): the placements that normalize the output (ngpt) are not its field.
+  bool steps_unprojected_output = false;
 };
 
 /// The table's entry of that name, or nullptr.

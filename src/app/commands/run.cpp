@@ -146,15 +146,9 @@ std::string signal_name(int signal) {
 std::vector<double> output_times(const RunConfig& cfg) {
   const double horizon = cfg.horizon;
   std::vector<double> times{0.0};
-  if (!cfg.save_times.empty()) {
-    std::vector<double> listed;
-    if (!parse_number_list(cfg.save_times, listed))
-      throw UsageError("--save-times " + cfg.save_times + ": needs a list of finite numbers");
-    for (double t : listed) {
-      if (t < 0 || t > horizon)
-        throw UsageError("--save-times " + cfg.save_times + ": times must lie in [0, horizon]");
-      times.push_back(t);
-    }
+  if (!cfg.choices.save_times.empty()) {
+    // Parsed and checked against the horizon by validate(); a longer resumed horizon keeps them.
+    times.insert(times.end(), cfg.choices.save_times.begin(), cfg.choices.save_times.end());
   } else if (cfg.save_log > 0) {
     const double first = std::min(cfg.dt, horizon);
     const double ratio = std::log(horizon / first);

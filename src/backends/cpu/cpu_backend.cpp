@@ -90,7 +90,7 @@ class CpuBackend final : public Backend {
         throw BackendUnavailable("cpu: Sinkhorn attention takes symmetric masks and nonnegative factors only "
                                  "(no causal mask, no cosine or toeplitz factor)");
       sinkhorn_ = std::make_unique<kernels::SinkhornScaling>(
-          kernels::SinkhornTerms{model.sinkhorn_sweeps, model.sinkhorn_tolerance});
+          kernels::SinkhornTerms{std::size_t(model.sinkhorn.sweeps), model.sinkhorn.tolerance});
     }
     // b_j = log p_j is fixed for the whole run: taken once here, not per evaluation.
     for (double p : model.presence) token_bias_.push_back(kernels::log_presence(p));
@@ -116,7 +116,7 @@ class CpuBackend final : public Backend {
     // busy machine a late thread stalls every step. The symmetric loop's rounds overlap (see
     // symmetric_pairs.hpp), so a team already pays off there at n = 256.
     // Sinkhorn attention takes up to 2 K + 3 passes over the pairs.
-    const double passes = sinkhorn_ ? 2.0 * double(model_.sinkhorn_sweeps) + 3.0 : 1.0;
+    const double passes = sinkhorn_ ? 2.0 * double(model_.sinkhorn.sweeps) + 3.0 : 1.0;
     const double pairs = passes * double(replicas) * double(model_.n) * double(model_.n);
     const int team =
         pairs < (symmetric_ ? kSymmetricPairsPerExtraThread : kPairsPerExtraThread) ? 1 : threads_;

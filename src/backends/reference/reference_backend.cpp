@@ -19,7 +19,7 @@ class ReferenceSinkhorn {
   /// Scales the matrix of `operands` (every source's query, key and log-presence).
   ReferenceSinkhorn(const Model& model, const kernels::TokenOperands& operands)
       : model_(model), operands_(operands),
-        scaling_(kernels::SinkhornTerms{model.sinkhorn_sweeps, model.sinkhorn_tolerance}) {
+        scaling_(kernels::SinkhornTerms{std::size_t(model.sinkhorn.sweeps), model.sinkhorn.tolerance}) {
     kernels::SinkhornSlot& slot = scaling_.slots.emplace_back();
     slot.source_log_presence = operands.log_presence;
     for (std::size_t i = 0; i < model.n; ++i) slot.receiver_present.push_back(model.presence[i] > 0.0);
