@@ -531,7 +531,6 @@ po::options_description run_options(RunConfig& c) {
       ("toeplitz-frequencies", bound(c.toeplitz_frequencies, "1"),
        "toeplitz factor frequencies omega_1,...,omega_K, as many as the coefficients")
       ("mask", bound(c.mask), kMaskOption.help().c_str())
-      ("window", bound(c.window), "window half-width for --mask window, > 0")
       ("prefix", bound(c.prefix), "frozen prefix tokens per prompt, >= 0 (they act as sources, never move)")
       ("prompts", bound(c.prompts),
        "prompts K >= 1: active token i belongs to prompt floor(i K / n), each prompt has --prefix tokens")

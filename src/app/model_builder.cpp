@@ -529,7 +529,6 @@ Model build_model(const RunConfig& cfg) {
   if (aux_factor.factor == AuxFactor::Toeplitz) model.pair_terms.toeplitz = cfg.choices.toeplitz;
   model.pair_terms.mask = cfg.choices.mask.kind;
   model.pair_terms.per_prompt = cfg.choices.mask.per_prompt;
-  model.pair_terms.window = cfg.window;
   model.noise_kappa = cfg.noise_kappa;
   // The layer's shape as the option table sets it (kNumberOptions), r resolved.
   model.layer = cfg.layer;

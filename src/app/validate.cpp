@@ -410,8 +410,6 @@ RunChoices validate(const RunConfig& c) {
       reject("mask", c.mask, "per-prompt needs prefix tokens (--prefix >= 1)");
     choices.mask = *mask;
   }
-  require_finite("window", c.window);
-  if (c.window <= 0) reject("window", format_number(c.window), "must be > 0");
   if (c.prefix < 0) reject("prefix", std::to_string(c.prefix), "must be an integer >= 0");
   if (c.prompts < 1) reject("prompts", std::to_string(c.prompts), "must be an integer >= 1");
   if (c.prompts > c.n)

@@ -189,7 +189,7 @@ TEST(SweepDerived, VariablesTakeTheResolvedValueAndEarlierDerivedOptions) {
     EXPECT_EQ(cfg.horizon, 2 * cfg.beta);
     EXPECT_EQ(cfg.save_every, cfg.horizon / 4);
     EXPECT_EQ(cfg.replicas, 4);
-    EXPECT_EQ(cfg.window, cfg.pos_scale * static_cast<double>(cfg.prompts));
+    EXPECT_EQ(cfg.pair_terms.window, cfg.pos_scale * static_cast<double>(cfg.prompts));
   }
   EXPECT_EQ(plan.cases[3].derived, (std::vector<std::string>{"4", "1", "4", "0.5"}));
   EXPECT_EQ(case_values_text(plan, plan.cases[3], " "),

@@ -71,7 +71,6 @@ struct RunConfig {
   PairTermParameters pair_terms;
   std::string toeplitz_coefficients = "1", toeplitz_frequencies = "1";  ///< lists, --aux-factor toeplitz
   std::string mask = "full";
-  double window = 1.0;
   std::int64_t prefix = 0;   ///< frozen prefix tokens per prompt
   std::int64_t prompts = 1;
   std::string prefix_init = "random";

@@ -143,6 +143,7 @@ inline constexpr NumberOption kNumberOptions[] = {
     {"aux-sigma", &PairTermParameters::sigma, NumberRule::Positive, "gaussian factor sigma > 0"},
     {"aux-omega", &PairTermParameters::omega, NumberRule::Finite, "cosine factor omega, any finite number"},
     {"aux-power", &PairTermParameters::power, NumberRule::AtLeastZero, "power factor r >= 0: (1 + |dxi|)^(-r)"},
+    {"window", &PairTermParameters::window, NumberRule::Positive, "window half-width for --mask window, > 0"},
     {"heads", &LayerShape::heads, NumberRule::IntegerRange, "attention heads H, 1 to 64, summed: sum_h u_i^(h)", 1,
      64},
     {"head-dim", &LayerShape::head_dim, NumberRule::IntegerRange,

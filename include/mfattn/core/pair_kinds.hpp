@@ -42,7 +42,7 @@ struct ToeplitzSeries {
 /// the options' defaults.
 struct PairTermParameters {
   MaskKind mask = MaskKind::Full;
-  double window = 0.0;         ///< |xi_i - xi_j| <= window for MaskKind::Window
+  double window = 1.0;         ///< |xi_i - xi_j| <= window for MaskKind::Window
   AuxFactor factor = AuxFactor::None;
   double lambda = 1.0;         ///< distance factor exp(-lambda |dxi|)
   double sigma = 1.0;          ///< Gaussian factor exp(-|dxi|^2 / (2 sigma^2))
