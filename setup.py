@@ -1,7 +1,9 @@
-"""Builds the Python module mfattn with the project's CMake (docs/python.md) for
-`pip install .`: configures a build folder for the running interpreter, builds the target
-mfattn_python and puts the module in the wheel. MFATTN_BUILD_DIR names an already
-configured build folder to build in instead (nothing is reconfigured there)."""
+"""Builds the Python package mfattn (docs/python.md) for `pip install .`: its pure-Python
+modules are analysis/mfattn/ (pyproject.toml's package-dir), and its compiled module
+mfattn._core is built with the project's CMake: a build folder configured for the running
+interpreter, its target mfattn_python, whose python/mfattn/_core*.so goes into the wheel.
+MFATTN_BUILD_DIR names an already configured build folder to build in instead (nothing is
+reconfigured there)."""
 import os
 import shutil
 import subprocess
@@ -23,12 +25,13 @@ class CMakeBuild(build_ext):
                             f"-DPython_EXECUTABLE={sys.executable}", "-DMFATTN_TESTS=OFF"], check=True)
         jobs = str(os.cpu_count() or 2)
         subprocess.run(["cmake", "--build", str(build), "--target", "mfattn_python", "-j", jobs], check=True)
-        built = sorted(build.glob("mfattn*.so"))
+        built = sorted((build / "python" / "mfattn").glob("_core*.so"))
         if not built:
-            raise RuntimeError(f"no mfattn*.so in {build}: pybind11 and Python's headers must be found by CMake")
+            raise RuntimeError(f"no python/mfattn/_core*.so in {build}: pybind11 and Python's headers must be "
+                               "found by CMake")
         target = Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(built[-1], target)
 
 
-setup(ext_modules=[Extension("mfattn", sources=[])], cmdclass={"build_ext": CMakeBuild})
+setup(ext_modules=[Extension("mfattn._core", sources=[])], cmdclass={"build_ext": CMakeBuild})

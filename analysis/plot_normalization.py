@@ -1,56 +1,12 @@
 #!/usr/bin/env python3
-"""The clustered-pair fraction over time per normalization placement (docs/model.md section 2c)
-and for Sinkhorn attention (section 2d),
-one panel per beta, from the curves.csv that experiments/normalization/collapse.py writes
-(columns placement, beta, time, fraction).
+"""The clustered-pair fraction per normalization placement:
 
     /usr/bin/python3 analysis/plot_normalization.py CURVES.csv --out FIGURE.png
 
-Exit 2 with one line for a file that is not such a table.
-"""
-from __future__ import annotations
-
-import argparse
-import csv
-import sys
-from collections import defaultdict
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("curves")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    series: dict[float, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
-    try:
-        with open(args.curves, newline="") as f:
-            for row in csv.DictReader(f):
-                series[float(row["beta"])][row["placement"]].append((float(row["time"]), float(row["fraction"])))
-    except (OSError, KeyError, ValueError) as error:
-        print(f"plot_normalization.py: {args.curves}: not a curves table ({error})", file=sys.stderr)
-        return 2
-    if not series:
-        print(f"plot_normalization.py: {args.curves}: no rows", file=sys.stderr)
-        return 2
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    betas = sorted(series)
-    fig, axes = plt.subplots(1, len(betas), figsize=(4.6 * len(betas), 3.6), squeeze=False, sharey=True)
-    for ax, beta in zip(axes[0], betas):
-        for placement, points in series[beta].items():
-            points = [p for p in points if p[0] > 0]
-            ax.plot([p[0] for p in points], [p[1] for p in points], label=placement)
-        ax.set_xscale("log")
-        ax.set_xlabel("t")
-        ax.set_title(f"n = 128, d = 16, random Q, K, V, beta = {beta:g}", fontsize=9)
-    axes[0][0].set_ylabel("clustered-pair fraction (median over seeds)")
-    axes[0][0].legend(title="--normalization (sinkhorn: --kernel sinkhorn, post)", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=130)
-    return 0
-
+The code and its --help are the module mfattn.plot_normalization
+(analysis/mfattn/plot_normalization.py), which this script imports from the folder beside it:
+nothing needs building or installing."""
+from mfattn.plot_normalization import main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    raise SystemExit(main())

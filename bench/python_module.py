@@ -11,7 +11,8 @@
     /usr/bin/python3 bench/python_module.py [--threads 2] [--repeats 5]
 
 Prints a Markdown table with medians and the commands. MFATTN_BINARY and
-MFATTN_PYTHON_MODULE_DIR name the binary and the module's folder (default build/).
+MFATTN_PYTHON_MODULE_DIR name the binary and the folder holding the package mfattn/ (default
+build/mfattn and build/python, the build's package folder).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, os.environ.get("MFATTN_PYTHON_MODULE_DIR", str(ROOT / "build")))
+sys.path.insert(0, os.environ.get("MFATTN_PYTHON_MODULE_DIR", str(ROOT / "build" / "python")))
 import mfattn  # noqa: E402
 
 BINARY = os.environ.get("MFATTN_BINARY", str(ROOT / "build" / "mfattn"))

@@ -17,7 +17,7 @@ import argparse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import _module_path  # noqa: F401  (build/ on sys.path)
+import _module_path  # noqa: F401  (build/python, the build's package folder, on sys.path)
 import matplotlib
 
 matplotlib.use("Agg")
@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import mfattn  # noqa: E402
-from plotting_common import phase_map  # noqa: E402  (the project's one phase-diagram style)
+from mfattn.plotting import phase_map  # noqa: E402  (the project's one phase-diagram style)
 
 
 def main() -> None:

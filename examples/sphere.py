@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import _module_path  # noqa: F401  (build/ on sys.path)
+import _module_path  # noqa: F401  (build/python, the build's package folder, on sys.path)
 import matplotlib
 
 matplotlib.use("Agg")

@@ -1,5 +1,7 @@
-// The Python module `mfattn` (docs/python.md): the engine inside a notebook, NumPy arrays in
-// and out, the same option table and the same code paths as the command line.
+// The compiled part of the Python package `mfattn` (docs/python.md), its module mfattn._core:
+// the engine inside a notebook, NumPy arrays in and out, the same option table and the same
+// code paths as the command line. The package's __init__.py (analysis/mfattn/) gives these
+// names as mfattn.Model, mfattn.run, ... beside its pure-Python modules (mfattn.io, ...).
 //
 //   mfattn.Model(**options)      options of `mfattn run` by name, '-' written '_'
 //     .velocity(x, threads=None) dx/dt = p_i P_{x_i}(u_i) for x of shape (n, d) or (R, n, d)
@@ -11,7 +13,8 @@
 //   mfattn.meanfield(out=None, progress=None, **options)
 //                                `mfattn meanfield` (run_meanfield, the CLI's own function) into
 //                                out or a temporary file, loaded as a Density
-//   mfattn.load(path)            the loader of analysis/mfattn_io.py (embedded at build time)
+//   (mfattn.load, Trajectory and Density are mfattn.io's, the package's loader, which run and
+//   meanfield import to read the file they wrote)
 //
 // Options are turned into command-line words (an array of two dimensions or more into a text
 // file of its rows, for q=, init_file=, ...) and parsed by parse_run_arguments, so a bad
@@ -20,7 +23,6 @@
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
-#include <pybind11/eval.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
@@ -44,8 +46,6 @@
 #include "mfattn/app/run_choices.hpp"
 #include "mfattn/core/version.hpp"
 #include "mfattn/integrators/integrator.hpp"
-#include "animate_source.hpp"
-#include "mfattn_io_source.hpp"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -486,33 +486,10 @@ class PyModel {
   std::vector<Pooled> pool_;
 };
 
-/// A submodule `name` (registered in sys.modules) run from an embedded analysis/ script's
-/// source, its globals given `given` first. Kept for the life of the process by the caller's
-/// static (never released: a static's destructor would run after the interpreter has gone).
-PyObject* embedded_module(const char* name, const char* file, const char* source, const py::dict& given) {
-  py::module_ types = py::module_::import("types");
-  py::object module = types.attr("ModuleType")(name);
-  py::dict scope = module.attr("__dict__");
-  scope["__file__"] = file;
-  for (const auto& [key, value] : given) scope[key] = value;
-  py::module_::import("sys").attr("modules")[name] = module;
-  py::exec(py::str(source), scope);
-  return module.release().ptr();
-}
-
-/// The embedded analysis/mfattn_io.py as the submodule mfattn.io.
-py::module_ io_module() {
-  static PyObject* io =
-      embedded_module("mfattn.io", "mfattn/io.py (analysis/mfattn_io.py, built in)", kMfattnIoSource, py::dict());
-  return py::reinterpret_borrow<py::module_>(io);
-}
-
-/// The embedded analysis/animate.py as the submodule mfattn.animate, reading files with
-/// mfattn.io (given to it as _embedded_io).
-py::module_ animate_module() {
-  static PyObject* animate = embedded_module("mfattn.animate", "mfattn/animate.py (analysis/animate.py, built in)",
-                                             kMfattnAnimateSource, py::dict("_embedded_io"_a = io_module()));
-  return py::reinterpret_borrow<py::module_>(animate);
+/// The file at `path` as mfattn.io.load reads it (a Trajectory or a Density): the package's
+/// loader, imported as any module is (the package's __init__ has imported it already).
+py::object load_file(const std::filesystem::path& path) {
+  return py::module_::import("mfattn.io").attr("load")(path.string());
 }
 
 /// Raises the Python error of a run's (or a meanfield solve's) exit status; `prefix` is the
@@ -589,7 +566,7 @@ py::object run(py::object out, py::object progress, const py::kwargs& options) {
     throw py::error_already_set();
   }
   if (status != kExitOk) raise_for(status, log.str());
-  py::object trajectory = io_module().attr("load")(path.string());
+  py::object trajectory = load_file(path);
   if (!output.directory.empty()) trajectory.attr("path") = py::none();
   return trajectory;
 }
@@ -630,7 +607,7 @@ py::object meanfield(py::object out, py::object progress, const py::kwargs& opti
     status = run_meanfield(cfg, printed, log);
   }
   if (status != kExitOk) raise_for(status, log.str(), "mfattn meanfield: ");
-  py::object density = io_module().attr("load")(path.string());
+  py::object density = load_file(path);
   if (!output.directory.empty()) density.attr("path") = py::none();
   return density;
 }
@@ -638,10 +615,10 @@ py::object meanfield(py::object out, py::object progress, const py::kwargs& opti
 }  // namespace
 }  // namespace mfattn::python
 
-PYBIND11_MODULE(mfattn, module) {
+PYBIND11_MODULE(_core, module) {
   using namespace mfattn::python;
   using namespace pybind11::literals;
-  module.doc() = "mfattn: self-attention as an interacting particle system (docs/python.md)";
+  module.doc() = "mfattn._core: the compiled engine of the package mfattn (docs/python.md)";
   module.attr("__version__") = mfattn::kVersion;
   numerical_error_type = PyErr_NewExceptionWithDoc(
       "mfattn.NumericalError", "a weight overflowed or the state diverged (the CLI's exit 3)",
@@ -703,13 +680,5 @@ command line's --help: keyword -> {"option": "--name", "default": the default as
 where there is none), "help": what it accepts}.
 
     for keyword, about in mfattn.options().items(): print(keyword, about["default"], about["help"]))doc");
-  module.def("load", [](py::object path, py::object replica) { return io_module().attr("load")(path, replica); },
-             "path"_a, "replica"_a = py::none(),
-             "the Trajectory of an mfattn run file, or the Density of a density file (analysis/mfattn_io.py)");
   module.def("_last_call_released_gil", [] { return last_call_released_gil.load(); });
-  module.attr("Trajectory") = io_module().attr("Trajectory");
-  module.attr("export_torch") = io_module().attr("export_torch");
-  module.attr("Density") = io_module().attr("Density");
-  module.attr("io") = io_module();
-  module.attr("animate") = animate_module();
 }

@@ -2,7 +2,7 @@
 """Benchmark: one velocity evaluation of a whole multi-head layer against PyTorch.
 
 Model: a random bias-free torch.nn.MultiheadAttention (float64) of d = 64, H = 8 heads of
-r = 8, exported with mfattn_io.export_torch (the file's low-rank form: values summed in the
+r = 8, exported with mfattn.export_torch (the file's low-rank form: values summed in the
 r-dimensional head space), SA, plain values, beta = 1 / sqrt(r), n = 1024 tokens on the sphere.
 
 - mfattn: `mfattn bench` (median seconds per evaluation over at least --min-time seconds, the
@@ -21,7 +21,7 @@ r-dimensional head space), SA, plain values, beta = 1 / sqrt(r), n = 1024 tokens
 Prints a Markdown table (the one in README.md's "Performance" and docs/performance.md) and
 writes data/heads/benchmark.json.
 
-    /usr/bin/python3 experiments/heads/benchmark.py [--n 1024] [--repeats 20] [--min-time 2]
+    PYTHONPATH=analysis /usr/bin/python3 experiments/heads/benchmark.py [--n 1024] [--repeats 20] [--min-time 2]
 """
 from __future__ import annotations
 
@@ -40,8 +40,11 @@ import h5py
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "analysis"))
-import mfattn_io  # noqa: E402
+try:
+    from mfattn import io as mfattn_io
+except ModuleNotFoundError as missing:  # the package is analysis/mfattn: PYTHONPATH=analysis
+    raise SystemExit(f"{Path(sys.argv[0]).name}: {missing}: run it from the repository root with PYTHONPATH=analysis "
+                     "(the package mfattn; docs/python.md)") from None
 
 
 def bench(binary: str, args: list[str], env_extra: dict[str, str] | None = None) -> dict:

@@ -11,7 +11,7 @@ random PyTorch encoder layer run as a flow.
    and the count at the metastable times H t = 10, 30, 100.
 2. A random torch.nn.TransformerEncoderLayer (d = 16, 4 heads, feed-forward width 32, gelu,
    float64, attention bias zeroed, the feed-forward biases kept) exported with
-   mfattn_io.export_torch and run as the flow dx/dt = P_x(attention(x) + MLP(x)) with its
+   mfattn.export_torch and run as the flow dx/dt = P_x(attention(x) + MLP(x)) with its
    PyTorch scaling (beta = 1 / sqrt(4)), n = 256, to t = --horizon-torch, and the same layer
    without its feed-forward term (the /mlp group left out): mean inner product, clusters and
    1 - min inner product (how tight the cluster is) over t.
@@ -20,7 +20,7 @@ Writes data/heads/clusters.csv, data/heads/encoder.csv and data/figures/heads_cl
 data/figures/heads_encoder.png; prints the tables of docs/experiments.md. About 3 minutes on
 2 cores (--quick: one beta, two seeds, shorter horizons, well under a minute).
 
-    MFATTN_BINARY=build/mfattn /usr/bin/python3 experiments/heads/clusters.py [--quick]
+    MFATTN_BINARY=build/mfattn PYTHONPATH=analysis /usr/bin/python3 experiments/heads/clusters.py [--quick]
 """
 from __future__ import annotations
 
@@ -35,8 +35,11 @@ import h5py
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "analysis"))
-import mfattn_io  # noqa: E402
+try:
+    from mfattn import io as mfattn_io
+except ModuleNotFoundError as missing:  # the package is analysis/mfattn: PYTHONPATH=analysis
+    raise SystemExit(f"{Path(sys.argv[0]).name}: {missing}: run it from the repository root with PYTHONPATH=analysis "
+                     "(the package mfattn; docs/python.md)") from None
 
 
 def run(binary: str, args: list, out: Path) -> Path:

@@ -23,18 +23,15 @@ Cost (2 cores): a density solve costs ~ M log M per step and its steps do not gr
 particles cost ~ 4 (T/dt) n^2 / 2e9 s on one core (AVX-512; the symmetric pair loop counts a
 pair once): n = 4096 about 2 s, n = 65536 about 12 min. The estimate is printed before anything runs; --max-n 16384 or --sizes trims it.
 
-    /usr/bin/python3 experiments/meanfield/benchmark.py [--quick] [--max-n 16384] [--particles-dt 0.25]
+    PYTHONPATH=analysis /usr/bin/python3 experiments/meanfield/benchmark.py [--quick] [--max-n 16384] [--particles-dt 0.25]
 """
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mfcommon as mf  # noqa: E402
+import mfcommon as mf  # this folder's, beside the script (sys.path[0])
 
 PAIRS_PER_SECOND = 2e9  # measured here: n = 65536 to t = 20 in 697 s, d = 2 USA, one core, AVX-512
 

@@ -24,17 +24,13 @@ data/figures/meanfield_cluster_count.png. The particle runs dominate the cost (a
 n^2: about 9 s for n = 1024 at beta = 10 with one thread on one busy core here), so the
 script prints the estimate first; --sizes 256,512 or fewer betas make it shorter.
 
-    /usr/bin/python3 experiments/meanfield/cluster_count.py [--quick] [--sizes 256,512,1024] [--jobs 2]
+    PYTHONPATH=analysis /usr/bin/python3 experiments/meanfield/cluster_count.py [--quick] [--sizes 256,512,1024] [--jobs 2]
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mfcommon as mf  # noqa: E402
+import mfcommon as mf  # this folder's, beside the script (sys.path[0])
 
 NOISE = 1e-6
 

@@ -23,17 +23,13 @@ transition is discontinuous (a clustered state coexists with the stable uniform 
 Prints the table, writes data/meanfield/critical_noise.csv and
 data/figures/meanfield_critical_noise.png (r against kappa/kappa_c, vertical line at 1).
 
-    /usr/bin/python3 experiments/meanfield/critical_noise.py [--quick] [--grid 256] [--jobs 2]
+    PYTHONPATH=analysis /usr/bin/python3 experiments/meanfield/critical_noise.py [--quick] [--grid 256] [--jobs 2]
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mfcommon as mf  # noqa: E402
+import mfcommon as mf  # this folder's, beside the script (sys.path[0])
 
 
 def self_consistent(beta: float, kappa: float, kernel: str, M: int = 512, iterations: int = 20000,

@@ -28,20 +28,16 @@ Prints one table per geometry (relative error per grid and the ratio of successi
 ~4 for second order), writes data/meanfield/growth_rates.csv and
 data/figures/meanfield_growth_rates.png (|relative error| against the grid).
 
-    /usr/bin/python3 experiments/meanfield/growth_rates.py [--quick] [--noise-kappa 20]
+    PYTHONPATH=analysis /usr/bin/python3 experiments/meanfield/growth_rates.py [--quick] [--noise-kappa 20]
 
 Full run: a few minutes on 2 cores; --quick: a few seconds.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 from scipy.special import eval_gegenbauer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mfcommon as mf  # noqa: E402
+import mfcommon as mf  # this folder's, beside the script (sys.path[0])
 
 EPS = 1e-6
 

@@ -1,4 +1,6 @@
-"""Shared helpers of the mean-field experiments (experiments/meanfield/*.py).
+"""Shared helpers of the mean-field experiments (experiments/meanfield/*.py), which import the
+package mfattn from analysis/: run them from the repository root as
+``PYTHONPATH=analysis /usr/bin/python3 experiments/meanfield/<script>.py`` (docs/python.md).
 
 - ``binary()``: the mfattn binary: $MFATTN_BINARY, else the first of build/mfattn and
   build-dev/mfattn whose ``meanfield --help`` works.
@@ -9,8 +11,8 @@
   particle run (mfattn run).
 - linear theory of the uniform state (docs: the brief of these experiments, section "Linear
   theory"): ``growth_rate``, ``kappa_critical``, ``metastable_clusters``, from
-  analysis/plot_meanfield.py's ``growth_rates`` and ``critical_kappa``.
-- ``write_samples``: a particle start drawn from a density (analysis/sample_density.py).
+  mfattn.plot_meanfield's ``growth_rates`` and ``critical_kappa``.
+- ``write_samples``: a particle start drawn from a density (mfattn.sample_density).
 - ``w1_circle``: the exact Wasserstein-1 distance on the circle between measures given as
   piecewise-constant densities on cells and/or weighted atoms.
 - ``write_csv``, ``markdown_table``, ``standard_parser``, ``add_options``, ``finish``.
@@ -32,10 +34,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 TWO_PI = 2.0 * np.pi
 
-sys.path.insert(0, str(ROOT / "analysis"))
-from mfattn_io import load  # noqa: E402
-from plot_meanfield import critical_kappa, growth_rates  # noqa: E402
-from sample_density import sample  # noqa: E402
+try:
+    from mfattn.io import load
+    from mfattn.plot_meanfield import critical_kappa, growth_rates
+    from mfattn.sample_density import sample
+except ModuleNotFoundError as missing:  # the package is analysis/mfattn: PYTHONPATH=analysis
+    raise SystemExit(f"{Path(sys.argv[0]).name}: {missing}: run it from the repository root with PYTHONPATH=analysis "
+                     "(the package mfattn; docs/python.md)") from None
 
 # ----------------------------------------------------------------------------------------------
 # the binary and runs

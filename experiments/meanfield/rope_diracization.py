@@ -23,17 +23,13 @@ conditional variance drops below 1e-2 and 1e-4, writes data/meanfield/rope_dirac
 (all frames) and data/figures/meanfield_rope_diracization.png (variances against t; final
 conditional densities rho(theta | xi) as images).
 
-    /usr/bin/python3 experiments/meanfield/rope_diracization.py [--quick] [--horizon 40]
+    PYTHONPATH=analysis /usr/bin/python3 experiments/meanfield/rope_diracization.py [--quick] [--horizon 40]
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mfcommon as mf  # noqa: E402
+import mfcommon as mf  # this folder's, beside the script (sys.path[0])
 
 CASES = [
     ("rope", ["--perturbation", "1,0.02", "--perturbation-coordinate", "gauge"]),

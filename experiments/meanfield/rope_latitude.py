@@ -28,17 +28,13 @@ the table shows what the density does.
 Prints the table at t = 0, 5, 10, 20, 30, writes data/meanfield/rope_latitude.csv and
 data/figures/meanfield_rope_latitude.png (variances against t; the final marginal's map).
 
-    /usr/bin/python3 experiments/meanfield/rope_latitude.py [--quick]
+    PYTHONPATH=analysis /usr/bin/python3 experiments/meanfield/rope_latitude.py [--quick]
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mfcommon as mf  # noqa: E402
+import mfcommon as mf  # this folder's, beside the script (sys.path[0])
 
 COLATITUDE = np.pi / 3
 

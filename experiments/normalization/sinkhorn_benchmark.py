@@ -21,8 +21,11 @@ Model: n = 1024 tokens on S^2 (d = 3), Q = K = V = I, beta = 1, --kernel sinkhor
   against the n^2 doubles that one dense matrix takes there (PyTorch not run).
 
 Prints the Markdown table of docs/performance.md and writes data/normalization/sinkhorn_benchmark.json.
+The velocity is also evaluated by the Python package (mfattn.Model) of the build's package
+folder, and compared with the log-domain peer's (max_velocity_difference; null without the
+compiled module):
 
-    MFATTN_BINARY=build/mfattn /usr/bin/python3 experiments/normalization/sinkhorn_benchmark.py
+    MFATTN_BINARY=build/mfattn PYTHONPATH=build/python /usr/bin/python3 experiments/normalization/sinkhorn_benchmark.py
 """
 from __future__ import annotations
 
@@ -116,7 +119,6 @@ def main() -> None:
                      "roofline_s": exps / measured["exps_per_second"] if measured.get("exps_per_second") else None,
                      "mfattn_maxrss_mib": measured["maxrss_mib"]})
     # The same field from the module (one evaluation), against the log-domain peer's.
-    sys.path.insert(0, str(Path(args.binary).resolve().parent))
     try:
         import mfattn
 

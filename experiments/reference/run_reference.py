@@ -35,7 +35,6 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "analysis"))
 import mfattn_reference as mr  # noqa: E402
 import reference_peer as rp  # noqa: E402  (mfattn_reference puts tests/peers on the path)
 
@@ -121,7 +120,11 @@ def sphere(a) -> int:
                              f"{done.stderr}")
         print(f"run_reference: sphere {tag} ({integrator}) n={n}: {time.perf_counter() - t0:.2f} s "
               f"-> {out / (tag + '.h5')}", flush=True)
-    from mfattn_io import load
+    try:
+        from mfattn.io import load  # the package mfattn of analysis/ (run_with_figures.sh sets PYTHONPATH)
+    except ModuleNotFoundError as missing:
+        raise SystemExit(f"run_reference: {missing}: run it through sphere.sh, or with PYTHONPATH=analysis from "
+                         "the repository root") from None
     tr = load(out / "reference.h5")
     z = rp.sphere_run(n=n, d=3, beta=a.beta, T=T, dt=0.1, x0=tr.positions[0],
                       project=not feats.unprojected)

@@ -10,6 +10,8 @@ set -euo pipefail
 caller="$PWD"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$here"
+# run_reference.py reads the runs' files with the package mfattn's loader (analysis/mfattn).
+export PYTHONPATH="$here/analysis${PYTHONPATH:+:$PYTHONPATH}"
 
 run_with_figures() {
   local experiment="$1"

@@ -6,6 +6,12 @@ Run from the repository root:
 
 MFATTN_BINARY defaults to build/mfattn in the repository root. A missing binary fails every
 test that needs it, with a message saying where it was looked for (nothing is skipped).
+
+The Python package mfattn is the one in the package folder of the same build (python/ beside
+the binary: BUILD_DIR/python/mfattn, with the compiled mfattn._core), which this file puts
+first on sys.path; MFATTN_PYTHON_MODULE_DIR names another folder holding mfattn/. Without one
+there, the tests import the checkout's analysis/mfattn (the pure-Python modules), and those
+that need the compiled module (the `mfattn` fixture) fail saying where it was looked for.
 """
 from __future__ import annotations
 
@@ -18,11 +24,16 @@ import numpy as np
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# the analysis scripts (analysis/*.py) and the source of the package's pure-Python modules
 ANALYSIS_DIR = REPO_ROOT / "analysis"
-# the folder of the Python module mfattn*.so (the `mfattn` fixture)
-MODULE_DIR = Path(os.environ.get("MFATTN_PYTHON_MODULE_DIR", REPO_ROOT / "build"))
-if str(ANALYSIS_DIR) not in sys.path:
-    sys.path.insert(0, str(ANALYSIS_DIR))
+# the build folder of the binary under test (MFATTN_BINARY's folder)
+BUILD_DIR = (Path(os.environ["MFATTN_BINARY"]).expanduser().resolve().parent if os.environ.get("MFATTN_BINARY")
+             else REPO_ROOT / "build")
+# the folder that holds the package mfattn/ (mfattn/_core*.so and the .py files): the build's
+MODULE_DIR = Path(os.environ.get("MFATTN_PYTHON_MODULE_DIR", BUILD_DIR / "python")).resolve()
+_PACKAGE_HOME = MODULE_DIR if (MODULE_DIR / "mfattn" / "__init__.py").is_file() else ANALYSIS_DIR
+if str(_PACKAGE_HOME) not in sys.path:
+    sys.path.insert(0, str(_PACKAGE_HOME))
 
 
 @pytest.fixture(scope="session")
@@ -68,14 +79,13 @@ def run_mfattn(mfattn_binary: Path, tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def mfattn():
-    """The Python module mfattn (MODULE_DIR/mfattn*.so); its absence fails the test, saying
-    where it was looked for."""
-    if not list(MODULE_DIR.glob("mfattn*.so")):
-        pytest.fail(f"no mfattn*.so in {MODULE_DIR} (build it with cmake --build build; "
+    """The Python package mfattn with its compiled module (MODULE_DIR/mfattn/_core*.so); its
+    absence fails the test, saying where it was looked for."""
+    if not list(MODULE_DIR.glob("mfattn/_core*.so")):
+        pytest.fail(f"no mfattn/_core*.so in {MODULE_DIR} (build it with cmake --build build; "
                     "pybind11-dev and python3-dev must be installed)", pytrace=False)
-    if str(MODULE_DIR) not in sys.path:
-        sys.path.insert(0, str(MODULE_DIR))
     import mfattn as module
+    assert module._core is not None, module.__file__
     return module
 
 

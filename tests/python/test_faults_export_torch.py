@@ -20,8 +20,8 @@ import pytest
 from conftest import REPO_ROOT
 
 torch = pytest.importorskip("torch")
-import export_torch  # noqa: E402  (analysis/, on sys.path through conftest)
-import mfattn_io  # noqa: E402
+from mfattn import export_torch_cli as export_torch  # noqa: E402  (the script's module)
+from mfattn import io as mfattn_io  # noqa: E402
 
 D, HEADS, WIDTH = 8, 2, 12
 SCRIPT = ["/usr/bin/python3", str(REPO_ROOT / "analysis" / "export_torch.py")]

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import bits
 
-import mfattn_io  # noqa: E402  (conftest puts analysis/ on sys.path)
+from mfattn import io as mfattn_io  # noqa: E402  (conftest puts the package on sys.path)
 
 D = 3
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from conftest import MODULE_DIR, bits
-from plot_meanfield import growth_rates
+from mfattn.plot_meanfield import growth_rates
 from test_faults_run import tmpfs  # noqa: F401 (a fixture)
 
-import mfattn_io  # noqa: E402  (conftest puts analysis/ on sys.path)
+from mfattn import io as mfattn_io  # noqa: E402  (conftest puts the package on sys.path)
 
 
 def meanfield(binary: Path, out: Path, *args, timeout: float = 120.0) -> subprocess.CompletedProcess:

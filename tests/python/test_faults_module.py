@@ -5,22 +5,11 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-MODULE_DIR = Path(os.environ.get("MFATTN_PYTHON_MODULE_DIR", Path(__file__).resolve().parents[2] / "build"))
-
-
-@pytest.fixture(scope="module")
-def mfattn():
-    if not list(MODULE_DIR.glob("mfattn*.so")):
-        pytest.fail(f"no mfattn*.so in {MODULE_DIR}", pytrace=False)
-    if str(MODULE_DIR) not in sys.path:
-        sys.path.insert(0, str(MODULE_DIR))
-    import mfattn as module
-    return module
+from conftest import MODULE_DIR  # the build's package folder; the fixture mfattn is conftest's too
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from mfattn_io import load
+from mfattn.io import load
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 120.0  # seconds: far beyond what any condition below needs on an idle machine

@@ -112,8 +112,8 @@ for trial in range(trials):
 
 def test_two_run_calls_with_one_output_in_one_process_one_completes_one_is_refused(
         tmp_path):
-    module_dir = Path(os.environ.get("MFATTN_PYTHON_MODULE_DIR", Path(__file__).resolve().parents[2] / "build"))
-    done = subprocess.run([sys.executable, "-c", MODULE_SCRIPT, str(module_dir), str(tmp_path / "p"), "5"],
+    from conftest import MODULE_DIR  # the build's package folder
+    done = subprocess.run([sys.executable, "-c", MODULE_SCRIPT, str(MODULE_DIR), str(tmp_path / "p"), "5"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     for line in done.stdout.splitlines():

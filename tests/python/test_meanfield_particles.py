@@ -13,8 +13,8 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-from mfattn_io import load
-from sample_density import sample
+from mfattn.io import load
+from mfattn.sample_density import sample
 
 MODEL = ["--d", "2", "--beta", "1", "--kernel", "usa", "--horizon", "5", "--save-every", "5"]
 FINE = 1 << 16

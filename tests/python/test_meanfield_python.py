@@ -2,8 +2,8 @@
 against the command line, the loader's Density, analysis/sample_density.py and
 analysis/plot_meanfield.py.
 
-The module is build/mfattn*.so (MFATTN_PYTHON_MODULE_DIR overrides the folder); the binary is
-MFATTN_BINARY's. Every solve here is small (64-cell circles, L = 8 on S^2): the file runs in
+The package is the build's python/mfattn (with its compiled mfattn._core; conftest.py), the
+binary MFATTN_BINARY's. Every solve here is small (64-cell circles, L = 8 on S^2): the file runs in
 seconds.
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ from conftest import REPO_ROOT, as_kwargs, bits
 
 ANALYSIS = REPO_ROOT / "analysis"
 
-import mfattn_io  # noqa: E402  (conftest puts analysis/ on sys.path)
-from plot_meanfield import growth_rates  # noqa: E402
+from mfattn import io as mfattn_io  # noqa: E402  (conftest puts the package on sys.path)
+from mfattn.plot_meanfield import growth_rates  # noqa: E402
 
 
 @pytest.fixture
@@ -248,4 +248,4 @@ def test_plot_meanfield_writes_a_png(solve, run_mfattn, tmp_path):
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     done = subprocess.run([sys.executable, str(ANALYSIS / "plot_meanfield.py"), str(run)],
                           capture_output=True, text=True, timeout=120, env=env)
-    assert done.returncode == 1 and "not a density file" in done.stderr
+    assert done.returncode == 2 and "not a density file" in done.stderr

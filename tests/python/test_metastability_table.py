@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from plotting_common import predicted_clusters
+from mfattn.plotting import predicted_clusters
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "analysis" / "metastability_table.py"
@@ -49,9 +49,10 @@ def test_rows_come_from_the_files_parameters_whatever_their_names(run_mfattn, mf
 
 def test_an_empty_folder_or_a_foreign_file_is_one_clear_line(mfattn_binary, tmp_path):
     done = table(tmp_path, mfattn_binary)
-    assert done.returncode == 1 and done.stderr.strip() == f"metastability_table.py: no .h5 files under {tmp_path}"
+    assert done.returncode == 2 and done.stderr.strip() == f"metastability_table.py: no .h5 files under {tmp_path}"
     import h5py
     with h5py.File(tmp_path / "foreign.h5", "w") as f:
         f["x"] = [1.0]
     done = table(tmp_path, mfattn_binary)
-    assert done.returncode == 1 and "foreign.h5: no beta and seed in /parameters" in done.stderr
+    assert done.returncode == 2 and "foreign.h5: no beta and seed in /parameters" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr

@@ -13,8 +13,8 @@ import h5py
 import numpy as np
 import pytest
 
-import mfattn_io
-from mfattn_io import load
+from mfattn import io as mfattn_io
+from mfattn.io import load
 
 OBSERVABLES = ("energy", "mean_inner", "min_inner", "max_speed")
 

@@ -24,10 +24,10 @@ import pytest
 matplotlib.use("Agg")
 import matplotlib.image  # noqa: E402
 
-import plotting_common  # noqa: E402  (conftest puts analysis/ on sys.path)
-from make_figures import make_figures  # noqa: E402
-from plot_run import plot_run, positions_figure, sphere_figure  # noqa: E402
-from plot_sweep import collect, phase_matrix, plot_sweep  # noqa: E402
+from mfattn import plotting as plotting_common  # noqa: E402  (conftest puts the package on sys.path)
+from mfattn.make_figures import make_figures  # noqa: E402
+from mfattn.plot_run import plot_run, positions_figure, sphere_figure  # noqa: E402
+from mfattn.plot_sweep import collect, phase_matrix, plot_sweep  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ANALYSIS_DIR = REPO_ROOT / "analysis"
@@ -59,11 +59,13 @@ def script(name: str, *args, cwd=None) -> subprocess.CompletedProcess:
 
 
 def assert_clear_error(done: subprocess.CompletedProcess, prog: str, *words: str) -> None:
-    """Exit status 1 and one line "<prog>: error: ..." naming ``words``; no traceback."""
-    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    """Exit status 2 and one line "<prog>: ..." naming ``words`` (mfattn.cli, every script's
+    convention); no traceback."""
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), done.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: ") and not lines[0].startswith(f"{prog}: error:"), \
+        done.stderr
     for word in words:
         assert word in lines[0], (word, lines[0])
 
@@ -440,7 +442,7 @@ def test_a_categorical_sweep_gets_its_figures_and_a_table_without_repeated_colum
 def test_an_axis_that_only_relabels_another_is_not_drawn_twice():
     """A [derived] dt zipped with beta is the beta axis again; kernel x n are two axes even
     where each value of one meets every value of the other."""
-    from plot_sweep import Case, _independent_axes
+    from mfattn.plot_sweep import Case, _independent_axes
     zipped = [Case({"beta": b, "dt": 0.1 / b, "kernel": k, "n": n}, {}, None)
               for b in (0.5, 1.0, 4.0) for k in ("sa", "usa") for n in (32, 64)]
     assert _independent_axes(["kernel", "n", "beta", "dt"], zipped) == ["kernel", "n", "beta"]
@@ -489,10 +491,10 @@ def test_the_phase_diagram_style(tmp_path):
 
 def test_every_phase_diagram_route_draws_in_the_one_style(monkeypatch, mfattn, sweep_dir, tmp_path):
     """plot_sweep.py, plot_reference.py and examples/phase_diagram.py all draw their maps with
-    plotting_common.phase_map (whose style the test above fixes), with t across and beta up."""
+    mfattn.plotting.phase_map (whose style the test above fixes), with t across and beta up."""
     import runpy
-    import plot_reference
-    import plot_sweep as plot_sweep_module
+    from mfattn import plot_reference
+    from mfattn import plot_sweep as plot_sweep_module
     calls = []
     real = plotting_common.phase_map
 
@@ -613,7 +615,7 @@ def test_make_figures_follows_symlinked_run_folders(run_mfattn, tmp_path):
 
 
 def test_trajectories_follow_the_sphere_between_frames():
-    from plot_run import along_sphere
+    from mfattn.plot_run import along_sphere
     angle = np.array([0.0, 2.0, 3.0])  # frames far apart on the circle: a chord would cut across
     x = np.stack([np.cos(angle), np.sin(angle)], axis=-1)[:, None, :]  # [3 frames, 1 token, 2]
     path = along_sphere(x, substeps=8)
@@ -630,7 +632,7 @@ def test_snapshots_no_trails_and_the_colour_note(run_mfattn, tmp_path):
     assert done.returncode == 0, done.stderr
     assert_png(tmp_path / "run_snapshots.png")
     run = plotting_common.load_run(out)
-    from plot_run import colour_note, state_axes
+    from mfattn.plot_run import colour_note, state_axes
     assert colour_note(run).startswith("colour: prompt")
     figure = matplotlib.pyplot.figure()
 
@@ -640,14 +642,14 @@ def test_snapshots_no_trails_and_the_colour_note(run_mfattn, tmp_path):
 
     assert line_collections(True) == line_collections(False) + 1
     bad = script("plot_run.py", out, "--out", tmp_path, "--times", "soon")
-    assert bad.returncode == 1 and "--times soon" in bad.stderr
+    assert bad.returncode == 2 and "--times soon" in bad.stderr
 
 
 def test_log_spaced_runs_get_a_log_time_axis(run_mfattn):
     out = run_mfattn("--n", 12, "--d", 2, "--beta", 4, "--kernel", "sa", "--horizon", 100, "--save-log", 40)
     run = plotting_common.load_run(out)
     import matplotlib.pyplot as plt  # (not through `matplotlib`: alone, no other test has imported it)
-    from plot_run import draw_angles
+    from mfattn.plot_run import draw_angles
     ax = plt.figure().add_subplot()
     draw_angles(ax, run)
     assert ax.get_xscale() == "log"

@@ -1,7 +1,8 @@
 """The Python module `mfattn` (docs/python.md) against the command line it wraps.
 
-The module is build/mfattn*.so (MFATTN_PYTHON_MODULE_DIR overrides the folder); a build
-without it fails these tests, saying where it was looked for.
+The package is the build's python/mfattn, beside the binary (MFATTN_PYTHON_MODULE_DIR overrides
+the folder; conftest.py); a build without its compiled mfattn._core fails these tests, saying
+where it was looked for.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import MODULE_DIR, REPO_ROOT, as_kwargs, bits  # the fixture mfattn is conftest's too
+from conftest import BUILD_DIR, MODULE_DIR, REPO_ROOT, as_kwargs, bits  # the fixture mfattn is conftest's too
 
 
 # Every kernel, gauge, mask, factor, prefix and presence option the model has (with random Q,
@@ -73,8 +74,7 @@ def test_velocity_and_energy_equal_the_cli_first_frame_bitwise(mfattn, run_mfatt
 def test_run_returns_the_cli_trajectory_bitwise(mfattn, run_mfattn, case):
     args = ["--n", "30", "--seed", "3", "--horizon", "2", "--save-every", "0.5", "--threads", "1", *case]
     path = run_mfattn(*args)
-    sys.path.insert(0, str(REPO_ROOT / "analysis"))
-    from mfattn_io import load
+    from mfattn.io import load
     expected = load(path)
     got = mfattn.run(**as_kwargs(args))
     assert isinstance(got, mfattn.Trajectory)
@@ -267,18 +267,26 @@ def test_examples_run(mfattn, tmp_path, script, args):
 
 
 def test_pip_install_puts_an_importable_module_in_place(mfattn, tmp_path):
+    """The whole package is installed: the compiled mfattn._core beside the pure-Python modules
+    (the loader mfattn.io, mfattn.view with its page template), as in the build's folder."""
     # Offline: no build isolation; MFATTN_BUILD_DIR reuses the tests' configured build folder.
-    env = dict(os.environ, MFATTN_BUILD_DIR=str(MODULE_DIR))
+    env = dict(os.environ, MFATTN_BUILD_DIR=str(BUILD_DIR))
     target = tmp_path / "site"
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
                            "--target", str(target), str(REPO_ROOT)], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    check = subprocess.run([sys.executable, "-c", "import mfattn; print(mfattn.__file__); "
+    check = subprocess.run([sys.executable, "-c", "import mfattn, mfattn.view; print(mfattn.__file__); "
+                            "print(mfattn._core.__file__); print(mfattn.io.__file__); "
+                            "print(mfattn.io.load is mfattn.load, mfattn.view.PAGE.is_file()); "
                             "print(mfattn.run(n=4, horizon=0.1).status)"], capture_output=True, text=True,
                            env=dict(os.environ, PYTHONPATH=str(target)), cwd=tmp_path, timeout=120)
     assert check.returncode == 0, check.stderr
-    assert check.stdout.split() == [str(next(target.glob("mfattn*.so"))), "complete"]
+    package = target / "mfattn"
+    assert check.stdout.split() == [str(package / "__init__.py"), str(next(package.glob("_core*.so"))),
+                                    str(package / "io.py"), "True", "True", "complete"]
+    installed = {p.name for p in package.iterdir() if p.suffix in (".py", ".html")}
+    assert installed == {p.name for p in (REPO_ROOT / "analysis" / "mfattn").iterdir() if p.suffix in (".py", ".html")}
 
 
 def test_velocity_and_energy_refuse_rows_off_the_sphere(mfattn):

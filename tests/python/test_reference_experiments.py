@@ -82,8 +82,8 @@ def test_sphere_script_quick(mfattn_binary, tmp_path):
 def test_plot_reference_refuses_an_empty_folder(tmp_path):
     done = subprocess.run(["/usr/bin/python3", str(REPO_ROOT / "analysis/plot_reference.py"), str(tmp_path)],
                           capture_output=True, text=True, timeout=120, env=dict(os.environ, MPLBACKEND="Agg"))
-    assert done.returncode == 1
-    assert done.stderr.startswith("plot_reference.py: error:") and "no phase_diagram" in done.stderr
+    assert done.returncode == 2
+    assert done.stderr.startswith("plot_reference.py: ") and "no phase_diagram" in done.stderr
 
 
 def test_a_relative_out_dir_is_the_callers_and_help_lists_accepted_values(mfattn_binary, tmp_path):

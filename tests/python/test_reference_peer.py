@@ -224,7 +224,7 @@ def compare_trajectory(run_mfattn, kernel, integrator, extra=(), matrices=None, 
     path = run_mfattn("--n", 12, "--d", 3, "--kernel", kernel, "--beta", beta, "--integrator",
                       integrator, "--dt", dt, "--horizon", dt * steps, "--save-every", dt * every,
                       "--replicas", replicas, "--seed", 3, *extra)
-    from mfattn_io import load
+    from mfattn.io import load
     tr = load(path, replica="all")
     x0 = tr.positions[0]
     mats = matrices if matrices is not None else rp.mfattn_matrices(path)
@@ -305,7 +305,7 @@ def test_reference_step_matches_peer_across_layers(run_mfattn, feats):
     layers = rp.mfattn_layers(path)
     # Layer 2 starts at the horizon: it drives no step, only the final frame's observables.
     assert layers is not None and layers["layer_start"].tolist() == [0.0, 1.0, 2.0]
-    from mfattn_io import load
+    from mfattn.io import load
     tr = load(path, replica="all")
     x = tr.positions[0]
     for layer in range(2):

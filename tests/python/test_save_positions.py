@@ -18,11 +18,11 @@ import h5py
 import numpy as np
 import pytest
 
-import collapse_summary
-import plotting_common
-from mfattn_io import load
-from plot_run import plot_run
-from plot_sweep import collect
+from mfattn import collapse_summary
+from mfattn import plotting as plotting_common
+from mfattn.io import load
+from mfattn.plot_run import plot_run
+from mfattn.plot_sweep import collect
 
 DEADLINE = 120.0
 REPLICAS = 3

@@ -34,7 +34,7 @@ def view_cli(*args) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def view_module():
-    import view
+    from mfattn import view
     return view
 
 

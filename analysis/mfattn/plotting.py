@@ -1,11 +1,12 @@
-"""Helpers shared by the plotting scripts (plot_run.py, plot_sweep.py, make_figures.py).
+"""mfattn.plotting: helpers shared by the plotting scripts (plot_run, plot_sweep, make_figures,
+plot_meanfield, plot_reference, examples/phase_diagram.py).
 
 Nothing here draws a whole figure; it loads one replica of an mfattn file with the loader
-(mfattn_io.load, frozen prefix tokens included), gives every per-frame observable either as
+(mfattn.io.load, frozen prefix tokens included), gives every per-frame observable either as
 stored in the file or, when the file lacks it, recomputed from the positions (docs/model.md
-section 6), and holds the small pieces every script needs: the CLI
-error wrapper, the recursive file search, the "which parameters differ between runs" rule,
-the predicted cluster count k* of the circle and figure saving.
+section 6), and holds the small pieces every script needs: the recursive file search, the
+"which parameters differ between runs" rule, the predicted cluster count k* of the circle,
+the phase-diagram style and figure saving. The scripts' error convention is mfattn.cli's.
 
 Recomputation rules (over tokens with presence > 0 of /particles/tokens; prefix tokens are
 frozen sources and are left out, like the stored observables of today's writer):
@@ -17,22 +18,19 @@ frozen sources and are left out, like the stored observables of today's writer):
     min_inner, mean_inner    over pairs i != j
 
 Imported by the scripts, which run under /usr/bin/python3 (Debian's h5py, numpy, scipy,
-matplotlib); this file is not a script.
+matplotlib); this module is not a script.
 """
 from __future__ import annotations
 
-import functools
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mfattn_io import load  # noqa: E402  (the analysis folder is not a package)
+from .io import load
 
 CLUSTER_DELTA = 1e-4   # delta_c of docs/model.md section 6: cluster graph <x_i, x_j> > 1 - delta_c
 PAIR_DELTA = 1e-3      # delta: a pair is "clustered" when <x_i, x_j> > 1 - delta
@@ -361,7 +359,7 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-# --- figures and CLI -------------------------------------------------------------------------
+# --- figures ---------------------------------------------------------------------------------
 
 
 def pyplot():
@@ -471,22 +469,3 @@ def phase_map(ax, betas, times, values, *, log_time: bool = False, difference: b
     ax.set_ylabel("beta")
     ax.figure.colorbar(mesh, ax=ax, label=label)
     return mesh
-
-
-def cli(prog: str) -> Callable:
-    """Decorator for a script's main(argv): a missing or foreign input file (or any other
-    expected failure: OSError, ValueError, KeyError from h5py) prints one line
-    "<prog>: error: <message>" on stderr and returns exit status 1 instead of a traceback;
-    success returns 0."""
-    def decorate(main: Callable[[list[str] | None], Any]) -> Callable[[list[str] | None], int]:
-        @functools.wraps(main)
-        def wrapper(argv: list[str] | None = None) -> int:
-            try:
-                main(argv)
-            except (OSError, ValueError, KeyError) as error:
-                message = error.args[0] if isinstance(error, KeyError) and error.args else error
-                print(f"{prog}: error: {message}", file=sys.stderr)
-                return 1
-            return 0
-        return wrapper
-    return decorate

@@ -1,4 +1,4 @@
-"""Loader for the H5MD 1.1 files that ``mfattn run`` and ``mfattn meanfield`` write.
+"""mfattn.io: the loader of the H5MD 1.1 files that ``mfattn run`` and ``mfattn meanfield`` write.
 
 Pure h5py + numpy (Python >= 3.11); runs under /usr/bin/python3 with Debian's python3-h5py.
 
@@ -29,7 +29,8 @@ Replica rule (the same for positions and observables):
                    no replica axis: positions [T, n, d], observables [T] / [T, c].
 
 ``export_torch(module, path)`` writes the weights file of ``mfattn run --weights`` from a PyTorch
-layer (see its docstring; ``analysis/export_torch.py`` is its command line).
+layer (see its docstring; ``analysis/export_torch.py`` (mfattn.export_torch_cli) is its command
+line).
 
 ``Trajectory.stacked`` tells which case a result is in. Labels (aux_position, prompt_id,
 presence, id) describe the tokens, which all replicas share: they are taken from the selected
@@ -53,9 +54,9 @@ horizon), none for ``none`` (shape [0, n, d]). ``save_positions`` says which; wi
 (every older file) ``position_times`` equals ``times``. The last frame's full state of such a
 file is in /run/checkpoint (for ``--resume``), which the loader does not read.
 
-Example::
+Example (``mfattn.load`` is this module's ``load``)::
 
-    from mfattn_io import load
+    from mfattn import load
     tr = load("run.h5")
     x = tr.positions                  # [T, n, d] (one replica)
     tr.observables["min_inner"]       # [T]
@@ -123,30 +124,18 @@ class _Recorded:
 
     def animate(self, out: str | os.PathLike, **options: Any):
         """Writes an animation of this file to `out` (.mp4 or .gif) and returns its path:
-        analysis/animate.py's animate(path, out, replica, fps, frames, trail, view, poster),
-        from the file this object was read from (replica: the one loaded, else 0). Raises
-        ValueError (animate.AnimationError) for bad input, as the script's exit 2."""
+        mfattn.animate's animate(path, out, replica, fps, frames, trail, view, poster), from the
+        file this object was read from (replica: the one loaded, else 0). Raises ValueError
+        (mfattn.animate.AnimationError) for bad input, as the script's exit 2."""
         if getattr(self, "path", None) is None:
             raise ValueError("animate: nothing was read from a file here (mfattn.run and mfattn.meanfield keep "
                              "their file when given out=)")
         replica = getattr(self, "replica", None)
         if replica is not None:
             options.setdefault("replica", replica)
-        return _animation_module().animate(self.path, out, **options)
-
-
-def _animation_module():
-    """analysis/animate.py: the module's embedded copy (mfattn.animate), else the file beside
-    this one."""
-    import sys
-    embedded = sys.modules.get("mfattn.animate")
-    if embedded is not None:
-        return embedded
-    here = os.path.dirname(os.path.abspath(__file__))
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    import animate
-    return animate
+        # Imported here: mfattn.animate imports this module (matplotlib is loaded only to draw).
+        from . import animate as animation
+        return animation.animate(self.path, out, **options)
 
 
 @dataclass
