@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "mfattn/app/config.hpp"
+#include "mfattn/app/run_resources.hpp"
 
 namespace {
 

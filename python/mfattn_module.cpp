@@ -46,6 +46,7 @@
 #include "mfattn/app/run_choices.hpp"
 #include "mfattn/core/version.hpp"
 #include "mfattn/integrators/integrator.hpp"
+#include "mfattn/app/run_resources.hpp"
 
 namespace py = pybind11;
 using namespace pybind11::literals;

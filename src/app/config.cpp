@@ -7,6 +7,7 @@
 #include "mfattn/integrators/integrator.hpp"
 #include "mfattn/core/number_text.hpp"
 #include "mfattn/app/run_choices.hpp"
+#include "mfattn/app/validate.hpp"
 
 #include <omp.h>
 

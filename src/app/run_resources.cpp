@@ -1,6 +1,7 @@
 // What a run may take of the machine, decided before anything is written: its thread count
 // and OpenMP team (--threads), and the memory it needs against the memory available.
 #include "mfattn/app/config.hpp"
+#include "mfattn/app/run_resources.hpp"
 
 #include <omp.h>
 

@@ -31,6 +31,8 @@
 #include "mfattn/integrators/integrator.hpp"
 #include "mfattn/io/weights_file.hpp"
 #include "mfattn/app/run_choices.hpp"
+#include "mfattn/app/run_resources.hpp"
+#include "mfattn/app/validate.hpp"
 
 namespace mfattn {
 

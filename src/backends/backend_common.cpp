@@ -21,15 +21,15 @@ double energy_from_weight_sums(const Model& model, const double* x, const double
   if (prefix > 0) {
     // A layer's energy is the sum of its heads' (docs/model.md section 2b).
     const AttentionMatrices& matrices = model.matrices_of(replica);
-    thread_local kernels::TokenOperands operands;
+    thread_local host::TokenOperands operands;
     const double shift = model.exponent_shift();
     for (const AttentionHead& head : matrices.heads) {
-      kernels::prepare_head_operands(kernels::HeadOperands(model, head), x, operands);
+      host::prepare_head_operands(host::HeadOperands(model, head), x, operands);
       for (std::size_t p = model.n; p < sources; ++p) {
         const double* query = operands.query(p);
         double row = 0.0;
         for (std::size_t j = 0; j < sources; ++j) {
-          const kernels::PairWeightTerms<double> terms = kernels::model_pair_weight_terms(model, p, j);
+          const kernels::PairWeightTerms<double> terms = host::model_pair_weight_terms(model, p, j);
           if (!kernels::visible(terms)) continue;
           const double* key = operands.key(j);
           double score = 0.0;

@@ -2,7 +2,7 @@
 // The kernels' pair terms read from a Model, on the host: the labels of its sources and the
 // pair function of kernels/pair_terms.hpp on them (the pair terms are Model::pair_terms, the
 // kernels' PairTermParameters). Kept out of src/kernels/, whose headers all compile for a
-// device, because a Model (Eigen) does not; in namespace kernels, as the kernels' host side. Sources are numbered 0..n-1 (the tokens that move) then
+// device, because a Model (Eigen) does not; in namespace host: the kernels' host side. Sources are numbered 0..n-1 (the tokens that move) then
 // n..n+P-1 (the frozen prefix tokens), for positions, prompts, presences and the gauge alike.
 #include <cstddef>
 
@@ -10,7 +10,7 @@
 #include "mfattn/core/model.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
-namespace mfattn::kernels {
+namespace mfattn::host {
 inline namespace MFATTN_CPU_NAMESPACE {
 
 inline const double* source_position(const Model& model, std::size_t source) {
@@ -30,20 +30,20 @@ inline const double* source_content(const Model& model, const double* x, std::si
 }
 
 /// The pair (receiver, source), both numbered as sources, for the scalar formulas.
-inline ScalarPair scalar_pair(const Model& model, std::size_t receiver, std::size_t source) {
-  return ScalarPair{source_position(model, receiver), source_position(model, source),
+inline kernels::ScalarPair scalar_pair(const Model& model, std::size_t receiver, std::size_t source) {
+  return kernels::ScalarPair{source_position(model, receiver), source_position(model, source),
                     model.position_dim, double(source_prompt(model, receiver)),
                     double(source_prompt(model, source))};
 }
 
 /// The log-term and multiplier of the pair (receiver, source), both numbered as sources
 /// (pair_weight_terms, with the per-prompt rule where the pair has a prefix token).
-inline PairWeightTerms<double> model_pair_weight_terms(const Model& model, std::size_t receiver,
+inline kernels::PairWeightTerms<double> model_pair_weight_terms(const Model& model, std::size_t receiver,
                                                        std::size_t source) {
-  return pair_weight_terms(model.pair_terms, scalar_pair(model, receiver, source),
-                           pair_has_prefix_token(receiver, source, model.n));
+  return kernels::pair_weight_terms(model.pair_terms, scalar_pair(model, receiver, source),
+                           kernels::pair_has_prefix_token(receiver, source, model.n));
 }
 
 }  // namespace MFATTN_CPU_NAMESPACE
-}  // namespace mfattn::kernels
+}  // namespace mfattn::host
 MFATTN_CPU_TARGET_END

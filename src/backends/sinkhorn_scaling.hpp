@@ -25,7 +25,7 @@
 #include "kernels/sinkhorn.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
-namespace mfattn::kernels {
+namespace mfattn::host {
 inline namespace MFATTN_CPU_NAMESPACE {
 
 /// The scaling of one attention matrix.
@@ -49,7 +49,7 @@ struct SinkhornSlot {
 
 class SinkhornScaling {
  public:
-  explicit SinkhornScaling(const SinkhornTerms& terms) : terms_(terms) {}
+  explicit SinkhornScaling(const kernels::SinkhornTerms& terms) : terms_(terms) {}
 
   std::vector<SinkhornSlot> slots;
 
@@ -98,7 +98,7 @@ class SinkhornScaling {
   static void finish_row(SinkhornSlot& slot, std::size_t i, double row_lse) {
     slot.row_lse[i] = row_lse;
     if (slot.first_rows) slot.first_row_lse[i] = row_lse;
-    slot.row_scale[i] = slot.receiver_present[i] ? row_scale(row_lse) : -__builtin_huge_val();
+    slot.row_scale[i] = slot.receiver_present[i] ? kernels::row_scale(row_lse) : -__builtin_huge_val();
   }
   /// A column pass's result for source j of a slot: C_j without the source's log p_j, which
   /// is added here.
@@ -106,7 +106,7 @@ class SinkhornScaling {
     slot.column_lse[j] = column_lse_without_presence + slot.source_log_presence[j];
   }
 
-  const SinkhornTerms& terms() const { return terms_; }
+  const kernels::SinkhornTerms& terms() const { return terms_; }
 
   /// The largest column error and sweeps over the slots of each group of `slots_per_group`
   /// (a replica's heads) into column_error and sweeps (one number per group).
@@ -128,14 +128,14 @@ class SinkhornScaling {
     if (slot.sweeps == 0) set_targets(slot);
     double error = 0.0;
     for (std::size_t j = 0; j < sources; ++j)
-      error = std::max(error, column_error(slot.column_lse[j], slot.column_scale[j], slot.log_target[j]));
+      error = std::max(error, kernels::column_error(slot.column_lse[j], slot.column_scale[j], slot.log_target[j]));
     slot.column_error = error;
-    if (!sinkhorn_continues(terms_, slot.sweeps, error)) {
+    if (!kernels::sinkhorn_continues(terms_, slot.sweeps, error)) {
       slot.active = false;
       return false;
     }
     for (std::size_t j = 0; j < sources; ++j) {
-      const double g = slot.column_scale[j] = column_scale(slot.log_target[j], slot.column_lse[j]);
+      const double g = slot.column_scale[j] = kernels::column_scale(slot.log_target[j], slot.column_lse[j]);
       slot.row_bias[j] = g == -__builtin_huge_val() ? g : slot.source_log_presence[j] + g;
     }
     ++slot.sweeps;
@@ -151,14 +151,14 @@ class SinkhornScaling {
     for (std::size_t j = 0; j < slot.column_lse.size(); ++j)
       if (slot.column_lse[j] != -__builtin_huge_val()) visible_mass += std::exp(slot.source_log_presence[j]);
     for (std::size_t j = 0; j < slot.column_lse.size(); ++j)
-      slot.log_target[j] = log_column_target(slot.column_lse[j], std::exp(slot.source_log_presence[j]), receivers,
+      slot.log_target[j] = kernels::log_column_target(slot.column_lse[j], std::exp(slot.source_log_presence[j]), receivers,
                                              visible_mass);
   }
 
-  SinkhornTerms terms_;
+  kernels::SinkhornTerms terms_;
   bool sweeping_ = false;
 };
 
 }  // namespace MFATTN_CPU_NAMESPACE
-}  // namespace mfattn::kernels
+}  // namespace mfattn::host
 MFATTN_CPU_TARGET_END

@@ -26,7 +26,7 @@
 #include "mfattn/core/model.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
-namespace mfattn::kernels {
+namespace mfattn::host {
 inline namespace MFATTN_CPU_NAMESPACE {
 
 /// G_token M y (M skipped when identity). Returns where the result is: y itself when there is
@@ -38,7 +38,7 @@ inline const double* gauged_product(const Model& model, const Matrix& m, bool id
   const std::size_t d = model.d;
   const double* in = y;
   if (!identity) {
-    matrix_product(RowMajorRows{m.data(), int(d)}, int(d), y, tmp);
+    kernels::matrix_product(kernels::RowMajorRows{m.data(), int(d)}, int(d), y, tmp);
     in = tmp;
   }
   if (!model.gauge) return in;
@@ -138,8 +138,8 @@ class HeadOperands {
     if (product_count == 0) return;
     if (!row_products_) return sum_columns(stacked_t_.data(), stacked_stride_, product_count, model.d, y, out);
     const int d = int(model.d);
-    if (!head.query_identity) matrix_product(RowMajorRows{head.query.data(), d}, d, y, out + query_at_);
-    if (!head.key_identity) matrix_product(RowMajorRows{head.key.data(), d}, d, y, out + key_at_);
+    if (!head.query_identity) kernels::matrix_product(kernels::RowMajorRows{head.query.data(), d}, d, y, out + query_at_);
+    if (!head.key_identity) kernels::matrix_product(kernels::RowMajorRows{head.key.data(), d}, d, y, out + key_at_);
   }
   /// The query or key (operand_dim numbers, zero-padded) of a token with contents y and its
   /// products.
@@ -272,17 +272,17 @@ inline void prepare_head_operands(const HeadOperands& head, const double* x, Tok
     head.key(j, y, products.data(), tmp.data(), out.keys.data() + j * dim);
     head.value(j, y, products.data(), out.values.data() + j * dim);
     out.presence[j] = source_presence(model, j);
-    out.log_presence[j] = log_presence(out.presence[j]);
+    out.log_presence[j] = kernels::log_presence(out.presence[j]);
   }
 }
 
 /// f(x_i) of the layer's feed-forward term added to u (d numbers; hidden: its width).
 inline void add_feed_forward(const FeedForward& mlp, const double* x, double* hidden, double* u) {
   if (mlp.empty()) return;
-  add_feed_forward(mlp.w1.data(), mlp.b1.data(), mlp.w2.data(), mlp.b2.data(), int(mlp.width()),
+  kernels::add_feed_forward(mlp.w1.data(), mlp.b1.data(), mlp.w2.data(), mlp.b2.data(), int(mlp.width()),
                    int(mlp.w1.cols()), mlp.activation, x, hidden, u);
 }
 
 }  // namespace MFATTN_CPU_NAMESPACE
-}  // namespace mfattn::kernels
+}  // namespace mfattn::host
 MFATTN_CPU_TARGET_END

@@ -16,7 +16,7 @@ inline std::vector<double> label_pair_weights(const Model& label_model) {
   for (std::size_t c = 0; c < labels; ++c)
     for (std::size_t c2 = 0; c2 < labels; ++c2)
       weights[c * labels + c2] =
-          kernels::weight_factor(kernels::model_pair_weight_terms(label_model, c, c2)) / double(labels);
+          kernels::weight_factor(host::model_pair_weight_terms(label_model, c, c2)) / double(labels);
   return weights;
 }
 

@@ -269,15 +269,15 @@ void sa_velocity_via_oattention(const Model& model, const double* x, double* vel
       kernels::matrix_product(kernels::RowMajorRows{m.data(), int(d)}, int(d), in, out);
   };
   // q_i = G_i Q x_i, k_j = G_j K y_j, z_j and p_j, as every backend prepares them.
-  kernels::TokenOperands operands;
-  kernels::prepare_head_operands(kernels::HeadOperands(model, head), x, operands);
+  host::TokenOperands operands;
+  host::prepare_head_operands(host::HeadOperands(model, head), x, operands);
   // m_ij: the model's positional mask and the per-prompt rule, as the backends apply them.
   Visibility mask = Visibility::full();
   if (model.pair_terms.any()) {
     std::vector<std::uint8_t> m(n * sources);
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t j = 0; j < sources; ++j)
-        m[i * sources + j] = kernels::visible(kernels::model_pair_weight_terms(model, i, j));
+        m[i * sources + j] = kernels::visible(host::model_pair_weight_terms(model, i, j));
     mask = Visibility::dense(n, sources, std::move(m));
   }
   OAttentionOptions options;

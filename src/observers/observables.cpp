@@ -3,8 +3,7 @@
 #include <Eigen/Dense>
 #include <omp.h>
 
-#include "backends/cpu/lane_pair_statistics.hpp"
-#include "backends/cpu/vector_math.hpp"
+#include "core/cluster_forests.hpp"
 #include "mfattn/backends/backend.hpp"
 
 #include <algorithm>
@@ -50,9 +49,6 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-using kernels::ThreadForests;
-using kernels::unite_row;
-
 /// Large d: Gram blocks G = X_I X_J^T (64 rows at a time, j >= i) through Eigen's GEMM.
 /// kStats: also count close pairs and unite cluster edges.
 template <bool kStats>
@@ -66,7 +62,7 @@ PairStatistics pairs_by_blocks(const double* x, std::size_t d, const std::vector
   constexpr Eigen::Index kRows = 64;
   const Eigen::Index blocks = (m + kRows - 1) / kRows;
   const double close_above = 1.0 - settings.pair_delta, edge_above = 1.0 - settings.cluster_delta;
-  ThreadForests forests(kStats ? moving.size() : 0);
+  ThreadForests forests(kStats ? moving.size() : 0, 0);
   double lowest = 1.0;
   std::int64_t close = 0;
 #pragma omp parallel for reduction(min : lowest) reduction(+ : close) schedule(dynamic, 1)
@@ -109,7 +105,7 @@ PairStatistics pairs_by_blocks(const double* x, std::size_t d, const std::vector
 template <bool kStats>
 PairStatistics pair_pass(const double* x, std::size_t d, const std::vector<std::size_t>& moving,
                          const ObservableSettings& settings) {
-  if (d <= simd::kLanes)
+  if (d <= kLanePairStatisticsDimensions)
     return cpu_pair_statistics(x, d, moving, 1.0 - settings.pair_delta, 1.0 - settings.cluster_delta, kStats);
   const std::size_t m = moving.size();
   PairStatistics stats;

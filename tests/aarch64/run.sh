@@ -71,8 +71,8 @@ common=(-std=c++20 -O2 -fopenmp -DEIGEN_DONT_PARALLELIZE -Wall -Wextra -Wpedanti
 flags_for() {
   case "$1" in
     src/core/rng.cpp | src/core/init.cpp | src/core/gauge.cpp) echo "-ffp-contract=off" ;;
-    src/backends/cpu/cpu_backend.cpp | src/backends/cpu/symmetric_pairs.cpp | src/backends/cpu/one_sided_sweep.cpp)
-      echo "-fno-math-errno" ;;
+    src/backends/cpu/cpu_dispatch.cpp | src/backends/cpu/kernel_set.cpp) ;;
+    src/backends/cpu/*.cpp) echo "-fno-math-errno" ;;  # the pair loops' files, as CMakeLists.txt
   esac
 }
 mkdir -p "$build/obj"

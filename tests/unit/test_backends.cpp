@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include "test_support.hpp"
+#include "mfattn/app/validate.hpp"
 
 namespace mfattn {
 namespace {
@@ -17,7 +18,7 @@ struct Case {
 
 std::vector<double> evaluate(const Model& model, const State& state, const std::string& backend_name,
                              int threads, std::vector<double>* weight_sums = nullptr) {
-  auto backend = make_backend(backend_name, model, threads);
+  auto backend = make_backend(backend_name, model, BackendOptions{threads});
   std::vector<double> velocity(state.size());
   if (weight_sums) weight_sums->assign(state.replicas * model.n, 0.0);
   backend->velocity(state.replicas, state.x.data(), velocity.data(),
@@ -49,7 +50,7 @@ TEST(Backends, RegistryNamesEveryBackendOnceAndValidationFollowsIt) {
           << error.what();
     }
   }
-  auto cpu = make_backend("cpu", model, 1);
+  auto cpu = make_backend("cpu", model, BackendOptions{1});
   std::vector<double> velocity(state.size());
   cpu->velocity(state.replicas, state.x.data(), velocity.data(), nullptr);
   EXPECT_EQ(cpu->describe(), "loop small-systems cpu_kernels " + cpu_kernels_name());  // n = 8
@@ -60,7 +61,7 @@ TEST(Backends, RegistryNamesEveryBackendOnceAndValidationFollowsIt) {
     EXPECT_EQ(std::string(error.what()), "--backend gpu: accepted: cpu, reference, cuda");
   }
   try {
-    make_backend("gpu", model, 1);
+    make_backend("gpu", model, BackendOptions{1});
     ADD_FAILURE() << "make_backend(gpu) built a backend";
   } catch (const BackendUnavailable& error) {
     EXPECT_EQ(std::string(error.what()), "--backend gpu: unknown backend (accepted: cpu, reference, cuda)");
@@ -80,7 +81,7 @@ struct TiledLoopsOnly {
 };
 
 std::string loop_of(const Model& model, const State& state, int threads) {
-  auto backend = make_backend("cpu", model, threads);
+  auto backend = make_backend("cpu", model, BackendOptions{threads});
   std::vector<double> velocity(state.size());
   backend->velocity(state.replicas, state.x.data(), velocity.data(), nullptr);
   return described_loop(*backend);
@@ -503,7 +504,7 @@ TEST(Overflow, UsaInNaturalTimeIsDetected) {
   natural.beta = 1000;
   const Model model = build_model(natural);
   const State state = build_initial_state(natural, model);
-  auto backend = make_backend("cpu", model, 1);
+  auto backend = make_backend("cpu", model, BackendOptions{1});
   std::vector<double> velocity(state.size());
   try {
     backend->velocity(1, state.x.data(), velocity.data(), nullptr);

@@ -9,6 +9,7 @@
 #include "mfattn/app/run_choices.hpp"
 
 #include "mfattn/io/h5md.hpp"
+#include "mfattn/app/run_resources.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {

@@ -58,14 +58,14 @@ std::vector<double> velocity_of(Backend& backend, const State& state, std::size_
 std::vector<double> absolute_scales(const Model& model, const State& state) {
   const std::size_t n = model.n, d = model.d, sources = n + model.prefix_count();
   std::vector<double> scales(state.replicas * n, 0.0), value(d), product(d);
-  kernels::TokenOperands operands;
+  host::TokenOperands operands;
   for (std::size_t r = 0; r < state.replicas; ++r) {
     const AttentionHead& head = model.matrices_of(r).heads.front();
-    kernels::prepare_head_operands(kernels::HeadOperands(model, head), state.x.data() + r * n * d, operands);
+    host::prepare_head_operands(host::HeadOperands(model, head), state.x.data() + r * n * d, operands);
     for (std::size_t i = 0; i < n; ++i) {
       double absolute = 0.0, denominator = 0.0;
       for (std::size_t j = 0; j < sources; ++j) {
-        const kernels::PairWeightTerms<double> terms = kernels::model_pair_weight_terms(model, i, j);
+        const kernels::PairWeightTerms<double> terms = host::model_pair_weight_terms(model, i, j);
         if (!kernels::visible(terms)) continue;
         double score = 0.0;
         for (std::size_t c = 0; c < d; ++c) score += operands.query(i)[c] * operands.key(j)[c];
@@ -129,7 +129,7 @@ void expect_agreement(Engine engine, Precision precision) {
           const Model model = build_model(cfg);
           const State state = build_initial_state(cfg, model);
           const auto backend = cuda_backend(engine, model, precision, 2);
-          const auto reference = make_backend("reference", model, 1);
+          const auto reference = make_backend("reference", model, BackendOptions{1});
           std::vector<double> sums, expected_sums;
           const auto velocity = velocity_of(*backend, state, model.n, &sums);
           const auto expected = velocity_of(*reference, state, model.n, &expected_sums);
@@ -238,7 +238,7 @@ void expect_exact_pass(Engine engine) {
       const State state = build_initial_state(cfg, model);
       const auto backend = cuda_backend(engine, model, precision, 2);
       const auto velocity = velocity_of(*backend, state, model.n);
-      const auto expected = velocity_of(*make_backend("cpu", model, 2), state, model.n);
+      const auto expected = velocity_of(*make_backend("cpu", model, BackendOptions{2}), state, model.n);
       const bool loose = precision == Precision::Float || beta == "900";
       EXPECT_EQ(exact_receivers(*backend), loose ? 40 : 0) << "beta " << beta;
       double largest = 0.0;
@@ -335,7 +335,7 @@ void expect_resident_agreement(Precision precision) {
       const RunConfig cfg = config(testing::with(args, extra));
       const Model model = build_model(cfg);
       auto cuda = cuda_backend(Engine::Emulation, model, precision, 2);
-      auto cpu = make_backend("cpu", model, 2);
+      auto cpu = make_backend("cpu", model, BackendOptions{2});
       bool resident = false;
       const auto frames = simulate_on(*cuda, cfg, model, &resident);
       const auto expected = simulate_on(*cpu, cfg, model);
@@ -436,7 +436,7 @@ TEST(CudaEmulation, ResidentKernelTakesTheExactPassWhereOffsetsAreLoose) {
       State state = build_initial_state(cfg, model);
       auto backend = cuda_backend(Engine::Emulation, model, precision, 2);
       const auto resident = resident_steps(*backend, cfg, model, 1, 1, &state);
-      const auto cpu = make_backend("cpu", model, 2);
+      const auto cpu = make_backend("cpu", model, BackendOptions{2});
       std::vector<double> velocity(state.size());
       cpu->velocity(1, state.x.data(), velocity.data(), nullptr);
       double largest = 0.0, error = 0.0;
@@ -468,7 +468,7 @@ TEST(CudaEmulation, ResidentFailuresEndTheRunAtTheirStep) {
                                 "--integrator", "rk4", "--dt", "0.01", "--horizon", "1"});
   const Model model = build_model(cfg);
   for (const std::string name : {"cpu", "cuda"}) {
-    auto backend = name == "cpu" ? make_backend("cpu", model, 2) : cuda_backend(Engine::Emulation, model, Precision::Double, 2);
+    auto backend = name == "cpu" ? make_backend("cpu", model, BackendOptions{2}) : cuda_backend(Engine::Emulation, model, Precision::Double, 2);
     try {
       simulate_on(*backend, cfg, model);
       FAIL() << name << ": no failure";
@@ -540,7 +540,7 @@ TEST(CudaDevice, ResidentStepsAgreeWithTheCpuIntegrators) {
       const RunConfig cfg = config(testing::with(args, extra));
       const Model model = build_model(cfg);
       auto device = cuda_backend(Engine::Device, model, Precision::Double, 2);
-      auto cpu = make_backend("cpu", model, 2);
+      auto cpu = make_backend("cpu", model, BackendOptions{2});
       bool resident = false;
       const auto frames = simulate_on(*device, cfg, model, &resident);
       const auto expected = simulate_on(*cpu, cfg, model);

@@ -30,18 +30,18 @@ struct DensePasses {
     for (std::size_t k = 0; k < count; ++k) s += std::exp(term(k) - m);
     return m + std::log(s);
   }
-  void rows(kernels::SinkhornScaling& scaling) {
-    kernels::SinkhornSlot& slot = scaling.slots.front();
+  void rows(host::SinkhornScaling& scaling) {
+    host::SinkhornSlot& slot = scaling.slots.front();
     for (std::size_t i = 0; i < rows_count; ++i)
       scaling.finish_row(slot, i, lse(sources, [&](std::size_t j) { return at(i, j) + slot.row_bias[j]; }));
   }
-  void columns(kernels::SinkhornScaling& scaling) {
-    kernels::SinkhornSlot& slot = scaling.slots.front();
+  void columns(host::SinkhornScaling& scaling) {
+    host::SinkhornSlot& slot = scaling.slots.front();
     for (std::size_t j = 0; j < sources; ++j)
       scaling.finish_column(slot, j, lse(rows_count, [&](std::size_t i) { return slot.row_scale[i] + at(i, j); }));
   }
   /// The plan's entry P_ij = exp(f_i + l_ij + log p_j + g_j).
-  double plan(const kernels::SinkhornSlot& slot, std::size_t i, std::size_t j) const {
+  double plan(const host::SinkhornSlot& slot, std::size_t i, std::size_t j) const {
     return std::exp(slot.row_scale[i] + at(i, j) + slot.row_bias[j]);
   }
 };
@@ -60,9 +60,9 @@ DenseCase dense_case(std::size_t rows, std::size_t sources, double spread, std::
   return c;
 }
 
-kernels::SinkhornScaling scaled(DenseCase& c, std::size_t sweeps, double tolerance) {
-  kernels::SinkhornScaling scaling(kernels::SinkhornTerms{sweeps, tolerance});
-  kernels::SinkhornSlot& slot = scaling.slots.emplace_back();
+host::SinkhornScaling scaled(DenseCase& c, std::size_t sweeps, double tolerance) {
+  host::SinkhornScaling scaling(kernels::SinkhornTerms{sweeps, tolerance});
+  host::SinkhornSlot& slot = scaling.slots.emplace_back();
   for (double p : c.presence) slot.source_log_presence.push_back(p > 0 ? std::log(p) : -HUGE_VAL);
   slot.receiver_present = c.present;
   scaling.reset();
@@ -77,8 +77,8 @@ TEST(Sinkhorn, RowsSumToOneAndColumnsReachTheirSharesWithinTheTolerance) {
   for (const double spread : {0.5, 2.0, 6.0}) {
     DenseCase c = dense_case(37, 37, spread, 3);
     for (const std::size_t sweeps : {0u, 1u, 4u, 20u}) {
-      const kernels::SinkhornScaling scaling = scaled(c, sweeps, 0.0);
-      const kernels::SinkhornSlot& slot = scaling.slots.front();
+      const host::SinkhornScaling scaling = scaled(c, sweeps, 0.0);
+      const host::SinkhornSlot& slot = scaling.slots.front();
       EXPECT_EQ(slot.sweeps, sweeps);
       double column_error = 0.0;
       for (std::size_t i = 0; i < 37; ++i) {
@@ -93,8 +93,8 @@ TEST(Sinkhorn, RowsSumToOneAndColumnsReachTheirSharesWithinTheTolerance) {
       }
       EXPECT_NEAR(slot.column_error, column_error, 1e-13) << "spread " << spread << " sweeps " << sweeps;
     }
-    const kernels::SinkhornScaling converged = scaled(c, 100000, 1e-12);
-    const kernels::SinkhornSlot& slot = converged.slots.front();
+    const host::SinkhornScaling converged = scaled(c, 100000, 1e-12);
+    const host::SinkhornSlot& slot = converged.slots.front();
     EXPECT_LE(slot.column_error, 1e-12);
     EXPECT_LT(slot.sweeps, 100000u);
     // One sweep fewer was not yet within the tolerance: it stopped at the first plan that is.
@@ -112,8 +112,8 @@ TEST(Sinkhorn, ColumnSharesFollowThePresencesOfTheSourcesInView) {
   c.presence[4] = 0.0;                                      // a null source
   c.present[7] = 0;                                         // a null receiver
   for (std::size_t i = 0; i < 12; ++i) c.passes.logits[i * 15 + 9] = -HUGE_VAL;  // source 9 unseen
-  const kernels::SinkhornScaling scaling = scaled(c, 100000, 1e-13);
-  const kernels::SinkhornSlot& slot = scaling.slots.front();
+  const host::SinkhornScaling scaling = scaled(c, 100000, 1e-13);
+  const host::SinkhornSlot& slot = scaling.slots.front();
   double visible_mass = 0.0;
   for (std::size_t j = 0; j < 15; ++j)
     if (j != 9) visible_mass += c.presence[j];

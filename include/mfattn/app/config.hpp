@@ -289,47 +289,11 @@ void store_run_arguments(const std::vector<std::string>& args, const boost::prog
 std::vector<Parameter> table_parameters(const boost::program_options::options_description& table,
                                         const boost::program_options::variables_map& vm);
 
-/// Roughly the bytes a run needs at its peak (state, integrator stages, backend buffers,
-/// one frame of observables, matrices, gauge) with the given choices; see the formula in
-/// config.cpp.
-double estimated_memory_bytes(const RunConfig& cfg, const RunChoices& choices);
-/// The same for a validated configuration (its own choices).
-inline double estimated_memory_bytes(const RunConfig& cfg) { return estimated_memory_bytes(cfg, cfg.choices); }
-
-/// Physical memory, or the cgroup limit (/sys/fs/cgroup/memory.max) or the address-space
-/// limit (ulimit -v) when that is lower;
-/// MFATTN_MEMORY_LIMIT (bytes) overrides both (for tests).
-double available_memory_bytes(std::string* source = nullptr);
-
-/// The parts of a --mask value joined by '+' ("causal+per-prompt" -> {causal, per-prompt}).
-std::vector<std::string> mask_parts(const std::string& mask);
-
-/// Validates values once, before anything is written, and returns what the choice options
-/// select (parse_run_arguments stores it in cfg.choices). Throws UsageError.
-RunChoices validate(const RunConfig& cfg);
-
-/// The backend options of a validated configuration: its precision and `threads` threads.
-inline BackendOptions backend_options(const RunConfig& cfg, int threads) {
-  return BackendOptions{threads, cfg.choices.precision};
-}
-
 /// The Toeplitz factor's a_k and omega_k from --toeplitz-coefficients and
 /// --toeplitz-frequencies; UsageError unless each is 1 to 16 finite numbers, of equal length.
 ToeplitzSeries toeplitz_series(const RunConfig& cfg);
 
 /// Splits "1, 2 3" into numbers; false if any item is not a finite number or there is none.
 bool parse_number_list(const std::string& text, std::vector<double>& out);
-
-/// The thread count: --threads, else OMP_NUM_THREADS, else SLURM_CPUS_PER_TASK, else cores;
-/// also made the default team size of every OpenMP region.
-int resolve_threads(std::int64_t requested);
-/// The most worker threads a run or a call may ask for (--threads, the module's threads=).
-inline constexpr int kMaxThreads = 4096;
-
-/// Starts the OpenMP team of `threads` threads before anything is written, so that a process
-/// limit (ulimit -u, a container's pids limit) is met here: libgomp ends the process with
-/// exit 1 when it cannot create a thread, leaving whatever the run had begun. Throws
-/// UsageError naming --threads and how many threads could start.
-void start_thread_team(int threads);
 
 }  // namespace mfattn

@@ -6,6 +6,10 @@
 
 namespace mfattn {
 
+/// The largest d whose pair pass runs in the CPU kernels' lanes (cpu_pair_statistics); larger d
+/// takes the observers' Gram blocks.
+inline constexpr std::size_t kLanePairStatisticsDimensions = 8;
+
 struct PairStatistics {
   double min_inner = 1.0;            ///< min <x_i, x_j> (1 for fewer than two tokens)
   std::int64_t close_pairs = 0;      ///< #{i < j : <x_i, x_j> > 1 - pair_delta}

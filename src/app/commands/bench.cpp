@@ -12,6 +12,8 @@
 #include "mfattn/integrators/integrator.hpp"
 #include "mfattn/app/run.hpp"
 #include "mfattn/app/run_choices.hpp"
+#include "mfattn/app/run_resources.hpp"
+#include "mfattn/app/validate.hpp"
 
 namespace mfattn {
 namespace po = boost::program_options;

@@ -21,6 +21,8 @@
 #include "mfattn/core/version.hpp"
 #include "mfattn/io/series.hpp"
 #include "mfattn/meanfield/solvers.hpp"
+#include "mfattn/app/run_resources.hpp"
+#include "mfattn/app/validate.hpp"
 
 namespace mfattn {
 namespace po = boost::program_options;

@@ -30,6 +30,7 @@
 #include "app/kept_frames.hpp"
 #include "app/progress.hpp"
 #include "mfattn/core/version.hpp"
+#include "mfattn/app/run_resources.hpp"
 
 namespace mfattn {
 namespace {

@@ -54,8 +54,8 @@ bool supported() {
 
 PairStatistics pair_statistics(const double* x, std::size_t d, const std::vector<std::size_t>& tokens,
                                double close_above, double edge_above, bool with_stats) {
-  return with_stats ? kernels::lane_pair_pass<true>(x, d, tokens, close_above, edge_above)
-                    : kernels::lane_pair_pass<false>(x, d, tokens, close_above, edge_above);
+  return with_stats ? lane_pair_pass<true>(x, d, tokens, close_above, edge_above)
+                    : lane_pair_pass<false>(x, d, tokens, close_above, edge_above);
 }
 
 }  // namespace

@@ -15,105 +15,12 @@
 #include <vector>
 
 #include "backends/cpu/vector_math.hpp"
+#include "core/cluster_forests.hpp"
 #include "mfattn/backends/pair_statistics.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
-namespace mfattn::kernels {
+namespace mfattn::cpu {
 inline namespace MFATTN_CPU_NAMESPACE {
-
-/// Union-find over 0..m-1; roots are the smallest index of their set, path halving.
-class UnionFind {
- public:
-  explicit UnionFind(std::size_t count) : parent_(count) {
-    std::iota(parent_.begin(), parent_.end(), std::uint32_t{0});
-  }
-  std::uint32_t find(std::uint32_t a) {
-    while (parent_[a] != a) {
-      parent_[a] = parent_[parent_[a]];
-      a = parent_[a];
-    }
-    return a;
-  }
-  /// Joins two different roots; returns the root of the union.
-  std::uint32_t link(std::uint32_t root_a, std::uint32_t root_b) {
-    if (root_b < root_a) std::swap(root_a, root_b);
-    parent_[root_b] = root_a;
-    ++unions_;
-    return root_a;
-  }
-  /// Joins the sets of a and b.
-  void unite(std::uint32_t a, std::uint32_t b) {
-    a = find(a);
-    b = find(b);
-    if (a != b) link(a, b);
-  }
-  /// Every element in one set: further edges change nothing.
-  bool whole() const { return unions_ + 1 >= parent_.size(); }
-  std::size_t components() const { return parent_.size() - unions_; }
-
- private:
-  std::vector<std::uint32_t> parent_;
-  std::size_t unions_ = 0;
-};
-
-/// The cluster edges of one receiver row i: inner[j] = <x_i, x_{base + j}> for j in
-/// [from, to). Unites i with every base + j where inner[j] > edge_above (indices gathered
-/// without branches first, so a row of random cluster labels costs no mispredictions).
-inline void unite_row(UnionFind& forest, std::uint32_t i, const double* inner, std::size_t base,
-               std::size_t from, std::size_t to, double edge_above,
-               std::vector<std::uint32_t>& scratch) {
-  scratch.resize(to - from + 1);
-  std::size_t found = 0;
-  for (std::size_t j = from; j < to; ++j) {
-    scratch[found] = static_cast<std::uint32_t>(base + j);
-    found += inner[j] > edge_above;
-  }
-  std::uint32_t root = forest.find(i);
-  for (std::size_t e = 0; e < found && !forest.whole(); ++e) {
-    const std::uint32_t other = forest.find(scratch[e]);
-    if (other != root) root = forest.link(root, other);
-  }
-}
-
-/// Per-thread state of the pair pass: a private union-find forest (made on first use) and
-/// row buffers. The forests are merged serially at the end; the components of a graph do not
-/// depend on the order its edges are added in, so neither the thread count nor the schedule
-/// changes the count.
-class ThreadForests {
- public:
-  explicit ThreadForests(std::size_t m)
-      : m_(m), slots_(static_cast<std::size_t>(std::max(1, omp_get_max_threads()))) {}
-  struct Slot {
-    std::optional<UnionFind> forest;  ///< made on the thread's first row
-    std::vector<double> row;
-    std::vector<std::uint32_t> scratch;
-  };
-  /// The calling thread's slot, with its forest and an m-long row buffer.
-  Slot& local() {
-    Slot& slot = slots_[static_cast<std::size_t>(omp_get_thread_num())];
-    if (!slot.forest) {
-      slot.forest.emplace(m_);
-      slot.row.resize(m_ + simd::kLanes);
-    }
-    return slot;
-  }
-  /// Components after merging the forests serially.
-  std::size_t components() {
-    UnionFind merged(m_);
-    for (auto& slot : slots_) {
-      if (!slot.forest) continue;
-      for (std::size_t a = 0; a < m_; ++a) {
-        const std::uint32_t root = slot.forest->find(static_cast<std::uint32_t>(a));
-        if (root != a) merged.unite(static_cast<std::uint32_t>(a), root);
-      }
-    }
-    return merged.components();
-  }
-
- private:
-  std::size_t m_;
-  std::vector<Slot> slots_;  ///< one per thread
-};
 
 /// The pair pass over `moving` (indices of rows of x), d <= kLanes, lanes over partners j:
 /// min <x_i, x_j> and, with kStats, the pairs with <x_i, x_j> > close_above and the
@@ -138,6 +45,7 @@ PairStatistics bitset_pair_pass(const std::vector<double>& rows, std::size_t m, 
   const std::size_t d = kDim == 8 ? dim : kDim;
   constexpr std::size_t kLanes = simd::kLanes;
   static_assert(kLanes == 8, "a lane vector's edges are one byte of a bit set");
+  static_assert(kLanes == kLanePairStatisticsDimensions, "d <= kLanes takes the lane pass");
   static_assert(std::endian::native == std::endian::little, "byte v of a row is its bits 8v..8v+7");
   PairStatistics stats;
   stats.pairs = static_cast<std::int64_t>(m * (m - 1) / 2);
@@ -311,7 +219,7 @@ PairStatistics lane_pair_pass(const double* x, std::size_t d, const std::vector<
       default: return bitset_pair_pass<kStats, 8>(rows, m, stride, close_above, edge_above, d);
     }
   }
-  ThreadForests forests(kStats ? m : 0);
+  ThreadForests forests(kStats ? m : 0, simd::kLanes);
   const auto count = static_cast<std::ptrdiff_t>(m);
   double lowest = 1.0;
   std::int64_t close = 0;
@@ -398,5 +306,5 @@ PairStatistics lane_pair_pass(const double* x, std::size_t d, const std::vector<
 }
 
 }  // namespace MFATTN_CPU_NAMESPACE
-}  // namespace mfattn::kernels
+}  // namespace mfattn::cpu
 MFATTN_CPU_TARGET_END

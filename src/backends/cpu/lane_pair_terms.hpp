@@ -3,7 +3,7 @@
 // where the formulas are) read through SourceLanes, a receiver and kLanes sources at once:
 //   log-term  l_ij += log(m_ij) [+ log c_ij for nonnegative factors]   (-inf hides a source)
 //   factor    w_ij *= c_ij                                             (sign-changing factors)
-// Each combination is a small type chosen once per evaluation by PairTerms::dispatch and
+// Each combination is a small type chosen once per evaluation by LanePairTerms::dispatch and
 // compiled into the loop, so the loop has no branch per pair and no class per combination.
 // A type says whether it contributes (kHasLogTerm, kHasFactor); the loop skips what it lacks.
 #include <algorithm>
@@ -73,7 +73,7 @@ struct Terms {
 
 /// Holds the padded source labels and picks the Terms types for a model: one for the moving
 /// sources and one for the prefix sources (the same type unless the per-prompt mask is on).
-class PairTerms {
+class LanePairTerms {
  public:
   static constexpr std::size_t kTile = 64;
 
@@ -86,10 +86,10 @@ class PairTerms {
   }
 
   // Terms hold pointers into this object (the symmetric loop keeps a copy of them).
-  PairTerms(const PairTerms&) = delete;
-  PairTerms& operator=(const PairTerms&) = delete;
+  LanePairTerms(const LanePairTerms&) = delete;
+  LanePairTerms& operator=(const LanePairTerms&) = delete;
 
-  explicit PairTerms(const Model& model) : parameters_(model.pair_terms) {
+  explicit LanePairTerms(const Model& model) : parameters_(model.pair_terms) {
     const std::size_t k = model.position_dim, first = prefix_region(model);
     sources_.dim = k;
     sources_.padded_sources = padded_sources(model);

@@ -18,7 +18,7 @@ inline namespace MFATTN_CPU_NAMESPACE {
 using simd::Lanes;
 using simd::kLanes;
 
-inline constexpr std::size_t kTile = PairTerms::kTile;  // sources are padded to whole tiles
+inline constexpr std::size_t kTile = LanePairTerms::kTile;  // sources are padded to whole tiles
 // Lanes over sources up to here; from d = 5 the micro-kernels are faster (measured).
 inline constexpr std::size_t kSmallDimension = 4;
 // Receivers sharing each source load. The small-d loop keeps d + 1 lane sums per receiver in

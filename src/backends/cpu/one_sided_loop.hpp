@@ -6,7 +6,7 @@
 // fixed lanes, fixed horizontal reductions).
 //
 // The kernels are instantiated once per pair-term type (mask x auxiliary factor x per-prompt
-// mask: PairTerms::dispatch), which made the one-sided loop the slowest file of the build by
+// mask: LanePairTerms::dispatch), which made the one-sided loop the slowest file of the build by
 // far. one_sided_sweep.cpp instantiates them for one auxiliary factor per translation unit
 // (CMake compiles it once per factor), so the copies build side by side.
 #include <algorithm>
@@ -266,10 +266,10 @@ void sweep_panel(const Terms& terms, const PrefixTerms& prefix_terms, const Prep
 }
 
 /// sweep_panel with the model's mask (and per-prompt mask) and the auxiliary factor `factor`
-/// (PairTerms::dispatch_with): defined in one_sided_sweep.cpp, one factor per translation
+/// (LanePairTerms::dispatch_with): defined in one_sided_sweep.cpp, one factor per translation
 /// unit.
 template <class Factor>
-void sweep_panel_with(const PairTerms& pair_terms, const Factor& factor, const Prepared& p,
+void sweep_panel_with(const LanePairTerms& pair_terms, const Factor& factor, const Prepared& p,
                       BlockSums* panel, std::size_t blocks, std::size_t tile);
 
 }  // namespace one_sided

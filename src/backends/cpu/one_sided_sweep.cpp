@@ -14,7 +14,7 @@ inline namespace MFATTN_CPU_NAMESPACE {
 namespace one_sided {
 
 template <class Factor>
-void sweep_panel_with(const PairTerms& pair_terms, const Factor& factor, const Prepared& p,
+void sweep_panel_with(const LanePairTerms& pair_terms, const Factor& factor, const Prepared& p,
                       BlockSums* panel, std::size_t blocks, std::size_t tile) {
   pair_terms.dispatch_with(factor, [&](const auto& terms, const auto& prefix_terms) {
     sweep_panel(terms, prefix_terms, p, panel, blocks, tile);
@@ -23,7 +23,7 @@ void sweep_panel_with(const PairTerms& pair_terms, const Factor& factor, const P
 
 #if defined(MFATTN_ONE_SIDED_FACTOR_INDEX)
 using OneFactor = kernels::FactorAt<MFATTN_ONE_SIDED_FACTOR_INDEX>;
-template void sweep_panel_with<OneFactor>(const PairTerms&, const OneFactor&, const Prepared&, BlockSums*,
+template void sweep_panel_with<OneFactor>(const LanePairTerms&, const OneFactor&, const Prepared&, BlockSums*,
                                           std::size_t, std::size_t);
 #else
 /// The addresses of every factor's sweep_panel_with: an emitted function that refers to each

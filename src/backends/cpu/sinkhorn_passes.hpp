@@ -30,7 +30,7 @@ inline namespace MFATTN_CPU_NAMESPACE {
 
 class SinkhornPasses {
  public:
-  SinkhornPasses(const Model& model, const PairTerms& pair_terms, std::vector<Prepared>& prepared)
+  SinkhornPasses(const Model& model, const LanePairTerms& pair_terms, std::vector<Prepared>& prepared)
       : model_(model), pair_terms_(pair_terms), prepared_(prepared) {}
 
   /// Receivers padded to four whole lanes (the columns' lanes and row_scale's length).
@@ -38,7 +38,7 @@ class SinkhornPasses {
 
   /// The slots' fixed parts (source log-presences in the prepared order, receivers present),
   /// then the transposed queries of every slot. Called by every thread of the team.
-  void prepare(kernels::SinkhornScaling& scaling, const std::vector<double>& token_bias, double prefix_bias) {
+  void prepare(host::SinkhornScaling& scaling, const std::vector<double>& token_bias, double prefix_bias) {
     const std::size_t n = model_.n, slots = prepared_.size(), padded = padded_receivers();
 #pragma omp single
     {
@@ -46,7 +46,7 @@ class SinkhornPasses {
       queries_t_.resize(slots);
       for (std::size_t s = 0; s < slots; ++s) {
         const Prepared& p = prepared_[s];
-        kernels::SinkhornSlot& slot = scaling.slots[s];
+        host::SinkhornSlot& slot = scaling.slots[s];
         slot.source_log_presence.assign(p.padded_sources, kNegInf);
         for (std::size_t q = 0; q < model_.prefix_count(); ++q) slot.source_log_presence[q] = prefix_bias;
         for (std::size_t j = 0; j < n; ++j) slot.source_log_presence[p.first_moving + j] = token_bias[j];
@@ -93,7 +93,7 @@ class SinkhornPasses {
     return takes_terms;
   }
 
-  void rows(kernels::SinkhornScaling& scaling) {
+  void rows(host::SinkhornScaling& scaling) {
     const std::size_t n = model_.n;
 #pragma omp single
     for (std::size_t s = 0; s < scaling.slots.size(); ++s) {
@@ -104,7 +104,7 @@ class SinkhornPasses {
       if constexpr (!usable_pair<decltype(terms), decltype(prefix_terms)>()) return;
 #pragma omp for schedule(dynamic, 8)
       for (std::size_t unit = 0; unit < scaling.slots.size() * n; ++unit) {
-        kernels::SinkhornSlot& slot = scaling.slots[unit / n];
+        host::SinkhornSlot& slot = scaling.slots[unit / n];
         if (!slot.active) continue;
         const std::size_t i = unit % n;
         const Prepared& p = prepared_[unit / n];
@@ -115,7 +115,7 @@ class SinkhornPasses {
     });
   }
 
-  void columns(kernels::SinkhornScaling& scaling) {
+  void columns(host::SinkhornScaling& scaling) {
     const std::size_t sources = prepared_.empty() ? 0 : prepared_.front().padded_sources;
 #pragma omp single
     for (std::size_t s = 0; s < scaling.slots.size(); ++s) {
@@ -127,7 +127,7 @@ class SinkhornPasses {
 #pragma omp for schedule(dynamic, 8)
       for (std::size_t unit = 0; unit < scaling.slots.size() * sources; ++unit) {
         const std::size_t s = unit / sources, j = unit % sources;
-        kernels::SinkhornSlot& slot = scaling.slots[s];
+        host::SinkhornSlot& slot = scaling.slots[s];
         if (!slot.active) continue;
         if (slot.source_log_presence[j] == kNegInf) {
           scaling.finish_column(slot, j, kNegInf);
@@ -144,11 +144,11 @@ class SinkhornPasses {
   /// Every slot's prepared biases and offsets for the output pass, SA's one-sided loop with
   /// the plan's scalings: bias log p_j + g_j and offset L_i (>= every logit of the row), so
   /// that its normalised sums are sum_j P_ij z_j.
-  void apply(const kernels::SinkhornScaling& scaling) {
+  void apply(const host::SinkhornScaling& scaling) {
 #pragma omp for schedule(static)
     for (std::size_t s = 0; s < prepared_.size(); ++s) {
       Prepared& p = prepared_[s];
-      const kernels::SinkhornSlot& slot = scaling.slots[s];
+      const host::SinkhornSlot& slot = scaling.slots[s];
       for (std::size_t j = 0; j < p.padded_sources; ++j) {
         p.bias[j] = slot.row_bias[j];
         p.bias_log2[j] = slot.row_bias[j] * kLog2e;
@@ -238,7 +238,7 @@ class SinkhornPasses {
   /// (log-terms are <= 0: masks and nonnegative factors of at most 1).
   template <int kDim, class Terms, class PrefixTerms>
   double row_lse(const Terms& terms, const PrefixTerms& prefix_terms, const Prepared& p, std::size_t s,
-                 const kernels::SinkhornSlot& slot, std::size_t i) const {
+                 const host::SinkhornSlot& slot, std::size_t i) const {
     const std::size_t d = kDim > 0 ? std::size_t(kDim) : p.d, first = p.first_moving;
     const double* q = p.queries.data() + i * d;
     const double* bias = slot.row_bias.data();
@@ -261,7 +261,7 @@ class SinkhornPasses {
   /// C_j without log p_j: LSE_i (f_i + <q_i, k_j> + t_ij), bounded by |k_j| max|q_i| + max f.
   template <int kDim, class Terms, class PrefixTerms>
   double column_lse(const Terms& terms, const PrefixTerms& prefix_terms, const Prepared& p, std::size_t s,
-                    const kernels::SinkhornSlot& slot, std::size_t j) const {
+                    const host::SinkhornSlot& slot, std::size_t j) const {
     const std::size_t d = kDim > 0 ? std::size_t(kDim) : p.d, padded = padded_receivers();
     thread_local std::vector<double> key;
     key.resize(d);
@@ -295,7 +295,7 @@ class SinkhornPasses {
   }
 
   const Model& model_;
-  const PairTerms& pair_terms_;
+  const LanePairTerms& pair_terms_;
   std::vector<Prepared>& prepared_;
   std::vector<std::vector<double>> queries_t_;  // per slot: d rows of the padded receivers
   // Per slot: the largest |k_j| over sources with p_j > 0 and |q_i| over present receivers

@@ -61,7 +61,7 @@ bool symmetric_pairs_apply(const Model& model) {
          model.prefix_count() == 0 && model.beta > 0.0;
 }
 
-SymmetricPairs::SymmetricPairs(const Model& model, const PairTerms& terms)
+SymmetricPairs::SymmetricPairs(const Model& model, const LanePairTerms& terms)
     : model_(model), mass_(model.mass()), padded_(round_up(std::max<std::size_t>(model.n, 1), kTile)),
       tiles_(padded_ / kTile), stride_(padded_ + kLanes), all_present_(model.every_token_present()) {
   if (model.pair_terms.mask == MaskKind::Full && model.pair_terms.factor == AuxFactor::None) return;

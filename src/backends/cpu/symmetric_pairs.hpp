@@ -57,7 +57,7 @@ bool symmetric_pairs_apply(const Model& model);
 class SymmetricPairs {
  public:
   /// terms: the backend's pair terms (positions), which must outlive this object.
-  SymmetricPairs(const Model& model, const PairTerms& terms);
+  SymmetricPairs(const Model& model, const LanePairTerms& terms);
 
   /// Called by every thread of an OpenMP team, after prepared[r] holds the operands of each
   /// replica (no prefix region: source j is token j). Writes every receiver's velocity and,

@@ -67,7 +67,7 @@ class CudaBackend final : public Backend {
     bias_.resize(sources);
     largest_bias_ = 0.0;
     for (std::size_t j = 0; j < sources; ++j) {
-      const double log_p = kernels::log_presence(kernels::source_presence(model, j));
+      const double log_p = kernels::log_presence(host::source_presence(model, j));
       bias_[j] = Real(log_p * kLog2e);
       if (log_p > -INFINITY) largest_bias_ = std::max(largest_bias_, log_p);
     }
@@ -75,8 +75,8 @@ class CudaBackend final : public Backend {
       positions_.resize(sources * k);
       prompts_.resize(sources);
       for (std::size_t j = 0; j < sources; ++j) {
-        std::copy_n(kernels::source_position(model, j), k, positions_.data() + j * k);
-        prompts_[j] = kernels::source_prompt(model, j);
+        std::copy_n(host::source_position(model, j), k, positions_.data() + j * k);
+        prompts_[j] = host::source_prompt(model, j);
       }
     }
     args_.bias = bias_.data();
@@ -158,12 +158,12 @@ class CudaBackend final : public Backend {
       for (std::size_t unit = 0; unit < replicas * sources; ++unit) {
         const std::size_t r = unit / sources, j = unit % sources;
         const AttentionHead& head = model_.matrices_of(r).heads.front();
-        const double* y = kernels::source_content(model_, x + r * n * d, j);
+        const double* y = host::source_content(model_, x + r * n * d, j);
         if (j < n) {
-          const double* query = kernels::gauged_product(model_, head.query, head.query_identity, j, y, work + d, work);
+          const double* query = host::gauged_product(model_, head.query, head.query_identity, j, y, work + d, work);
           for (std::size_t c = 0; c < d; ++c) queries_[(r * n + j) * d + c] = Real(query_scale * query[c]);
         }
-        const double* key = kernels::gauged_product(model_, head.key, head.key_identity, j, y, work + d, work);
+        const double* key = host::gauged_product(model_, head.key, head.key_identity, j, y, work + d, work);
         double norm2 = 0.0;
         for (std::size_t c = 0; c < d; ++c) {
           const Real stored = Real(key[c]);
@@ -172,7 +172,7 @@ class CudaBackend final : public Backend {
         }
         // Null sources stay out of the bound, so that adding them changes no offset.
         key_norm2_[unit] = bias_[j] > Real(-INFINITY) ? norm2 : 0.0;
-        const double* value = kernels::source_value(model_, j, y, work);
+        const double* value = host::source_value(model_, j, y, work);
         for (std::size_t c = 0; c < d; ++c) values_[unit * d + c] = Real(value[c]);
       }
       // Each replica's largest squared key norm (a maximum: the same on any thread), then

@@ -17,10 +17,10 @@ namespace {
 class ReferenceSinkhorn {
  public:
   /// Scales the matrix of `operands` (every source's query, key and log-presence).
-  ReferenceSinkhorn(const Model& model, const kernels::TokenOperands& operands)
+  ReferenceSinkhorn(const Model& model, const host::TokenOperands& operands)
       : model_(model), operands_(operands),
         scaling_(kernels::SinkhornTerms{std::size_t(model.sinkhorn.sweeps), model.sinkhorn.tolerance}) {
-    kernels::SinkhornSlot& slot = scaling_.slots.emplace_back();
+    host::SinkhornSlot& slot = scaling_.slots.emplace_back();
     slot.source_log_presence = operands.log_presence;
     for (std::size_t i = 0; i < model.n; ++i) slot.receiver_present.push_back(model.presence[i] > 0.0);
     scaling_.reset();
@@ -29,7 +29,7 @@ class ReferenceSinkhorn {
 
   /// beta s_ij + log(m_ij c_ij): l_ij without log p_j (-inf for a hidden pair).
   double logit(std::size_t i, std::size_t j) const {
-    const kernels::PairWeightTerms<double> terms = kernels::model_pair_weight_terms(model_, i, j);
+    const kernels::PairWeightTerms<double> terms = host::model_pair_weight_terms(model_, i, j);
     if (!kernels::visible(terms)) return -HUGE_VAL;
     double score = 0.0;
     for (std::size_t c = 0; c < operands_.d; ++c) score += operands_.query(i)[c] * operands_.key(j)[c];
@@ -37,25 +37,25 @@ class ReferenceSinkhorn {
   }
   /// P_ij = exp(f_i + l_ij + g_j), the plan's weight of the pair.
   double plan(std::size_t i, std::size_t j) const {
-    const kernels::SinkhornSlot& slot = scaling_.slots.front();
+    const host::SinkhornSlot& slot = scaling_.slots.front();
     return std::exp(slot.row_scale[i] + logit(i, j) + slot.row_bias[j]);
   }
-  const kernels::SinkhornSlot& slot() const { return scaling_.slots.front(); }
+  const host::SinkhornSlot& slot() const { return scaling_.slots.front(); }
   /// SA's weight sum D_i of the unscaled weights (the energy's).
   double weight_sum(std::size_t i) const {
     return std::exp(scaling_.slots.front().first_row_lse[i] - model_.exponent_shift());
   }
 
-  // The passes of kernels::SinkhornScaling.
-  void rows(kernels::SinkhornScaling& scaling) {
-    kernels::SinkhornSlot& slot = scaling.slots.front();
+  // The passes of host::SinkhornScaling.
+  void rows(host::SinkhornScaling& scaling) {
+    host::SinkhornSlot& slot = scaling.slots.front();
     for (std::size_t i = 0; i < model_.n; ++i)
       scaling.finish_row(slot, i, log_sum_exp(operands_.sources, [&](std::size_t j) {
                            return logit(i, j) + slot.row_bias[j];
                          }));
   }
-  void columns(kernels::SinkhornScaling& scaling) {
-    kernels::SinkhornSlot& slot = scaling.slots.front();
+  void columns(host::SinkhornScaling& scaling) {
+    host::SinkhornSlot& slot = scaling.slots.front();
     for (std::size_t j = 0; j < operands_.sources; ++j)
       scaling.finish_column(slot, j, log_sum_exp(model_.n, [&](std::size_t i) {
                               return slot.row_scale[i] + logit(i, j);
@@ -73,8 +73,8 @@ class ReferenceSinkhorn {
     return kernels::log_sum_exp(largest, sum);
   }
   const Model& model_;
-  const kernels::TokenOperands& operands_;
-  kernels::SinkhornScaling scaling_;
+  const host::TokenOperands& operands_;
+  host::SinkhornScaling scaling_;
 };
 
 class ReferenceBackend final : public Backend {
@@ -98,10 +98,10 @@ class ReferenceBackend final : public Backend {
     for (std::size_t r = 0; r < replicas; ++r) {
       const double* xr = x + r * n * d;
       const AttentionMatrices& matrices = model_.matrices_of(r);
-      std::vector<kernels::HeadOperands> heads;
+      std::vector<host::HeadOperands> heads;
       for (const AttentionHead& head : matrices.heads) heads.emplace_back(model_, head);
       operands_.resize(heads.size());
-      for (std::size_t h = 0; h < heads.size(); ++h) kernels::prepare_head_operands(heads[h], xr, operands_[h]);
+      for (std::size_t h = 0; h < heads.size(); ++h) host::prepare_head_operands(heads[h], xr, operands_[h]);
       std::vector<std::unique_ptr<ReferenceSinkhorn>> sinkhorn(heads.size());
       if (sinkhorn_attention)
         for (std::size_t h = 0; h < heads.size(); ++h) {
@@ -112,12 +112,12 @@ class ReferenceBackend final : public Backend {
       for (std::size_t i = 0; i < n; ++i) {
         double weight_sum = 0.0;
         for (std::size_t h = 0; h < heads.size(); ++h) {
-          const kernels::TokenOperands& operands = operands_[h];
+          const host::TokenOperands& operands = operands_[h];
           z.resize(operands.d);
           std::fill(numerator.begin(), numerator.end(), 0.0);
           double denominator = 0.0;
           for (std::size_t j = 0; j < operands.sources; ++j) {
-            const kernels::PairWeightTerms<double> terms = kernels::model_pair_weight_terms(model_, i, j);
+            const kernels::PairWeightTerms<double> terms = host::model_pair_weight_terms(model_, i, j);
             if (!kernels::visible(terms)) continue;
             double weight = 0.0;
             if (sinkhorn[h]) {
@@ -147,7 +147,7 @@ class ReferenceBackend final : public Backend {
         if (model_.normalization == Normalization::Usa)
           for (std::size_t c = 0; c < d; ++c)
             if (!std::isfinite(u[c])) throw NumericalError("reference: USA weights overflow");
-        kernels::add_feed_forward(matrices.mlp, xr + i * d, hidden.data(), u.data());
+        host::add_feed_forward(matrices.mlp, xr + i * d, hidden.data(), u.data());
         kernels::tangent_velocity(model_.receiver_speed(i), int(d), xr + i * d, u.data(),
                                   out.velocity + (r * n + i) * d,
                                   out.attention_output ? out.attention_output + (r * n + i) * d : nullptr);
@@ -164,7 +164,7 @@ class ReferenceBackend final : public Backend {
   }
 
   const Model& model_;
-  std::vector<kernels::TokenOperands> operands_;  ///< a head's each, reused between calls
+  std::vector<host::TokenOperands> operands_;  ///< a head's each, reused between calls
   ScalingReport last_scaling_;
 };
 

@@ -1,0 +1,67 @@
+#pragma once
+/// \file dynamics.hpp
+/// The vector field the integrators step (docs/model.md sections 2 and 5):
+///   f(x)_i = p_i P_{x_i} u_i(x)                     placement post (the backend's field)
+///   f(x)_i = placement_velocity(x_i, p_i F_i(N(x)))   pre, peri, ngpt (kernels/token_formulas.hpp)
+/// of every replica, evaluated by a backend, the last evaluation remembered so that a frame's
+/// observables and the next step's first stage share one evaluation (the same bits).
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mfattn/backends/backend.hpp"
+#include "mfattn/core/model.hpp"
+
+namespace mfattn {
+
+class Integrator;
+
+/// A stage state that is not finite (the step diverged); integrate() names step and time.
+struct NonFiniteState : NumericalError {
+  using NumericalError::NumericalError;
+};
+
+/// The vector field f(x) = (p_i P_{x_i} u_i)_i of every replica, evaluated by a backend.
+class Dynamics {
+ public:
+  Dynamics(const Model& model, Backend& backend, std::size_t replicas);
+  /// v = f(x) and, if asked, the weight sums D_i. Repeating the last x costs a copy.
+  void velocity(const double* x, double* v, double* weight_sums = nullptr);
+  /// The attention outputs p_i u_i before the tangent projection (euler-unprojected): the
+  /// remembered outputs (R n d numbers), valid until the next evaluation.
+  const double* attention_output(const double* x);
+  /// The model's matrices were replaced (a new layer of --regen-period): the remembered
+  /// evaluation no longer holds.
+  void matrices_changed() { cached_ = false; }
+  const Model& model() const { return model_; }
+  /// The Sinkhorn scalings of the last evaluation (Backend::last_scaling): of the state last
+  /// evaluated, which a cached evaluation is too.
+  ScalingReport last_scaling() const { return backend_.last_scaling(); }
+  std::size_t replicas() const { return replicas_; }
+  std::size_t size() const { return replicas_ * model_.n * model_.d; }
+  /// Whether token i (of any replica) moves at all: p_i > 0.
+  bool moves(std::size_t token) const { return model_.presence[token] > 0.0; }
+  std::int64_t evaluations() const { return evaluations_; }
+  /// The backend's resident stepper for this integrator (made at the first call), or null
+  /// where the integrator is adaptive or the backend has none (Backend::resident_stepper).
+  ResidentStepper* resident_stepper(const Integrator& integrator);
+
+ private:
+  const Model& model_;
+  Backend& backend_;
+  std::size_t replicas_;
+  void evaluate(const double* x, bool with_attention_output, bool with_weight_sums);
+  /// The field of a placement other than post (docs/model.md section 2c).
+  void evaluate_placement(const double* x, bool with_weight_sums);
+  std::int64_t evaluations_ = 0;
+  bool cached_ = false, cached_attention_output_ = false, cached_weight_sums_ = false;
+  bool wants_attention_output_ = false;
+  std::vector<double> cached_x_, cached_v_, cached_sums_, cached_output_;  ///< the last evaluation
+  std::vector<double> directions_, layer_velocity_;  ///< a placement's read states, the backend's own field
+  std::string resident_for_;  ///< the integrator resident_ was asked for ("" before)
+  std::unique_ptr<ResidentStepper> resident_;
+};
+
+}  // namespace mfattn

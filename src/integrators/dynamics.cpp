@@ -1,0 +1,92 @@
+// Dynamics (dynamics.hpp): the field of every replica from a backend, the last evaluation
+// remembered.
+#include "mfattn/integrators/dynamics.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "kernels/token_formulas.hpp"
+#include "mfattn/integrators/integrator.hpp"
+
+namespace mfattn {
+
+Dynamics::Dynamics(const Model& model, Backend& backend, std::size_t replicas)
+    : model_(model), backend_(backend), replicas_(replicas) {}
+
+void Dynamics::evaluate(const double* x, bool with_attention_output, bool with_weight_sums) {
+  const std::size_t count = size();
+  // The last evaluation is remembered: a frame's observables and the next step's first stage
+  // (or dopri5's first-same-as-last stage) ask for the same state, and get the same bits.
+  // Weight sums are taken only when asked (the energy at frames): a frame asks first, so
+  // the next step still finds the state (dopri5's last stage before a frame is taken again
+  // with its sums: the same bits).
+  if (cached_ && (cached_attention_output_ || !with_attention_output) &&
+      (cached_weight_sums_ || !with_weight_sums) && std::equal(x, x + count, cached_x_.begin()))
+    return;
+  ++evaluations_;
+  // A non-finite stage state means the step already diverged; say so rather than let the
+  // backend report a misleading overflow (integrate() adds the step and time).
+  for (std::size_t e = 0; e < count; ++e)
+    if (!std::isfinite(x[e])) throw NonFiniteState("non-finite state");
+  cached_ = false;
+  // Once a step has asked for the attention output, every evaluation keeps it, so that a
+  // frame's evaluation serves the next step.
+  wants_attention_output_ = wants_attention_output_ || with_attention_output;
+  cached_v_.resize(count);
+  cached_sums_.resize(replicas_ * model_.n);
+  if (model_.placement == Placement::Post) {
+    cached_output_.resize(wants_attention_output_ ? count : 0);
+    backend_.evaluate(replicas_, x,
+                      FieldOutputs{cached_v_.data(), with_weight_sums ? cached_sums_.data() : nullptr,
+                                   wants_attention_output_ ? cached_output_.data() : nullptr});
+  } else {
+    evaluate_placement(x, with_weight_sums);
+  }
+  cached_x_.assign(x, x + count);
+  cached_attention_output_ = wants_attention_output_;
+  cached_weight_sums_ = with_weight_sums;
+  cached_ = true;
+}
+
+void Dynamics::evaluate_placement(const double* x, bool with_weight_sums) {
+  // The layer's output p_i F_i on the states it reads (the directions N(x_j) for pre and
+  // peri), then each token's field from the one formula (kernels::placement_velocity).
+  const std::size_t n = model_.n, d = model_.d, count = size();
+  const double* read = x;
+  if (placement_reads_directions(model_.placement)) {
+    directions_.assign(x, x + count);
+    take_directions(replicas_ * n, d, directions_.data());
+    read = directions_.data();
+  }
+  cached_output_.resize(count);
+  layer_velocity_.resize(count);
+  backend_.evaluate(replicas_, read,
+                    FieldOutputs{layer_velocity_.data(), with_weight_sums ? cached_sums_.data() : nullptr,
+                                 cached_output_.data()});
+  for (std::size_t t = 0; t < replicas_ * n; ++t)
+    kernels::placement_velocity(model_.placement, model_.ngpt_alpha, model_.receiver_speed(t % n), int(d),
+                                x + t * d, cached_output_.data() + t * d, cached_v_.data() + t * d);
+}
+
+void Dynamics::velocity(const double* x, double* v, double* weight_sums) {
+  evaluate(x, false, weight_sums != nullptr);
+  std::copy(cached_v_.begin(), cached_v_.end(), v);
+  if (weight_sums) std::copy(cached_sums_.begin(), cached_sums_.end(), weight_sums);
+}
+
+ResidentStepper* Dynamics::resident_stepper(const Integrator& integrator) {
+  if (resident_for_ != integrator.name()) {
+    resident_for_ = integrator.name();
+    const std::optional<FixedStepMethod> method = integrator.fixed_step_method();
+    resident_ = method ? backend_.resident_stepper(*method, replicas_) : nullptr;
+  }
+  return resident_.get();
+}
+
+const double* Dynamics::attention_output(const double* x) {
+  evaluate(x, true, false);
+  return cached_output_.data();
+}
+
+}  // namespace mfattn
