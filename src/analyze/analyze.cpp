@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "mfattn/app/config.hpp"
+#include "mfattn/core/number_text.hpp"
 #include "mfattn/io/h5md.hpp"
 #include "mfattn/observers/observables.hpp"
 #include "mfattn/app/run.hpp"
@@ -188,20 +189,6 @@ Analysis analyze_file(const std::string& path, std::size_t replica, AnalysisSett
 
 namespace {
 
-/// A number with 17 significant digits (round-trip exact).
-std::string number_text(double value) {
-  char buffer[40];
-  std::snprintf(buffer, sizeof buffer, "%.17g", value);
-  return buffer;
-}
-
-/// A number for people: 6 significant digits, "nan" / "inf" as such.
-std::string short_number(double value) {
-  std::ostringstream out;
-  out << std::setprecision(6) << value;
-  return out.str();
-}
-
 /// Minimal JSON writer: strings escaped per RFC 8259, non-finite numbers as null.
 class Json {
  public:
@@ -339,14 +326,14 @@ void text_header(std::ostream& out, const Analysis& a, const std::string& replic
   text_line(out, "status", a.status ? *a.status : "(none)");
   text_line(out, replica_key, replica_text);
   text_line(out, "tokens", "n = " + std::to_string(a.n) + ", d = " + std::to_string(a.d));
-  text_line(out, "frames_read", std::to_string(a.frames) + " (t = " + short_number(a.t_first) + " .. " +
-                                    short_number(a.t_last) + ")");
+  text_line(out, "frames_read", std::to_string(a.frames) + " (t = " + format_significant(a.t_first) + " .. " +
+                                    format_significant(a.t_last) + ")");
 }
 
 std::string plateau_span(const Plateau& p) {
   return std::to_string(p.clusters) + (p.clusters == 1 ? " cluster" : " clusters") + " for " +
-         (std::isfinite(p.decades) ? short_number(p.decades) + " decades" : "undefined decades") + " (t = " +
-         short_number(p.t_start) + " .. " + short_number(p.t_end) + ")";
+         (std::isfinite(p.decades) ? format_significant(p.decades) + " decades" : "undefined decades") + " (t = " +
+         format_significant(p.t_start) + " .. " + format_significant(p.t_end) + ")";
 }
 
 /// "key: count, key: count" of a histogram, keys ascending.
@@ -362,18 +349,18 @@ void write_analysis_text(const Analysis& a, std::ostream& out, double min_decade
   auto line = [&](const std::string& key, const std::string& value) { text_line(out, key, value); };
   text_header(out, a, "replica", std::to_string(a.replica) + " of " + std::to_string(a.replicas));
   line("clusters", std::string(a.clusters_from_positions ? "recomputed from positions" : "from the file") +
-                       ", delta_c = " + short_number(a.cluster_delta));
+                       ", delta_c = " + format_significant(a.cluster_delta));
   line("final_clusters", std::to_string(a.final_clusters));
   line("collapsed", yes_no(a.collapsed) + " (criterion: final min_inner >= 1 - " +
-                        short_number(a.collapse_delta) + ")");
-  line("collapse_time", a.collapse_time ? short_number(*a.collapse_time) : "never");
-  line("min_inner_final", number_text(a.min_inner_final));
-  line("marginal_spread_final", number_text(a.marginal_spread_final));
-  if (a.conditional_spread_final) line("conditional_spread_final", number_text(*a.conditional_spread_final));
-  line("energy_final", number_text(a.energy_final));
+                        format_significant(a.collapse_delta) + ")");
+  line("collapse_time", a.collapse_time ? format_significant(*a.collapse_time) : "never");
+  line("min_inner_final", format_number(a.min_inner_final));
+  line("marginal_spread_final", format_number(a.marginal_spread_final));
+  if (a.conditional_spread_final) line("conditional_spread_final", format_number(*a.conditional_spread_final));
+  line("energy_final", format_number(a.energy_final));
   std::string monotone = a.energy_monotone ? yes_no(*a.energy_monotone) : "unknown (energy not finite)";
   if (a.energy_monotone && !*a.energy_monotone)
-    monotone += " (largest relative drop " + short_number(a.energy_largest_drop) + ")";
+    monotone += " (largest relative drop " + format_significant(a.energy_largest_drop) + ")";
   if (a.gradient_flow)
     monotone += *a.gradient_flow ? "; gradient flow: the energy must not decrease"
                                  : "; not a gradient flow: the energy may decrease";
@@ -389,26 +376,26 @@ void write_analysis_text(const Analysis& a, std::ostream& out, double min_decade
       ++hidden;
       continue;
     }
-    std::string text = std::to_string(p.clusters) + (p.clusters == 1 ? " cluster" : " clusters") + ", t = " + short_number(p.t_start) + " .. " +
-                       short_number(p.t_end) + ", " +
-                       (std::isfinite(p.decades) ? short_number(p.decades) + " decades" : "decades undefined") +
-                       ", energy " + short_number(p.energy_end);
+    std::string text = std::to_string(p.clusters) + (p.clusters == 1 ? " cluster" : " clusters") + ", t = " + format_significant(p.t_start) + " .. " +
+                       format_significant(p.t_end) + ", " +
+                       (std::isfinite(p.decades) ? format_significant(p.decades) + " decades" : "decades undefined") +
+                       ", energy " + format_significant(p.energy_end);
     if (p.metastable) text += ", metastable";
     if (p.final) text += ", final";
     line("plateau", text);
   }
   if (hidden > 0)
-    line("plateaus_not_listed", std::to_string(hidden) + " shorter than " + short_number(min_decades) +
+    line("plateaus_not_listed", std::to_string(hidden) + " shorter than " + format_significant(min_decades) +
                                     " decades (--min-decades 0 lists them; --json has every one)");
   line("metastable_plateaus", std::to_string(metastable));
   for (const ClusterChange& c : a.merges)
-    line("merge", "t = " + short_number(c.time) + ": " + std::to_string(c.from) + " -> " + std::to_string(c.to));
+    line("merge", "t = " + format_significant(c.time) + ": " + std::to_string(c.from) + " -> " + std::to_string(c.to));
   for (const ClusterChange& c : a.splits)
-    line("split", "t = " + short_number(c.time) + ": " + std::to_string(c.from) + " -> " + std::to_string(c.to));
+    line("split", "t = " + format_significant(c.time) + ": " + std::to_string(c.from) + " -> " + std::to_string(c.to));
   std::string staircase;
   for (double e : a.energy_staircase) {
     if (!staircase.empty()) staircase += ' ';
-    staircase += short_number(e);
+    staircase += format_significant(e);
   }
   line("energy_staircase", staircase);
 }
@@ -453,12 +440,12 @@ void write_replicas_text(const std::vector<Analysis>& analyses, std::ostream& ou
   const ReplicaSummary s = summarise(analyses);
   text_header(out, first, "replicas", std::to_string(analyses.size()) + " (every one analysed)");
   line("collapsed", std::to_string(s.collapsed) + " of " + std::to_string(analyses.size()) +
-                        " (criterion: final min_inner >= 1 - " + short_number(first.collapse_delta) + ")");
+                        " (criterion: final min_inner >= 1 - " + format_significant(first.collapse_delta) + ")");
   line("collapse_time", s.collapse_times.empty()
                             ? "never"
-                            : "min " + short_number(s.collapse_times.front()) + ", median " +
-                                  short_number(median(s.collapse_times)) + ", max " +
-                                  short_number(s.collapse_times.back()) + " (the collapsed replicas)");
+                            : "min " + format_significant(s.collapse_times.front()) + ", median " +
+                                  format_significant(median(s.collapse_times)) + ", max " +
+                                  format_significant(s.collapse_times.back()) + " (the collapsed replicas)");
   line("final_clusters", histogram_text(s.final_clusters) + " (clusters: replicas)");
   line("metastable_plateaus", histogram_text(s.metastable_counts) + " (plateaus: replicas)");
   line("metastable_clusters", histogram_text(s.metastable_clusters) + " (clusters: metastable plateaus)");

@@ -14,6 +14,13 @@ std::string format_number(double value, NanSign nan_sign) {
   return std::string(buffer, result.ptr);
 }
 
+std::string format_significant(double value, int digits) {
+  if (std::isnan(value)) return "nan";
+  std::ostringstream out;
+  out << std::setprecision(digits) << value;
+  return out.str();
+}
+
 std::string format_seconds(double seconds) {
   std::ostringstream out;
   if (seconds < 60) {

@@ -76,11 +76,18 @@ MFATTN_HOST_DEVICE inline void placement_velocity(Placement placement, double al
   for (int c = 0; c < d; ++c) v[c] -= radial * x[c];
 }
 
+/// GELU(z) = z/2 (1 + erf(z / sqrt(2))), the exact form (not tanh's), in the precision of z:
+/// the feed-forward term's and the O-closure blocks' (oattn/oclosure.cpp) one definition.
+template <class Real>
+MFATTN_HOST_DEVICE inline Real gelu(Real z) {
+  return Real(0.5) * z * (Real(1) + std::erf(z * Real(0.70710678118654752440)));
+}
+
 /// sigma(z) of the feed-forward term (layer_kinds.hpp).
 MFATTN_HOST_DEVICE inline double activation(Activation kind, double z) {
   switch (kind) {
     case Activation::Relu: return z > 0.0 ? z : 0.0;
-    case Activation::Gelu: return 0.5 * z * (1.0 + std::erf(z * 0.70710678118654752440));
+    case Activation::Gelu: return gelu(z);
     case Activation::Tanh: return std::tanh(z);
   }
   return z;

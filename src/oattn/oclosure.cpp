@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/token_formulas.hpp"
 #include "mfattn/core/rng.hpp"
 
 namespace mfattn::oclosure {
@@ -17,11 +18,6 @@ namespace {
 template <class T>
 void check_dims(const char* what, bool ok) {
   if (!ok) throw std::invalid_argument(std::string(what) + ": weights do not match the carriers' dimension");
-}
-
-template <class T>
-T gelu(T x) {
-  return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440)));
 }
 
 /// y = W x + b for one row (b may be empty), entries summed in index order.
@@ -39,7 +35,7 @@ void affine(const Rows<T>& w, const Vec<T>& b, const T* x, T* y) {
 template <class T>
 void ffn_row(const FfnWeights<T>& w, const T* h, T* hidden, T* out) {
   affine(w.w1, w.b1, h, hidden);
-  for (Eigen::Index f = 0; f < w.w1.rows(); ++f) hidden[f] = gelu(hidden[f]);
+  for (Eigen::Index f = 0; f < w.w1.rows(); ++f) hidden[f] = kernels::gelu(hidden[f]);
   affine(w.w2, w.b2, hidden, out);
 }
 

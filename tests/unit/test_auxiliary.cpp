@@ -138,7 +138,7 @@ TEST(Auxiliary, EnergyAscendsForEveryGradientFlowKernel) {
   for (const auto& extra : kernels) {
     const auto t = simulate(config(with({"--n", "40", "--horizon", "8", "--save-every", "0.1"}, extra)));
     ASSERT_TRUE(t.model.is_gradient_flow());
-    auto backend = make_backend("cpu", t.model, 1);
+    auto backend = make_backend("cpu", t.model, BackendOptions{1});
     std::vector<double> v(t.model.n * t.model.d), sums(t.model.n);
     double previous = -1e300, first = 0.0;
     for (const auto& frame : t.frames) {
@@ -264,10 +264,10 @@ TEST(Auxiliary, ToeplitzSeriesIsTheCosineFactorTermByTerm) {
       Model term = series;
       term.pair_terms.factor = AuxFactor::Cosine;
       term.pair_terms.omega = omega[k];
-      make_backend(backend_name, term, 1)->velocity(1, state.x.data(), velocity.data(), nullptr);
+      make_backend(backend_name, term, BackendOptions{1})->velocity(1, state.x.data(), velocity.data(), nullptr);
       for (std::size_t e = 0; e < expected.size(); ++e) expected[e] += a[k] * velocity[e];
     }
-    make_backend(backend_name, series, 1)->velocity(1, state.x.data(), velocity.data(), nullptr);
+    make_backend(backend_name, series, BackendOptions{1})->velocity(1, state.x.data(), velocity.data(), nullptr);
     EXPECT_LE(testing::max_abs_difference(velocity, expected), 1e-14) << backend_name;
   }
 }

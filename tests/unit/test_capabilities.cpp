@@ -60,15 +60,15 @@ TEST(Capabilities, EveryBackendRefusesWhatItsEntryDoesNotTakeNamingTheTablesValu
 TEST(Capabilities, MakeBackendRefusesAModelBuiltInCodeAsValidationRefusesItsOptions) {
   Model model = build_model(config({"--n", "4", "--kernel", "sinkhorn"}));
   try {
-    make_backend("cuda", model, 1);
+    make_backend("cuda", model, BackendOptions{1});
     FAIL() << "cuda took --kernel sinkhorn";
   } catch (const BackendUnavailable& e) {
     EXPECT_EQ(std::string(e.what()), "--kernel sinkhorn: --backend cuda takes --kernel usa, sa");
   }
   model = build_model(config({"--n", "4"}));
   model.receivers_at_unit_speed = true;
-  EXPECT_THROW(make_backend("cuda", model, 1), BackendUnavailable);
-  EXPECT_NO_THROW(make_backend("cpu", model, 1));
+  EXPECT_THROW(make_backend("cuda", model, BackendOptions{1}), BackendUnavailable);
+  EXPECT_NO_THROW(make_backend("cpu", model, BackendOptions{1}));
 }
 
 TEST(Capabilities, TheMeanfieldSolverAndTheOAttentionLinkUseTheSameDeclarations) {

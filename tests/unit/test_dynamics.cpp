@@ -130,7 +130,7 @@ void check_energy_nondecreasing(const std::string& kernel) {
                        "15", "--dt", "0.01", "--save-every", "0.05", "--seed", "5"});
     const auto t = simulate(cfg);
     std::vector<double> weight_sums(t.model.n), velocity(t.model.n * t.model.d);
-    auto backend = make_backend("cpu", t.model, 1);
+    auto backend = make_backend("cpu", t.model, BackendOptions{1});
     double previous = -1.0, first = -1.0;
     for (const auto& frame : t.frames) {
       backend->velocity(1, frame.x.data(), velocity.data(), weight_sums.data());

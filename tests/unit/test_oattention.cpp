@@ -282,7 +282,7 @@ TEST(OAttentionPrecision, ErrorsHaveTheExpectedMagnitudePerFormat) {
 // --- The particle link ------------------------------------------------------------------
 
 std::vector<double> backend_velocity(const Model& model, const State& state, const std::string& name) {
-  auto backend = make_backend(name, model, 1);
+  auto backend = make_backend(name, model, BackendOptions{1});
   std::vector<double> v(state.size());
   backend->velocity(1, state.x.data(), v.data(), nullptr);
   return v;

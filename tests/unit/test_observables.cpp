@@ -43,7 +43,7 @@ TEST(Observables, MinAndMeanInnerProductMatchBruteForce) {
 /// compute_observables at one state, through a fresh CPU backend.
 std::vector<std::vector<double>> observe(const Model& model, const State& state,
                                          const ObservableSettings& settings = {}) {
-  auto backend = make_backend("cpu", model, 1);
+  auto backend = make_backend("cpu", model, BackendOptions{1});
   Dynamics dynamics(model, *backend, state.replicas);
   return compute_observables(dynamics, state, settings);
 }

@@ -175,7 +175,7 @@ TEST(Velocity, SavedVelocityIsTheFieldAtEachFrame) {
   // Recompute the field at the last frame of replica 1 in process.
   const auto cfg = testing::config({"--n", "30", "--d", "4", "--kernel", "sa"});
   const Model model = build_model(cfg);
-  auto backend = make_backend("cpu", model, 1);
+  auto backend = make_backend("cpu", model, BackendOptions{1});
   std::vector<double> x(30 * 4), v(30 * 4), stored(30 * 4);
   std::memcpy(x.data(), positions.data() + 2 * x.size() * sizeof(double), x.size() * sizeof(double));
   std::memcpy(stored.data(), velocities.data() + 2 * x.size() * sizeof(double), x.size() * sizeof(double));
@@ -266,23 +266,18 @@ TEST(Gauges, OutputRecordsWhatAnyGaugeSaysToRecord) {
   EXPECT_THROW(token_labels(model), std::logic_error);
 }
 
-// A run's observers record on their schedule: frames count from the one at t = 0 (a resumed
-// run goes on counting from the frames in its file), and an end-of-run record is at no frame.
-TEST(Observers, SchedulesCountFramesFromTimeZero) {
-  const ObserverSchedule every = ObserverSchedule::every_frame(), third = ObserverSchedule::every_nth_frame(3),
-                         end = ObserverSchedule::at_end();
-  std::vector<std::size_t> every_at, third_at, end_at;
+// A run's observers record on their schedule: every frame, or once at the end of the run.
+TEST(Observers, SchedulesRecordAtEveryFrameOrAtTheEnd) {
+  const ObserverSchedule every = ObserverSchedule::every_frame(), end = ObserverSchedule::at_end();
+  std::vector<std::size_t> every_at, end_at;
   for (std::size_t frame = 0; frame < 8; ++frame) {
     if (every.at_frame(frame)) every_at.push_back(frame);
-    if (third.at_frame(frame)) third_at.push_back(frame);
     if (end.at_frame(frame)) end_at.push_back(frame);
   }
   EXPECT_EQ(every_at, (std::vector<std::size_t>{0, 1, 2, 3, 4, 5, 6, 7}));
-  EXPECT_EQ(third_at, (std::vector<std::size_t>{0, 3, 6}));
   EXPECT_TRUE(end_at.empty());
   EXPECT_TRUE(end.at_end_of_run());
   EXPECT_FALSE(every.at_end_of_run());
-  EXPECT_FALSE(third.at_end_of_run());
 }
 
 TEST(Config, ConfigFileGivesTheSameBytesAsTheCommandLine) {

@@ -68,7 +68,7 @@ TEST(Prefix, EveryCombinationAgreesWithTheReferenceBackend) {
     for (const auto& a : extra) label += a + " ";
     const auto fast = testing::expect_cpu_matches_reference(cfg, label);
     // One evaluation with weight sums, to 1e-12 relative.
-    auto cpu = make_backend("cpu", fast.model, 1), ref = make_backend("reference", fast.model, 1);
+    auto cpu = make_backend("cpu", fast.model, BackendOptions{1}), ref = make_backend("reference", fast.model, BackendOptions{1});
     const std::size_t n = fast.model.n, d = fast.model.d;
     std::vector<double> v_cpu(n * d), v_ref(n * d), s_cpu(n), s_ref(n);
     cpu->velocity(1, fast.frames.front().x.data(), v_cpu.data(), s_cpu.data());
@@ -192,7 +192,7 @@ TEST(Prefix, EnergyCountsPrefixRowsAndAscends) {
                                     "--save-every", "0.1"}));
     ASSERT_TRUE(t.model.is_gradient_flow());
     const Model& m = t.model;
-    auto backend = make_backend("cpu", m, 1);
+    auto backend = make_backend("cpu", m, BackendOptions{1});
     std::vector<double> v(m.n * m.d), sums(m.n);
     // E written out pair by pair from the model's definition, for the first frame.
     const std::size_t sources = m.n + m.prefix_count();

@@ -70,7 +70,7 @@ TEST(ReferenceStep, EulerUnprojectedIsNormalizeOfXPlusHuBitwise) {
       for (std::size_t c = 0; c < model.d; ++c) y[c] /= norm;
     }
   }
-  auto backend = make_backend("reference", model, 1);
+  auto backend = make_backend("reference", model, BackendOptions{1});
   Dynamics dynamics(model, *backend, state.replicas);
   auto integrator = make_integrator({"euler-unprojected"});
   integrator->step(dynamics, state, h);
@@ -85,7 +85,7 @@ TEST(ReferenceStep, AttentionOutputProjectsToTheVelocityOnEveryBackend) {
   const State state = build_initial_state(cfg, model);
   const std::size_t size = state.size();
   for (const std::string name : {"cpu", "reference"}) {
-    auto backend = make_backend(name, model, 2);
+    auto backend = make_backend(name, model, BackendOptions{2});
     std::vector<double> velocity(size), output(size), plain_velocity(size);
     backend->evaluate(state.replicas, state.x.data(), FieldOutputs{velocity.data(), nullptr, output.data()});
     backend->velocity(state.replicas, state.x.data(), plain_velocity.data(), nullptr);

@@ -25,21 +25,16 @@ enum ExitCode : int { kExitOk = 0, kExitUsage = 2, kExitNumerical = 3, kExitIo =
 /// --save-log N log-spaced times in [dt, horizon]; the horizon is always the last frame.
 std::vector<double> output_times(const RunConfig& cfg);
 
-/// When a run observer records: at every frame, at every Nth frame (frames counted from the
-/// one at t = 0, across --resume, so a resumed run records at the frames an uninterrupted one
-/// would), or once after the last frame of a run that completes.
+/// When a run observer records: at every frame (counted from the one at t = 0, across
+/// --resume), or once after the last frame of a run that completes.
 struct ObserverSchedule {
-  enum class Kind { EveryFrame, EveryNthFrame, AtEnd };
+  enum class Kind { EveryFrame, AtEnd };
   Kind kind = Kind::EveryFrame;
-  std::size_t every = 1;  ///< N of EveryNthFrame, >= 1
 
-  static ObserverSchedule every_frame() { return {Kind::EveryFrame, 1}; }
-  static ObserverSchedule every_nth_frame(std::size_t n) { return {Kind::EveryNthFrame, n}; }
-  static ObserverSchedule at_end() { return {Kind::AtEnd, 1}; }
+  static ObserverSchedule every_frame() { return {Kind::EveryFrame}; }
+  static ObserverSchedule at_end() { return {Kind::AtEnd}; }
   /// Whether it records at frame `frame` (0: the frame at t = 0).
-  bool at_frame(std::size_t frame) const {
-    return kind == Kind::EveryFrame || (kind == Kind::EveryNthFrame && every > 0 && frame % every == 0);
-  }
+  bool at_frame(std::size_t) const { return kind == Kind::EveryFrame; }
   bool at_end_of_run() const { return kind == Kind::AtEnd; }
 };
 

@@ -172,9 +172,6 @@ inline std::vector<std::string> backend_names() {
 /// The backend of that name from the registry (BackendUnavailable for an unknown name).
 std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model,
                                       const BackendOptions& options);
-inline std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model, int threads) {
-  return make_backend(name, model, BackendOptions{threads, Precision::Double});
-}
 
 /// Backend factories (one per backend folder), as the registry calls them.
 std::unique_ptr<Backend> make_cpu_backend(const Model& model, const BackendOptions& options);
