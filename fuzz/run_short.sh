@@ -15,10 +15,17 @@ hdf5_libs=($(pkg-config --libs hdf5 2>/dev/null || echo -L/usr/lib/x86_64-linux-
 flags=(-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined
        -I"$root/include" -I"$root/src" -I/usr/include/eigen3 "${hdf5_flags[@]}" -fopenmp)
 mkdir -p "$build/corpus"
-# The sources the parser links (geometry and integrator names, the config reader, the
-# --weights reader), compiled once, side by side, and reused.
+# The sources the parser links (the core and the integrators as CMakeLists.txt globs them, so
+# that a new file there is linked here too; the config reader, validation, the --weights
+# reader), compiled once, side by side, and reused.
+sources=()
+for file in "$root"/src/core/*.cpp "$root"/src/integrators/*.cpp; do
+  file="${file#"$root/src/"}"
+  sources+=("${file%.cpp}")
+done
+sources+=(app/config app/validate app/run_resources io/weights_file)
 objects=() pids=()
-for source in core/gauge core/rng core/init core/input_file core/number_text integrators/integrators app/config app/validate app/run_resources io/weights_file; do
+for source in "${sources[@]}"; do
   object="$build/$(basename "$source").o"
   if [[ ! "$object" -nt "$root/src/$source.cpp" ]]; then
     "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$root/src/$source.cpp" -o "$object" &

@@ -521,14 +521,7 @@ int analyze_command(const std::vector<std::string>& args, std::ostream& out, std
   };
   for (std::size_t k = 0; k < args.size(); ++k) {
     const std::string& arg = args[k];
-    if (arg.rfind("--", 0) == 0) {
-      try {
-        given.take(arg.substr(0, arg.find('=')));
-      } catch (const UsageError& e) {
-        err << "mfattn analyze: " << e.what() << '\n';
-        return kExitUsage;
-      }
-    }
+    if (arg.rfind("--", 0) == 0) given.take(arg.substr(0, arg.find('=')));
     if (arg == "--json") {
       json = true;
     } else if (arg == "--min-decades" || arg.rfind("--min-decades=", 0) == 0) {
@@ -580,20 +573,9 @@ int analyze_command(const std::vector<std::string>& args, std::ostream& out, std
     return kExitUsage;
   }
   std::vector<Analysis> analyses;
-  try {
-    analyses.push_back(analyze_file(*path, replica));
-    if (every_replica)
-      for (std::size_t r = 1; r < analyses.front().replicas; ++r) analyses.push_back(analyze_file(*path, r));
-  } catch (const UsageError& e) {
-    err << "mfattn analyze: " << e.what() << '\n';
-    return kExitUsage;
-  } catch (const NotMfattnFile& e) {
-    err << "mfattn analyze: " << e.what() << '\n';
-    return kExitUsage;
-  } catch (const IoError& e) {
-    err << "mfattn analyze: " << e.what() << '\n';
-    return kExitIo;
-  }
+  analyses.push_back(analyze_file(*path, replica));
+  if (every_replica)
+    for (std::size_t r = 1; r < analyses.front().replicas; ++r) analyses.push_back(analyze_file(*path, r));
   if (every_replica) {
     if (json) write_replicas_json(analyses, out);
     else write_replicas_text(analyses, out);

@@ -15,6 +15,7 @@
 #include "mfattn/analyze/analyze.hpp"
 #include "mfattn/backends/backend.hpp"
 #include "mfattn/app/bench.hpp"
+#include "mfattn/app/command_errors.hpp"
 #include "mfattn/app/config.hpp"
 #include "mfattn/app/info.hpp"
 #include "mfattn/app/meanfield.hpp"
@@ -26,34 +27,88 @@
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: mfattn <command> [options]\n"
-    "  run    simulate attention dynamics and write an H5MD file (mfattn run --help)\n"
-    "  sweep  a grid of runs from a sweep file, resumable, sharded (mfattn sweep --help)\n"
-    "  bench  interaction throughput in pairs per second (mfattn bench --help)\n"
-    "  info   what an mfattn file holds: mfattn info FILE.h5\n"
-    "  analyze  collapse and metastability summary: mfattn analyze FILE.h5 [--json] [--replica R|all]\n"
-    "  oclosure  zero-token insertion ablation and OAttention precision (mfattn oclosure --help)\n"
-    "  realize  exact realization of a target law by RoPE orbits or prefix gauges (mfattn realize --help)\n"
-    "  meanfield  the density (mean-field) equation of the same model (mfattn meanfield --help)\n"
-    "  mfattn --help | help <command> | --version | -V\n";
+/// The help of run and bench: a usage line, its own options, then the run option table.
+void print_run_option_help(const std::string& usage) {
+  mfattn::RunConfig defaults;
+  std::cout << usage << mfattn::run_options(defaults);
+}
 
-constexpr int kExitInternal = 1;
+/// One entry per command: its name, its line in the usage, its help and what runs it. A new
+/// command is one entry here.
+struct Command {
+  const char* name;
+  const char* summary;  ///< the usage line after the name
+  std::function<void()> help;
+  std::function<int(const std::vector<std::string>& args)> run;
+};
 
-/// Every command, in the order the usage lists them.
-const std::vector<std::string> kCommands = {"run", "sweep", "bench", "info", "analyze", "oclosure", "realize", "meanfield"};
+const std::vector<Command>& commands() {
+  static const std::vector<Command> table = {
+      {"run", "simulate attention dynamics and write an H5MD file (mfattn run --help)",
+       [] {
+         print_run_option_help(
+             "usage: mfattn run [--config FILE] [options] --out FILE.h5\n"
+             "  option names in full; one value each, except the lists --save-times, --rope-freqs,\n"
+             "  --amplitudes (comma separated, or several words)\n");
+       },
+       [](const auto& args) { return mfattn::run_simulation(mfattn::parse_run_arguments(args), std::cerr); }},
+      {"sweep", "a grid of runs from a sweep file, resumable, sharded (mfattn sweep --help)",
+       [] { std::cout << mfattn::sweep_usage(); },
+       [](const auto& args) { return mfattn::sweep_command(args, std::cout, std::cerr); }},
+      {"bench", "interaction throughput in pairs per second (mfattn bench --help)",
+       [] {
+         print_run_option_help(
+             "usage: mfattn bench [run options] [--min-time S] [--roofline]\n"
+             "  --min-time S   measure for at least S seconds (1)\n"
+             "  --roofline     also print the vectorised exp rate\n");
+       },
+       [](const auto& args) { return mfattn::bench_command(args, std::cout); }},
+      {"info", "what an mfattn file holds: mfattn info FILE.h5",
+       [] { std::cout << "usage: mfattn info FILE.h5\n  sizes, frames, time span, status and parameters of an mfattn file\n"; },
+       [](const auto& args) { return mfattn::info_command(args, std::cout, std::cerr); }},
+      {"analyze", "collapse and metastability summary: mfattn analyze FILE.h5 [--json] [--replica R|all]",
+       [] {
+         std::cout << "usage: mfattn analyze FILE.h5 [--json] [--replica R|all] [--min-decades D]\n"
+                   << "  collapse time, cluster plateaus over log time, merge times, energy staircase\n"
+                   << "  --json           one JSON object instead of text (every plateau)\n"
+                   << "  --replica R      which replica (0); all: every replica, summed up\n"
+                   << "  --min-decades D  the text lists plateaus of at least D decades (0.05), the final one\n"
+                   << "                   and a first one of several frames; 0 lists every plateau\n";
+       },
+       [](const auto& args) { return mfattn::analyze_command(args, std::cout, std::cerr); }},
+      {"oclosure", "zero-token insertion ablation and OAttention precision (mfattn oclosure --help)",
+       [] { std::cout << mfattn::oclosure_usage(); },
+       [](const auto& args) { return mfattn::oclosure_command(args, std::cout, std::cerr); }},
+      {"realize", "exact realization of a target law by RoPE orbits or prefix gauges (mfattn realize --help)",
+       [] { std::cout << mfattn::realize_usage(); },
+       [](const auto& args) { return mfattn::realize_command(args, std::cout, std::cerr); }},
+      {"meanfield", "the density (mean-field) equation of the same model (mfattn meanfield --help)",
+       [] { std::cout << mfattn::meanfield_usage(); },
+       [](const auto& args) { return mfattn::meanfield_command(args, std::cout, std::cerr); }},
+  };
+  return table;
+}
+
+const Command* find_command(const std::string& name) {
+  for (const Command& command : commands())
+    if (name == command.name) return &command;
+  return nullptr;
+}
+
+std::string usage() {
+  std::string text = "usage: mfattn <command> [options]\n";
+  for (const Command& command : commands()) {
+    std::string name = command.name;
+    name.resize(std::max<std::size_t>(name.size() + 2, 7), ' ');
+    text += "  " + name + command.summary + "\n";
+  }
+  return text + "  mfattn --help | help <command> | --version | -V\n";
+}
 
 std::string accepted_commands() {
   std::string text;
-  for (const auto& name : kCommands) text += (text.empty() ? "" : ", ") + name;
+  for (const Command& command : commands()) text += (text.empty() ? "" : ", ") + std::string(command.name);
   return text;
-}
-
-/// The help of run and bench: a usage line, its own options, then the run option table.
-int print_run_option_help(const std::string& usage) {
-  mfattn::RunConfig defaults;
-  std::cout << usage << mfattn::run_options(defaults);
-  return mfattn::kExitOk;
 }
 
 bool wants_help(const std::vector<std::string>& args) {
@@ -66,75 +121,6 @@ bool wants_version(const std::vector<std::string>& args) {
   for (const auto& a : args)
     if (a == "--version" || a == "-V") return true;
   return false;
-}
-
-/// Runs one command; nothing escapes as an exception. Running out of memory (past the
-/// up-front estimate) is a resource failure, exit 4; anything else unexpected is an internal
-/// error, exit 1. Messages are one line.
-int guarded(const std::string& command, const std::function<int()>& body) {
-  try {
-    return body();
-  } catch (const mfattn::UsageError& e) {
-    std::cerr << "mfattn " << command << ": " << e.what() << '\n';
-    return mfattn::kExitUsage;
-  } catch (const std::bad_alloc&) {
-    std::cerr << "mfattn " << command << ": out of memory (an allocation failed; make the run smaller)\n";
-    return mfattn::kExitIo;
-  } catch (const std::filesystem::filesystem_error& e) {
-    std::cerr << "mfattn " << command << ": " << mfattn::one_line(e.what()) << '\n';
-    return mfattn::kExitIo;
-  } catch (const std::exception& e) {
-    std::cerr << "mfattn " << command << ": internal error: " << mfattn::one_line(e.what()) << '\n';
-    return kExitInternal;
-  } catch (...) {
-    std::cerr << "mfattn " << command << ": internal error: unknown exception\n";
-    return kExitInternal;
-  }
-}
-
-int print_help(const std::string& command) {
-  if (command == "run")
-    return print_run_option_help(
-        "usage: mfattn run [--config FILE] [options] --out FILE.h5\n"
-        "  option names in full; one value each, except the lists --save-times, --rope-freqs,\n"
-        "  --amplitudes (comma separated, or several words)\n");
-  if (command == "sweep") {
-    std::cout << mfattn::sweep_usage();
-    return mfattn::kExitOk;
-  }
-  if (command == "bench")
-    return print_run_option_help(
-        "usage: mfattn bench [run options] [--min-time S] [--roofline]\n"
-        "  --min-time S   measure for at least S seconds (1)\n"
-        "  --roofline     also print the vectorised exp rate\n");
-  if (command == "info") {
-    std::cout << "usage: mfattn info FILE.h5\n  sizes, frames, time span, status and parameters of an mfattn file\n";
-    return mfattn::kExitOk;
-  }
-  if (command == "analyze") {
-    std::cout << "usage: mfattn analyze FILE.h5 [--json] [--replica R|all] [--min-decades D]\n"
-              << "  collapse time, cluster plateaus over log time, merge times, energy staircase\n"
-              << "  --json           one JSON object instead of text (every plateau)\n"
-              << "  --replica R      which replica (0); all: every replica, summed up\n"
-              << "  --min-decades D  the text lists plateaus of at least D decades (0.05), the final one\n"
-              << "                   and a first one of several frames; 0 lists every plateau\n";
-    return mfattn::kExitOk;
-  }
-  if (command == "oclosure") {
-    std::cout << mfattn::oclosure_usage();
-    return mfattn::kExitOk;
-  }
-  if (command == "realize") {
-    std::cout << mfattn::realize_usage();
-    return mfattn::kExitOk;
-  }
-  if (command == "meanfield") {
-    std::cout << mfattn::meanfield_usage();
-    return mfattn::kExitOk;
-  }
-  std::cerr << "mfattn help: unknown command '" << command << "' (accepted: " << accepted_commands()
-            << ")\n";
-  return mfattn::kExitUsage;
 }
 
 }  // namespace
@@ -156,7 +142,7 @@ int main(int argc, char** argv) {
   H5dont_atexit();
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
-    std::cerr << kUsage;
+    std::cerr << usage();
     return mfattn::kExitUsage;
   }
   if (wants_version(args)) {
@@ -174,23 +160,30 @@ int main(int argc, char** argv) {
   const std::string command = args.front();
   args.erase(args.begin());
   if (command == "--help" || command == "-h") {
-    std::cout << kUsage;
+    std::cout << usage();
     return mfattn::kExitOk;
   }
   if (command == "help") {
     if (args.empty()) {
-      std::cout << kUsage;
+      std::cout << usage();
       return mfattn::kExitOk;
     }
     if (args.size() > 1) {
       std::cerr << "mfattn help: one command at a time (got " << args.size() << ")\n";
       return mfattn::kExitUsage;
     }
-    return guarded("help", [&] { return print_help(args.front()); });
+    const Command* asked = find_command(args.front());
+    if (!asked) {
+      std::cerr << "mfattn help: unknown command '" << args.front() << "' (accepted: " << accepted_commands()
+                << ")\n";
+      return mfattn::kExitUsage;
+    }
+    return mfattn::guarded("help", [&] { return asked->help(), int(mfattn::kExitOk); }, std::cerr);
   }
-  if (std::find(kCommands.begin(), kCommands.end(), command) == kCommands.end()) {
+  const Command* chosen = find_command(command);
+  if (!chosen) {
     std::cerr << "mfattn: unknown command '" << command << "' (accepted: " << accepted_commands()
-              << ", help)\n" << kUsage;
+              << ", help)\n" << usage();
     return mfattn::kExitUsage;
   }
   // One rule for every command: Boost's parser (run, bench, sweep) would end the options at a
@@ -201,15 +194,6 @@ int main(int argc, char** argv) {
                  "option, its value or a file name)\n";
     return mfattn::kExitUsage;
   }
-  if (wants_help(args)) return guarded(command, [&] { return print_help(command); });
-  return guarded(command, [&]() -> int {
-    if (command == "run") return mfattn::run_simulation(mfattn::parse_run_arguments(args), std::cerr);
-    if (command == "sweep") return mfattn::sweep_command(args, std::cout, std::cerr);
-    if (command == "bench") return mfattn::bench_command(args, std::cout, std::cerr);
-    if (command == "info") return mfattn::info_command(args, std::cout, std::cerr);
-    if (command == "analyze") return mfattn::analyze_command(args, std::cout, std::cerr);
-    if (command == "realize") return mfattn::realize_command(args, std::cout, std::cerr);
-    if (command == "meanfield") return mfattn::meanfield_command(args, std::cout, std::cerr);
-    return mfattn::oclosure_command(args, std::cout, std::cerr);
-  });
+  if (wants_help(args)) return mfattn::guarded(command, [&] { return chosen->help(), int(mfattn::kExitOk); }, std::cerr);
+  return mfattn::guarded(command, [&] { return chosen->run(args); }, std::cerr);
 }

@@ -8,7 +8,8 @@
 
 namespace mfattn {
 
-/// Runs the bench subcommand; returns an exit code.
-int bench_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+/// Runs the bench subcommand: its line on out; returns an exit code (a failure is an exception,
+/// reported by guarded, command_errors.hpp).
+int bench_command(const std::vector<std::string>& args, std::ostream& out);
 
 }  // namespace mfattn

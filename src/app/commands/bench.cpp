@@ -29,7 +29,7 @@ constexpr double kMaxBenchSeconds = 86400.0;
 
 }  // namespace
 
-int bench_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+int bench_command(const std::vector<std::string>& args, std::ostream& out) {
   RunConfig cfg;
   cfg.n = 4096;
   double min_seconds = 1.0;
@@ -42,69 +42,50 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   table.add(extra);
   po::options_description help_table("mfattn bench [run options] [--min-time S] [--roofline]");
   help_table.add(extra);
-  try {
-    po::variables_map vm;
-    store_run_arguments(args, table, vm, cfg);
-    if (cfg.out.empty()) cfg.out = "(bench: no output)";
-    cfg.choices = validate(cfg);
-    // A finite bound: the measurement loop runs until it has passed.
-    if (!(min_seconds > 0) || !(min_seconds <= kMaxBenchSeconds))
-      throw UsageError("--min-time " + format_number(min_seconds) + ": must be a number of seconds in (0, " +
-                       format_number(kMaxBenchSeconds) + "]");
-  } catch (const UsageError& e) {
-    err << "mfattn bench: " << e.what() << '\n';
-    return kExitUsage;
-  }
+  po::variables_map vm;
+  store_run_arguments(args, table, vm, cfg);
+  if (cfg.out.empty()) cfg.out = "(bench: no output)";
+  cfg.choices = validate(cfg);
+  // A finite bound: the measurement loop runs until it has passed.
+  if (!(min_seconds > 0) || !(min_seconds <= kMaxBenchSeconds))
+    throw UsageError("--min-time " + format_number(min_seconds) + ": must be a number of seconds in (0, " +
+                     format_number(kMaxBenchSeconds) + "]");
   const int threads = resolve_threads(cfg.threads);
-  try {
-    const Model model = build_model(cfg);
-    const State state = build_initial_state(cfg, model);
-    auto backend = make_backend(cfg.backend, model, backend_options(cfg, threads));
-    std::vector<double> velocity(state.size());
-    // A placement other than post (docs/model.md section 2c) is the backend's evaluation and
-    // the per-token formula of Dynamics, whose remembered evaluation is dropped each time.
-    Dynamics dynamics(model, *backend, state.replicas);
-    auto evaluate = [&] {
-      if (model.placement == Placement::Post) {
-        backend->velocity(state.replicas, state.x.data(), velocity.data(), nullptr);
-        return;
-      }
-      dynamics.matrices_changed();
-      dynamics.velocity(state.x.data(), velocity.data());
-    };
-    evaluate();  // warm up
-    std::int64_t evaluations = 0;
-    const auto start = std::chrono::steady_clock::now();
-    double elapsed = 0.0;
-    while (elapsed < min_seconds) {
-      evaluate();
-      ++evaluations;
-      elapsed = seconds_since(start);
+  const Model model = build_model(cfg);
+  const State state = build_initial_state(cfg, model);
+  auto backend = make_backend(cfg.backend, model, backend_options(cfg, threads));
+  std::vector<double> velocity(state.size());
+  // A placement other than post (docs/model.md section 2c) is the backend's evaluation and
+  // the per-token formula of Dynamics, whose remembered evaluation is dropped each time.
+  Dynamics dynamics(model, *backend, state.replicas);
+  auto evaluate = [&] {
+    if (model.placement == Placement::Post) {
+      backend->velocity(state.replicas, state.x.data(), velocity.data(), nullptr);
+      return;
     }
-    const double pairs = double(state.replicas) * double(model.n) * double(model.n);
-    out << std::setprecision(4) << "backend " << backend->name() << " n " << model.n << " d "
-        << model.d << " kernel " << cfg.kernel
-        << (model.placement == Placement::Post ? "" : " normalization " + cfg.normalization) << " threads "
-        << threads << " evaluations "
-        << evaluations << " seconds_per_evaluation " << elapsed / double(evaluations)
-        << " pairs_per_second " << pairs * double(evaluations) / elapsed << " "
-        << backend->describe() << '\n';
-    if (roofline)
-      out << std::setprecision(4) << "exp_per_second " << cpu_exp_rate(threads, min_seconds)
-          << " threads " << threads << '\n';
-  } catch (const UsageError& e) {
-    err << "mfattn bench: " << e.what() << '\n';
-    return kExitUsage;
-  } catch (const BackendUnavailable& e) {
-    err << "mfattn bench: " << e.what() << '\n';
-    return kExitUsage;
-  } catch (const NumericalError& e) {
-    err << "mfattn bench: numerical failure: " << e.what() << '\n';
-    return kExitNumerical;
-  } catch (const DeviceFailure& e) {
-    err << "mfattn bench: device failure: " << e.what() << '\n';
-    return kExitIo;
+    dynamics.matrices_changed();
+    dynamics.velocity(state.x.data(), velocity.data());
+  };
+  evaluate();  // warm up
+  std::int64_t evaluations = 0;
+  const auto start = std::chrono::steady_clock::now();
+  double elapsed = 0.0;
+  while (elapsed < min_seconds) {
+    evaluate();
+    ++evaluations;
+    elapsed = seconds_since(start);
   }
+  const double pairs = double(state.replicas) * double(model.n) * double(model.n);
+  out << std::setprecision(4) << "backend " << backend->name() << " n " << model.n << " d "
+      << model.d << " kernel " << cfg.kernel
+      << (model.placement == Placement::Post ? "" : " normalization " + cfg.normalization) << " threads "
+      << threads << " evaluations "
+      << evaluations << " seconds_per_evaluation " << elapsed / double(evaluations)
+      << " pairs_per_second " << pairs * double(evaluations) / elapsed << " "
+      << backend->describe() << '\n';
+  if (roofline)
+    out << std::setprecision(4) << "exp_per_second " << cpu_exp_rate(threads, min_seconds)
+        << " threads " << threads << '\n';
   return kExitOk;
 }
 

@@ -30,18 +30,9 @@ int info_command(const std::vector<std::string>& args, std::ostream& out, std::o
     err << "mfattn info: expected exactly one FILE.h5 (usage: mfattn info FILE.h5)\n";
     return kExitUsage;
   }
-  FileSummary summary;
-  try {
-    // A missing or foreign file is the caller's mistake (2); a failing read of an mfattn file
-    // is I/O (4).
-    summary = describe_file(args[0]);
-  } catch (const NotMfattnFile& e) {
-    err << "mfattn info: " << e.what() << '\n';
-    return kExitUsage;
-  } catch (const IoError& e) {
-    err << "mfattn info: " << e.what() << '\n';
-    return kExitIo;
-  }
+  // A missing or foreign file is the caller's mistake (2); a failing read of an mfattn file
+  // is I/O (4): NotMfattnFile and IoError, as command_errors.hpp maps them.
+  const FileSummary summary = describe_file(args[0]);
   auto lookup = [](const auto& pairs, const std::string& key) -> std::string {
     for (const auto& [name, value] : pairs)
       if (name == key) return value;

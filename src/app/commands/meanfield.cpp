@@ -1,6 +1,7 @@
 // `mfattn meanfield`: the options, the choice of solver, the initial density and the solve
 // loop with its density file (docs/meanfield.md; failure model as for runs).
 #include "mfattn/app/meanfield.hpp"
+#include "mfattn/app/command_errors.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -463,7 +464,8 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
   Problem problem;
   std::vector<double> density;
   std::vector<double> times;
-  try {
+  // A refusal here ends the solve before its file exists (command_errors.hpp).
+  const int set_up = guarded("meanfield", [&] {
     start_thread_team(threads);
     if (cfg.run.resume) check_resumable(cfg);
     problem = make_problem(cfg, threads);
@@ -472,16 +474,9 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
                                   ? label_gauge_angles(problem.label_model)
                                   : std::vector<double>(problem.label_model.n, 0.0));
     times = output_times(cfg.run);
-  } catch (const UsageError& e) {
-    log << "mfattn meanfield: " << e.what() << '\n';
-    return kExitUsage;
-  } catch (const std::invalid_argument& e) {
-    log << "mfattn meanfield: " << e.what() << '\n';
-    return kExitUsage;
-  } catch (const IoError& e) {
-    log << "mfattn meanfield: " << e.what() << '\n';
-    return kExitIo;
-  }
+    return int(kExitOk);
+  }, log);
+  if (set_up != kExitOk) return set_up;
   meanfield::DensitySolver& solver = *problem.density;
   const meanfield::DensityGrid& grid = solver.grid();
   const bool labelled = !grid.labels.empty();
@@ -489,7 +484,7 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   std::unique_ptr<H5mdWriter> writer;
   ResumePoint resumed;
-  try {
+  const int opened = guarded("meanfield", [&] {
     WriterSetup setup;
     setup.path = cfg.run.out;
     setup.overwrite = cfg.run.overwrite;
@@ -504,7 +499,12 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
     if (const char* user = std::getenv("USER")) setup.author = user;
     setup.observables = observable_layout(labelled);
     if (cfg.run.resume) {
-      writer = H5mdWriter::open_for_resume(setup, resumed);
+      try {
+        writer = H5mdWriter::open_for_resume(setup, resumed);
+      } catch (const NotMfattnFile& e) {
+        // A file that is not a density file to continue (data outside it, ...).
+        throw UsageError(std::string("--resume: ") + e.what());
+      }
       writer->write_run_info("running", resumed.wall_seconds, resumed.steps, resumed.rejected_steps);
       writer->flush();
       density = resumed.x;
@@ -529,17 +529,9 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
       if (!grid.labels.empty()) writer->write_field_dataset("labels", {grid.labels.size()}, grid.labels);
       writer->write_field_dataset("weights", grid.shape, grid.weights);
     }
-  } catch (const OutputExists& e) {
-    log << "mfattn meanfield: " << e.what() << '\n';
-    return kExitUsage;
-  } catch (const NotMfattnFile& e) {
-    // --resume of a file that is not a density file to continue (data outside it, ...).
-    log << "mfattn meanfield: --resume: " << e.what() << '\n';
-    return kExitUsage;
-  } catch (const IoError& e) {
-    log << "mfattn meanfield: " << e.what() << '\n';
-    return kExitIo;
-  }
+    return int(kExitOk);
+  }, log);
+  if (opened != kExitOk) return opened;
   double t = resumed.time;
   std::int64_t steps = resumed.step;
   double last_flush = -1.0;
@@ -622,11 +614,10 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
     writer->write_run_info("complete", resumed.wall_seconds + elapsed(), steps, 0);
     writer->flush();
     progress.finish();
-  } catch (const OutputExists& e) {
+  } catch (const OutputExists&) {
     // The output appeared while frame 0 was being published: nothing of this solve is left.
     progress.finish();
-    log << "mfattn meanfield: " << e.what() << '\n';
-    return kExitUsage;
+    return report_current_exception("meanfield", log);
   } catch (const std::runtime_error& e) {
     progress.finish();
     if (dynamic_cast<const IoError*>(&e)) {
@@ -648,14 +639,7 @@ int run_meanfield(const MeanfieldConfig& given, std::ostream& out, std::ostream&
 }
 
 int meanfield_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  MeanfieldConfig cfg;
-  try {
-    cfg = parse_meanfield_arguments(args);
-  } catch (const UsageError& e) {
-    err << "mfattn meanfield: " << e.what() << '\n';
-    return kExitUsage;
-  }
-  return run_meanfield(cfg, out, err);
+  return run_meanfield(parse_meanfield_arguments(args), out, err);
 }
 
 }  // namespace mfattn

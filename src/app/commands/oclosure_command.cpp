@@ -327,12 +327,7 @@ int oclosure_command(const std::vector<std::string>& args, std::ostream& out, st
   OptionsGivenOnce given;
   for (std::size_t k = 0; k < args.size(); ++k) {
     const std::string& arg = args[k];
-    try {
-      given.take(arg.substr(0, arg.find('=')));
-    } catch (const UsageError& e) {
-      err << "mfattn oclosure: " << e.what() << '\n';
-      return kExitUsage;
-    }
+    given.take(arg.substr(0, arg.find('=')));
     if (arg == "--json") {
       options.json = true;
       continue;

@@ -694,22 +694,7 @@ std::string realize_usage() {
 }
 
 int realize_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  Options options;
-  try {
-    options = parse_options(args);
-  } catch (const UsageError& error) {
-    err << "mfattn realize: " << error.what() << '\n';
-    return kExitUsage;
-  }
-  try {
-    return realize(options, out, err);
-  } catch (const UsageError& error) {
-    err << "mfattn realize: " << error.what() << '\n';
-    return kExitUsage;
-  } catch (const IoError& error) {
-    err << "mfattn realize: " << error.what() << '\n';
-    return kExitIo;
-  }
+  return realize(parse_options(args), out, err);
 }
 
 }  // namespace mfattn

@@ -1,4 +1,5 @@
 #include "mfattn/app/run.hpp"
+#include "mfattn/app/command_errors.hpp"
 
 #include <signal.h>
 #include <unistd.h>
@@ -185,7 +186,9 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Integrator> integrator;
   const int threads = resolve_threads(cfg.threads);
-  try {
+  // A refusal here ends the run before its file exists, with the code of its exception
+  // (command_errors.hpp).
+  const int set_up = guarded("run", [&] {
     start_thread_team(threads);
     if (cfg.resume) check_resumable(cfg);
     model = build_model(cfg);
@@ -202,23 +205,9 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
                        format_number(cfg.horizon) + " takes " + count.str() +
                        " steps; at most 1e+12 are accepted (take a larger --dt or a shorter --horizon)");
     }
-  } catch (const UsageError& e) {
-    log << "mfattn run: " << e.what() << '\n';
-    return kExitUsage;
-  } catch (const BackendUnavailable& e) {
-    log << "mfattn run: " << e.what() << '\n';
-    return kExitUsage;
-  } catch (const DeviceFailure& e) {
-    log << "mfattn run: device failure: " << e.what() << '\n';
-    return kExitIo;
-  } catch (const std::invalid_argument& e) {
-    log << "mfattn run: " << e.what() << '\n';
-    return kExitUsage;
-  } catch (const IoError& e) {
-    // A read that failed on a real mfattn file (--resume, --init-file): I/O.
-    log << "mfattn run: " << e.what() << '\n';
-    return kExitIo;
-  }
+    return int(kExitOk);
+  }, log);
+  if (set_up != kExitOk) return set_up;
   if (const int signal = StopSignals::received()) {
     log << "mfattn run: stopped by " << signal_name(signal) << " before the output file was created\n";
     return 128 + signal;
@@ -232,7 +221,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   };
   std::unique_ptr<H5mdWriter> writer;
   ResumePoint resumed;
-  try {
+  const int opened = guarded("run", [&] {
     WriterSetup setup;
     setup.path = cfg.out;
     setup.overwrite = cfg.overwrite;
@@ -289,13 +278,9 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     TokenLabels labels = token_labels(model);
     record_attention_matrices(cfg, labels);
     writer->write_labels(labels);
-  } catch (const OutputExists& e) {
-    log << "mfattn run: " << e.what() << '\n';
-    return kExitUsage;
-  } catch (const IoError& e) {
-    log << "mfattn run: " << e.what() << '\n';
-    return kExitIo;
-  }
+    return int(kExitOk);
+  }, log);
+  if (opened != kExitOk) return opened;
 
   // Layers (--regen-period): the run also lands on every layer start and draws that layer's
   // matrices there, before a frame at the same time is recorded. A resumed run starts in the
@@ -463,10 +448,9 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     log << "mfattn run: " << writer->current_path() << " keeps every frame up to t = " << flushed_time
         << (recorded ? " and records the failure" : "") << " (" << continue_advice << ")\n";
     return kExitIo;
-  } catch (const OutputExists& e) {
+  } catch (const OutputExists&) {
     progress.finish();
-    log << "mfattn run: " << e.what() << '\n';
-    return kExitUsage;
+    return report_current_exception("run", log);
   } catch (const IoError& e) {
     progress.finish();
     const std::string where = writer->current_path();
