@@ -44,6 +44,7 @@
 #include "mfattn/app/meanfield.hpp"
 #include "mfattn/app/run.hpp"
 #include "mfattn/app/run_choices.hpp"
+#include "mfattn/core/number_text.hpp"
 #include "mfattn/core/version.hpp"
 #include "mfattn/integrators/integrator.hpp"
 #include "mfattn/app/run_resources.hpp"
@@ -156,7 +157,8 @@ void option_words(const std::string& key, const py::handle& value, OptionWords& 
     for (const py::handle item : items) joined += (joined.empty() ? "" : ",") + py::str(item).cast<std::string>();
     words.push_back(joined);
   } else if (py::isinstance<py::float_>(value)) {
-    words.push_back(py::repr(value).cast<std::string>());
+    // The shortest text that reads back as the same double (Python's repr writes the same).
+    words.push_back(format_number(value.cast<double>()));
   } else {
     words.push_back(py::str(value).cast<std::string>());
   }
@@ -395,14 +397,7 @@ class PyModel {
     std::vector<double> energies(replicas);
     // The energy of the states the layer read: the directions for pre and peri.
     std::vector<double> read(values.data(), values.data() + values.size());
-    if (placement_reads_directions(model_.placement))
-      for (std::size_t t = 0; t < replicas * model_.n; ++t) {
-        double* y = read.data() + t * model_.d;
-        double norm2 = 0.0;
-        for (std::size_t c = 0; c < model_.d; ++c) norm2 += y[c] * y[c];
-        if (norm2 > 0.0)
-          for (std::size_t c = 0; c < model_.d; ++c) y[c] /= std::sqrt(norm2);
-      }
+    if (placement_reads_directions(model_.placement)) take_directions(replicas * model_.n, model_.d, read.data());
     for (std::size_t r = 0; r < replicas; ++r)
       energies[r] = energy_from_weight_sums(model_, read.data() + r * model_.n * model_.d,
                                             sums.data() + r * model_.n, r);
