@@ -173,41 +173,132 @@ std::vector<double> output_times(const RunConfig& cfg) {
   return unique;
 }
 
+namespace {
+
+/// What a run is made of, resolved before its output file exists: everything that can be
+/// refused is refused here.
+struct RunParts {
+  Model model;
+  State state;
+  std::vector<double> times;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Integrator> integrator;
+};
+
+/// The set-up of a run into `parts` (filled in place: the backend keeps a reference to the
+/// model): the thread team, the --resume checks, the model, the initial state, the frame
+/// times, the backend and the integrator. Throws what it refuses (command_errors.hpp).
+void set_up_run(RunConfig& cfg, int threads, RunParts& parts) {
+  start_thread_team(threads);
+  if (cfg.resume) check_resumable(cfg);
+  parts.model = build_model(cfg);
+  parts.state = build_initial_state(cfg, parts.model);
+  parts.times = output_times(cfg);
+  parts.backend = make_backend(cfg.backend, parts.model, backend_options(cfg, threads));
+  IntegratorSettings settings{cfg.integrator, cfg.rtol, cfg.atol, cfg.noise_kappa,
+                              static_cast<std::uint64_t>(cfg.seed)};
+  parts.integrator = cfg.choices.integrator->make(settings);  // the entry validation found
+  if (!parts.integrator->adaptive() && cfg.horizon / cfg.dt > kMaxFixedSteps) {
+    std::ostringstream count;
+    count << std::setprecision(3) << cfg.horizon / cfg.dt;
+    throw UsageError("--dt " + format_number(cfg.dt) + ": the horizon " +
+                     format_number(cfg.horizon) + " takes " + count.str() +
+                     " steps; at most 1e+12 are accepted (take a larger --dt or a shorter --horizon)");
+  }
+}
+
+/// The run's output: created (published once it holds frame 0), or reopened at its last frame
+/// for --resume (then `resumed` holds where the run goes on, and `times` loses the frames the
+/// file has); its /parameters and token labels written. Throws what it refuses or fails.
+std::unique_ptr<H5mdWriter> open_run_output(const RunConfig& cfg, RunParts& parts, Dynamics& dynamics, int threads,
+                                            ResumePoint& resumed) {
+  const Model& model = parts.model;
+  State& state = parts.state;
+  std::vector<double>& times = parts.times;
+  const Backend* backend = parts.backend.get();
+  const Integrator* integrator = parts.integrator.get();
+  const ObservableSettings observable_settings{cfg.pair_delta, cfg.cluster_delta};
+  std::unique_ptr<H5mdWriter> writer;
+  WriterSetup setup;
+  setup.path = cfg.out;
+  setup.overwrite = cfg.overwrite;
+  // The output name appears only once the file holds frame 0 (see WriterSetup).
+  setup.atomic_publish = !cfg.resume;
+  setup.expected_frames = times.size();
+  setup.n = model.n;
+  setup.d = model.d;
+  setup.replicas = state.replicas;
+  setup.position_dim = model.position_dim;
+  setup.creator_version = kVersion;
+  setup.deflate = cfg.deflate;
+  setup.fletcher32 = cfg.fletcher32;
+  setup.velocity = cfg.save_velocity;
+  setup.position_frames = cfg.choices.save_positions;
+  if (const char* user = std::getenv("USER")) setup.author = user;
+  setup.observables = observable_layout(model, observable_settings);
+  if (cfg.resume) {
+    writer = H5mdWriter::open_for_resume(setup, resumed);
+    // The file says `running` before any new frame reaches it, so a resume killed from here
+    // on never leaves `complete` beside frames that end before its horizon. /run's counts
+    // stay those stored until the next flush.
+    writer->write_run_info("running", resumed.wall_seconds, resumed.steps, resumed.rejected_steps);
+    writer->flush();
+    state.x = resumed.x;
+    state.time = resumed.time;
+    state.step = resumed.step;
+    // Frames up to the resumed one are in the file already.
+    std::erase_if(times, [&](double t) { return t <= resumed.time; });
+  } else {
+    writer = H5mdWriter::create(setup);
+  }
+  std::vector<Parameter> parameters = cfg.parameters;
+  parameters.push_back({"command_line", cfg.command_line});
+  parameters.push_back({"config_text", cfg.config_text});
+  parameters.push_back({"seed_used", cfg.seed});
+  parameters.push_back({"version", std::string(kVersion)});
+  parameters.push_back({"source_revision", std::string(kSourceRevision)});
+  parameters.push_back({"backend_used", backend->name()});
+  if (cfg.choices.backend->uses_cpu_kernels) parameters.push_back({"cpu_kernels_used", cpu_kernels_name()});
+  if (const std::string device = backend->device_name(); !device.empty()) {
+    parameters.push_back({"device_used", device});
+    // Whether the steps run in the device's resident kernel or one evaluation per stage.
+    parameters.push_back({"device_stepping_used",
+                          std::string(dynamics.resident_stepper(*integrator) ? "resident" : "per-evaluation")});
+  }
+  parameters.push_back({"threads_used", static_cast<std::int64_t>(threads)});
+  parameters.push_back({"eps_den_used", model.eps_den});
+  parameters.push_back({"gradient_flow", model.is_gradient_flow()});
+  parameters.push_back({"active_tokens", cfg.n});
+  parameters.push_back({"save_every_used", resolved_save_every(cfg)});
+  if (cfg.resume) parameters.push_back({"resumed_from_time", resumed.time});
+  writer->write_parameters(parameters);
+  TokenLabels labels = token_labels(model);
+  record_attention_matrices(cfg, labels);
+  writer->write_labels(labels);
+  return writer;
+}
+
+}  // namespace
+
 int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& hooks) {
   RunConfig cfg = given;
   // From here on SIGTERM, SIGINT and SIGHUP end the run between two steps, with its file
   // flushed and its status saying so (exit 128 + signal).
   const StopSignals stop_signals({.keep_ignored = false, .restart_calls = true, .wake_pipe = false,
                                   .end_on_late_repeat = true});
-  // Everything that can be refused is resolved before the output file exists.
-  Model model;
-  State state;
-  std::vector<double> times;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Integrator> integrator;
   const int threads = resolve_threads(cfg.threads);
-  // A refusal here ends the run before its file exists, with the code of its exception
-  // (command_errors.hpp).
+  // Everything that can be refused is resolved before the output file exists.
+  RunParts parts;
   const int set_up = guarded("run", [&] {
-    start_thread_team(threads);
-    if (cfg.resume) check_resumable(cfg);
-    model = build_model(cfg);
-    state = build_initial_state(cfg, model);
-    times = output_times(cfg);
-    backend = make_backend(cfg.backend, model, backend_options(cfg, threads));
-    IntegratorSettings settings{cfg.integrator, cfg.rtol, cfg.atol, cfg.noise_kappa,
-                                static_cast<std::uint64_t>(cfg.seed)};
-    integrator = cfg.choices.integrator->make(settings);  // the entry validation found
-    if (!integrator->adaptive() && cfg.horizon / cfg.dt > kMaxFixedSteps) {
-      std::ostringstream count;
-      count << std::setprecision(3) << cfg.horizon / cfg.dt;
-      throw UsageError("--dt " + format_number(cfg.dt) + ": the horizon " +
-                       format_number(cfg.horizon) + " takes " + count.str() +
-                       " steps; at most 1e+12 are accepted (take a larger --dt or a shorter --horizon)");
-    }
+    set_up_run(cfg, threads, parts);
     return int(kExitOk);
   }, log);
   if (set_up != kExitOk) return set_up;
+  Model& model = parts.model;
+  State& state = parts.state;
+  std::vector<double>& times = parts.times;
+  const std::unique_ptr<Backend>& backend = parts.backend;
+  const std::unique_ptr<Integrator>& integrator = parts.integrator;
   if (const int signal = StopSignals::received()) {
     log << "mfattn run: stopped by " << signal_name(signal) << " before the output file was created\n";
     return 128 + signal;
@@ -222,62 +313,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   std::unique_ptr<H5mdWriter> writer;
   ResumePoint resumed;
   const int opened = guarded("run", [&] {
-    WriterSetup setup;
-    setup.path = cfg.out;
-    setup.overwrite = cfg.overwrite;
-    // The output name appears only once the file holds frame 0 (see WriterSetup).
-    setup.atomic_publish = !cfg.resume;
-    setup.expected_frames = times.size();
-    setup.n = model.n;
-    setup.d = model.d;
-    setup.replicas = state.replicas;
-    setup.position_dim = model.position_dim;
-    setup.creator_version = kVersion;
-    setup.deflate = cfg.deflate;
-    setup.fletcher32 = cfg.fletcher32;
-    setup.velocity = cfg.save_velocity;
-    setup.position_frames = cfg.choices.save_positions;
-    if (const char* user = std::getenv("USER")) setup.author = user;
-    setup.observables = observable_layout(model, observable_settings);
-    if (cfg.resume) {
-      writer = H5mdWriter::open_for_resume(setup, resumed);
-      // The file says `running` before any new frame reaches it, so a resume killed from here
-      // on never leaves `complete` beside frames that end before its horizon. /run's counts
-      // stay those stored until the next flush.
-      writer->write_run_info("running", resumed.wall_seconds, resumed.steps, resumed.rejected_steps);
-      writer->flush();
-      state.x = resumed.x;
-      state.time = resumed.time;
-      state.step = resumed.step;
-      // Frames up to the resumed one are in the file already.
-      std::erase_if(times, [&](double t) { return t <= resumed.time; });
-    } else {
-      writer = H5mdWriter::create(setup);
-    }
-    std::vector<Parameter> parameters = cfg.parameters;
-    parameters.push_back({"command_line", cfg.command_line});
-    parameters.push_back({"config_text", cfg.config_text});
-    parameters.push_back({"seed_used", cfg.seed});
-    parameters.push_back({"version", std::string(kVersion)});
-    parameters.push_back({"source_revision", std::string(kSourceRevision)});
-    parameters.push_back({"backend_used", backend->name()});
-    if (cfg.choices.backend->uses_cpu_kernels) parameters.push_back({"cpu_kernels_used", cpu_kernels_name()});
-    if (const std::string device = backend->device_name(); !device.empty()) {
-      parameters.push_back({"device_used", device});
-      // Whether the steps run in the device's resident kernel or one evaluation per stage.
-      parameters.push_back({"device_stepping_used",
-                            std::string(dynamics.resident_stepper(*integrator) ? "resident" : "per-evaluation")});
-    }
-    parameters.push_back({"threads_used", static_cast<std::int64_t>(threads)});
-    parameters.push_back({"eps_den_used", model.eps_den});
-    parameters.push_back({"gradient_flow", model.is_gradient_flow()});
-    parameters.push_back({"active_tokens", cfg.n});
-    parameters.push_back({"save_every_used", resolved_save_every(cfg)});
-    if (cfg.resume) parameters.push_back({"resumed_from_time", resumed.time});
-    writer->write_parameters(parameters);
-    TokenLabels labels = token_labels(model);
-    record_attention_matrices(cfg, labels);
-    writer->write_labels(labels);
+    writer = open_run_output(cfg, parts, dynamics, threads, resumed);
     return int(kExitOk);
   }, log);
   if (opened != kExitOk) return opened;
