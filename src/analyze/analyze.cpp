@@ -2,6 +2,8 @@
 
 #include "io/json_text.hpp"
 
+#include <boost/program_options.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <charconv>
@@ -502,80 +504,39 @@ void write_replicas_json(const std::vector<Analysis>& analyses, std::ostream& ou
   out << '\n';
 }
 
-int analyze_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+int analyze_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& /*err*/) {
   constexpr const char* kUsageLine = "usage: mfattn analyze FILE.h5 [--json] [--replica R|all] [--min-decades D]";
+  namespace po = boost::program_options;
   bool json = false, every_replica = false;
-  std::optional<std::string> path;
-  std::size_t replica = 0;
+  std::string replica_text = "0", decades_text;
+  po::options_description table("mfattn analyze");
+  table.add_options()("json", po::bool_switch(&json), "one JSON object instead of text")(
+      "replica", po::value(&replica_text), "a replica index >= 0, or all")(
+      "min-decades", po::value(&decades_text), "a number of decades >= 0");
+  po::variables_map vm;
+  const std::vector<std::string> operands = parse_command_options(args, table, vm);
+  if (operands.size() != 1 || operands.front().empty())
+    throw UsageError(operands.size() > 1 ? "expected one FILE.h5, got " + operands[0] + " and " + operands[1] + "; " + kUsageLine
+                                         : std::string("expected one FILE.h5; ") + kUsageLine);
+  const std::string& path = operands.front();
   double min_decades = kDefaultListedDecades;
-  OptionsGivenOnce given;
-  // The value of "--name VALUE" or "--name=VALUE" at args[k] (k moves past VALUE); nullopt,
-  // after the message, when it is missing.
-  auto value_of = [&](const std::string& name, const char* wanted, std::size_t& k) -> std::optional<std::string> {
-    if (args[k] != name) return args[k].substr(name.size() + 1);
-    if (k + 1 == args.size()) {
-      err << "mfattn analyze: " << name << " needs a value (" << wanted << "); " << kUsageLine << '\n';
-      return std::nullopt;
-    }
-    return args[++k];
-  };
-  for (std::size_t k = 0; k < args.size(); ++k) {
-    const std::string& arg = args[k];
-    if (arg.rfind("--", 0) == 0) given.take(arg.substr(0, arg.find('=')));
-    if (arg == "--json") {
-      json = true;
-    } else if (arg == "--min-decades" || arg.rfind("--min-decades=", 0) == 0) {
-      const auto given_value = value_of("--min-decades", "a number of decades >= 0", k);
-      if (!given_value) return kExitUsage;
-      const std::string& value = *given_value;
-      double parsed = 0.0;
-      const auto result = std::from_chars(value.data(), value.data() + value.size(), parsed);
-      if (result.ec != std::errc() || result.ptr != value.data() + value.size() || !(parsed >= 0.0) ||
-          !std::isfinite(parsed)) {
-        err << "mfattn analyze: --min-decades " << value << ": expected a number of decades >= 0\n";
-        return kExitUsage;
-      }
-      min_decades = parsed;
-    } else if (arg == "--replica" || arg.rfind("--replica=", 0) == 0) {
-      const auto given_value = value_of("--replica", "a replica index >= 0, or all", k);
-      if (!given_value) return kExitUsage;
-      const std::string& value = *given_value;
-      if (value == "all") {
-        every_replica = true;
-        continue;
-      }
-      std::size_t used = 0;
-      unsigned long long parsed = 0;
-      try {
-        parsed = std::stoull(value, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used == 0 || used != value.size() || value.front() == '-' || value.front() == '+') {
-        err << "mfattn analyze: --replica " << value << ": expected a replica index >= 0, or all\n";
-        return kExitUsage;
-      }
-      replica = static_cast<std::size_t>(parsed);
-    } else if (!arg.empty() && arg[0] == '-' && arg != "-") {
-      err << "mfattn analyze: unknown option " << arg << " (accepted: --json, --replica R|all, --min-decades D); "
-          << kUsageLine << '\n';
-      return kExitUsage;
-    } else if (path) {
-      err << "mfattn analyze: expected one FILE.h5, got " << *path << " and " << arg << "; "
-          << kUsageLine << '\n';
-      return kExitUsage;
-    } else {
-      path = arg;
-    }
+  if (vm.count("min-decades")) {
+    const auto result = std::from_chars(decades_text.data(), decades_text.data() + decades_text.size(), min_decades);
+    if (result.ec != std::errc() || result.ptr != decades_text.data() + decades_text.size() || !(min_decades >= 0.0) ||
+        !std::isfinite(min_decades))
+      throw UsageError("--min-decades " + decades_text + ": expected a number of decades >= 0");
   }
-  if (!path || path->empty()) {
-    err << "mfattn analyze: expected one FILE.h5; " << kUsageLine << '\n';
-    return kExitUsage;
+  std::size_t replica = 0;
+  every_replica = replica_text == "all";
+  if (!every_replica) {
+    const auto result = std::from_chars(replica_text.data(), replica_text.data() + replica_text.size(), replica);
+    if (result.ec != std::errc() || result.ptr != replica_text.data() + replica_text.size() || replica_text.empty())
+      throw UsageError("--replica " + replica_text + ": expected a replica index >= 0, or all");
   }
   std::vector<Analysis> analyses;
-  analyses.push_back(analyze_file(*path, replica));
+  analyses.push_back(analyze_file(path, replica));
   if (every_replica)
-    for (std::size_t r = 1; r < analyses.front().replicas; ++r) analyses.push_back(analyze_file(*path, r));
+    for (std::size_t r = 1; r < analyses.front().replicas; ++r) analyses.push_back(analyze_file(path, r));
   if (every_replica) {
     if (json) write_replicas_json(analyses, out);
     else write_replicas_text(analyses, out);

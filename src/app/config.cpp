@@ -489,6 +489,42 @@ void store_command_line(const std::vector<std::string>& args, const po::options_
   store_checked(tidy(parsed, table), table, vm, "");
 }
 
+std::vector<std::string> parse_command_options(const std::vector<std::string>& args, const po::options_description& table,
+                                               po::variables_map& vm) {
+  // Every option once, in either form (--name VALUE, --name=VALUE): one rule for every command.
+  OptionsGivenOnce given;
+  for (const std::string& word : args)
+    if (word.starts_with("--")) given.take(word.substr(0, word.find('=')));
+  // Long options only, so that a value may start with '-' (--replica -1 is refused by the
+  // command's rule, not taken for an option); the words that are no option are its operands.
+  constexpr const char* kOperands = "operand";
+  po::options_description with_operands;
+  with_operands.add(table);
+  with_operands.add_options()(kOperands, po::value<std::vector<std::string>>());
+  po::positional_options_description positional;
+  positional.add(kOperands, -1);
+  const int style = po::command_line_style::allow_long | po::command_line_style::long_allow_adjacent |
+                    po::command_line_style::long_allow_next;
+  po::parsed_options parsed(&with_operands);
+  try {
+    parsed = po::command_line_parser(args).options(with_operands).positional(positional).style(style).run();
+  } catch (const po::invalid_command_line_syntax& e) {
+    const std::string name = BoostErrorFields::name(e);
+    const po::option_description* option = find_option(table, name);
+    if (e.kind() == po::invalid_syntax::missing_parameter && option)
+      throw UsageError("--" + name + ": a value is missing (" + option->description() + ")");
+    throw UsageError(option_error_text(e, &table));
+  } catch (const po::error& e) {
+    throw UsageError(option_error_text(e, &table));
+  }
+  for (const po::option& option : parsed.options)
+    if (option.string_key == kOperands && !option.original_tokens.empty() && option.original_tokens.front().starts_with("--"))
+      throw UsageError(option_error_text(po::unknown_option(option.original_tokens.front()), &table));
+  po::store(parsed, vm);
+  po::notify(vm);
+  return vm.count(kOperands) ? vm[kOperands].as<std::vector<std::string>>() : std::vector<std::string>{};
+}
+
 po::options_description run_options(RunConfig& c) {
   po::options_description model("Model");
   model.add_options()

@@ -104,6 +104,40 @@ TEST(Cli, AnUnknownOptionNamesTheClosestOnes) {
   EXPECT_NE(sweep.output.find("--confg: no such option (the closest: --config)"), std::string::npos) << sweep.output;
 }
 
+// The commands with tables of their own (analyze, realize, oclosure) parse through one helper
+// with run's rules: each option once, unknown options named with the closest, a missing value
+// named with what the option takes, values that start with '-', and the operands in order.
+TEST(Cli, CommandOptionsFollowRunsRules) {
+  namespace po = boost::program_options;
+  auto parse = [](const std::vector<std::string>& args, std::string* replica = nullptr) {
+    std::string value;
+    bool json = false;
+    po::options_description table("test");
+    table.add_options()("replica", po::value(&value), "a replica index >= 0")("json", po::bool_switch(&json), "json");
+    po::variables_map vm;
+    const std::vector<std::string> operands = parse_command_options(args, table, vm);
+    if (replica) *replica = value;
+    return operands;
+  };
+  auto refusal = [&](const std::vector<std::string>& args) {
+    try {
+      parse(args);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  std::string replica;
+  EXPECT_EQ(parse({"a.h5", "--replica", "-1", "b.h5", "--json"}, &replica), (std::vector<std::string>{"a.h5", "b.h5"}));
+  EXPECT_EQ(replica, "-1");
+  EXPECT_EQ(parse({"--replica=3"}, &replica), std::vector<std::string>{});
+  EXPECT_EQ(replica, "3");
+  EXPECT_EQ(refusal({"--replica", "1", "--replica=2"}), "--replica: given more than once (give each option once)");
+  EXPECT_EQ(refusal({"--json", "--json"}), "--json: given more than once (give each option once)");
+  EXPECT_EQ(refusal({"--replca", "1"}), "--replca: no such option (the closest: --replica); --help lists every option");
+  EXPECT_EQ(refusal({"--replica"}), "--replica: a value is missing (a replica index >= 0)");
+}
+
 TEST(Cli, CudaBackendInCpuBuildSaysSoClearly) {
   const auto dir = scratch_dir("cuda");
   const auto result = run_mfattn("run --backend cuda --quiet --out " + (dir / "c.h5").string());

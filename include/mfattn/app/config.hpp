@@ -257,6 +257,15 @@ void store_command_line(const std::vector<std::string>& args,
                         const boost::program_options::options_description& table,
                         boost::program_options::variables_map& vm);
 
+/// The options of a command other than run (analyze, realize, oclosure) through its own
+/// table, with run's rules: full names, each option once ("--NAME: given more than once (give
+/// each option once)"), an unknown option named with the closest ones, a missing value named
+/// with what the option accepts. Stores and notifies vm; returns the operands (the words that
+/// are no option, in order). Throws UsageError.
+std::vector<std::string> parse_command_options(const std::vector<std::string>& args,
+                                               const boost::program_options::options_description& table,
+                                               boost::program_options::variables_map& vm);
+
 /// A stored /parameters value as the user wrote the option: the sentinel the option table
 /// stores for a word is that word again (eps-den -1 is "auto"); any other value as stored.
 std::string stored_value_text(const std::string& key, const std::string& stored);

@@ -2,6 +2,8 @@
 // (include/mfattn/app/oclosure_command.hpp, docs/oattention.md).
 #include "mfattn/app/oclosure_command.hpp"
 
+#include <boost/program_options.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -305,7 +307,7 @@ std::string oclosure_usage() {
   return s.str();
 }
 
-int oclosure_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+int oclosure_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& /*err*/) {
   OClosureOptions options;
   // The numeric options, one table: name, range, what a refusal says, and where the value goes.
   struct Numeric {
@@ -324,47 +326,21 @@ int oclosure_command(const std::vector<std::string>& args, std::ostream& out, st
       {"--seed", 0, std::numeric_limits<std::uint64_t>::max(), "an integer in 0..18446744073709551615",
        [](OClosureOptions& o, std::uint64_t v) { o.seed = v; }},
   };
-  OptionsGivenOnce given;
-  for (std::size_t k = 0; k < args.size(); ++k) {
-    const std::string& arg = args[k];
-    given.take(arg.substr(0, arg.find('=')));
-    if (arg == "--json") {
-      options.json = true;
-      continue;
-    }
-    const Numeric* match = nullptr;
-    std::string value;
-    bool has_value = false;
-    for (const Numeric& n : numerics) {
-      const std::string name = n.name;
-      if (arg == name) {
-        match = &n;
-        if (k + 1 < args.size()) {
-          value = args[++k];
-          has_value = true;
-        }
-      } else if (arg.rfind(name + "=", 0) == 0) {
-        match = &n;
-        value = arg.substr(name.size() + 1);
-        has_value = true;
-      }
-      if (match) break;
-    }
-    if (!match) {
-      err << "mfattn oclosure: unknown option " << arg
-          << " (accepted: --tokens N, --zeros Z, --dim D, --seed S, --json)\n";
-      return kExitUsage;
-    }
-    if (!has_value) {
-      err << "mfattn oclosure: " << match->name << " needs a value (" << match->accepted << ")\n";
-      return kExitUsage;
-    }
-    const auto parsed = parse_unsigned(value, match->low, match->high);
-    if (!parsed) {
-      err << "mfattn oclosure: " << match->name << " " << value << ": expected " << match->accepted << '\n';
-      return kExitUsage;
-    }
-    match->store(options, *parsed);
+  namespace po = boost::program_options;
+  po::options_description table("mfattn oclosure");
+  std::vector<std::string> values(std::size(numerics));
+  for (std::size_t k = 0; k < std::size(numerics); ++k)
+    table.add_options()(numerics[k].name + 2, po::value(&values[k]), numerics[k].accepted);
+  table.add_options()("json", po::bool_switch(&options.json), "one JSON object instead of tables");
+  po::variables_map vm;
+  const std::vector<std::string> operands = parse_command_options(args, table, vm);
+  if (!operands.empty()) throw UsageError("unexpected word '" + operands.front() + "' (oclosure takes options only)");
+  for (std::size_t k = 0; k < std::size(numerics); ++k) {
+    const Numeric& numeric = numerics[k];
+    if (!vm.count(numeric.name + 2)) continue;
+    const auto parsed = parse_unsigned(values[k], numeric.low, numeric.high);
+    if (!parsed) throw UsageError(std::string(numeric.name) + " " + values[k] + ": expected " + numeric.accepted);
+    numeric.store(options, *parsed);
   }
   const OClosureReport report = run_oclosure_experiment(options);
   if (options.json) write_oclosure_json(report, out);

@@ -5,6 +5,8 @@
 
 #include <stdlib.h>
 
+#include <boost/program_options.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -188,33 +190,33 @@ std::int64_t integer_option(const std::string& option, const std::string& text, 
 }
 
 Options parse_options(const std::vector<std::string>& args) {
+  namespace po = boost::program_options;
   Options o;
-  OptionsGivenOnce given;
-  for (std::size_t k = 0; k < args.size(); ++k) {
-    const std::string& word = args[k];
-    if (word.rfind("--", 0) == 0) given.take(word);
-    if (word == "--no-pin") { o.pin = false; continue; }
-    if (word == "--json") { o.json = true; continue; }
-    if (word == "--overwrite") { o.overwrite = true; continue; }
-    static const std::vector<std::string> valued = {"--target", "--mechanism", "--n", "--d", "--horizon", "--seed",
-                                                    "--out", "--beta", "--dt", "--threads", "--contrast"};
-    if (std::find(valued.begin(), valued.end(), word) == valued.end())
-      throw UsageError("unknown option '" + word + "' (accepted: --target, --mechanism, --n, --d, --horizon, "
-                       "--seed, --out, --beta, --dt, --threads, --contrast, --no-pin, --json, --overwrite)");
-    if (k + 1 >= args.size()) throw UsageError(word + ": needs a value");
-    const std::string name = word.substr(2), value = args[++k];
-    if (name == "target") o.target = value;
-    else if (name == "mechanism") o.mechanism_name = value;
-    else if (name == "out") o.out = value;
-    else if (name == "contrast") o.contrast = value;
-    else if (name == "n") o.n = integer_option(name, value, 2);
-    else if (name == "d") o.d = integer_option(name, value, 2);
-    else if (name == "seed") o.seed = integer_option(name, value, 0);
-    else if (name == "threads") o.threads = integer_option(name, value, 1);
-    else if (name == "horizon") o.horizon = number_option(name, value);
-    else if (name == "beta") o.beta = number_option(name, value);
-    else if (name == "dt") o.dt = number_option(name, value);
-  }
+  // Numbers as given, read below with each one's rule (an integer may be written 256.0).
+  std::string n, d, seed, threads, horizon, beta, dt;
+  bool no_pin = false;
+  po::options_description table("mfattn realize");
+  const std::string integer = "an integer from 2 to 1e9";
+  table.add_options()("target", po::value(&o.target), "a named law or a FILE of samples")(
+      "mechanism", po::value(&o.mechanism_name), kMechanismOption.accepted().c_str())(
+      "n", po::value(&n), integer.c_str())("d", po::value(&d), integer.c_str())(
+      "horizon", po::value(&horizon), "a number > 0")("seed", po::value(&seed), "an integer from 0 to 1e9")(
+      "out", po::value(&o.out), "the run's H5MD file")("beta", po::value(&beta), "a number in (0, 3]")(
+      "dt", po::value(&dt), "a number > 0, at most --horizon")("threads", po::value(&threads), "an integer from 1 to 1e9")(
+      "contrast", po::value(&o.contrast), kContrastOption.accepted().c_str())(
+      "no-pin", po::bool_switch(&no_pin), "leave u free")("json", po::bool_switch(&o.json), "one JSON object")(
+      "overwrite", po::bool_switch(&o.overwrite), "replace --out");
+  po::variables_map vm;
+  const std::vector<std::string> operands = parse_command_options(args, table, vm);
+  if (!operands.empty()) throw UsageError("unexpected word '" + operands.front() + "' (realize takes options only)");
+  o.pin = !no_pin;
+  if (vm.count("n")) o.n = integer_option("n", n, 2);
+  if (vm.count("d")) o.d = integer_option("d", d, 2);
+  if (vm.count("seed")) o.seed = integer_option("seed", seed, 0);
+  if (vm.count("threads")) o.threads = integer_option("threads", threads, 1);
+  if (vm.count("horizon")) o.horizon = number_option("horizon", horizon);
+  if (vm.count("beta")) o.beta = number_option("beta", beta);
+  if (vm.count("dt")) o.dt = number_option("dt", dt);
   if (o.mechanism_name.empty()) throw UsageError("--mechanism: required (" + kMechanismOption.accepted() + ")");
   const Choice<Mechanism>* mechanism = kMechanismOption.find(o.mechanism_name);
   if (!mechanism) reject("mechanism", o.mechanism_name, kMechanismOption.accepted());
