@@ -8,11 +8,9 @@
 #include <cmath>
 #include <charconv>
 #include <map>
-#include <cstdio>
 #include <iomanip>
 #include <limits>
 #include <ostream>
-#include <sstream>
 
 #include "mfattn/app/config.hpp"
 #include "mfattn/core/number_text.hpp"

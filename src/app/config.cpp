@@ -312,12 +312,6 @@ std::string repeated_option_message(const std::string& option, const std::string
   return option + ": given more than once (give each option once" + (note.empty() ? "" : "; " + note) + ")";
 }
 
-void OptionsGivenOnce::take(const std::string& option) {
-  if (std::find(given_.begin(), given_.end(), option) != given_.end())
-    throw UsageError(repeated_option_message(option));
-  given_.push_back(option);
-}
-
 std::vector<std::string> closest_option_names(const po::options_description& table, const std::string& name) {
   // Levenshtein distance: a typo (--heds), a missing or extra letter (--head, --headss).
   auto distance = [](const std::string& a, const std::string& b) {
@@ -491,10 +485,14 @@ void store_command_line(const std::vector<std::string>& args, const po::options_
 
 std::vector<std::string> parse_command_options(const std::vector<std::string>& args, const po::options_description& table,
                                                po::variables_map& vm) {
-  // Every option once, in either form (--name VALUE, --name=VALUE): one rule for every command.
-  OptionsGivenOnce given;
-  for (const std::string& word : args)
-    if (word.starts_with("--")) given.take(word.substr(0, word.find('=')));
+  // Every option once, in either form (--name VALUE, --name=VALUE): run's rule (store_checked).
+  std::vector<std::string> given;
+  for (const std::string& word : args) {
+    if (!word.starts_with("--")) continue;
+    const std::string name = word.substr(0, word.find('='));
+    if (std::find(given.begin(), given.end(), name) != given.end()) throw UsageError(repeated_option_message(name));
+    given.push_back(name);
+  }
   // Long options only, so that a value may start with '-' (--replica -1 is refused by the
   // command's rule, not taken for an option); the words that are no option are its operands.
   constexpr const char* kOperands = "operand";

@@ -262,28 +262,31 @@ std::size_t validate_layer(const RunConfig& c, RunChoices& choices) {
 
 }  // namespace
 
+/// The names of the integrators whose table entry keep accepts, in the table's order.
+template <class Keep>
+std::string integrators_where(Keep&& keep) {
+  std::vector<std::string> names;
+  for (const std::string& name : integrator_names())
+    if (keep(*find_integrator(name))) names.push_back(name);
+  return joined(names, ", ");
+}
+
 /// --kernel sinkhorn (docs/model.md section 2d): its numbers, and the options whose matrices
 /// have no scaling of the kind.
 void validate_sinkhorn(const RunConfig& c, Normalization kernel, const AuxFactorChoice& aux_factor,
                        const MaskSelection& mask) {
   if (kernel != Normalization::Sinkhorn) return;
   // The accepted values, from the tables (a new mask kind or factor is listed by its entry).
-  auto names_where = [](const auto& option, auto&& keep) {
-    std::string names;
-    for (const auto& choice : option.choices)
-      if (keep(choice.value)) names += (names.empty() ? "" : ", ") + std::string(choice.name);
-    return names;
-  };
   if (mask.kind == MaskKind::Causal)
     reject("mask", c.mask,
            "with --kernel sinkhorn: a causal matrix has no doubly stochastic scaling (the first token sees only "
            "itself, so its column is full and every later row must leave it: the sweeps tend to the identity); "
-           "accepted: " + names_where(kMaskOption, [](const MaskPart& part) { return part.kind != MaskKind::Causal; }) +
+           "accepted: " + kMaskOption.names(", ", [](const MaskPart& part) { return part.kind != MaskKind::Causal; }) +
                " and their combinations");
   if (aux_factor.changes_sign)
     reject("aux-factor", c.aux_factor,
            "the " + c.aux_factor + " factor changes sign, and --kernel sinkhorn scales nonnegative weights: "
-           "accepted: " + names_where(kAuxFactorOption, [](const AuxFactorChoice& factor) { return !factor.changes_sign; }));
+           "accepted: " + kAuxFactorOption.names(", ", [](const AuxFactorChoice& factor) { return !factor.changes_sign; }));
   if (c.eps_den > 0)
     reject("eps-den", format_number(c.eps_den),
            "is SA's denominator term, and --kernel sinkhorn's rows sum to 1 by construction: leave it auto");
@@ -447,19 +450,15 @@ RunChoices validate(const RunConfig& c) {
       reject("init-radius", format_number(c.init_radius),
              "scales states in R^d, and --normalization " + c.normalization + " keeps them on the sphere");
     if (choices.placement == Placement::Ngpt && choices.integrator->steps_unprojected_output) {
-      std::vector<std::string> stepping_the_field;
-      for (const std::string& name : integrator_names())
-        if (!find_integrator(name)->steps_unprojected_output) stepping_the_field.push_back(name);
       reject("integrator", c.integrator, "steps the post field x <- N(x + h p u); --normalization ngpt takes " +
-                                             joined(stepping_the_field, ", "));
+                                             integrators_where([](const IntegratorEntry& entry) {
+                                               return !entry.steps_unprojected_output;
+                                             }));
     }
   } else if (!choices.integrator->takes_euclidean) {
-    std::vector<std::string> euclidean;
-    for (const std::string& name : integrator_names())
-      if (find_integrator(name)->takes_euclidean) euclidean.push_back(name);
     reject("integrator", c.integrator,
            "moves on the sphere, and --normalization " + c.normalization + " keeps the states in R^d (accepted: " +
-               joined(euclidean, ", ") + ")");
+               integrators_where([](const IntegratorEntry& entry) { return entry.takes_euclidean; }) + ")");
   }
   choices.save_positions = require_choice(kSavePositionsOption, c.save_positions);
   if (choices.save_positions == PositionFrames::None && c.save_velocity)

@@ -10,19 +10,6 @@
 
 namespace mfattn::detail {
 
-/// Whether every matrix set of the model is one head whose values are the contents (A_h = I,
-/// r = d; the head of --q, --k, --v) and no feed-forward term: a receiver's field is then its
-/// one sum of values, V_h G_i^T applied once (finish_receiver), and the loops that take only
-/// such heads (the CPU's small-system and symmetric loops, the CUDA backend) apply.
-inline bool one_head_of_contents(const Model& model) {
-  for (std::size_t r = 0; r < std::max<std::size_t>(model.matrices.size(), 1); ++r) {
-    const AttentionMatrices& set = model.matrices_of(r);
-    if (!set.single_head() || !set.heads.front().value_identity || set.heads.front().score_dim() != model.d)
-      return false;
-  }
-  return true;
-}
-
 /// Where one receiver's results go: velocity (d numbers) always, attention_output (d
 /// numbers, p_i u_i before the projection) when not null.
 struct ReceiverOutput {

@@ -13,10 +13,8 @@ bool takes(std::span<const Value> accepted, const Value& value) {
 /// "--kernel usa, sa": the option and the names of the accepted values, in the table's order.
 template <class Value, class Key, class KeyOf>
 std::string accepted_names(const ChoiceOption<Value>& option, std::span<const Key> accepted, KeyOf&& key_of) {
-  std::string names;
-  for (const Choice<Value>& choice : option.choices)
-    if (takes(accepted, key_of(choice.value))) names += (names.empty() ? "" : ", ") + std::string(choice.name);
-  return "--" + std::string(option.option) + " " + names;
+  return "--" + std::string(option.option) + " " +
+         option.names(", ", [&](const Value& value) { return takes(accepted, key_of(value)); });
 }
 
 template <class Value, class Key, class KeyOf>
@@ -39,11 +37,7 @@ ModelKinds ModelKinds::of(const Model& model) {
   kinds.kernel = model.normalization;
   kinds.placement = model.placement;
   kinds.factor = model.pair_terms.factor;
-  for (std::size_t r = 0; r < std::max<std::size_t>(model.matrices.size(), 1); ++r) {
-    const AttentionMatrices& set = model.matrices_of(r);
-    kinds.whole_layer = kinds.whole_layer || !set.single_head() || !set.heads.front().value_identity ||
-                        set.heads.front().score_dim() != model.d;
-  }
+  kinds.whole_layer = !model.one_head_of_contents();
   kinds.receivers_at_unit_speed = model.receivers_at_unit_speed;
   return kinds;
 }

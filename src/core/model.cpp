@@ -11,6 +11,14 @@ double Model::mass() const {
   return total + double(prefix_count()) * prefix_weight;
 }
 
+bool Model::one_head_of_contents() const {
+  for (std::size_t r = 0; r < std::max<std::size_t>(matrices.size(), 1); ++r) {
+    const AttentionMatrices& set = matrices_of(r);
+    if (!set.single_head() || !set.heads.front().value_identity || set.heads.front().score_dim() != d) return false;
+  }
+  return true;
+}
+
 bool Model::every_token_present() const {
   for (double p : presence)
     if (p != 1.0) return false;

@@ -65,7 +65,7 @@ TEST(Layer, CpuAgreesWithReferenceOnTheLayersOptions) {
           const RunConfig cfg = config(testing::with({"--n", n, "--d", d, "--kernel", kernel, "--beta", "1.5",
                                                       "--seed", std::to_string(++checked), "--replicas", "2"},
                                                      extra));
-          ASSERT_FALSE(mfattn::detail::one_head_of_contents(build_model(cfg)));  // a whole layer
+          ASSERT_FALSE(build_model(cfg).one_head_of_contents());  // a whole layer
           testing::expect_cpu_field_matches_reference(cfg, "d " + d + " n " + n + " " + kernel + " case " +
                                                           std::to_string(checked));
         }

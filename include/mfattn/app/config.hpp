@@ -195,17 +195,6 @@ boost::program_options::parsed_options read_config_file(
     const std::string& path, const boost::program_options::options_description& table,
     std::string& text);
 
-/// The rule of every command's options: each at most once. take() refuses an option given
-/// again (UsageError "--name: given more than once (give each option once)", the message of
-/// every command).
-class OptionsGivenOnce {
- public:
-  void take(const std::string& option);
-
- private:
-  std::vector<std::string> given_;
-};
-
 /// The message for an option given twice (note, if any, follows the rule in the brackets).
 std::string repeated_option_message(const std::string& option, const std::string& note = "");
 

@@ -52,6 +52,19 @@ struct ChoiceOption {
     return {};
   }
 
+  /// The names of the values that keep(value) accepts, joined by separator, in the table's
+  /// order.
+  template <class Keep>
+  std::string names(std::string_view separator, Keep&& keep) const {
+    std::string text;
+    for (const Choice<Value>& choice : choices)
+      if (keep(choice.value)) {
+        if (!text.empty()) text += separator;
+        text += choice.name;
+      }
+    return text;
+  }
+
   /// The names joined by separator: "usa, sa".
   std::string names(std::string_view separator) const {
     std::string text;

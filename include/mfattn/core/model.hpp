@@ -185,6 +185,10 @@ struct Model {
   double mass() const;
   /// True when every token has p_i = 1 (no amplitudes, no null tokens).
   bool every_token_present() const;
+  /// True when every matrix set is one head whose values are the contents (A_h = I, r = d: the
+  /// head of --q, --k, --v) and no feed-forward term: a receiver's field is then its one sum of
+  /// values, V_h G_i^T applied once, and the loops that take only such heads apply.
+  bool one_head_of_contents() const;
   /// True when the dynamics is a gradient ascent of the energy (docs/model.md section 4).
   bool is_gradient_flow() const;
   /// Weight shift applied in the exponent: beta in rescaled time, 0 in natural time.

@@ -211,13 +211,12 @@ void set_up_run(RunConfig& cfg, int threads, RunParts& parts) {
 /// for --resume (then `resumed` holds where the run goes on, and `times` loses the frames the
 /// file has); its /parameters and token labels written. Throws what it refuses or fails.
 std::unique_ptr<H5mdWriter> open_run_output(const RunConfig& cfg, RunParts& parts, Dynamics& dynamics, int threads,
-                                            ResumePoint& resumed) {
+                                            const ObservableSettings& observable_settings, ResumePoint& resumed) {
   const Model& model = parts.model;
   State& state = parts.state;
   std::vector<double>& times = parts.times;
   const Backend* backend = parts.backend.get();
   const Integrator* integrator = parts.integrator.get();
-  const ObservableSettings observable_settings{cfg.pair_delta, cfg.cluster_delta};
   std::unique_ptr<H5mdWriter> writer;
   WriterSetup setup;
   setup.path = cfg.out;
@@ -313,7 +312,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   std::unique_ptr<H5mdWriter> writer;
   ResumePoint resumed;
   const int opened = guarded("run", [&] {
-    writer = open_run_output(cfg, parts, dynamics, threads, resumed);
+    writer = open_run_output(cfg, parts, dynamics, threads, observable_settings, resumed);
     return int(kExitOk);
   }, log);
   if (opened != kExitOk) return opened;

@@ -71,7 +71,7 @@ class CpuBackend final : public Backend {
         sinkhorn_(model.normalization == Normalization::Sinkhorn
                       ? std::make_unique<SinkhornDriver>(model, pair_terms_, operands_.prepared())
                       : nullptr),
-        several_heads_(!detail::one_head_of_contents(model)),
+        several_heads_(!model.one_head_of_contents()),
         one_sided_(model, pair_terms_, operands_, several_heads_ ? &head_sums_ : nullptr, mass_) {}
 
   std::string name() const override { return "cpu"; }

@@ -18,7 +18,8 @@ void combine_heads(const Model& model, const SlotOperands& operands, HeadSums& s
   const std::size_t n = model.n, d = model.d;
   const std::size_t heads = operands.heads_per_replica(), slots = replicas * heads;
   const std::size_t width = operands.operand_dim();
-  if (sinkhorn) {
+  // Sinkhorn's D_i^(h) are SA's (the energy's), from the first row pass: only where asked.
+  if (sinkhorn && out.weight_sums) {
 #pragma omp for schedule(static)
     for (std::size_t row = 0; row < slots * n; ++row) sums.weight_sums[row] = sinkhorn->weight_sum(row / n, row % n);
   }

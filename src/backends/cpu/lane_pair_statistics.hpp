@@ -10,8 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <numeric>
-#include <optional>
 #include <vector>
 
 #include "backends/cpu/vector_math.hpp"

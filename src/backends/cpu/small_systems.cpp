@@ -47,7 +47,7 @@ class SmallSystems {
     const auto present = std::count_if(model.presence.begin(), model.presence.end(),
                                        [](double p) { return p > 0.0; });
     return small_systems_allowed() && present <= static_cast<std::ptrdiff_t>(kSmallSystemTokens) &&
-           model.d <= kSmallDimension && detail::one_head_of_contents(model) && model.normalization != Normalization::Sinkhorn &&
+           model.d <= kSmallDimension && model.one_head_of_contents() && model.normalization != Normalization::Sinkhorn &&
            !model.gauge && !model.pair_terms.any() && model.prefix_count() == 0;
   }
 
