@@ -400,6 +400,56 @@ TEST(CpuBackend, SmallSystemLoopMatchesReferenceAndKeepsItsBits) {
           EXPECT_NEAR(sums_fast[i], sums_ref[i], 1e-12 * sums_ref[i]) << "weight sum " << i;
         EXPECT_TRUE(bitwise_equal(one.data(), fast.data(), one.size())) << "threads, d " << d << " n " << n;
       }
+  // Random Q and K at beta = 1e5: the Cauchy-Schwarz offset is loose by far more than the
+  // 830 (base 2) the sums survive, so the vectors are summed again from each lane's exact
+  // maximum. Against SA written here from the formula with each row's exact maximum (the
+  // reference backend's literal exp(beta s_ij) overflows at this beta): u_i = sum_j
+  // softmax_j(beta <Q x_i, K x_j>) x_j, v_i = u_i - <x_i, u_i> x_i (V = I). The logits are
+  // ~1e5, so their rounding (1e-11 relative in a weight) sets the tolerance; without the
+  // second pass the sums are 0 and the velocities not finite.
+  for (const std::string d_text : {"2", "3", "4"}) {
+    const auto cfg = config({"--n", "21", "--d", d_text, "--kernel", "sa", "--beta", "1e5", "--q", "gaussian",
+                             "--k", "gaussian", "--replicas", "2", "--seed", "11"});
+    const Model model = build_model(cfg);
+    const State state = build_initial_state(cfg, model);
+    ASSERT_EQ(loop_of(model, state, 2), "small-systems");
+    const auto fast = evaluate(model, state, "cpu", 2);
+    const std::size_t n = model.n, d = model.d;
+    double largest = 0.0;
+    for (std::size_t r = 0; r < state.replicas; ++r) {
+      const AttentionHead& head = model.matrices_of(r).heads.front();
+      const double* x = state.x.data() + r * n * d;
+      auto product = [&](const Matrix& m, std::size_t i, std::size_t a) {
+        double sum = 0.0;
+        for (std::size_t c = 0; c < d; ++c) sum += m(Eigen::Index(a), Eigen::Index(c)) * x[i * d + c];
+        return sum;
+      };
+      for (std::size_t i = 0; i < n; ++i) {
+        std::vector<double> logit(n);
+        for (std::size_t j = 0; j < n; ++j) {
+          logit[j] = 0.0;
+          for (std::size_t a = 0; a < d; ++a) logit[j] += product(head.query, i, a) * product(head.key, j, a);
+          logit[j] *= model.beta;
+        }
+        const double top = *std::max_element(logit.begin(), logit.end());
+        std::vector<double> u(d, 0.0);
+        double total = 0.0;
+        for (std::size_t j = 0; j < n; ++j) {
+          const double w = std::exp(logit[j] - top);
+          total += w;
+          for (std::size_t c = 0; c < d; ++c) u[c] += w * x[j * d + c];
+        }
+        double radial = 0.0;
+        for (std::size_t c = 0; c < d; ++c) radial += u[c] / total * x[i * d + c];
+        for (std::size_t c = 0; c < d; ++c) {
+          const double expected = u[c] / total - radial * x[i * d + c];
+          EXPECT_NEAR(fast[(r * n + i) * d + c], expected, 1e-8) << "loose offsets, d " << d << " token " << i;
+          largest = std::max(largest, std::fabs(expected));
+        }
+      }
+    }
+    EXPECT_GT(largest, 1e-2) << "d " << d;
+  }
   // 49 tokens that weigh go to the tiled loops, however many null tokens follow them; 40
   // stay small with 30 null tokens appended.
   auto loop_for = [](const std::vector<std::string>& args) {

@@ -58,7 +58,7 @@ class SmallSystems {
   /// Cauchy-Schwarz offset B_I (as the one-sided loop's, in base 2), S_I = sum_j 2^t_Ij and
   /// A_I = sum_j 2^t_Ij x_j, one term per source in order. A vector with a receiver whose
   /// S_i < 1e-250 (the bound loose by more than ~830 in base 2: general Q, K) is taken again
-  /// with the exact maximum per lane (exact_vector). finish_lanes applies V and the
+  /// with the exact maximum per lane (vector_max, then vector_sums again). finish_lanes applies V and the
   /// normaliser in lanes. The bits depend neither on the thread count nor on which receivers
   /// share a vector, and null tokens appended add exact +0s at the end of every sum (2^-inf =
   /// +0) and are left out of B_I.
@@ -93,28 +93,25 @@ class SmallSystems {
     double largest_key = 0.0, bias_bound = 0.0;
   };
 
-  /// The shifted sums of one receiver vector with the exact maximum of every lane's logits
-  /// (two passes: the logits and their maximum M_I, then S_I = sum_j 2^(t_Ij - M_I) and
-  /// A_I): for the vectors whose Cauchy-Schwarz offset is too loose. log2_max: M_I (-inf for
-  /// a lane that sees no source).
+  /// The logit t_Ij + B_I = beta <Q x_i, K x_j> log2(e) + log2(e) log p_j of source j for
+  /// the receivers of q (one lane vector): the one expression the maximum and the sums read.
   template <std::size_t kDim>
-  static void exact_vector(const SmallOperands<kDim>& o, std::size_t v, const double* x, Lanes& sum,
-                           Lanes (&acc)[kDim], Lanes& log2_max) {
+  MFATTN_SIMD_INLINE static Lanes vector_logit(const SmallOperands<kDim>& o, const Lanes (&q)[kDim],
+                                               std::size_t j) {
+    const double* k = o.keys + j * kDim;
+    Lanes logit = q[0] * k[0] + o.bias[j];
+    for (std::size_t c = 1; c < kDim; ++c) logit += q[c] * k[c];
+    return logit;
+  }
+
+  /// The small system's pair loop, for the receivers of q with their offsets (any B_I with
+  /// B_I >= t_Ij + B_I up to rounding): S_I = sum_j 2^(logit_Ij - B_I), A_I = sum_j
+  /// 2^(logit_Ij - B_I) x_j, four sources' exps in lockstep, then one at a time; the terms
+  /// enter in order (kMayUnderflow: see simd::exp2_nonpositive).
+  template <std::size_t kDim, bool kMayUnderflow>
+  static void vector_sums(const SmallOperands<kDim>& o, const Lanes (&q)[kDim], const Lanes& offset,
+                          const double* x, Lanes& sum, Lanes (&acc)[kDim]) {
     constexpr std::size_t d = kDim;
-    thread_local AlignedDoubles logits;
-    logits.resize(o.n * kLanes);
-    Lanes q[d];
-    for (std::size_t c = 0; c < d; ++c) q[c] = simd::load(o.queries + c * o.padded + v * kLanes);
-    Lanes largest = simd::broadcast(kNegInf);
-    for (std::size_t j = 0; j < o.n; ++j) {
-      const double* k = o.keys + j * d;
-      Lanes logit = q[0] * k[0] + o.bias[j];
-      for (std::size_t c = 1; c < d; ++c) logit += q[c] * k[c];
-      simd::store(logits.data() + j * kLanes, logit);
-      largest = simd::max(largest, logit);
-    }
-    // A lane that sees no source (padding) subtracts 0 instead of -inf: its sums are zeros.
-    const Lanes shift = simd::select(largest > kNegInf, largest, Lanes{});
     sum = Lanes{};
     for (std::size_t c = 0; c < d; ++c) acc[c] = Lanes{};
     auto add = [&](const Lanes& w, std::size_t j) {
@@ -125,16 +122,24 @@ class SmallSystems {
     std::size_t j = 0;
     for (; j + 4 <= o.n; j += 4) {
       Lanes t[4], w[4];
-      for (std::size_t g = 0; g < 4; ++g) t[g] = simd::load(logits.data() + (j + g) * kLanes) - shift;
-      simd::exp2_nonpositive<4>(t, w);
+      for (std::size_t g = 0; g < 4; ++g) t[g] = vector_logit(o, q, j + g) - offset;
+      simd::exp2_nonpositive<4, kMayUnderflow>(t, w);
       for (std::size_t g = 0; g < 4; ++g) add(w[g], j + g);
     }
     for (; j < o.n; ++j) {
-      Lanes t[1] = {simd::load(logits.data() + j * kLanes) - shift}, w[1];
-      simd::exp2_nonpositive<1>(t, w);
+      Lanes t[1] = {vector_logit(o, q, j) - offset}, w[1];
+      simd::exp2_nonpositive<1, kMayUnderflow>(t, w);
       add(w[0], j);
     }
-    log2_max = largest;
+  }
+
+  /// The exact maximum M_I of every lane's logits (-inf for a lane that sees no source): the
+  /// offsets of a vector whose Cauchy-Schwarz offset was too loose.
+  template <std::size_t kDim>
+  static Lanes vector_max(const SmallOperands<kDim>& o, const Lanes (&q)[kDim]) {
+    Lanes largest = simd::broadcast(kNegInf);
+    for (std::size_t j = 0; j < o.n; ++j) largest = simd::max(largest, vector_logit(o, q, j));
+    return largest;
   }
 
   template <std::size_t kDim>
@@ -197,9 +202,7 @@ class SmallSystems {
                         const AttentionMatrices& matrices, const FieldOutputs& out, double* work) const {
     constexpr std::size_t d = kDim;
     const std::size_t n = o.n, padded = o.padded, vectors = padded / kLanes;
-    const double* keys = o.keys;
     const double* queries = o.queries;
-    const double* bias = o.bias;
     for (std::size_t v = 0; v < vectors; ++v) {
       Lanes q[d];
       for (std::size_t c = 0; c < d; ++c) q[c] = simd::load(queries + c * padded + v * kLanes);
@@ -207,36 +210,18 @@ class SmallSystems {
       for (std::size_t c = 1; c < d; ++c) query2 += q[c] * q[c];
       // B_I >= t_Ij for every source: 2^(t - B) in [0, 1] (up to the rounding of t).
       const Lanes offset = kernels::cauchy_schwarz_offset(query2, o.largest_key, o.bias_bound);
-      Lanes sum{}, acc[d] = {};
-      auto add = [&](const Lanes& w, std::size_t j) {
-        sum += w;
-        const double* z = x + j * d;
-        for (std::size_t c = 0; c < d; ++c) acc[c] += w * z[c];
-      };
-      auto exponent = [&](std::size_t j) {
-        const double* k = keys + j * d;
-        Lanes logit = q[0] * k[0] + bias[j];
-        for (std::size_t c = 1; c < d; ++c) logit += q[c] * k[c];
-        return logit - offset;
-      };
-      // Four sources' exps in lockstep, then one at a time; the terms enter in order.
-      std::size_t j = 0;
-      for (; j + 4 <= n; j += 4) {
-        Lanes t[4], w[4];
-        for (std::size_t g = 0; g < 4; ++g) t[g] = exponent(j + g);
-        simd::exp2_nonpositive<4, kMayUnderflow>(t, w);
-        for (std::size_t g = 0; g < 4; ++g) add(w[g], j + g);
-      }
-      for (; j < n; ++j) {
-        Lanes t[1] = {exponent(j)}, w[1];
-        simd::exp2_nonpositive<1, kMayUnderflow>(t, w);
-        add(w[0], j);
-      }
+      Lanes sum, acc[d];
+      vector_sums<kDim, kMayUnderflow>(o, q, offset, x, sum, acc);
       const std::size_t count = std::min(kLanes, n - v * kLanes);
       Lanes log2_max = offset;
       bool loose = false;
       for (std::size_t lane = 0; lane < count; ++lane) loose = loose || !(sum[lane] >= 1e-250);
-      if (loose) exact_vector<kDim>(o, v, x, sum, acc, log2_max);
+      if (loose) {
+        // The sums again from each lane's exact maximum (a lane that sees no source, padding,
+        // subtracts 0 instead of -inf: its sums are zeros).
+        log2_max = vector_max(o, q);
+        vector_sums<kDim, true>(o, q, simd::select(log2_max > kNegInf, log2_max, Lanes{}), x, sum, acc);
+      }
       finish_lanes<kDim>(r, v, count, matrices, o, x, log2_max, sum, acc, out, work);
     }
   }
