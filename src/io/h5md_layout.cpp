@@ -1,8 +1,17 @@
 /// \file h5md_layout.cpp
-/// The groups, datasets and links of an mfattn H5MD file (docs/output.md, "Layout"), the
-/// labels and parameters written once, and a realization's record.
+/// The layout writer's making of an mfattn H5MD file (h5md_writer.hpp; docs/output.md,
+/// "Layout"): its groups, datasets and links, created for a new file or opened again for
+/// --resume (its last complete frame or checkpoint slot), the labels and parameters written
+/// once, and a realization's record.
 ///
 /// Choices made here:
+/// - The file uses HDF5's oldest compatible format and no SWMR: after flush() a writer killed
+///   with SIGKILL leaves a file that plain h5py opens. Above kOldestFormatLargestD it uses the
+///   1.8 format (readable by every HDF5 since 1.8, 2008), which stores an attribute of more
+///   than 64 KiB (the box's boundary names d strings: d = 4096 did not fit in the oldest).
+///   Not for every file: the 1.8 format's metadata checksums make a reader beside a running
+///   writer fail now and then on metadata the writer is rewriting (5 of 1500 `info` calls),
+///   which the oldest format's readers never did.
 /// - All growing elements are sampled together, so /particles/tokens/position/{step,time} are
 ///   the only step and time datasets; every other replica group and every observable holds hard
 ///   links to them (H5MD 1.1 allows this), and one append extends each of them once.
@@ -21,10 +30,208 @@
 #include <utility>
 #include <vector>
 
-#include "io/h5md_internal.hpp"
+#include "io/h5md_writer.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <limits>
+
+#include "io/h5md_objects.hpp"
 
 namespace mfattn {
 namespace h5md_internal {
+
+/// The setup's own rules (a programming error of the caller: std::invalid_argument).
+void Hdf5H5mdWriter::check_setup() const {
+  const WriterSetup& setup = setup_;
+  if (setup.n == 0 || setup.d == 0 || setup.replicas == 0) {
+    throw std::invalid_argument("H5mdWriter: n, d and replicas must be positive");
+  }
+  for (const auto& [name, components] : setup.observables) {
+    if (components == 0) throw std::invalid_argument("observable " + name + " has no components");
+  }
+  if (keeps_checkpoint() && setup.observables.empty())
+    throw std::invalid_argument("H5mdWriter: without every frame's positions the frame clock "
+                                "lives in /observables, so at least one observable is needed");
+  if (setup.position_frames == PositionFrames::None && setup.velocity)
+    throw std::invalid_argument("H5mdWriter: velocities follow the positions' frames, and "
+                                "PositionFrames::None keeps none");
+  if (!setup.field_shape.empty()) {
+    std::size_t size = 1;
+    for (std::size_t extent : setup.field_shape) size *= extent;
+    if (setup.n != size || setup.d != 1 || setup.replicas != 1 || setup.velocity ||
+        setup.position_frames != PositionFrames::All)
+      throw std::invalid_argument("H5mdWriter: a density file has n = the shape's size, d = 1, one replica, "
+                                  "every frame and no velocities");
+  }
+}
+
+Hdf5H5mdWriter::Hdf5H5mdWriter(const WriterSetup& setup)
+    : storage_(setup, setup.overwrite ? OutputStorage::Purpose::Replace : OutputStorage::Purpose::Create),
+      setup_(setup),
+      check_(setup.path) {
+  check_setup();
+  clock_group_ = frame_clock_path(setup);
+  QuietHdf5Errors quiet;
+  Handle creation = check_.own(H5Pcreate(H5P_FILE_CREATE), H5Pclose, "creating properties");
+  // Every chunked dataset has a B-tree node of 2K entries, 3 KiB at HDF5's K = 32: more
+  // than the two position rows of a replica with Ends. Files meant to be small take K = 4.
+  if (keeps_checkpoint())
+    check_(H5Pset_istore_k(creation.get(), kSmallFileChunkIndexK), "setting the chunk index size");
+  Handle access = check_.own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "creating properties");
+  if (setup.d > kOldestFormatLargestD)
+    check_(H5Pset_libver_bounds(access.get(), H5F_LIBVER_V18, H5F_LIBVER_V18), "choosing the file format");
+  file_ = check_.own(H5Fcreate(storage_.write_path().c_str(),
+                               setup.atomic_publish ? H5F_ACC_EXCL : H5F_ACC_TRUNC,
+                               creation.get(), access.get()),
+                     H5Fclose, "creating the file");
+  storage_.reserve(file_.get(), kMetadataMargin);
+  write_h5md_group();
+  if (is_field_file())
+    create_field_group();
+  else
+    create_particle_groups();
+  create_observables();
+  create_group(check_, file_.get(), "parameters");
+  run_ = create_group(check_, file_.get(), "run");
+  step_size_ = grow(run_.get(), "step_size", H5T_IEEE_F64LE, {}, kSeriesChunkBytes,
+                    {false, setup_.fletcher32});
+  if (keeps_checkpoint()) checkpoint_.create(check_, run_.get(), state_shape());
+  write_run_info("running", 0.0, 0, 0);
+  flush_file();
+}
+
+/// Reopens a file for --resume (see H5mdWriter::open_for_resume).
+Hdf5H5mdWriter::Hdf5H5mdWriter(const WriterSetup& setup, ResumePoint& point)
+    : storage_(setup, OutputStorage::Purpose::Resume), setup_(setup), check_(setup.path) {
+  QuietHdf5Errors quiet;
+  file_ = check_.own(H5Fopen(setup.path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose,
+                     "opening the file for --resume");
+  if (keeps_checkpoint() && setup.observables.empty())
+    throw std::invalid_argument("H5mdWriter: a file without every frame's positions keeps its "
+                                "frame clock in /observables, so at least one observable is needed");
+  clock_group_ = frame_clock_path(setup);
+  // A file written with another --save-positions has its clock elsewhere (check_resumable
+  // refuses that first; a file edited by hand meets this).
+  if (H5Lexists(file_.get(), "/run", H5P_DEFAULT) > 0 &&
+      (H5Lexists(file_.get(), "/run/checkpoint", H5P_DEFAULT) > 0) != keeps_checkpoint())
+    throw IoError(setup.path + ": --resume needs the --save-positions the file was written with");
+  auto open = [&](const std::string& name) {
+    Handle dataset = hdf5::open_dataset(file_.get(), name);
+    if (!dataset.valid()) check_.fail("opening", name);
+    return dataset;
+  };
+  step_ = open(clock_group_ + "step");
+  time_ = open(clock_group_ + "time");
+  run_ = check_.own(H5Gopen2(file_.get(), "/run", H5P_DEFAULT), H5Gclose, "opening", "/run");
+  step_size_ = open("/run/step_size");
+  auto length = [&](hid_t dataset, const char* what, std::size_t rank) {
+    const auto dims = dataset_dims(check_, dataset, what);
+    if (dims.size() != rank)
+      throw IoError(setup.path + ": " + what + " has rank " + std::to_string(dims.size()) +
+                    ", an mfattn file has " + std::to_string(rank));
+    return dims[0];
+  };
+  hsize_t frames = std::min(length(step_.get(), "frame step", 1),
+                            length(time_.get(), "frame time", 1));
+  frames = std::min(frames, length(step_size_.get(), "run/step_size", 1));
+  // Rows of the position element that every position dataset holds (Ends).
+  hsize_t position_rows = std::numeric_limits<hsize_t>::max();
+  const bool ends = setup.position_frames == PositionFrames::Ends;
+  if (ends) {
+    position_step_ = open("/particles/tokens/position/step");
+    position_time_ = open("/particles/tokens/position/time");
+    position_rows = std::min(length(position_step_.get(), "position/step", 1),
+                             length(position_time_.get(), "position/time", 1));
+  }
+  if (is_field_file()) {
+    Handle value = open(kFieldGroup + "value");
+    const auto dims = dataset_dims(check_, value.get(), "fields/density/value");
+    if (std::vector<std::size_t>(dims.begin() + std::min<std::size_t>(dims.size(), 1), dims.end()) != setup.field_shape)
+      throw IoError(setup.path + ": --resume needs the same grid as the file");
+    frames = std::min(frames, dims[0]);
+    positions_.push_back(std::move(value));
+  }
+  for (std::size_t r = 0; r < setup.replicas && !is_field_file(); ++r) {
+    const std::string group = "/particles/" + particle_group_name(r);
+    particle_groups_.push_back(check_.own(H5Gopen2(file_.get(), group.c_str(), H5P_DEFAULT),
+                                          H5Gclose, "opening", group));
+    Handle value = open(group + "/position/value");
+    const auto dims = dataset_dims(check_, value.get(), "position/value");
+    if (dims.size() != 3 || dims[1] != setup.n || dims[2] != setup.d)
+      throw IoError(setup.path + ": --resume needs the same n and d as the file");
+    if (setup.position_frames == PositionFrames::None) continue;  // empty, never written
+    hsize_t& rows = ends ? position_rows : frames;
+    rows = std::min(rows, dims[0]);
+    positions_.push_back(std::move(value));
+    if (setup.velocity) {
+      velocities_.push_back(open(group + "/velocity/value"));
+      rows = std::min(rows, length(velocities_.back().get(), "velocity/value", 3));
+    }
+  }
+  for (const auto& [name, components] : setup.observables) {
+    observable_values_.push_back(open("/observables/" + name + "/value"));
+    const std::size_t rank = 1 + (setup.replicas > 1) + (components > 1);
+    frames = std::min(frames, length(observable_values_.back().get(), name.c_str(), rank));
+  }
+  if (frames == 0) throw IoError(setup.path + ": --resume found no complete frame");
+  const std::size_t frame_size = setup.n * setup.d;
+  point.x.resize(setup.replicas * frame_size);
+  if (keeps_checkpoint()) {
+    // The state comes from the checkpoint's latest complete slot; frames after it are
+    // rewritten (a writer killed after a frame's rows but before its mark leaves them).
+    frames = resume_from_checkpoint(frames, point);
+  } else {
+    read_row(check_, step_size_.get(), frames - 1, H5T_NATIVE_DOUBLE, &point.step_size, "step_size");
+    for (std::size_t r = 0; r < setup.replicas; ++r)
+      read_row(check_, positions_[r].get(), frames - 1, H5T_NATIVE_DOUBLE,
+               point.x.data() + r * frame_size, "position/value");
+  }
+  frames_ = frames;
+  flushed_frames_ = frames;
+  point.frames = frames;
+  read_row(check_, step_.get(), frames - 1, H5T_NATIVE_INT64, &point.step, "step");
+  read_row(check_, time_.get(), frames - 1, H5T_NATIVE_DOUBLE, &point.time, "time");
+  if (ends) {
+    // Position rows up to the resumed frame stay; one of a frame after it (the final frame
+    // of a part killed before its checkpoint was marked) is rewritten.
+    std::vector<std::int64_t> steps(position_rows);
+    if (position_rows > 0)
+      check_(H5Dread(position_step_.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                     steps.data()),
+             "reading", "position/step");
+    position_rows_ = static_cast<hsize_t>(
+        std::count_if(steps.begin(), steps.end(), [&](std::int64_t s) { return s <= point.step; }));
+    flushed_position_rows_ = position_rows_;
+  }
+  storage_.reserve(file_.get(), kMetadataMargin);
+  auto read_attribute = [&](const char* name, hid_t type, void* out) {
+    if (H5Aexists(run_.get(), name) > 0) {
+      Handle attribute(H5Aopen(run_.get(), name, H5P_DEFAULT), H5Aclose);
+      H5Aread(attribute.get(), type, out);
+    }
+  };
+  read_attribute("steps", H5T_NATIVE_INT64, &point.steps);
+  read_attribute("rejected_steps", H5T_NATIVE_INT64, &point.rejected_steps);
+  read_attribute("wall_time_s", H5T_NATIVE_DOUBLE, &point.wall_seconds);
+}
+
+/// --resume of a file with a checkpoint: the state of its latest complete slot below
+/// `frames` goes to point (x, step size); returns the frames up to and including that
+/// slot's, which the run continues after.
+hsize_t Hdf5H5mdWriter::resume_from_checkpoint(hsize_t frames, ResumePoint& point) {
+  std::int64_t step = 0, clock_step = 0;
+  double time = 0.0, clock_time = 0.0;
+  const std::int64_t frame = checkpoint_.open_latest(check_, file_.get(), state_shape(), frames, point, step, time);
+  const hsize_t resumed = static_cast<hsize_t>(frame) + 1;
+  read_row(check_, step_.get(), resumed - 1, H5T_NATIVE_INT64, &clock_step, "frame step");
+  read_row(check_, time_.get(), resumed - 1, H5T_NATIVE_DOUBLE, &clock_time, "frame time");
+  if (step != clock_step || time != clock_time)
+    throw IoError(setup_.path + ": /run/checkpoint's slot of frame " + std::to_string(frame) + " holds step " +
+                  std::to_string(step) + " but that frame has step " + std::to_string(clock_step) +
+                  " (the file was changed by hand?)");
+  return resumed;
+}
 
 void Hdf5H5mdWriter::write_parameters(const std::vector<Parameter>& parameters) {
   QuietHdf5Errors quiet;

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "io/h5md_internal.hpp"
+#include "io/h5md_objects.hpp"
 
 namespace mfattn::h5md_internal {
 namespace {

@@ -1,7 +1,7 @@
 /// \file h5md_reader.cpp
-/// Reading an mfattn H5MD file back: the writer's reopening for --resume (its last complete
-/// frame or checkpoint slot), the last frame for --init-file, the layout check, and the
-/// summary of its /parameters and /run that --resume and `mfattn info` compare and print.
+/// Reading an mfattn H5MD file back: the last frame for --init-file, the layout check, and
+/// the summary of its /parameters and /run that --resume and `mfattn info` compare and print.
+/// (The writer's reopening for --resume is the layout writer's, h5md_layout.cpp.)
 #include "mfattn/io/h5md.hpp"
 
 #include <hdf5.h>
@@ -15,172 +15,13 @@
 #include <utility>
 #include <vector>
 
-#include "io/h5md_internal.hpp"
+#include "io/h5md_objects.hpp"
 #include "io/hdf5_support.hpp"
 #include "mfattn/core/number_text.hpp"
 #include "mfattn/io/series.hpp"
 
 namespace mfattn {
 namespace h5md_internal {
-
-/// Reopens a file for --resume (see H5mdWriter::open_for_resume).
-Hdf5H5mdWriter::Hdf5H5mdWriter(const WriterSetup& setup, ResumePoint& point)
-    : output_lock_(lock_output(setup.path, LockPurpose::Resume)), setup_(setup), check_(setup.path) {
-  QuietHdf5Errors quiet;
-  refuse_if_busy(setup.path, /*reopen_in_place=*/true);
-  file_ = check_.own(H5Fopen(setup.path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose,
-                     "opening the file for --resume");
-  if (keeps_checkpoint() && setup.observables.empty())
-    throw std::invalid_argument("H5mdWriter: a file without every frame's positions keeps its "
-                                "frame clock in /observables, so at least one observable is needed");
-  clock_group_ = frame_clock_path(setup);
-  // A file written with another --save-positions has its clock elsewhere (check_resumable
-  // refuses that first; a file edited by hand meets this).
-  if (H5Lexists(file_.get(), "/run", H5P_DEFAULT) > 0 &&
-      (H5Lexists(file_.get(), "/run/checkpoint", H5P_DEFAULT) > 0) != keeps_checkpoint())
-    throw IoError(setup.path + ": --resume needs the --save-positions the file was written with");
-  auto open = [&](const std::string& name) {
-    Handle dataset = hdf5::open_dataset(file_.get(), name);
-    if (!dataset.valid()) check_.fail("opening", name);
-    return dataset;
-  };
-  step_ = open(clock_group_ + "step");
-  time_ = open(clock_group_ + "time");
-  run_ = check_.own(H5Gopen2(file_.get(), "/run", H5P_DEFAULT), H5Gclose, "opening", "/run");
-  step_size_ = open("/run/step_size");
-  auto length = [&](hid_t dataset, const char* what, std::size_t rank) {
-    const auto dims = dataset_dims(check_, dataset, what);
-    if (dims.size() != rank)
-      throw IoError(setup.path + ": " + what + " has rank " + std::to_string(dims.size()) +
-                    ", an mfattn file has " + std::to_string(rank));
-    return dims[0];
-  };
-  hsize_t frames = std::min(length(step_.get(), "frame step", 1),
-                            length(time_.get(), "frame time", 1));
-  frames = std::min(frames, length(step_size_.get(), "run/step_size", 1));
-  // Rows of the position element that every position dataset holds (Ends).
-  hsize_t position_rows = std::numeric_limits<hsize_t>::max();
-  const bool ends = setup.position_frames == PositionFrames::Ends;
-  if (ends) {
-    position_step_ = open("/particles/tokens/position/step");
-    position_time_ = open("/particles/tokens/position/time");
-    position_rows = std::min(length(position_step_.get(), "position/step", 1),
-                             length(position_time_.get(), "position/time", 1));
-  }
-  if (is_field_file()) {
-    Handle value = open(kFieldGroup + "value");
-    const auto dims = dataset_dims(check_, value.get(), "fields/density/value");
-    if (std::vector<std::size_t>(dims.begin() + std::min<std::size_t>(dims.size(), 1), dims.end()) != setup.field_shape)
-      throw IoError(setup.path + ": --resume needs the same grid as the file");
-    frames = std::min(frames, dims[0]);
-    positions_.push_back(std::move(value));
-  }
-  for (std::size_t r = 0; r < setup.replicas && !is_field_file(); ++r) {
-    const std::string group = "/particles/" + particle_group_name(r);
-    particle_groups_.push_back(check_.own(H5Gopen2(file_.get(), group.c_str(), H5P_DEFAULT),
-                                          H5Gclose, "opening", group));
-    Handle value = open(group + "/position/value");
-    const auto dims = dataset_dims(check_, value.get(), "position/value");
-    if (dims.size() != 3 || dims[1] != setup.n || dims[2] != setup.d)
-      throw IoError(setup.path + ": --resume needs the same n and d as the file");
-    if (setup.position_frames == PositionFrames::None) continue;  // empty, never written
-    hsize_t& rows = ends ? position_rows : frames;
-    rows = std::min(rows, dims[0]);
-    positions_.push_back(std::move(value));
-    if (setup.velocity) {
-      velocities_.push_back(open(group + "/velocity/value"));
-      rows = std::min(rows, length(velocities_.back().get(), "velocity/value", 3));
-    }
-  }
-  for (const auto& [name, components] : setup.observables) {
-    observable_values_.push_back(open("/observables/" + name + "/value"));
-    const std::size_t rank = 1 + (setup.replicas > 1) + (components > 1);
-    frames = std::min(frames, length(observable_values_.back().get(), name.c_str(), rank));
-  }
-  if (frames == 0) throw IoError(setup.path + ": --resume found no complete frame");
-  const std::size_t frame_size = setup.n * setup.d;
-  point.x.resize(setup.replicas * frame_size);
-  if (keeps_checkpoint()) {
-    // The state comes from the checkpoint's latest complete slot; frames after it are
-    // rewritten (a writer killed after a frame's rows but before its mark leaves them).
-    frames = resume_from_checkpoint(frames, point);
-  } else {
-    read_row(check_, step_size_.get(), frames - 1, H5T_NATIVE_DOUBLE, &point.step_size, "step_size");
-    for (std::size_t r = 0; r < setup.replicas; ++r)
-      read_row(check_, positions_[r].get(), frames - 1, H5T_NATIVE_DOUBLE,
-               point.x.data() + r * frame_size, "position/value");
-  }
-  frames_ = frames;
-  flushed_frames_ = frames;
-  point.frames = frames;
-  read_row(check_, step_.get(), frames - 1, H5T_NATIVE_INT64, &point.step, "step");
-  read_row(check_, time_.get(), frames - 1, H5T_NATIVE_DOUBLE, &point.time, "time");
-  if (ends) {
-    // Position rows up to the resumed frame stay; one of a frame after it (the final frame
-    // of a part killed before its checkpoint was marked) is rewritten.
-    std::vector<std::int64_t> steps(position_rows);
-    if (position_rows > 0)
-      check_(H5Dread(position_step_.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                     steps.data()),
-             "reading", "position/step");
-    position_rows_ = static_cast<hsize_t>(
-        std::count_if(steps.begin(), steps.end(), [&](std::int64_t s) { return s <= point.step; }));
-    flushed_position_rows_ = position_rows_;
-  }
-  reserve_space(kMetadataMargin);
-  auto read_attribute = [&](const char* name, hid_t type, void* out) {
-    if (H5Aexists(run_.get(), name) > 0) {
-      Handle attribute(H5Aopen(run_.get(), name, H5P_DEFAULT), H5Aclose);
-      H5Aread(attribute.get(), type, out);
-    }
-  };
-  read_attribute("steps", H5T_NATIVE_INT64, &point.steps);
-  read_attribute("rejected_steps", H5T_NATIVE_INT64, &point.rejected_steps);
-  read_attribute("wall_time_s", H5T_NATIVE_DOUBLE, &point.wall_seconds);
-}
-
-/// --resume of a file with a checkpoint: the state of its latest complete slot below
-/// `frames` goes to point (x, step size); returns the frames up to and including that
-/// slot's, which the run continues after.
-hsize_t Hdf5H5mdWriter::resume_from_checkpoint(hsize_t frames, ResumePoint& point) {
-  auto open = [&](const char* name) {
-    const std::string path = std::string("/run/checkpoint/") + name;
-    Handle dataset = hdf5::open_dataset(file_.get(), path);
-    if (!dataset.valid()) check_.fail("opening", path);
-    return dataset;
-  };
-  checkpoint_.x = open("x");
-  checkpoint_.step = open("step");
-  checkpoint_.time = open("time");
-  checkpoint_.step_size = open("step_size");
-  checkpoint_.frame = open("frame");
-  const auto dims = dataset_dims(check_, checkpoint_.x.get(), "run/checkpoint/x");
-  if (dims != std::vector<hsize_t>{kCheckpointSlots, setup_.replicas, setup_.n, setup_.d})
-    throw IoError(setup_.path + ": run/checkpoint/x is not [2, R, n, d] of this run");
-  std::int64_t marks[kCheckpointSlots];
-  check_(H5Dread(checkpoint_.frame.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, marks),
-         "reading", "run/checkpoint/frame");
-  const int slot = latest_usable_checkpoint(marks, frames);
-  if (slot < 0)
-    throw IoError(setup_.path + ": --resume found no complete slot in /run/checkpoint");
-  const auto s = static_cast<hsize_t>(slot);
-  const hsize_t resumed = static_cast<hsize_t>(marks[slot]) + 1;
-  std::int64_t step = 0, clock_step = 0;
-  double time = 0.0, clock_time = 0.0;
-  read_row(check_, checkpoint_.x.get(), s, H5T_NATIVE_DOUBLE, point.x.data(), "run/checkpoint/x");
-  read_row(check_, checkpoint_.step.get(), s, H5T_NATIVE_INT64, &step, "run/checkpoint/step");
-  read_row(check_, checkpoint_.time.get(), s, H5T_NATIVE_DOUBLE, &time, "run/checkpoint/time");
-  read_row(check_, checkpoint_.step_size.get(), s, H5T_NATIVE_DOUBLE, &point.step_size,
-           "run/checkpoint/step_size");
-  read_row(check_, step_.get(), resumed - 1, H5T_NATIVE_INT64, &clock_step, "frame step");
-  read_row(check_, time_.get(), resumed - 1, H5T_NATIVE_DOUBLE, &clock_time, "frame time");
-  if (step != clock_step || time != clock_time)
-    throw IoError(setup_.path + ": /run/checkpoint slot " + std::to_string(slot) + " holds step " +
-                  std::to_string(step) + " but frame " + std::to_string(resumed - 1) +
-                  " has step " + std::to_string(clock_step) + " (the file was changed by hand?)");
-  checkpoint_slot_ = 1 - slot;
-  return resumed;
-}
 
 }  // namespace h5md_internal
 

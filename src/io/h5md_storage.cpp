@@ -1,6 +1,7 @@
 /// \file h5md_storage.cpp
-/// The storage rules of the H5MD writer: the disk it reserves, the locks it takes and
-/// respects, the temporary name it publishes, and the checkpoint slots that survive a kill.
+/// The storage policy of the H5MD writer (h5md_storage.hpp): OutputStorage, the disk it
+/// reserves, the locks it takes and respects and the temporary name it publishes, and
+/// CheckpointSlots, the checkpoint slots that survive a kill.
 ///
 /// Choices made here:
 /// - Disk space is reserved before the staged rows are written (fallocate beyond the end of
@@ -28,11 +29,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "io/h5md_internal.hpp"
+#include "io/h5md_storage.hpp"
+
+#include "io/h5md_objects.hpp"
 #include "io/path_lock.hpp"
 
 namespace mfattn {
@@ -48,35 +52,50 @@ int latest_usable_checkpoint(const std::int64_t (&marks)[kCheckpointSlots], hsiz
   return best;
 }
 
-/// Bytes the first `frames` staged frames may allocate: every chunk their rows start (and
-/// every chunk of a filtered dataset they touch, compressed anew), plus the metadata margin.
-std::size_t Hdf5H5mdWriter::staged_space_needed(hsize_t frames) const {
-  const hsize_t staged_frames = frames_ - flushed_frames_;
-  std::size_t bytes = kMetadataMargin;
-  for (const StagedRows& rows : staged_) {
-    const hsize_t count = rows.rows_of(frames, staged_frames);
-    if (count == 0) continue;
-    const hsize_t first = rows.first_row, last = first + count - 1;
-    const hsize_t per_chunk = rows.plan.chunk_rows;
-    const hsize_t chunks = rows.plan.filtered ? last / per_chunk - first / per_chunk + 1
-                                              : last / per_chunk + 1 - (first + per_chunk - 1) / per_chunk;
-    bytes += static_cast<std::size_t>(chunks) * (rows.plan.chunk_bytes + 4096);
+OutputStorage::OutputStorage(const WriterSetup& setup, Purpose purpose)
+    : lock_(lock_output(setup.path, purpose)),
+      path_(setup.path),
+      overwrite_(setup.overwrite),
+      write_path_(setup.atomic_publish && purpose != Purpose::Resume ? temporary_output_path(setup.path)
+                                                                     : setup.path) {
+  if (purpose == Purpose::Resume) {
+    refuse_if_busy(path_, /*reopen_in_place=*/true);
+    return;
   }
-  return bytes;
+  std::error_code ignored;
+  // symlink_status: a symbolic link is something at the path even when its target is missing
+  // (the publishing rename would find it and not replace it).
+  if (!overwrite_ && std::filesystem::exists(std::filesystem::symlink_status(path_, ignored))) {
+    const bool dangling = std::filesystem::is_symlink(std::filesystem::symlink_status(path_, ignored)) &&
+                          !std::filesystem::exists(path_, ignored);
+    throw OutputExists("output file " + path_ + (dangling ? " is a symbolic link to a missing file" : " exists") +
+                       " (use --overwrite to replace it)");
+  }
+  if (overwrite_) {
+    refuse_unless_replaceable(path_);
+    refuse_if_busy(path_);
+  }
+  if (setup.atomic_publish) {
+    // A leftover of this process id and call number (a killed run long ago) is ours to
+    // replace.
+    ::unlink(write_path_.c_str());
+    pending_.path = write_path_;
+    published_ = false;
+  }
 }
 
+namespace {
+
 /// The file's descriptor (sec2 driver), or -1.
-int Hdf5H5mdWriter::file_descriptor() const {
+int file_descriptor(hid_t file) {
   void* handle = nullptr;
-  if (H5Fget_vfd_handle(file_.get(), H5P_DEFAULT, &handle) < 0 || handle == nullptr) return -1;
+  if (H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) < 0 || handle == nullptr) return -1;
   return *static_cast<int*>(handle);
 }
 
-/// Allocates disk blocks up to `bytes` past HDF5's end of allocation, without changing the
-/// file's size, so that the writes of the next frame cannot meet a full disk. A full disk
-/// fails here, with nothing of the frame written (IoError). Filesystems that do not
-/// support fallocate switch the reservation off.
-void Hdf5H5mdWriter::reserve_space(std::size_t bytes) {
+}  // namespace
+
+void OutputStorage::reserve(hid_t file, std::size_t bytes) {
   // MFATTN_NO_SPACE_RESERVATION=1 behaves as a filesystem without fallocate (tests use it).
   static const bool disabled = [] {
     const char* value = std::getenv("MFATTN_NO_SPACE_RESERVATION");
@@ -84,9 +103,9 @@ void Hdf5H5mdWriter::reserve_space(std::size_t bytes) {
   }();
   if (disabled) reserving_ = false;
   if (!reserving_) return;
-  const int fd = file_descriptor();
+  const int fd = file_descriptor(file);
   haddr_t eoa = 0;
-  if (fd < 0 || H5Fget_eoa(file_.get(), &eoa) < 0) {
+  if (fd < 0 || H5Fget_eoa(file, &eoa) < 0) {
     reserving_ = false;
     return;
   }
@@ -111,15 +130,13 @@ void Hdf5H5mdWriter::reserve_space(std::size_t bytes) {
     reserving_ = false;
     return;
   }
-  throw IoError(setup_.path + ": reserving " + std::to_string(bytes) +
+  throw IoError(path_ + ": reserving " + std::to_string(bytes) +
                 " bytes of disk space for the next frame failed (" + std::strerror(error) + ")");
 }
 
-/// Gives back the blocks reserved past the end of the file (a failed or finished run must
-/// not keep a disk full for others).
-void Hdf5H5mdWriter::release_reserved_space() noexcept {
-  if (reserved_end_ == 0 || !file_.valid()) return;
-  const int fd = file_descriptor();
+void OutputStorage::release(hid_t file) noexcept {
+  if (reserved_end_ == 0 || file < 0) return;
+  const int fd = file_descriptor(file);
   struct stat info {};
   if (fd < 0 || ::fstat(fd, &info) != 0) return;
   if (reserved_end_ > info.st_size) {
@@ -141,8 +158,7 @@ void Hdf5H5mdWriter::release_reserved_space() noexcept {
 /// is OutputBusy (exit 4: retry once it ends). A filesystem without any byte-range locks
 /// gives no exclusion at all (nullptr): refusing would make mfattn unusable there, and
 /// docs/failure-model.md says so.
-std::unique_ptr<PathLock> Hdf5H5mdWriter::lock_output(const std::string& path,
-                                                      LockPurpose purpose) {
+std::unique_ptr<PathLock> OutputStorage::lock_output(const std::string& path, Purpose purpose) {
   std::unique_ptr<PathLock> lock;
   try {
     lock = PathLock::try_acquire(output_lock_path(path));
@@ -152,7 +168,7 @@ std::unique_ptr<PathLock> Hdf5H5mdWriter::lock_output(const std::string& path,
     throw IoError("output file " + path + ": " + e.what());
   }
   if (lock) return lock;
-  if (purpose == LockPurpose::Create)
+  if (purpose == Purpose::Create)
     throw OutputExists("output file " + path + " is being written by another run (use another --out, "
                        "or wait for that run and pass --overwrite to replace its file)");
   throw OutputBusy("output file " + path + " is being written by another mfattn run, in another process "
@@ -161,7 +177,7 @@ std::unique_ptr<PathLock> Hdf5H5mdWriter::lock_output(const std::string& path,
 
 /// --overwrite replaces a regular file (or a link to one) and nothing else: renaming over a
 /// device node or a FIFO would replace it with a file (OutputNotReplaceable, exit 2).
-void Hdf5H5mdWriter::refuse_unless_replaceable(const std::string& path) {
+void OutputStorage::refuse_unless_replaceable(const std::string& path) {
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0 || S_ISREG(info.st_mode)) return;
   throw OutputNotReplaceable("--out " + path + ": is not a regular file (a device, FIFO, socket or folder); " +
@@ -174,7 +190,7 @@ void Hdf5H5mdWriter::refuse_unless_replaceable(const std::string& path) {
 /// For --resume (reopen_in_place) the probe is exclusive, as HDF5's own lock for writing
 /// will be: a reader holding a shared lock (plain h5py) then blocks it too, and says so.
 /// Throws OutputBusy when the lock is held elsewhere. O_NONBLOCK: a FIFO does not hang.
-int Hdf5H5mdWriter::lock_unless_busy(const std::string& path, bool reopen_in_place) {
+int OutputStorage::lock_unless_busy(const std::string& path, bool reopen_in_place) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return -1;
   if (::flock(fd, (reopen_in_place ? LOCK_EX : LOCK_SH) | LOCK_NB) == 0 || errno != EWOULDBLOCK)
@@ -189,16 +205,15 @@ int Hdf5H5mdWriter::lock_unless_busy(const std::string& path, bool reopen_in_pla
 }
 
 /// Refuses (OutputBusy) a path that another process holds open (see lock_unless_busy).
-void Hdf5H5mdWriter::refuse_if_busy(const std::string& path, bool reopen_in_place) {
+void OutputStorage::refuse_if_busy(const std::string& path, bool reopen_in_place) {
   if (const int fd = lock_unless_busy(path, reopen_in_place); fd >= 0) ::close(fd);
 }
 
-/// Renames the temporary file to its final name: without --overwrite only when that name
-/// is still free (renameat2 RENAME_NOREPLACE, or link + unlink where it is not supported),
-/// with --overwrite only when no other process writes the file it replaces.
-void Hdf5H5mdWriter::publish() {
-  const std::string& target = setup_.path;
-  if (setup_.overwrite) {
+/// Without --overwrite: renameat2 RENAME_NOREPLACE, or link + unlink where it is not
+/// supported.
+void OutputStorage::publish() {
+  const std::string& target = path_;
+  if (overwrite_) {
     // Checked again here: the name may have been given to a device or FIFO meanwhile.
     refuse_unless_replaceable(target);
     // The lock is held across the rename, so no writer can open the old file meanwhile.
@@ -229,66 +244,89 @@ void Hdf5H5mdWriter::publish() {
   pending_.path.clear();
 }
 
-/// A fixed-size dataset whose space is allocated when it is created: the checkpoint is
-/// rewritten in place every frame, so it never asks the disk for more.
-Handle Hdf5H5mdWriter::allocated_dataset(hid_t parent, const char* name, hid_t file_type,
-                                         const std::vector<hsize_t>& dims) {
-  Handle space = dataspace(check_, dims);
-  Handle properties = check_.own(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "creating properties");
-  check_(H5Pset_alloc_time(properties.get(), H5D_ALLOC_TIME_EARLY), "allocating", name);
-  return check_.own(H5Dcreate2(parent, name, file_type, space.get(), H5P_DEFAULT,
-                               properties.get(), H5P_DEFAULT),
-                    H5Dclose, "creating dataset", name);
+namespace {
+
+/// A fixed-size dataset whose space is allocated when it is created.
+Handle allocated_dataset(const Checker& check, hid_t parent, const char* name, hid_t file_type,
+                         const std::vector<hsize_t>& dims) {
+  Handle space = dataspace(check, dims);
+  Handle properties = check.own(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "creating properties");
+  check(H5Pset_alloc_time(properties.get(), H5D_ALLOC_TIME_EARLY), "allocating", name);
+  return check.own(H5Dcreate2(parent, name, file_type, space.get(), H5P_DEFAULT, properties.get(), H5P_DEFAULT),
+                   H5Dclose, "creating dataset", name);
 }
 
-/// /run/checkpoint: x [2, R, n, d], step, time, step_size and frame [2]; frame[s] is the
-/// frame slot s holds (kEmptyCheckpointSlot while it holds none), written after the rest.
-void Hdf5H5mdWriter::create_checkpoint() {
-  Handle group = create_group(check_, run_.get(), "checkpoint");
+}  // namespace
+
+void CheckpointSlots::create(const Checker& check, hid_t run, const std::vector<hsize_t>& state_shape) {
+  Handle group = create_group(check, run, "checkpoint");
   const hid_t g = group.get();
-  checkpoint_.x = allocated_dataset(g, "x", H5T_IEEE_F64LE,
-                                    {kCheckpointSlots, setup_.replicas, setup_.n, setup_.d});
-  checkpoint_.step = allocated_dataset(g, "step", H5T_STD_I64LE, {kCheckpointSlots});
-  checkpoint_.time = allocated_dataset(g, "time", H5T_IEEE_F64LE, {kCheckpointSlots});
-  checkpoint_.step_size = allocated_dataset(g, "step_size", H5T_IEEE_F64LE, {kCheckpointSlots});
-  checkpoint_.frame = allocated_dataset(g, "frame", H5T_STD_I64LE, {kCheckpointSlots});
+  std::vector<hsize_t> x_dims{kCheckpointSlots};
+  x_dims.insert(x_dims.end(), state_shape.begin(), state_shape.end());
+  x_ = allocated_dataset(check, g, "x", H5T_IEEE_F64LE, x_dims);
+  step_ = allocated_dataset(check, g, "step", H5T_STD_I64LE, {kCheckpointSlots});
+  time_ = allocated_dataset(check, g, "time", H5T_IEEE_F64LE, {kCheckpointSlots});
+  step_size_ = allocated_dataset(check, g, "step_size", H5T_IEEE_F64LE, {kCheckpointSlots});
+  frame_ = allocated_dataset(check, g, "frame", H5T_STD_I64LE, {kCheckpointSlots});
   const std::int64_t empty[kCheckpointSlots] = {kEmptyCheckpointSlot, kEmptyCheckpointSlot};
-  check_(H5Dwrite(checkpoint_.frame.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, empty),
-         "writing", "run/checkpoint/frame");
+  check(H5Dwrite(frame_.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, empty), "writing",
+        "run/checkpoint/frame");
 }
 
-/// The state of the frame being appended, into the slot that does not hold the latest
-/// complete frame; its mark follows in flush().
-void Hdf5H5mdWriter::write_checkpoint_slot(std::int64_t step, double time, double step_size,
-                                           const double* x) {
-  const hsize_t slot = checkpoint_slot_;
-  overwrite_row(check_, checkpoint_.x.get(), slot, H5T_NATIVE_DOUBLE, x, "run/checkpoint/x");
-  overwrite_row(check_, checkpoint_.step.get(), slot, H5T_NATIVE_INT64, &step, "run/checkpoint/step");
-  overwrite_row(check_, checkpoint_.time.get(), slot, H5T_NATIVE_DOUBLE, &time, "run/checkpoint/time");
-  overwrite_row(check_, checkpoint_.step_size.get(), slot, H5T_NATIVE_DOUBLE, &step_size,
-                "run/checkpoint/step_size");
-  checkpoint_pending_ = true;
+std::int64_t CheckpointSlots::open_latest(const Checker& check, hid_t file, const std::vector<hsize_t>& state_shape,
+                                          hsize_t frames, ResumePoint& point, std::int64_t& step, double& time) {
+  auto open = [&](const char* name) {
+    const std::string path = std::string("/run/checkpoint/") + name;
+    Handle dataset = hdf5::open_dataset(file, path);
+    if (!dataset.valid()) check.fail("opening", path);
+    return dataset;
+  };
+  x_ = open("x");
+  step_ = open("step");
+  time_ = open("time");
+  step_size_ = open("step_size");
+  frame_ = open("frame");
+  std::vector<hsize_t> x_dims{kCheckpointSlots};
+  x_dims.insert(x_dims.end(), state_shape.begin(), state_shape.end());
+  if (dataset_dims(check, x_.get(), "run/checkpoint/x") != x_dims)
+    throw IoError(check.path() + ": run/checkpoint/x is not [2, R, n, d] of this run");
+  std::int64_t marks[kCheckpointSlots];
+  check(H5Dread(frame_.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, marks), "reading",
+        "run/checkpoint/frame");
+  const int slot = latest_usable_checkpoint(marks, frames);
+  if (slot < 0) throw IoError(check.path() + ": --resume found no complete slot in /run/checkpoint");
+  const auto s = static_cast<hsize_t>(slot);
+  read_row(check, x_.get(), s, H5T_NATIVE_DOUBLE, point.x.data(), "run/checkpoint/x");
+  read_row(check, step_.get(), s, H5T_NATIVE_INT64, &step, "run/checkpoint/step");
+  read_row(check, time_.get(), s, H5T_NATIVE_DOUBLE, &time, "run/checkpoint/time");
+  read_row(check, step_size_.get(), s, H5T_NATIVE_DOUBLE, &point.step_size, "run/checkpoint/step_size");
+  slot_ = 1 - slot;
+  return marks[slot];
 }
 
-/// Marks the slot written by write_checkpoint_slot as holding the last appended frame;
-/// the next frame goes to the other slot.
-void Hdf5H5mdWriter::mark_checkpoint_slot() {
-  const auto frame = static_cast<std::int64_t>(frames_ - 1);
-  overwrite_row(check_, checkpoint_.frame.get(), checkpoint_slot_, H5T_NATIVE_INT64, &frame,
+void CheckpointSlots::write(const Checker& check, std::int64_t step, double time, double step_size,
+                            const double* x) {
+  const auto slot = static_cast<hsize_t>(slot_);
+  overwrite_row(check, x_.get(), slot, H5T_NATIVE_DOUBLE, x, "run/checkpoint/x");
+  overwrite_row(check, step_.get(), slot, H5T_NATIVE_INT64, &step, "run/checkpoint/step");
+  overwrite_row(check, time_.get(), slot, H5T_NATIVE_DOUBLE, &time, "run/checkpoint/time");
+  overwrite_row(check, step_size_.get(), slot, H5T_NATIVE_DOUBLE, &step_size, "run/checkpoint/step_size");
+  pending_ = true;
+}
+
+void CheckpointSlots::mark(const Checker& check, std::int64_t frame) {
+  overwrite_row(check, frame_.get(), static_cast<hsize_t>(slot_), H5T_NATIVE_INT64, &frame,
                 "run/checkpoint/frame");
-  checkpoint_slot_ = 1 - checkpoint_slot_;
-  checkpoint_pending_ = false;
+  slot_ = 1 - slot_;
+  pending_ = false;
 }
 
-/// After the final frame's slot is marked: the same state into the other slot too, so that
-/// a finished file's /run/checkpoint holds the final frame twice whatever the flushes were
-/// (the older slot would otherwise hold the frame of the flush before, which --flush-interval
-/// decides). The marked slot stays complete while the other is written.
-void Hdf5H5mdWriter::settle_checkpoint() {
-  write_checkpoint_slot(latest_.step, latest_.time, latest_.step_size, latest_.x.data());
-  flush_file();
-  mark_checkpoint_slot();
-  flush_file();
+void CheckpointSlots::close() {
+  frame_.reset();
+  step_size_.reset();
+  time_.reset();
+  step_.reset();
+  x_.reset();
 }
 
 }  // namespace h5md_internal

@@ -1,17 +1,10 @@
 /// \file h5md_writer.cpp
-/// H5MD 1.1 output through the HDF5 C API (layout: docs/output.md): the writer's life and its
-/// frames. The file's groups and datasets are made in h5md_layout.cpp, its storage rules
-/// (disk reservation, output locks, publishing, checkpoint slots) are in h5md_storage.cpp,
-/// and the reopening for --resume is in h5md_reader.cpp.
+/// H5MD 1.1 output through the HDF5 C API (h5md_writer.hpp; layout: docs/output.md): the
+/// writer's frames and its end. The file's groups and datasets are made or reopened in
+/// h5md_layout.cpp, its storage policy (disk reservation, output locks, publishing,
+/// checkpoint slots) is h5md_storage.cpp's.
 ///
 /// Choices made here:
-/// - The file uses HDF5's oldest compatible format and no SWMR: after flush() a writer killed
-///   with SIGKILL leaves a file that plain h5py opens. Above kOldestFormatLargestD it uses the
-///   1.8 format (readable by every HDF5 since 1.8, 2008), which stores an attribute of more
-///   than 64 KiB (the box's boundary names d strings: d = 4096 did not fit in the oldest).
-///   Not for every file: the 1.8 format's metadata checksums make a reader beside a running
-///   writer fail now and then on metadata the writer is rewriting (5 of 1500 `info` calls),
-///   which the oldest format's readers never did.
 /// - HDF5's automatic error printing is switched off for the duration of every call into this
 ///   file, and each failed HDF5 call becomes an IoError naming the file and the operation.
 /// - append_frame copies a frame into staged rows; flush() writes them, one block per
@@ -29,85 +22,12 @@
 #include <string>
 #include <vector>
 
-#include "io/h5md_internal.hpp"
+#include "io/h5md_writer.hpp"
+
+#include "io/h5md_objects.hpp"
 
 namespace mfattn {
 namespace h5md_internal {
-
-Hdf5H5mdWriter::Hdf5H5mdWriter(const WriterSetup& setup)
-    : output_lock_(lock_output(setup.path, setup.overwrite ? LockPurpose::Replace : LockPurpose::Create)),
-      setup_(setup),
-      check_(setup.path),
-      write_path_(setup.atomic_publish ? temporary_output_path(setup.path) : setup.path) {
-  if (setup.n == 0 || setup.d == 0 || setup.replicas == 0) {
-    throw std::invalid_argument("H5mdWriter: n, d and replicas must be positive");
-  }
-  for (const auto& [name, components] : setup.observables) {
-    if (components == 0) throw std::invalid_argument("observable " + name + " has no components");
-  }
-  if (keeps_checkpoint() && setup.observables.empty())
-    throw std::invalid_argument("H5mdWriter: without every frame's positions the frame clock "
-                                "lives in /observables, so at least one observable is needed");
-  if (setup.position_frames == PositionFrames::None && setup.velocity)
-    throw std::invalid_argument("H5mdWriter: velocities follow the positions' frames, and "
-                                "PositionFrames::None keeps none");
-  if (!setup.field_shape.empty()) {
-    std::size_t size = 1;
-    for (std::size_t extent : setup.field_shape) size *= extent;
-    if (setup.n != size || setup.d != 1 || setup.replicas != 1 || setup.velocity ||
-        setup.position_frames != PositionFrames::All)
-      throw std::invalid_argument("H5mdWriter: a density file has n = the shape's size, d = 1, one replica, "
-                                  "every frame and no velocities");
-  }
-  clock_group_ = frame_clock_path(setup);
-  QuietHdf5Errors quiet;
-  std::error_code ignored;
-  // symlink_status: a symbolic link is something at the path even when its target is missing
-  // (the publishing rename would find it and not replace it).
-  if (!setup.overwrite && std::filesystem::exists(std::filesystem::symlink_status(setup.path, ignored))) {
-    const bool dangling = std::filesystem::is_symlink(std::filesystem::symlink_status(setup.path, ignored)) &&
-                          !std::filesystem::exists(setup.path, ignored);
-    throw OutputExists("output file " + setup.path + (dangling ? " is a symbolic link to a missing file" : " exists") +
-                       " (use --overwrite to replace it)");
-  }
-  if (setup.overwrite) {
-    refuse_unless_replaceable(setup.path);
-    refuse_if_busy(setup.path);
-  }
-  if (setup.atomic_publish) {
-    // A leftover of this process id and call number (a killed run long ago) is ours to
-    // replace.
-    ::unlink(write_path_.c_str());
-    pending_.path = write_path_;
-  }
-  Handle creation = check_.own(H5Pcreate(H5P_FILE_CREATE), H5Pclose, "creating properties");
-  // Every chunked dataset has a B-tree node of 2K entries, 3 KiB at HDF5's K = 32: more
-  // than the two position rows of a replica with Ends. Files meant to be small take K = 4.
-  if (keeps_checkpoint())
-    check_(H5Pset_istore_k(creation.get(), kSmallFileChunkIndexK), "setting the chunk index size");
-  Handle access = check_.own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "creating properties");
-  if (setup.d > kOldestFormatLargestD)
-    check_(H5Pset_libver_bounds(access.get(), H5F_LIBVER_V18, H5F_LIBVER_V18), "choosing the file format");
-  file_ = check_.own(H5Fcreate(write_path_.c_str(),
-                               setup.atomic_publish ? H5F_ACC_EXCL : H5F_ACC_TRUNC,
-                               creation.get(), access.get()),
-                     H5Fclose, "creating the file");
-  published_ = !setup.atomic_publish;
-  reserve_space(kMetadataMargin);
-  write_h5md_group();
-  if (is_field_file())
-    create_field_group();
-  else
-    create_particle_groups();
-  create_observables();
-  create_group(check_, file_.get(), "parameters");
-  run_ = create_group(check_, file_.get(), "run");
-  step_size_ = grow(run_.get(), "step_size", H5T_IEEE_F64LE, {}, kSeriesChunkBytes,
-                    {false, setup_.fletcher32});
-  if (keeps_checkpoint()) create_checkpoint();
-  write_run_info("running", 0.0, 0, 0);
-  flush_file();
-}
 
 /// Flushes frames still staged in a published file (as a stream's destructor does; an
 /// unpublished one is removed, as ever), then closes every object, then the file, with
@@ -115,19 +35,19 @@ Hdf5H5mdWriter::Hdf5H5mdWriter(const WriterSetup& setup)
 /// from a destructor, and the file keeps its last flushed frames.
 Hdf5H5mdWriter::~Hdf5H5mdWriter() {
   QuietHdf5Errors quiet;
-  if (published_ && frames_ > flushed_frames_ && !write_failed_ && !flush_failed_) {
+  if (storage_.published() && frames_ > flushed_frames_ && !write_failed_ && !flush_failed_) {
     try {
       flush();
     } catch (...) {
       roll_back_quietly();
     }
   }
-  release_reserved_space();
+  storage_.release(file_.valid() ? file_.get() : -1);
   observable_values_.clear();
   positions_.clear();
   velocities_.clear();
   particle_groups_.clear();
-  checkpoint_.clear();
+  checkpoint_.close();
   position_step_.reset();
   position_time_.reset();
   step_.reset();
@@ -223,8 +143,8 @@ void Hdf5H5mdWriter::flush() {
   try {
     flush_file();
     // Only now is the slot's data in the file: its mark goes after it, in a second flush.
-    if (checkpoint_pending_ && !flush_failed_) {
-      mark_checkpoint_slot();
+    if (checkpoint_.pending() && !flush_failed_) {
+      checkpoint_.mark(check_, static_cast<std::int64_t>(frames_ - 1));
       flush_file();
       if (latest_.final) settle_checkpoint();
     }
@@ -236,7 +156,7 @@ void Hdf5H5mdWriter::flush() {
     flushed_frames_ = frames_;
     flushed_position_rows_ = position_rows_;
   }
-  if (!published_ && frames_ > 0 && !flush_failed_) publish();
+  if (!storage_.published() && frames_ > 0 && !flush_failed_) storage_.publish();
 }
 
 void Hdf5H5mdWriter::flush_file() {
@@ -260,6 +180,23 @@ void Hdf5H5mdWriter::stage(hid_t dataset, hsize_t row, hid_t memory_type, const 
   entry->bytes.insert(entry->bytes.end(), first, first + row_bytes);
 }
 
+/// Bytes the first `frames` staged frames may allocate: every chunk their rows start (and
+/// every chunk of a filtered dataset they touch, compressed anew), plus the metadata margin.
+std::size_t Hdf5H5mdWriter::staged_space_needed(hsize_t frames) const {
+  const hsize_t staged_frames = frames_ - flushed_frames_;
+  std::size_t bytes = kMetadataMargin;
+  for (const StagedRows& rows : staged_) {
+    const hsize_t count = rows.rows_of(frames, staged_frames);
+    if (count == 0) continue;
+    const hsize_t first = rows.first_row, last = first + count - 1;
+    const hsize_t per_chunk = rows.plan.chunk_rows;
+    const hsize_t chunks = rows.plan.filtered ? last / per_chunk - first / per_chunk + 1
+                                              : last / per_chunk + 1 - (first + per_chunk - 1) / per_chunk;
+    bytes += static_cast<std::size_t>(chunks) * (rows.plan.chunk_bytes + 4096);
+  }
+  return bytes;
+}
+
 /// Writes the rows of the first `frames` staged frames and, when that is all of them and
 /// the file has a checkpoint, the latest frame's state into its slot (its space reserved
 /// by the caller). Clears the staged rows.
@@ -273,8 +210,23 @@ void Hdf5H5mdWriter::write_staged(hsize_t frames) {
                  rows.what);
     rows.bytes.clear();
   }
-  if (keeps_checkpoint() && frames == staged_frames)
-    write_checkpoint_slot(latest_.step, latest_.time, latest_.step_size, latest_.x.data());
+  if (keeps_checkpoint() && frames == staged_frames) write_checkpoint_slot();
+}
+
+/// The latest appended frame's state into the checkpoint's free slot.
+void Hdf5H5mdWriter::write_checkpoint_slot() {
+  checkpoint_.write(check_, latest_.step, latest_.time, latest_.step_size, latest_.x.data());
+}
+
+/// After the final frame's slot is marked: the same state into the other slot too, so that
+/// a finished file's /run/checkpoint holds the final frame twice whatever the flushes were
+/// (the older slot would otherwise hold the frame of the flush before, which --flush-interval
+/// decides). The marked slot stays complete while the other is written.
+void Hdf5H5mdWriter::settle_checkpoint() {
+  write_checkpoint_slot();
+  flush_file();
+  checkpoint_.mark(check_, static_cast<std::int64_t>(frames_ - 1));
+  flush_file();
 }
 
 /// Writes the staged frames. The disk space for them is reserved first, so a disk that
@@ -286,13 +238,13 @@ void Hdf5H5mdWriter::write_staged_frames() {
   // A write that fails half-way leaves rows that write_run_info takes back.
   write_failed_ = true;
   try {
-    reserve_space(staged_space_needed(staged_frames));
+    storage_.reserve(file_.get(), staged_space_needed(staged_frames));
   } catch (const IoError&) {
     hsize_t fits = 0, fails = staged_frames;
     while (fits + 1 < fails) {
       const hsize_t middle = fits + (fails - fits) / 2;
       try {
-        reserve_space(staged_space_needed(middle));
+        storage_.reserve(file_.get(), staged_space_needed(middle));
         fits = middle;
       } catch (const IoError&) {
         fails = middle;
@@ -336,7 +288,7 @@ void Hdf5H5mdWriter::roll_back_to_flushed_frames() {
   frames_ = flushed_frames_;
   position_rows_ = flushed_position_rows_;
   // An unmarked slot stays unmarked: its older mark keeps it from being taken.
-  checkpoint_pending_ = false;
+  checkpoint_.forget_pending();
   write_failed_ = flush_failed_ = false;
 }
 
