@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <exception>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -277,6 +278,65 @@ std::unique_ptr<H5mdWriter> open_run_output(const RunConfig& cfg, RunParts& part
   return writer;
 }
 
+/// The fault report of a run that ends before its horizon (docs/failure-model.md): why it
+/// ended goes to /run, if the file still takes it, with the counts of the last frame the file
+/// keeps (the staged frames are flushed first unless writing failed already: the writer then
+/// takes its partial rows back); the log says what the file keeps and how to continue.
+/// Returns the exit code; a fault of another kind than these passes on.
+int report_early_end(std::exception_ptr fault, const RunConfig& cfg, const RunHooks& hooks, H5mdWriter& writer,
+                     KeptFrames& file_frames, const State& state, std::ostream& log) {
+  const std::string continue_advice =
+      hooks.unfinished_advice.empty() ? std::string("continue it with --resume") : hooks.unfinished_advice;
+  const std::string advice_after_fault =
+      hooks.unfinished_advice.empty() ? continue_advice + " once the fault is fixed" : hooks.unfinished_advice;
+  auto record_status = [&](const std::string& status, bool flush_staged_first = true) {
+    try {
+      if (flush_staged_first) {
+        writer.flush();
+        file_frames.note_flushed();
+      }
+      const FrameCounts& kept = file_frames.kept();
+      writer.write_run_info(status, kept.wall_seconds, kept.step, kept.rejected);
+      writer.flush();
+      return true;
+    } catch (const IoError&) {
+      file_frames.note_flushed();
+      return false;
+    }
+  };
+  try {
+    std::rethrow_exception(fault);
+  } catch (const Interrupted& stop) {
+    const std::string name = interruption_name(stop.signal);
+    // The status goes with the staged frames' flush.
+    record_status("interrupted: " + name);
+    log << "mfattn run: interrupted by " << name << " at t = " << state.time << " (step "
+        << state.step << "); " << writer.current_path() << " keeps every frame up to t = "
+        << file_frames.kept().time << " (" << continue_advice << ")\n";
+    return stop.signal ? 128 + stop.signal : kExitStoppedByCaller;
+  } catch (const NumericalError& e) {
+    log << "mfattn run: numerical failure: " << e.what() << '\n';
+    record_status(std::string("failed: ") + e.what());
+    return kExitNumerical;
+  } catch (const DeviceFailure& e) {
+    const bool recorded = record_status(std::string("failed: device: ") + e.what());
+    log << "mfattn run: device failure: " << e.what() << '\n';
+    log << "mfattn run: " << writer.current_path() << " keeps every frame up to t = " << file_frames.kept().time
+        << (recorded ? " and records the failure" : "") << " (" << continue_advice << ")\n";
+    return kExitIo;
+  } catch (const OutputExists&) {
+    return report_current_exception("run", log);
+  } catch (const IoError& e) {
+    const std::string where = writer.current_path();
+    const bool recorded = record_status(std::string("failed: I/O: ") + e.what(), /*flush_staged_first=*/false);
+    log << "mfattn run: " << e.what() << '\n';
+    if (where == cfg.out)
+      log << "mfattn run: " << cfg.out << " keeps every frame up to t = " << file_frames.kept().time
+          << (recorded ? " and records the failure" : "") << " (" << advice_after_fault << ")\n";
+    return kExitIo;
+  }
+}
+
 }  // namespace
 
 int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& hooks) {
@@ -433,68 +493,15 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
     progress.update(s.time, s.step);
     call_hook(s, false);
   };
-  const std::string continue_advice =
-      hooks.unfinished_advice.empty() ? std::string("continue it with --resume") : hooks.unfinished_advice;
-  const std::string advice_after_fault =
-      hooks.unfinished_advice.empty() ? continue_advice + " once the fault is fixed" : hooks.unfinished_advice;
-  // Records why the run ended in /run, if the file still takes it (a full disk may not),
-  // with the counts of the last frame the file keeps (docs/failure-model.md): the staged
-  // frames are flushed first unless writing failed already (the writer then takes its
-  // partial rows back).
-  auto record_status = [&](const std::string& status, bool flush_staged_first = true) {
-    try {
-      if (flush_staged_first) {
-        writer->flush();
-        note_kept_frames();
-      }
-      const FrameCounts& kept = file_frames.kept();
-      writer->write_run_info(status, kept.wall_seconds, kept.step, kept.rejected);
-      writer->flush();
-      return true;
-    } catch (const IoError&) {
-      note_kept_frames();
-      return false;
-    }
-  };
   try {
     integrate(*integrator, dynamics, state, h, cfg.dt, targets, observer, after_step);
     for (const RunObserver& entry : observers)
       if (entry.when.at_end_of_run()) entry.record(state);
     writer->flush();
     progress.finish();
-  } catch (const Interrupted& stop) {
+  } catch (...) {
     progress.finish();
-    const std::string name = interruption_name(stop.signal);
-    // The status goes with the staged frames' flush.
-    record_status("interrupted: " + name);
-    log << "mfattn run: interrupted by " << name << " at t = " << state.time << " (step "
-        << state.step << "); " << writer->current_path() << " keeps every frame up to t = "
-        << flushed_time << " (" << continue_advice << ")\n";
-    return stop.signal ? 128 + stop.signal : kExitStoppedByCaller;
-  } catch (const NumericalError& e) {
-    progress.finish();
-    log << "mfattn run: numerical failure: " << e.what() << '\n';
-    record_status(std::string("failed: ") + e.what());
-    return kExitNumerical;
-  } catch (const DeviceFailure& e) {
-    progress.finish();
-    const bool recorded = record_status(std::string("failed: device: ") + e.what());
-    log << "mfattn run: device failure: " << e.what() << '\n';
-    log << "mfattn run: " << writer->current_path() << " keeps every frame up to t = " << flushed_time
-        << (recorded ? " and records the failure" : "") << " (" << continue_advice << ")\n";
-    return kExitIo;
-  } catch (const OutputExists&) {
-    progress.finish();
-    return report_current_exception("run", log);
-  } catch (const IoError& e) {
-    progress.finish();
-    const std::string where = writer->current_path();
-    const bool recorded = record_status(std::string("failed: I/O: ") + e.what(), /*flush_staged_first=*/false);
-    log << "mfattn run: " << e.what() << '\n';
-    if (where == cfg.out)
-      log << "mfattn run: " << cfg.out << " keeps every frame up to t = " << flushed_time
-          << (recorded ? " and records the failure" : "") << " (" << advice_after_fault << ")\n";
-    return kExitIo;
+    return report_early_end(std::current_exception(), cfg, hooks, *writer, file_frames, state, log);
   }
   return kExitOk;
 }
