@@ -66,7 +66,7 @@ struct RunConfig {
   double pos_scale = 1.0;
   std::string values = "transported";
   std::string aux_factor = "none";
-  /// The pair terms' numbers (kNumberOptions: --aux-lambda, --aux-sigma, ...; run_choices.hpp);
+  /// The pair terms' numbers (kNumberOptions: --aux-lambda, --aux-sigma, ...; model_choices.hpp);
   /// the model builder fills the mask, the factor and the series from the options above and below.
   PairTermParameters pair_terms;
   std::string toeplitz_coefficients = "1", toeplitz_frequencies = "1";  ///< lists, --aux-factor toeplitz

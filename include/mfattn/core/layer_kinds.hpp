@@ -13,7 +13,7 @@
 ///   peri  x in R^d       dx_i/dt = p_i N(F_i(N(x)))
 ///   ngpt  x on S^{d-1}   dx_i/dt = alpha p_i P_{x_i} N(F_i(x))
 ///   none  x in R^d       dx_i/dt = p_i F_i(x)
-/// and the layer's shape as the option table binds it (kNumberOptions, run_choices.hpp):
+/// and the layer's shape as the option table binds it (kNumberOptions, model_choices.hpp):
 /// the run's RunConfig holds it and the Model copies it whole, so that a new integer of the
 /// layer is its field here and its entry in that table.
 #include <cstdint>

@@ -15,8 +15,9 @@
 ///                 power     (1 + |dxi|)^(-r)                   (KERPLE's power kernel)
 ///   per prompt  a pair with a prefix token is hidden unless both share a prompt
 /// Adding a factor: its formula and its entry in the factor list (src/kernels/pair_terms.hpp),
-/// its enum value here, its option entry (include/mfattn/app/run_choices.hpp) and, with a
-/// parameter, that parameter's field here and its entry in kNumberOptions (run_choices.hpp).
+/// its enum value here, its entry in kAuxFactorChoices (include/mfattn/core/model_choices.hpp)
+/// and, with a parameter, that parameter's field here and its entry in kNumberOptions (the
+/// same file): three files.
 
 #include <cstddef>
 
