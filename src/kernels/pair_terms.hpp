@@ -177,15 +177,16 @@ struct ToeplitzFactor : FactorKinds<false, AuxFactor::Cosine, AuxFactor::Toeplit
   }
 };
 
-/// c_ij = (1 + |xi_i - xi_j|)^(-r): the power kernel of the KERPLE family, as the log-term
-/// -r log(1 + |dxi|) (log1p keeps the small distances exact). Positive and even, so USA keeps
-/// its energy ascent and SA takes it.
+/// c_ij = (1 + s |xi_i - xi_j|)^(-r): the logarithmic kernel of the KERPLE family (r = r1, s =
+/// r2 there), as the log-term -r log(1 + s |dxi|) (log1p keeps the small distances exact; s =
+/// 1, the default, multiplies exactly, so its bits are those of (1 + |dxi|)^(-r)). Positive
+/// and even, so USA keeps its energy ascent and SA takes it.
 struct PowerFactor : FactorKinds<true, AuxFactor::Power> {
-  double power = 1.0;
-  MFATTN_HOST_DEVICE static PowerFactor from(const PairTermParameters& p) { return {{}, p.power}; }
+  double power = 1.0, scale = 1.0;
+  MFATTN_HOST_DEVICE static PowerFactor from(const PairTermParameters& p) { return {{}, p.power, p.power_scale}; }
   template <class Pair>
   MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
-    return log1p(sqrt(squared_distance(pair))) * -power;
+    return log1p(sqrt(squared_distance(pair)) * scale) * -power;
   }
 };
 

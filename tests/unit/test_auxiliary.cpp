@@ -37,7 +37,7 @@ TEST(Auxiliary, EveryChoiceAgreesWithTheReferenceBackend) {
       {"--geometry", "rope", "--aux-factor", "toeplitz", "--toeplitz-coefficients", "1,0.5",
        "--toeplitz-frequencies", "0.1,0.35", "--null-tokens", "3", "--mask", "causal"},
       {"--aux-factor", "power", "--aux-power", "1.5"},
-      {"--aux-factor", "power", "--aux-power", "0.7", "--kernel", "sa", "--mask", "causal", "--positions", "random"},
+      {"--aux-factor", "power", "--aux-power", "0.7", "--aux-power-scale", "3", "--kernel", "sa", "--mask", "causal", "--positions", "random"},
       {"--aux-factor", "power", "--positions", "grid", "--d", "5", "--mask", "window", "--window", "3",
        "--null-tokens", "2"},
   };
@@ -134,7 +134,8 @@ TEST(Auxiliary, EnergyAscendsForEveryGradientFlowKernel) {
       {"--aux-factor", "cosine", "--positions", "uniform"}, {"--geometry", "rope", "--kernel", "sa"},
       {"--aux-factor", "toeplitz", "--toeplitz-coefficients", "1,-0.4,0.3", "--toeplitz-frequencies",
        "0.15,0.6,1.7", "--positions", "uniform"},
-      {"--aux-factor", "power", "--aux-power", "0.8"}, {"--aux-factor", "power", "--aux-power", "2", "--kernel", "sa"}};
+      {"--aux-factor", "power", "--aux-power", "0.8", "--aux-power-scale", "0.3"},
+      {"--aux-factor", "power", "--aux-power", "2", "--kernel", "sa"}};
   for (const auto& extra : kernels) {
     const auto t = simulate(config(with({"--n", "40", "--horizon", "8", "--save-every", "0.1"}, extra)));
     ASSERT_TRUE(t.model.is_gradient_flow());

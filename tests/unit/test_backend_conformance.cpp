@@ -31,7 +31,7 @@ const std::vector<std::vector<std::string>> kModelOptions = {
     {"--aux-factor", "distance", "--aux-lambda", "0.3", "--mask", "window", "--window", "5"},
     {"--aux-factor", "gaussian", "--aux-sigma", "2", "--mask", "causal"},
     {"--aux-factor", "cosine", "--aux-omega", "0.7"},
-    {"--aux-factor", "power", "--aux-power", "1.3", "--prefix", "2", "--mask", "window", "--window", "6"},
+    {"--aux-factor", "power", "--aux-power", "1.3", "--aux-power-scale", "0.4", "--prefix", "2", "--mask", "window", "--window", "6"},
     {"--aux-factor", "toeplitz", "--toeplitz-coefficients", "1,-0.5,0.25", "--toeplitz-frequencies",
      "0.3,1.1,2"},
     {"--geometry", "rope", "--values", "plain"},

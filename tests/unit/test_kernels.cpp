@@ -98,6 +98,11 @@ TEST(Kernels, FactorsTakeTheValuesOfTheirFormulas) {
   EXPECT_EQ(factor_of(power, pair_of(xi_i, xi_i, 1)), 1.0);  // delta = 0
   power.power = 0.0;
   EXPECT_EQ(factor_of(power, pair_of(a, b, 2)), 1.0);
+  // KERPLE's logarithmic kernel with its distance scale: (1 + s |dxi|)^(-r).
+  power.power = 1.5;
+  power.power_scale = 2.5;
+  EXPECT_NEAR(factor_of(power, pair_of(xi_i, xi_j, 1)), std::pow(1.0 + 2.5 * 0.3, -1.5), 1e-15);
+  EXPECT_NEAR(factor_of(power, pair_of(a, b, 2)), std::pow(1.0 + 2.5 * 5.0, -1.5), 1e-15);
 }
 
 TEST(Kernels, SymmetryOfTheTermsDecidesTheSymmetricLoop) {

@@ -41,7 +41,7 @@ inline constexpr Choice<AuxFactorChoice> kAuxFactorChoices[] = {
     {"gaussian", {AuxFactor::Gaussian}, "exp(-|dxi|^2/(2 sigma^2))"},
     {"cosine", {AuxFactor::Cosine, true, true}, "cos(omega dxi), k = 1, USA only"},
     {"toeplitz", {AuxFactor::Toeplitz, true, true}, "sum_k a_k cos(omega_k dxi), k = 1, USA only"},
-    {"power", {AuxFactor::Power}, "(1 + |dxi|)^(-r), KERPLE's power kernel"},
+    {"power", {AuxFactor::Power}, "(1 + s |dxi|)^(-r), KERPLE's logarithmic kernel"},
 };
 inline constexpr ChoiceOption<AuxFactorChoice> kAuxFactorOption{.option = "aux-factor",
                                                                 .choices = kAuxFactorChoices};
@@ -79,7 +79,9 @@ inline constexpr NumberOption kNumberOptions[] = {
     {"aux-lambda", &PairTermParameters::lambda, NumberRule::AtLeastZero, "distance factor lambda >= 0"},
     {"aux-sigma", &PairTermParameters::sigma, NumberRule::Positive, "gaussian factor sigma > 0"},
     {"aux-omega", &PairTermParameters::omega, NumberRule::Finite, "cosine factor omega, any finite number"},
-    {"aux-power", &PairTermParameters::power, NumberRule::AtLeastZero, "power factor r >= 0: (1 + |dxi|)^(-r)"},
+    {"aux-power", &PairTermParameters::power, NumberRule::AtLeastZero, "power factor r >= 0: (1 + s |dxi|)^(-r)"},
+    {"aux-power-scale", &PairTermParameters::power_scale, NumberRule::Positive,
+     "power factor distance scale s > 0: (1 + s |dxi|)^(-r)"},
     {"window", &PairTermParameters::window, NumberRule::Positive, "window half-width for --mask window, > 0"},
     {"heads", &LayerShape::heads, NumberRule::IntegerRange, "attention heads H, 1 to 64, summed: sum_h u_i^(h)", 1,
      64},

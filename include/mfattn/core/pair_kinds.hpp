@@ -12,7 +12,7 @@
 ///                 gaussian  exp(-|dxi|^2 / (2 sigma^2))
 ///                 cosine    cos(omega dxi)                     (k = 1, changes sign)
 ///                 toeplitz  sum_k a_k cos(omega_k dxi)         (k = 1, changes sign)
-///                 power     (1 + |dxi|)^(-r)                   (KERPLE's power kernel)
+///                 power     (1 + s |dxi|)^(-r)                 (KERPLE's logarithmic kernel)
 ///   per prompt  a pair with a prefix token is hidden unless both share a prompt
 /// Adding a factor: its formula and its entry in the factor list (src/kernels/pair_terms.hpp),
 /// its enum value here, its entry in kAuxFactorChoices (include/mfattn/core/model_choices.hpp)
@@ -48,7 +48,8 @@ struct PairTermParameters {
   double lambda = 1.0;         ///< distance factor exp(-lambda |dxi|)
   double sigma = 1.0;          ///< Gaussian factor exp(-|dxi|^2 / (2 sigma^2))
   double omega = 1.0;          ///< cosine factor cos(omega dxi)
-  double power = 1.0;          ///< power factor (1 + |dxi|)^(-power)
+  double power = 1.0;          ///< power factor (1 + power_scale |dxi|)^(-power)
+  double power_scale = 1.0;    ///< the power factor's distance scale (KERPLE's logarithmic r2)
   ToeplitzSeries toeplitz;     ///< the Toeplitz factor's series
   bool per_prompt = false;     ///< the per-prompt rule on pairs with a prefix token
 
