@@ -190,6 +190,19 @@ struct PowerFactor : FactorKinds<true, AuxFactor::Power> {
   }
 };
 
+/// c_ij = 1 / (1 + |xi_i - xi_j|^2 / gamma^2): the Cauchy kernel (the rational quadratic of
+/// shape 1), as the log-term -log(1 + |dxi|^2 / gamma^2). Heavy-tailed (c ~ gamma^2 / |dxi|^2)
+/// where the Gaussian falls off at once; positive, even and positive definite in every k, so
+/// USA keeps its energy ascent and SA takes it.
+struct CauchyFactor : FactorKinds<true, AuxFactor::Cauchy> {
+  double inverse_gamma2 = 1.0;  // the reciprocal taken once
+  MFATTN_HOST_DEVICE static CauchyFactor from(const PairTermParameters& p) { return {{}, 1.0 / (p.gamma * p.gamma)}; }
+  template <class Pair>
+  MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
+    return -log1p(squared_distance(pair) * inverse_gamma2);
+  }
+};
+
 /// The auxiliary factors, each once. visit_factor tries them in this order, and
 /// CMakeLists.txt reads this line (keep it on one line) to compile the CPU's one-sided loop
 /// once per factor.
@@ -197,7 +210,7 @@ template <class... Factors>
 struct FactorList {
   static constexpr std::size_t kCount = sizeof...(Factors);
 };
-using AuxFactorTypes = FactorList<NoFactor, DistanceFactor, GaussianFactor, ToeplitzFactor, PowerFactor>;
+using AuxFactorTypes = FactorList<NoFactor, DistanceFactor, GaussianFactor, ToeplitzFactor, PowerFactor, CauchyFactor>;
 
 /// The factor at index I of a FactorList.
 template <std::size_t I, class List>

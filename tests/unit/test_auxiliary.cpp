@@ -40,6 +40,8 @@ TEST(Auxiliary, EveryChoiceAgreesWithTheReferenceBackend) {
       {"--aux-factor", "power", "--aux-power", "0.7", "--aux-power-scale", "3", "--kernel", "sa", "--mask", "causal", "--positions", "random"},
       {"--aux-factor", "power", "--positions", "grid", "--d", "5", "--mask", "window", "--window", "3",
        "--null-tokens", "2"},
+      {"--aux-factor", "cauchy", "--aux-gamma", "2.5"},
+      {"--aux-factor", "cauchy", "--aux-gamma", "0.4", "--kernel", "sa", "--mask", "causal", "--positions", "random"},
   };
   for (const auto& extra : cases) {
     const auto args = with({"--n", "37", "--beta", "1.5", "--seed", "6", "--horizon", "0.5",
@@ -135,7 +137,8 @@ TEST(Auxiliary, EnergyAscendsForEveryGradientFlowKernel) {
       {"--aux-factor", "toeplitz", "--toeplitz-coefficients", "1,-0.4,0.3", "--toeplitz-frequencies",
        "0.15,0.6,1.7", "--positions", "uniform"},
       {"--aux-factor", "power", "--aux-power", "0.8", "--aux-power-scale", "0.3"},
-      {"--aux-factor", "power", "--aux-power", "2", "--kernel", "sa"}};
+      {"--aux-factor", "power", "--aux-power", "2", "--kernel", "sa"},
+      {"--aux-factor", "cauchy", "--aux-gamma", "3"}, {"--aux-factor", "cauchy", "--aux-gamma", "1.5", "--kernel", "sa"}};
   for (const auto& extra : kernels) {
     const auto t = simulate(config(with({"--n", "40", "--horizon", "8", "--save-every", "0.1"}, extra)));
     ASSERT_TRUE(t.model.is_gradient_flow());

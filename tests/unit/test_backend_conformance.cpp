@@ -34,6 +34,7 @@ const std::vector<std::vector<std::string>> kModelOptions = {
     {"--aux-factor", "power", "--aux-power", "1.3", "--aux-power-scale", "0.4", "--prefix", "2", "--mask", "window", "--window", "6"},
     {"--aux-factor", "toeplitz", "--toeplitz-coefficients", "1,-0.5,0.25", "--toeplitz-frequencies",
      "0.3,1.1,2"},
+    {"--aux-factor", "cauchy", "--aux-gamma", "1.8", "--mask", "causal", "--prefix", "2"},
     {"--geometry", "rope", "--values", "plain"},
     {"--geometry", "rope-mixed", "--k", "gaussian"},
     {"--prefix", "5", "--prefix-weight", "2.5"},

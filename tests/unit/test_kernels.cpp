@@ -7,6 +7,7 @@
 
 #include "backends/cpu/lane_pair_terms.hpp"
 #include "backends/model_sources.hpp"
+#include "mfattn/core/model_choices.hpp"
 #include "test_support.hpp"
 
 namespace mfattn {
@@ -103,6 +104,15 @@ TEST(Kernels, FactorsTakeTheValuesOfTheirFormulas) {
   power.power_scale = 2.5;
   EXPECT_NEAR(factor_of(power, pair_of(xi_i, xi_j, 1)), std::pow(1.0 + 2.5 * 0.3, -1.5), 1e-15);
   EXPECT_NEAR(factor_of(power, pair_of(a, b, 2)), std::pow(1.0 + 2.5 * 5.0, -1.5), 1e-15);
+
+  // Cauchy: c = 1 / (1 + |dxi|^2 / gamma^2); gamma = 2: 1 / (1 + 0.09 / 4) and 1 / (1 + 25 / 4).
+  PairTermParameters cauchy;
+  cauchy.factor = AuxFactor::Cauchy;
+  cauchy.gamma = 2.0;
+  EXPECT_NEAR(factor_of(cauchy, pair_of(xi_i, xi_j, 1)), 1.0 / (1.0 + 0.09 / 4.0), 1e-15);
+  EXPECT_NEAR(factor_of(cauchy, pair_of(a, b, 2)), 1.0 / (1.0 + 25.0 / 4.0), 1e-15);
+  EXPECT_NEAR(factor_of(cauchy, pair_of(b, a, 2)), 1.0 / (1.0 + 25.0 / 4.0), 1e-15);
+  EXPECT_EQ(factor_of(cauchy, pair_of(xi_i, xi_i, 1)), 1.0);  // delta = 0
 }
 
 TEST(Kernels, SymmetryOfTheTermsDecidesTheSymmetricLoop) {
@@ -115,6 +125,8 @@ TEST(Kernels, SymmetryOfTheTermsDecidesTheSymmetricLoop) {
   EXPECT_FALSE(kernels::symmetric_log_terms(p));
   p.mask = MaskKind::Window;
   p.factor = AuxFactor::Power;  // even and a log-term
+  EXPECT_TRUE(kernels::symmetric_log_terms(p));
+  p.factor = AuxFactor::Cauchy;
   EXPECT_TRUE(kernels::symmetric_log_terms(p));
   p.mask = MaskKind::Full;
   p.factor = AuxFactor::Toeplitz;  // symmetric, but it multiplies the weight
@@ -138,9 +150,8 @@ TEST(Kernels, LaneFormEqualsTheScalarFormLaneByLane) {
   const double receiver_xi[] = {0.4, -0.2};
   const cpu::ReceiverPosition receiver{receiver_xi, 1.0};
   for (const MaskKind mask : {MaskKind::Full, MaskKind::Causal, MaskKind::Window})
-    for (const AuxFactor factor :
-         {AuxFactor::None, AuxFactor::Distance, AuxFactor::Gaussian, AuxFactor::Cosine, AuxFactor::Toeplitz,
-          AuxFactor::Power}) {
+    for (const auto& choice : kAuxFactorChoices) {  // every factor --aux-factor takes
+      const AuxFactor factor = choice.value.factor;
       PairTermParameters p;
       p.mask = mask;
       p.window = 1.1;
@@ -149,6 +160,8 @@ TEST(Kernels, LaneFormEqualsTheScalarFormLaneByLane) {
       p.sigma = 1.3;
       p.omega = 2.1;
       p.power = 0.8;
+      p.power_scale = 1.7;
+      p.gamma = 0.6;
       p.toeplitz.terms = 2;
       p.toeplitz.coefficient[1] = -0.5;
       p.toeplitz.frequency[1] = 3.0;

@@ -42,6 +42,7 @@ inline constexpr Choice<AuxFactorChoice> kAuxFactorChoices[] = {
     {"cosine", {AuxFactor::Cosine, true, true}, "cos(omega dxi), k = 1, USA only"},
     {"toeplitz", {AuxFactor::Toeplitz, true, true}, "sum_k a_k cos(omega_k dxi), k = 1, USA only"},
     {"power", {AuxFactor::Power}, "(1 + s |dxi|)^(-r), KERPLE's logarithmic kernel"},
+    {"cauchy", {AuxFactor::Cauchy}, "1 / (1 + |dxi|^2 / gamma^2), heavy-tailed"},
 };
 inline constexpr ChoiceOption<AuxFactorChoice> kAuxFactorOption{.option = "aux-factor",
                                                                 .choices = kAuxFactorChoices};
@@ -82,6 +83,7 @@ inline constexpr NumberOption kNumberOptions[] = {
     {"aux-power", &PairTermParameters::power, NumberRule::AtLeastZero, "power factor r >= 0: (1 + s |dxi|)^(-r)"},
     {"aux-power-scale", &PairTermParameters::power_scale, NumberRule::Positive,
      "power factor distance scale s > 0: (1 + s |dxi|)^(-r)"},
+    {"aux-gamma", &PairTermParameters::gamma, NumberRule::Positive, "cauchy factor gamma > 0: 1 / (1 + |dxi|^2 / gamma^2)"},
     {"window", &PairTermParameters::window, NumberRule::Positive, "window half-width for --mask window, > 0"},
     {"heads", &LayerShape::heads, NumberRule::IntegerRange, "attention heads H, 1 to 64, summed: sum_h u_i^(h)", 1,
      64},

@@ -13,6 +13,7 @@
 ///                 cosine    cos(omega dxi)                     (k = 1, changes sign)
 ///                 toeplitz  sum_k a_k cos(omega_k dxi)         (k = 1, changes sign)
 ///                 power     (1 + s |dxi|)^(-r)                 (KERPLE's logarithmic kernel)
+///                 cauchy    1 / (1 + |dxi|^2 / gamma^2)        (heavy-tailed, positive definite)
 ///   per prompt  a pair with a prefix token is hidden unless both share a prompt
 /// Adding a factor: its formula and its entry in the factor list (src/kernels/pair_terms.hpp),
 /// its enum value here, its entry in kAuxFactorChoices (include/mfattn/core/model_choices.hpp)
@@ -25,7 +26,7 @@ namespace mfattn {
 
 enum class MaskKind { Full, Causal, Window };
 
-enum class AuxFactor { None, Distance, Gaussian, Cosine, Toeplitz, Power };
+enum class AuxFactor { None, Distance, Gaussian, Cosine, Toeplitz, Power, Cauchy };
 
 /// The most terms a Toeplitz factor's series takes (the kernels hold them in fixed arrays).
 inline constexpr std::size_t kMaxToeplitzTerms = 16;
@@ -50,6 +51,7 @@ struct PairTermParameters {
   double omega = 1.0;          ///< cosine factor cos(omega dxi)
   double power = 1.0;          ///< power factor (1 + power_scale |dxi|)^(-power)
   double power_scale = 1.0;    ///< the power factor's distance scale (KERPLE's logarithmic r2)
+  double gamma = 1.0;          ///< Cauchy factor 1 / (1 + |dxi|^2 / gamma^2)
   ToeplitzSeries toeplitz;     ///< the Toeplitz factor's series
   bool per_prompt = false;     ///< the per-prompt rule on pairs with a prefix token
 
