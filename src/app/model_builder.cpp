@@ -348,16 +348,12 @@ void record_attention_matrices(const RunConfig& cfg, TokenLabels& labels) {
   }
 }
 
-Model build_model(const RunConfig& cfg) {
-  Model model;
+namespace {
+
+/// The presences p_i (from --amplitudes; 0 for null tokens) and the SA denominator's guard
+/// eps_den (auto: 1e-12 when some presence is not 1).
+void set_presences(const RunConfig& cfg, Model& model) {
   const std::size_t active = static_cast<std::size_t>(cfg.n);
-  model.n = active + static_cast<std::size_t>(cfg.null_tokens);
-  model.d = static_cast<std::size_t>(cfg.d);
-  model.beta = cfg.beta;
-  model.normalization = cfg.choices.kernel;
-  model.time_scale = cfg.choices.time_scale;
-  const auto seed = static_cast<std::uint64_t>(cfg.seed);
-  model.matrices = layer_matrices(cfg, 0);
   const bool weighted = !cfg.amplitudes.empty() || cfg.null_tokens > 0;
   model.presence.assign(model.n, 1.0);
   if (!cfg.choices.amplitudes.empty())
@@ -370,7 +366,14 @@ Model build_model(const RunConfig& cfg) {
   model.eps_den = model.normalization == Normalization::Sinkhorn ? 0.0
                   : cfg.eps_den >= 0.0                           ? cfg.eps_den
                                                                  : (weighted ? 1e-12 : 0.0);
-  // Generators from a file fix k; so do 2-D geometries, grid positions and a positions file.
+}
+
+/// The token positions xi_i (k = position_dim columns: from the file --positions names, or
+/// laid out) and the generators a --generators file gives, which the gauge takes: a file's
+/// generators fix k, as do 2-D geometries, grid positions and a positions file.
+std::vector<Matrix> place_positions(const RunConfig& cfg, Model& model) {
+  const std::size_t active = static_cast<std::size_t>(cfg.n);
+  const auto seed = static_cast<std::uint64_t>(cfg.seed);
   std::vector<Matrix> file_generators;
   if (!cfg.generators.empty()) {
     try {
@@ -447,6 +450,15 @@ Model build_model(const RunConfig& cfg) {
     if (!std::isfinite(xi))
       throw UsageError("--pos-scale " + (std::ostringstream() << cfg.pos_scale).str() +
                        ": the token positions overflow double (a smaller scale is needed)");
+  return file_generators;
+}
+
+/// The prompts of the active tokens and the prefix tokens (--prefix per prompt) with their
+/// contents, positions and weight.
+void place_prompts_and_prefix(const RunConfig& cfg, Model& model) {
+  const std::size_t active = static_cast<std::size_t>(cfg.n), k = model.position_dim;
+  const auto seed = static_cast<std::uint64_t>(cfg.seed);
+  const std::optional<PositionLayout> layout = cfg.choices.positions;
   // Prompts: active token i belongs to prompt floor(i K / n) (contiguous blocks, as K prompts
   // with their texts one after the other); null tokens carry prompt 0.
   model.prompts = static_cast<std::size_t>(cfg.prompts);
@@ -495,6 +507,14 @@ Model build_model(const RunConfig& cfg) {
     }
     model.prefix_weight = cfg.prefix_weight;
   }
+}
+
+/// The positional gauge G(xi) over the moving and the prefix tokens (and, for heads of r < d,
+/// the same family in dimension r).
+void attach_gauge(const RunConfig& cfg, const std::vector<Matrix>& file_generators, Model& model) {
+  const GeometryKind geometry = cfg.choices.geometry;
+  const std::size_t k = model.position_dim, prefix_count = model.prefix_count();
+  const auto seed = static_cast<std::uint64_t>(cfg.seed);
   if (geometry != GeometryKind::None) {
     GaugeSpec spec;
     spec.kind = geometry;
@@ -521,6 +541,23 @@ Model build_model(const RunConfig& cfg) {
       throw UsageError("--geometry " + cfg.geometry + ": " + e.what());
     }
   }
+}
+
+}  // namespace
+
+Model build_model(const RunConfig& cfg) {
+  Model model;
+  model.n = static_cast<std::size_t>(cfg.n) + static_cast<std::size_t>(cfg.null_tokens);
+  model.d = static_cast<std::size_t>(cfg.d);
+  model.beta = cfg.beta;
+  model.normalization = cfg.choices.kernel;
+  model.time_scale = cfg.choices.time_scale;
+  model.matrices = layer_matrices(cfg, 0);
+  set_presences(cfg, model);
+  const std::vector<Matrix> file_generators = place_positions(cfg, model);
+  place_prompts_and_prefix(cfg, model);
+  attach_gauge(cfg, file_generators, model);
+  const AuxFactorChoice aux_factor = cfg.choices.aux_factor;
   model.values = cfg.choices.values;
   // The option table's numbers as they are (kNumberOptions), then the choices and lists.
   model.pair_terms = cfg.pair_terms;

@@ -346,8 +346,10 @@ void validate_numbers(const RunConfig& c) {
         number.field);
 }
 
-RunChoices validate(const RunConfig& c) {
-  RunChoices choices;
+namespace {
+
+/// The sizes, the numbers of kNumberOptions, beta, the kernel and the time scale.
+void validate_model_numbers(const RunConfig& c, RunChoices& choices) {
   if (c.n < 1) reject("n", std::to_string(c.n), "must be an integer >= 1");
   if (c.d < 2) reject("d", std::to_string(c.d), "must be an integer >= 2");
   validate_numbers(c);
@@ -361,32 +363,39 @@ RunChoices validate(const RunConfig& c) {
     reject("beta", format_number(c.beta),
            "with --kernel usa and --time-scale natural the weights exp(beta) overflow double for "
            "beta > 709.78: use --time-scale rescaled (or --kernel sa)");
-  {
-    choices.q = require_preset_or_file(kQueryOption, c.q);
-    choices.k = require_preset_or_file(kKeyOption, c.k);
-    choices.v = require_preset_or_file(kValueOption, c.v);
-    const std::optional<MatrixPreset> presets[] = {choices.q, choices.k, choices.v};
-    // A feed-forward term's preset is random too (a file's /mlp, checked later, replaces it).
-    const bool random = c.layer.mlp_width > 0 ||
-                        std::any_of(std::begin(presets), std::end(presets), [](const auto& preset) {
-                          return preset && is_random_preset(*preset);
-                        });
-    const std::string named = "--q " + shown(c.q) + " --k " + shown(c.k) + " --v " + shown(c.v);
-    choices.matrices = require_choice(kMatrixSharingOption, c.matrices);
-    if (choices.matrices == MatrixSharing::PerReplica && !random)
-      reject("matrices", c.matrices,
-             "per-replica draws only change random presets, and " + named + " has none");
-    require_finite("regen-period", c.regen_period);
-    if (c.regen_period < 0) reject("regen-period", format_number(c.regen_period), "must be >= 0");
-    require_resolved_span("regen-period", c.regen_period, c.horizon, /*zero_is_off=*/true);
-    if (c.regen_period > 0 && !random)
-      reject("regen-period", format_number(c.regen_period),
-             "a new layer redraws random presets only, and " + named + " has none");
-    if (c.regen_period > 0 && c.horizon / c.regen_period > double(kMaxLayers))
-      reject("regen-period", format_number(c.regen_period),
-             "the horizon " + format_number(c.horizon) + " would take more than " +
-                 std::to_string(kMaxLayers) + " layers");
-  }
+}
+
+/// Q, K, V (presets or files), who shares their draws, and the layers of --regen-period.
+void validate_matrices(const RunConfig& c, RunChoices& choices) {
+  choices.q = require_preset_or_file(kQueryOption, c.q);
+  choices.k = require_preset_or_file(kKeyOption, c.k);
+  choices.v = require_preset_or_file(kValueOption, c.v);
+  const std::optional<MatrixPreset> presets[] = {choices.q, choices.k, choices.v};
+  // A feed-forward term's preset is random too (a file's /mlp, checked later, replaces it).
+  const bool random = c.layer.mlp_width > 0 ||
+                      std::any_of(std::begin(presets), std::end(presets), [](const auto& preset) {
+                        return preset && is_random_preset(*preset);
+                      });
+  const std::string named = "--q " + shown(c.q) + " --k " + shown(c.k) + " --v " + shown(c.v);
+  choices.matrices = require_choice(kMatrixSharingOption, c.matrices);
+  if (choices.matrices == MatrixSharing::PerReplica && !random)
+    reject("matrices", c.matrices,
+           "per-replica draws only change random presets, and " + named + " has none");
+  require_finite("regen-period", c.regen_period);
+  if (c.regen_period < 0) reject("regen-period", format_number(c.regen_period), "must be >= 0");
+  require_resolved_span("regen-period", c.regen_period, c.horizon, /*zero_is_off=*/true);
+  if (c.regen_period > 0 && !random)
+    reject("regen-period", format_number(c.regen_period),
+           "a new layer redraws random presets only, and " + named + " has none");
+  if (c.regen_period > 0 && c.horizon / c.regen_period > double(kMaxLayers))
+    reject("regen-period", format_number(c.regen_period),
+           "the horizon " + format_number(c.horizon) + " would take more than " +
+               std::to_string(kMaxLayers) + " layers");
+}
+
+/// The positional gauge, the positions, the auxiliary factor, the mask, the prefix tokens, the presences and Sinkhorn's numbers.
+void validate_pair_terms(const RunConfig& c, RunChoices& choices) {
+  const Normalization kernel = choices.kernel;
   const GeometryKind geometry = choices.geometry = require_choice(kGeometryOption, c.geometry);
   require_finite("rope-base", c.rope_base);
   if (c.rope_base <= 1.0) reject("rope-base", format_number(c.rope_base), "must be > 1");
@@ -432,6 +441,10 @@ RunChoices validate(const RunConfig& c) {
   if (!std::isfinite(c.eps_den) || (c.eps_den < 0 && c.eps_den != -1.0))
     reject("eps-den", format_number(c.eps_den), "must be a finite number >= 0, or auto");
   validate_sinkhorn(c, kernel, aux_factor, choices.mask);
+}
+
+/// Null tokens, noise, the integrator and the placement it must suit, and the frame schedule.
+void validate_integration(const RunConfig& c, RunChoices& choices) {
   if (c.null_tokens < 0) reject("null-tokens", std::to_string(c.null_tokens), "must be >= 0");
   require_finite("noise-kappa", c.noise_kappa);
   if (c.noise_kappa < 0) reject("noise-kappa", format_number(c.noise_kappa), "must be >= 0");
@@ -490,6 +503,10 @@ RunChoices validate(const RunConfig& c) {
   if (schedules > 1)
     reject("save-every", format_number(c.save_every),
            "give only one of --save-every, --save-times, --save-log");
+}
+
+/// The initial state, the replicas and the seed.
+void validate_initial_state(const RunConfig& c, RunChoices& choices) {
   const InitKind init = choices.init = require_choice(kInitOption, c.init);
   if (init == InitKind::File && c.init_file.empty())
     reject("init", c.init, "--init file needs --init-file FILE");
@@ -515,6 +532,10 @@ RunChoices validate(const RunConfig& c) {
            "must lie in [0, 1e6] (points spread by a few units are uniform on the sphere already)");
   if (c.replicas < 1) reject("replicas", std::to_string(c.replicas), "must be an integer >= 1");
   if (c.seed < 0) reject("seed", std::to_string(c.seed), "must be an integer >= 0");
+}
+
+/// Threads, the backend and what its registry entry takes, precision, the observables' thresholds, flushes, the layer's weights, the output and the run's sizes.
+void validate_execution(const RunConfig& c, RunChoices& choices) {
   if (c.threads < 0 || c.threads > kMaxThreads)
     reject("threads", std::to_string(c.threads),
            "must be an integer in [0, " + std::to_string(kMaxThreads) + "] (0: automatic)");
@@ -541,6 +562,18 @@ RunChoices validate(const RunConfig& c) {
   if (c.out.empty()) throw UsageError("--out: missing (the output .h5 file is required)");
   validate_output_path(c.out);
   validate_sizes(c, choices);
+}
+
+}  // namespace
+
+RunChoices validate(const RunConfig& c) {
+  RunChoices choices;
+  validate_model_numbers(c, choices);
+  validate_matrices(c, choices);
+  validate_pair_terms(c, choices);
+  validate_integration(c, choices);
+  validate_initial_state(c, choices);
+  validate_execution(c, choices);
   return choices;
 }
 
