@@ -1,6 +1,6 @@
 # Sourced by tests/run.sh and experiments/run_collapse.sh: installs the Debian packages that
 # mfattn needs when they are missing (apt-get as root, else prints the command).
-mfattn_packages=(cmake g++ make libeigen3-dev libhdf5-dev libboost-program-options-dev
+mfattn_packages=(cmake g++ make ninja-build libeigen3-dev libhdf5-dev libboost-program-options-dev
   libgtest-dev libomp-dev python3-h5py python3-numpy python3-scipy python3-pytest python3-pytest-xdist
   python3-matplotlib python3-mdanalysis python3-torch chromium libopenblas0-pthread openmpi-bin libopenmpi-dev
   clang libclang-rt-14-dev binutils pybind11-dev python3-dev libfftw3-dev libsharp-dev pkg-config
