@@ -401,7 +401,6 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   std::vector<double> frame_velocity;
   IntegrationStats so_far;  // this invocation's counts, as of the last step
   double last_frame_time = resumed.time;  // the last frame appended
-  double flushed_time = resumed.time;     // the last frame in the file (flushed)
   std::size_t frame_index = resumed.frames;  // the frames before this one (0 at t = 0)
   auto rejected_total = [&] { return resumed.rejected_steps + so_far.rejected; };
   // Frames are staged in the writer and flushed together (--flush-interval): frame 0 at
@@ -423,20 +422,16 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   // The last frame the file keeps, for /run and the last line (kept_frames.hpp).
   KeptFrames file_frames(*writer, {resumed.time, resumed.step, resumed.rejected_steps, resumed.wall_seconds},
                          resumed.frames);
-  auto note_kept_frames = [&] {
-    file_frames.note_flushed();
-    flushed_time = file_frames.kept().time;
-  };
   auto flush_frames = [&] {
     writer->write_run_progress(resumed.wall_seconds + elapsed(), frame_step, frame_rejected);
     try {
       writer->flush();
     } catch (const IoError&) {
-      note_kept_frames();
+      file_frames.note_flushed();
       throw;
     }
     last_flush_seconds = elapsed();
-    note_kept_frames();
+    file_frames.note_flushed();
   };
   // Everything the run records, in the order it is recorded: one entry each, with its
   // schedule. The frame is one entry because positions and every observable of
@@ -489,7 +484,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   auto after_step = [&](const State& s, const IntegrationStats& counts) {
     so_far = counts;
     if (const int signal = StopSignals::received()) throw Interrupted{signal};
-    if (last_frame_time > flushed_time && progress.line_due(s.time)) flush_frames();
+    if (last_frame_time > file_frames.kept().time && progress.line_due(s.time)) flush_frames();
     progress.update(s.time, s.step);
     call_hook(s, false);
   };
