@@ -69,6 +69,54 @@ void Dynamics::evaluate_placement(const double* x, bool with_weight_sums) {
                                 x + t * d, cached_output_.data() + t * d, cached_v_.data() + t * d);
 }
 
+void Dynamics::derivative_forward(const double* x, std::vector<double>& read, std::vector<double>& output) {
+  const BackendName* entry = find_backend(backend_.name());
+  const std::string refusal = entry ? derivative_refusal(*entry, ModelKinds::of(model_)) : "";
+  if (!refusal.empty()) throw BackendUnavailable(refusal);
+  read.assign(x, x + size());
+  if (placement_reads_directions(model_.placement)) take_directions(replicas_ * model_.n, model_.d, read.data());
+  output.resize(size());
+  std::vector<double> velocity(size());
+  backend_.evaluate(replicas_, read.data(), FieldOutputs{velocity.data(), nullptr, output.data()});
+}
+
+void Dynamics::vjp(const double* x, const double* cotangent, double* x_cotangent, FieldNumbers& gradient) {
+  const std::size_t n = model_.n, d = model_.d, count = size();
+  std::vector<double> read, output, output_bar(count, 0.0), read_bar(count), scratch(d);
+  derivative_forward(x, read, output);
+  std::fill(x_cotangent, x_cotangent + count, 0.0);
+  for (std::size_t t = 0; t < replicas_ * n; ++t) {
+    const double p = model_.receiver_speed(t % n);
+    const double p_bar = kernels::placement_velocity_vjp(model_.placement, model_.ngpt_alpha, p, int(d), x + t * d,
+                                                         output.data() + t * d, cotangent + t * d, x_cotangent + t * d,
+                                                         output_bar.data() + t * d, scratch.data());
+    if (p > 0.0) gradient.presence[t % n] += p_bar;
+  }
+  backend_.output_vjp(replicas_, read.data(), output_bar.data(), read_bar.data(), gradient);
+  const bool directions = placement_reads_directions(model_.placement);
+  for (std::size_t t = 0; t < replicas_ * n; ++t) {
+    if (directions) kernels::direction_derivative(x + t * d, int(d), read_bar.data() + t * d);
+    for (std::size_t c = 0; c < d; ++c) x_cotangent[t * d + c] += read_bar[t * d + c];
+  }
+}
+
+void Dynamics::jvp(const double* x, const double* x_tangent, const FieldNumbers* tangent, double* v_tangent) {
+  const std::size_t n = model_.n, d = model_.d, count = size();
+  std::vector<double> read, output, output_dot(count);
+  derivative_forward(x, read, output);
+  std::vector<double> read_dot(x_tangent, x_tangent + count);
+  if (placement_reads_directions(model_.placement))
+    for (std::size_t t = 0; t < replicas_ * n; ++t) kernels::direction_derivative(x + t * d, int(d), read_dot.data() + t * d);
+  backend_.output_jvp(replicas_, read.data(), read_dot.data(), tangent, output_dot.data());
+  for (std::size_t t = 0; t < replicas_ * n; ++t) {
+    const double p = model_.receiver_speed(t % n);
+    const double p_dot = tangent && p > 0.0 ? tangent->presence[t % n] : 0.0;
+    kernels::placement_velocity_jvp(model_.placement, model_.ngpt_alpha, p, p_dot, int(d), x + t * d,
+                                    output.data() + t * d, x_tangent + t * d, output_dot.data() + t * d,
+                                    v_tangent + t * d);
+  }
+}
+
 void Dynamics::velocity(const double* x, double* v, double* weight_sums) {
   evaluate(x, false, weight_sums != nullptr);
   std::copy(cached_v_.begin(), cached_v_.end(), v);

@@ -21,8 +21,14 @@
 // symmetric loop, one exp per unordered pair, is taken exactly when every term of the model is
 // (symmetric_pairs_apply), and the energy of section 4 is then a Lyapunov function of USA.
 //
-// Adding a factor: its struct here (its formula, the kinds it serves, how it reads its
-// parameters) and its name in AuxFactorTypes; its enum value and parameters in
+// A factor's numbers are differentiated beside its formula (docs/model.md section 2e):
+// number_count() and term_derivatives(pair, out), the derivatives of its log-term (kLog) or of
+// its multiplier (kMultiply) with respect to each of its numbers, in the order of its
+// numbers' names (include/mfattn/backends/derivatives.hpp). Masks have none (a window is a
+// threshold: its derivative is zero almost everywhere and is not taken).
+//
+// Adding a factor: its struct here (its formula and its numbers' derivatives, the kinds it
+// serves, how it reads its parameters) and its name in AuxFactorTypes; its enum value and parameters in
 // include/mfattn/core/pair_kinds.hpp; its option entry in include/mfattn/app/run_choices.hpp
 // (docs/architecture.md). Every reader (visit_factor, the CPU's per-factor translation units
 // that CMakeLists.txt makes from AuxFactorTypes, the CUDA thread's pair) follows the list.
@@ -45,6 +51,7 @@ using mfattn::ToeplitzSeries;
 // The scalar forms of the functions the formulas call; lane types bring their own.
 MFATTN_HOST_DEVICE inline double sqrt(double x) { return std::sqrt(x); }
 MFATTN_HOST_DEVICE inline double cos(double x) { return std::cos(x); }
+MFATTN_HOST_DEVICE inline double sin(double x) { return std::sin(x); }
 MFATTN_HOST_DEVICE inline double log1p(double x) { return std::log1p(x); }
 MFATTN_HOST_DEVICE inline double exp(double x) { return std::exp(x); }
 /// -inf (numeric_limits is host-only under nvcc; the builtin serves both compilers).
@@ -125,11 +132,17 @@ struct FactorKinds {
   MFATTN_HOST_DEVICE static constexpr bool serves(AuxFactor kind) { return ((kind == kKinds) || ...); }
 };
 
+/// The most numbers a factor has (a Toeplitz series' coefficients and frequencies).
+inline constexpr std::size_t kMaxFactorNumbers = 2 * kMaxToeplitzTerms;
+
 /// c_ij = 1.
 struct NoFactor {
   static constexpr bool kLog = false, kMultiply = false, kSymmetric = true;
   MFATTN_HOST_DEVICE static constexpr bool serves(AuxFactor kind) { return kind == AuxFactor::None; }
   MFATTN_HOST_DEVICE static NoFactor from(const PairTermParameters&) { return {}; }
+  MFATTN_HOST_DEVICE static constexpr std::size_t number_count() { return 0; }
+  template <class Pair>
+  MFATTN_HOST_DEVICE void term_derivatives(const Pair&, typename Pair::Real*) const {}
 };
 
 /// c_ij = exp(-lambda |xi_i - xi_j|): the distance bias (ALiBi-like), as a log-term.
@@ -140,15 +153,30 @@ struct DistanceFactor : FactorKinds<true, AuxFactor::Distance> {
   MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
     return sqrt(squared_distance(pair)) * -lambda;
   }
+  /// d/dlambda = -|dxi|.
+  MFATTN_HOST_DEVICE static constexpr std::size_t number_count() { return 1; }
+  template <class Pair>
+  MFATTN_HOST_DEVICE void term_derivatives(const Pair& pair, typename Pair::Real* out) const {
+    out[0] = -sqrt(squared_distance(pair));
+  }
 };
 
 /// c_ij = exp(-|xi_i - xi_j|^2 / (2 sigma^2)): Gaussian, as a log-term.
 struct GaussianFactor : FactorKinds<true, AuxFactor::Gaussian> {
   double inverse_two_sigma2 = 0.5;  // the reciprocal taken once
-  MFATTN_HOST_DEVICE static GaussianFactor from(const PairTermParameters& p) { return {{}, 0.5 / (p.sigma * p.sigma)}; }
+  double sigma = 1.0;
+  MFATTN_HOST_DEVICE static GaussianFactor from(const PairTermParameters& p) {
+    return {{}, 0.5 / (p.sigma * p.sigma), p.sigma};
+  }
   template <class Pair>
   MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
     return squared_distance(pair) * -inverse_two_sigma2;
+  }
+  /// d/dsigma = |dxi|^2 / sigma^3 = |dxi|^2 * (2 inverse_two_sigma2 / sigma).
+  MFATTN_HOST_DEVICE static constexpr std::size_t number_count() { return 1; }
+  template <class Pair>
+  MFATTN_HOST_DEVICE void term_derivatives(const Pair& pair, typename Pair::Real* out) const {
+    out[0] = squared_distance(pair) * (2.0 * inverse_two_sigma2 / sigma);
   }
 };
 
@@ -175,6 +203,17 @@ struct ToeplitzFactor : FactorKinds<false, AuxFactor::Cosine, AuxFactor::Toeplit
       sum += series.coefficient[k] * cos(series.frequency[k] * difference);
     return sum;
   }
+  /// dc/da_k = cos(omega_k dxi) (k < K), then dc/domega_k = -a_k dxi sin(omega_k dxi); the
+  /// cosine factor's one number omega is its frequency omega_1 (index 1).
+  MFATTN_HOST_DEVICE std::size_t number_count() const { return 2 * series.terms; }
+  template <class Pair>
+  MFATTN_HOST_DEVICE void term_derivatives(const Pair& pair, typename Pair::Real* out) const {
+    const typename Pair::Real difference = pair.source(0) - pair.receiver(0);
+    for (std::size_t k = 0; k < series.terms; ++k) {
+      out[k] = cos(series.frequency[k] * difference);
+      out[series.terms + k] = sin(series.frequency[k] * difference) * difference * -series.coefficient[k];
+    }
+  }
 };
 
 /// c_ij = (1 + s |xi_i - xi_j|)^(-r): the logarithmic kernel of the KERPLE family (r = r1, s =
@@ -188,6 +227,14 @@ struct PowerFactor : FactorKinds<true, AuxFactor::Power> {
   MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
     return log1p(sqrt(squared_distance(pair)) * scale) * -power;
   }
+  /// d/dr = -log1p(s |dxi|), d/ds = -r |dxi| / (1 + s |dxi|).
+  MFATTN_HOST_DEVICE static constexpr std::size_t number_count() { return 2; }
+  template <class Pair>
+  MFATTN_HOST_DEVICE void term_derivatives(const Pair& pair, typename Pair::Real* out) const {
+    const typename Pair::Real distance = sqrt(squared_distance(pair));
+    out[0] = -log1p(distance * scale);
+    out[1] = distance * -power / (distance * scale + 1.0);
+  }
 };
 
 /// c_ij = 1 / (1 + |xi_i - xi_j|^2 / gamma^2): the Cauchy kernel (the rational quadratic of
@@ -196,10 +243,20 @@ struct PowerFactor : FactorKinds<true, AuxFactor::Power> {
 /// USA keeps its energy ascent and SA takes it.
 struct CauchyFactor : FactorKinds<true, AuxFactor::Cauchy> {
   double inverse_gamma2 = 1.0;  // the reciprocal taken once
-  MFATTN_HOST_DEVICE static CauchyFactor from(const PairTermParameters& p) { return {{}, 1.0 / (p.gamma * p.gamma)}; }
+  double gamma = 1.0;
+  MFATTN_HOST_DEVICE static CauchyFactor from(const PairTermParameters& p) {
+    return {{}, 1.0 / (p.gamma * p.gamma), p.gamma};
+  }
   template <class Pair>
   MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
     return -log1p(squared_distance(pair) * inverse_gamma2);
+  }
+  /// d/dgamma = (2 |dxi|^2 / gamma^3) / (1 + |dxi|^2 / gamma^2).
+  MFATTN_HOST_DEVICE static constexpr std::size_t number_count() { return 1; }
+  template <class Pair>
+  MFATTN_HOST_DEVICE void term_derivatives(const Pair& pair, typename Pair::Real* out) const {
+    const typename Pair::Real scaled = squared_distance(pair) * inverse_gamma2;
+    out[0] = scaled * (2.0 / gamma) / (scaled + 1.0);
   }
 };
 
@@ -375,6 +432,24 @@ MFATTN_HOST_DEVICE inline PairWeightTerms<double> pair_weight_terms(const PairTe
       out = terms.weight_terms(pair);
   });
   return out;
+}
+
+/// The derivatives of one visible pair's log-term (a factor of kLog) or of its multiplier (one
+/// of kMultiply) with respect to the factor's numbers (Factor::term_derivatives) into out (at
+/// most kMaxFactorNumbers); says how many and which of the two they are of.
+struct PairTermDerivatives {
+  std::size_t count = 0;
+  bool of_multiplier = false;
+};
+MFATTN_HOST_DEVICE inline PairTermDerivatives pair_term_derivatives(const PairTermParameters& parameters,
+                                                                    const ScalarPair& pair, double* out) {
+  PairTermDerivatives result;
+  visit_factor(parameters, [&](const auto& factor) {
+    using Factor = std::remove_cvref_t<decltype(factor)>;
+    factor.term_derivatives(pair, out);
+    result = {factor.number_count(), Factor::kMultiply};
+  });
+  return result;
 }
 
 /// Whether a pair is visible (its log-term is not -inf).

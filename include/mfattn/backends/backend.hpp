@@ -7,6 +7,7 @@
 /// Backends are chosen by name at run time (make_backend); each one computes every
 /// receiver's sums in a fixed order, so results do not depend on the thread count.
 #include "mfattn/backends/backend_errors.hpp"
+#include "mfattn/backends/derivatives.hpp"
 #include "mfattn/core/capabilities.hpp"
 #include "mfattn/core/model.hpp"
 #include "mfattn/backends/pair_statistics.hpp"
@@ -89,6 +90,24 @@ class Backend {
   /// or "one-sided"; others their name), then what else the backend wants to report (the
   /// CPU backend: "cpu_kernels avx512").
   virtual std::string describe() const { return "loop " + name(); }
+  /// The derivatives of the layer's output a_i = p_i F_i(y) (FieldOutputs::attention_output:
+  /// section 2's u_i or section 2b's layer, times p_i, before any projection) at the states y
+  /// the layer reads (docs/model.md section 2e; the placements' own derivatives are
+  /// field_derivatives.hpp's). output_vjp: given the cotangent of a (replicas * n * d), writes
+  /// y's (y_cotangent, replicas * n * d) and adds the numbers' gradient to `gradient` (summed
+  /// over replicas for a shared set; zero_numbers' shapes). output_jvp: a's tangent along y's
+  /// tangent and the numbers' (tangent null: none). A backend whose entry declares no
+  /// derivatives (BackendName::differentiates) throws BackendUnavailable.
+  virtual void output_vjp(std::size_t replicas, const double* y, const double* output_cotangent,
+                          double* y_cotangent, FieldNumbers& gradient) {
+    (void)replicas, (void)y, (void)output_cotangent, (void)y_cotangent, (void)gradient;
+    throw BackendUnavailable("--backend " + name() + ": has no derivatives");
+  }
+  virtual void output_jvp(std::size_t replicas, const double* y, const double* y_tangent,
+                          const FieldNumbers* tangent, double* output_tangent) {
+    (void)replicas, (void)y, (void)y_tangent, (void)tangent, (void)output_tangent;
+    throw BackendUnavailable("--backend " + name() + ": has no derivatives");
+  }
   /// The last evaluation's Sinkhorn scalings (empty where the backend has none).
   virtual ScalingReport last_scaling() const { return {}; }
   /// The device the backend computes on, as /parameters records it ("" for the host's CPU).
@@ -126,7 +145,15 @@ struct BackendName {
   bool uses_cpu_kernels = false; ///< runs the CPU kernel sets (the file records which one)
   Capabilities takes{};
   bool evaluates_densities = false;  ///< the mean-field solver's quadrature may run on it
+  /// It has derivatives (Backend::output_vjp, output_jvp), of the models `differentiates`
+  /// takes (docs/model.md section 2e).
+  bool has_derivatives = false;
+  Capabilities differentiates{};
 };
+
+/// What the derivatives take (docs/model.md section 2e): SA and USA (Sinkhorn's unrolled
+/// sweeps are not differentiated yet), not the mean-field quadrature's grid points.
+inline constexpr Normalization kDifferentiatedKernels[] = {Normalization::Usa, Normalization::Sa};
 
 /// What the CUDA backend's loops and resident kernel take: SA and USA, the post placement,
 /// the one head of Q, K, V (docs/cuda.md); the resident kernel scales every receiver by its
@@ -140,18 +167,36 @@ inline constexpr Placement kCudaPlacements[] = {Placement::Post};
 /// backend that this build lacks (cuda without the toolkit) is still listed; its factory
 /// throws BackendUnavailable saying why.
 inline constexpr BackendName kBackendNames[] = {
-    {"cpu", "tiled, vectorised pair loops on OpenMP threads", false, true, {}, true},
-    {"reference", "plain loops in the order of the formulas (the test oracle)"},
+    {"cpu", "tiled, vectorised pair loops on OpenMP threads", false, true, {}, true, true,
+     {.kernels = kDifferentiatedKernels, .receivers_at_unit_speed = false}},
+    {"reference", "plain loops in the order of the formulas (the test oracle)", false, false, {}, false, true,
+     {.kernels = kDifferentiatedKernels, .receivers_at_unit_speed = false}},
     {"cuda", "NVIDIA GPUs (builds with the CUDA toolkit only)", true, false,
      {.kernels = kCudaKernels, .placements = kCudaPlacements, .whole_layers = false,
       .receivers_at_unit_speed = false}},
 };
+
+/// The refusal of the derivatives of `kinds` by the backend `entry`: "" where it takes them,
+/// else one line naming the option and value ("--backend cuda: has no derivatives (they run
+/// on --backend cpu, reference)", "--kernel sinkhorn: differentiating on --backend cpu takes
+/// --kernel usa, sa").
+inline std::string derivative_refusal(const BackendName& entry, const ModelKinds& kinds);
 
 /// The registry's entry of that name, or nullptr.
 inline const BackendName* find_backend(std::string_view name) {
   for (const BackendName& entry : kBackendNames)
     if (entry.name == name) return &entry;
   return nullptr;
+}
+
+inline std::string derivative_refusal(const BackendName& entry, const ModelKinds& kinds) {
+  if (!entry.has_derivatives) {
+    std::string with;
+    for (const BackendName& other : kBackendNames)
+      if (other.has_derivatives) with += (with.empty() ? "" : ", ") + std::string(other.name);
+    return "--backend " + std::string(entry.name) + ": has no derivatives (they run on --backend " + with + ")";
+  }
+  return capability_refusal("differentiating on --backend " + std::string(entry.name), entry.differentiates, kinds);
 }
 
 /// The registry's names joined by separator, leaving out `except` (for messages and help).

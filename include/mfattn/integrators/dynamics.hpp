@@ -32,6 +32,15 @@ class Dynamics {
   /// The attention outputs p_i u_i before the tangent projection (euler-unprojected): the
   /// remembered outputs (R n d numbers), valid until the next evaluation.
   const double* attention_output(const double* x);
+  /// The derivatives of f at x (docs/model.md section 2e): the VJP writes x's cotangent
+  /// (x_cotangent, size() numbers) of the cotangent of f, and adds the numbers' gradient to
+  /// `gradient` (zero_numbers' shapes); the JVP writes f's tangent (v_tangent) along x_tangent
+  /// and the numbers' tangent (null: none). The placement's share is kernels::
+  /// placement_velocity_vjp/jvp, the layer's the backend's (Backend::output_vjp/jvp). Throws
+  /// BackendUnavailable with derivative_refusal's line where the backend's derivatives do not
+  /// take the model.
+  void vjp(const double* x, const double* cotangent, double* x_cotangent, FieldNumbers& gradient);
+  void jvp(const double* x, const double* x_tangent, const FieldNumbers* tangent, double* v_tangent);
   /// The model's matrices were replaced (a new layer of --regen-period): the remembered
   /// evaluation no longer holds.
   void matrices_changed() { cached_ = false; }
@@ -55,6 +64,9 @@ class Dynamics {
   void evaluate(const double* x, bool with_attention_output, bool with_weight_sums);
   /// The field of a placement other than post (docs/model.md section 2c).
   void evaluate_placement(const double* x, bool with_weight_sums);
+  /// The states the layer reads (N(x) for pre and peri, else x) and its output p_i F_i on
+  /// them, for the derivatives; refuses a model the backend's derivatives do not take.
+  void derivative_forward(const double* x, std::vector<double>& read, std::vector<double>& output);
   std::int64_t evaluations_ = 0;
   bool cached_ = false, cached_attention_output_ = false, cached_weight_sums_ = false;
   bool wants_attention_output_ = false;

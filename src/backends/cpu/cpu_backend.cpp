@@ -52,16 +52,20 @@
 #include "backends/cpu/small_systems.hpp"
 #include "backends/cpu/symmetric_pairs.hpp"
 #include "backends/cpu/vector_math.hpp"
+#include "backends/reference/reference_derivatives.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {
 inline namespace MFATTN_CPU_NAMESPACE {
 namespace {
 
-class CpuBackend final : public Backend {
+// The CPU backend. Its derivatives (Backend::output_vjp, output_jvp) are the reference's, pair by pair,
+// until it has lanes of its own for them (docs/model.md section 2e).
+class CpuBackend final : public detail::ReferenceDerivativesBackend {
  public:
   CpuBackend(const Model& model, int threads)
-      : model_(model), threads_(threads > 0 ? threads : omp_get_max_threads()), mass_(model.mass()),
+      : ReferenceDerivativesBackend(model), model_(model), threads_(threads > 0 ? threads : omp_get_max_threads()),
+        mass_(model.mass()),
         biases_(model), pair_terms_(model), small_systems_(small_systems_apply(model)),
         operands_(model, biases_, model.normalization == Normalization::Sinkhorn),
         symmetric_(!small_systems_ && model.normalization != Normalization::Sinkhorn &&

@@ -3,6 +3,7 @@
 // definitions of the physics (kernels/: the token operands and the pair terms' formulas),
 // none of their loops, bounds or sums.
 #include "backends/backend_common.hpp"
+#include "backends/reference/reference_derivatives.hpp"
 #include "backends/sinkhorn_scaling.hpp"
 #include "backends/token_operands.hpp"
 
@@ -77,9 +78,9 @@ class ReferenceSinkhorn {
   host::SinkhornScaling scaling_;
 };
 
-class ReferenceBackend final : public Backend {
+class ReferenceBackend final : public detail::ReferenceDerivativesBackend {
  public:
-  explicit ReferenceBackend(const Model& model) : model_(model) {}
+  explicit ReferenceBackend(const Model& model) : ReferenceDerivativesBackend(model), model_(model) {}
   std::string name() const override { return "reference"; }
   ScalingReport last_scaling() const override { return last_scaling_; }
 

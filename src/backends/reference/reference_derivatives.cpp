@@ -1,0 +1,414 @@
+// The derivatives of the layer's output, pair by pair (reference_derivatives.hpp; docs/model.md
+// section 2e). Each head of each replica is one HeadDerivative: its forward pass keeps, per
+// receiver, what the derivatives read again (the normaliser and the normalized sums u_pre: O(n)
+// numbers), and each derivative pass recomputes every pair's weight from the same formula
+// (kernels/pair_terms.hpp, the token operands of token_operands.hpp).
+#include "backends/reference/reference_derivatives.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backends/model_sources.hpp"
+#include "backends/token_operands.hpp"
+#include "kernels/token_formulas.hpp"
+
+namespace mfattn::detail {
+namespace {
+
+using kernels::PairWeightTerms;
+
+double dot(const double* a, const double* b, std::size_t count) {
+  double sum = 0.0;
+  for (std::size_t c = 0; c < count; ++c) sum += a[c] * b[c];
+  return sum;
+}
+
+/// out (rows) += m (rows x cols) y, or m^T y with transpose (out: cols).
+void add_product(const Matrix& m, const double* y, double* out, bool transpose = false) {
+  for (Eigen::Index a = 0; a < m.rows(); ++a)
+    for (Eigen::Index b = 0; b < m.cols(); ++b) {
+      if (transpose)
+        out[b] += m(a, b) * y[a];
+      else
+        out[a] += m(a, b) * y[b];
+    }
+}
+
+/// m += a b^T (a: m.rows(), b: m.cols()).
+void add_outer(Matrix& m, const double* a, const double* b) {
+  for (Eigen::Index r = 0; r < m.rows(); ++r)
+    for (Eigen::Index c = 0; c < m.cols(); ++c) m(r, c) += a[r] * b[c];
+}
+
+/// What one pair's weight is made of: w = p_j * factor_weight, factor_weight = c_ij *
+/// exponential (c_ij = 1 without a multiplier), exponential = exp(log m c + beta s - shift)
+/// without the multiplier (the factor's log-term in it).
+struct PairWeight {
+  bool visible = false;
+  double score = 0.0;        ///< s_ij = <q_i, k_j> (beta not applied)
+  double exponential = 0.0;  ///< exp(log-term) exp(beta s - shift)
+  double weight = 0.0;       ///< w_ij
+  double factor_weight = 0.0;
+};
+
+/// The forward pass and the derivatives of one head of one replica (file comment).
+class HeadDerivative {
+ public:
+  HeadDerivative(const Model& model, const AttentionHead& head, const HeadNumbers& layout, const double* y)
+      : model_(model), head_(head), layout_(layout), form_(model, head), y_(y),
+        score_gauge_(head.score_dim() == model.d ? model.gauge.get() : model.head_gauge.get()),
+        full_map_(form_.transported || head.value_identity),
+        map_(full_map_ ? head.full_value : layout.output) {
+    host::prepare_head_operands(form_, y, operands_);
+    forward();
+  }
+
+  /// F += u^(h) (n x d).
+  void add_output(double* field) const {
+    for (std::size_t i = 0; i < model_.n; ++i) add_product(map_, t(i), field + i * model_.d);
+  }
+
+  /// The VJP for F's cotangent field_bar (n x d): y_bar (n x d) and the gradients.
+  void vjp(const double* field_bar, double* y_bar, HeadNumbers& head_gradient, FieldNumbers& gradient) const {
+    const std::size_t n = model_.n, d = model_.d, od = operands_.d, sources = operands_.sources;
+    const bool usa = model_.normalization == Normalization::Usa;
+    const double mass = model_.mass();
+    Matrix map_gradient = Matrix::Zero(map_.rows(), map_.cols());
+    std::vector<double> query_bar(n * od, 0.0), key_bar(sources * od, 0.0), value_bar(sources * od, 0.0);
+    std::vector<double> t_bar(map_.cols()), u_bar(od), derivatives(kernels::kMaxFactorNumbers);
+    double mass_bar = 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!(normaliser_[i] > 0.0)) continue;  // u_i = 0 held: no derivative
+      const double* g = field_bar + i * d;
+      add_outer(map_gradient, g, t(i));
+      std::fill(t_bar.begin(), t_bar.end(), 0.0);
+      add_product(map_, g, t_bar.data(), /*transpose=*/true);
+      std::fill(u_bar.begin(), u_bar.end(), 0.0);
+      if (form_.transported)
+        model_.gauge->apply(i, t_bar.data(), u_bar.data());
+      else
+        std::copy(t_bar.begin(), t_bar.end(), u_bar.begin());
+      const double delta = dot(u_bar.data(), u_pre(i), od);
+      if (usa) mass_bar -= delta / mass;
+      for (std::size_t j = 0; j < sources; ++j) {
+        const PairWeight pair = weight(i, j);
+        if (!pair.visible) continue;
+        const double along = dot(u_bar.data(), operands_.value(j), od);
+        const double weight_bar = usa ? along / mass : (along - delta) / normaliser_[i];
+        const double share = pair.weight / normaliser_[i];
+        for (std::size_t c = 0; c < od; ++c) value_bar[j * od + c] += share * u_bar[c];
+        const double logit_bar = pair.weight * weight_bar;
+        for (std::size_t c = 0; c < od; ++c) {
+          query_bar[i * od + c] += model_.beta * logit_bar * operands_.key(j)[c];
+          key_bar[j * od + c] += model_.beta * logit_bar * operands_.query(i)[c];
+        }
+        gradient.beta += logit_bar * (pair.score - (model_.exponent_shift() > 0.0 ? 1.0 : 0.0));
+        if (j < n) gradient.presence[j] += pair.factor_weight * weight_bar;
+        const kernels::PairTermDerivatives terms =
+            kernels::pair_term_derivatives(model_.pair_terms, host::scalar_pair(model_, i, j), derivatives.data());
+        const double term_bar =
+            terms.of_multiplier ? operands_.presence[j] * pair.exponential * weight_bar : logit_bar;
+        for (std::size_t k = 0; k < terms.count; ++k) gradient.factor[k] += term_bar * derivatives[k];
+      }
+    }
+    if (usa)
+      for (std::size_t j = 0; j < n; ++j)
+        if (model_.presence[j] > 0.0) gradient.presence[j] += mass_bar;
+    gather_sources(query_bar, key_bar, value_bar, y_bar, head_gradient, gradient);
+    if (full_map_) {
+      head_gradient.value += layout_.output.transpose() * map_gradient;
+      head_gradient.output += map_gradient * layout_.value.transpose();
+    } else {
+      head_gradient.output += map_gradient;
+    }
+  }
+
+  /// The JVP along y_dot (n x d) and the numbers' tangent (null: none; head_tangent: this
+  /// head's): F_dot += u^(h)'s tangent.
+  void jvp(const double* y_dot, const FieldNumbers* tangent, const HeadNumbers* head_tangent, double* field_dot) const {
+    const std::size_t n = model_.n, d = model_.d, od = operands_.d, sources = operands_.sources;
+    const bool usa = model_.normalization == Normalization::Usa;
+    std::vector<double> query_dot(n * od, 0.0), key_dot(sources * od, 0.0), value_dot(sources * od, 0.0);
+    spread_sources(y_dot, tangent, head_tangent, query_dot, key_dot, value_dot);
+    Matrix map_dot = Matrix::Zero(map_.rows(), map_.cols());
+    if (head_tangent)
+      map_dot = full_map_ ? Matrix(head_tangent->output * layout_.value + layout_.output * head_tangent->value)
+                          : head_tangent->output;
+    double mass_dot = 0.0;
+    if (tangent)
+      for (std::size_t j = 0; j < n; ++j)
+        if (model_.presence[j] > 0.0) mass_dot += tangent->presence[j];
+    const double beta_dot = tangent ? tangent->beta : 0.0;
+    std::vector<double> numerator_dot(od), t_dot(map_.cols()), derivatives(kernels::kMaxFactorNumbers);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!(normaliser_[i] > 0.0)) continue;
+      std::fill(numerator_dot.begin(), numerator_dot.end(), 0.0);
+      double sum_dot = 0.0;
+      for (std::size_t j = 0; j < sources; ++j) {
+        const PairWeight pair = weight(i, j);
+        if (!pair.visible) continue;
+        double logit_dot = model_.beta * (dot(query_dot.data() + i * od, operands_.key(j), od) +
+                                          dot(operands_.query(i), key_dot.data() + j * od, od)) +
+                           beta_dot * (pair.score - (model_.exponent_shift() > 0.0 ? 1.0 : 0.0));
+        double weight_dot = 0.0;
+        if (tangent) {
+          const kernels::PairTermDerivatives terms =
+              kernels::pair_term_derivatives(model_.pair_terms, host::scalar_pair(model_, i, j), derivatives.data());
+          double term_dot = 0.0;
+          for (std::size_t k = 0; k < terms.count; ++k) term_dot += tangent->factor[k] * derivatives[k];
+          if (terms.of_multiplier)
+            weight_dot += operands_.presence[j] * pair.exponential * term_dot;
+          else
+            logit_dot += term_dot;
+          if (j < n) weight_dot += tangent->presence[j] * pair.factor_weight;
+        }
+        weight_dot += pair.weight * logit_dot;
+        for (std::size_t c = 0; c < od; ++c)
+          numerator_dot[c] += weight_dot * operands_.value(j)[c] + pair.weight * value_dot[j * od + c];
+        sum_dot += weight_dot;
+      }
+      const double normaliser_dot = usa ? mass_dot : sum_dot;
+      for (std::size_t c = 0; c < od; ++c)
+        numerator_dot[c] = (numerator_dot[c] - u_pre(i)[c] * normaliser_dot) / normaliser_[i];
+      std::fill(t_dot.begin(), t_dot.end(), 0.0);
+      if (form_.transported)
+        model_.gauge->apply_transpose(i, numerator_dot.data(), t_dot.data());
+      else
+        std::copy(numerator_dot.begin(), numerator_dot.begin() + std::ptrdiff_t(t_dot.size()), t_dot.begin());
+      add_product(map_, t_dot.data(), field_dot + i * d);
+      add_product(map_dot, t(i), field_dot + i * d);
+    }
+  }
+
+ private:
+  /// The pair (i, j)'s weight, as the reference backend forms it.
+  PairWeight weight(std::size_t i, std::size_t j) const {
+    PairWeight pair;
+    if (!(operands_.presence[j] > 0.0)) return pair;
+    const PairWeightTerms<double> terms = host::model_pair_weight_terms(model_, i, j);
+    if (!kernels::visible(terms)) return pair;
+    pair.visible = true;
+    pair.score = dot(operands_.query(i), operands_.key(j), operands_.d);
+    const double exponential = std::exp(model_.beta * pair.score - model_.exponent_shift());
+    pair.exponential = std::exp(terms.log_term) * exponential;
+    pair.factor_weight = kernels::weight_factor(terms) * exponential;
+    pair.weight = operands_.presence[j] * pair.factor_weight;
+    return pair;
+  }
+
+  /// Every receiver's normaliser (M, or eps_den + D_i; 0: u_i = 0), u_pre and t_i.
+  void forward() {
+    const std::size_t n = model_.n, od = operands_.d;
+    const bool usa = model_.normalization == Normalization::Usa;
+    normaliser_.assign(n, 0.0);
+    u_pre_.assign(n * od, 0.0);
+    t_.assign(n * std::size_t(map_.cols()), 0.0);
+    for (std::size_t i = 0; i < n; ++i) {
+      double sum = 0.0;
+      double* numerator = u_pre_.data() + i * od;
+      for (std::size_t j = 0; j < operands_.sources; ++j) {
+        const PairWeight pair = weight(i, j);
+        if (!pair.visible) continue;
+        for (std::size_t c = 0; c < od; ++c) numerator[c] += pair.weight * operands_.value(j)[c];
+        sum += pair.weight;
+      }
+      normaliser_[i] = usa ? model_.mass() : model_.eps_den + sum;
+      if (!(normaliser_[i] > 0.0)) {
+        std::fill(numerator, numerator + od, 0.0);
+        continue;
+      }
+      for (std::size_t c = 0; c < od; ++c) numerator[c] /= normaliser_[i];
+      double* ti = t_.data() + i * std::size_t(map_.cols());
+      if (form_.transported)
+        model_.gauge->apply_transpose(i, numerator, ti);
+      else
+        std::copy(numerator, numerator + map_.cols(), ti);
+    }
+  }
+
+  const double* u_pre(std::size_t i) const { return u_pre_.data() + i * operands_.d; }
+  const double* t(std::size_t i) const { return t_.data() + i * std::size_t(map_.cols()); }
+
+  /// out (r numbers) = G^(r)_token^T in, or in.
+  void score_transpose(std::size_t token, const double* in, double* out) const {
+    const std::size_t r = head_.score_dim();
+    if (score_gauge_)
+      score_gauge_->apply_transpose(token, in, out);
+    else
+      std::copy(in, in + r, out);
+  }
+  void score_apply(std::size_t token, const double* in, double* out) const {
+    const std::size_t r = head_.score_dim();
+    if (score_gauge_)
+      score_gauge_->apply(token, in, out);
+    else
+      std::copy(in, in + r, out);
+  }
+
+  /// The operands' cotangents into the contents' (y_bar for moving tokens, the prefix's) and
+  /// the head's matrices: q = G Q y, k = G K y, z = G y | y | A y.
+  void gather_sources(const std::vector<double>& query_bar, const std::vector<double>& key_bar,
+                      const std::vector<double>& value_bar, double* y_bar, HeadNumbers& head_gradient,
+                      FieldNumbers& gradient) const {
+    const std::size_t n = model_.n, d = model_.d, od = operands_.d, r = head_.score_dim();
+    std::vector<double> back(std::max(r, d)), content_bar(d);
+    for (std::size_t j = 0; j < operands_.sources; ++j) {
+      const double* y = host::source_content(model_, y_, j);
+      std::fill(content_bar.begin(), content_bar.end(), 0.0);
+      if (j < n) {
+        score_transpose(j, query_bar.data() + j * od, back.data());
+        add_outer(head_gradient.query, back.data(), y);
+        add_product(head_.query, back.data(), content_bar.data(), /*transpose=*/true);
+      }
+      score_transpose(j, key_bar.data() + j * od, back.data());
+      add_outer(head_gradient.key, back.data(), y);
+      add_product(head_.key, back.data(), content_bar.data(), /*transpose=*/true);
+      const double* z_bar = value_bar.data() + j * od;
+      if (form_.transported) {
+        model_.gauge->apply_transpose(j, z_bar, back.data());
+        for (std::size_t c = 0; c < d; ++c) content_bar[c] += back[c];
+      } else if (head_.value_identity) {
+        for (std::size_t c = 0; c < d; ++c) content_bar[c] += z_bar[c];
+      } else {
+        add_outer(head_gradient.value, z_bar, y);
+        add_product(head_.value, z_bar, content_bar.data(), /*transpose=*/true);
+      }
+      double* to = j < n ? y_bar + j * d : gradient.prefix.data() + (j - n) * d;
+      for (std::size_t c = 0; c < d; ++c) to[c] += content_bar[c];
+    }
+  }
+
+  /// The operands' tangents from the contents' (y_dot, the prefix's) and the matrices'.
+  void spread_sources(const double* y_dot, const FieldNumbers* tangent, const HeadNumbers* head_tangent,
+                      std::vector<double>& query_dot, std::vector<double>& key_dot,
+                      std::vector<double>& value_dot) const {
+    const std::size_t n = model_.n, d = model_.d, od = operands_.d, r = head_.score_dim();
+    std::vector<double> product(std::max(r, d)), zero(d, 0.0);
+    for (std::size_t j = 0; j < operands_.sources; ++j) {
+      const double* y = host::source_content(model_, y_, j);
+      const double* dy = j < n ? y_dot + j * d : tangent ? tangent->prefix.data() + (j - n) * d : zero.data();
+      auto score_dot = [&](const Matrix& m, const Matrix* m_dot, double* out) {
+        std::fill(product.begin(), product.end(), 0.0);
+        add_product(m, dy, product.data());
+        if (m_dot) add_product(*m_dot, y, product.data());
+        score_apply(j, product.data(), out);
+      };
+      if (j < n) score_dot(head_.query, head_tangent ? &head_tangent->query : nullptr, query_dot.data() + j * od);
+      score_dot(head_.key, head_tangent ? &head_tangent->key : nullptr, key_dot.data() + j * od);
+      double* z_dot = value_dot.data() + j * od;
+      if (form_.transported) {
+        model_.gauge->apply(j, dy, z_dot);
+      } else if (head_.value_identity) {
+        std::copy(dy, dy + d, z_dot);
+      } else {
+        add_product(head_.value, dy, z_dot);
+        if (head_tangent) add_product(head_tangent->value, y, z_dot);
+      }
+    }
+  }
+
+  const Model& model_;
+  const AttentionHead& head_;
+  const HeadNumbers& layout_;
+  host::HeadOperands form_;
+  const double* y_;
+  const Gauge* score_gauge_;
+  bool full_map_;  ///< u = V_h t (transported, or values that are the contents), else O_h t
+  Matrix map_;     ///< V_h (d x d) or O_h (d x rv; I where the head has none)
+  host::TokenOperands operands_;
+  std::vector<double> normaliser_, u_pre_, t_;
+};
+
+/// The set of replica r in `numbers` (per-replica sets: r's; shared: the one).
+template <class Numbers>
+auto& set_of(const Model& model, Numbers& numbers, std::size_t r) {
+  return numbers.sets[model.matrices.size() > 1 ? r : 0];
+}
+
+/// Every head of replica r, and F = sum_h u^(h) + f(y) (n x d).
+struct ReplicaLayer {
+  const AttentionMatrices& set;
+  LayerNumbers layout;
+  std::vector<HeadDerivative> heads;
+  std::vector<double> field;
+  ReplicaLayer(const Model& model, std::size_t r, const double* y)
+      : set(model.matrices_of(r)), layout(layer_numbers(set)), field(model.n * model.d, 0.0) {
+    heads.reserve(set.heads.size());
+    for (std::size_t h = 0; h < set.heads.size(); ++h) {
+      heads.emplace_back(model, set.heads[h], layout.heads[h], y);
+      heads.back().add_output(field.data());
+    }
+    std::vector<double> hidden(set.mlp.width());
+    for (std::size_t i = 0; i < model.n; ++i) host::add_feed_forward(set.mlp, y + i * model.d, hidden.data(),
+                                                                     field.data() + i * model.d);
+  }
+};
+
+}  // namespace
+
+void reference_output_vjp(const Model& model, std::size_t replicas, const double* y, const double* output_cotangent,
+                          double* y_cotangent, FieldNumbers& gradient) {
+  const std::size_t n = model.n, d = model.d;
+  std::fill(y_cotangent, y_cotangent + replicas * n * d, 0.0);
+  for (std::size_t r = 0; r < replicas; ++r) {
+    const double* yr = y + r * n * d;
+    const double* a_bar = output_cotangent + r * n * d;
+    double* y_bar = y_cotangent + r * n * d;
+    const ReplicaLayer layer(model, r, yr);
+    LayerNumbers& set_gradient = set_of(model, gradient, r);
+    // a_i = p_i F_i: F's cotangent p_i a_bar_i, and p_i's <a_bar_i, F_i> (a null token's p_i
+    // is a label).
+    std::vector<double> field_bar(n * d);
+    for (std::size_t i = 0; i < n; ++i) {
+      const double p = model.receiver_speed(i);
+      for (std::size_t c = 0; c < d; ++c) field_bar[i * d + c] = p * a_bar[i * d + c];
+      if (p > 0.0) gradient.presence[i] += dot(a_bar + i * d, layer.field.data() + i * d, d);
+    }
+    const FeedForward& mlp = layer.set.mlp;
+    if (!mlp.empty()) {
+      std::vector<double> hidden(2 * mlp.width());
+      const kernels::FeedForwardArrays<double> arrays{set_gradient.w1.data(), set_gradient.b1.data(), set_gradient.w2.data(),
+                                              set_gradient.b2.data()};
+      for (std::size_t i = 0; i < n; ++i)
+        kernels::feed_forward_vjp(mlp.w1.data(), mlp.b1.data(), mlp.w2.data(), int(mlp.width()), int(d), mlp.activation,
+                                  yr + i * d, field_bar.data() + i * d, hidden.data(), y_bar + i * d, arrays);
+    }
+    for (std::size_t h = 0; h < layer.heads.size(); ++h)
+      layer.heads[h].vjp(field_bar.data(), y_bar, set_gradient.heads[h], gradient);
+  }
+}
+
+void reference_output_jvp(const Model& model, std::size_t replicas, const double* y, const double* y_tangent,
+                          const FieldNumbers* tangent, double* output_tangent) {
+  const std::size_t n = model.n, d = model.d;
+  for (std::size_t r = 0; r < replicas; ++r) {
+    const double* yr = y + r * n * d;
+    const double* y_dot = y_tangent + r * n * d;
+    double* a_dot = output_tangent + r * n * d;
+    const ReplicaLayer layer(model, r, yr);
+    const LayerNumbers* set_tangent = tangent ? &set_of(model, *tangent, r) : nullptr;
+    std::vector<double> field_dot(n * d, 0.0);
+    const FeedForward& mlp = layer.set.mlp;
+    if (!mlp.empty()) {
+      std::vector<double> hidden(2 * mlp.width());
+      kernels::FeedForwardArrays<const double> arrays;
+      if (set_tangent)
+        arrays = {set_tangent->w1.data(), set_tangent->b1.data(), set_tangent->w2.data(), set_tangent->b2.data()};
+      for (std::size_t i = 0; i < n; ++i)
+        kernels::feed_forward_jvp(mlp.w1.data(), mlp.b1.data(), mlp.w2.data(), int(mlp.width()), int(d), mlp.activation,
+                                  yr + i * d, y_dot + i * d, arrays, hidden.data(), field_dot.data() + i * d);
+    }
+    for (std::size_t h = 0; h < layer.heads.size(); ++h)
+      layer.heads[h].jvp(y_dot, tangent, set_tangent ? &set_tangent->heads[h] : nullptr, field_dot.data());
+    // a_i = p_i F_i: p_i F_dot_i + p_dot_i F_i.
+    for (std::size_t i = 0; i < n; ++i) {
+      const double p = model.receiver_speed(i);
+      const double p_dot = tangent && p > 0.0 ? tangent->presence[i] : 0.0;
+      for (std::size_t c = 0; c < d; ++c)
+        a_dot[i * d + c] = p * field_dot[i * d + c] + p_dot * layer.field[i * d + c];
+    }
+  }
+}
+
+}  // namespace mfattn::detail
