@@ -7,6 +7,9 @@
 //     .velocity(x, threads=None) dx/dt = p_i P_{x_i}(u_i) for x of shape (n, d) or (R, n, d)
 //     .energy(x)                 E = 1 / (2 beta M^2) sum_{i,j} p_i p_j m_ij c_ij exp(s_ij)
 //     .initial_state()           the run's initial positions
+//     .vjp(x, cotangent)         J^T w: dict of x's and every number's gradient (field_numbers.hpp)
+//     .jvp(x, tangent, weight_tangents=None)   J t
+//     .weights(layer=None)       the weights in the --weights file's layout
 //   mfattn.run(out=None, progress=None, **options)
 //                                `mfattn run` (run_simulation, the CLI's own function) into
 //                                out or a temporary file, loaded as a Trajectory
@@ -48,6 +51,9 @@
 #include "mfattn/core/version.hpp"
 #include "mfattn/integrators/integrator.hpp"
 #include "mfattn/app/run_resources.hpp"
+#include "mfattn/app/model_builder.hpp"
+#include "mfattn/backends/derivatives.hpp"
+#include "field_numbers.hpp"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -389,6 +395,62 @@ class PyModel {
     return shaped(velocity, replicas, values.ndim() == 3);
   }
 
+  /// The VJP of the field at x (docs/model.md section 2e): {"x": x's cotangent, then every
+  /// number's gradient under its key}.
+  py::dict vjp(const py::handle& x, const py::handle& cotangent, py::object threads, const py::object& layer) {
+    std::size_t replicas = 1;
+    const auto values = checked_positions(x, model_, replicas);
+    const auto weights = checked_like("cotangent", cotangent, values);
+    const Model model = layer_model(layer);
+    FieldNumbers gradient = zero_numbers(model);
+    std::vector<double> x_bar(values.size());
+    differentiate(model, replicas, threads, [&](Dynamics& field) {
+      field.vjp(values.data(), weights.data(), x_bar.data(), gradient);
+    });
+    py::dict out;
+    out["x"] = shaped(x_bar, replicas, values.ndim() == 3);
+    for (const auto& [key, value] : numbers_dict(model, gradient)) out[key] = value;
+    return out;
+  }
+
+  /// The JVP of the field at x along tangent (x's shape) and weight_tangents (some of vjp's
+  /// keys; the others 0).
+  py::array_t<double> jvp(const py::handle& x, const py::handle& tangent, const py::object& weight_tangents,
+                          const py::object& layer) {
+    std::size_t replicas = 1;
+    const auto values = checked_positions(x, model_, replicas);
+    const auto direction = checked_like("tangent", tangent, values);
+    const Model model = layer_model(layer);
+    FieldNumbers numbers;
+    const bool with_numbers = !weight_tangents.is_none();
+    if (with_numbers) numbers = numbers_from_dict(model, weight_tangents, "weight_tangents");
+    std::vector<double> v_dot(values.size());
+    differentiate(model, replicas, py::none(), [&](Dynamics& field) {
+      field.jvp(values.data(), direction.data(), with_numbers ? &numbers : nullptr, v_dot.data());
+    });
+    return shaped(v_dot, replicas, values.ndim() == 3);
+  }
+
+  /// The weights ("attention/...", "mlp/...") of one layer, or of every layer (a leading
+  /// layer axis where the model has several).
+  py::dict weights(const py::object& layer) const {
+    const std::size_t layers = layer_count();
+    if (!layer.is_none() || layers == 1) {
+      const Model model = layer_model(layer);
+      return weight_arrays(model);
+    }
+    py::dict stacked;
+    std::vector<py::dict> each;
+    for (std::size_t l = 0; l < layers; ++l) each.push_back(weight_arrays(layer_model(py::int_(l))));
+    const py::module_ numpy = py::module_::import("numpy");
+    for (const auto& [key, value] : each.front()) {
+      py::list parts;
+      for (const py::dict& one : each) parts.append(one[key]);
+      stacked[key] = numpy.attr("stack")(parts);
+    }
+    return stacked;
+  }
+
   py::object energy(const py::handle& x, py::object threads) {
     std::size_t replicas = 1;
     const auto values = checked_positions(x, model_, replicas);
@@ -459,6 +521,80 @@ class PyModel {
     }
     release(std::move(pooled));
     if (numerical) raise_python(numerical_error_type, failure);
+    if (!failure.empty()) throw std::runtime_error(failure);
+  }
+
+  /// The layers of the model (a --weights file's with --layer-time, --regen-period's draws).
+  std::size_t layer_count() const { return layer_start_times(cfg_).size(); }
+
+  /// The model of layer `layer` (None or 0: the model itself), ValueError out of range.
+  Model layer_model(const py::object& layer) const {
+    if (layer.is_none()) return model_;
+    if (!PyIndex_Check(layer.ptr()) || py::isinstance<py::bool_>(layer))
+      throw py::type_error("layer: expected an int, got " + py::repr(layer).cast<std::string>());
+    const long long index = layer.cast<long long>();
+    const std::size_t layers = layer_count();
+    if (index < 0 || std::size_t(index) >= layers)
+      throw py::value_error("layer: " + std::to_string(index) + " (this model has " + std::to_string(layers) +
+                            " layer" + (layers == 1 ? "" : "s") + ": 0 to " + std::to_string(layers - 1) + ")");
+    Model model = model_;
+    if (index > 0) model.matrices = layer_matrices(cfg_, std::size_t(index));
+    return model;
+  }
+
+  /// The weight keys of numbers_dict at the model's values.
+  static py::dict weight_arrays(const Model& model) {
+    py::dict all = numbers_dict(model, model_numbers(model)), out;
+    for (const auto& [key, value] : all) {
+      const std::string name = key.cast<std::string>();
+      if (name.rfind("attention/", 0) == 0 || name.rfind("mlp/", 0) == 0) out[key] = value;
+    }
+    return out;
+  }
+
+  /// An array of x's shape beside x (a cotangent or a tangent): TypeError for a non-real
+  /// dtype, ValueError naming the shape or a non-finite element.
+  static py::array_t<double, py::array::c_style> checked_like(const char* name, const py::handle& given,
+                                                              const py::array_t<double, py::array::c_style>& x) {
+    py::array array = py::array::ensure(given);
+    if (!array || (array.dtype().kind() != 'f' && array.dtype().kind() != 'i' && array.dtype().kind() != 'u'))
+      throw py::type_error(std::string(name) + ": expected an array of real numbers of x's shape");
+    auto values = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(array);
+    auto text = [](const py::array& a) { return py::str(py::tuple(a.attr("shape"))).cast<std::string>(); };
+    if (values.ndim() != x.ndim() || !std::equal(x.shape(), x.shape() + x.ndim(), values.shape()))
+      throw py::value_error(std::string(name) + ": shape " + text(values) + "; expected x's shape " + text(x));
+    for (py::ssize_t e = 0; e < values.size(); ++e)
+      if (!std::isfinite(values.data()[e]))
+        throw py::value_error(std::string(name) + ": element " + std::to_string(e) + " is not finite");
+    return values;
+  }
+
+  /// Runs body on the field of `model` (a backend of its own, the GIL released); the
+  /// derivatives' refusals raise ValueError, a weight's overflow mfattn.NumericalError.
+  template <class Body>
+  void differentiate(const Model& model, std::size_t replicas, const py::object& threads, Body&& body) {
+    const int count = threads.is_none() ? threads_ : thread_count(threads);
+    ensure_thread_team(count);
+    std::string failure;
+    bool numerical = false, refused = false;
+    {
+      py::gil_scoped_release released;
+      try {
+        const std::unique_ptr<Backend> backend = make_backend(cfg_.backend, model, backend_options(cfg_, count));
+        Dynamics field(model, *backend, replicas);
+        body(field);
+      } catch (const NumericalError& error) {
+        failure = error.what();
+        numerical = true;
+      } catch (const BackendUnavailable& error) {
+        failure = error.what();
+        refused = true;
+      } catch (const std::exception& error) {
+        failure = error.what();
+      }
+    }
+    if (numerical) raise_python(numerical_error_type, failure);
+    if (refused) throw py::value_error(in_keywords(failure));
     if (!failure.empty()) throw std::runtime_error(failure);
   }
 
@@ -650,6 +786,27 @@ For the placements on the sphere (normalization="post", the default, and "ngpt")
 must have norm 1 within 1e-6, else ValueError naming the row and its norm; pre, peri and none
 take states in R^d. threads: OpenMP threads of this call (default: the model's threads=).
 Releases the GIL. Raises mfattn.NumericalError where a weight overflows.)doc")
+      .def("vjp", &PyModel::vjp, "x"_a, "cotangent"_a, "threads"_a = py::none(), "layer"_a = py::none(),
+           R"doc(vjp(x, cotangent, threads=None, layer=None) -> dict
+
+The vector-Jacobian product of the field at x (docs/model.md section 2e): for the cotangent w
+(x's shape) the gradient of <w, velocity(x)> with respect to x ("x") and to every number of
+the model: "attention/query" [H, r, d], "attention/key", "attention/value" [H, rv, d],
+"attention/output" [d, H rv] (the --weights file's layout; a leading replica axis for
+matrices="per-replica"), "mlp/w1", "mlp/b1", "mlp/w2", "mlp/b2" (with a feed-forward term),
+"beta", "prefix_init" [P, d] (with prefix tokens), "presence" [n] (0 for null tokens), and the
+factor's numbers ("aux_lambda", ...). Replicas' gradients are summed. On the sphere the
+x-gradient is the ambient one of the formula. layer: the layer whose weights act (default:
+the first). Raises ValueError for a model the derivatives do not take.)doc")
+      .def("jvp", &PyModel::jvp, "x"_a, "tangent"_a, "weight_tangents"_a = py::none(), "layer"_a = py::none(),
+           R"doc(jvp(x, tangent, weight_tangents=None, layer=None) -> array
+
+The Jacobian-vector product of the field at x along tangent (x's shape) and weight_tangents (a
+dict with some of vjp's keys, the same shapes; the others are 0): an array of x's shape.)doc")
+      .def("weights", &PyModel::weights, "layer"_a = py::none(), R"doc(weights(layer=None) -> dict
+
+The weights in the --weights file's layout ("attention/query", ..., "mlp/b2"): of one layer,
+or of every layer (a leading layer axis where the model has several).)doc")
       .def("energy", &PyModel::energy, "x"_a, "threads"_a = py::none(), R"doc(energy(x, threads=None)
 
 E = 1 / (2 beta M^2) sum_ij p_i p_j m_ij c_ij exp(s_ij) of x (docs/model.md section 4), the

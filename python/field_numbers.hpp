@@ -1,0 +1,35 @@
+#pragma once
+// The differentiated numbers of a Model (include/mfattn/backends/derivatives.hpp) as the
+// Python module gives and takes them: a dict of NumPy arrays keyed by the --weights file's
+// dataset names ("attention/query" [H, r, d], "attention/key", "attention/value" [H, rv, d],
+// "attention/output" [d, H rv], "mlp/w1", "mlp/b1", "mlp/w2", "mlp/b2"; a leading replica axis
+// for per-replica sets) and the other numbers' keywords ("beta", "prefix_init" [P, d],
+// "presence" [n], the factor's: "aux_lambda", ...). docs/python.md, "Derivatives".
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+#include <vector>
+
+#include "mfattn/backends/derivatives.hpp"
+#include "mfattn/core/model.hpp"
+
+namespace mfattn::python {
+
+/// The keys of a model's numbers, in order, with each one's shape.
+struct NumberKey {
+  std::string key;
+  std::vector<pybind11::ssize_t> shape;
+};
+std::vector<NumberKey> number_keys(const Model& model);
+
+/// The numbers as a dict (a gradient, or the weights themselves).
+pybind11::dict numbers_dict(const Model& model, const FieldNumbers& numbers);
+
+/// A tangent from a dict whose keys are some of number_keys' (the others: 0). ValueError names
+/// an unknown key (with the keys taken), a misshapen one (with its shape) or a non-finite
+/// number; TypeError a value that is not an array of real numbers. `what` prefixes the
+/// messages ("weight_tangents").
+FieldNumbers numbers_from_dict(const Model& model, const pybind11::handle& values, const std::string& what);
+
+}  // namespace mfattn::python

@@ -1,0 +1,343 @@
+"""The derivatives of the field (docs/model.md section 2e) against an oracle written here from
+the formulas of docs/model.md sections 2, 2b, 2c and 3 in PyTorch float64 autograd (not
+mfattn's code), against central finite differences of model.velocity, and against the
+adjoint identity; null tokens change no bit of the others' derivatives, and thread counts
+change none."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+BACKENDS = ["reference", "cpu"]
+ON_SPHERE = ("post", "ngpt")
+
+
+# ---- the oracle: docs/model.md written in PyTorch ----
+
+def rope(y, positions, dim, base=10000.0, transpose=False):
+    """G(xi) y of section 3's rope family in dimension dim: block b turns coordinates (2b, 2b+1)
+    (0-based) by xi * base^(-2b/dim); G^T turns back."""
+    out = y.clone()
+    for b in range(dim // 2):
+        angle = positions * base ** (-2.0 * b / dim)
+        if transpose:
+            angle = -angle
+        c, s = torch.cos(angle), torch.sin(angle)
+        out[:, 2 * b] = c * y[:, 2 * b] - s * y[:, 2 * b + 1]
+        out[:, 2 * b + 1] = s * y[:, 2 * b] + c * y[:, 2 * b + 1]
+    return out
+
+
+def factor_terms(kind, delta, numbers):
+    """(log-term, multiplier) of section 2's auxiliary factor at delta = xi_i - xi_j."""
+    distance = delta.abs()
+    one = torch.ones_like(delta)
+    if kind == "none":
+        return 0 * delta, one
+    if kind == "distance":
+        return -numbers["aux_lambda"] * distance, one
+    if kind == "gaussian":
+        return -distance ** 2 / (2 * numbers["aux_sigma"] ** 2), one
+    if kind == "power":
+        return -numbers["aux_power"] * torch.log1p(numbers["aux_power_scale"] * distance), one
+    if kind == "cauchy":
+        return -torch.log1p(distance ** 2 / numbers["aux_gamma"] ** 2), one
+    if kind == "cosine":
+        return 0 * delta, torch.cos(numbers["aux_omega"] * delta)
+    if kind == "toeplitz":
+        a, omega = numbers["toeplitz_coefficients"], numbers["toeplitz_frequencies"]
+        return 0 * delta, sum(a[k] * torch.cos(omega[k] * delta) for k in range(len(a)))
+    raise ValueError(kind)
+
+
+def direction(y):
+    return y / y.norm(dim=1, keepdim=True)
+
+
+class Oracle:
+    """The field of one replica as docs/model.md defines it, from the numbers in `numbers`
+    (the vjp's keys) and the labels of `spec`."""
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def layer_output(self, y, numbers, replica=None):
+        spec = self.spec
+        n, d = y.shape
+        pick = (lambda a: a[replica]) if replica is not None else (lambda a: a)
+        prefix = numbers.get("prefix_init", torch.zeros((0, d), dtype=torch.float64))
+        P = prefix.shape[0]
+        sources = torch.cat([y, prefix])
+        presence = numbers["presence"]
+        source_presence = torch.cat([presence, torch.full((P,), spec.get("prefix_weight", 1.0), dtype=torch.float64)])
+        positions = torch.arange(n, dtype=torch.float64)
+        source_positions = torch.cat([positions, torch.arange(P, dtype=torch.float64) - P])
+        delta = positions[:, None] - source_positions[None, :]
+        log_term, multiplier = factor_terms(spec.get("aux_factor", "none"), delta, numbers)
+        visible = torch.ones_like(delta, dtype=torch.bool)
+        if spec.get("mask") == "causal":
+            visible = source_positions[None, :] <= positions[:, None]
+        if spec.get("mask") == "window":
+            visible = delta.abs() <= spec["window"]
+        shift = numbers["beta"] if spec.get("time_scale") == "rescaled" else 0.0
+        gauge = spec.get("geometry") == "rope"
+        transported = gauge and spec.get("values", "transported") == "transported"
+        query, key = pick(numbers["attention/query"]), pick(numbers["attention/key"])
+        value, output = pick(numbers["attention/value"]), pick(numbers["attention/output"])
+        H, r, _ = query.shape
+        rv = value.shape[1]
+        field = torch.zeros((n, d), dtype=torch.float64)
+        for h in range(H):
+            q = sources @ query[h].T
+            k = sources @ key[h].T
+            if gauge:
+                q, k = rope(q, source_positions, r), rope(k, source_positions, r)
+            scores = numbers["beta"] * (q[:n] @ k.T)
+            weight = torch.where(visible, source_presence[None, :] * multiplier *
+                                 torch.exp(scores - shift + log_term), torch.zeros_like(scores))
+            o = output[:, h * rv:(h + 1) * rv]
+            if transported:
+                z = rope(sources, source_positions, d)
+            else:
+                z = sources @ value[h].T
+            numerator = weight @ z
+            if spec.get("kernel") == "usa":
+                u_pre = numerator / source_presence.sum()
+            else:
+                u_pre = numerator / (spec.get("eps_den", 0.0) + weight.sum(dim=1, keepdim=True))
+            if transported:
+                field = field + rope(u_pre, positions, d, transpose=True) @ (o @ value[h]).T
+            else:
+                field = field + u_pre @ o.T
+        if "mlp/w1" in numbers:
+            act = {"relu": torch.relu, "gelu": torch.nn.functional.gelu, "tanh": torch.tanh}[spec.get("mlp_activation", "relu")]
+            hidden = act(y @ pick(numbers["mlp/w1"]).T + pick(numbers["mlp/b1"]))
+            field = field + hidden @ pick(numbers["mlp/w2"]).T + pick(numbers["mlp/b2"])
+        return presence[:, None] * field
+
+    def velocity(self, x, numbers, replica=None):
+        placement = self.spec.get("normalization", "post")
+        read = direction(x) if placement in ("pre", "peri") else x
+        pu = self.layer_output(read, numbers, replica)
+        p = numbers["presence"][:, None]
+        if placement in ("pre", "none"):
+            return pu
+        if placement == "post":
+            return pu - (x * pu).sum(dim=1, keepdim=True) * x
+        safe = torch.where(pu.norm(dim=1, keepdim=True) > 0, pu, torch.ones_like(pu))
+        unit = torch.where(pu.norm(dim=1, keepdim=True) > 0, direction(safe), torch.zeros_like(pu))
+        if placement == "peri":
+            return p * unit
+        alpha = self.spec.get("ngpt_alpha", 1.0)
+        return alpha * p * (unit - (x * unit).sum(dim=1, keepdim=True) * x)
+
+    def field(self, x, numbers, replicas):
+        if x.dim() == 2:
+            return self.velocity(x, numbers)
+        per_replica = self.spec.get("matrices") == "per-replica"
+        return torch.stack([self.velocity(x[r], numbers, r if per_replica else None) for r in range(replicas)])
+
+
+# ---- the cases: every term of docs/model.md section 2e's list ----
+
+def presence_of(amplitudes, nulls, tau=1.0):
+    a = np.asarray(amplitudes, dtype=float)
+    return np.concatenate([a * a / (tau + a * a), np.zeros(nulls)])
+
+
+CASES = {
+    "sa-identity": dict(n=9, d=3, kernel="sa", beta=2.0),
+    "usa-rope-prefix-causal-rescaled": dict(n=8, d=4, kernel="usa", beta=1.5, q="gaussian", k="gaussian", v="gaussian",
+                                            geometry="rope", prefix=2, mask="causal", time_scale="rescaled"),
+    "sa-layer-plain-distance-nulls": dict(n=8, d=4, kernel="sa", heads=2, head_dim=2, mlp=3, mlp_activation="gelu",
+                                          q="gaussian", k="gaussian", v="gaussian", values="plain", geometry="rope",
+                                          aux_factor="distance", aux_lambda=0.3, null_tokens=2,
+                                          amplitudes=[1.0, 2.0, 0.5, 1.5, 1.0, 3.0, 0.7, 1.2]),
+    "usa-toeplitz-per-replica": dict(n=7, d=3, kernel="usa", q="gaussian", k="gaussian", v="gaussian", values="plain",
+                                     aux_factor="toeplitz", toeplitz_coefficients=[1.0, 0.4],
+                                     toeplitz_frequencies=[0.3, 0.8], matrices="per-replica", replicas=2),
+    "sa-gaussian-window-peri": dict(n=8, d=4, kernel="sa", q="gaussian", k="gaussian", v="gaussian",
+                                    aux_factor="gaussian", aux_sigma=2.0, mask="window", window=4.0,
+                                    normalization="peri", eps_den=1e-3),
+    "sa-ngpt-power-tanh": dict(n=8, d=4, kernel="sa", heads=2, mlp=4, mlp_activation="tanh", q="gaussian",
+                               k="gaussian", v="gaussian", aux_factor="power", aux_power=0.7, aux_power_scale=1.3,
+                               normalization="ngpt", ngpt_alpha=0.6),
+    "sa-pre-cauchy-relu-transported": dict(n=8, d=4, kernel="sa", heads=2, head_dim=2, mlp=3, q="gaussian",
+                                           k="gaussian", v="gaussian", geometry="rope", aux_factor="cauchy",
+                                           aux_gamma=1.7, normalization="pre", prefix=1),
+    "usa-none-cosine": dict(n=8, d=3, kernel="usa", beta=0.5, q="gaussian", k="gaussian", v="plus-qk",
+                            aux_factor="cosine", aux_omega=0.4, normalization="none"),
+}
+
+
+def state(model, spec, seed):
+    rng = np.random.default_rng(seed)
+    shape = (spec["replicas"], model.n, model.d) if spec.get("replicas", 1) > 1 else (model.n, model.d)
+    x = rng.standard_normal(shape)
+    if spec.get("normalization", "post") in ON_SPHERE:
+        x /= np.linalg.norm(x, axis=-1, keepdims=True)
+    return x, rng
+
+
+def tangent_on(x, t, spec):
+    if spec.get("normalization", "post") in ON_SPHERE:
+        return t - np.sum(t * x, axis=-1, keepdims=True) * x
+    return t
+
+
+def oracle_numbers(model, spec, gradient):
+    """The model's numbers as tensors under the vjp's keys: weights from model.weights(), the
+    others from the options (the prefix is drawn by mfattn and given back as a file here)."""
+    numbers = {k: torch.tensor(v, dtype=torch.float64) for k, v in model.weights().items()}
+    numbers["beta"] = torch.tensor(float(spec.get("beta", 1.0)), dtype=torch.float64)
+    nulls = spec.get("null_tokens", 0)
+    # Without amplitudes every token weighs 1 (docs/model.md section 1); a_i gives a_i^2 / (tau + a_i^2).
+    presence = presence_of(spec["amplitudes"], nulls) if "amplitudes" in spec else np.r_[np.ones(model.n - nulls), np.zeros(nulls)]
+    numbers["presence"] = torch.tensor(presence)
+    for key in gradient:
+        if key.startswith("aux_") or key.startswith("toeplitz_"):
+            numbers[key] = torch.tensor(np.asarray(spec[key], dtype=float), dtype=torch.float64)
+    if "prefix_init" in gradient:
+        numbers["prefix_init"] = torch.tensor(spec["prefix_init"], dtype=torch.float64)
+    return numbers
+
+
+def build(mfattn, name, backend):
+    spec = dict(CASES[name])
+    if spec.get("prefix"):
+        rng = np.random.default_rng(7)
+        y = rng.standard_normal((spec["prefix"], spec["d"]))
+        spec["prefix_init"] = y / np.linalg.norm(y, axis=1, keepdims=True)
+    options = {k: v for k, v in spec.items() if k not in ("replicas",)}
+    if spec.get("replicas", 1) > 1:
+        options["replicas"] = spec["replicas"]
+    return mfattn.Model(backend=backend, threads=1, **options), spec
+
+
+def relative(a, b):
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    scale = np.linalg.norm(b)
+    return np.linalg.norm(a - b) / scale if scale > 0 else np.linalg.norm(a)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_vjp_and_jvp_are_autograd_of_the_formula(mfattn, name, backend):
+    model, spec = build(mfattn, name, backend)
+    x, rng = state(model, spec, 1)
+    w = rng.standard_normal(x.shape)
+    gradient = model.vjp(x, w)
+    numbers = oracle_numbers(model, spec, gradient)
+    oracle = Oracle(spec)
+    replicas = x.shape[0] if x.ndim == 3 else 1
+    xt = torch.tensor(x, requires_grad=True)
+    leaves = {k: v.clone().requires_grad_(True) for k, v in numbers.items()}
+    v = oracle.field(xt, leaves, replicas)
+    # The oracle is the field: its forward values are mfattn's velocity.
+    assert relative(model.velocity(x), v.detach().numpy()) < 1e-12
+    keys = sorted(leaves)
+    grads = torch.autograd.grad((v * torch.tensor(w)).sum(), [xt] + [leaves[k] for k in keys], allow_unused=True)
+    expected = {"x": grads[0].numpy()}
+    for k, g in zip(keys, grads[1:]):
+        expected[k] = np.zeros(tuple(leaves[k].shape)) if g is None else g.numpy()
+    # A null token's presence is a label, not a parameter.
+    expected["presence"][numbers["presence"].numpy() == 0] = 0
+    assert sorted(gradient) == sorted(expected)
+    for k in expected:
+        assert relative(gradient[k], expected[k]) < 1e-12, k
+    # The JVP along x's tangent and every number's, against autograd's (double backward).
+    t = tangent_on(x, rng.standard_normal(x.shape), spec)
+    tangents = {k: rng.standard_normal(np.shape(expected[k])) for k in keys}
+    jvp = model.jvp(x, t, {k: tangents[k] for k in keys})
+    _, expected_jvp = torch.autograd.functional.jvp(
+        lambda xx, *vals: oracle.field(xx, dict(zip(keys, vals)), replicas),
+        (torch.tensor(x),) + tuple(numbers[k] for k in keys),
+        (torch.tensor(t),) + tuple(torch.tensor(np.where(numbers["presence"].numpy() == 0, 0, tangents[k])
+                                                if k == "presence" else tangents[k]) for k in keys))
+    assert relative(jvp, expected_jvp.numpy()) < 1e-12
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_jvp_is_the_central_difference_of_velocity(mfattn, name):
+    model, spec = build(mfattn, name, "cpu")
+    x, rng = state(model, spec, 2)
+    t = tangent_on(x, rng.standard_normal(x.shape), spec)
+    h = 1e-5
+    if spec.get("normalization", "post") in ON_SPHERE:
+        moved = lambda s: (x + s * t) / np.linalg.norm(x + s * t, axis=-1, keepdims=True)
+    else:
+        moved = lambda s: x + s * t
+    difference = (model.velocity(moved(h)) - model.velocity(moved(-h))) / (2 * h)
+    assert relative(model.jvp(x, t), difference) < 1e-7
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_adjoint_identity(mfattn, name):
+    model, spec = build(mfattn, name, "cpu")
+    x, rng = state(model, spec, 3)
+    t, w = rng.standard_normal(x.shape), rng.standard_normal(x.shape)
+    jt = model.jvp(x, t)
+    jtw = model.vjp(x, w)["x"]
+    assert abs(np.sum(w * jt) - np.sum(jtw * t)) <= 1e-13 * np.linalg.norm(w) * np.linalg.norm(jt)
+
+
+def test_null_tokens_and_threads_change_no_bit(mfattn):
+    # eps_den given: its default (auto) turns on with null tokens.
+    options = dict(d=4, kernel="sa", heads=2, mlp=3, q="gaussian", k="gaussian", v="gaussian", geometry="rope",
+                   eps_den=1e-12)
+    x, _ = state(mfattn.Model(n=8, **options), dict(n=8), 4)
+    w = np.random.default_rng(5).standard_normal(x.shape)
+    alone = mfattn.Model(n=8, **options).vjp(x, w)
+    padded_model = mfattn.Model(n=8, null_tokens=3, **options)
+    rng = np.random.default_rng(6)
+    extra = rng.standard_normal((3, 4))
+    extra /= np.linalg.norm(extra, axis=1, keepdims=True)
+    padded = padded_model.vjp(np.vstack([x, extra]), np.vstack([w, rng.standard_normal((3, 4))]))
+    assert np.array_equal(padded["x"][:8], alone["x"])
+    assert np.array_equal(padded["x"][8:], np.zeros((3, 4)))
+    for key in alone:
+        if key not in ("x", "presence"):
+            assert np.array_equal(np.asarray(padded[key]), np.asarray(alone[key])), key
+    assert np.array_equal(padded["presence"][:8], alone["presence"])
+    one = mfattn.Model(n=8, **options).vjp(x, w, threads=1)
+    two = mfattn.Model(n=8, **options).vjp(x, w, threads=2)
+    for key in one:
+        assert np.array_equal(np.asarray(one[key]), np.asarray(two[key])), key
+
+
+def test_bad_input_is_named(mfattn):
+    model = mfattn.Model(n=5, d=3, kernel="sa")
+    x, _ = state(model, dict(n=5), 8)
+    with pytest.raises(ValueError, match="cotangent: shape"):
+        model.vjp(x, np.zeros((5, 4)))
+    with pytest.raises(ValueError, match="tangent: element 2 is not finite"):
+        bad = np.zeros_like(x)
+        bad.flat[2] = np.nan
+        model.jvp(x, bad)
+    with pytest.raises(TypeError, match="cotangent"):
+        model.vjp(x, np.zeros(x.shape, dtype=complex))
+    with pytest.raises(ValueError, match=r"weight_tangents: unknown key 'attention/bias'"):
+        model.jvp(x, x * 0, {"attention/bias": np.zeros(3)})
+    with pytest.raises(ValueError, match=r'weight_tangents\["attention/query"\]: shape \(3, 3\); expected \(1, 3, 3\)'):
+        model.jvp(x, x * 0, {"attention/query": np.zeros((3, 3))})
+    with pytest.raises(ValueError, match="kernel=sinkhorn: differentiating on backend=cpu takes kernel=usa, sa"):
+        mfattn.Model(n=5, d=3, kernel="sinkhorn").vjp(x, x)
+    with pytest.raises(ValueError, match="layer: 1"):
+        model.vjp(x, x, layer=1)
+
+
+def test_weights_are_the_layout_of_the_weights_file(mfattn):
+    model = mfattn.Model(n=6, d=4, heads=2, head_dim=2, mlp=3, q="gaussian", k="gaussian", v="gaussian")
+    weights = model.weights()
+    assert weights["attention/query"].shape == (2, 2, 4)
+    assert weights["attention/value"].shape == (2, 4, 4)  # the presets keep a d x d value, output I
+    assert np.array_equal(weights["attention/output"], np.hstack([np.eye(4), np.eye(4)]))
+    assert weights["mlp/w1"].shape == (3, 4) and weights["mlp/b2"].shape == (4,)
+    square = mfattn.Model(n=6, d=3, v="gaussian").weights()
+    assert np.array_equal(square["attention/query"][0], np.eye(3))
+    assert np.array_equal(square["attention/output"], np.eye(3))
+    assert not np.array_equal(square["attention/value"][0], np.eye(3))
