@@ -95,7 +95,42 @@ std::string shape_text(const std::vector<py::ssize_t>& shape) {
   return text + (shape.size() == 1 ? ",)" : ")");
 }
 
+/// An array of real numbers, C-contiguous float64, or TypeError naming `what`.
+py::array_t<double, py::array::c_style> real_array(const py::handle& value, const std::string& what) {
+  py::array array = py::array::ensure(value);
+  if (!array || (array.dtype().kind() != 'f' && array.dtype().kind() != 'i' && array.dtype().kind() != 'u'))
+    throw py::type_error(what + ": not an array of real numbers");
+  return py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(array);
+}
+
 }  // namespace
+
+std::shared_ptr<const WeightsFile> weights_from_dict(const py::handle& values, const std::string& activation) {
+  auto file = std::make_shared<WeightsFile>();
+  const std::pair<const char*, WeightArray WeightsFile::*> datasets[] = {
+      {"attention/query", &WeightsFile::query}, {"attention/key", &WeightsFile::key},
+      {"attention/value", &WeightsFile::value}, {"attention/output", &WeightsFile::output},
+      {"mlp/w1", &WeightsFile::w1},             {"mlp/b1", &WeightsFile::b1},
+      {"mlp/w2", &WeightsFile::w2},             {"mlp/b2", &WeightsFile::b2}};
+  for (const auto& [name, value] : py::reinterpret_borrow<py::dict>(values)) {
+    const std::string key = py::str(name).cast<std::string>();
+    const auto found = std::find_if(std::begin(datasets), std::end(datasets), [&](const auto& d) { return key == d.first; });
+    if (found == std::end(datasets)) {
+      std::string taken;
+      for (const auto& d : datasets) taken += (taken.empty() ? "" : ", ") + std::string(d.first);
+      throw py::value_error("weights: unknown key " + py::repr(name).cast<std::string>() + " (a weights dict takes " + taken + ")");
+    }
+    const auto numbers = real_array(value, "weights[\"" + key + "\"]");
+    WeightArray& array = (*file).*(found->second);
+    array.shape.assign(numbers.shape(), numbers.shape() + numbers.ndim());
+    array.values.assign(numbers.data(), numbers.data() + numbers.size());
+    for (std::size_t e = 0; e < array.values.size(); ++e)
+      if (!std::isfinite(array.values[e]))
+        throw py::value_error("weights[\"" + key + "\"]: element " + std::to_string(e) + " is not finite");
+  }
+  if (file->w1.present() || file->b1.present() || file->w2.present() || file->b2.present()) file->activation = activation;
+  return file;
+}
 
 std::vector<NumberKey> number_keys(const Model& model) {
   FieldNumbers zero = zero_numbers(model);
@@ -134,10 +169,7 @@ FieldNumbers numbers_from_dict(const Model& model, const py::handle& values, con
       for (const KeyNumbers& k : keys) taken += (taken.empty() ? "" : ", ") + k.key.key;
       throw py::value_error(what + ": unknown key " + py::repr(name).cast<std::string>() + " (this model takes " + taken + ")");
     }
-    py::array array = py::array::ensure(value);
-    if (!array || (array.dtype().kind() != 'f' && array.dtype().kind() != 'i' && array.dtype().kind() != 'u'))
-      throw py::type_error(what + "[\"" + key + "\"]: not an array of real numbers");
-    auto numbers_in = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(array);
+    const auto numbers_in = real_array(value, what + "[\"" + key + "\"]");
     std::vector<py::ssize_t> shape(numbers_in.shape(), numbers_in.shape() + numbers_in.ndim());
     if (shape != found->key.shape)
       throw py::value_error(what + "[\"" + key + "\"]: shape " + shape_text(shape) + "; expected " +

@@ -11,8 +11,11 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
 #include "mfattn/backends/derivatives.hpp"
 #include "mfattn/core/model.hpp"
+#include "mfattn/io/weights_file.hpp"
 
 namespace mfattn::python {
 
@@ -31,5 +34,12 @@ pybind11::dict numbers_dict(const Model& model, const FieldNumbers& numbers);
 /// number; TypeError a value that is not an array of real numbers. `what` prefixes the
 /// messages ("weight_tangents").
 FieldNumbers numbers_from_dict(const Model& model, const pybind11::handle& values, const std::string& what);
+
+/// Model(weights=dict): the dict's arrays as the --weights file's datasets (its keys are the
+/// file's: "attention/query", ..., "mlp/b2", each an array of real numbers, a leading layer axis
+/// allowed), the activation `activation` (the model's mlp_activation). ValueError names an
+/// unknown key (with the keys taken) or a non-finite number; TypeError a value that is not an
+/// array of real numbers. The shapes are validate()'s to check, as a file's.
+std::shared_ptr<const WeightsFile> weights_from_dict(const pybind11::handle& values, const std::string& activation);
 
 }  // namespace mfattn::python

@@ -211,9 +211,9 @@ std::string in_keywords(std::string message) {
   return said;
 }
 
-RunConfig parse(const std::vector<std::string>& words) {
+RunConfig parse(const std::vector<std::string>& words, std::shared_ptr<const WeightsFile> weights = nullptr) {
   try {
-    return parse_run_arguments(words);
+    return parse_run_arguments(words, std::move(weights));
   } catch (const UsageError& error) {
     throw py::value_error(in_keywords(error.what()));
   }
@@ -345,14 +345,31 @@ class PyModel {
     for (const auto& [key, value] : options) {
       const bool array = py::hasattr(value, "shape") && py::hasattr(value, "ndim") && value.attr("ndim").cast<int>() >= 1;
       given_ += (given_.empty() ? "" : ", ") + key.cast<std::string>() + "=" +
-                (array ? "<array " + py::str(value.attr("shape")).cast<std::string>() + ">"
-                       : py::repr(value).cast<std::string>());
+                (array                        ? "<array " + py::str(value.attr("shape")).cast<std::string>() + ">"
+                 : py::isinstance<py::dict>(value) ? "<dict of " + std::to_string(py::len(value)) + ">"
+                                                   : py::repr(value).cast<std::string>());
     }
-    arrays_ = words_of(options);  // kept: initial_state() may read an init_file= array's file
+    // weights= a dict (model.weights()'s layout) is held in memory, not written to a file.
+    py::kwargs rest = options;
+    std::shared_ptr<const WeightsFile> weights;
+    if (options.contains("weights") && py::isinstance<py::dict>(options["weights"])) {
+      weights = weights_from_dict(options["weights"], options.contains("mlp_activation")
+                                                          ? py::str(options["mlp_activation"]).cast<std::string>()
+                                                          : "relu");
+      rest = py::kwargs();
+      for (const auto& [key, value] : options)
+        if (key.cast<std::string>() != "weights") rest[key] = value;
+    }
+    options_ = py::dict(options);
+    arrays_ = words_of(rest);  // kept: initial_state() may read an init_file= array's file
     std::vector<std::string> words = arrays_.words;
+    if (weights) {
+      words.push_back("--weights");
+      words.push_back("<dict>");
+    }
     words.push_back("--out");
     words.push_back("mfattn-model.h5");  // parse_run_arguments wants one; nothing is written
-    cfg_ = parse(words);
+    cfg_ = parse(words, weights);
     try {
       model_ = build_model(cfg_);
     } catch (const UsageError& error) {
@@ -376,6 +393,8 @@ class PyModel {
     return text.str();
   }
   std::string backend_name() const { return cfg_.backend; }
+  /// The keywords the model was made with (a copy): mfattn.Model(**model.options) makes it again.
+  py::dict options() const { return py::dict(options_); }
 
   py::array_t<double> initial_state() const {
     State state;
@@ -610,6 +629,7 @@ class PyModel {
   }
 
   std::string given_;  // the keywords as given, for repr
+  py::dict options_;   // the keywords as given, for Model.options
   OptionWords arrays_;
   RunConfig cfg_;
   Model model_;
@@ -776,6 +796,8 @@ docs/python.md has the whole surface.)doc")
       .def_property_readonly("replicas", &PyModel::replicas, "replicas= (the initial state's)")
       .def_property_readonly("beta", &PyModel::beta, "the inverse temperature beta")
       .def_property_readonly("backend", &PyModel::backend_name, "the backend that evaluates the field (backend=)")
+      .def_property_readonly("options", &PyModel::options,
+                             "the keywords the model was made with: mfattn.Model(**model.options) makes it again")
       .def("initial_state", &PyModel::initial_state,
            "initial_state() -> array: the run's initial positions (init=, seed=, ...): (n, d), or (R, n, d) "
            "for replicas=R > 1")

@@ -670,11 +670,14 @@ void store_run_arguments(const std::vector<std::string>& args, const po::options
   }
 }
 
-RunConfig parse_run_arguments(const std::vector<std::string>& args) {
+RunConfig parse_run_arguments(const std::vector<std::string>& args) { return parse_run_arguments(args, nullptr); }
+
+RunConfig parse_run_arguments(const std::vector<std::string>& args, std::shared_ptr<const WeightsFile> weights_in_memory) {
   RunConfig cfg;
   const auto table = run_options(cfg);
   po::variables_map vm;
   store_run_arguments(args, table, vm, cfg);
+  cfg.weights_in_memory = std::move(weights_in_memory);
   cfg.choices = validate(cfg);
   std::ostringstream command_line;
   command_line << "mfattn run";

@@ -184,10 +184,12 @@ FeedForward preset_feed_forward(const RunConfig& cfg, std::uint64_t layer, std::
 void weights_file_layer(const RunConfig& cfg, std::size_t layer, AttentionMatrices& m) {
   // Read once by validate() (RunChoices::weights); a RunConfig filled in code reads it here.
   const std::shared_ptr<const WeightsFile> read =
-      cfg.choices.weights ? cfg.choices.weights : std::make_shared<const WeightsFile>(read_weights_file(cfg.weights));
+      cfg.choices.weights          ? cfg.choices.weights
+      : cfg.weights_in_memory      ? cfg.weights_in_memory
+                                   : std::make_shared<const WeightsFile>(read_weights_file(cfg.weights));
   const WeightsFile& file = *read;
   const auto d = static_cast<std::size_t>(cfg.d), heads = static_cast<std::size_t>(cfg.layer.heads);
-  const std::size_t r = head_dim_of(cfg);
+  const std::size_t r = head_dim_of(cfg), rv = value_dim_of(file, r);
   const std::size_t l = std::min(layer, std::max<std::size_t>(cfg.choices.weight_layers, 1) - 1);
   // The numbers of layer l of an array whose per-layer size is `size`.
   auto of_layer = [l](const WeightArray& array, std::size_t size) {
@@ -201,13 +203,13 @@ void weights_file_layer(const RunConfig& cfg, std::size_t layer, AttentionMatric
   };
   if (file.query.present()) {
     m.heads.clear();
-    const Matrix output = matrix(of_layer(file.output, d * heads * r), d, heads * r);
+    const Matrix output = matrix(of_layer(file.output, d * heads * rv), d, heads * rv);
     for (std::size_t h = 0; h < heads; ++h) {
       AttentionHead head;
       head.query = matrix(of_layer(file.query, heads * r * d) + h * r * d, r, d);
       head.key = matrix(of_layer(file.key, heads * r * d) + h * r * d, r, d);
-      head.value = matrix(of_layer(file.value, heads * r * d) + h * r * d, r, d);
-      head.output = output.middleCols(h * r, r);
+      head.value = matrix(of_layer(file.value, heads * rv * d) + h * rv * d, rv, d);
+      head.output = output.middleCols(Eigen::Index(h * rv), Eigen::Index(rv));
       head.full_value = head.output * head.value;
       m.heads.push_back(std::move(head));
     }

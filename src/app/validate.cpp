@@ -176,18 +176,21 @@ std::size_t validate_layer(const RunConfig& c, RunChoices& choices) {
       reject("layer-time", format_number(c.layer_time), "needs a --weights file with a leading layer axis");
     return 0;
   }
-  require_input_file("weights", c.weights);
+  if (!c.weights_in_memory) require_input_file("weights", c.weights);
   if (c.regen_period > 0)
     reject("regen-period", format_number(c.regen_period),
            "redraws random matrices; a --weights file gives its own layers (use --layer-time)");
   WeightsFile file;
   try {
-    file = read_weights_file(c.weights);
+    file = c.weights_in_memory ? *c.weights_in_memory : read_weights_file(c.weights);
   } catch (const std::exception& e) {
     reject("weights", c.weights, e.what());
   }
   const auto D = static_cast<std::size_t>(d), H = static_cast<std::size_t>(heads), R = static_cast<std::size_t>(r),
              W = static_cast<std::size_t>(c.layer.mlp_width);
+  // The value space rv may differ from r (a head keeping a d x d value has rv = d): the
+  // file's /attention/value says it, and /attention/output must agree.
+  const std::size_t RV = value_dim_of(file, R);
   std::size_t layers = 0;  // 0: not known yet
   // Each dataset's shape is `expected`, or `expected` after a leading layer axis.
   auto check = [&](const char* name, const WeightArray& array, std::vector<std::size_t> expected,
@@ -221,8 +224,8 @@ std::size_t validate_layer(const RunConfig& c, RunChoices& choices) {
         reject(option, *value, "not taken with --weights " + shown(c.weights) + ", whose /attention gives Q, K and V");
     check("/attention/query", file.query, {H, R, D}, head_options);
     check("/attention/key", file.key, {H, R, D}, head_options);
-    check("/attention/value", file.value, {H, R, D}, head_options);
-    check("/attention/output", file.output, {D, H * R}, head_options);
+    check("/attention/value", file.value, {H, RV, D}, head_options + " (rv = " + std::to_string(RV) + ")");
+    check("/attention/output", file.output, {D, H * RV}, head_options + " (rv = " + std::to_string(RV) + ")");
   }
   const WeightArray* mlp[] = {&file.w1, &file.b1, &file.w2, &file.b2};
   const bool any_mlp = std::any_of(std::begin(mlp), std::end(mlp), [](auto* a) { return a->present(); });

@@ -341,3 +341,43 @@ def test_weights_are_the_layout_of_the_weights_file(mfattn):
     assert np.array_equal(square["attention/query"][0], np.eye(3))
     assert np.array_equal(square["attention/output"], np.eye(3))
     assert not np.array_equal(square["attention/value"][0], np.eye(3))
+
+
+def test_weights_dict_makes_the_same_model(mfattn):
+    options = dict(n=8, d=4, heads=2, head_dim=2, mlp=3, mlp_activation="gelu", geometry="rope")
+    model = mfattn.Model(q="gaussian", k="gaussian", v="gaussian", **options)
+    again = mfattn.Model(weights=model.weights(), **options)
+    x, _ = state(model, dict(n=8), 9)
+    assert relative(again.velocity(x), model.velocity(x)) < 1e-15
+    assert "weights=<dict of 8>" in repr(again)
+    square = mfattn.Model(n=8, d=4, v="gaussian")
+    assert relative(mfattn.Model(n=8, d=4, weights=square.weights()).velocity(x), square.velocity(x)) < 1e-15
+    weights = model.weights()
+    with pytest.raises(ValueError, match="weights: unknown key 'attention/bias'"):
+        mfattn.Model(weights=dict(weights, **{"attention/bias": np.zeros(3)}), **options)
+    with pytest.raises(ValueError, match="/attention/value is missing"):
+        mfattn.Model(weights={k: v for k, v in weights.items() if k != "attention/value"}, **options)
+    with pytest.raises(ValueError, match=r"/mlp/w1 is \[3, 5\]; expected \[3, 4\]"):
+        mfattn.Model(weights=dict(weights, **{"mlp/w1": np.zeros((3, 5))}), **options)
+    with pytest.raises(ValueError, match=r'weights\["mlp/b1"\]: element 1 is not finite'):
+        mfattn.Model(weights=dict(weights, **{"mlp/b1": np.array([0, np.inf, 0])}), **options)
+
+
+def test_torch_velocity_passes_gradcheck(mfattn):
+    import mfattn.torch as mt
+    model = mfattn.Model(n=5, d=3, kernel="sa", heads=1, mlp=2, mlp_activation="tanh", q="gaussian", k="gaussian",
+                         v="gaussian", normalization="pre", backend="reference")
+    x = torch.tensor(np.random.default_rng(10).standard_normal((5, 3)), requires_grad=True)
+    assert torch.autograd.gradcheck(lambda xx: mt.velocity(xx, model), (x,), eps=1e-6, atol=1e-8)
+    weights = {k: torch.tensor(v, requires_grad=True) for k, v in model.weights().items() if k in ("attention/query", "mlp/w2")}
+    keys = sorted(weights)
+    assert torch.autograd.gradcheck(lambda xx, *w: mt.velocity(xx, model, dict(zip(keys, w))),
+                                    (x,) + tuple(weights[k] for k in keys), eps=1e-6, atol=1e-8)
+    # On the sphere (post) the field's ambient derivative, moved off the sphere by less than
+    # velocity's 1e-6 check.
+    on_sphere = mfattn.Model(n=5, d=3, kernel="usa", q="gaussian", k="gaussian", v="gaussian", geometry="rope")
+    y = np.random.default_rng(11).standard_normal((5, 3))
+    y = torch.tensor(y / np.linalg.norm(y, axis=1, keepdims=True), requires_grad=True)
+    assert torch.autograd.gradcheck(lambda yy: mt.velocity(yy, on_sphere), (y,), eps=1e-7, atol=1e-7)
+    with pytest.raises(ValueError, match="weights: unknown key 'attention/bias'"):
+        mt.velocity(x, model, {"attention/bias": torch.zeros(3)})

@@ -54,6 +54,9 @@ struct RunConfig {
   LayerShape layer;
   std::string mlp_activation = "relu";
   std::string weights;
+  /// The --weights numbers given in memory (Python's Model(weights=dict)), read in place of the
+  /// file; `weights` then names them in messages. Null: read the file.
+  std::shared_ptr<const WeightsFile> weights_in_memory;
   double layer_time = 0.0;  ///< > 0 with a --weights file of several layers: layer l on [l T, (l+1) T)
   std::string normalization = "post";  ///< kPlacementOption: where the layer's normalization sits
   double ngpt_alpha = 1.0;
@@ -187,6 +190,9 @@ OptionRole option_role(const std::string& name);
 /// Parses `mfattn run` arguments (without the subcommand), reads --config if given (the
 /// command line wins), validates every option and resolves defaults. Throws UsageError.
 RunConfig parse_run_arguments(const std::vector<std::string>& args);
+/// The same with the --weights numbers given in memory (RunConfig::weights_in_memory); args
+/// name them with --weights (any text: the name messages give them).
+RunConfig parse_run_arguments(const std::vector<std::string>& args, std::shared_ptr<const WeightsFile> weights_in_memory);
 
 /// Reads an INI config file through the option table: sections are prefixes ("[model]
 /// n = 8" sets --n), unknown keys are UsageErrors. text receives the file's contents. The

@@ -2,8 +2,9 @@
 /// \file weights_file.hpp
 /// The weights of a whole layer from an HDF5 file (`--weights`, docs/model.md section 2b),
 /// float64 datasets, each with an optional leading layer axis L:
-///   /attention/query [H, r, d]   /attention/key [H, r, d]   /attention/value [H, r, d]
-///   /attention/output [d, H r]   head h's V_h = output[:, h r:(h+1) r] value[h]
+///   /attention/query [H, r, d]   /attention/key [H, r, d]   /attention/value [H, rv, d]
+///   /attention/output [d, H rv]  head h's V_h = output[:, h rv:(h+1) rv] value[h]
+/// (rv = r for PyTorch's layers; a head that keeps a d x d value has rv = d and output I)
 ///   /mlp/w1 [W, d]  /mlp/b1 [W]  /mlp/w2 [d, W]  /mlp/b2 [d], attribute /mlp activation
 /// (the layouts of torch.nn.MultiheadAttention's in_proj split per head and its out_proj, and
 /// of a TransformerEncoderLayer's linear1 and linear2).
@@ -26,6 +27,12 @@ struct WeightsFile {
   WeightArray query, key, value, output, w1, b1, w2, b2;
   std::string activation;
 };
+
+/// The heads' value space rv: /attention/value's next-to-last extent, r where it has none.
+inline std::size_t value_dim_of(const WeightsFile& file, std::size_t r) {
+  const std::size_t rank = file.value.shape.size();
+  return rank >= 2 ? file.value.shape[rank - 2] : r;
+}
 
 /// Reads path. Throws std::invalid_argument naming the dataset when the file is not HDF5,
 /// a dataset is not float64, or a number is not finite; shapes are the caller's to check.
