@@ -54,6 +54,20 @@ def factor_terms(kind, delta, numbers):
     raise ValueError(kind)
 
 
+def sinkhorn_plan(logits, source_presence, sweeps):
+    """Section 2d's plan P_ij = exp(f_i + a_ij + rb_j) after `sweeps` sweeps from g = 0 (every
+    receiver present, every source seen): rows f = -LSE_j (a + rb), rb = log p, then each
+    sweep's columns rb = log c - LSE_i (f + a), c_j = R p_j / M, and rows again."""
+    log_p = torch.log(source_presence)
+    bias = log_p
+    rows = -torch.logsumexp(logits + bias[None, :], dim=1)
+    log_target = math.log(logits.shape[0]) + log_p - torch.log(source_presence.sum())
+    for _ in range(sweeps):
+        bias = log_target - torch.logsumexp(rows[:, None] + logits, dim=0)
+        rows = -torch.logsumexp(logits + bias[None, :], dim=1)
+    return torch.exp(rows[:, None] + logits + bias[None, :])
+
+
 def direction(y):
     return y / y.norm(dim=1, keepdim=True)
 
@@ -97,15 +111,20 @@ class Oracle:
             if gauge:
                 q, k = rope(q, source_positions, r), rope(k, source_positions, r)
             scores = numbers["beta"] * (q[:n] @ k.T)
-            weight = torch.where(visible, source_presence[None, :] * multiplier *
-                                 torch.exp(scores - shift + log_term), torch.zeros_like(scores))
+            if spec.get("kernel") == "sinkhorn":
+                weight = sinkhorn_plan(scores + log_term, source_presence, spec["sinkhorn_iterations"])
+            else:
+                weight = torch.where(visible, source_presence[None, :] * multiplier *
+                                     torch.exp(scores - shift + log_term), torch.zeros_like(scores))
             o = output[:, h * rv:(h + 1) * rv]
             if transported:
                 z = rope(sources, source_positions, d)
             else:
                 z = sources @ value[h].T
             numerator = weight @ z
-            if spec.get("kernel") == "usa":
+            if spec.get("kernel") == "sinkhorn":
+                u_pre = numerator  # the plan's rows sum to 1
+            elif spec.get("kernel") == "usa":
                 u_pre = numerator / source_presence.sum()
             else:
                 u_pre = numerator / (spec.get("eps_den", 0.0) + weight.sum(dim=1, keepdim=True))
@@ -169,6 +188,13 @@ CASES = {
     "sa-pre-cauchy-relu-transported": dict(n=8, d=4, kernel="sa", heads=2, head_dim=2, mlp=3, q="gaussian",
                                            k="gaussian", v="gaussian", geometry="rope", aux_factor="cauchy",
                                            aux_gamma=1.7, normalization="pre", prefix=1),
+    "sinkhorn-prefix-rope-gaussian": dict(n=8, d=4, kernel="sinkhorn", sinkhorn_iterations=4, sinkhorn_tol=0,
+                                          q="gaussian", k="gaussian", v="gaussian", geometry="rope", prefix=2,
+                                          aux_factor="gaussian", aux_sigma=3.0,
+                                          amplitudes=[1.0, 2.0, 0.5, 1.5, 1.0, 3.0, 0.7, 1.2]),
+    "sinkhorn-layer-pre": dict(n=7, d=4, kernel="sinkhorn", sinkhorn_iterations=3, sinkhorn_tol=0, heads=2,
+                               head_dim=2, mlp=3, q="gaussian", k="gaussian", v="gaussian", beta=2.0,
+                               normalization="pre"),
     "usa-none-cosine": dict(n=8, d=3, kernel="usa", beta=0.5, q="gaussian", k="gaussian", v="plus-qk",
                             aux_factor="cosine", aux_omega=0.4, normalization="none"),
 }
@@ -324,8 +350,8 @@ def test_bad_input_is_named(mfattn):
         model.jvp(x, x * 0, {"attention/bias": np.zeros(3)})
     with pytest.raises(ValueError, match=r'weight_tangents\["attention/query"\]: shape \(3, 3\); expected \(1, 3, 3\)'):
         model.jvp(x, x * 0, {"attention/query": np.zeros((3, 3))})
-    with pytest.raises(ValueError, match="kernel=sinkhorn: differentiating on backend=cpu takes kernel=usa, sa"):
-        mfattn.Model(n=5, d=3, kernel="sinkhorn").vjp(x, x)
+    # The registry's refusals (cuda: none; tests/unit/test_capabilities.cpp) reach Python as
+    # ValueError: the mean-field quadrature's unit-speed receivers are refused by every backend.
     with pytest.raises(ValueError, match="layer: 1"):
         model.vjp(x, x, layer=1)
 

@@ -90,5 +90,21 @@ TEST(Capabilities, TheMeanfieldSolverAndTheOAttentionLinkUseTheSameDeclarations)
   EXPECT_THROW(oattn::sa_velocity_via_oattention(layer, x.data(), v.data()), std::invalid_argument);
 }
 
+TEST(Capabilities, TheDerivativesRefuseWhatTheRegistryDeclares) {
+  // The CUDA backend has none; the others name what their derivatives do not take.
+  ModelKinds kinds;
+  for (const BackendName& entry : kBackendNames) {
+    const std::string said = derivative_refusal(entry, kinds);
+    if (!entry.has_derivatives)
+      EXPECT_EQ(said, "--backend " + std::string(entry.name) + ": has no derivatives (they run on --backend cpu, reference)");
+    else
+      EXPECT_EQ(said, "");
+  }
+  kinds.receivers_at_unit_speed = true;
+  EXPECT_EQ(derivative_refusal(*find_backend("cpu"), kinds),
+            "differentiating on --backend cpu takes no receivers at unit speed (the mean-field quadrature's grid points)");
+  EXPECT_FALSE(find_backend("cuda")->has_derivatives);
+}
+
 }  // namespace
 }  // namespace mfattn

@@ -151,9 +151,7 @@ struct BackendName {
   Capabilities differentiates{};
 };
 
-/// What the derivatives take (docs/model.md section 2e): SA and USA (Sinkhorn's unrolled
-/// sweeps are not differentiated yet), not the mean-field quadrature's grid points.
-inline constexpr Normalization kDifferentiatedKernels[] = {Normalization::Usa, Normalization::Sa};
+
 
 /// What the CUDA backend's loops and resident kernel take: SA and USA, the post placement,
 /// the one head of Q, K, V (docs/cuda.md); the resident kernel scales every receiver by its
@@ -168,9 +166,9 @@ inline constexpr Placement kCudaPlacements[] = {Placement::Post};
 /// throws BackendUnavailable saying why.
 inline constexpr BackendName kBackendNames[] = {
     {"cpu", "tiled, vectorised pair loops on OpenMP threads", false, true, {}, true, true,
-     {.kernels = kDifferentiatedKernels, .receivers_at_unit_speed = false}},
+     {.receivers_at_unit_speed = false}},
     {"reference", "plain loops in the order of the formulas (the test oracle)", false, false, {}, false, true,
-     {.kernels = kDifferentiatedKernels, .receivers_at_unit_speed = false}},
+     {.receivers_at_unit_speed = false}},
     {"cuda", "NVIDIA GPUs (builds with the CUDA toolkit only)", true, false,
      {.kernels = kCudaKernels, .placements = kCudaPlacements, .whole_layers = false,
       .receivers_at_unit_speed = false}},
@@ -178,8 +176,8 @@ inline constexpr BackendName kBackendNames[] = {
 
 /// The refusal of the derivatives of `kinds` by the backend `entry`: "" where it takes them,
 /// else one line naming the option and value ("--backend cuda: has no derivatives (they run
-/// on --backend cpu, reference)", "--kernel sinkhorn: differentiating on --backend cpu takes
-/// --kernel usa, sa").
+/// on --backend cpu, reference)", "differentiating on --backend cpu takes no receivers at unit
+/// speed ...").
 inline std::string derivative_refusal(const BackendName& entry, const ModelKinds& kinds);
 
 /// The registry's entry of that name, or nullptr.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/model_sources.hpp"
+#include "backends/sinkhorn_scaling.hpp"
 #include "backends/token_operands.hpp"
 #include "kernels/token_formulas.hpp"
 
@@ -47,9 +48,26 @@ void add_outer(Matrix& m, const double* a, const double* b) {
 struct PairWeight {
   bool visible = false;
   double score = 0.0;        ///< s_ij = <q_i, k_j> (beta not applied)
+  double log_term = 0.0;     ///< log m_ij c_ij of a log-term factor (0 without)
   double exponential = 0.0;  ///< exp(log-term) exp(beta s - shift)
   double weight = 0.0;       ///< w_ij
   double factor_weight = 0.0;
+};
+
+/// Sinkhorn attention's scalings as run (docs/model.md section 2d), every sweep's kept for the
+/// derivatives (unrolled through the sweeps taken: O(n K) numbers). With a_ij = beta s_ij +
+/// log m_ij c_ij and b_j = log p_j:
+///   rows     f^t_i = -LSE_j (a_ij + rb^t_j),   rb^0 = b
+///   columns  rb^t_j = log c_j - Gamma^t_j,    Gamma^t_j = LSE_i (f^(t-1)_i + a_ij)   (t = 1..K)
+///   plan     P_ij = exp(f^K_i + a_ij + rb^K_j)
+struct SinkhornTape {
+  std::vector<std::vector<double>> row_scale;     ///< f^t, t = 0..K
+  std::vector<std::vector<double>> row_bias;      ///< rb^t, t = 0..K
+  std::vector<std::vector<double>> column_lse;    ///< Gamma^t (t = 1..K at t - 1; the last pass's after)
+  std::vector<double> log_target;                 ///< log c_j
+  std::vector<char> in_view;                      ///< sources some receiver sees (M_J's)
+  double visible_mass = 0.0;                      ///< M_J
+  std::size_t sweeps() const { return row_scale.size() - 1; }
 };
 
 /// The forward pass and the derivatives of one head of one replica (file comment).
@@ -78,6 +96,7 @@ class HeadDerivative {
     std::vector<double> query_bar(n * od, 0.0), key_bar(sources * od, 0.0), value_bar(sources * od, 0.0);
     std::vector<double> t_bar(map_.cols()), u_bar(od), derivatives(kernels::kMaxFactorNumbers);
     double mass_bar = 0.0;
+    std::vector<double> every_u_bar(sinkhorn_ ? n * od : 0, 0.0);  // Sinkhorn's passes take them all
     for (std::size_t i = 0; i < n; ++i) {
       if (!(normaliser_[i] > 0.0)) continue;  // u_i = 0 held: no derivative
       const double* g = field_bar + i * d;
@@ -89,6 +108,10 @@ class HeadDerivative {
         model_.gauge->apply(i, t_bar.data(), u_bar.data());
       else
         std::copy(t_bar.begin(), t_bar.end(), u_bar.begin());
+      if (sinkhorn_) {
+        std::copy(u_bar.begin(), u_bar.end(), every_u_bar.begin() + std::ptrdiff_t(i * od));
+        continue;
+      }
       const double delta = dot(u_bar.data(), u_pre(i), od);
       if (usa) mass_bar -= delta / mass;
       for (std::size_t j = 0; j < sources; ++j) {
@@ -112,6 +135,7 @@ class HeadDerivative {
         for (std::size_t k = 0; k < terms.count; ++k) gradient.factor[k] += term_bar * derivatives[k];
       }
     }
+    if (sinkhorn_) sinkhorn_vjp(every_u_bar, query_bar, key_bar, value_bar, gradient);
     if (usa)
       for (std::size_t j = 0; j < n; ++j)
         if (model_.presence[j] > 0.0) gradient.presence[j] += mass_bar;
@@ -127,7 +151,7 @@ class HeadDerivative {
   /// The JVP along y_dot (n x d) and the numbers' tangent (null: none; head_tangent: this
   /// head's): F_dot += u^(h)'s tangent.
   void jvp(const double* y_dot, const FieldNumbers* tangent, const HeadNumbers* head_tangent, double* field_dot) const {
-    const std::size_t n = model_.n, d = model_.d, od = operands_.d, sources = operands_.sources;
+    const std::size_t n = model_.n, od = operands_.d, sources = operands_.sources;
     const bool usa = model_.normalization == Normalization::Usa;
     std::vector<double> query_dot(n * od, 0.0), key_dot(sources * od, 0.0), value_dot(sources * od, 0.0);
     spread_sources(y_dot, tangent, head_tangent, query_dot, key_dot, value_dot);
@@ -141,8 +165,17 @@ class HeadDerivative {
         if (model_.presence[j] > 0.0) mass_dot += tangent->presence[j];
     const double beta_dot = tangent ? tangent->beta : 0.0;
     std::vector<double> numerator_dot(od), t_dot(map_.cols()), derivatives(kernels::kMaxFactorNumbers);
+    const std::vector<double> sinkhorn_dot =
+        sinkhorn_ ? sinkhorn_jvp(query_dot, key_dot, value_dot, tangent) : std::vector<double>();
     for (std::size_t i = 0; i < n; ++i) {
       if (!(normaliser_[i] > 0.0)) continue;
+      if (sinkhorn_) {
+        // The plan's rows sum to 1: u_pre's tangent is the sums' own.
+        std::copy(sinkhorn_dot.begin() + std::ptrdiff_t(i * od), sinkhorn_dot.begin() + std::ptrdiff_t((i + 1) * od),
+                  numerator_dot.begin());
+        map_tangent(i, numerator_dot.data(), t_dot, map_dot, field_dot);
+        continue;
+      }
       std::fill(numerator_dot.begin(), numerator_dot.end(), 0.0);
       double sum_dot = 0.0;
       for (std::size_t j = 0; j < sources; ++j) {
@@ -171,14 +204,21 @@ class HeadDerivative {
       const double normaliser_dot = usa ? mass_dot : sum_dot;
       for (std::size_t c = 0; c < od; ++c)
         numerator_dot[c] = (numerator_dot[c] - u_pre(i)[c] * normaliser_dot) / normaliser_[i];
-      std::fill(t_dot.begin(), t_dot.end(), 0.0);
-      if (form_.transported)
-        model_.gauge->apply_transpose(i, numerator_dot.data(), t_dot.data());
-      else
-        std::copy(numerator_dot.begin(), numerator_dot.begin() + std::ptrdiff_t(t_dot.size()), t_dot.begin());
-      add_product(map_, t_dot.data(), field_dot + i * d);
-      add_product(map_dot, t(i), field_dot + i * d);
+      map_tangent(i, numerator_dot.data(), t_dot, map_dot, field_dot);
     }
+  }
+
+  /// F_dot_i += M_dot t_i + M t_dot_i from u_pre's tangent (od numbers).
+  void map_tangent(std::size_t i, const double* u_pre_dot, std::vector<double>& t_dot, const Matrix& map_dot,
+                   double* field_dot) const {
+    const std::size_t d = model_.d;
+    std::fill(t_dot.begin(), t_dot.end(), 0.0);
+    if (form_.transported)
+      model_.gauge->apply_transpose(i, u_pre_dot, t_dot.data());
+    else
+      std::copy(u_pre_dot, u_pre_dot + t_dot.size(), t_dot.begin());
+    add_product(map_, t_dot.data(), field_dot + i * d);
+    add_product(map_dot, t(i), field_dot + i * d);
   }
 
  private:
@@ -190,6 +230,7 @@ class HeadDerivative {
     if (!kernels::visible(terms)) return pair;
     pair.visible = true;
     pair.score = dot(operands_.query(i), operands_.key(j), operands_.d);
+    pair.log_term = terms.log_term;
     const double exponential = std::exp(model_.beta * pair.score - model_.exponent_shift());
     pair.exponential = std::exp(terms.log_term) * exponential;
     pair.factor_weight = kernels::weight_factor(terms) * exponential;
@@ -204,16 +245,19 @@ class HeadDerivative {
     normaliser_.assign(n, 0.0);
     u_pre_.assign(n * od, 0.0);
     t_.assign(n * std::size_t(map_.cols()), 0.0);
+    if (sinkhorn_) record_scalings();
     for (std::size_t i = 0; i < n; ++i) {
       double sum = 0.0;
       double* numerator = u_pre_.data() + i * od;
       for (std::size_t j = 0; j < operands_.sources; ++j) {
         const PairWeight pair = weight(i, j);
         if (!pair.visible) continue;
-        for (std::size_t c = 0; c < od; ++c) numerator[c] += pair.weight * operands_.value(j)[c];
-        sum += pair.weight;
+        const double w = sinkhorn_ ? plan(i, j, pair) : pair.weight;
+        for (std::size_t c = 0; c < od; ++c) numerator[c] += w * operands_.value(j)[c];
+        sum += w;
       }
-      normaliser_[i] = usa ? model_.mass() : model_.eps_den + sum;
+      // The plan's rows sum to 1 (an empty row, a null receiver: u_i = 0).
+      normaliser_[i] = sinkhorn_ ? (sum > 0.0 ? 1.0 : 0.0) : usa ? model_.mass() : model_.eps_den + sum;
       if (!(normaliser_[i] > 0.0)) {
         std::fill(numerator, numerator + od, 0.0);
         continue;
@@ -225,6 +269,204 @@ class HeadDerivative {
       else
         std::copy(numerator, numerator + map_.cols(), ti);
     }
+  }
+
+  /// a_ij = beta s_ij + log m_ij c_ij, Sinkhorn's logit without log p_j.
+  double logit(const PairWeight& pair) const { return model_.beta * pair.score + pair.log_term; }
+  /// exp(row + a_ij + column), 0 where either scale is -inf.
+  double scaled(double row, const PairWeight& pair, double column) const {
+    if (row == -HUGE_VAL || column == -HUGE_VAL) return 0.0;
+    return std::exp(row + logit(pair) + column);
+  }
+  /// P_ij of the final plan.
+  double plan(std::size_t i, std::size_t j, const PairWeight& pair) const {
+    return scaled(tape_.row_scale.back()[i], pair, tape_.row_bias.back()[j]);
+  }
+  /// Visible pairs of present sources, in receiver-major order: body(i, j, pair).
+  template <class Body>
+  void each_pair(Body&& body) const {
+    for (std::size_t i = 0; i < model_.n; ++i)
+      for (std::size_t j = 0; j < operands_.sources; ++j) {
+        const PairWeight pair = weight(i, j);
+        if (pair.visible) body(i, j, pair);
+      }
+  }
+
+  /// Runs Sinkhorn's sweeps (host::SinkhornScaling, the backends' one procedure) over passes
+  /// that keep every sweep's scalings.
+  void record_scalings() {
+    struct RecordingPasses {
+      HeadDerivative& self;
+      static double log_sum_exp(const std::vector<double>& terms) {
+        double largest = -HUGE_VAL;
+        for (double term : terms) largest = std::max(largest, term);
+        if (largest == -HUGE_VAL) return largest;
+        double sum = 0.0;
+        for (double term : terms) sum += std::exp(term - largest);
+        return kernels::log_sum_exp(largest, sum);
+      }
+      void rows(host::SinkhornScaling& scaling) {
+        host::SinkhornSlot& slot = scaling.slots.front();
+        self.tape_.row_bias.push_back(slot.row_bias);
+        std::vector<double> terms;
+        for (std::size_t i = 0; i < self.model_.n; ++i) {
+          terms.clear();
+          for (std::size_t j = 0; j < self.operands_.sources; ++j) {
+            const PairWeight pair = self.weight(i, j);
+            if (pair.visible) terms.push_back(self.logit(pair) + slot.row_bias[j]);
+          }
+          scaling.finish_row(slot, i, log_sum_exp(terms));
+        }
+        self.tape_.row_scale.push_back(slot.row_scale);
+      }
+      void columns(host::SinkhornScaling& scaling) {
+        host::SinkhornSlot& slot = scaling.slots.front();
+        std::vector<double> lse(self.operands_.sources), terms;
+        for (std::size_t j = 0; j < self.operands_.sources; ++j) {
+          terms.clear();
+          for (std::size_t i = 0; i < self.model_.n; ++i) {
+            const PairWeight pair = self.weight(i, j);
+            if (pair.visible) terms.push_back(slot.row_scale[i] + self.logit(pair));
+          }
+          lse[j] = log_sum_exp(terms);
+          scaling.finish_column(slot, j, lse[j]);
+        }
+        self.tape_.column_lse.push_back(lse);
+      }
+    };
+    host::SinkhornScaling scaling(kernels::SinkhornTerms{std::size_t(model_.sinkhorn.sweeps), model_.sinkhorn.tolerance});
+    host::SinkhornSlot& slot = scaling.slots.emplace_back();
+    slot.source_log_presence = operands_.log_presence;
+    for (std::size_t i = 0; i < model_.n; ++i) slot.receiver_present.push_back(model_.presence[i] > 0.0);
+    scaling.reset();
+    RecordingPasses passes{*this};
+    scaling.run(passes);
+    tape_.log_target = slot.log_target;
+    for (std::size_t j = 0; j < operands_.sources; ++j) {
+      const bool seen = tape_.column_lse.front()[j] != -HUGE_VAL && operands_.presence[j] > 0.0;
+      tape_.in_view.push_back(seen);
+      if (seen) tape_.visible_mass += operands_.presence[j];
+    }
+  }
+
+  /// A logit's cotangent a_bar of the pair into q_bar_i, k_bar_j, beta's and the factor's.
+  void add_logit_bar(std::size_t i, std::size_t j, const PairWeight& pair, double a_bar, std::vector<double>& query_bar,
+                     std::vector<double>& key_bar, FieldNumbers& gradient, double* derivatives) const {
+    const std::size_t od = operands_.d;
+    for (std::size_t c = 0; c < od; ++c) {
+      query_bar[i * od + c] += model_.beta * a_bar * operands_.key(j)[c];
+      key_bar[j * od + c] += model_.beta * a_bar * operands_.query(i)[c];
+    }
+    gradient.beta += a_bar * pair.score;
+    const kernels::PairTermDerivatives terms =
+        kernels::pair_term_derivatives(model_.pair_terms, host::scalar_pair(model_, i, j), derivatives);
+    for (std::size_t k = 0; k < terms.count; ++k) gradient.factor[k] += a_bar * derivatives[k];
+  }
+
+  /// The pairs' share of Sinkhorn's VJP, backwards through the sweeps (SinkhornTape's
+  /// formulas): u_bar (n x od) the normalized sums' cotangents.
+  void sinkhorn_vjp(const std::vector<double>& u_bar, std::vector<double>& query_bar, std::vector<double>& key_bar,
+                    std::vector<double>& value_bar, FieldNumbers& gradient) const {
+    const std::size_t n = model_.n, od = operands_.d, sources = operands_.sources, K = tape_.sweeps();
+    std::vector<double> derivatives(kernels::kMaxFactorNumbers), row_bar(n, 0.0), bias_bar(sources, 0.0),
+        target_bar(sources, 0.0);
+    each_pair([&](std::size_t i, std::size_t j, const PairWeight& pair) {
+      const double p = plan(i, j, pair);
+      if (p == 0.0) return;
+      const double share = p * dot(u_bar.data() + i * od, operands_.value(j), od);
+      for (std::size_t c = 0; c < od; ++c) value_bar[j * od + c] += p * u_bar[i * od + c];
+      add_logit_bar(i, j, pair, share, query_bar, key_bar, gradient, derivatives.data());
+      row_bar[i] += share;
+      bias_bar[j] += share;
+    });
+    for (std::size_t t = K + 1; t-- > 0;) {
+      // f^t = -LSE_j (a + rb^t).
+      const std::vector<double>& f = tape_.row_scale[t];
+      each_pair([&](std::size_t i, std::size_t j, const PairWeight& pair) {
+        const double softmax = scaled(f[i], pair, tape_.row_bias[t][j]);
+        if (softmax == 0.0) return;
+        add_logit_bar(i, j, pair, -row_bar[i] * softmax, query_bar, key_bar, gradient, derivatives.data());
+        bias_bar[j] -= row_bar[i] * softmax;
+      });
+      if (t == 0) break;
+      // rb^t = log c - LSE_i (f^(t-1) + a).
+      std::fill(row_bar.begin(), row_bar.end(), 0.0);
+      for (std::size_t j = 0; j < sources; ++j) target_bar[j] += bias_bar[j];
+      each_pair([&](std::size_t i, std::size_t j, const PairWeight& pair) {
+        const double gamma = tape_.column_lse[t - 1][j];
+        if (gamma == -HUGE_VAL || tape_.row_bias[t][j] == -HUGE_VAL) return;
+        const double softmax = scaled(tape_.row_scale[t - 1][i], pair, -gamma);
+        if (softmax == 0.0) return;
+        add_logit_bar(i, j, pair, -bias_bar[j] * softmax, query_bar, key_bar, gradient, derivatives.data());
+        row_bar[i] -= bias_bar[j] * softmax;
+      });
+      std::fill(bias_bar.begin(), bias_bar.end(), 0.0);
+    }
+    // rb^0 = b = log p; log c_j = log(R p_j / M_J).
+    double mass_bar = 0.0;
+    for (std::size_t j = 0; j < sources; ++j) {
+      const bool targeted = tape_.log_target[j] != -HUGE_VAL;
+      if (targeted) mass_bar -= target_bar[j] / tape_.visible_mass;
+      if (j >= n || !(model_.presence[j] > 0.0)) continue;
+      gradient.presence[j] += (bias_bar[j] + (targeted ? target_bar[j] : 0.0)) / model_.presence[j];
+    }
+    for (std::size_t j = 0; j < n; ++j)
+      if (tape_.in_view[j]) gradient.presence[j] += mass_bar;
+  }
+
+  /// The pairs' share of Sinkhorn's JVP: the normalized sums' tangents (n x od) from the
+  /// operands' (query_dot, key_dot, value_dot) and the numbers'.
+  std::vector<double> sinkhorn_jvp(const std::vector<double>& query_dot, const std::vector<double>& key_dot,
+                                   const std::vector<double>& value_dot, const FieldNumbers* tangent) const {
+    const std::size_t n = model_.n, od = operands_.d, sources = operands_.sources, K = tape_.sweeps();
+    std::vector<double> derivatives(kernels::kMaxFactorNumbers);
+    auto logit_dot = [&](std::size_t i, std::size_t j, const PairWeight& pair) {
+      double dot_a = model_.beta * (dot(query_dot.data() + i * od, operands_.key(j), od) +
+                                    dot(operands_.query(i), key_dot.data() + j * od, od));
+      if (tangent) {
+        dot_a += tangent->beta * pair.score;
+        const kernels::PairTermDerivatives terms =
+            kernels::pair_term_derivatives(model_.pair_terms, host::scalar_pair(model_, i, j), derivatives.data());
+        for (std::size_t k = 0; k < terms.count; ++k) dot_a += tangent->factor[k] * derivatives[k];
+      }
+      return dot_a;
+    };
+    std::vector<double> log_presence_dot(sources, 0.0), target_dot(sources, 0.0);
+    double mass_dot = 0.0;
+    if (tangent)
+      for (std::size_t j = 0; j < n; ++j)
+        if (model_.presence[j] > 0.0) {
+          log_presence_dot[j] = tangent->presence[j] / model_.presence[j];
+          if (tape_.in_view[j]) mass_dot += tangent->presence[j];
+        }
+    for (std::size_t j = 0; j < sources; ++j)
+      if (tape_.log_target[j] != -HUGE_VAL) target_dot[j] = log_presence_dot[j] - mass_dot / tape_.visible_mass;
+    std::vector<double> bias_dot = log_presence_dot, row_dot(n, 0.0), column_dot(sources);
+    for (std::size_t t = 0;; ++t) {
+      std::fill(row_dot.begin(), row_dot.end(), 0.0);
+      each_pair([&](std::size_t i, std::size_t j, const PairWeight& pair) {
+        const double softmax = scaled(tape_.row_scale[t][i], pair, tape_.row_bias[t][j]);
+        if (softmax != 0.0) row_dot[i] -= softmax * (logit_dot(i, j, pair) + bias_dot[j]);
+      });
+      if (t == K) break;
+      std::fill(column_dot.begin(), column_dot.end(), 0.0);
+      each_pair([&](std::size_t i, std::size_t j, const PairWeight& pair) {
+        const double gamma = tape_.column_lse[t][j];
+        if (gamma == -HUGE_VAL) return;
+        const double softmax = scaled(tape_.row_scale[t][i], pair, -gamma);
+        if (softmax != 0.0) column_dot[j] += softmax * (row_dot[i] + logit_dot(i, j, pair));
+      });
+      for (std::size_t j = 0; j < sources; ++j) bias_dot[j] = target_dot[j] - column_dot[j];
+    }
+    std::vector<double> sums_dot(n * od, 0.0);
+    each_pair([&](std::size_t i, std::size_t j, const PairWeight& pair) {
+      const double p = plan(i, j, pair);
+      if (p == 0.0) return;
+      const double rate = row_dot[i] + logit_dot(i, j, pair) + bias_dot[j];
+      for (std::size_t c = 0; c < od; ++c)
+        sums_dot[i * od + c] += p * (rate * operands_.value(j)[c] + value_dot[j * od + c]);
+    });
+    return sums_dot;
   }
 
   const double* u_pre(std::size_t i) const { return u_pre_.data() + i * operands_.d; }
@@ -318,6 +560,8 @@ class HeadDerivative {
   Matrix map_;     ///< V_h (d x d) or O_h (d x rv; I where the head has none)
   host::TokenOperands operands_;
   std::vector<double> normaliser_, u_pre_, t_;
+  bool sinkhorn_ = model_.normalization == Normalization::Sinkhorn;
+  SinkhornTape tape_;
 };
 
 /// The set of replica r in `numbers` (per-replica sets: r's; shared: the one).
