@@ -407,3 +407,21 @@ def test_torch_velocity_passes_gradcheck(mfattn):
     assert torch.autograd.gradcheck(lambda yy: mt.velocity(yy, on_sphere), (y,), eps=1e-7, atol=1e-7)
     with pytest.raises(ValueError, match="weights: unknown key 'attention/bias'"):
         mt.velocity(x, model, {"attention/bias": torch.zeros(3)})
+
+
+def test_layer_picks_the_weights_in_force(mfattn):
+    options = dict(n=6, d=4, heads=2, head_dim=2, kernel="sa")
+    rng = np.random.default_rng(12)
+    layers = {"attention/query": rng.standard_normal((2, 2, 2, 4)), "attention/key": rng.standard_normal((2, 2, 2, 4)),
+              "attention/value": rng.standard_normal((2, 2, 2, 4)), "attention/output": rng.standard_normal((2, 4, 4))}
+    layered = mfattn.Model(weights=layers, layer_time=1.0, horizon=2.0, **options)
+    assert {k: v.shape for k, v in layered.weights().items()} == {k: v.shape for k, v in layers.items()}
+    second = mfattn.Model(weights={k: v[1] for k, v in layers.items()}, **options)
+    x, _ = state(second, dict(n=6), 13)
+    w = rng.standard_normal(x.shape)
+    ours, theirs = layered.vjp(x, w, layer=1), second.vjp(x, w)
+    for key in theirs:
+        assert np.array_equal(np.asarray(ours[key]), np.asarray(theirs[key])), key
+    assert np.array_equal(layered.weights(layer=1)["attention/key"], layers["attention/key"][1])
+    with pytest.raises(ValueError, match=r"layer: 2 \(this model has 2 layers: 0 to 1\)"):
+        layered.jvp(x, x, layer=2)

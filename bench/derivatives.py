@@ -1,0 +1,138 @@
+#!/usr/bin/python3
+"""The derivatives of the field against the field and against PyTorch (docs/performance.md,
+"Derivatives of the field"), with Gaussian Q, K, V (the one-sided loop):
+
+1. one Model.vjp against one Model.velocity of the same model and state, at n = 4096, d = 3
+   (one head) and at n = 1024, d = 64, H = 8 (r = 8), the velocity on `--threads` threads;
+2. PyTorch float64 autograd of the same field (the layer that mfattn.export_torch's weights
+   define: plain values, no gauge, SA, the velocity's tangent projection) at n = 1024, d = 64,
+   H = 8: forward and backward of <w, v(x)>, torch on `--threads` threads;
+3. the peak memory (ru_maxrss of a fresh process) of one VJP at n = 2000 and n = 8000, d = 3,
+   and of PyTorch's autograd of the same field at the same sizes.
+
+    /usr/bin/python3 bench/derivatives.py [--threads 2] [--repeats 3]
+
+Prints a Markdown table of medians and the command. MFATTN_PYTHON_MODULE_DIR names the folder
+holding the package mfattn/ (default build/python). MFATTN_CPU_KERNELS picks the velocity's
+kernel set as everywhere (the derivatives have no lanes yet).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, os.environ.get("MFATTN_PYTHON_MODULE_DIR", str(ROOT / "build" / "python")))
+import mfattn  # noqa: E402
+
+
+def seconds(call, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def model_of(n: int, d: int, heads: int, threads: int):
+    options = dict(n=n, d=d, kernel="sa", q="gaussian", k="gaussian", v="gaussian", threads=threads)
+    if heads > 1:
+        options.update(heads=heads, head_dim=d // heads, values="plain", beta=1 / np.sqrt(d // heads))
+    return mfattn.Model(**options)
+
+
+def torch_field(model, x: np.ndarray, threads: int):
+    """PyTorch float64 of the same field, written from docs/model.md sections 2 and 2b: SA heads
+    with plain values, V_h = O_h A_h, and the tangent projection; returns (x, v)."""
+    import torch
+    torch.set_num_threads(threads)
+    w = {k: torch.tensor(v) for k, v in model.weights().items()}
+    xt = torch.tensor(x, requires_grad=True)
+    query, key, value, output = w["attention/query"], w["attention/key"], w["attention/value"], w["attention/output"]
+    H, rv = query.shape[0], value.shape[1]
+    field = torch.zeros_like(xt)
+    for h in range(H):
+        scores = model.beta * (xt @ query[h].T) @ (xt @ key[h].T).T
+        attention = torch.softmax(scores, dim=1)
+        field = field + (attention @ (xt @ value[h].T)) @ output[:, h * rv:(h + 1) * rv].T
+    return xt, field - (xt * field).sum(dim=1, keepdim=True) * xt
+
+
+def timing_rows(threads: int, repeats: int):
+    rows = []
+    for n, d, heads in ((4096, 3, 1), (1024, 64, 8)):
+        model = model_of(n, d, heads, threads)
+        x = model.initial_state()
+        w = np.random.default_rng(0).standard_normal(x.shape)
+        velocity = seconds(lambda: model.velocity(x), max(repeats, 5))
+        vjp = seconds(lambda: model.vjp(x, w), repeats)
+        row = {"n": n, "d": d, "H": heads, "velocity_s": velocity, "vjp_s": vjp}
+        if heads > 1:
+            import torch
+
+            def autograd():
+                xt, v = torch_field(model, x, threads)
+                torch.autograd.grad((v * torch.tensor(w)).sum(), [xt])
+            row["torch_autograd_s"] = seconds(autograd, repeats)
+        rows.append(row)
+    return rows
+
+
+def peak_memory(kind: str, n: int) -> float:
+    """MB of ru_maxrss of a fresh process that runs one VJP (mfattn or torch) at n, d = 3."""
+    code = f"""
+import resource, sys, numpy as np
+sys.path.insert(0, {str(os.environ.get("MFATTN_PYTHON_MODULE_DIR", str(ROOT / "build" / "python")))!r})
+sys.path.insert(0, {str(ROOT / "bench")!r})
+import derivatives as bench
+model = bench.model_of({n}, 3, 1, 1)
+x = model.initial_state()
+w = np.random.default_rng(0).standard_normal(x.shape)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+if {kind!r} == "mfattn":
+    model.vjp(x, w)
+else:
+    import torch
+    xt, v = bench.torch_field(model, x, 1)
+    torch.autograd.grad((v * torch.tensor(w)).sum(), [xt])
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, before / 1024)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    return float(out[0]), float(out[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    kernels = os.environ.get("MFATTN_CPU_KERNELS", "default")
+    print(f"kernel set: {kernels}; threads {args.threads}; medians of {args.repeats}\n")
+    print("| n | d | H | velocity | VJP | VJP / velocity | PyTorch autograd | autograd / VJP |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for row in timing_rows(args.threads, args.repeats):
+        torch_s = row.get("torch_autograd_s")
+        print(f"| {row['n']} | {row['d']} | {row['H']} | {row['velocity_s'] * 1e3:.3g} ms | {row['vjp_s'] * 1e3:.4g} ms | "
+              f"{row['vjp_s'] / row['velocity_s']:.3g} | "
+              + (f"{torch_s * 1e3:.4g} ms | {torch_s / row['vjp_s']:.3g} |" if torch_s else "- | - |"))
+    print("\n| n (d = 3) | mfattn VJP peak RSS | PyTorch autograd peak RSS |")
+    print("| --- | --- | --- |")
+    for n in (2000, 8000):
+        ours, ours_base = peak_memory("mfattn", n)
+        theirs, theirs_base = peak_memory("torch", n)
+        print(f"| {n} | {ours:.0f} MB ({ours - ours_base:+.0f} MB over the set-up) | "
+              f"{theirs:.0f} MB ({theirs - theirs_base:+.0f} MB) |")
+    print(f"\ncommand: MFATTN_CPU_KERNELS={kernels} /usr/bin/python3 bench/derivatives.py --threads {args.threads} "
+          f"--repeats {args.repeats}")
+
+
+if __name__ == "__main__":
+    main()
