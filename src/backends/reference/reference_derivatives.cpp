@@ -128,6 +128,7 @@ class HeadDerivative {
         }
         gradient.beta += logit_bar * (pair.score - (model_.exponent_shift() > 0.0 ? 1.0 : 0.0));
         if (j < n) gradient.presence[j] += pair.factor_weight * weight_bar;
+        if (!has_factor_numbers_) continue;
         const kernels::PairTermDerivatives terms =
             kernels::pair_term_derivatives(model_.pair_terms, host::scalar_pair(model_, i, j), derivatives.data());
         const double term_bar =
@@ -185,7 +186,7 @@ class HeadDerivative {
                                           dot(operands_.query(i), key_dot.data() + j * od, od)) +
                            beta_dot * (pair.score - (model_.exponent_shift() > 0.0 ? 1.0 : 0.0));
         double weight_dot = 0.0;
-        if (tangent) {
+        if (tangent && has_factor_numbers_) {
           const kernels::PairTermDerivatives terms =
               kernels::pair_term_derivatives(model_.pair_terms, host::scalar_pair(model_, i, j), derivatives.data());
           double term_dot = 0.0;
@@ -194,8 +195,8 @@ class HeadDerivative {
             weight_dot += operands_.presence[j] * pair.exponential * term_dot;
           else
             logit_dot += term_dot;
-          if (j < n) weight_dot += tangent->presence[j] * pair.factor_weight;
         }
+        if (tangent && j < n) weight_dot += tangent->presence[j] * pair.factor_weight;
         weight_dot += pair.weight * logit_dot;
         for (std::size_t c = 0; c < od; ++c)
           numerator_dot[c] += weight_dot * operands_.value(j)[c] + pair.weight * value_dot[j * od + c];
@@ -226,13 +227,15 @@ class HeadDerivative {
   PairWeight weight(std::size_t i, std::size_t j) const {
     PairWeight pair;
     if (!(operands_.presence[j] > 0.0)) return pair;
-    const PairWeightTerms<double> terms = host::model_pair_weight_terms(model_, i, j);
+    // Without a mask, factor or per-prompt rule every pair is visible with c_ij = 1.
+    const PairWeightTerms<double> terms =
+        has_pair_terms_ ? host::model_pair_weight_terms(model_, i, j) : PairWeightTerms<double>{0.0, 1.0};
     if (!kernels::visible(terms)) return pair;
     pair.visible = true;
     pair.score = dot(operands_.query(i), operands_.key(j), operands_.d);
     pair.log_term = terms.log_term;
     const double exponential = std::exp(model_.beta * pair.score - model_.exponent_shift());
-    pair.exponential = std::exp(terms.log_term) * exponential;
+    pair.exponential = terms.log_term == 0.0 ? exponential : std::exp(terms.log_term) * exponential;
     pair.factor_weight = kernels::weight_factor(terms) * exponential;
     pair.weight = operands_.presence[j] * pair.factor_weight;
     return pair;
@@ -246,6 +249,7 @@ class HeadDerivative {
     u_pre_.assign(n * od, 0.0);
     t_.assign(n * std::size_t(map_.cols()), 0.0);
     if (sinkhorn_) record_scalings();
+    const double mass = model_.mass();
     for (std::size_t i = 0; i < n; ++i) {
       double sum = 0.0;
       double* numerator = u_pre_.data() + i * od;
@@ -257,7 +261,7 @@ class HeadDerivative {
         sum += w;
       }
       // The plan's rows sum to 1 (an empty row, a null receiver: u_i = 0).
-      normaliser_[i] = sinkhorn_ ? (sum > 0.0 ? 1.0 : 0.0) : usa ? model_.mass() : model_.eps_den + sum;
+      normaliser_[i] = sinkhorn_ ? (sum > 0.0 ? 1.0 : 0.0) : usa ? mass : model_.eps_den + sum;
       if (!(normaliser_[i] > 0.0)) {
         std::fill(numerator, numerator + od, 0.0);
         continue;
@@ -358,6 +362,7 @@ class HeadDerivative {
       key_bar[j * od + c] += model_.beta * a_bar * operands_.query(i)[c];
     }
     gradient.beta += a_bar * pair.score;
+    if (!has_factor_numbers_) return;
     const kernels::PairTermDerivatives terms =
         kernels::pair_term_derivatives(model_.pair_terms, host::scalar_pair(model_, i, j), derivatives);
     for (std::size_t k = 0; k < terms.count; ++k) gradient.factor[k] += a_bar * derivatives[k];
@@ -423,8 +428,8 @@ class HeadDerivative {
     auto logit_dot = [&](std::size_t i, std::size_t j, const PairWeight& pair) {
       double dot_a = model_.beta * (dot(query_dot.data() + i * od, operands_.key(j), od) +
                                     dot(operands_.query(i), key_dot.data() + j * od, od));
-      if (tangent) {
-        dot_a += tangent->beta * pair.score;
+      if (tangent) dot_a += tangent->beta * pair.score;
+      if (tangent && has_factor_numbers_) {
         const kernels::PairTermDerivatives terms =
             kernels::pair_term_derivatives(model_.pair_terms, host::scalar_pair(model_, i, j), derivatives.data());
         for (std::size_t k = 0; k < terms.count; ++k) dot_a += tangent->factor[k] * derivatives[k];
@@ -561,6 +566,8 @@ class HeadDerivative {
   host::TokenOperands operands_;
   std::vector<double> normaliser_, u_pre_, t_;
   bool sinkhorn_ = model_.normalization == Normalization::Sinkhorn;
+  bool has_pair_terms_ = model_.pair_terms.any();
+  bool has_factor_numbers_ = factor_numbers_count(model_.pair_terms) > 0;
   SinkhornTape tape_;
 };
 
