@@ -425,3 +425,18 @@ def test_layer_picks_the_weights_in_force(mfattn):
     assert np.array_equal(layered.weights(layer=1)["attention/key"], layers["attention/key"][1])
     with pytest.raises(ValueError, match=r"layer: 2 \(this model has 2 layers: 0 to 1\)"):
         layered.jvp(x, x, layer=2)
+
+
+def test_sa_at_a_large_beta_is_finite_and_the_same_in_either_time_scale(mfattn):
+    # SA does not depend on the time scale (no eps_den): neither do its derivatives, also where
+    # exp(beta s) overflows double in natural time (beta = 800). The cpu backend: the reference
+    # backend's own forward sums exp(beta s) literally and overflows there.
+    options = dict(n=7, d=3, kernel="sa", beta=800.0, q="gaussian", k="gaussian", v="gaussian", backend="cpu")
+    natural, rescaled = mfattn.Model(**options), mfattn.Model(time_scale="rescaled", **options)
+    x, rng = state(natural, dict(n=7), 14)
+    w, t = rng.standard_normal(x.shape), rng.standard_normal(x.shape)
+    a, b = natural.vjp(x, w), rescaled.vjp(x, w)
+    for key in a:
+        assert np.all(np.isfinite(a[key])), key
+        assert relative(a[key], b[key]) < 1e-9, key
+    assert relative(natural.jvp(x, t), rescaled.jvp(x, t)) < 1e-9

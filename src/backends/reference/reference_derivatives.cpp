@@ -234,7 +234,8 @@ class HeadDerivative {
     pair.visible = true;
     pair.score = dot(operands_.query(i), operands_.key(j), operands_.d);
     pair.log_term = terms.log_term;
-    const double exponential = std::exp(model_.beta * pair.score - model_.exponent_shift());
+    const double exponential =
+        std::exp(model_.beta * pair.score - model_.exponent_shift() - (offset_.empty() ? 0.0 : offset_[i]));
     pair.exponential = terms.log_term == 0.0 ? exponential : std::exp(terms.log_term) * exponential;
     pair.factor_weight = kernels::weight_factor(terms) * exponential;
     pair.weight = operands_.presence[j] * pair.factor_weight;
@@ -249,6 +250,7 @@ class HeadDerivative {
     u_pre_.assign(n * od, 0.0);
     t_.assign(n * std::size_t(map_.cols()), 0.0);
     if (sinkhorn_) record_scalings();
+    if (model_.normalization == Normalization::Sa) take_offsets();
     const double mass = model_.mass();
     for (std::size_t i = 0; i < n; ++i) {
       double sum = 0.0;
@@ -261,7 +263,10 @@ class HeadDerivative {
         sum += w;
       }
       // The plan's rows sum to 1 (an empty row, a null receiver: u_i = 0).
-      normaliser_[i] = sinkhorn_ ? (sum > 0.0 ? 1.0 : 0.0) : usa ? mass : model_.eps_den + sum;
+      // SA's weights are exp(-offset_i) times the true ones, and eps_den with them.
+      const double eps_den = offset_.empty() || !(model_.eps_den > 0.0) ? model_.eps_den
+                                                                         : model_.eps_den * std::exp(-offset_[i]);
+      normaliser_[i] = sinkhorn_ ? (sum > 0.0 ? 1.0 : 0.0) : usa ? mass : eps_den + sum;
       if (!(normaliser_[i] > 0.0)) {
         std::fill(numerator, numerator + od, 0.0);
         continue;
@@ -474,6 +479,23 @@ class HeadDerivative {
     return sums_dot;
   }
 
+  /// SA's offsets: every weight of receiver i and its normaliser are taken times exp(-offset_i),
+  /// offset_i = max_j (beta s_ij + log m_ij c_ij + log p_j) - shift, so that no exponential
+  /// overflows where the field does not (the derivatives read only their ratios, P_ij).
+  void take_offsets() {
+    offset_.assign(model_.n, 0.0);
+    std::vector<double> largest(model_.n, -HUGE_VAL);
+    for (std::size_t i = 0; i < model_.n; ++i)
+      for (std::size_t j = 0; j < operands_.sources; ++j) {
+        const PairWeight pair = weight(i, j);
+        if (pair.visible)
+          largest[i] = std::max(largest[i], model_.beta * pair.score + pair.log_term + operands_.log_presence[j] -
+                                                model_.exponent_shift());
+      }
+    for (std::size_t i = 0; i < model_.n; ++i)
+      if (std::isfinite(largest[i])) offset_[i] = largest[i];
+  }
+
   const double* u_pre(std::size_t i) const { return u_pre_.data() + i * operands_.d; }
   const double* t(std::size_t i) const { return t_.data() + i * std::size_t(map_.cols()); }
 
@@ -565,6 +587,7 @@ class HeadDerivative {
   Matrix map_;     ///< V_h (d x d) or O_h (d x rv; I where the head has none)
   host::TokenOperands operands_;
   std::vector<double> normaliser_, u_pre_, t_;
+  std::vector<double> offset_;  ///< SA's (take_offsets); empty: none
   bool sinkhorn_ = model_.normalization == Normalization::Sinkhorn;
   bool has_pair_terms_ = model_.pair_terms.any();
   bool has_factor_numbers_ = factor_numbers_count(model_.pair_terms) > 0;
