@@ -53,16 +53,19 @@ def velocity(x: torch.Tensor, model, weights: dict | None = None) -> torch.Tenso
         return _Field.apply(model, (), x)
     if not isinstance(weights, dict):
         raise TypeError(f"weights: expected a dict of tensors keyed as model.weights(), got {type(weights).__name__}")
+    options = dict(model.options)
+    if options.get("matrices") == "per-replica":
+        raise ValueError("weights: a model with matrices='per-replica' has a set per replica; "
+                         "give weights to a model with shared matrices")
     known = model.weights()
+    if known["attention/query"].ndim == 4:
+        raise ValueError("weights: a model of several layers (layer_time=, regen_period=) has a set per layer; "
+                         "give weights to a model of one layer")
     for key, value in weights.items():
         if key not in known:
             raise ValueError(f"weights: unknown key {key!r} (this model takes {', '.join(known)})")
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"weights[{key!r}]: expected a torch.Tensor, got {type(value).__name__}")
-    options = dict(model.options)
-    if options.get("matrices") == "per-replica":
-        raise ValueError("weights: a model with matrices='per-replica' has a set per replica; "
-                         "give weights to a model with shared matrices")
     keys = tuple(weights)
     at = dict(known, **{k: _numpy(weights[k]) for k in keys})
     # The weights replace the presets' matrices (q=, k=, v= name them; a weights dict refuses them).

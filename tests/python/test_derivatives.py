@@ -440,3 +440,42 @@ def test_sa_at_a_large_beta_is_finite_and_the_same_in_either_time_scale(mfattn):
         assert np.all(np.isfinite(a[key])), key
         assert relative(a[key], b[key]) < 1e-9, key
     assert relative(natural.jvp(x, t), rescaled.jvp(x, t)) < 1e-9
+
+
+def test_sa_at_a_large_beta_with_a_factor_is_the_difference_of_velocity(mfattn):
+    # The offset holds the factor's log-term: a pair of high score and very negative log-term
+    # must not become inf * 0.
+    options = dict(n=12, d=3, kernel="sa", beta=800.0, q="gaussian", k="gaussian", v="gaussian",
+                   aux_factor="gaussian", aux_sigma=0.2, seed=3)
+    for time_scale in ("natural", "rescaled"):
+        model = mfattn.Model(time_scale=time_scale, **options)
+        x, rng = state(model, dict(n=12), 3)
+        t = tangent_on(x, rng.standard_normal(x.shape), {})
+        h = 1e-7
+        moved = lambda s: (x + s * t) / np.linalg.norm(x + s * t, axis=-1, keepdims=True)  # noqa: E731
+        difference = (model.velocity(moved(h)) - model.velocity(moved(-h))) / (2 * h)
+        assert relative(model.jvp(x, t), difference) < 1e-6, time_scale
+
+
+def test_beta_derivative_in_rescaled_time_holds_at_beta_zero(mfattn):
+    # l = beta (s - 1) in rescaled time: d/dbeta is s - 1 at beta = 0 too.
+    options = dict(n=6, d=3, kernel="usa", time_scale="rescaled", q="gaussian", k="gaussian", v="gaussian")
+    model = mfattn.Model(beta=0.0, **options)
+    x, rng = state(model, dict(n=6), 15)
+    h = 1e-4
+    f = [mfattn.Model(beta=b, **options).velocity(x) for b in (0.0, h, 2 * h)]
+    difference = (-3 * f[0] + 4 * f[1] - f[2]) / (2 * h)
+    assert relative(model.jvp(x, np.zeros_like(x), {"beta": 1.0}), difference) < 1e-6
+    w = rng.standard_normal(x.shape)
+    assert model.vjp(x, w)["beta"] == pytest.approx(np.sum(w * difference), rel=1e-6)
+
+
+def test_torch_velocity_refuses_weights_of_a_layered_model(mfattn):
+    import mfattn.torch as mt
+    rng = np.random.default_rng(16)
+    layers = {k: rng.standard_normal(s) for k, s in (("attention/query", (2, 1, 3, 3)), ("attention/key", (2, 1, 3, 3)),
+                                                      ("attention/value", (2, 1, 3, 3)), ("attention/output", (2, 3, 3)))}
+    model = mfattn.Model(n=4, d=3, weights=layers, layer_time=1.0, horizon=2.0)
+    x = torch.tensor(state(model, dict(n=4), 17)[0])
+    with pytest.raises(ValueError, match="weights: a model of several layers"):
+        mt.velocity(x, model, {"attention/query": torch.zeros(2, 1, 3, 3)})

@@ -98,7 +98,7 @@ class HeadDerivative {
     double mass_bar = 0.0;
     std::vector<double> every_u_bar(sinkhorn_ ? n * od : 0, 0.0);  // Sinkhorn's passes take them all
     for (std::size_t i = 0; i < n; ++i) {
-      if (!(normaliser_[i] > 0.0)) continue;  // u_i = 0 held: no derivative
+      if (normaliser_[i] == 0.0) continue;  // u_i = 0 held: no derivative (a NaN goes on, to be seen)
       const double* g = field_bar + i * d;
       add_outer(map_gradient, g, t(i));
       std::fill(t_bar.begin(), t_bar.end(), 0.0);
@@ -126,7 +126,7 @@ class HeadDerivative {
           query_bar[i * od + c] += model_.beta * logit_bar * operands_.key(j)[c];
           key_bar[j * od + c] += model_.beta * logit_bar * operands_.query(i)[c];
         }
-        gradient.beta += logit_bar * (pair.score - (model_.exponent_shift() > 0.0 ? 1.0 : 0.0));
+        gradient.beta += logit_bar * (pair.score - (rescaled_ ? 1.0 : 0.0));
         if (j < n) gradient.presence[j] += pair.factor_weight * weight_bar;
         if (!has_factor_numbers_) continue;
         const kernels::PairTermDerivatives terms =
@@ -169,7 +169,7 @@ class HeadDerivative {
     const std::vector<double> sinkhorn_dot =
         sinkhorn_ ? sinkhorn_jvp(query_dot, key_dot, value_dot, tangent) : std::vector<double>();
     for (std::size_t i = 0; i < n; ++i) {
-      if (!(normaliser_[i] > 0.0)) continue;
+      if (normaliser_[i] == 0.0) continue;
       if (sinkhorn_) {
         // The plan's rows sum to 1: u_pre's tangent is the sums' own.
         std::copy(sinkhorn_dot.begin() + std::ptrdiff_t(i * od), sinkhorn_dot.begin() + std::ptrdiff_t((i + 1) * od),
@@ -184,7 +184,7 @@ class HeadDerivative {
         if (!pair.visible) continue;
         double logit_dot = model_.beta * (dot(query_dot.data() + i * od, operands_.key(j), od) +
                                           dot(operands_.query(i), key_dot.data() + j * od, od)) +
-                           beta_dot * (pair.score - (model_.exponent_shift() > 0.0 ? 1.0 : 0.0));
+                           beta_dot * (pair.score - (rescaled_ ? 1.0 : 0.0));
         double weight_dot = 0.0;
         if (tangent && has_factor_numbers_) {
           const kernels::PairTermDerivatives terms =
@@ -234,10 +234,11 @@ class HeadDerivative {
     pair.visible = true;
     pair.score = dot(operands_.query(i), operands_.key(j), operands_.d);
     pair.log_term = terms.log_term;
-    const double exponential =
-        std::exp(model_.beta * pair.score - model_.exponent_shift() - (offset_.empty() ? 0.0 : offset_[i]));
-    pair.exponential = terms.log_term == 0.0 ? exponential : std::exp(terms.log_term) * exponential;
-    pair.factor_weight = kernels::weight_factor(terms) * exponential;
+    // One exponent: SA's offset holds the log-term too, so exp(beta s - shift - offset) alone
+    // could overflow where its product with exp(log-term) does not.
+    pair.exponential = std::exp(model_.beta * pair.score + terms.log_term - model_.exponent_shift() -
+                                (offset_.empty() ? 0.0 : offset_[i]));
+    pair.factor_weight = terms.multiplier * pair.exponential;
     pair.weight = operands_.presence[j] * pair.factor_weight;
     return pair;
   }
@@ -267,7 +268,7 @@ class HeadDerivative {
       const double eps_den = offset_.empty() || !(model_.eps_den > 0.0) ? model_.eps_den
                                                                          : model_.eps_den * std::exp(-offset_[i]);
       normaliser_[i] = sinkhorn_ ? (sum > 0.0 ? 1.0 : 0.0) : usa ? mass : eps_den + sum;
-      if (!(normaliser_[i] > 0.0)) {
+      if (normaliser_[i] == 0.0) {
         std::fill(numerator, numerator + od, 0.0);
         continue;
       }
@@ -590,6 +591,7 @@ class HeadDerivative {
   std::vector<double> offset_;  ///< SA's (take_offsets); empty: none
   bool sinkhorn_ = model_.normalization == Normalization::Sinkhorn;
   bool has_pair_terms_ = model_.pair_terms.any();
+  bool rescaled_ = model_.time_scale == TimeScale::Rescaled;  ///< l_ij carries -beta (d/dbeta: s_ij - 1)
   bool has_factor_numbers_ = factor_numbers_count(model_.pair_terms) > 0;
   SinkhornTape tape_;
 };
