@@ -54,20 +54,9 @@ FieldNumbers model_numbers(const Model& model) {
   numbers.beta = model.beta;
   numbers.prefix = model.prefix;
   numbers.presence = model.presence;
-  // The factor's numbers in the order of its derivatives (pair_terms.hpp's term_derivatives).
-  const PairTermParameters& p = model.pair_terms;
-  switch (p.factor) {
-    case AuxFactor::None: break;
-    case AuxFactor::Distance: numbers.factor = {p.lambda}; break;
-    case AuxFactor::Gaussian: numbers.factor = {p.sigma}; break;
-    case AuxFactor::Cosine: numbers.factor = {1.0, p.omega}; break;
-    case AuxFactor::Toeplitz:
-      numbers.factor.assign(p.toeplitz.coefficient, p.toeplitz.coefficient + p.toeplitz.terms);
-      numbers.factor.insert(numbers.factor.end(), p.toeplitz.frequency, p.toeplitz.frequency + p.toeplitz.terms);
-      break;
-    case AuxFactor::Power: numbers.factor = {p.power, p.power_scale}; break;
-    case AuxFactor::Cauchy: numbers.factor = {p.gamma}; break;
-  }
+  // The factor's numbers in the order of its derivatives (pair_terms.hpp's numbers()).
+  numbers.factor.assign(factor_numbers_count(model.pair_terms), 0.0);
+  kernels::visit_factor(model.pair_terms, [&](const auto& factor) { factor.numbers(numbers.factor.data()); });
   return numbers;
 }
 
@@ -76,17 +65,12 @@ std::size_t factor_numbers_count(const PairTermParameters& parameters) {
 }
 
 std::vector<FactorNumberName> factor_number_names(const PairTermParameters& parameters) {
-  const std::size_t terms = parameters.toeplitz.terms;
-  switch (parameters.factor) {
-    case AuxFactor::None: return {};
-    case AuxFactor::Distance: return {{"aux_lambda"}};
-    case AuxFactor::Gaussian: return {{"aux_sigma"}};
-    case AuxFactor::Cosine: return {{"aux_omega", 1, 1}};  // the one-term series' frequency
-    case AuxFactor::Toeplitz: return {{"toeplitz_coefficients", 0, terms}, {"toeplitz_frequencies", terms, terms}};
-    case AuxFactor::Power: return {{"aux_power"}, {"aux_power_scale", 1, 1}};
-    case AuxFactor::Cauchy: return {{"aux_gamma"}};
-  }
-  return {};
+  kernels::FactorNumberGroup groups[2 * kernels::kMaxFactorNumbers];
+  const std::size_t count = kernels::visit_factor(
+      parameters, [&](const auto& factor) { return factor.number_groups(parameters.factor, groups); });
+  std::vector<FactorNumberName> names;
+  for (std::size_t g = 0; g < count; ++g) names.push_back({groups[g].name, groups[g].first, groups[g].count});
+  return names;
 }
 
 }  // namespace mfattn

@@ -23,9 +23,11 @@
 //
 // A factor's numbers are differentiated beside its formula (docs/model.md section 2e):
 // number_count() and term_derivatives(pair, out), the derivatives of its log-term (kLog) or of
-// its multiplier (kMultiply) with respect to each of its numbers, in the order of its
-// numbers' names (include/mfattn/backends/derivatives.hpp). Masks have none (a window is a
-// threshold: its derivative is zero almost everywhere and is not taken).
+// its multiplier (kMultiply) with respect to each of its numbers; numbers(out), their values in
+// the same order; number_groups(kind, out), the names the derivatives are reported under
+// (include/mfattn/backends/derivatives.hpp: the option's name with '_', and where in the
+// order each starts). Masks have none (a window is a threshold: its derivative is zero almost
+// everywhere and is not taken).
 //
 // Adding a factor: its struct here (its formula and its numbers' derivatives, the kinds it
 // serves, how it reads its parameters) and its name in AuxFactorTypes; its enum value and parameters in
@@ -135,6 +137,13 @@ struct FactorKinds {
 /// The most numbers a factor has (a Toeplitz series' coefficients and frequencies).
 inline constexpr std::size_t kMaxFactorNumbers = 2 * kMaxToeplitzTerms;
 
+/// A name a factor's numbers are reported under: count of them from `first` in the order of
+/// term_derivatives.
+struct FactorNumberGroup {
+  const char* name;
+  std::size_t first = 0, count = 1;
+};
+
 /// c_ij = 1.
 struct NoFactor {
   static constexpr bool kLog = false, kMultiply = false, kSymmetric = true;
@@ -143,6 +152,8 @@ struct NoFactor {
   MFATTN_HOST_DEVICE static constexpr std::size_t number_count() { return 0; }
   template <class Pair>
   MFATTN_HOST_DEVICE void term_derivatives(const Pair&, typename Pair::Real*) const {}
+  MFATTN_HOST_DEVICE void numbers(double*) const {}
+  static std::size_t number_groups(AuxFactor, FactorNumberGroup*) { return 0; }
 };
 
 /// c_ij = exp(-lambda |xi_i - xi_j|): the distance bias (ALiBi-like), as a log-term.
@@ -155,6 +166,11 @@ struct DistanceFactor : FactorKinds<true, AuxFactor::Distance> {
   }
   /// d/dlambda = -|dxi|.
   MFATTN_HOST_DEVICE static constexpr std::size_t number_count() { return 1; }
+  MFATTN_HOST_DEVICE void numbers(double* out) const { out[0] = lambda; }
+  static std::size_t number_groups(AuxFactor, FactorNumberGroup* out) {
+    out[0] = {"aux_lambda"};
+    return 1;
+  }
   template <class Pair>
   MFATTN_HOST_DEVICE void term_derivatives(const Pair& pair, typename Pair::Real* out) const {
     out[0] = -sqrt(squared_distance(pair));
@@ -174,6 +190,11 @@ struct GaussianFactor : FactorKinds<true, AuxFactor::Gaussian> {
   }
   /// d/dsigma = |dxi|^2 / sigma^3 = |dxi|^2 * (2 inverse_two_sigma2 / sigma).
   MFATTN_HOST_DEVICE static constexpr std::size_t number_count() { return 1; }
+  MFATTN_HOST_DEVICE void numbers(double* out) const { out[0] = sigma; }
+  static std::size_t number_groups(AuxFactor, FactorNumberGroup* out) {
+    out[0] = {"aux_sigma"};
+    return 1;
+  }
   template <class Pair>
   MFATTN_HOST_DEVICE void term_derivatives(const Pair& pair, typename Pair::Real* out) const {
     out[0] = squared_distance(pair) * (2.0 * inverse_two_sigma2 / sigma);
@@ -206,6 +227,23 @@ struct ToeplitzFactor : FactorKinds<false, AuxFactor::Cosine, AuxFactor::Toeplit
   /// dc/da_k = cos(omega_k dxi) (k < K), then dc/domega_k = -a_k dxi sin(omega_k dxi); the
   /// cosine factor's one number omega is its frequency omega_1 (index 1).
   MFATTN_HOST_DEVICE std::size_t number_count() const { return 2 * series.terms; }
+  MFATTN_HOST_DEVICE void numbers(double* out) const {
+    for (std::size_t k = 0; k < series.terms; ++k) {
+      out[k] = series.coefficient[k];
+      out[series.terms + k] = series.frequency[k];
+    }
+  }
+  /// The cosine's one number is omega (its a_1 = 1 is not an option); a Toeplitz series' are
+  /// its coefficients and its frequencies.
+  std::size_t number_groups(AuxFactor kind, FactorNumberGroup* out) const {
+    if (kind == AuxFactor::Cosine) {
+      out[0] = {"aux_omega", 1, 1};
+      return 1;
+    }
+    out[0] = {"toeplitz_coefficients", 0, series.terms};
+    out[1] = {"toeplitz_frequencies", series.terms, series.terms};
+    return 2;
+  }
   template <class Pair>
   MFATTN_HOST_DEVICE void term_derivatives(const Pair& pair, typename Pair::Real* out) const {
     const typename Pair::Real difference = pair.source(0) - pair.receiver(0);
@@ -229,6 +267,15 @@ struct PowerFactor : FactorKinds<true, AuxFactor::Power> {
   }
   /// d/dr = -log1p(s |dxi|), d/ds = -r |dxi| / (1 + s |dxi|).
   MFATTN_HOST_DEVICE static constexpr std::size_t number_count() { return 2; }
+  MFATTN_HOST_DEVICE void numbers(double* out) const {
+    out[0] = power;
+    out[1] = scale;
+  }
+  static std::size_t number_groups(AuxFactor, FactorNumberGroup* out) {
+    out[0] = {"aux_power"};
+    out[1] = {"aux_power_scale", 1, 1};
+    return 2;
+  }
   template <class Pair>
   MFATTN_HOST_DEVICE void term_derivatives(const Pair& pair, typename Pair::Real* out) const {
     const typename Pair::Real distance = sqrt(squared_distance(pair));
@@ -253,6 +300,11 @@ struct CauchyFactor : FactorKinds<true, AuxFactor::Cauchy> {
   }
   /// d/dgamma = (2 |dxi|^2 / gamma^3) / (1 + |dxi|^2 / gamma^2).
   MFATTN_HOST_DEVICE static constexpr std::size_t number_count() { return 1; }
+  MFATTN_HOST_DEVICE void numbers(double* out) const { out[0] = gamma; }
+  static std::size_t number_groups(AuxFactor, FactorNumberGroup* out) {
+    out[0] = {"aux_gamma"};
+    return 1;
+  }
   template <class Pair>
   MFATTN_HOST_DEVICE void term_derivatives(const Pair& pair, typename Pair::Real* out) const {
     const typename Pair::Real scaled = squared_distance(pair) * inverse_gamma2;
