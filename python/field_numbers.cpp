@@ -95,15 +95,14 @@ std::string shape_text(const std::vector<py::ssize_t>& shape) {
   return text + (shape.size() == 1 ? ",)" : ")");
 }
 
-/// An array of real numbers, C-contiguous float64, or TypeError naming `what`.
+}  // namespace
+
 py::array_t<double, py::array::c_style> real_array(const py::handle& value, const std::string& what) {
   py::array array = py::array::ensure(value);
   if (!array || (array.dtype().kind() != 'f' && array.dtype().kind() != 'i' && array.dtype().kind() != 'u'))
     throw py::type_error(what + ": not an array of real numbers");
   return py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(array);
 }
-
-}  // namespace
 
 std::shared_ptr<const WeightsFile> weights_from_dict(const py::handle& values, const std::string& activation) {
   auto file = std::make_shared<WeightsFile>();

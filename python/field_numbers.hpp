@@ -35,6 +35,10 @@ pybind11::dict numbers_dict(const Model& model, const FieldNumbers& numbers);
 /// messages ("weight_tangents").
 FieldNumbers numbers_from_dict(const Model& model, const pybind11::handle& values, const std::string& what);
 
+/// An array of real numbers (float, int or unsigned dtype) as C-contiguous float64, copied only
+/// where it is not one already; TypeError "<what>: not an array of real numbers" otherwise.
+pybind11::array_t<double, pybind11::array::c_style> real_array(const pybind11::handle& value, const std::string& what);
+
 /// Model(weights=dict): the dict's arrays as the --weights file's datasets (its keys are the
 /// file's: "attention/query", ..., "mlp/b2", each an array of real numbers, a leading layer axis
 /// allowed), the activation `activation` (the model's mlp_activation). ValueError names an

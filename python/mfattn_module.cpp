@@ -575,10 +575,7 @@ class PyModel {
   /// dtype, ValueError naming the shape or a non-finite element.
   static py::array_t<double, py::array::c_style> checked_like(const char* name, const py::handle& given,
                                                               const py::array_t<double, py::array::c_style>& x) {
-    py::array array = py::array::ensure(given);
-    if (!array || (array.dtype().kind() != 'f' && array.dtype().kind() != 'i' && array.dtype().kind() != 'u'))
-      throw py::type_error(std::string(name) + ": expected an array of real numbers of x's shape");
-    auto values = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(array);
+    const auto values = real_array(given, name);
     auto text = [](const py::array& a) { return py::str(py::tuple(a.attr("shape"))).cast<std::string>(); };
     if (values.ndim() != x.ndim() || !std::equal(x.shape(), x.shape() + x.ndim(), values.shape()))
       throw py::value_error(std::string(name) + ": shape " + text(values) + "; expected x's shape " + text(x));

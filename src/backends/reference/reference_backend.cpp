@@ -51,28 +51,19 @@ class ReferenceSinkhorn {
   void rows(host::SinkhornScaling& scaling) {
     host::SinkhornSlot& slot = scaling.slots.front();
     for (std::size_t i = 0; i < model_.n; ++i)
-      scaling.finish_row(slot, i, log_sum_exp(operands_.sources, [&](std::size_t j) {
+      scaling.finish_row(slot, i, detail::exact_log_sum_exp(operands_.sources, [&](std::size_t j) {
                            return logit(i, j) + slot.row_bias[j];
                          }));
   }
   void columns(host::SinkhornScaling& scaling) {
     host::SinkhornSlot& slot = scaling.slots.front();
     for (std::size_t j = 0; j < operands_.sources; ++j)
-      scaling.finish_column(slot, j, log_sum_exp(model_.n, [&](std::size_t i) {
+      scaling.finish_column(slot, j, detail::exact_log_sum_exp(model_.n, [&](std::size_t i) {
                               return slot.row_scale[i] + logit(i, j);
                             }));
   }
 
  private:
-  template <class Term>
-  static double log_sum_exp(std::size_t count, Term&& term) {
-    double largest = -HUGE_VAL;
-    for (std::size_t k = 0; k < count; ++k) largest = std::max(largest, term(k));
-    if (largest == -HUGE_VAL) return largest;
-    double sum = 0.0;
-    for (std::size_t k = 0; k < count; ++k) sum += std::exp(term(k) - largest);
-    return kernels::log_sum_exp(largest, sum);
-  }
   const Model& model_;
   const host::TokenOperands& operands_;
   host::SinkhornScaling scaling_;

@@ -49,6 +49,7 @@ struct PairWeight {
   bool visible = false;
   double score = 0.0;        ///< s_ij = <q_i, k_j> (beta not applied)
   double log_term = 0.0;     ///< log m_ij c_ij of a log-term factor (0 without)
+  double multiplier = 1.0;   ///< c_ij of a sign-changing factor (1 without)
   double exponential = 0.0;  ///< exp(log-term) exp(beta s - shift)
   double weight = 0.0;       ///< w_ij
   double factor_weight = 0.0;
@@ -225,6 +226,19 @@ class HeadDerivative {
  private:
   /// The pair (i, j)'s weight, as the reference backend forms it.
   PairWeight weight(std::size_t i, std::size_t j) const {
+    PairWeight pair = pair_logit(i, j);
+    if (!pair.visible) return pair;
+    // One exponent: SA's offset holds the log-term too, so exp(beta s - shift - offset) alone
+    // could overflow where its product with exp(log-term) does not.
+    pair.exponential = std::exp(model_.beta * pair.score + pair.log_term - model_.exponent_shift() -
+                                (offset_.empty() ? 0.0 : offset_[i]));
+    pair.factor_weight = pair.multiplier * pair.exponential;
+    pair.weight = operands_.presence[j] * pair.factor_weight;
+    return pair;
+  }
+  /// The pair's visibility, score and terms without its exponentials (the offsets and
+  /// Sinkhorn's passes take their own).
+  PairWeight pair_logit(std::size_t i, std::size_t j) const {
     PairWeight pair;
     if (!(operands_.presence[j] > 0.0)) return pair;
     // Without a mask, factor or per-prompt rule every pair is visible with c_ij = 1.
@@ -234,12 +248,7 @@ class HeadDerivative {
     pair.visible = true;
     pair.score = dot(operands_.query(i), operands_.key(j), operands_.d);
     pair.log_term = terms.log_term;
-    // One exponent: SA's offset holds the log-term too, so exp(beta s - shift - offset) alone
-    // could overflow where its product with exp(log-term) does not.
-    pair.exponential = std::exp(model_.beta * pair.score + terms.log_term - model_.exponent_shift() -
-                                (offset_.empty() ? 0.0 : offset_[i]));
-    pair.factor_weight = terms.multiplier * pair.exponential;
-    pair.weight = operands_.presence[j] * pair.factor_weight;
+    pair.multiplier = terms.multiplier;
     return pair;
   }
 
@@ -257,7 +266,7 @@ class HeadDerivative {
       double sum = 0.0;
       double* numerator = u_pre_.data() + i * od;
       for (std::size_t j = 0; j < operands_.sources; ++j) {
-        const PairWeight pair = weight(i, j);
+        const PairWeight pair = sinkhorn_ ? pair_logit(i, j) : weight(i, j);
         if (!pair.visible) continue;
         const double w = sinkhorn_ ? plan(i, j, pair) : pair.weight;
         for (std::size_t c = 0; c < od; ++c) numerator[c] += w * operands_.value(j)[c];
@@ -297,7 +306,7 @@ class HeadDerivative {
   void each_pair(Body&& body) const {
     for (std::size_t i = 0; i < model_.n; ++i)
       for (std::size_t j = 0; j < operands_.sources; ++j) {
-        const PairWeight pair = weight(i, j);
+        const PairWeight pair = pair_logit(i, j);
         if (pair.visible) body(i, j, pair);
       }
   }
@@ -307,38 +316,24 @@ class HeadDerivative {
   void record_scalings() {
     struct RecordingPasses {
       HeadDerivative& self;
-      static double log_sum_exp(const std::vector<double>& terms) {
-        double largest = -HUGE_VAL;
-        for (double term : terms) largest = std::max(largest, term);
-        if (largest == -HUGE_VAL) return largest;
-        double sum = 0.0;
-        for (double term : terms) sum += std::exp(term - largest);
-        return kernels::log_sum_exp(largest, sum);
-      }
       void rows(host::SinkhornScaling& scaling) {
         host::SinkhornSlot& slot = scaling.slots.front();
         self.tape_.row_bias.push_back(slot.row_bias);
-        std::vector<double> terms;
-        for (std::size_t i = 0; i < self.model_.n; ++i) {
-          terms.clear();
-          for (std::size_t j = 0; j < self.operands_.sources; ++j) {
-            const PairWeight pair = self.weight(i, j);
-            if (pair.visible) terms.push_back(self.logit(pair) + slot.row_bias[j]);
-          }
-          scaling.finish_row(slot, i, log_sum_exp(terms));
-        }
+        for (std::size_t i = 0; i < self.model_.n; ++i)
+          scaling.finish_row(slot, i, exact_log_sum_exp(self.operands_.sources, [&](std::size_t j) {
+                               const PairWeight pair = self.pair_logit(i, j);
+                               return pair.visible ? self.logit(pair) + slot.row_bias[j] : -HUGE_VAL;
+                             }));
         self.tape_.row_scale.push_back(slot.row_scale);
       }
       void columns(host::SinkhornScaling& scaling) {
         host::SinkhornSlot& slot = scaling.slots.front();
-        std::vector<double> lse(self.operands_.sources), terms;
+        std::vector<double> lse(self.operands_.sources);
         for (std::size_t j = 0; j < self.operands_.sources; ++j) {
-          terms.clear();
-          for (std::size_t i = 0; i < self.model_.n; ++i) {
-            const PairWeight pair = self.weight(i, j);
-            if (pair.visible) terms.push_back(slot.row_scale[i] + self.logit(pair));
-          }
-          lse[j] = log_sum_exp(terms);
+          lse[j] = exact_log_sum_exp(self.model_.n, [&](std::size_t i) {
+            const PairWeight pair = self.pair_logit(i, j);
+            return pair.visible ? slot.row_scale[i] + self.logit(pair) : -HUGE_VAL;
+          });
           scaling.finish_column(slot, j, lse[j]);
         }
         self.tape_.column_lse.push_back(lse);
@@ -488,7 +483,7 @@ class HeadDerivative {
     std::vector<double> largest(model_.n, -HUGE_VAL);
     for (std::size_t i = 0; i < model_.n; ++i)
       for (std::size_t j = 0; j < operands_.sources; ++j) {
-        const PairWeight pair = weight(i, j);
+        const PairWeight pair = pair_logit(i, j);
         if (pair.visible)
           largest[i] = std::max(largest[i], model_.beta * pair.score + pair.log_term + operands_.log_presence[j] -
                                                 model_.exponent_shift());

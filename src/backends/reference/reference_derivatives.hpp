@@ -3,13 +3,29 @@
 // pair: the oracle the fast derivatives are tested against, and (until the CPU backend has
 // derivative lanes of its own) the CPU backend's derivatives too. O(n) memory: every weight is
 // recomputed where it is needed, none is stored.
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 
+#include "kernels/sinkhorn.hpp"
 #include "mfattn/backends/backend.hpp"
 #include "mfattn/backends/derivatives.hpp"
 #include "mfattn/core/model.hpp"
 
 namespace mfattn::detail {
+
+/// LSE_k term(k) over k < count from the terms' exact maximum (-inf where every term is), in
+/// k order: the reference's literal log-sum-exp (its Sinkhorn passes, and theirs recorded
+/// for the derivatives).
+template <class Term>
+double exact_log_sum_exp(std::size_t count, Term&& term) {
+  double largest = -HUGE_VAL;
+  for (std::size_t k = 0; k < count; ++k) largest = std::max(largest, term(k));
+  if (largest == -HUGE_VAL) return largest;
+  double sum = 0.0;
+  for (std::size_t k = 0; k < count; ++k) sum += std::exp(term(k) - largest);
+  return kernels::log_sum_exp(largest, sum);
+}
 
 /// Backend::output_vjp of the formulas, pair by pair.
 void reference_output_vjp(const Model& model, std::size_t replicas, const double* y, const double* output_cotangent,
