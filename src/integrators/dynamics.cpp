@@ -76,8 +76,7 @@ void Dynamics::derivative_forward(const double* x, std::vector<double>& read, st
   read.assign(x, x + size());
   if (placement_reads_directions(model_.placement)) take_directions(replicas_ * model_.n, model_.d, read.data());
   output.resize(size());
-  std::vector<double> velocity(size());
-  backend_.evaluate(replicas_, read.data(), FieldOutputs{velocity.data(), nullptr, output.data()});
+  backend_.derivative_forward(replicas_, read.data(), output.data());
 }
 
 void Dynamics::vjp(const double* x, const double* cotangent, double* x_cotangent, FieldNumbers& gradient) {

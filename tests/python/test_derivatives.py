@@ -195,6 +195,10 @@ CASES = {
     "sinkhorn-layer-pre": dict(n=7, d=4, kernel="sinkhorn", sinkhorn_iterations=3, sinkhorn_tol=0, heads=2,
                                head_dim=2, mlp=3, q="gaussian", k="gaussian", v="gaussian", beta=2.0,
                                normalization="pre"),
+    # od = 6: the CPU lanes' wide path (their value sums as small GEMMs).
+    "sa-wide-heads-prefix-causal": dict(n=9, d=6, kernel="sa", heads=2, head_dim=3, q="gaussian", k="gaussian",
+                                        v="gaussian", values="plain", prefix=2, mask="causal",
+                                        aux_factor="gaussian", aux_sigma=2.0),
     "usa-none-cosine": dict(n=8, d=3, kernel="usa", beta=0.5, q="gaussian", k="gaussian", v="plus-qk",
                             aux_factor="cosine", aux_omega=0.4, normalization="none"),
 }

@@ -118,5 +118,68 @@ TEST(Derivatives, SinkhornAndUsaWithAMultiplierHoldTheirIdentities) {
                           "reference");
 }
 
+/// One backend's VJP (x's cotangent, then every number's) and JVP (along x's and the numbers'
+/// tangents) at the model's initial state, for fixed random w, t and tau.
+std::vector<double> derivatives_of(const RunConfig& cfg, const std::string& backend_name, int threads) {
+  const Model model = build_model(cfg);
+  const State state = build_initial_state(cfg, model);
+  auto backend = make_backend(backend_name, model, BackendOptions{threads});
+  Dynamics field(model, *backend, state.replicas);
+  const std::size_t size = state.x.size();
+  std::mt19937_64 random(5);
+  std::normal_distribution<double> normal;
+  std::vector<double> w(size), t(size), x_bar(size), jvp(size);
+  for (double& e : w) e = normal(random);
+  for (double& e : t) e = normal(random);
+  FieldNumbers gradient = zero_numbers(model), tangent = zero_numbers(model);
+  for (double* e : flat(tangent)) *e = normal(random);
+  for (std::size_t i = 0; i < model.n; ++i)
+    if (!(model.presence[i] > 0.0)) tangent.presence[i] = 0.0;
+  field.vjp(state.x.data(), w.data(), x_bar.data(), gradient);
+  field.jvp(state.x.data(), t.data(), &tangent, jvp.data());
+  std::vector<double> out = x_bar;
+  for (double* e : flat(gradient)) out.push_back(*e);
+  out.insert(out.end(), jvp.begin(), jvp.end());
+  return out;
+}
+
+// The CPU backend's lanes (backends/cpu/derivative_lanes.cpp) against the reference's pair-by-pair
+// passes, for operand sizes the lanes take as compile-time constants (2, 3, 4, 8) and as wide
+// rows (5, 6: the GEMM path), with masks, log-term and multiplier factors, prefix tokens,
+// presences, null tokens, eps_den and the rescaled time; and the same bits on 1 and 2 threads
+// (n = 600 takes a team). Every kernel set runs this (tests/run.sh's reruns).
+TEST(Derivatives, TheCpuLanesAgreeWithThePairByPairPassesAndKeepTheirBitsOnTwoThreads) {
+  std::string presences = "1";  // 30 presences from 0.5 to 3
+  for (int i = 1; i < 30; ++i) {
+    presences += ',';
+    presences += std::to_string(0.5 + 0.0862 * i);
+  }
+  const std::vector<std::vector<std::string>> cases = {
+      {"--n", "600", "--d", "3", "--kernel", "sa", "--q", "gaussian", "--k", "gaussian", "--v", "gaussian", "--beta",
+       "3"},
+      {"--n", "30", "--d", "2", "--kernel", "usa", "--q", "gaussian", "--k", "gaussian", "--v", "gaussian", "--geometry",
+       "rope", "--prefix", "3", "--time-scale", "rescaled", "--null-tokens", "2"},
+      {"--n", "30", "--d", "4", "--kernel", "sa", "--q", "gaussian", "--k", "gaussian", "--v", "gaussian", "--mask",
+       "causal", "--eps-den", "0.05", "--amplitudes", presences},
+      {"--n", "30", "--d", "8", "--kernel", "sa", "--q", "gaussian", "--k", "gaussian", "--v", "gaussian", "--aux-factor",
+       "power", "--aux-power", "0.7", "--mask", "window", "--window", "9"},
+      {"--n", "30", "--d", "6", "--kernel", "sa", "--heads", "2", "--head-dim", "3", "--values", "plain", "--q",
+       "gaussian", "--k", "gaussian", "--v", "gaussian", "--prefix", "2", "--aux-factor", "gaussian", "--aux-sigma",
+       "2", "--null-tokens", "3"},
+      {"--n", "30", "--d", "5", "--kernel", "usa", "--beta", "0.5", "--q", "gaussian", "--k", "gaussian", "--v",
+       "gaussian", "--aux-factor", "cosine", "--aux-omega", "0.4", "--time-scale", "rescaled"},
+  };
+  for (const std::vector<std::string>& args : cases) {
+    SCOPED_TRACE(args[1] + " tokens, d = " + args[3] + ", " + args[5]);
+    const RunConfig cfg = config(args);
+    const std::vector<double> reference = derivatives_of(cfg, "reference", 1);
+    const std::vector<double> lanes = derivatives_of(cfg, "cpu", 1);
+    std::vector<double> error(lanes.size());
+    for (std::size_t e = 0; e < lanes.size(); ++e) error[e] = lanes[e] - reference[e];
+    EXPECT_LE(norm(error), 1e-12 * norm(reference));
+    EXPECT_EQ(derivatives_of(cfg, "cpu", 2), lanes);
+  }
+}
+
 }  // namespace
 }  // namespace mfattn

@@ -98,6 +98,13 @@ class Backend {
   /// over replicas for a shared set; zero_numbers' shapes). output_jvp: a's tangent along y's
   /// tangent and the numbers' (tangent null: none). A backend whose entry declares no
   /// derivatives (BackendName::differentiates) throws BackendUnavailable.
+  /// The layer output a at the states y (FieldOutputs::attention_output, to rounding), keeping
+  /// what the next output_vjp or output_jvp at the same y reads, so that it takes no forward
+  /// pass of its own (Dynamics::vjp and jvp call it first; y must stay unchanged until then).
+  virtual void derivative_forward(std::size_t replicas, const double* y, double* output) {
+    (void)replicas, (void)y, (void)output;
+    throw BackendUnavailable("--backend " + name() + ": has no derivatives");
+  }
   virtual void output_vjp(std::size_t replicas, const double* y, const double* output_cotangent,
                           double* y_cotangent, FieldNumbers& gradient) {
     (void)replicas, (void)y, (void)output_cotangent, (void)y_cotangent, (void)gradient;

@@ -43,6 +43,7 @@
 
 #include "backends/backend_common.hpp"
 #include "backends/cpu/cpu_kernels.hpp"
+#include "backends/cpu/derivative_lanes.hpp"
 #include "backends/cpu/head_combination.hpp"
 #include "backends/cpu/lane_pair_terms.hpp"
 #include "backends/cpu/micro_kernels.hpp"
@@ -59,8 +60,9 @@ namespace mfattn::cpu {
 inline namespace MFATTN_CPU_NAMESPACE {
 namespace {
 
-// The CPU backend. Its derivatives (Backend::output_vjp, output_jvp) are the reference's, pair by pair,
-// until it has lanes of its own for them (docs/model.md section 2e).
+// The CPU backend. Its derivatives (Backend::output_vjp, output_jvp) are the reference's
+// formulas with SA's and USA's pair passes in lanes (derivative_lanes.hpp; Sinkhorn's stay
+// pair by pair).
 class CpuBackend final : public detail::ReferenceDerivativesBackend {
  public:
   CpuBackend(const Model& model, int threads)
@@ -76,7 +78,9 @@ class CpuBackend final : public detail::ReferenceDerivativesBackend {
                       ? std::make_unique<SinkhornDriver>(model, pair_terms_, operands_.prepared())
                       : nullptr),
         several_heads_(!model.one_head_of_contents()),
-        one_sided_(model, pair_terms_, operands_, several_heads_ ? &head_sums_ : nullptr, mass_) {}
+        one_sided_(model, pair_terms_, operands_, several_heads_ ? &head_sums_ : nullptr, mass_) {
+    set_pair_passes(make_lane_pair_passes(pair_terms_, threads_));
+  }
 
   std::string name() const override { return "cpu"; }
   ScalingReport last_scaling() const override {

@@ -69,6 +69,12 @@ struct Terms {
   simd::Lanes factor(const Receiver& r, std::size_t j) const {
     return formula.factor(SourceLanes{*sources, r, j});
   }
+  /// The derivatives of the log-term or multiplier with respect to the factor's numbers
+  /// (Factor::term_derivatives), number_count() lanes into out.
+  void term_derivatives(const Receiver& r, std::size_t j, simd::Lanes* out) const {
+    formula.aux_factor.term_derivatives(SourceLanes{*sources, r, j}, out);
+  }
+  std::size_t number_count() const { return formula.aux_factor.number_count(); }
 };
 
 /// Holds the padded source labels and picks the Terms types for a model: one for the moving

@@ -221,6 +221,12 @@ inline Lanes cos(Lanes v) {
   return v;
 }
 
+/// The sine of each lane (the C library's, lane by lane: a Toeplitz factor's derivatives).
+inline Lanes sin(Lanes v) {
+  for (std::size_t lane = 0; lane < kLanes; ++lane) v.set(lane, std::sin(v[lane]));
+  return v;
+}
+
 /// log(1 + v) of each lane (the C library's, lane by lane: the same bits as in double).
 inline Lanes log1p(Lanes v) {
   for (std::size_t lane = 0; lane < kLanes; ++lane) v.set(lane, std::log1p(v[lane]));

@@ -25,21 +25,13 @@ double dot(const double* a, const double* b, std::size_t count) {
   return sum;
 }
 
-/// out (rows) += m (rows x cols) y, or m^T y with transpose (out: cols).
-void add_product(const Matrix& m, const double* y, double* out, bool transpose = false) {
-  for (Eigen::Index a = 0; a < m.rows(); ++a)
-    for (Eigen::Index b = 0; b < m.cols(); ++b) {
-      if (transpose)
-        out[b] += m(a, b) * y[a];
-      else
-        out[a] += m(a, b) * y[b];
-    }
+/// count rows of `width` numbers as a matrix (the per-token maps as matrix products: GEMMs
+/// instead of a loop of matrix-vector products per token).
+Eigen::Map<Matrix> rows(double* data, std::size_t count, std::size_t width) {
+  return Eigen::Map<Matrix>(data, Eigen::Index(count), Eigen::Index(width));
 }
-
-/// m += a b^T (a: m.rows(), b: m.cols()).
-void add_outer(Matrix& m, const double* a, const double* b) {
-  for (Eigen::Index r = 0; r < m.rows(); ++r)
-    for (Eigen::Index c = 0; c < m.cols(); ++c) m(r, c) += a[r] * b[c];
+Eigen::Map<const Matrix> rows(const double* data, std::size_t count, std::size_t width) {
+  return Eigen::Map<const Matrix>(data, Eigen::Index(count), Eigen::Index(width));
 }
 
 /// What one pair's weight is made of: w = p_j * factor_weight, factor_weight = c_ij *
@@ -74,8 +66,10 @@ struct SinkhornTape {
 /// The forward pass and the derivatives of one head of one replica (file comment).
 class HeadDerivative {
  public:
-  HeadDerivative(const Model& model, const AttentionHead& head, const HeadNumbers& layout, const double* y)
-      : model_(model), head_(head), layout_(layout), form_(model, head), y_(y),
+  /// passes: SA's and USA's pair passes (null: these pair by pair).
+  HeadDerivative(const Model& model, const AttentionHead& head, const HeadNumbers& layout, const double* y,
+                 const PairPasses* passes)
+      : model_(model), head_(head), layout_(layout), form_(model, head), y_(y), passes_(sinkhorn_ ? nullptr : passes),
         score_gauge_(head.score_dim() == model.d ? model.gauge.get() : model.head_gauge.get()),
         full_map_(form_.transported || head.value_identity),
         map_(full_map_ ? head.full_value : layout.output) {
@@ -83,9 +77,9 @@ class HeadDerivative {
     forward();
   }
 
-  /// F += u^(h) (n x d).
+  /// F += u^(h) (n x d): T M^T.
   void add_output(double* field) const {
-    for (std::size_t i = 0; i < model_.n; ++i) add_product(map_, t(i), field + i * model_.d);
+    rows(field, model_.n, model_.d) += t_rows() * map_.transpose();
   }
 
   /// The VJP for F's cotangent field_bar (n x d): y_bar (n x d) and the gradients.
@@ -93,28 +87,29 @@ class HeadDerivative {
     const std::size_t n = model_.n, d = model_.d, od = operands_.d, sources = operands_.sources;
     const bool usa = model_.normalization == Normalization::Usa;
     const double mass = model_.mass();
-    Matrix map_gradient = Matrix::Zero(map_.rows(), map_.cols());
     std::vector<double> query_bar(n * od, 0.0), key_bar(sources * od, 0.0), value_bar(sources * od, 0.0);
-    std::vector<double> t_bar(map_.cols()), u_bar(od), derivatives(kernels::kMaxFactorNumbers);
+    std::vector<double> u_bar(od), derivatives(kernels::kMaxFactorNumbers);
     double mass_bar = 0.0;
-    std::vector<double> every_u_bar(sinkhorn_ ? n * od : 0, 0.0);  // Sinkhorn's passes take them all
+    std::vector<double> every_u_bar(sinkhorn_ || passes_ ? n * od : 0, 0.0);  // whole passes take them all
+    // u_i = 0 held (N_i = 0): no derivative (a NaN goes on, to be seen). With G the rows of
+    // field_bar that do: M's cotangent G^T T, t's G M.
+    Matrix moving_bar = rows(field_bar, n, d);
+    for (std::size_t i = 0; i < n; ++i)
+      if (normaliser_[i] == 0.0) moving_bar.row(Eigen::Index(i)).setZero();
+    const Matrix map_gradient = moving_bar.transpose() * t_rows();
+    const Matrix t_bar = moving_bar * map_;
     for (std::size_t i = 0; i < n; ++i) {
-      if (normaliser_[i] == 0.0) continue;  // u_i = 0 held: no derivative (a NaN goes on, to be seen)
-      const double* g = field_bar + i * d;
-      add_outer(map_gradient, g, t(i));
-      std::fill(t_bar.begin(), t_bar.end(), 0.0);
-      add_product(map_, g, t_bar.data(), /*transpose=*/true);
+      if (normaliser_[i] == 0.0) continue;
       std::fill(u_bar.begin(), u_bar.end(), 0.0);
       if (form_.transported)
-        model_.gauge->apply(i, t_bar.data(), u_bar.data());
+        model_.gauge->apply(i, t_bar.row(Eigen::Index(i)).data(), u_bar.data());
       else
-        std::copy(t_bar.begin(), t_bar.end(), u_bar.begin());
-      if (sinkhorn_) {
-        std::copy(u_bar.begin(), u_bar.end(), every_u_bar.begin() + std::ptrdiff_t(i * od));
-        continue;
-      }
+        std::copy_n(t_bar.row(Eigen::Index(i)).data(), t_bar.cols(), u_bar.begin());
+      if (sinkhorn_ || passes_) std::copy(u_bar.begin(), u_bar.end(), every_u_bar.begin() + std::ptrdiff_t(i * od));
+      if (sinkhorn_) continue;
       const double delta = dot(u_bar.data(), u_pre(i), od);
       if (usa) mass_bar -= delta / mass;
+      if (passes_) continue;
       for (std::size_t j = 0; j < sources; ++j) {
         const PairWeight pair = weight(i, j);
         if (!pair.visible) continue;
@@ -138,6 +133,16 @@ class HeadDerivative {
       }
     }
     if (sinkhorn_) sinkhorn_vjp(every_u_bar, query_bar, key_bar, value_bar, gradient);
+    if (passes_) {
+      std::vector<double> source_logit(sources, 0.0);
+      PairCotangents out{query_bar.data(), key_bar.data(), value_bar.data(), source_logit.data(), 0.0,
+                         gradient.factor.data()};
+      passes_->vjp(*pairs_, every_u_bar.data(), out);
+      gradient.beta += out.beta;
+      // w_ij = p_j c_ij exp(...): p_j's cotangent sum_i l_bar_ij / p_j.
+      for (std::size_t j = 0; j < n; ++j)
+        if (model_.presence[j] > 0.0) gradient.presence[j] += source_logit[j] / model_.presence[j];
+    }
     if (usa)
       for (std::size_t j = 0; j < n; ++j)
         if (model_.presence[j] > 0.0) gradient.presence[j] += mass_bar;
@@ -166,21 +171,38 @@ class HeadDerivative {
       for (std::size_t j = 0; j < n; ++j)
         if (model_.presence[j] > 0.0) mass_dot += tangent->presence[j];
     const double beta_dot = tangent ? tangent->beta : 0.0;
-    std::vector<double> numerator_dot(od), t_dot(map_.cols()), derivatives(kernels::kMaxFactorNumbers);
+    std::vector<double> numerator_dot(od), derivatives(kernels::kMaxFactorNumbers);
+    Matrix t_dot = Matrix::Zero(Eigen::Index(n), map_.cols());  // rows of receivers with N_i = 0 stay 0
     const std::vector<double> sinkhorn_dot =
         sinkhorn_ ? sinkhorn_jvp(query_dot, key_dot, value_dot, tangent) : std::vector<double>();
+    std::vector<double> pass_numerator_dot, pass_sum_dot;
+    if (passes_) {
+      std::vector<double> log_presence_dot(sources, 0.0);
+      if (tangent)
+        for (std::size_t j = 0; j < n; ++j)
+          if (model_.presence[j] > 0.0) log_presence_dot[j] = tangent->presence[j] / model_.presence[j];
+      pass_numerator_dot.assign(n * od, 0.0);
+      pass_sum_dot.assign(n, 0.0);
+      const PairTangents in{query_dot.data(), key_dot.data(), value_dot.data(), log_presence_dot.data(), beta_dot,
+                            tangent && has_factor_numbers_ ? tangent->factor.data() : nullptr};
+      passes_->jvp(*pairs_, in, pass_numerator_dot.data(), pass_sum_dot.data());
+    }
     for (std::size_t i = 0; i < n; ++i) {
       if (normaliser_[i] == 0.0) continue;
       if (sinkhorn_) {
         // The plan's rows sum to 1: u_pre's tangent is the sums' own.
         std::copy(sinkhorn_dot.begin() + std::ptrdiff_t(i * od), sinkhorn_dot.begin() + std::ptrdiff_t((i + 1) * od),
                   numerator_dot.begin());
-        map_tangent(i, numerator_dot.data(), t_dot, map_dot, field_dot);
+        map_tangent(i, numerator_dot.data(), t_dot);
         continue;
       }
       std::fill(numerator_dot.begin(), numerator_dot.end(), 0.0);
       double sum_dot = 0.0;
-      for (std::size_t j = 0; j < sources; ++j) {
+      if (passes_) {
+        std::copy_n(pass_numerator_dot.begin() + std::ptrdiff_t(i * od), od, numerator_dot.begin());
+        sum_dot = pass_sum_dot[i];
+      }
+      for (std::size_t j = 0; j < sources && !passes_; ++j) {
         const PairWeight pair = weight(i, j);
         if (!pair.visible) continue;
         double logit_dot = model_.beta * (dot(query_dot.data() + i * od, operands_.key(j), od) +
@@ -203,24 +225,25 @@ class HeadDerivative {
           numerator_dot[c] += weight_dot * operands_.value(j)[c] + pair.weight * value_dot[j * od + c];
         sum_dot += weight_dot;
       }
-      const double normaliser_dot = usa ? mass_dot : sum_dot;
+      // USA's N_i is M in the passes' units: M 2^(-offset_i) (the reference's: M itself).
+      const double normaliser_dot = usa ? mass_dot * (normaliser_[i] / model_.mass()) : sum_dot;
       for (std::size_t c = 0; c < od; ++c)
         numerator_dot[c] = (numerator_dot[c] - u_pre(i)[c] * normaliser_dot) / normaliser_[i];
-      map_tangent(i, numerator_dot.data(), t_dot, map_dot, field_dot);
+      map_tangent(i, numerator_dot.data(), t_dot);
     }
+    // F_dot += T_dot M^T + T M_dot^T.
+    auto field_dots = rows(field_dot, n, model_.d);
+    field_dots += t_dot * map_.transpose();
+    if (head_tangent) field_dots += t_rows() * map_dot.transpose();
   }
 
-  /// F_dot_i += M_dot t_i + M t_dot_i from u_pre's tangent (od numbers).
-  void map_tangent(std::size_t i, const double* u_pre_dot, std::vector<double>& t_dot, const Matrix& map_dot,
-                   double* field_dot) const {
-    const std::size_t d = model_.d;
-    std::fill(t_dot.begin(), t_dot.end(), 0.0);
+  /// Row i of T_dot from u_pre's tangent (od numbers): G_i^T u_pre_dot, or u_pre_dot.
+  void map_tangent(std::size_t i, const double* u_pre_dot, Matrix& t_dot) const {
+    double* row = t_dot.row(Eigen::Index(i)).data();
     if (form_.transported)
-      model_.gauge->apply_transpose(i, u_pre_dot, t_dot.data());
+      model_.gauge->apply_transpose(i, u_pre_dot, row);
     else
-      std::copy(u_pre_dot, u_pre_dot + t_dot.size(), t_dot.begin());
-    add_product(map_, t_dot.data(), field_dot + i * d);
-    add_product(map_dot, t(i), field_dot + i * d);
+      std::copy_n(u_pre_dot, t_dot.cols(), row);
   }
 
  private:
@@ -259,6 +282,18 @@ class HeadDerivative {
     normaliser_.assign(n, 0.0);
     u_pre_.assign(n * od, 0.0);
     t_.assign(n * std::size_t(map_.cols()), 0.0);
+    if (passes_) {
+      pairs_ = std::make_unique<HeadPairs>(HeadPairs{model_, operands_.sources, operands_.d, head_.score_dim(),
+                                                     operands_.queries.data(), operands_.keys.data(),
+                                                     operands_.values.data(), operands_.presence.data(),
+                                                     operands_.log_presence.data(), {}, {}, {}, nullptr});
+      passes_->forward(*pairs_);
+      normaliser_ = pairs_->normaliser;
+      u_pre_ = pairs_->u_pre;
+      for (std::size_t i = 0; i < n; ++i)
+        if (normaliser_[i] != 0.0) map_sums(i);
+      return;
+    }
     if (sinkhorn_) record_scalings();
     if (model_.normalization == Normalization::Sa) take_offsets();
     const double mass = model_.mass();
@@ -282,13 +317,20 @@ class HeadDerivative {
         continue;
       }
       for (std::size_t c = 0; c < od; ++c) numerator[c] /= normaliser_[i];
-      double* ti = t_.data() + i * std::size_t(map_.cols());
-      if (form_.transported)
-        model_.gauge->apply_transpose(i, numerator, ti);
-      else
-        std::copy(numerator, numerator + map_.cols(), ti);
+      map_sums(i);
     }
   }
+
+  /// t_i from u_pre_i: G_i^T u_pre_i for transported values, else u_pre_i itself.
+  void map_sums(std::size_t i) {
+    double* ti = t_.data() + i * std::size_t(map_.cols());
+    if (form_.transported)
+      model_.gauge->apply_transpose(i, u_pre(i), ti);
+    else
+      std::copy(u_pre(i), u_pre(i) + map_.cols(), ti);
+  }
+
+
 
   /// a_ij = beta s_ij + log m_ij c_ij, Sinkhorn's logit without log p_j.
   double logit(const PairWeight& pair) const { return model_.beta * pair.score + pair.log_term; }
@@ -494,6 +536,8 @@ class HeadDerivative {
 
   const double* u_pre(std::size_t i) const { return u_pre_.data() + i * operands_.d; }
   const double* t(std::size_t i) const { return t_.data() + i * std::size_t(map_.cols()); }
+  /// t_i as the rows of an n x cols matrix.
+  Eigen::Map<const Matrix> t_rows() const { return rows(t_.data(), model_.n, std::size_t(map_.cols())); }
 
   /// out (r numbers) = G^(r)_token^T in, or in.
   void score_transpose(std::size_t token, const double* in, double* out) const {
@@ -511,65 +555,84 @@ class HeadDerivative {
       std::copy(in, in + r, out);
   }
 
+  /// Every source's contents y_j (sources x d: the moving tokens' y, the prefix tokens').
+  Matrix source_contents() const {
+    const std::size_t d = model_.d;
+    Matrix contents(Eigen::Index(operands_.sources), Eigen::Index(d));
+    for (std::size_t j = 0; j < operands_.sources; ++j)
+      std::copy_n(host::source_content(model_, y_, j), d, contents.row(Eigen::Index(j)).data());
+    return contents;
+  }
+
+  /// The first `width` of each row of `operand` (count rows of od) taken through G_j^T of the
+  /// score gauge (or as they are), as a count x width matrix.
+  Matrix score_rows_back(const std::vector<double>& operand, std::size_t count) const {
+    const std::size_t od = operands_.d, r = head_.score_dim();
+    Matrix back = Matrix::Zero(Eigen::Index(count), Eigen::Index(r));
+    for (std::size_t j = 0; j < count; ++j) score_transpose(j, operand.data() + j * od, back.row(Eigen::Index(j)).data());
+    return back;
+  }
+
   /// The operands' cotangents into the contents' (y_bar for moving tokens, the prefix's) and
-  /// the head's matrices: q = G Q y, k = G K y, z = G y | y | A y.
+  /// the head's matrices: q = G Q y, k = G K y, z = G y | y | A y (as matrix products over the
+  /// sources' rows).
   void gather_sources(const std::vector<double>& query_bar, const std::vector<double>& key_bar,
                       const std::vector<double>& value_bar, double* y_bar, HeadNumbers& head_gradient,
                       FieldNumbers& gradient) const {
-    const std::size_t n = model_.n, d = model_.d, od = operands_.d, r = head_.score_dim();
-    std::vector<double> back(std::max(r, d)), content_bar(d);
-    for (std::size_t j = 0; j < operands_.sources; ++j) {
-      const double* y = host::source_content(model_, y_, j);
-      std::fill(content_bar.begin(), content_bar.end(), 0.0);
-      if (j < n) {
-        score_transpose(j, query_bar.data() + j * od, back.data());
-        add_outer(head_gradient.query, back.data(), y);
-        add_product(head_.query, back.data(), content_bar.data(), /*transpose=*/true);
+    const std::size_t n = model_.n, d = model_.d, od = operands_.d, sources = operands_.sources;
+    const Matrix contents = source_contents();
+    const Matrix query_back = score_rows_back(query_bar, n), key_back = score_rows_back(key_bar, sources);
+    head_gradient.query += query_back.transpose() * contents.topRows(Eigen::Index(n));
+    head_gradient.key += key_back.transpose() * contents;
+    Matrix content_bar = key_back * head_.key;
+    content_bar.topRows(Eigen::Index(n)) += query_back * head_.query;
+    const auto z_bar = rows(value_bar.data(), sources, od);
+    if (form_.transported) {
+      std::vector<double> back(d);
+      for (std::size_t j = 0; j < sources; ++j) {
+        model_.gauge->apply_transpose(j, value_bar.data() + j * od, back.data());
+        for (std::size_t c = 0; c < d; ++c) content_bar(Eigen::Index(j), Eigen::Index(c)) += back[c];
       }
-      score_transpose(j, key_bar.data() + j * od, back.data());
-      add_outer(head_gradient.key, back.data(), y);
-      add_product(head_.key, back.data(), content_bar.data(), /*transpose=*/true);
-      const double* z_bar = value_bar.data() + j * od;
-      if (form_.transported) {
-        model_.gauge->apply_transpose(j, z_bar, back.data());
-        for (std::size_t c = 0; c < d; ++c) content_bar[c] += back[c];
-      } else if (head_.value_identity) {
-        for (std::size_t c = 0; c < d; ++c) content_bar[c] += z_bar[c];
-      } else {
-        add_outer(head_gradient.value, z_bar, y);
-        add_product(head_.value, z_bar, content_bar.data(), /*transpose=*/true);
-      }
-      double* to = j < n ? y_bar + j * d : gradient.prefix.data() + (j - n) * d;
-      for (std::size_t c = 0; c < d; ++c) to[c] += content_bar[c];
+    } else if (head_.value_identity) {
+      content_bar += z_bar.leftCols(Eigen::Index(d));
+    } else {
+      const Eigen::Index rv = head_.value.rows();
+      head_gradient.value += z_bar.leftCols(rv).transpose() * contents;
+      content_bar += z_bar.leftCols(rv) * head_.value;
     }
+    rows(y_bar, n, d) += content_bar.topRows(Eigen::Index(n));
+    if (sources > n)
+      rows(gradient.prefix.data(), sources - n, d) += content_bar.bottomRows(Eigen::Index(sources - n));
   }
 
-  /// The operands' tangents from the contents' (y_dot, the prefix's) and the matrices'.
+  /// The operands' tangents from the contents' (y_dot, the prefix's) and the matrices' (as
+  /// matrix products over the sources' rows, then each row's gauge).
   void spread_sources(const double* y_dot, const FieldNumbers* tangent, const HeadNumbers* head_tangent,
                       std::vector<double>& query_dot, std::vector<double>& key_dot,
                       std::vector<double>& value_dot) const {
-    const std::size_t n = model_.n, d = model_.d, od = operands_.d, r = head_.score_dim();
-    std::vector<double> product(std::max(r, d)), zero(d, 0.0);
-    for (std::size_t j = 0; j < operands_.sources; ++j) {
-      const double* y = host::source_content(model_, y_, j);
-      const double* dy = j < n ? y_dot + j * d : tangent ? tangent->prefix.data() + (j - n) * d : zero.data();
-      auto score_dot = [&](const Matrix& m, const Matrix* m_dot, double* out) {
-        std::fill(product.begin(), product.end(), 0.0);
-        add_product(m, dy, product.data());
-        if (m_dot) add_product(*m_dot, y, product.data());
-        score_apply(j, product.data(), out);
-      };
-      if (j < n) score_dot(head_.query, head_tangent ? &head_tangent->query : nullptr, query_dot.data() + j * od);
-      score_dot(head_.key, head_tangent ? &head_tangent->key : nullptr, key_dot.data() + j * od);
-      double* z_dot = value_dot.data() + j * od;
-      if (form_.transported) {
-        model_.gauge->apply(j, dy, z_dot);
-      } else if (head_.value_identity) {
-        std::copy(dy, dy + d, z_dot);
-      } else {
-        add_product(head_.value, dy, z_dot);
-        if (head_tangent) add_product(head_tangent->value, y, z_dot);
-      }
+    const std::size_t n = model_.n, d = model_.d, od = operands_.d, sources = operands_.sources;
+    const Matrix contents = source_contents();
+    Matrix content_dots = Matrix::Zero(Eigen::Index(sources), Eigen::Index(d));
+    content_dots.topRows(Eigen::Index(n)) = rows(y_dot, n, d);
+    if (tangent && sources > n) content_dots.bottomRows(Eigen::Index(sources - n)) = rows(tangent->prefix.data(), sources - n, d);
+    // Q_h y_dot + Q_dot y, then G_j.
+    auto score_dots = [&](const Matrix& m, const Matrix* m_dot, std::size_t count, std::vector<double>& out) {
+      Matrix products = content_dots.topRows(Eigen::Index(count)) * m.transpose();
+      if (m_dot) products += contents.topRows(Eigen::Index(count)) * m_dot->transpose();
+      for (std::size_t j = 0; j < count; ++j) score_apply(j, products.row(Eigen::Index(j)).data(), out.data() + j * od);
+    };
+    score_dots(head_.query, head_tangent ? &head_tangent->query : nullptr, n, query_dot);
+    score_dots(head_.key, head_tangent ? &head_tangent->key : nullptr, sources, key_dot);
+    if (form_.transported) {
+      for (std::size_t j = 0; j < sources; ++j)
+        model_.gauge->apply(j, content_dots.row(Eigen::Index(j)).data(), value_dot.data() + j * od);
+    } else if (head_.value_identity) {
+      rows(value_dot.data(), sources, od).leftCols(Eigen::Index(d)) = content_dots;
+    } else {
+      const Eigen::Index rv = head_.value.rows();
+      Matrix products = content_dots * head_.value.transpose();
+      if (head_tangent) products += contents * head_tangent->value.transpose();
+      rows(value_dot.data(), sources, od).leftCols(rv) = products;
     }
   }
 
@@ -578,13 +641,15 @@ class HeadDerivative {
   const HeadNumbers& layout_;
   host::HeadOperands form_;
   const double* y_;
+  bool sinkhorn_ = model_.normalization == Normalization::Sinkhorn;
+  const PairPasses* passes_;  ///< SA's and USA's pair passes; null: pair by pair here
   const Gauge* score_gauge_;
   bool full_map_;  ///< u = V_h t (transported, or values that are the contents), else O_h t
   Matrix map_;     ///< V_h (d x d) or O_h (d x rv; I where the head has none)
   host::TokenOperands operands_;
   std::vector<double> normaliser_, u_pre_, t_;
   std::vector<double> offset_;  ///< SA's (take_offsets); empty: none
-  bool sinkhorn_ = model_.normalization == Normalization::Sinkhorn;
+  std::unique_ptr<HeadPairs> pairs_;  ///< the head as the passes read it (null: pair by pair)
   bool has_pair_terms_ = model_.pair_terms.any();
   bool rescaled_ = model_.time_scale == TimeScale::Rescaled;  ///< l_ij carries -beta (d/dbeta: s_ij - 1)
   bool has_factor_numbers_ = factor_numbers_count(model_.pair_terms) > 0;
@@ -597,17 +662,19 @@ auto& set_of(const Model& model, Numbers& numbers, std::size_t r) {
   return numbers.sets[model.matrices.size() > 1 ? r : 0];
 }
 
+}  // namespace
+
 /// Every head of replica r, and F = sum_h u^(h) + f(y) (n x d).
 struct ReplicaLayer {
   const AttentionMatrices& set;
   LayerNumbers layout;
   std::vector<HeadDerivative> heads;
   std::vector<double> field;
-  ReplicaLayer(const Model& model, std::size_t r, const double* y)
+  ReplicaLayer(const Model& model, std::size_t r, const double* y, const PairPasses* passes)
       : set(model.matrices_of(r)), layout(layer_numbers(set)), field(model.n * model.d, 0.0) {
     heads.reserve(set.heads.size());
     for (std::size_t h = 0; h < set.heads.size(); ++h) {
-      heads.emplace_back(model, set.heads[h], layout.heads[h], y);
+      heads.emplace_back(model, set.heads[h], layout.heads[h], y, passes);
       heads.back().add_output(field.data());
     }
     std::vector<double> hidden(set.mlp.width());
@@ -616,17 +683,34 @@ struct ReplicaLayer {
   }
 };
 
-}  // namespace
+DerivativeTape::DerivativeTape(const Model& model, std::size_t replica_count, const double* states,
+                               const PairPasses* passes)
+    : replicas(replica_count), y(states) {
+  for (std::size_t r = 0; r < replicas; ++r)
+    layers.push_back(std::make_unique<ReplicaLayer>(model, r, y + r * model.n * model.d, passes));
+}
 
-void reference_output_vjp(const Model& model, std::size_t replicas, const double* y, const double* output_cotangent,
-                          double* y_cotangent, FieldNumbers& gradient) {
+DerivativeTape::~DerivativeTape() = default;
+
+void DerivativeTape::output(const Model& model, double* a) const {
   const std::size_t n = model.n, d = model.d;
+  for (std::size_t r = 0; r < replicas; ++r)
+    for (std::size_t i = 0; i < n; ++i) {
+      const double p = model.receiver_speed(i);
+      for (std::size_t c = 0; c < d; ++c) a[(r * n + i) * d + c] = p * layers[r]->field[i * d + c];
+    }
+}
+
+void reference_output_vjp(const Model& model, const DerivativeTape& tape, const double* output_cotangent,
+                          double* y_cotangent, FieldNumbers& gradient) {
+  const std::size_t n = model.n, d = model.d, replicas = tape.replicas;
+  const double* y = tape.y;
   std::fill(y_cotangent, y_cotangent + replicas * n * d, 0.0);
   for (std::size_t r = 0; r < replicas; ++r) {
     const double* yr = y + r * n * d;
     const double* a_bar = output_cotangent + r * n * d;
     double* y_bar = y_cotangent + r * n * d;
-    const ReplicaLayer layer(model, r, yr);
+    const ReplicaLayer& layer = *tape.layers[r];
     LayerNumbers& set_gradient = set_of(model, gradient, r);
     // a_i = p_i F_i: F's cotangent p_i a_bar_i, and p_i's <a_bar_i, F_i> (a null token's p_i
     // is a label).
@@ -650,14 +734,15 @@ void reference_output_vjp(const Model& model, std::size_t replicas, const double
   }
 }
 
-void reference_output_jvp(const Model& model, std::size_t replicas, const double* y, const double* y_tangent,
+void reference_output_jvp(const Model& model, const DerivativeTape& tape, const double* y_tangent,
                           const FieldNumbers* tangent, double* output_tangent) {
-  const std::size_t n = model.n, d = model.d;
+  const std::size_t n = model.n, d = model.d, replicas = tape.replicas;
+  const double* y = tape.y;
   for (std::size_t r = 0; r < replicas; ++r) {
     const double* yr = y + r * n * d;
     const double* y_dot = y_tangent + r * n * d;
     double* a_dot = output_tangent + r * n * d;
-    const ReplicaLayer layer(model, r, yr);
+    const ReplicaLayer& layer = *tape.layers[r];
     const LayerNumbers* set_tangent = tangent ? &set_of(model, *tangent, r) : nullptr;
     std::vector<double> field_dot(n * d, 0.0);
     const FeedForward& mlp = layer.set.mlp;

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <memory>
+#include <vector>
 
 #include "kernels/sinkhorn.hpp"
 #include "mfattn/backends/backend.hpp"
@@ -27,29 +29,132 @@ double exact_log_sum_exp(std::size_t count, Term&& term) {
   return kernels::log_sum_exp(largest, sum);
 }
 
-/// Backend::output_vjp of the formulas, pair by pair.
-void reference_output_vjp(const Model& model, std::size_t replicas, const double* y, const double* output_cotangent,
+/// One head of one replica as the pair passes of SA and USA read it (docs/model.md section 2e):
+/// its operands as plain rows (host::TokenOperands's arrays: the n moving tokens, then the P
+/// prefix tokens; plain pointers, since every CPU target has its own TokenOperands type) and
+/// what the forward pass keeps per receiver, O(n) numbers:
+///   offset_i      every weight of receiver i is taken times 2^(-offset_i) (the passes' own
+///                 units; never read elsewhere),
+///   normaliser_i  N_i in those units: SA eps_den 2^(-offset_i) + S_i, USA M 2^(-offset_i);
+///                 0 where u_i = 0 (a receiver that sees no source),
+///   u_pre_i       A_i / N_i (operand_dim numbers).
+struct HeadPairs {
+  const Model& model;
+  std::size_t sources = 0, operand_dim = 0;
+  std::size_t score_dim = 0;             ///< r: queries and keys are 0 past it
+  const double* queries = nullptr;       ///< sources x operand_dim (the first n: the receivers')
+  const double* keys = nullptr;          ///< sources x operand_dim
+  const double* values = nullptr;        ///< sources x operand_dim
+  const double* presence = nullptr;      ///< sources: p_j
+  const double* log_presence = nullptr;  ///< sources: log p_j
+  std::vector<double> offset, normaliser, u_pre;
+  /// What the passes keep between their calls on this head (theirs alone to read).
+  std::shared_ptr<void> state;
+};
+
+/// What a VJP pass adds to, for the cotangent u_bar (n x od) of the normalized sums, with
+/// l_bar_ij = P_ij (<u_bar_i, z_j> - delta_i) (delta_i = <u_bar_i, u_pre_i> for SA, 0 for USA)
+/// the cotangent of the logit l_ij = beta s_ij + log m_ij c_ij + log p_j - shift:
+///   query  += beta sum_j l_bar_ij k_j (n x od),   key += beta sum_i l_bar_ij q_i,
+///   value  += sum_i P_ij u_bar_i (sources x od),  source_logit += sum_i l_bar_ij (sources),
+///   beta   += sum_ij l_bar_ij (s_ij - [rescaled time]),   factor += the factor's numbers'.
+struct PairCotangents {
+  double* query = nullptr;
+  double* key = nullptr;
+  double* value = nullptr;
+  double* source_logit = nullptr;
+  double beta = 0.0;
+  double* factor = nullptr;
+};
+
+/// The operands' and numbers' tangents a JVP pass reads (null factor: the factor's numbers
+/// fixed); it writes, in the forward pass's units, numerator_dot_i = sum_j (w_dot_ij z_j +
+/// w_ij z_dot_j) (n x od) and sum_dot_i = sum_j w_dot_ij (n).
+struct PairTangents {
+  const double* query = nullptr;         ///< n x od
+  const double* key = nullptr;           ///< sources x od
+  const double* value = nullptr;         ///< sources x od
+  const double* log_presence = nullptr;  ///< sources: p_dot_j / p_j (0 for prefix tokens)
+  double beta = 0.0;
+  const double* factor = nullptr;
+};
+
+/// The three O(n^2) passes of SA's and USA's derivatives over one head. The reference's are
+/// HeadDerivative's own loops (pair by pair); a backend with faster ones (the CPU backend's
+/// lanes, backends/cpu/derivative_lanes.hpp) hands them to ReferenceDerivativesBackend.
+/// Sinkhorn attention always takes the reference's unrolled passes.
+class PairPasses {
+ public:
+  virtual ~PairPasses() = default;
+  /// offset, normaliser and u_pre of every receiver (and the passes' state).
+  virtual void forward(HeadPairs& pairs) const = 0;
+  /// Adds to `out` (PairCotangents) for u_bar (n x od; rows of receivers with N_i = 0 are
+  /// not read).
+  virtual void vjp(const HeadPairs& pairs, const double* u_bar, PairCotangents& out) const = 0;
+  /// numerator_dot (n x od) and sum_dot (n) from the tangents (PairTangents).
+  virtual void jvp(const HeadPairs& pairs, const PairTangents& in, double* numerator_dot, double* sum_dot) const = 0;
+};
+
+struct ReplicaLayer;
+
+/// What output_vjp and output_jvp at the states y read, O(n) numbers per head: each head's
+/// forward pass (pair by pair, or SA's and USA's by `passes`) and each replica's layer field
+/// F (n x d). y must outlive it.
+class DerivativeTape {
+ public:
+  DerivativeTape(const Model& model, std::size_t replicas, const double* y, const PairPasses* passes);
+  ~DerivativeTape();
+  /// a_i = p_i F_i (replicas x n x d): Backend::derivative_forward's output.
+  void output(const Model& model, double* a) const;
+
+  std::size_t replicas;
+  const double* y;
+  std::vector<std::unique_ptr<ReplicaLayer>> layers;
+};
+
+/// Backend::output_vjp of the formulas at the tape's states.
+void reference_output_vjp(const Model& model, const DerivativeTape& tape, const double* output_cotangent,
                           double* y_cotangent, FieldNumbers& gradient);
-/// Backend::output_jvp of the formulas, pair by pair.
-void reference_output_jvp(const Model& model, std::size_t replicas, const double* y, const double* y_tangent,
+/// Backend::output_jvp of the formulas at the tape's states.
+void reference_output_jvp(const Model& model, const DerivativeTape& tape, const double* y_tangent,
                           const FieldNumbers* tangent, double* output_tangent);
 
-/// A backend whose derivatives are these (the reference backend, and the CPU backend until it
-/// has lanes for them): Backend::output_vjp and output_jvp on the model it was made for.
+/// A backend whose derivatives are these (the reference backend pair by pair; the CPU backend
+/// with its lanes as the pair passes): Backend::derivative_forward, output_vjp and output_jvp
+/// on the model it was made for. derivative_forward keeps its tape for the next derivative
+/// call at the same states, which uses it up (a call without one takes its own forward pass).
 class ReferenceDerivativesBackend : public Backend {
  public:
   explicit ReferenceDerivativesBackend(const Model& model) : derivative_model_(model) {}
+  void derivative_forward(std::size_t replicas, const double* y, double* output) override {
+    tape_ = std::make_unique<DerivativeTape>(derivative_model_, replicas, y, passes_.get());
+    tape_->output(derivative_model_, output);
+  }
   void output_vjp(std::size_t replicas, const double* y, const double* output_cotangent, double* y_cotangent,
                   FieldNumbers& gradient) override {
-    reference_output_vjp(derivative_model_, replicas, y, output_cotangent, y_cotangent, gradient);
+    reference_output_vjp(derivative_model_, *tape_at(replicas, y), output_cotangent, y_cotangent, gradient);
   }
   void output_jvp(std::size_t replicas, const double* y, const double* y_tangent, const FieldNumbers* tangent,
                   double* output_tangent) override {
-    reference_output_jvp(derivative_model_, replicas, y, y_tangent, tangent, output_tangent);
+    reference_output_jvp(derivative_model_, *tape_at(replicas, y), y_tangent, tangent, output_tangent);
   }
 
+ protected:
+  /// Hands SA's and USA's pair passes to the derivatives (a backend with faster ones).
+  void set_pair_passes(std::unique_ptr<PairPasses> passes) { passes_ = std::move(passes); }
+
  private:
+  /// The kept tape if it was taken at (replicas, y), else a new one; either way none is kept.
+  std::unique_ptr<DerivativeTape> tape_at(std::size_t replicas, const double* y) {
+    std::unique_ptr<DerivativeTape> tape = std::move(tape_);
+    if (!tape || tape->replicas != replicas || tape->y != y)
+      tape = std::make_unique<DerivativeTape>(derivative_model_, replicas, y, passes_.get());
+    return tape;
+  }
+
   const Model& derivative_model_;
+  std::unique_ptr<PairPasses> passes_;
+  std::unique_ptr<DerivativeTape> tape_;
 };
 
 }  // namespace mfattn::detail

@@ -1,0 +1,705 @@
+// SA's and USA's derivative passes in lanes (derivative_lanes.hpp). Every pass walks the
+// sources of LanePairTerms' order (the prefix tokens, padded to a tile, then the moving
+// tokens) kLanes at a time, with the logit in base 2 as the forward loops take it:
+//   t_ij = log2(e) (beta <q_i, k_j> + log m_ij c_ij + log p_j) - o_i,   w_ij = c_ij 2^(t_ij)
+// (c_ij: a sign-changing factor's multiplier, else 1), o_i the largest of receiver i's
+// visible logits, so no exponential overflows where the field does not. The derivative
+// passes read P_ij = w_ij / N_i with the normaliser N_i of the forward pass.
+#include "backends/cpu/derivative_lanes.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <type_traits>
+#include <vector>
+
+#include "backends/cpu/micro_kernels.hpp"
+#include "backends/cpu/vector_math.hpp"
+
+MFATTN_CPU_TARGET_BEGIN
+namespace mfattn::cpu {
+inline namespace MFATTN_CPU_NAMESPACE {
+namespace {
+
+using detail::HeadPairs;
+using detail::PairCotangents;
+using detail::PairTangents;
+
+constexpr std::size_t kRowTile = LanePairTerms::kTile;  // sources per row of pair terms
+constexpr std::size_t kBlock = 4;                       // receivers whose exponentials interleave
+constexpr std::size_t kNoOperand = std::size_t(-1);
+// Sources per tile of the VJP's pass (vjp_tile): its sums (2 od + 1 lane rows per kLanes
+// sources; 14 KiB at od = 3) stay in L1 while every receiver passes.
+constexpr std::size_t kSourceTile = kRowTile;
+// A wide head's VJP adds its value sums (vjp_tile) for this many receivers at a time.
+constexpr std::size_t kWideReceivers = 4 * kBlock;
+// The VJP's source tiles in this many groups, each with its own row of every receiver's sums
+// (vjp_tile): fixed, so that the bits do not depend on the thread count, and enough for the
+// threads of a workstation.
+constexpr std::size_t kTileGroups = 16;
+
+/// kBlock rows of od numbers (double or Lanes): fixed arrays where od is a compile-time
+/// kDim (so that the compiler keeps them in registers), a vector otherwise.
+template <class T, int kDim>
+struct BlockRows {
+  T rows[kBlock][kDim] = {};
+  explicit BlockRows(std::size_t) {}
+  T* operator[](std::size_t r) { return rows[r]; }
+  const T* operator[](std::size_t r) const { return rows[r]; }
+};
+template <class T>
+struct BlockRows<T, 0> {
+  std::vector<T> rows;
+  std::size_t dim;
+  explicit BlockRows(std::size_t od) : rows(kBlock * od, T{}), dim(od) {}
+  T* operator[](std::size_t r) { return rows.data() + r * dim; }
+  const T* operator[](std::size_t r) const { return rows.data() + r * dim; }
+};
+
+/// The head's source rows as lanes: od rows of `padded` numbers each, in LanePairTerms'
+/// source order.
+struct LaneSources {
+  std::size_t n = 0, od = 0, prefix = 0, first_moving = 0, padded = 0;
+
+  /// The operand row (HeadPairs' order: moving tokens, then prefix tokens) of lane source s,
+  /// kNoOperand for padding.
+  std::size_t operand(std::size_t s) const {
+    if (s < first_moving) return s < prefix ? n + s : kNoOperand;
+    return s - first_moving < n ? s - first_moving : kNoOperand;
+  }
+  /// rows (sources x od, HeadPairs' order) as `padded` rows of `stride` numbers (padding: 0).
+  void gather(const double* rows, std::size_t stride, AlignedDoubles& out) const {
+    out.assign(padded * stride, 0.0);
+    for (std::size_t s = 0; s < padded; ++s) {
+      const std::size_t j = operand(s);
+      if (j != kNoOperand) std::copy_n(rows + j * od, od, out.data() + s * stride);
+    }
+  }
+  /// The first `count` components of rows (sources x od, HeadPairs' order) as `count` lane
+  /// rows (padding: 0).
+  void spread(const double* rows, std::size_t count, AlignedDoubles& out) const {
+    out.assign(count * padded, 0.0);
+    for (std::size_t s = 0; s < padded; ++s) {
+      const std::size_t j = operand(s);
+      if (j == kNoOperand) continue;
+      for (std::size_t c = 0; c < count; ++c) out[c * padded + s] = rows[j * od + c];
+    }
+  }
+};
+
+/// What every pass of one head reads: the model's numbers, the sources as lanes, and the
+/// pair terms.
+struct HeadLanes {
+  const HeadPairs& pairs;
+  const LanePairTerms& pair_terms;
+  LaneSources layout;
+  AlignedDoubles keys;          // od rows of padded (a wide head: its r score rows)
+  AlignedDoubles values;        // od rows of padded
+  // A wide head (od not a compile-time size of the passes) takes its value sums as small
+  // GEMMs (micro_kernels.hpp's add_weighted_rows) over rows of value_stride numbers.
+  bool wide = false;
+  std::size_t value_stride = 0;
+  AlignedDoubles value_rows;    // padded rows of value_stride
+  AlignedDoubles bias;          // log2(e) log p_j; -inf for null sources and padding
+  bool terms = false;           // the model has a mask or a factor
+  std::size_t numbers = 0;      // the factor's numbers
+  double beta = 0.0, beta_log2e = 0.0;
+
+  HeadLanes(const HeadPairs& head, const LanePairTerms& lane_terms)
+      : pairs(head), pair_terms(lane_terms), terms(head.model.pair_terms.any()),
+        numbers(factor_numbers_count(head.model.pair_terms)), beta(head.model.beta),
+        beta_log2e(head.model.beta * kLog2e) {
+    const Model& model = head.model;
+    layout.n = model.n;
+    layout.od = head.operand_dim;
+    layout.prefix = model.prefix_count();
+    layout.first_moving = LanePairTerms::prefix_region(model);
+    layout.padded = LanePairTerms::padded_sources(model);
+    wide = !(layout.od == 2 || layout.od == 3 || layout.od == 4 || layout.od == 8);
+    layout.spread(head.keys, wide ? head.score_dim : layout.od, keys);
+    layout.spread(head.values, layout.od, values);
+    value_stride = round_up(layout.od, kLanes);
+    if (wide) layout.gather(head.values, value_stride, value_rows);
+    bias.assign(layout.padded, kNegInf);
+    for (std::size_t s = 0; s < layout.padded; ++s) {
+      const std::size_t j = layout.operand(s);
+      if (j != kNoOperand && head.presence[j] > 0.0) bias[s] = head.log_presence[j] * kLog2e;
+    }
+  }
+  std::size_t od() const { return layout.od; }
+  std::size_t padded() const { return layout.padded; }
+};
+
+/// The pair terms of a block of receivers against one tile of kRowTile sources, as rows:
+/// the log-term times log2(e) (-inf where the mask hides the pair), the multiplier, the sum
+/// of the factor's numbers' derivatives along a tangent (term_dot), and each derivative.
+struct TermRows {
+  std::size_t numbers = 0;
+  AlignedDoubles data;
+  /// Rows for a factor of `count` numbers; none where the pass has no terms.
+  TermRows(bool terms, std::size_t count) : numbers(count), data(terms ? kBlock * (3 + count) * kRowTile : 0) {}
+  double* row(std::size_t r, std::size_t kind) { return data.data() + (r * (3 + numbers) + kind) * kRowTile; }
+  double* log_term(std::size_t r) { return row(r, 0); }
+  double* multiplier(std::size_t r) { return row(r, 1); }
+  double* term_dot(std::size_t r) { return row(r, 2); }
+  double* derivative(std::size_t r, std::size_t k) { return row(r, 3 + k); }
+
+  /// The rows of receivers[0..kBlock) against sources [begin, begin + kRowTile), with the
+  /// derivatives when `derivatives`, and term_dot along factor_tangent when it is not null.
+  void fill(const HeadLanes& head, const std::size_t* receivers, std::size_t begin, bool derivatives,
+            const double* factor_tangent) {
+    head.pair_terms.dispatch([&](const auto& terms, const auto& prefix_terms) {
+      auto fill_with = [&](const auto& region_terms) {
+        using Terms = std::remove_cvref_t<decltype(region_terms)>;
+        for (std::size_t r = 0; r < kBlock; ++r) {
+          const typename Terms::Receiver receiver = region_terms.receiver(receivers[r]);
+          for (std::size_t k = 0; k < kRowTile; k += kLanes) {
+            const std::size_t j = begin + k;
+            Lanes log_term{}, multiplier = simd::broadcast(1.0);
+            if constexpr (Terms::kHasLogTerm) log_term = region_terms.log_term(receiver, j) * kLog2e;
+            if constexpr (Terms::kHasFactor) multiplier = region_terms.factor(receiver, j);
+            simd::store(this->log_term(r) + k, log_term);
+            simd::store(this->multiplier(r) + k, multiplier);
+            if (!derivatives && !factor_tangent) continue;
+            Lanes each[kernels::kMaxFactorNumbers];
+            region_terms.term_derivatives(receiver, j, each);
+            Lanes along{};
+            for (std::size_t number = 0; number < numbers; ++number) {
+              if (derivatives) simd::store(derivative(r, number) + k, each[number]);
+              if (factor_tangent) along += factor_tangent[number] * each[number];
+            }
+            simd::store(this->term_dot(r) + k, along);
+          }
+        }
+      };
+      if (begin < head.layout.first_moving)
+        fill_with(prefix_terms);
+      else
+        fill_with(terms);
+    });
+  }
+};
+
+/// A block of receivers: kBlock tokens from `first` (the last repeated past n), count real.
+struct ReceiverBlock {
+  std::size_t token[kBlock];
+  std::size_t count;
+  ReceiverBlock(std::size_t first, std::size_t n) : count(std::min(kBlock, n - first)) {
+    for (std::size_t r = 0; r < kBlock; ++r) token[r] = first + std::min(r, count - 1);
+  }
+};
+
+/// Receiver r's base-2 logits against the kLanes sources at `at` (od key lanes `keys`), before
+/// its offset: the bias, then the scores in component order, then the log-term.
+template <int kDim>
+[[gnu::always_inline]] inline Lanes base2_logit(const HeadLanes& head, const double* scaled_query, const Lanes* keys,
+                                                std::size_t at, const double* log_term_row) {
+  // The queries and keys are 0 past r: a compile-time od takes every component (no branch).
+  const std::size_t scores = kDim > 0 ? std::size_t(kDim) : head.pairs.score_dim;
+  Lanes logit = simd::load(head.bias.data() + at);
+  for (std::size_t c = 0; c < scores; ++c) logit += scaled_query[c] * keys[c];
+  if (log_term_row) logit += simd::load(log_term_row);
+  return logit;
+}
+
+/// body(kDim, kTerms) as types: od as a compile-time constant where it is small (the loops
+/// then keep their rows in registers; 0: any od), and whether the model has pair terms.
+template <class Body>
+void with_form(std::size_t od, bool terms, Body&& body) {
+  auto with_terms = [&](auto dim) {
+    if (terms) return body(dim, std::true_type{});
+    return body(dim, std::false_type{});
+  };
+  switch (od) {
+    case 2: return with_terms(std::integral_constant<int, 2>{});
+    case 3: return with_terms(std::integral_constant<int, 3>{});
+    case 4: return with_terms(std::integral_constant<int, 4>{});
+    case 8: return with_terms(std::integral_constant<int, 8>{});
+    default: return with_terms(std::integral_constant<int, 0>{});
+  }
+}
+
+/// The forward pass of one block: o_i, then S_i and A_i, into pairs' offset, normaliser
+/// and u_pre.
+template <int kDim, bool kTerms>
+void forward_block(const HeadLanes& head, std::size_t first, HeadPairs& pairs) {
+  const Model& model = pairs.model;
+  const std::size_t od = kDim > 0 ? std::size_t(kDim) : head.od(), padded = head.padded();
+  const std::size_t scores = kDim > 0 ? od : pairs.score_dim, stride = head.value_stride;
+  const ReceiverBlock block(first, model.n);
+  BlockRows<double, kDim> query(od);
+  for (std::size_t r = 0; r < kBlock; ++r)
+    for (std::size_t c = 0; c < od; ++c) query[r][c] = pairs.queries[block.token[r] * od + c] * head.beta_log2e;
+  TermRows rows(kTerms, head.numbers);
+  BlockRows<Lanes, kDim> keys_rows(od), values_rows(od);
+  Lanes* keys = keys_rows[0];
+  Lanes* values = values_rows[0];
+  Lanes best[kBlock];
+  for (Lanes& b : best) b = simd::broadcast(kNegInf);
+  for (std::size_t begin = 0; begin < padded; begin += kRowTile) {
+    if (kTerms) rows.fill(head, block.token, begin, false, nullptr);
+    for (std::size_t k = 0; k < kRowTile; k += kLanes) {
+      const std::size_t at = begin + k;
+      for (std::size_t c = 0; c < scores; ++c) keys[c] = simd::load(head.keys.data() + c * padded + at);
+      for (std::size_t r = 0; r < kBlock; ++r)
+        best[r] = simd::max(best[r], base2_logit<kDim>(head, query[r], keys, at,
+                                                       kTerms ? rows.log_term(r) + k : nullptr));
+    }
+  }
+  double offset[kBlock];
+  for (std::size_t r = 0; r < kBlock; ++r) {
+    offset[r] = simd::horizontal_max(best[r]);
+    if (!(offset[r] > kNegInf)) offset[r] = 0.0;  // no visible source: every weight is 0
+  }
+  Lanes sums[kBlock] = {};
+  BlockRows<Lanes, kDim> acc(kDim > 0 ? od : 0);
+  // Wide: each tile's weights, then A_r += W Z as a GEMM into rows of `stride` sums.
+  alignas(64) double tile_weights[kBlock][kRowTile];
+  AlignedDoubles wide_sums(kDim > 0 ? 0 : kBlock * stride, 0.0);
+  for (std::size_t begin = 0; begin < padded; begin += kRowTile) {
+    if (kTerms) rows.fill(head, block.token, begin, false, nullptr);
+    for (std::size_t k = 0; k < kRowTile; k += kLanes) {
+      const std::size_t at = begin + k;
+      for (std::size_t c = 0; c < scores; ++c) keys[c] = simd::load(head.keys.data() + c * padded + at);
+      if constexpr (kDim > 0)
+        for (std::size_t c = 0; c < od; ++c) values[c] = simd::load(head.values.data() + c * padded + at);
+      Lanes t[kBlock], weight[kBlock];
+      for (std::size_t r = 0; r < kBlock; ++r)
+        t[r] = base2_logit<kDim>(head, query[r], keys, at, kTerms ? rows.log_term(r) + k : nullptr) - offset[r];
+      simd::exp2_nonpositive<kBlock>(t, weight);
+      for (std::size_t r = 0; r < kBlock; ++r) {
+        if constexpr (kTerms) weight[r] *= simd::load(rows.multiplier(r) + k);
+        sums[r] += weight[r];
+        if constexpr (kDim > 0)
+          for (std::size_t c = 0; c < od; ++c) acc[r][c] += weight[r] * values[c];
+        else
+          simd::store(tile_weights[r] + k, weight[r]);
+      }
+    }
+    if constexpr (kDim == 0)
+      add_weighted_rows<kBlock>(head.value_rows.data() + begin * stride, stride, wide_sums.data(), stride,
+                                tile_weights[0], kRowTile, 1, kRowTile, stride);
+  }
+  const bool usa = model.normalization == Normalization::Usa;
+  const double shift_log2 = model.exponent_shift() * kLog2e;
+  for (std::size_t r = 0; r < block.count; ++r) {
+    const std::size_t i = block.token[r];
+    pairs.offset[i] = offset[r];
+    // The weights are 2^(shift log2 e - o_i) times the field's: N_i = M or eps_den in those units.
+    const double scale = std::exp2(shift_log2 - offset[r]);
+    const double sum = simd::horizontal_sum(sums[r]);
+    const double normaliser = usa ? model.mass() * scale : (model.eps_den > 0.0 ? model.eps_den * scale : 0.0) + sum;
+    pairs.normaliser[i] = normaliser;
+    for (std::size_t c = 0; c < od; ++c) {
+      const double numerator = kDim > 0 ? simd::horizontal_sum(acc[r][c]) : wide_sums[r * stride + c];
+      pairs.u_pre[i * od + c] = normaliser == 0.0 ? 0.0 : numerator / normaliser;
+    }
+  }
+}
+
+/// What the VJP passes read per receiver: P_ij = c_ij 2^(t_ij) / N_i and l_bar_ij = P_ij
+/// (<u_bar_i, z_j> - delta_i).
+struct ReceiverCotangents {
+  std::vector<double> inverse_normaliser;  // 1 / N_i; 0 where u_i = 0 (its u_bar is then 0 too)
+  std::vector<double> delta;               // SA: <u_bar_i, u_pre_i>; USA: 0
+  std::vector<double> u_bar;               // n x od, 0 where u_i = 0
+};
+
+/// The VJP's pass over one tile of sources [begin, end) (at most kSourceTile) against every
+/// receiver, in receiver order. Its sources' sums are the tile's own: sum_i l_bar_ij q_i,
+/// sum_i P_ij u_bar_i and sum_i l_bar_ij, into lane rows (key_sums, value_sums: od rows of
+/// kSourceTile; logit_sums). Its share of each receiver's sums, h_i = sum_j l_bar_ij k_j (the r score components), sum_j
+/// l_bar_ij and the factor's numbers' sum_j term_bar_ij dc_ij, is added to that receiver's
+/// row of `partial` (r + 1 + numbers numbers per receiver).
+template <int kDim, bool kTerms>
+void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot, bool multiplies, std::size_t begin,
+              std::size_t end, double* key_sums, double* value_sums, double* logit_sums, double* partial) {
+  const HeadPairs& pairs = head.pairs;
+  const std::size_t od = kDim > 0 ? std::size_t(kDim) : head.od(), padded = head.padded();
+  const std::size_t n = pairs.model.n, numbers = head.numbers;
+  const std::size_t score_dim = pairs.score_dim, row = score_dim + 1 + numbers;
+  // The queries and keys are 0 past r: a known od takes every component (no branch).
+  const std::size_t score_loop = kDim > 0 ? od : score_dim;
+  constexpr std::size_t kChunks = kSourceTile / kLanes, kRowChunks = kRowTile / kLanes;
+  constexpr std::size_t chunks = kChunks;  // every tile is whole (LaneSources pads to kSourceTile)
+  (void)end;
+  TermRows rows(kTerms, numbers);
+  // The tile's sums, chunk by chunk (od + od + 1 lane rows each), in L1; a wide head's value
+  // sums as kSourceTile rows of `stride`, to which every kWideReceivers receivers' P_ij and
+  // u_bar_i (kept in wide_plan, wide_u_bar) are added as one GEMM.
+  const std::size_t stride = head.value_stride;
+  std::vector<Lanes> key_acc(kChunks * score_loop, Lanes{}), value_acc(kDim > 0 ? kChunks * od : 0, Lanes{});
+  AlignedDoubles wide_sums(kDim > 0 ? 0 : kSourceTile * stride, 0.0);
+  AlignedDoubles wide_plan(kDim > 0 ? 0 : kWideReceivers * kSourceTile), wide_u_bar(kDim > 0 ? 0 : kWideReceivers * stride);
+  std::size_t wide_count = 0;
+  auto add_wide = [&] {
+    for (std::size_t j = 0; j < kSourceTile; j += kBlock)
+      add_weighted_rows<kBlock>(wide_u_bar.data(), stride, wide_sums.data() + j * stride, stride,
+                                wide_plan.data() + j, 1, kSourceTile, wide_count, stride);
+    wide_count = 0;
+  };
+  Lanes logit_acc[kChunks] = {};
+  std::vector<Lanes> factor_acc(kBlock * numbers);
+  BlockRows<double, kDim> query(od), scaled_query(od), u_bar(od);
+  BlockRows<Lanes, kDim> keys_rows(od), values_rows(od), receiver_acc(od);
+  Lanes* keys = keys_rows[0];
+  Lanes* values = values_rows[0];
+  for (std::size_t first = 0; first < n; first += kBlock) {
+    const ReceiverBlock block(first, n);
+    double offset[kBlock], inverse[kBlock], delta[kBlock];
+    for (std::size_t r = 0; r < kBlock; ++r) {
+      const std::size_t i = block.token[r];
+      // Past n, a repeated receiver adds nothing: its u_bar and 1 / N are taken as 0.
+      const bool real = r < block.count;
+      for (std::size_t c = 0; c < od; ++c) {
+        query[r][c] = pairs.queries[i * od + c];
+        scaled_query[r][c] = query[r][c] * head.beta_log2e;
+        u_bar[r][c] = real ? cot.u_bar[i * od + c] : 0.0;
+        receiver_acc[r][c] = Lanes{};
+      }
+      offset[r] = pairs.offset[i];
+      inverse[r] = real ? cot.inverse_normaliser[i] : 0.0;
+      delta[r] = cot.delta[i];
+    }
+    Lanes receiver_logit[kBlock] = {};
+    std::fill(factor_acc.begin(), factor_acc.end(), Lanes{});
+    for (std::size_t chunk = 0; chunk < chunks; ++chunk) {
+      const std::size_t at = begin + chunk * kLanes, k = chunk % kRowChunks * kLanes;
+      if (kTerms && k == 0) rows.fill(head, block.token, at, numbers > 0, nullptr);
+      for (std::size_t c = 0; c < score_loop; ++c) keys[c] = simd::load(head.keys.data() + c * padded + at);
+      Lanes t[kBlock], weight[kBlock];
+      for (std::size_t r = 0; r < kBlock; ++r)
+        t[r] = base2_logit<kDim>(head, scaled_query[r], keys, at, kTerms ? rows.log_term(r) + k : nullptr) -
+               offset[r];
+      simd::exp2_nonpositive<kBlock>(t, weight);
+      // <u_bar_i, z_j>, each value lane row loaded once for the block.
+      Lanes along[kBlock] = {};
+      for (std::size_t c = 0; c < od; ++c) {
+        values[0] = simd::load(head.values.data() + c * padded + at);
+        for (std::size_t r = 0; r < kBlock; ++r) along[r] += u_bar[r][c] * values[0];
+      }
+      Lanes plan[kBlock], logit_bar[kBlock];
+      for (std::size_t r = 0; r < kBlock; ++r) {
+        const Lanes scaled = weight[r] * inverse[r];  // 2^t / N_i
+        plan[r] = kTerms ? scaled * simd::load(rows.multiplier(r) + k) : scaled;
+        const Lanes rate = along[r] - delta[r];
+        logit_bar[r] = plan[r] * rate;
+        for (std::size_t c = 0; c < score_loop; ++c) receiver_acc[r][c] += logit_bar[r] * keys[c];
+        receiver_logit[r] += logit_bar[r];
+        if (!kTerms || numbers == 0) continue;
+        // A log-term's cotangent is l_bar; a multiplier's p_j 2^t w_bar = 2^t rate / N_i.
+        const Lanes term_bar = multiplies ? scaled * rate : logit_bar[r];
+        for (std::size_t number = 0; number < numbers; ++number)
+          factor_acc[r * numbers + number] += term_bar * simd::load(rows.derivative(r, number) + k);
+      }
+      // The sources' sums take the block's receivers in order, one load and store per sum.
+      Lanes* key_sum = key_acc.data() + chunk * score_loop;
+      for (std::size_t c = 0; c < score_loop; ++c) {
+        Lanes sum = key_sum[c];
+        for (std::size_t r = 0; r < kBlock; ++r) sum += logit_bar[r] * query[r][c];
+        key_sum[c] = sum;
+      }
+      if constexpr (kDim > 0) {
+        Lanes* value_sum = value_acc.data() + chunk * od;
+        for (std::size_t c = 0; c < od; ++c) {
+          Lanes sum = value_sum[c];
+          for (std::size_t r = 0; r < kBlock; ++r) sum += plan[r] * u_bar[r][c];
+          value_sum[c] = sum;
+        }
+      } else {
+        for (std::size_t r = 0; r < kBlock; ++r)
+          simd::store(wide_plan.data() + (wide_count + r) * kSourceTile + chunk * kLanes, plan[r]);
+      }
+      Lanes logit_sum = logit_acc[chunk];
+      for (std::size_t r = 0; r < kBlock; ++r) logit_sum += logit_bar[r];
+      logit_acc[chunk] = logit_sum;
+    }
+    if constexpr (kDim == 0) {
+      for (std::size_t r = 0; r < kBlock; ++r)
+        std::copy_n(u_bar[r], od, wide_u_bar.data() + (wide_count + r) * stride);
+      wide_count += kBlock;
+      if (wide_count == kWideReceivers) add_wide();
+    }
+    for (std::size_t r = 0; r < block.count; ++r) {
+      double* to = partial + block.token[r] * row;
+      for (std::size_t c = 0; c < score_dim; ++c) to[c] += simd::horizontal_sum(receiver_acc[r][c]);
+      to[score_dim] += simd::horizontal_sum(receiver_logit[r]);
+      for (std::size_t number = 0; number < numbers; ++number)
+        to[score_dim + 1 + number] += simd::horizontal_sum(factor_acc[r * numbers + number]);
+    }
+  }
+  if constexpr (kDim == 0) {
+    if (wide_count > 0) add_wide();
+    for (std::size_t j = 0; j < kSourceTile; ++j)
+      for (std::size_t c = 0; c < od; ++c) value_sums[c * kSourceTile + j] = wide_sums[j * stride + c];
+  }
+  for (std::size_t chunk = 0; chunk < chunks; ++chunk) {
+    for (std::size_t c = 0; c < od; ++c) {
+      // The keys' sums past r are 0.
+      const Lanes key_sum = c < score_loop ? key_acc[chunk * score_loop + c] : Lanes{};
+      simd::store(key_sums + c * kSourceTile + chunk * kLanes, key_sum);
+      if constexpr (kDim > 0) simd::store(value_sums + c * kSourceTile + chunk * kLanes, value_acc[chunk * od + c]);
+    }
+    simd::store(logit_sums + chunk * kLanes, logit_acc[chunk]);
+  }
+}
+
+/// The JVP's receiver pass of one block: numerator_dot_i and sum_dot_i (PairTangents).
+template <int kDim, bool kTerms>
+void jvp_block(const HeadLanes& head, const PairTangents& in, const AlignedDoubles& key_dot,
+               const AlignedDoubles& value_dot, const AlignedDoubles& bias_dot, std::size_t first,
+               double* numerator_dot, double* sum_dot) {
+  const HeadPairs& pairs = head.pairs;
+  const Model& model = pairs.model;
+  const std::size_t od = kDim > 0 ? std::size_t(kDim) : head.od(), padded = head.padded();
+  const std::size_t scores = kDim > 0 ? od : pairs.score_dim, stride = head.value_stride;
+  const ReceiverBlock block(first, model.n);
+  // l_dot_ij = sum_c (beta q_dot + beta_dot q)_c k_jc + sum_c beta q_c k_dot_jc + b_dot_j
+  //            - beta_dot [rescaled] + the log-term's tangent.
+  BlockRows<double, kDim> query(od), along_keys(od), along_key_dots(od);
+  double offset[kBlock];
+  const double constant = model.time_scale == TimeScale::Rescaled ? -in.beta : 0.0;
+  for (std::size_t r = 0; r < kBlock; ++r) {
+    const std::size_t i = block.token[r];
+    for (std::size_t c = 0; c < od; ++c) {
+      const double q = pairs.queries[i * od + c];
+      query[r][c] = q * head.beta_log2e;
+      along_keys[r][c] = head.beta * in.query[i * od + c] + in.beta * q;
+      along_key_dots[r][c] = head.beta * q;
+    }
+    offset[r] = pairs.offset[i];
+  }
+  TermRows rows(kTerms, head.numbers);
+  const bool multiplies = model.pair_terms.factor != AuxFactor::None &&
+                          kernels::visit_factor(model.pair_terms, [](auto factor) {
+                            return decltype(factor)::kMultiply;
+                          });
+  const bool factor_tangent = in.factor != nullptr && head.numbers > 0;
+  BlockRows<Lanes, kDim> keys_rows(od), values_rows(od), acc(kDim > 0 ? od : 0);
+  Lanes* keys = keys_rows[0];
+  Lanes* values = values_rows[0];
+  Lanes* key_dots = keys_rows[1];
+  Lanes* value_dots = values_rows[1];
+  Lanes sums[kBlock] = {};
+  // Wide: each tile's w and w_dot, then two GEMMs into rows of `stride` sums (value_dot holds
+  // rows of `stride` then).
+  alignas(64) double tile_weights[kBlock][kRowTile], tile_weight_dots[kBlock][kRowTile];
+  AlignedDoubles wide_sums(kDim > 0 ? 0 : kBlock * stride, 0.0);
+  for (std::size_t begin = 0; begin < padded; begin += kRowTile) {
+    if (kTerms) rows.fill(head, block.token, begin, false, factor_tangent ? in.factor : nullptr);
+    for (std::size_t k = 0; k < kRowTile; k += kLanes) {
+      const std::size_t at = begin + k;
+      for (std::size_t c = 0; c < scores; ++c) {
+        keys[c] = simd::load(head.keys.data() + c * padded + at);
+        key_dots[c] = simd::load(key_dot.data() + c * padded + at);
+      }
+      if constexpr (kDim > 0)
+        for (std::size_t c = 0; c < od; ++c) {
+          values[c] = simd::load(head.values.data() + c * padded + at);
+          value_dots[c] = simd::load(value_dot.data() + c * padded + at);
+        }
+      Lanes t[kBlock], exponential[kBlock];
+      for (std::size_t r = 0; r < kBlock; ++r)
+        t[r] = base2_logit<kDim>(head, query[r], keys, at, kTerms ? rows.log_term(r) + k : nullptr) - offset[r];
+      simd::exp2_nonpositive<kBlock>(t, exponential);
+      const Lanes presence_dot = simd::load(bias_dot.data() + at);
+      for (std::size_t r = 0; r < kBlock; ++r) {
+        const Lanes weight = kTerms ? exponential[r] * simd::load(rows.multiplier(r) + k) : exponential[r];
+        Lanes logit_dot = presence_dot + constant;
+        for (std::size_t c = 0; c < scores; ++c)
+          logit_dot += along_keys[r][c] * keys[c] + along_key_dots[r][c] * key_dots[c];
+        Lanes weight_dot;
+        if (factor_tangent && multiplies) {
+          weight_dot = weight * logit_dot + exponential[r] * simd::load(rows.term_dot(r) + k);
+        } else {
+          if (factor_tangent) logit_dot += simd::load(rows.term_dot(r) + k);
+          weight_dot = weight * logit_dot;
+        }
+        // A pair with zero weight adds nothing (its logit's tangent may be -inf - -inf).
+        weight_dot = simd::select_or_zero(weight != 0.0, weight_dot);
+        if constexpr (kDim > 0) {
+          for (std::size_t c = 0; c < od; ++c) acc[r][c] += weight_dot * values[c] + weight * value_dots[c];
+        } else {
+          simd::store(tile_weights[r] + k, weight);
+          simd::store(tile_weight_dots[r] + k, weight_dot);
+        }
+        sums[r] += weight_dot;
+      }
+    }
+    if constexpr (kDim == 0) {
+      add_weighted_rows<kBlock>(head.value_rows.data() + begin * stride, stride, wide_sums.data(), stride,
+                                tile_weight_dots[0], kRowTile, 1, kRowTile, stride);
+      add_weighted_rows<kBlock>(value_dot.data() + begin * stride, stride, wide_sums.data(), stride,
+                                tile_weights[0], kRowTile, 1, kRowTile, stride);
+    }
+  }
+  for (std::size_t r = 0; r < block.count; ++r) {
+    const std::size_t i = block.token[r];
+    for (std::size_t c = 0; c < od; ++c)
+      numerator_dot[i * od + c] = kDim > 0 ? simd::horizontal_sum(acc[r][c]) : wide_sums[r * stride + c];
+    sum_dot[i] = simd::horizontal_sum(sums[r]);
+  }
+}
+
+class LanePairPasses final : public detail::PairPasses {
+ public:
+  LanePairPasses(const LanePairTerms& pair_terms, int threads) : pair_terms_(pair_terms), threads_(threads) {}
+
+  void forward(HeadPairs& pairs) const override {
+    // The lanes' copies of the operands serve the derivative passes that follow.
+    auto lanes = std::make_shared<HeadLanes>(pairs, pair_terms_);
+    pairs.state = lanes;
+    const HeadLanes& head = *lanes;
+    const std::size_t n = pairs.model.n;
+    pairs.offset.assign(n, 0.0);
+    pairs.normaliser.assign(n, 0.0);
+    pairs.u_pre.assign(n * pairs.operand_dim, 0.0);
+    with_form(head.od(), head.terms, [&](auto dim, auto terms) {
+      each_block(n, [&](std::size_t first) {
+        forward_block<decltype(dim)::value, decltype(terms)::value>(head, first, pairs);
+      });
+    });
+  }
+
+  void vjp(const HeadPairs& pairs, const double* u_bar, PairCotangents& out) const override {
+    const HeadLanes& head = lanes_of(pairs);
+    const Model& model = pairs.model;
+    const std::size_t n = model.n, od = head.od(), numbers = head.numbers;
+    const bool sa = model.normalization == Normalization::Sa;
+    ReceiverCotangents& cot = work_.cotangents;
+    cot.inverse_normaliser.assign(n, 0.0);
+    cot.delta.assign(n, 0.0);
+    cot.u_bar.assign(n * od, 0.0);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (pairs.normaliser[i] == 0.0) continue;
+      cot.inverse_normaliser[i] = 1.0 / pairs.normaliser[i];
+      double delta = 0.0;
+      for (std::size_t c = 0; c < od; ++c) {
+        cot.u_bar[i * od + c] = u_bar[i * od + c];
+        delta += u_bar[i * od + c] * pairs.u_pre[i * od + c];
+      }
+      if (sa) cot.delta[i] = delta;
+    }
+    // Each source tile is taken by one thread with every receiver; its receivers' shares go to
+    // the rows of its group (tiles t with t mod kTileGroups = g), which are then added in group
+    // order: the same bits whatever the thread count, in O(kTileGroups n) memory.
+    const std::size_t padded = head.padded(), tiles = (padded + kSourceTile - 1) / kSourceTile;
+    const std::size_t score_dim = pairs.score_dim;
+    const std::size_t row = score_dim + 1 + numbers;
+    std::vector<double>& partial = work_.partial;
+    std::vector<double>& key_sums = work_.key_sums;
+    std::vector<double>& value_sums = work_.value_sums;
+    std::vector<double>& logit_sums = work_.logit_sums;
+    partial.assign(kTileGroups * n * row, 0.0);
+    key_sums.resize(tiles * kSourceTile * od);
+    value_sums.resize(tiles * kSourceTile * od);
+    logit_sums.resize(padded);
+    const bool multiplies = model.pair_terms.factor != AuxFactor::None &&
+                            kernels::visit_factor(model.pair_terms, [](auto factor) {
+                              return decltype(factor)::kMultiply;
+                            });
+    with_form(od, head.terms, [&](auto dim, auto terms) {
+      const std::size_t groups = std::min(kTileGroups, tiles);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team(n))
+      for (std::size_t group = 0; group < groups; ++group)
+        for (std::size_t tile = group; tile < tiles; tile += kTileGroups) {
+          const std::size_t begin = tile * kSourceTile, end = std::min(padded, begin + kSourceTile);
+          vjp_tile<decltype(dim)::value, decltype(terms)::value>(head, cot, multiplies, begin, end, key_sums.data() + begin * od,
+                                         value_sums.data() + begin * od, logit_sums.data() + begin,
+                                         partial.data() + group * n * row);
+        }
+    });
+    // In group order, then receiver order, then source order.
+    const double rescaled = model.time_scale == TimeScale::Rescaled ? 1.0 : 0.0;
+    std::vector<double> sums(row);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::fill(sums.begin(), sums.end(), 0.0);
+      for (std::size_t group = 0; group < kTileGroups; ++group)
+        for (std::size_t k = 0; k < row; ++k) sums[k] += partial[(group * n + i) * row + k];
+      double score = 0.0;
+      for (std::size_t c = 0; c < score_dim; ++c) {
+        out.query[i * od + c] += model.beta * sums[c];
+        score += pairs.queries[i * od + c] * sums[c];
+      }
+      out.beta += score - rescaled * sums[score_dim];
+      for (std::size_t number = 0; number < numbers; ++number) out.factor[number] += sums[score_dim + 1 + number];
+    }
+    for (std::size_t s = 0; s < padded; ++s) {
+      const std::size_t j = head.layout.operand(s);
+      if (j == kNoOperand) continue;
+      const std::size_t tile = s / kSourceTile * kSourceTile, lane = s % kSourceTile;
+      for (std::size_t c = 0; c < od; ++c) {
+        out.key[j * od + c] += model.beta * key_sums[tile * od + c * kSourceTile + lane];
+        out.value[j * od + c] += value_sums[tile * od + c * kSourceTile + lane];
+      }
+      out.source_logit[j] += logit_sums[s];
+    }
+  }
+
+  void jvp(const HeadPairs& pairs, const PairTangents& in, double* numerator_dot, double* sum_dot) const override {
+    const HeadLanes& head = lanes_of(pairs);
+    AlignedDoubles& key_dot = work_.key_dot;
+    AlignedDoubles& value_dot = work_.value_dot;
+    AlignedDoubles& bias_dot = work_.bias_dot;
+    head.layout.spread(in.key, head.wide ? pairs.score_dim : head.od(), key_dot);
+    if (head.wide)
+      head.layout.gather(in.value, head.value_stride, value_dot);
+    else
+      head.layout.spread(in.value, head.od(), value_dot);
+    bias_dot.assign(head.padded(), 0.0);
+    for (std::size_t s = 0; s < head.padded(); ++s) {
+      const std::size_t j = head.layout.operand(s);
+      if (j != kNoOperand) bias_dot[s] = in.log_presence[j];
+    }
+    with_form(head.od(), head.terms, [&](auto dim, auto terms) {
+      each_block(pairs.model.n, [&](std::size_t first) {
+        jvp_block<decltype(dim)::value, decltype(terms)::value>(head, in, key_dot, value_dot, bias_dot, first, numerator_dot, sum_dot);
+      });
+    });
+  }
+
+ private:
+  /// The lanes forward() kept for this head.
+  static const HeadLanes& lanes_of(const HeadPairs& pairs) {
+    if (!pairs.state) throw std::logic_error("derivative lanes: a pass before the head's forward pass");
+    return *static_cast<const HeadLanes*>(pairs.state.get());
+  }
+
+  /// body(first) for every block of kBlock receivers, spread over the threads (each block's
+  /// sums are its own, whichever thread takes it).
+  template <class Body>
+  void each_block(std::size_t n, Body&& body) const {
+    const std::size_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team(n))
+    for (std::size_t b = 0; b < blocks; ++b) body(b * kBlock);
+  }
+  int team(std::size_t count) const {
+    return double(count) * double(count) < kPairsPerExtraThread ? 1 : threads_;
+  }
+
+  const LanePairTerms& pair_terms_;
+  int threads_;
+  /// The passes' arrays, kept from call to call (their pages are then not mapped afresh each
+  /// time: at n = 1024, d = 64, H = 8 that was most of a VJP's time). One call at a time.
+  struct Workspace {
+    ReceiverCotangents cotangents;
+    std::vector<double> partial, key_sums, value_sums, logit_sums;
+    AlignedDoubles key_dot, value_dot, bias_dot;
+  };
+  mutable Workspace work_;
+};
+
+}  // namespace
+
+std::unique_ptr<detail::PairPasses> make_lane_pair_passes(const LanePairTerms& pair_terms, int threads) {
+  return std::make_unique<LanePairPasses>(pair_terms, threads);
+}
+
+}  // namespace MFATTN_CPU_NAMESPACE
+}  // namespace mfattn::cpu
+MFATTN_CPU_TARGET_END
