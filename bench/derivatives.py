@@ -2,8 +2,9 @@
 """The derivatives of the field against the field and against PyTorch (docs/performance.md,
 "Derivatives of the field"), with Gaussian Q, K, V (the one-sided loop):
 
-1. one Model.vjp against one Model.velocity of the same model and state, at n = 4096, d = 3
-   (one head) and at n = 1024, d = 64, H = 8 (r = 8), the velocity on `--threads` threads;
+1. one Model.vjp and one Model.jvp against one Model.velocity of the same model and state, at
+   n = 4096, d = 3 (one head) and at n = 1024, d = 64, H = 8 (r = 8), all on `--threads`
+   threads;
 2. PyTorch float64 autograd of the same field (the layer that mfattn.export_torch's weights
    define: plain values, no gauge, SA, the velocity's tangent projection) at n = 1024, d = 64,
    H = 8: forward and backward of <w, v(x)>, torch on `--threads` threads;
@@ -14,8 +15,8 @@
     /usr/bin/python3 bench/derivatives.py [--threads 2] [--repeats 3]
 
 Prints a Markdown table of medians and the command. MFATTN_PYTHON_MODULE_DIR names the folder
-holding the package mfattn/ (default build/python). MFATTN_CPU_KERNELS picks the velocity's
-kernel set as everywhere (the derivatives have no lanes yet).
+holding the package mfattn/ (default build/python). MFATTN_CPU_KERNELS picks the kernel set of
+the velocity and of the derivatives' lanes, as everywhere.
 """
 from __future__ import annotations
 
@@ -73,9 +74,11 @@ def timing_rows(threads: int, repeats: int):
         model = model_of(n, d, heads, threads)
         x = model.initial_state()
         w = np.random.default_rng(0).standard_normal(x.shape)
+        t = np.random.default_rng(1).standard_normal(x.shape)
         velocity = seconds(lambda: model.velocity(x), max(repeats, 5))
-        vjp = seconds(lambda: model.vjp(x, w), repeats)
-        row = {"n": n, "d": d, "H": heads, "velocity_s": velocity, "vjp_s": vjp}
+        vjp = seconds(lambda: model.vjp(x, w), max(repeats, 5))
+        jvp = seconds(lambda: model.jvp(x, t), max(repeats, 5))
+        row = {"n": n, "d": d, "H": heads, "velocity_s": velocity, "vjp_s": vjp, "jvp_s": jvp}
         if heads > 1:
             import torch
 
@@ -123,12 +126,13 @@ def main() -> None:
     args = parser.parse_args()
     kernels = os.environ.get("MFATTN_CPU_KERNELS", "default")
     print(f"kernel set: {kernels}; threads {args.threads}; medians of {args.repeats}\n")
-    print("| n | d | H | velocity | VJP | VJP / velocity | PyTorch autograd | autograd / VJP |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| n | d | H | velocity | VJP | VJP / velocity | JVP | JVP / velocity | PyTorch autograd | autograd / VJP |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in timing_rows(args.threads, args.repeats):
         torch_s = row.get("torch_autograd_s")
         print(f"| {row['n']} | {row['d']} | {row['H']} | {row['velocity_s'] * 1e3:.3g} ms | {row['vjp_s'] * 1e3:.4g} ms | "
-              f"{row['vjp_s'] / row['velocity_s']:.3g} | "
+              f"{row['vjp_s'] / row['velocity_s']:.3g} | {row['jvp_s'] * 1e3:.4g} ms | "
+              f"{row['jvp_s'] / row['velocity_s']:.3g} | "
               + (f"{torch_s * 1e3:.4g} ms | {torch_s / row['vjp_s']:.3g} |" if torch_s else "- | - |"))
     print("\n| n (d = 3) | mfattn VJP peak memory | PyTorch autograd peak memory |")
     print("| --- | --- | --- |")
