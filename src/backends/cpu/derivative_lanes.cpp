@@ -35,7 +35,7 @@ constexpr std::size_t kBlock = 4;                       // receivers whose expon
 constexpr std::size_t kNoOperand = std::size_t(-1);
 // Sources per tile of the VJP's pass (vjp_tile): its sums (2 od + 1 lane rows per kLanes
 // sources; 14 KiB at od = 3) stay in L1 while every receiver passes.
-constexpr std::size_t kSourceTile = kRowTile;
+constexpr std::size_t kSourceTile = 2 * kRowTile;
 // A wide head's VJP adds its value sums (vjp_tile) for this many receivers at a time.
 constexpr std::size_t kWideReceivers = 4 * kBlock;
 // The VJP's source tiles in this many groups, each with its own row of every receiver's sums
@@ -109,6 +109,10 @@ struct HeadLanes {
   bool terms = false;           // the model has a mask or a factor
   std::size_t numbers = 0;      // the factor's numbers
   double beta = 0.0, beta_log2e = 0.0;
+  // max_j |k_j| and max_j log2(e) log p_j over the sources that weigh (forward_block's bound).
+  double largest_key_norm = 0.0, largest_bias = kNegInf;
+  // S_i of the forward pass (the passes' units): the VJP's sum_j l_bar_ij reads it.
+  std::vector<double> weight_sum;
 
   HeadLanes(const HeadPairs& head, const LanePairTerms& lane_terms)
       : pairs(head), pair_terms(lane_terms), terms(head.model.pair_terms.any()),
@@ -128,7 +132,12 @@ struct HeadLanes {
     bias.assign(layout.padded, kNegInf);
     for (std::size_t s = 0; s < layout.padded; ++s) {
       const std::size_t j = layout.operand(s);
-      if (j != kNoOperand && head.presence[j] > 0.0) bias[s] = head.log_presence[j] * kLog2e;
+      if (j == kNoOperand || !(head.presence[j] > 0.0)) continue;
+      bias[s] = head.log_presence[j] * kLog2e;
+      largest_bias = std::max(largest_bias, bias[s]);
+      double norm2 = 0.0;
+      for (std::size_t c = 0; c < layout.od; ++c) norm2 += head.keys[j * layout.od + c] * head.keys[j * layout.od + c];
+      largest_key_norm = std::max(largest_key_norm, std::sqrt(norm2));
     }
   }
   std::size_t od() const { return layout.od; }
@@ -227,7 +236,7 @@ void with_form(std::size_t od, bool terms, Body&& body) {
 /// The forward pass of one block: o_i, then S_i and A_i, into pairs' offset, normaliser
 /// and u_pre.
 template <int kDim, bool kTerms>
-void forward_block(const HeadLanes& head, std::size_t first, HeadPairs& pairs) {
+void forward_block(HeadLanes& head, std::size_t first, HeadPairs& pairs) {
   const Model& model = pairs.model;
   const std::size_t od = kDim > 0 ? std::size_t(kDim) : head.od(), padded = head.padded();
   const std::size_t scores = kDim > 0 ? od : pairs.score_dim, stride = head.value_stride;
@@ -239,51 +248,83 @@ void forward_block(const HeadLanes& head, std::size_t first, HeadPairs& pairs) {
   BlockRows<Lanes, kDim> keys_rows(od), values_rows(od);
   Lanes* keys = keys_rows[0];
   Lanes* values = values_rows[0];
-  Lanes best[kBlock];
-  for (Lanes& b : best) b = simd::broadcast(kNegInf);
-  for (std::size_t begin = 0; begin < padded; begin += kRowTile) {
-    if (kTerms) rows.fill(head, block.token, begin, false, nullptr);
-    for (std::size_t k = 0; k < kRowTile; k += kLanes) {
-      const std::size_t at = begin + k;
-      for (std::size_t c = 0; c < scores; ++c) keys[c] = simd::load(head.keys.data() + c * padded + at);
-      for (std::size_t r = 0; r < kBlock; ++r)
-        best[r] = simd::max(best[r], base2_logit<kDim>(head, query[r], keys, at,
-                                                       kTerms ? rows.log_term(r) + k : nullptr));
-    }
-  }
+  // The offsets: first the Cauchy-Schwarz bound of every logit (no pass over the sources),
+  //   o_i = |beta| log2(e) |q_i| max_j |k_j| + max_j log2(e) log p_j
+  // (the log-terms are <= 0); where it is loose enough that S_i < kLooseBound, that
+  // receiver's exact maximum (a pass without exponentials) and the block's sums again (the
+  // others keep their offsets, hence their bits, whichever receivers share their block).
   double offset[kBlock];
   for (std::size_t r = 0; r < kBlock; ++r) {
-    offset[r] = simd::horizontal_max(best[r]);
-    if (!(offset[r] > kNegInf)) offset[r] = 0.0;  // no visible source: every weight is 0
+    double norm2 = 0.0;
+    for (std::size_t c = 0; c < od; ++c) norm2 += query[r][c] * query[r][c];
+    offset[r] = std::sqrt(norm2) * head.largest_key_norm + head.largest_bias;
+    if (!std::isfinite(offset[r])) offset[r] = 0.0;  // no source weighs: every weight is 0
   }
-  Lanes sums[kBlock] = {};
+  auto exact_offsets = [&](const bool* loose) {
+    Lanes best[kBlock];
+    for (Lanes& b : best) b = simd::broadcast(kNegInf);
+    for (std::size_t begin = 0; begin < padded; begin += kRowTile) {
+      if (kTerms) rows.fill(head, block.token, begin, false, nullptr);
+      for (std::size_t k = 0; k < kRowTile; k += kLanes) {
+        const std::size_t at = begin + k;
+        for (std::size_t c = 0; c < scores; ++c) keys[c] = simd::load(head.keys.data() + c * padded + at);
+        for (std::size_t r = 0; r < kBlock; ++r)
+          best[r] = simd::max(best[r], base2_logit<kDim>(head, query[r], keys, at,
+                                                         kTerms ? rows.log_term(r) + k : nullptr));
+      }
+    }
+    for (std::size_t r = 0; r < kBlock; ++r) {
+      if (!loose[r]) continue;
+      offset[r] = simd::horizontal_max(best[r]);
+      if (!(offset[r] > kNegInf)) offset[r] = 0.0;  // no visible source: every weight is 0
+    }
+  };
+  Lanes sums[kBlock];
   BlockRows<Lanes, kDim> acc(kDim > 0 ? od : 0);
   // Wide: each tile's weights, then A_r += W Z as a GEMM into rows of `stride` sums.
   alignas(64) double tile_weights[kBlock][kRowTile];
-  AlignedDoubles wide_sums(kDim > 0 ? 0 : kBlock * stride, 0.0);
-  for (std::size_t begin = 0; begin < padded; begin += kRowTile) {
-    if (kTerms) rows.fill(head, block.token, begin, false, nullptr);
-    for (std::size_t k = 0; k < kRowTile; k += kLanes) {
-      const std::size_t at = begin + k;
-      for (std::size_t c = 0; c < scores; ++c) keys[c] = simd::load(head.keys.data() + c * padded + at);
+  AlignedDoubles wide_sums(kDim > 0 ? 0 : kBlock * stride);
+  auto sum_pass = [&] {
+    for (std::size_t r = 0; r < kBlock; ++r) {
+      sums[r] = Lanes{};
       if constexpr (kDim > 0)
-        for (std::size_t c = 0; c < od; ++c) values[c] = simd::load(head.values.data() + c * padded + at);
-      Lanes t[kBlock], weight[kBlock];
-      for (std::size_t r = 0; r < kBlock; ++r)
-        t[r] = base2_logit<kDim>(head, query[r], keys, at, kTerms ? rows.log_term(r) + k : nullptr) - offset[r];
-      simd::exp2_nonpositive<kBlock>(t, weight);
-      for (std::size_t r = 0; r < kBlock; ++r) {
-        if constexpr (kTerms) weight[r] *= simd::load(rows.multiplier(r) + k);
-        sums[r] += weight[r];
-        if constexpr (kDim > 0)
-          for (std::size_t c = 0; c < od; ++c) acc[r][c] += weight[r] * values[c];
-        else
-          simd::store(tile_weights[r] + k, weight[r]);
-      }
+        for (std::size_t c = 0; c < od; ++c) acc[r][c] = Lanes{};
     }
-    if constexpr (kDim == 0)
-      add_weighted_rows<kBlock>(head.value_rows.data() + begin * stride, stride, wide_sums.data(), stride,
-                                tile_weights[0], kRowTile, 1, kRowTile, stride);
+    std::fill(wide_sums.begin(), wide_sums.end(), 0.0);
+    for (std::size_t begin = 0; begin < padded; begin += kRowTile) {
+      if (kTerms) rows.fill(head, block.token, begin, false, nullptr);
+      for (std::size_t k = 0; k < kRowTile; k += kLanes) {
+        const std::size_t at = begin + k;
+        for (std::size_t c = 0; c < scores; ++c) keys[c] = simd::load(head.keys.data() + c * padded + at);
+        if constexpr (kDim > 0)
+          for (std::size_t c = 0; c < od; ++c) values[c] = simd::load(head.values.data() + c * padded + at);
+        Lanes t[kBlock], weight[kBlock];
+        for (std::size_t r = 0; r < kBlock; ++r)
+          t[r] = base2_logit<kDim>(head, query[r], keys, at, kTerms ? rows.log_term(r) + k : nullptr) - offset[r];
+        simd::exp2_nonpositive<kBlock>(t, weight);
+        for (std::size_t r = 0; r < kBlock; ++r) {
+          if constexpr (kTerms) weight[r] *= simd::load(rows.multiplier(r) + k);
+          sums[r] += weight[r];
+          if constexpr (kDim > 0)
+            for (std::size_t c = 0; c < od; ++c) acc[r][c] += weight[r] * values[c];
+          else
+            simd::store(tile_weights[r] + k, weight[r]);
+        }
+      }
+      if constexpr (kDim == 0)
+        add_weighted_rows<kBlock>(head.value_rows.data() + begin * stride, stride, wide_sums.data(), stride,
+                                  tile_weights[0], kRowTile, 1, kRowTile, stride);
+    }
+  };
+  sum_pass();
+  bool loose[kBlock], any_loose = false;
+  for (std::size_t r = 0; r < kBlock; ++r) {
+    loose[r] = !(simd::horizontal_sum(sums[r]) >= kLooseBound);
+    any_loose = any_loose || loose[r];
+  }
+  if (any_loose) {
+    exact_offsets(loose);
+    sum_pass();
   }
   const bool usa = model.normalization == Normalization::Usa;
   const double shift_log2 = model.exponent_shift() * kLog2e;
@@ -293,6 +334,7 @@ void forward_block(const HeadLanes& head, std::size_t first, HeadPairs& pairs) {
     // The weights are 2^(shift log2 e - o_i) times the field's: N_i = M or eps_den in those units.
     const double scale = std::exp2(shift_log2 - offset[r]);
     const double sum = simd::horizontal_sum(sums[r]);
+    head.weight_sum[i] = sum;
     const double normaliser = usa ? model.mass() * scale : (model.eps_den > 0.0 ? model.eps_den * scale : 0.0) + sum;
     pairs.normaliser[i] = normaliser;
     for (std::size_t c = 0; c < od; ++c) {
@@ -313,21 +355,20 @@ struct ReceiverCotangents {
 /// The VJP's pass over one tile of sources [begin, end) (at most kSourceTile) against every
 /// receiver, in receiver order. Its sources' sums are the tile's own: sum_i l_bar_ij q_i,
 /// sum_i P_ij u_bar_i and sum_i l_bar_ij, into lane rows (key_sums, value_sums: od rows of
-/// kSourceTile; logit_sums). Its share of each receiver's sums, h_i = sum_j l_bar_ij k_j (the r score components), sum_j
-/// l_bar_ij and the factor's numbers' sum_j term_bar_ij dc_ij, is added to that receiver's
-/// row of `partial` (r + 1 + numbers numbers per receiver).
+/// kSourceTile; logit_sums). Its share of each receiver's sums, h_i = sum_j l_bar_ij k_j (the r
+/// score components) and the factor's numbers' sum_j term_bar_ij dc_ij, is added to that
+/// receiver's row of `partial` (r + numbers numbers per receiver).
 template <int kDim, bool kTerms>
 void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot, bool multiplies, std::size_t begin,
               std::size_t end, double* key_sums, double* value_sums, double* logit_sums, double* partial) {
   const HeadPairs& pairs = head.pairs;
   const std::size_t od = kDim > 0 ? std::size_t(kDim) : head.od(), padded = head.padded();
   const std::size_t n = pairs.model.n, numbers = head.numbers;
-  const std::size_t score_dim = pairs.score_dim, row = score_dim + 1 + numbers;
+  const std::size_t score_dim = pairs.score_dim, row = score_dim + numbers;
   // The queries and keys are 0 past r: a known od takes every component (no branch).
   const std::size_t score_loop = kDim > 0 ? od : score_dim;
   constexpr std::size_t kChunks = kSourceTile / kLanes, kRowChunks = kRowTile / kLanes;
-  constexpr std::size_t chunks = kChunks;  // every tile is whole (LaneSources pads to kSourceTile)
-  (void)end;
+  const std::size_t chunks = (end - begin) / kLanes;  // the last tile may be shorter
   TermRows rows(kTerms, numbers);
   // The tile's sums, chunk by chunk (od + od + 1 lane rows each), in L1; a wide head's value
   // sums as kSourceTile rows of `stride`, to which every kWideReceivers receivers' P_ij and
@@ -366,7 +407,6 @@ void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot, bool multipl
       inverse[r] = real ? cot.inverse_normaliser[i] : 0.0;
       delta[r] = cot.delta[i];
     }
-    Lanes receiver_logit[kBlock] = {};
     std::fill(factor_acc.begin(), factor_acc.end(), Lanes{});
     for (std::size_t chunk = 0; chunk < chunks; ++chunk) {
       const std::size_t at = begin + chunk * kLanes, k = chunk % kRowChunks * kLanes;
@@ -390,7 +430,6 @@ void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot, bool multipl
         const Lanes rate = along[r] - delta[r];
         logit_bar[r] = plan[r] * rate;
         for (std::size_t c = 0; c < score_loop; ++c) receiver_acc[r][c] += logit_bar[r] * keys[c];
-        receiver_logit[r] += logit_bar[r];
         if (!kTerms || numbers == 0) continue;
         // A log-term's cotangent is l_bar; a multiplier's p_j 2^t w_bar = 2^t rate / N_i.
         const Lanes term_bar = multiplies ? scaled * rate : logit_bar[r];
@@ -428,9 +467,8 @@ void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot, bool multipl
     for (std::size_t r = 0; r < block.count; ++r) {
       double* to = partial + block.token[r] * row;
       for (std::size_t c = 0; c < score_dim; ++c) to[c] += simd::horizontal_sum(receiver_acc[r][c]);
-      to[score_dim] += simd::horizontal_sum(receiver_logit[r]);
       for (std::size_t number = 0; number < numbers; ++number)
-        to[score_dim + 1 + number] += simd::horizontal_sum(factor_acc[r * numbers + number]);
+        to[score_dim + number] += simd::horizontal_sum(factor_acc[r * numbers + number]);
     }
   }
   if constexpr (kDim == 0) {
@@ -546,15 +584,30 @@ void jvp_block(const HeadLanes& head, const PairTangents& in, const AlignedDoubl
   }
 }
 
+/// The passes' arrays, kept from call to call on each thread (their pages are then not mapped
+/// afresh each time: at n = 1024, d = 64, H = 8 that was most of a VJP's time); one per thread,
+/// since a layer's heads may run side by side.
+struct Workspace {
+  ReceiverCotangents cotangents;
+  std::vector<double> partial, key_sums, value_sums, logit_sums;
+  AlignedDoubles key_dot, value_dot, bias_dot;
+  static Workspace& of_this_thread() {
+    thread_local Workspace work;
+    return work;
+  }
+};
+
 class LanePairPasses final : public detail::PairPasses {
  public:
   LanePairPasses(const LanePairTerms& pair_terms, int threads) : pair_terms_(pair_terms), threads_(threads) {}
+  int threads() const override { return threads_; }
 
   void forward(HeadPairs& pairs) const override {
     // The lanes' copies of the operands serve the derivative passes that follow.
     auto lanes = std::make_shared<HeadLanes>(pairs, pair_terms_);
     pairs.state = lanes;
-    const HeadLanes& head = *lanes;
+    HeadLanes& head = *lanes;
+    head.weight_sum.assign(pairs.model.n, 0.0);
     const std::size_t n = pairs.model.n;
     pairs.offset.assign(n, 0.0);
     pairs.normaliser.assign(n, 0.0);
@@ -569,9 +622,10 @@ class LanePairPasses final : public detail::PairPasses {
   void vjp(const HeadPairs& pairs, const double* u_bar, PairCotangents& out) const override {
     const HeadLanes& head = lanes_of(pairs);
     const Model& model = pairs.model;
+    Workspace& work = Workspace::of_this_thread();
     const std::size_t n = model.n, od = head.od(), numbers = head.numbers;
     const bool sa = model.normalization == Normalization::Sa;
-    ReceiverCotangents& cot = work_.cotangents;
+    ReceiverCotangents& cot = work.cotangents;
     cot.inverse_normaliser.assign(n, 0.0);
     cot.delta.assign(n, 0.0);
     cot.u_bar.assign(n * od, 0.0);
@@ -590,11 +644,11 @@ class LanePairPasses final : public detail::PairPasses {
     // order: the same bits whatever the thread count, in O(kTileGroups n) memory.
     const std::size_t padded = head.padded(), tiles = (padded + kSourceTile - 1) / kSourceTile;
     const std::size_t score_dim = pairs.score_dim;
-    const std::size_t row = score_dim + 1 + numbers;
-    std::vector<double>& partial = work_.partial;
-    std::vector<double>& key_sums = work_.key_sums;
-    std::vector<double>& value_sums = work_.value_sums;
-    std::vector<double>& logit_sums = work_.logit_sums;
+    const std::size_t row = score_dim + numbers;
+    std::vector<double>& partial = work.partial;
+    std::vector<double>& key_sums = work.key_sums;
+    std::vector<double>& value_sums = work.value_sums;
+    std::vector<double>& logit_sums = work.logit_sums;
     partial.assign(kTileGroups * n * row, 0.0);
     key_sums.resize(tiles * kSourceTile * od);
     value_sums.resize(tiles * kSourceTile * od);
@@ -626,8 +680,15 @@ class LanePairPasses final : public detail::PairPasses {
         out.query[i * od + c] += model.beta * sums[c];
         score += pairs.queries[i * od + c] * sums[c];
       }
-      out.beta += score - rescaled * sums[score_dim];
-      for (std::size_t number = 0; number < numbers; ++number) out.factor[number] += sums[score_dim + 1 + number];
+      // sum_j l_bar_ij = <u_bar_i, u_pre_i> - delta_i S_i / N_i (sum_j P_ij = S_i / N_i, sum_j
+      // P_ij z_j = u_pre_i): 0 for SA without eps_den.
+      if (rescaled != 0.0 && pairs.normaliser[i] != 0.0) {
+        double along = 0.0;
+        for (std::size_t c = 0; c < od; ++c) along += cot.u_bar[i * od + c] * pairs.u_pre[i * od + c];
+        out.beta -= along - cot.delta[i] * head.weight_sum[i] * cot.inverse_normaliser[i];
+      }
+      out.beta += score;
+      for (std::size_t number = 0; number < numbers; ++number) out.factor[number] += sums[score_dim + number];
     }
     for (std::size_t s = 0; s < padded; ++s) {
       const std::size_t j = head.layout.operand(s);
@@ -643,9 +704,10 @@ class LanePairPasses final : public detail::PairPasses {
 
   void jvp(const HeadPairs& pairs, const PairTangents& in, double* numerator_dot, double* sum_dot) const override {
     const HeadLanes& head = lanes_of(pairs);
-    AlignedDoubles& key_dot = work_.key_dot;
-    AlignedDoubles& value_dot = work_.value_dot;
-    AlignedDoubles& bias_dot = work_.bias_dot;
+    Workspace& work = Workspace::of_this_thread();
+    AlignedDoubles& key_dot = work.key_dot;
+    AlignedDoubles& value_dot = work.value_dot;
+    AlignedDoubles& bias_dot = work.bias_dot;
     head.layout.spread(in.key, head.wide ? pairs.score_dim : head.od(), key_dot);
     if (head.wide)
       head.layout.gather(in.value, head.value_stride, value_dot);
@@ -684,14 +746,6 @@ class LanePairPasses final : public detail::PairPasses {
 
   const LanePairTerms& pair_terms_;
   int threads_;
-  /// The passes' arrays, kept from call to call (their pages are then not mapped afresh each
-  /// time: at n = 1024, d = 64, H = 8 that was most of a VJP's time). One call at a time.
-  struct Workspace {
-    ReceiverCotangents cotangents;
-    std::vector<double> partial, key_sums, value_sums, logit_sums;
-    AlignedDoubles key_dot, value_dot, bias_dot;
-  };
-  mutable Workspace work_;
 };
 
 }  // namespace

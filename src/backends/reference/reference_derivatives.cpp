@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
+#include <memory>
 #include <vector>
 
 #include "backends/model_sources.hpp"
@@ -18,6 +20,10 @@ namespace mfattn::detail {
 namespace {
 
 using kernels::PairWeightTerms;
+
+// From this many pairs over all heads (n^2 H), the heads of a layer run side by side
+// (each_head): the per-token maps of a head are serial matrix products, which then overlap.
+constexpr double kHeadsSideBySidePairs = 1 << 18;
 
 double dot(const double* a, const double* b, std::size_t count) {
   double sum = 0.0;
@@ -664,19 +670,68 @@ auto& set_of(const Model& model, Numbers& numbers, std::size_t r) {
 
 }  // namespace
 
+namespace {
+
+/// body(h) for every head: the heads side by side on the passes' threads where there are
+/// several and the pairs are many (each head's passes then run on one thread), else one after
+/// the other. Each head writes only its own results, which the caller adds in head order, so
+/// the bits do not depend on the thread count. The first exception is rethrown.
+template <class Body>
+void each_head(const Model& model, std::size_t heads, const PairPasses* passes, Body&& body) {
+  const double pairs = double(model.n) * double(model.n) * double(heads);
+  const int team = passes && heads > 1 && pairs >= kHeadsSideBySidePairs
+                       ? int(std::min<std::size_t>(std::size_t(passes->threads()), heads))
+                       : 1;
+  if (team == 1) {  // no region: each head's passes then take their own team
+    for (std::size_t h = 0; h < heads; ++h) body(h);
+    return;
+  }
+  std::exception_ptr failure;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
+  for (std::size_t h = 0; h < heads; ++h) {
+    try {
+      body(h);
+    } catch (...) {
+#pragma omp critical(mfattn_head_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+/// One head's share of the VJP's sums that several heads add to: y's cotangent and the
+/// numbers outside the head's matrices (beta, the prefix, the presences, the factor's).
+struct HeadShare {
+  std::vector<double> y_bar;
+  FieldNumbers numbers;
+  HeadShare(std::size_t size, const FieldNumbers& like) : y_bar(size, 0.0) {
+    numbers.prefix.assign(like.prefix.size(), 0.0);
+    numbers.presence.assign(like.presence.size(), 0.0);
+    numbers.factor.assign(like.factor.size(), 0.0);
+  }
+  void add_to(double* to_y_bar, FieldNumbers& to) const {
+    for (std::size_t e = 0; e < y_bar.size(); ++e) to_y_bar[e] += y_bar[e];
+    to.beta += numbers.beta;
+    for (std::size_t e = 0; e < numbers.prefix.size(); ++e) to.prefix[e] += numbers.prefix[e];
+    for (std::size_t e = 0; e < numbers.presence.size(); ++e) to.presence[e] += numbers.presence[e];
+    for (std::size_t e = 0; e < numbers.factor.size(); ++e) to.factor[e] += numbers.factor[e];
+  }
+};
+
+}  // namespace
+
 /// Every head of replica r, and F = sum_h u^(h) + f(y) (n x d).
 struct ReplicaLayer {
   const AttentionMatrices& set;
   LayerNumbers layout;
-  std::vector<HeadDerivative> heads;
+  std::vector<std::unique_ptr<HeadDerivative>> heads;
   std::vector<double> field;
   ReplicaLayer(const Model& model, std::size_t r, const double* y, const PairPasses* passes)
-      : set(model.matrices_of(r)), layout(layer_numbers(set)), field(model.n * model.d, 0.0) {
-    heads.reserve(set.heads.size());
-    for (std::size_t h = 0; h < set.heads.size(); ++h) {
-      heads.emplace_back(model, set.heads[h], layout.heads[h], y, passes);
-      heads.back().add_output(field.data());
-    }
+      : set(model.matrices_of(r)), layout(layer_numbers(set)), heads(set.heads.size()), field(model.n * model.d, 0.0) {
+    each_head(model, heads.size(), passes, [&](std::size_t h) {
+      heads[h] = std::make_unique<HeadDerivative>(model, set.heads[h], layout.heads[h], y, passes);
+    });
+    for (const auto& head : heads) head->add_output(field.data());
     std::vector<double> hidden(set.mlp.width());
     for (std::size_t i = 0; i < model.n; ++i) host::add_feed_forward(set.mlp, y + i * model.d, hidden.data(),
                                                                      field.data() + i * model.d);
@@ -684,8 +739,8 @@ struct ReplicaLayer {
 };
 
 DerivativeTape::DerivativeTape(const Model& model, std::size_t replica_count, const double* states,
-                               const PairPasses* passes)
-    : replicas(replica_count), y(states) {
+                               const PairPasses* pair_passes)
+    : replicas(replica_count), y(states), passes(pair_passes) {
   for (std::size_t r = 0; r < replicas; ++r)
     layers.push_back(std::make_unique<ReplicaLayer>(model, r, y + r * model.n * model.d, passes));
 }
@@ -729,8 +784,11 @@ void reference_output_vjp(const Model& model, const DerivativeTape& tape, const 
         kernels::feed_forward_vjp(mlp.w1.data(), mlp.b1.data(), mlp.w2.data(), int(mlp.width()), int(d), mlp.activation,
                                   yr + i * d, field_bar.data() + i * d, hidden.data(), y_bar + i * d, arrays);
     }
-    for (std::size_t h = 0; h < layer.heads.size(); ++h)
-      layer.heads[h].vjp(field_bar.data(), y_bar, set_gradient.heads[h], gradient);
+    std::vector<HeadShare> shares(layer.heads.size(), HeadShare(n * d, gradient));
+    each_head(model, layer.heads.size(), tape.passes, [&](std::size_t h) {
+      layer.heads[h]->vjp(field_bar.data(), shares[h].y_bar.data(), set_gradient.heads[h], shares[h].numbers);
+    });
+    for (const HeadShare& share : shares) share.add_to(y_bar, gradient);
   }
 }
 
@@ -755,8 +813,12 @@ void reference_output_jvp(const Model& model, const DerivativeTape& tape, const 
         kernels::feed_forward_jvp(mlp.w1.data(), mlp.b1.data(), mlp.w2.data(), int(mlp.width()), int(d), mlp.activation,
                                   yr + i * d, y_dot + i * d, arrays, hidden.data(), field_dot.data() + i * d);
     }
-    for (std::size_t h = 0; h < layer.heads.size(); ++h)
-      layer.heads[h].jvp(y_dot, tangent, set_tangent ? &set_tangent->heads[h] : nullptr, field_dot.data());
+    std::vector<std::vector<double>> shares(layer.heads.size(), std::vector<double>(n * d, 0.0));
+    each_head(model, layer.heads.size(), tape.passes, [&](std::size_t h) {
+      layer.heads[h]->jvp(y_dot, tangent, set_tangent ? &set_tangent->heads[h] : nullptr, shares[h].data());
+    });
+    for (const std::vector<double>& share : shares)
+      for (std::size_t e = 0; e < n * d; ++e) field_dot[e] += share[e];
     // a_i = p_i F_i: p_i F_dot_i + p_dot_i F_i.
     for (std::size_t i = 0; i < n; ++i) {
       const double p = model.receiver_speed(i);

@@ -93,6 +93,9 @@ class PairPasses {
   virtual void vjp(const HeadPairs& pairs, const double* u_bar, PairCotangents& out) const = 0;
   /// numerator_dot (n x od) and sum_dot (n) from the tangents (PairTangents).
   virtual void jvp(const HeadPairs& pairs, const PairTangents& in, double* numerator_dot, double* sum_dot) const = 0;
+  /// The threads the passes take: a layer's heads run side by side on them (each head's
+  /// passes then on one), the same bits whatever the count.
+  virtual int threads() const { return 1; }
 };
 
 struct ReplicaLayer;
@@ -109,6 +112,7 @@ class DerivativeTape {
 
   std::size_t replicas;
   const double* y;
+  const PairPasses* passes;  ///< null: pair by pair
   std::vector<std::unique_ptr<ReplicaLayer>> layers;
 };
 
