@@ -147,7 +147,8 @@ std::vector<double> derivatives_of(const RunConfig& cfg, const std::string& back
 // passes, for operand sizes the lanes take as compile-time constants (2, 3, 4, 8) and as wide
 // rows (5, 6: the GEMM path), with masks, log-term and multiplier factors, prefix tokens,
 // presences, null tokens, eps_den and the rescaled time; and the same bits on 1 and 2 threads
-// (n = 600 takes a team). Every kernel set runs this (tests/run.sh's reruns).
+// (n = 600 takes a team; n = 260 with 4 heads runs the heads side by side). Every kernel set
+// runs this (tests/run.sh's reruns).
 TEST(Derivatives, TheCpuLanesAgreeWithThePairByPairPassesAndKeepTheirBitsOnTwoThreads) {
   std::string presences = "1";  // 30 presences from 0.5 to 3
   for (int i = 1; i < 30; ++i) {
@@ -168,6 +169,9 @@ TEST(Derivatives, TheCpuLanesAgreeWithThePairByPairPassesAndKeepTheirBitsOnTwoTh
        "2", "--null-tokens", "3"},
       {"--n", "30", "--d", "5", "--kernel", "usa", "--beta", "0.5", "--q", "gaussian", "--k", "gaussian", "--v",
        "gaussian", "--aux-factor", "cosine", "--aux-omega", "0.4", "--time-scale", "rescaled"},
+      // n^2 H above 2^18: two threads take the heads side by side.
+      {"--n", "260", "--d", "8", "--kernel", "sa", "--heads", "4", "--head-dim", "2", "--mlp", "3", "--q", "gaussian",
+       "--k", "gaussian", "--v", "gaussian"},
   };
   for (const std::vector<std::string>& args : cases) {
     SCOPED_TRACE(args[1] + " tokens, d = " + args[3] + ", " + args[5]);
