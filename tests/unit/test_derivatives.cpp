@@ -120,7 +120,8 @@ TEST(Derivatives, SinkhornAndUsaWithAMultiplierHoldTheirIdentities) {
 
 /// One backend's VJP (x's cotangent, then every number's) and JVP (along x's and the numbers'
 /// tangents) at the model's initial state, for fixed random w, t and tau.
-std::vector<double> derivatives_of(const RunConfig& cfg, const std::string& backend_name, int threads) {
+std::vector<double> derivatives_of(const RunConfig& cfg, const std::string& backend_name,
+                                   int threads) {
   const Model model = build_model(cfg);
   const State state = build_initial_state(cfg, model);
   auto backend = make_backend(backend_name, model, BackendOptions{threads});
@@ -156,22 +157,28 @@ TEST(Derivatives, TheCpuLanesAgreeWithThePairByPairPassesAndKeepTheirBitsOnTwoTh
     presences += std::to_string(0.5 + 0.0862 * i);
   }
   const std::vector<std::vector<std::string>> cases = {
-      {"--n", "600", "--d", "3", "--kernel", "sa", "--q", "gaussian", "--k", "gaussian", "--v", "gaussian", "--beta",
-       "3"},
-      {"--n", "30", "--d", "2", "--kernel", "usa", "--q", "gaussian", "--k", "gaussian", "--v", "gaussian", "--geometry",
-       "rope", "--prefix", "3", "--time-scale", "rescaled", "--null-tokens", "2"},
-      {"--n", "30", "--d", "4", "--kernel", "sa", "--q", "gaussian", "--k", "gaussian", "--v", "gaussian", "--mask",
-       "causal", "--eps-den", "0.05", "--amplitudes", presences},
-      {"--n", "30", "--d", "8", "--kernel", "sa", "--q", "gaussian", "--k", "gaussian", "--v", "gaussian", "--aux-factor",
-       "power", "--aux-power", "0.7", "--mask", "window", "--window", "9"},
-      {"--n", "30", "--d", "6", "--kernel", "sa", "--heads", "2", "--head-dim", "3", "--values", "plain", "--q",
-       "gaussian", "--k", "gaussian", "--v", "gaussian", "--prefix", "2", "--aux-factor", "gaussian", "--aux-sigma",
-       "2", "--null-tokens", "3"},
-      {"--n", "30", "--d", "5", "--kernel", "usa", "--beta", "0.5", "--q", "gaussian", "--k", "gaussian", "--v",
-       "gaussian", "--aux-factor", "cosine", "--aux-omega", "0.4", "--time-scale", "rescaled"},
+      {"--n", "600", "--d", "3", "--kernel", "sa", "--q", "gaussian", "--k", "gaussian", "--v",
+       "gaussian", "--beta", "3"},
+      {"--n",      "30",  "--d",          "2",        "--kernel",      "usa",        "--q",
+       "gaussian", "--k", "gaussian",     "--v",      "gaussian",      "--geometry", "rope",
+       "--prefix", "3",   "--time-scale", "rescaled", "--null-tokens", "2"},
+      {"--n", "30", "--d", "4", "--kernel", "sa", "--q", "gaussian", "--k", "gaussian", "--v",
+       "gaussian", "--mask", "causal", "--eps-den", "0.05", "--amplitudes", presences},
+      {"--n", "30",       "--d",          "8",        "--kernel",
+       "sa",  "--q",      "gaussian",     "--k",      "gaussian",
+       "--v", "gaussian", "--aux-factor", "power",    "--aux-power",
+       "0.7", "--mask",   "window",       "--window", "9"},
+      {"--n",           "30",       "--d",          "6",        "--kernel",    "sa",
+       "--heads",       "2",        "--head-dim",   "3",        "--values",    "plain",
+       "--q",           "gaussian", "--k",          "gaussian", "--v",         "gaussian",
+       "--prefix",      "2",        "--aux-factor", "gaussian", "--aux-sigma", "2",
+       "--null-tokens", "3"},
+      {"--n",          "30",     "--d",         "5",   "--kernel",     "usa",     "--beta",
+       "0.5",          "--q",    "gaussian",    "--k", "gaussian",     "--v",     "gaussian",
+       "--aux-factor", "cosine", "--aux-omega", "0.4", "--time-scale", "rescaled"},
       // n^2 H above 2^18: two threads take the heads side by side.
-      {"--n", "260", "--d", "8", "--kernel", "sa", "--heads", "4", "--head-dim", "2", "--mlp", "3", "--q", "gaussian",
-       "--k", "gaussian", "--v", "gaussian"},
+      {"--n", "260", "--d", "8", "--kernel", "sa", "--heads", "4", "--head-dim", "2", "--mlp", "3",
+       "--q", "gaussian", "--k", "gaussian", "--v", "gaussian"},
   };
   for (const std::vector<std::string>& args : cases) {
     SCOPED_TRACE(args[1] + " tokens, d = " + args[3] + ", " + args[5]);

@@ -66,8 +66,8 @@ namespace {
 class CpuBackend final : public detail::ReferenceDerivativesBackend {
  public:
   CpuBackend(const Model& model, int threads)
-      : ReferenceDerivativesBackend(model), model_(model), threads_(threads > 0 ? threads : omp_get_max_threads()),
-        mass_(model.mass()),
+      : ReferenceDerivativesBackend(model), model_(model),
+        threads_(threads > 0 ? threads : omp_get_max_threads()), mass_(model.mass()),
         biases_(model), pair_terms_(model), small_systems_(small_systems_apply(model)),
         operands_(model, biases_, model.normalization == Normalization::Sinkhorn),
         symmetric_(!small_systems_ && model.normalization != Normalization::Sinkhorn &&

@@ -98,16 +98,16 @@ struct HeadLanes {
   const HeadPairs& pairs;
   const LanePairTerms& pair_terms;
   LaneSources layout;
-  AlignedDoubles keys;          // od rows of padded (a wide head: its r score rows)
-  AlignedDoubles values;        // od rows of padded
+  AlignedDoubles keys;    // od rows of padded (a wide head: its r score rows)
+  AlignedDoubles values;  // od rows of padded
   // A wide head (od not a compile-time size of the passes) takes its value sums as small
   // GEMMs (micro_kernels.hpp's add_weighted_rows) over rows of value_stride numbers.
   bool wide = false;
   std::size_t value_stride = 0;
-  AlignedDoubles value_rows;    // padded rows of value_stride
-  AlignedDoubles bias;          // log2(e) log p_j; -inf for null sources and padding
-  bool terms = false;           // the model has a mask or a factor
-  std::size_t numbers = 0;      // the factor's numbers
+  AlignedDoubles value_rows;  // padded rows of value_stride
+  AlignedDoubles bias;        // log2(e) log p_j; -inf for null sources and padding
+  bool terms = false;         // the model has a mask or a factor
+  std::size_t numbers = 0;    // the factor's numbers
   double beta = 0.0, beta_log2e = 0.0;
   // max_j |k_j| and max_j log2(e) log p_j over the sources that weigh (forward_block's bound).
   double largest_key_norm = 0.0, largest_bias = kNegInf;
@@ -136,7 +136,8 @@ struct HeadLanes {
       bias[s] = head.log_presence[j] * kLog2e;
       largest_bias = std::max(largest_bias, bias[s]);
       double norm2 = 0.0;
-      for (std::size_t c = 0; c < layout.od; ++c) norm2 += head.keys[j * layout.od + c] * head.keys[j * layout.od + c];
+      for (std::size_t c = 0; c < layout.od; ++c)
+        norm2 += head.keys[j * layout.od + c] * head.keys[j * layout.od + c];
       largest_key_norm = std::max(largest_key_norm, std::sqrt(norm2));
     }
   }
@@ -151,8 +152,11 @@ struct TermRows {
   std::size_t numbers = 0;
   AlignedDoubles data;
   /// Rows for a factor of `count` numbers; none where the pass has no terms.
-  TermRows(bool terms, std::size_t count) : numbers(count), data(terms ? kBlock * (3 + count) * kRowTile : 0) {}
-  double* row(std::size_t r, std::size_t kind) { return data.data() + (r * (3 + numbers) + kind) * kRowTile; }
+  TermRows(bool terms, std::size_t count)
+      : numbers(count), data(terms ? kBlock * (3 + count) * kRowTile : 0) {}
+  double* row(std::size_t r, std::size_t kind) {
+    return data.data() + (r * (3 + numbers) + kind) * kRowTile;
+  }
   double* log_term(std::size_t r) { return row(r, 0); }
   double* multiplier(std::size_t r) { return row(r, 1); }
   double* term_dot(std::size_t r) { return row(r, 2); }
@@ -160,8 +164,8 @@ struct TermRows {
 
   /// The rows of receivers[0..kBlock) against sources [begin, begin + kRowTile), with the
   /// derivatives when `derivatives`, and term_dot along factor_tangent when it is not null.
-  void fill(const HeadLanes& head, const std::size_t* receivers, std::size_t begin, bool derivatives,
-            const double* factor_tangent) {
+  void fill(const HeadLanes& head, const std::size_t* receivers, std::size_t begin,
+            bool derivatives, const double* factor_tangent) {
     head.pair_terms.dispatch([&](const auto& terms, const auto& prefix_terms) {
       auto fill_with = [&](const auto& region_terms) {
         using Terms = std::remove_cvref_t<decltype(region_terms)>;
@@ -170,7 +174,8 @@ struct TermRows {
           for (std::size_t k = 0; k < kRowTile; k += kLanes) {
             const std::size_t j = begin + k;
             Lanes log_term{}, multiplier = simd::broadcast(1.0);
-            if constexpr (Terms::kHasLogTerm) log_term = region_terms.log_term(receiver, j) * kLog2e;
+            if constexpr (Terms::kHasLogTerm)
+              log_term = region_terms.log_term(receiver, j) * kLog2e;
             if constexpr (Terms::kHasFactor) multiplier = region_terms.factor(receiver, j);
             simd::store(this->log_term(r) + k, log_term);
             simd::store(this->multiplier(r) + k, multiplier);
@@ -186,10 +191,8 @@ struct TermRows {
           }
         }
       };
-      if (begin < head.layout.first_moving)
-        fill_with(prefix_terms);
-      else
-        fill_with(terms);
+      if (begin < head.layout.first_moving) fill_with(prefix_terms);
+      else fill_with(terms);
     });
   }
 };
@@ -206,8 +209,9 @@ struct ReceiverBlock {
 /// Receiver r's base-2 logits against the kLanes sources at `at` (od key lanes `keys`), before
 /// its offset: the bias, then the scores in component order, then the log-term.
 template <int kDim>
-[[gnu::always_inline]] inline Lanes base2_logit(const HeadLanes& head, const double* scaled_query, const Lanes* keys,
-                                                std::size_t at, const double* log_term_row) {
+[[gnu::always_inline]] inline Lanes base2_logit(const HeadLanes& head, const double* scaled_query,
+                                                const Lanes* keys, std::size_t at,
+                                                const double* log_term_row) {
   // The queries and keys are 0 past r: a compile-time od takes every component (no branch).
   const std::size_t scores = kDim > 0 ? std::size_t(kDim) : head.pairs.score_dim;
   Lanes logit = simd::load(head.bias.data() + at);
@@ -243,7 +247,8 @@ void forward_block(HeadLanes& head, std::size_t first, HeadPairs& pairs) {
   const ReceiverBlock block(first, model.n);
   BlockRows<double, kDim> query(od);
   for (std::size_t r = 0; r < kBlock; ++r)
-    for (std::size_t c = 0; c < od; ++c) query[r][c] = pairs.queries[block.token[r] * od + c] * head.beta_log2e;
+    for (std::size_t c = 0; c < od; ++c)
+      query[r][c] = pairs.queries[block.token[r] * od + c] * head.beta_log2e;
   TermRows rows(kTerms, head.numbers);
   BlockRows<Lanes, kDim> keys_rows(od), values_rows(od);
   Lanes* keys = keys_rows[0];
@@ -267,7 +272,8 @@ void forward_block(HeadLanes& head, std::size_t first, HeadPairs& pairs) {
       if (kTerms) rows.fill(head, block.token, begin, false, nullptr);
       for (std::size_t k = 0; k < kRowTile; k += kLanes) {
         const std::size_t at = begin + k;
-        for (std::size_t c = 0; c < scores; ++c) keys[c] = simd::load(head.keys.data() + c * padded + at);
+        for (std::size_t c = 0; c < scores; ++c)
+          keys[c] = simd::load(head.keys.data() + c * padded + at);
         for (std::size_t r = 0; r < kBlock; ++r)
           best[r] = simd::max(best[r], base2_logit<kDim>(head, query[r], keys, at,
                                                          kTerms ? rows.log_term(r) + k : nullptr));
@@ -295,25 +301,28 @@ void forward_block(HeadLanes& head, std::size_t first, HeadPairs& pairs) {
       if (kTerms) rows.fill(head, block.token, begin, false, nullptr);
       for (std::size_t k = 0; k < kRowTile; k += kLanes) {
         const std::size_t at = begin + k;
-        for (std::size_t c = 0; c < scores; ++c) keys[c] = simd::load(head.keys.data() + c * padded + at);
+        for (std::size_t c = 0; c < scores; ++c)
+          keys[c] = simd::load(head.keys.data() + c * padded + at);
         if constexpr (kDim > 0)
-          for (std::size_t c = 0; c < od; ++c) values[c] = simd::load(head.values.data() + c * padded + at);
+          for (std::size_t c = 0; c < od; ++c)
+            values[c] = simd::load(head.values.data() + c * padded + at);
         Lanes t[kBlock], weight[kBlock];
         for (std::size_t r = 0; r < kBlock; ++r)
-          t[r] = base2_logit<kDim>(head, query[r], keys, at, kTerms ? rows.log_term(r) + k : nullptr) - offset[r];
+          t[r] = base2_logit<kDim>(head, query[r], keys, at,
+                                   kTerms ? rows.log_term(r) + k : nullptr) -
+                 offset[r];
         simd::exp2_nonpositive<kBlock>(t, weight);
         for (std::size_t r = 0; r < kBlock; ++r) {
           if constexpr (kTerms) weight[r] *= simd::load(rows.multiplier(r) + k);
           sums[r] += weight[r];
           if constexpr (kDim > 0)
             for (std::size_t c = 0; c < od; ++c) acc[r][c] += weight[r] * values[c];
-          else
-            simd::store(tile_weights[r] + k, weight[r]);
+          else simd::store(tile_weights[r] + k, weight[r]);
         }
       }
       if constexpr (kDim == 0)
-        add_weighted_rows<kBlock>(head.value_rows.data() + begin * stride, stride, wide_sums.data(), stride,
-                                  tile_weights[0], kRowTile, 1, kRowTile, stride);
+        add_weighted_rows<kBlock>(head.value_rows.data() + begin * stride, stride, wide_sums.data(),
+                                  stride, tile_weights[0], kRowTile, 1, kRowTile, stride);
     }
   };
   sum_pass();
@@ -335,10 +344,12 @@ void forward_block(HeadLanes& head, std::size_t first, HeadPairs& pairs) {
     const double scale = std::exp2(shift_log2 - offset[r]);
     const double sum = simd::horizontal_sum(sums[r]);
     head.weight_sum[i] = sum;
-    const double normaliser = usa ? model.mass() * scale : (model.eps_den > 0.0 ? model.eps_den * scale : 0.0) + sum;
+    const double normaliser = usa ? model.mass() * scale
+                                  : (model.eps_den > 0.0 ? model.eps_den * scale : 0.0) + sum;
     pairs.normaliser[i] = normaliser;
     for (std::size_t c = 0; c < od; ++c) {
-      const double numerator = kDim > 0 ? simd::horizontal_sum(acc[r][c]) : wide_sums[r * stride + c];
+      const double numerator = kDim > 0 ? simd::horizontal_sum(acc[r][c])
+                                        : wide_sums[r * stride + c];
       pairs.u_pre[i * od + c] = normaliser == 0.0 ? 0.0 : numerator / normaliser;
     }
   }
@@ -359,8 +370,9 @@ struct ReceiverCotangents {
 /// score components) and the factor's numbers' sum_j term_bar_ij dc_ij, is added to that
 /// receiver's row of `partial` (r + numbers numbers per receiver).
 template <int kDim, bool kTerms>
-void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot, bool multiplies, std::size_t begin,
-              std::size_t end, double* key_sums, double* value_sums, double* logit_sums, double* partial) {
+void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot, bool multiplies,
+              std::size_t begin, std::size_t end, double* key_sums, double* value_sums,
+              double* logit_sums, double* partial) {
   const HeadPairs& pairs = head.pairs;
   const std::size_t od = kDim > 0 ? std::size_t(kDim) : head.od(), padded = head.padded();
   const std::size_t n = pairs.model.n, numbers = head.numbers;
@@ -374,9 +386,11 @@ void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot, bool multipl
   // sums as kSourceTile rows of `stride`, to which every kWideReceivers receivers' P_ij and
   // u_bar_i (kept in wide_plan, wide_u_bar) are added as one GEMM.
   const std::size_t stride = head.value_stride;
-  std::vector<Lanes> key_acc(kChunks * score_loop, Lanes{}), value_acc(kDim > 0 ? kChunks * od : 0, Lanes{});
+  std::vector<Lanes> key_acc(kChunks * score_loop, Lanes{}),
+      value_acc(kDim > 0 ? kChunks * od : 0, Lanes{});
   AlignedDoubles wide_sums(kDim > 0 ? 0 : kSourceTile * stride, 0.0);
-  AlignedDoubles wide_plan(kDim > 0 ? 0 : kWideReceivers * kSourceTile), wide_u_bar(kDim > 0 ? 0 : kWideReceivers * stride);
+  AlignedDoubles wide_plan(kDim > 0 ? 0 : kWideReceivers * kSourceTile),
+      wide_u_bar(kDim > 0 ? 0 : kWideReceivers * stride);
   std::size_t wide_count = 0;
   auto add_wide = [&] {
     for (std::size_t j = 0; j < kSourceTile; j += kBlock)
@@ -411,10 +425,12 @@ void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot, bool multipl
     for (std::size_t chunk = 0; chunk < chunks; ++chunk) {
       const std::size_t at = begin + chunk * kLanes, k = chunk % kRowChunks * kLanes;
       if (kTerms && k == 0) rows.fill(head, block.token, at, numbers > 0, nullptr);
-      for (std::size_t c = 0; c < score_loop; ++c) keys[c] = simd::load(head.keys.data() + c * padded + at);
+      for (std::size_t c = 0; c < score_loop; ++c)
+        keys[c] = simd::load(head.keys.data() + c * padded + at);
       Lanes t[kBlock], weight[kBlock];
       for (std::size_t r = 0; r < kBlock; ++r)
-        t[r] = base2_logit<kDim>(head, scaled_query[r], keys, at, kTerms ? rows.log_term(r) + k : nullptr) -
+        t[r] = base2_logit<kDim>(head, scaled_query[r], keys, at,
+                                 kTerms ? rows.log_term(r) + k : nullptr) -
                offset[r];
       simd::exp2_nonpositive<kBlock>(t, weight);
       // <u_bar_i, z_j>, each value lane row loaded once for the block.
@@ -474,14 +490,16 @@ void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot, bool multipl
   if constexpr (kDim == 0) {
     if (wide_count > 0) add_wide();
     for (std::size_t j = 0; j < kSourceTile; ++j)
-      for (std::size_t c = 0; c < od; ++c) value_sums[c * kSourceTile + j] = wide_sums[j * stride + c];
+      for (std::size_t c = 0; c < od; ++c)
+        value_sums[c * kSourceTile + j] = wide_sums[j * stride + c];
   }
   for (std::size_t chunk = 0; chunk < chunks; ++chunk) {
     for (std::size_t c = 0; c < od; ++c) {
       // The keys' sums past r are 0.
       const Lanes key_sum = c < score_loop ? key_acc[chunk * score_loop + c] : Lanes{};
       simd::store(key_sums + c * kSourceTile + chunk * kLanes, key_sum);
-      if constexpr (kDim > 0) simd::store(value_sums + c * kSourceTile + chunk * kLanes, value_acc[chunk * od + c]);
+      if constexpr (kDim > 0)
+        simd::store(value_sums + c * kSourceTile + chunk * kLanes, value_acc[chunk * od + c]);
     }
     simd::store(logit_sums + chunk * kLanes, logit_acc[chunk]);
   }
@@ -543,11 +561,14 @@ void jvp_block(const HeadLanes& head, const PairTangents& in, const AlignedDoubl
         }
       Lanes t[kBlock], exponential[kBlock];
       for (std::size_t r = 0; r < kBlock; ++r)
-        t[r] = base2_logit<kDim>(head, query[r], keys, at, kTerms ? rows.log_term(r) + k : nullptr) - offset[r];
+        t[r] = base2_logit<kDim>(head, query[r], keys, at,
+                                 kTerms ? rows.log_term(r) + k : nullptr) -
+               offset[r];
       simd::exp2_nonpositive<kBlock>(t, exponential);
       const Lanes presence_dot = simd::load(bias_dot.data() + at);
       for (std::size_t r = 0; r < kBlock; ++r) {
-        const Lanes weight = kTerms ? exponential[r] * simd::load(rows.multiplier(r) + k) : exponential[r];
+        const Lanes weight = kTerms ? exponential[r] * simd::load(rows.multiplier(r) + k)
+                                    : exponential[r];
         Lanes logit_dot = presence_dot + constant;
         for (std::size_t c = 0; c < scores; ++c)
           logit_dot += along_keys[r][c] * keys[c] + along_key_dots[r][c] * key_dots[c];
@@ -561,7 +582,8 @@ void jvp_block(const HeadLanes& head, const PairTangents& in, const AlignedDoubl
         // A pair with zero weight adds nothing (its logit's tangent may be -inf - -inf).
         weight_dot = simd::select_or_zero(weight != 0.0, weight_dot);
         if constexpr (kDim > 0) {
-          for (std::size_t c = 0; c < od; ++c) acc[r][c] += weight_dot * values[c] + weight * value_dots[c];
+          for (std::size_t c = 0; c < od; ++c)
+            acc[r][c] += weight_dot * values[c] + weight * value_dots[c];
         } else {
           simd::store(tile_weights[r] + k, weight);
           simd::store(tile_weight_dots[r] + k, weight_dot);
@@ -570,8 +592,8 @@ void jvp_block(const HeadLanes& head, const PairTangents& in, const AlignedDoubl
       }
     }
     if constexpr (kDim == 0) {
-      add_weighted_rows<kBlock>(head.value_rows.data() + begin * stride, stride, wide_sums.data(), stride,
-                                tile_weight_dots[0], kRowTile, 1, kRowTile, stride);
+      add_weighted_rows<kBlock>(head.value_rows.data() + begin * stride, stride, wide_sums.data(),
+                                stride, tile_weight_dots[0], kRowTile, 1, kRowTile, stride);
       add_weighted_rows<kBlock>(value_dot.data() + begin * stride, stride, wide_sums.data(), stride,
                                 tile_weights[0], kRowTile, 1, kRowTile, stride);
     }
@@ -579,7 +601,8 @@ void jvp_block(const HeadLanes& head, const PairTangents& in, const AlignedDoubl
   for (std::size_t r = 0; r < block.count; ++r) {
     const std::size_t i = block.token[r];
     for (std::size_t c = 0; c < od; ++c)
-      numerator_dot[i * od + c] = kDim > 0 ? simd::horizontal_sum(acc[r][c]) : wide_sums[r * stride + c];
+      numerator_dot[i * od + c] = kDim > 0 ? simd::horizontal_sum(acc[r][c])
+                                           : wide_sums[r * stride + c];
     sum_dot[i] = simd::horizontal_sum(sums[r]);
   }
 }
@@ -599,7 +622,8 @@ struct Workspace {
 
 class LanePairPasses final : public detail::PairPasses {
  public:
-  LanePairPasses(const LanePairTerms& pair_terms, int threads) : pair_terms_(pair_terms), threads_(threads) {}
+  LanePairPasses(const LanePairTerms& pair_terms, int threads)
+      : pair_terms_(pair_terms), threads_(threads) {}
   int threads() const override { return threads_; }
 
   void forward(HeadPairs& pairs) const override {
@@ -663,9 +687,10 @@ class LanePairPasses final : public detail::PairPasses {
       for (std::size_t group = 0; group < groups; ++group)
         for (std::size_t tile = group; tile < tiles; tile += kTileGroups) {
           const std::size_t begin = tile * kSourceTile, end = std::min(padded, begin + kSourceTile);
-          vjp_tile<decltype(dim)::value, decltype(terms)::value>(head, cot, multiplies, begin, end, key_sums.data() + begin * od,
-                                         value_sums.data() + begin * od, logit_sums.data() + begin,
-                                         partial.data() + group * n * row);
+          vjp_tile<decltype(dim)::value, decltype(terms)::value>(
+              head, cot, multiplies, begin, end, key_sums.data() + begin * od,
+              value_sums.data() + begin * od, logit_sums.data() + begin,
+              partial.data() + group * n * row);
         }
     });
     // In group order, then receiver order, then source order.
@@ -684,11 +709,13 @@ class LanePairPasses final : public detail::PairPasses {
       // P_ij z_j = u_pre_i): 0 for SA without eps_den.
       if (rescaled != 0.0 && pairs.normaliser[i] != 0.0) {
         double along = 0.0;
-        for (std::size_t c = 0; c < od; ++c) along += cot.u_bar[i * od + c] * pairs.u_pre[i * od + c];
+        for (std::size_t c = 0; c < od; ++c)
+          along += cot.u_bar[i * od + c] * pairs.u_pre[i * od + c];
         out.beta -= along - cot.delta[i] * head.weight_sum[i] * cot.inverse_normaliser[i];
       }
       out.beta += score;
-      for (std::size_t number = 0; number < numbers; ++number) out.factor[number] += sums[score_dim + number];
+      for (std::size_t number = 0; number < numbers; ++number)
+        out.factor[number] += sums[score_dim + number];
     }
     for (std::size_t s = 0; s < padded; ++s) {
       const std::size_t j = head.layout.operand(s);
@@ -702,17 +729,16 @@ class LanePairPasses final : public detail::PairPasses {
     }
   }
 
-  void jvp(const HeadPairs& pairs, const PairTangents& in, double* numerator_dot, double* sum_dot) const override {
+  void jvp(const HeadPairs& pairs, const PairTangents& in, double* numerator_dot,
+           double* sum_dot) const override {
     const HeadLanes& head = lanes_of(pairs);
     Workspace& work = Workspace::of_this_thread();
     AlignedDoubles& key_dot = work.key_dot;
     AlignedDoubles& value_dot = work.value_dot;
     AlignedDoubles& bias_dot = work.bias_dot;
     head.layout.spread(in.key, head.wide ? pairs.score_dim : head.od(), key_dot);
-    if (head.wide)
-      head.layout.gather(in.value, head.value_stride, value_dot);
-    else
-      head.layout.spread(in.value, head.od(), value_dot);
+    if (head.wide) head.layout.gather(in.value, head.value_stride, value_dot);
+    else head.layout.spread(in.value, head.od(), value_dot);
     bias_dot.assign(head.padded(), 0.0);
     for (std::size_t s = 0; s < head.padded(); ++s) {
       const std::size_t j = head.layout.operand(s);
@@ -720,7 +746,8 @@ class LanePairPasses final : public detail::PairPasses {
     }
     with_form(head.od(), head.terms, [&](auto dim, auto terms) {
       each_block(pairs.model.n, [&](std::size_t first) {
-        jvp_block<decltype(dim)::value, decltype(terms)::value>(head, in, key_dot, value_dot, bias_dot, first, numerator_dot, sum_dot);
+        jvp_block<decltype(dim)::value, decltype(terms)::value>(
+            head, in, key_dot, value_dot, bias_dot, first, numerator_dot, sum_dot);
       });
     });
   }
@@ -728,7 +755,8 @@ class LanePairPasses final : public detail::PairPasses {
  private:
   /// The lanes forward() kept for this head.
   static const HeadLanes& lanes_of(const HeadPairs& pairs) {
-    if (!pairs.state) throw std::logic_error("derivative lanes: a pass before the head's forward pass");
+    if (!pairs.state)
+      throw std::logic_error("derivative lanes: a pass before the head's forward pass");
     return *static_cast<const HeadLanes*>(pairs.state.get());
   }
 
@@ -750,7 +778,8 @@ class LanePairPasses final : public detail::PairPasses {
 
 }  // namespace
 
-std::unique_ptr<detail::PairPasses> make_lane_pair_passes(const LanePairTerms& pair_terms, int threads) {
+std::unique_ptr<detail::PairPasses> make_lane_pair_passes(const LanePairTerms& pair_terms,
+                                                          int threads) {
   return std::make_unique<LanePairPasses>(pair_terms, threads);
 }
 

@@ -73,9 +73,10 @@ struct SinkhornTape {
 class HeadDerivative {
  public:
   /// passes: SA's and USA's pair passes (null: these pair by pair).
-  HeadDerivative(const Model& model, const AttentionHead& head, const HeadNumbers& layout, const double* y,
-                 const PairPasses* passes)
-      : model_(model), head_(head), layout_(layout), form_(model, head), y_(y), passes_(sinkhorn_ ? nullptr : passes),
+  HeadDerivative(const Model& model, const AttentionHead& head, const HeadNumbers& layout,
+                 const double* y, const PairPasses* passes)
+      : model_(model), head_(head), layout_(layout), form_(model, head), y_(y),
+        passes_(sinkhorn_ ? nullptr : passes),
         score_gauge_(head.score_dim() == model.d ? model.gauge.get() : model.head_gauge.get()),
         full_map_(form_.transported || head.value_identity),
         map_(full_map_ ? head.full_value : layout.output) {
@@ -96,7 +97,8 @@ class HeadDerivative {
     std::vector<double> query_bar(n * od, 0.0), key_bar(sources * od, 0.0), value_bar(sources * od, 0.0);
     std::vector<double> u_bar(od), derivatives(kernels::kMaxFactorNumbers);
     double mass_bar = 0.0;
-    std::vector<double> every_u_bar(sinkhorn_ || passes_ ? n * od : 0, 0.0);  // whole passes take them all
+    std::vector<double> every_u_bar(sinkhorn_ || passes_ ? n * od : 0,
+                                    0.0);  // whole passes take them all
     // u_i = 0 held (N_i = 0): no derivative (a NaN goes on, to be seen). With G the rows of
     // field_bar that do: M's cotangent G^T T, t's G M.
     Matrix moving_bar = rows(field_bar, n, d);
@@ -109,9 +111,9 @@ class HeadDerivative {
       std::fill(u_bar.begin(), u_bar.end(), 0.0);
       if (form_.transported)
         model_.gauge->apply(i, t_bar.row(Eigen::Index(i)).data(), u_bar.data());
-      else
-        std::copy_n(t_bar.row(Eigen::Index(i)).data(), t_bar.cols(), u_bar.begin());
-      if (sinkhorn_ || passes_) std::copy(u_bar.begin(), u_bar.end(), every_u_bar.begin() + std::ptrdiff_t(i * od));
+      else std::copy_n(t_bar.row(Eigen::Index(i)).data(), t_bar.cols(), u_bar.begin());
+      if (sinkhorn_ || passes_)
+        std::copy(u_bar.begin(), u_bar.end(), every_u_bar.begin() + std::ptrdiff_t(i * od));
       if (sinkhorn_) continue;
       const double delta = dot(u_bar.data(), u_pre(i), od);
       if (usa) mass_bar -= delta / mass;
@@ -141,8 +143,9 @@ class HeadDerivative {
     if (sinkhorn_) sinkhorn_vjp(every_u_bar, query_bar, key_bar, value_bar, gradient);
     if (passes_) {
       std::vector<double> source_logit(sources, 0.0);
-      PairCotangents out{query_bar.data(), key_bar.data(), value_bar.data(), source_logit.data(), 0.0,
-                         gradient.factor.data()};
+      PairCotangents out{
+          query_bar.data(),      key_bar.data(), value_bar.data(), source_logit.data(), 0.0,
+          gradient.factor.data()};
       passes_->vjp(*pairs_, every_u_bar.data(), out);
       gradient.beta += out.beta;
       // w_ij = p_j c_ij exp(...): p_j's cotangent sum_i l_bar_ij / p_j.
@@ -178,7 +181,8 @@ class HeadDerivative {
         if (model_.presence[j] > 0.0) mass_dot += tangent->presence[j];
     const double beta_dot = tangent ? tangent->beta : 0.0;
     std::vector<double> numerator_dot(od), derivatives(kernels::kMaxFactorNumbers);
-    Matrix t_dot = Matrix::Zero(Eigen::Index(n), map_.cols());  // rows of receivers with N_i = 0 stay 0
+    Matrix t_dot = Matrix::Zero(Eigen::Index(n),
+                                map_.cols());  // rows of receivers with N_i = 0 stay 0
     const std::vector<double> sinkhorn_dot =
         sinkhorn_ ? sinkhorn_jvp(query_dot, key_dot, value_dot, tangent) : std::vector<double>();
     std::vector<double> pass_numerator_dot, pass_sum_dot;
@@ -186,11 +190,14 @@ class HeadDerivative {
       std::vector<double> log_presence_dot(sources, 0.0);
       if (tangent)
         for (std::size_t j = 0; j < n; ++j)
-          if (model_.presence[j] > 0.0) log_presence_dot[j] = tangent->presence[j] / model_.presence[j];
+          if (model_.presence[j] > 0.0)
+            log_presence_dot[j] = tangent->presence[j] / model_.presence[j];
       pass_numerator_dot.assign(n * od, 0.0);
       pass_sum_dot.assign(n, 0.0);
-      const PairTangents in{query_dot.data(), key_dot.data(), value_dot.data(), log_presence_dot.data(), beta_dot,
-                            tangent && has_factor_numbers_ ? tangent->factor.data() : nullptr};
+      const PairTangents in{
+          query_dot.data(), key_dot.data(),
+          value_dot.data(), log_presence_dot.data(),
+          beta_dot,         tangent && has_factor_numbers_ ? tangent->factor.data() : nullptr};
       passes_->jvp(*pairs_, in, pass_numerator_dot.data(), pass_sum_dot.data());
     }
     for (std::size_t i = 0; i < n; ++i) {
@@ -246,10 +253,8 @@ class HeadDerivative {
   /// Row i of T_dot from u_pre's tangent (od numbers): G_i^T u_pre_dot, or u_pre_dot.
   void map_tangent(std::size_t i, const double* u_pre_dot, Matrix& t_dot) const {
     double* row = t_dot.row(Eigen::Index(i)).data();
-    if (form_.transported)
-      model_.gauge->apply_transpose(i, u_pre_dot, row);
-    else
-      std::copy_n(u_pre_dot, t_dot.cols(), row);
+    if (form_.transported) model_.gauge->apply_transpose(i, u_pre_dot, row);
+    else std::copy_n(u_pre_dot, t_dot.cols(), row);
   }
 
  private:
@@ -289,10 +294,19 @@ class HeadDerivative {
     u_pre_.assign(n * od, 0.0);
     t_.assign(n * std::size_t(map_.cols()), 0.0);
     if (passes_) {
-      pairs_ = std::make_unique<HeadPairs>(HeadPairs{model_, operands_.sources, operands_.d, head_.score_dim(),
-                                                     operands_.queries.data(), operands_.keys.data(),
-                                                     operands_.values.data(), operands_.presence.data(),
-                                                     operands_.log_presence.data(), {}, {}, {}, nullptr});
+      pairs_ = std::make_unique<HeadPairs>(HeadPairs{model_,
+                                                     operands_.sources,
+                                                     operands_.d,
+                                                     head_.score_dim(),
+                                                     operands_.queries.data(),
+                                                     operands_.keys.data(),
+                                                     operands_.values.data(),
+                                                     operands_.presence.data(),
+                                                     operands_.log_presence.data(),
+                                                     {},
+                                                     {},
+                                                     {},
+                                                     nullptr});
       passes_->forward(*pairs_);
       normaliser_ = pairs_->normaliser;
       u_pre_ = pairs_->u_pre;
@@ -330,13 +344,9 @@ class HeadDerivative {
   /// t_i from u_pre_i: G_i^T u_pre_i for transported values, else u_pre_i itself.
   void map_sums(std::size_t i) {
     double* ti = t_.data() + i * std::size_t(map_.cols());
-    if (form_.transported)
-      model_.gauge->apply_transpose(i, u_pre(i), ti);
-    else
-      std::copy(u_pre(i), u_pre(i) + map_.cols(), ti);
+    if (form_.transported) model_.gauge->apply_transpose(i, u_pre(i), ti);
+    else std::copy(u_pre(i), u_pre(i) + map_.cols(), ti);
   }
-
-
 
   /// a_ij = beta s_ij + log m_ij c_ij, Sinkhorn's logit without log p_j.
   double logit(const PairWeight& pair) const { return model_.beta * pair.score + pair.log_term; }
@@ -543,7 +553,9 @@ class HeadDerivative {
   const double* u_pre(std::size_t i) const { return u_pre_.data() + i * operands_.d; }
   const double* t(std::size_t i) const { return t_.data() + i * std::size_t(map_.cols()); }
   /// t_i as the rows of an n x cols matrix.
-  Eigen::Map<const Matrix> t_rows() const { return rows(t_.data(), model_.n, std::size_t(map_.cols())); }
+  Eigen::Map<const Matrix> t_rows() const {
+    return rows(t_.data(), model_.n, std::size_t(map_.cols()));
+  }
 
   /// out (r numbers) = G^(r)_token^T in, or in.
   void score_transpose(std::size_t token, const double* in, double* out) const {
@@ -575,7 +587,8 @@ class HeadDerivative {
   Matrix score_rows_back(const std::vector<double>& operand, std::size_t count) const {
     const std::size_t od = operands_.d, r = head_.score_dim();
     Matrix back = Matrix::Zero(Eigen::Index(count), Eigen::Index(r));
-    for (std::size_t j = 0; j < count; ++j) score_transpose(j, operand.data() + j * od, back.row(Eigen::Index(j)).data());
+    for (std::size_t j = 0; j < count; ++j)
+      score_transpose(j, operand.data() + j * od, back.row(Eigen::Index(j)).data());
     return back;
   }
 
@@ -587,7 +600,8 @@ class HeadDerivative {
                       FieldNumbers& gradient) const {
     const std::size_t n = model_.n, d = model_.d, od = operands_.d, sources = operands_.sources;
     const Matrix contents = source_contents();
-    const Matrix query_back = score_rows_back(query_bar, n), key_back = score_rows_back(key_bar, sources);
+    const Matrix query_back = score_rows_back(query_bar, n),
+                 key_back = score_rows_back(key_bar, sources);
     head_gradient.query += query_back.transpose() * contents.topRows(Eigen::Index(n));
     head_gradient.key += key_back.transpose() * contents;
     Matrix content_bar = key_back * head_.key;
@@ -597,7 +611,8 @@ class HeadDerivative {
       std::vector<double> back(d);
       for (std::size_t j = 0; j < sources; ++j) {
         model_.gauge->apply_transpose(j, value_bar.data() + j * od, back.data());
-        for (std::size_t c = 0; c < d; ++c) content_bar(Eigen::Index(j), Eigen::Index(c)) += back[c];
+        for (std::size_t c = 0; c < d; ++c)
+          content_bar(Eigen::Index(j), Eigen::Index(c)) += back[c];
       }
     } else if (head_.value_identity) {
       content_bar += z_bar.leftCols(Eigen::Index(d));
@@ -608,7 +623,8 @@ class HeadDerivative {
     }
     rows(y_bar, n, d) += content_bar.topRows(Eigen::Index(n));
     if (sources > n)
-      rows(gradient.prefix.data(), sources - n, d) += content_bar.bottomRows(Eigen::Index(sources - n));
+      rows(gradient.prefix.data(), sources - n,
+           d) += content_bar.bottomRows(Eigen::Index(sources - n));
   }
 
   /// The operands' tangents from the contents' (y_dot, the prefix's) and the matrices' (as
@@ -620,12 +636,16 @@ class HeadDerivative {
     const Matrix contents = source_contents();
     Matrix content_dots = Matrix::Zero(Eigen::Index(sources), Eigen::Index(d));
     content_dots.topRows(Eigen::Index(n)) = rows(y_dot, n, d);
-    if (tangent && sources > n) content_dots.bottomRows(Eigen::Index(sources - n)) = rows(tangent->prefix.data(), sources - n, d);
+    if (tangent && sources > n)
+      content_dots.bottomRows(Eigen::Index(sources - n)) = rows(tangent->prefix.data(), sources - n,
+                                                                d);
     // Q_h y_dot + Q_dot y, then G_j.
-    auto score_dots = [&](const Matrix& m, const Matrix* m_dot, std::size_t count, std::vector<double>& out) {
+    auto score_dots = [&](const Matrix& m, const Matrix* m_dot, std::size_t count,
+                          std::vector<double>& out) {
       Matrix products = content_dots.topRows(Eigen::Index(count)) * m.transpose();
       if (m_dot) products += contents.topRows(Eigen::Index(count)) * m_dot->transpose();
-      for (std::size_t j = 0; j < count; ++j) score_apply(j, products.row(Eigen::Index(j)).data(), out.data() + j * od);
+      for (std::size_t j = 0; j < count; ++j)
+        score_apply(j, products.row(Eigen::Index(j)).data(), out.data() + j * od);
     };
     score_dots(head_.query, head_tangent ? &head_tangent->query : nullptr, n, query_dot);
     score_dots(head_.key, head_tangent ? &head_tangent->key : nullptr, sources, key_dot);
@@ -727,7 +747,8 @@ struct ReplicaLayer {
   std::vector<std::unique_ptr<HeadDerivative>> heads;
   std::vector<double> field;
   ReplicaLayer(const Model& model, std::size_t r, const double* y, const PairPasses* passes)
-      : set(model.matrices_of(r)), layout(layer_numbers(set)), heads(set.heads.size()), field(model.n * model.d, 0.0) {
+      : set(model.matrices_of(r)), layout(layer_numbers(set)), heads(set.heads.size()),
+        field(model.n * model.d, 0.0) {
     each_head(model, heads.size(), passes, [&](std::size_t h) {
       heads[h] = std::make_unique<HeadDerivative>(model, set.heads[h], layout.heads[h], y, passes);
     });
@@ -756,8 +777,9 @@ void DerivativeTape::output(const Model& model, double* a) const {
     }
 }
 
-void reference_output_vjp(const Model& model, const DerivativeTape& tape, const double* output_cotangent,
-                          double* y_cotangent, FieldNumbers& gradient) {
+void reference_output_vjp(const Model& model, const DerivativeTape& tape,
+                          const double* output_cotangent, double* y_cotangent,
+                          FieldNumbers& gradient) {
   const std::size_t n = model.n, d = model.d, replicas = tape.replicas;
   const double* y = tape.y;
   std::fill(y_cotangent, y_cotangent + replicas * n * d, 0.0);
@@ -786,7 +808,8 @@ void reference_output_vjp(const Model& model, const DerivativeTape& tape, const 
     }
     std::vector<HeadShare> shares(layer.heads.size(), HeadShare(n * d, gradient));
     each_head(model, layer.heads.size(), tape.passes, [&](std::size_t h) {
-      layer.heads[h]->vjp(field_bar.data(), shares[h].y_bar.data(), set_gradient.heads[h], shares[h].numbers);
+      layer.heads[h]->vjp(field_bar.data(), shares[h].y_bar.data(), set_gradient.heads[h],
+                          shares[h].numbers);
     });
     for (const HeadShare& share : shares) share.add_to(y_bar, gradient);
   }
@@ -815,7 +838,8 @@ void reference_output_jvp(const Model& model, const DerivativeTape& tape, const 
     }
     std::vector<std::vector<double>> shares(layer.heads.size(), std::vector<double>(n * d, 0.0));
     each_head(model, layer.heads.size(), tape.passes, [&](std::size_t h) {
-      layer.heads[h]->jvp(y_dot, tangent, set_tangent ? &set_tangent->heads[h] : nullptr, shares[h].data());
+      layer.heads[h]->jvp(y_dot, tangent, set_tangent ? &set_tangent->heads[h] : nullptr,
+                          shares[h].data());
     });
     for (const std::vector<double>& share : shares)
       for (std::size_t e = 0; e < n * d; ++e) field_dot[e] += share[e];

@@ -92,7 +92,8 @@ class PairPasses {
   /// not read).
   virtual void vjp(const HeadPairs& pairs, const double* u_bar, PairCotangents& out) const = 0;
   /// numerator_dot (n x od) and sum_dot (n) from the tangents (PairTangents).
-  virtual void jvp(const HeadPairs& pairs, const PairTangents& in, double* numerator_dot, double* sum_dot) const = 0;
+  virtual void jvp(const HeadPairs& pairs, const PairTangents& in, double* numerator_dot,
+                   double* sum_dot) const = 0;
   /// The threads the passes take: a layer's heads run side by side on them (each head's
   /// passes then on one), the same bits whatever the count.
   virtual int threads() const { return 1; }
@@ -105,7 +106,8 @@ struct ReplicaLayer;
 /// F (n x d). y must outlive it.
 class DerivativeTape {
  public:
-  DerivativeTape(const Model& model, std::size_t replicas, const double* y, const PairPasses* passes);
+  DerivativeTape(const Model& model, std::size_t replicas, const double* y,
+                 const PairPasses* passes);
   ~DerivativeTape();
   /// a_i = p_i F_i (replicas x n x d): Backend::derivative_forward's output.
   void output(const Model& model, double* a) const;
@@ -117,8 +119,9 @@ class DerivativeTape {
 };
 
 /// Backend::output_vjp of the formulas at the tape's states.
-void reference_output_vjp(const Model& model, const DerivativeTape& tape, const double* output_cotangent,
-                          double* y_cotangent, FieldNumbers& gradient);
+void reference_output_vjp(const Model& model, const DerivativeTape& tape,
+                          const double* output_cotangent, double* y_cotangent,
+                          FieldNumbers& gradient);
 /// Backend::output_jvp of the formulas at the tape's states.
 void reference_output_jvp(const Model& model, const DerivativeTape& tape, const double* y_tangent,
                           const FieldNumbers* tangent, double* output_tangent);
@@ -136,11 +139,13 @@ class ReferenceDerivativesBackend : public Backend {
   }
   void output_vjp(std::size_t replicas, const double* y, const double* output_cotangent, double* y_cotangent,
                   FieldNumbers& gradient) override {
-    reference_output_vjp(derivative_model_, *tape_at(replicas, y), output_cotangent, y_cotangent, gradient);
+    reference_output_vjp(derivative_model_, *tape_at(replicas, y), output_cotangent, y_cotangent,
+                         gradient);
   }
   void output_jvp(std::size_t replicas, const double* y, const double* y_tangent, const FieldNumbers* tangent,
                   double* output_tangent) override {
-    reference_output_jvp(derivative_model_, *tape_at(replicas, y), y_tangent, tangent, output_tangent);
+    reference_output_jvp(derivative_model_, *tape_at(replicas, y), y_tangent, tangent,
+                         output_tangent);
   }
 
  protected:
