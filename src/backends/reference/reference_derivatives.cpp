@@ -84,9 +84,10 @@ class HeadDerivative {
     forward();
   }
 
-  /// F += u^(h) (n x d): T M^T.
+  /// F += u^(h) (n x d): T M^T. (The products here are added with noalias(): no operand is
+  /// the sum itself, so Eigen needs no temporary, a fresh n x d array per product.)
   void add_output(double* field) const {
-    rows(field, model_.n, model_.d) += t_rows() * map_.transpose();
+    rows(field, model_.n, model_.d).noalias() += t_rows() * map_.transpose();
   }
 
   /// The VJP for F's cotangent field_bar (n x d): y_bar (n x d) and the gradients.
@@ -157,8 +158,8 @@ class HeadDerivative {
         if (model_.presence[j] > 0.0) gradient.presence[j] += mass_bar;
     gather_sources(query_bar, key_bar, value_bar, y_bar, head_gradient, gradient);
     if (full_map_) {
-      head_gradient.value += layout_.output.transpose() * map_gradient;
-      head_gradient.output += map_gradient * layout_.value.transpose();
+      head_gradient.value.noalias() += layout_.output.transpose() * map_gradient;
+      head_gradient.output.noalias() += map_gradient * layout_.value.transpose();
     } else {
       head_gradient.output += map_gradient;
     }
@@ -246,8 +247,8 @@ class HeadDerivative {
     }
     // F_dot += T_dot M^T + T M_dot^T.
     auto field_dots = rows(field_dot, n, model_.d);
-    field_dots += t_dot * map_.transpose();
-    if (head_tangent) field_dots += t_rows() * map_dot.transpose();
+    field_dots.noalias() += t_dot * map_.transpose();
+    if (head_tangent) field_dots.noalias() += t_rows() * map_dot.transpose();
   }
 
   /// Row i of T_dot from u_pre's tangent (od numbers): G_i^T u_pre_dot, or u_pre_dot.
@@ -602,10 +603,10 @@ class HeadDerivative {
     const Matrix contents = source_contents();
     const Matrix query_back = score_rows_back(query_bar, n),
                  key_back = score_rows_back(key_bar, sources);
-    head_gradient.query += query_back.transpose() * contents.topRows(Eigen::Index(n));
-    head_gradient.key += key_back.transpose() * contents;
+    head_gradient.query.noalias() += query_back.transpose() * contents.topRows(Eigen::Index(n));
+    head_gradient.key.noalias() += key_back.transpose() * contents;
     Matrix content_bar = key_back * head_.key;
-    content_bar.topRows(Eigen::Index(n)) += query_back * head_.query;
+    content_bar.topRows(Eigen::Index(n)).noalias() += query_back * head_.query;
     const auto z_bar = rows(value_bar.data(), sources, od);
     if (form_.transported) {
       std::vector<double> back(d);
@@ -618,8 +619,8 @@ class HeadDerivative {
       content_bar += z_bar.leftCols(Eigen::Index(d));
     } else {
       const Eigen::Index rv = head_.value.rows();
-      head_gradient.value += z_bar.leftCols(rv).transpose() * contents;
-      content_bar += z_bar.leftCols(rv) * head_.value;
+      head_gradient.value.noalias() += z_bar.leftCols(rv).transpose() * contents;
+      content_bar.noalias() += z_bar.leftCols(rv) * head_.value;
     }
     rows(y_bar, n, d) += content_bar.topRows(Eigen::Index(n));
     if (sources > n)
@@ -643,7 +644,7 @@ class HeadDerivative {
     auto score_dots = [&](const Matrix& m, const Matrix* m_dot, std::size_t count,
                           std::vector<double>& out) {
       Matrix products = content_dots.topRows(Eigen::Index(count)) * m.transpose();
-      if (m_dot) products += contents.topRows(Eigen::Index(count)) * m_dot->transpose();
+      if (m_dot) products.noalias() += contents.topRows(Eigen::Index(count)) * m_dot->transpose();
       for (std::size_t j = 0; j < count; ++j)
         score_apply(j, products.row(Eigen::Index(j)).data(), out.data() + j * od);
     };
@@ -657,7 +658,7 @@ class HeadDerivative {
     } else {
       const Eigen::Index rv = head_.value.rows();
       Matrix products = content_dots * head_.value.transpose();
-      if (head_tangent) products += contents * head_tangent->value.transpose();
+      if (head_tangent) products.noalias() += contents * head_tangent->value.transpose();
       rows(value_dot.data(), sources, od).leftCols(rv) = products;
     }
   }
