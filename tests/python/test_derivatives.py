@@ -339,6 +339,24 @@ def test_null_tokens_and_threads_change_no_bit(mfattn):
         assert np.array_equal(np.asarray(one[key]), np.asarray(two[key])), key
 
 
+def test_null_tokens_past_a_tile_and_a_team_change_no_bit(mfattn):
+    """At n = 600 the CPU lanes take a team and several source tiles; 70 null tokens more fill
+    the last tile further and add receivers: no bit of the others' VJP or JVP moves."""
+    options = dict(d=3, kernel="usa", q="gaussian", k="gaussian", v="gaussian", beta=2.0, prefix=2)
+    n, extra = 600, 70
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((n + extra, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    w, t = rng.standard_normal((n + extra, 3)), rng.standard_normal((n + extra, 3))
+    alone, padded = mfattn.Model(n=n, **options), mfattn.Model(n=n, null_tokens=extra, **options)
+    a, b = alone.vjp(x[:n], w[:n]), padded.vjp(x, w)
+    assert np.array_equal(b["x"][:n], a["x"]) and np.array_equal(b["presence"][:n], a["presence"])
+    for key in a:
+        if key not in ("x", "presence"):
+            assert np.array_equal(np.asarray(b[key]), np.asarray(a[key])), key
+    assert np.array_equal(padded.jvp(x, t)[:n], alone.jvp(x[:n], t[:n]))
+
+
 def test_bad_input_is_named(mfattn):
     model = mfattn.Model(n=5, d=3, kernel="sa")
     x, _ = state(model, dict(n=5), 8)
