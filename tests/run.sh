@@ -7,7 +7,7 @@ cd "$here"
 # Each phase's wall time, so that CI's log shows where the suite's budget goes.
 suite_start=$SECONDS
 phase() { echo "[tests/run.sh $((SECONDS - suite_start)) s] $*"; }
-# The builds that run beside other phases stop with the script, whatever ends it.
+# The jobs that run beside other phases stop with the script, whatever ends it.
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
 source "$here/tests/install_deps.sh"
 phase "installing what is missing"
@@ -33,41 +33,22 @@ fi
 # a core is free, so one long compile (a CUDA unit, a pair loop's) no longer leaves the other
 # core idle at each library. A folder configured before keeps its generator.
 generator_for() { [ -f "$1/CMakeCache.txt" ] || echo "-GNinja"; }
-# The suite's work is compiling, and its phases leave a core idle through their serial
-# stretches (a build's last links, most tests): the other builds run beside them at a lower
-# priority and take those idle cycles, and each is waited for where its result is needed
-# (about 2.5 minutes of the suite). Arm: the numerical core cross-built for aarch64 and its
-# exactness checks run under qemu-aarch64 with the NEON kernels (tests/aarch64/README.md;
-# about 85 s alone), from here, at the lowest priority.
-aarch64_pid=""
-if [ "${MFATTN_SKIP_AARCH64:-0}" != 1 ]; then
-  nice -n 19 tests/aarch64/run.sh > build-aarch64.log 2>&1 &
-  aarch64_pid=$!
-fi
 cmake -S . -B build $(generator_for build) -DCMAKE_BUILD_TYPE=Release -DMFATTN_CUDA_ARCHITECTURES="$cuda_architectures" \
   -DMFATTN_CUDA_OPTIMIZE="$cuda_optimize" >/dev/null
 cmake --build build -j "$jobs"
-# The sanitizer build (see its tests below) from here, beside the CTest and kernel-set phases.
-sanitize_pid=""
-if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
-  sanitizer_compiler=()
-  for cxx in clang++-14 clang++; do
-    if command -v "$cxx" >/dev/null; then
-      sanitizer_compiler=(-DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_C_COMPILER="${cxx/++/}")
-      break
-    fi
-  done
-  cmake -S . -B build-sanitize $(generator_for build-sanitize) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMFATTN_SANITIZE=ON \
-    -DMFATTN_CPU_DISPATCH=OFF -DMFATTN_CUDA=OFF -DMFATTN_PYTHON=OFF "${sanitizer_compiler[@]}" \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O0 -g1 -DNDEBUG" \
-    -DMFATTN_NUMERICS_COMPILE_OPTIONS=-O1 >/dev/null
-  nice -n 10 cmake --build build-sanitize -j "$jobs" --target mfattn_tests mfattn > build-sanitize.log 2>&1 &
-  sanitize_pid=$!
-fi
 # One test at a time: each test already uses every core through OpenMP. Open MPI is installed
 # above, so the MPI sweep test must run rather than skip.
 export MFATTN_REQUIRE_MPI=1
-phase "ctest (the aarch64 and sanitizer builds beside it)"
+# Arm: the numerical core cross-built for aarch64 and its exactness checks run under
+# qemu-aarch64 with the NEON kernels (tests/aarch64/README.md; about 85 s alone). It builds
+# beside the CTest and kernel-set phases, whose tests leave the second core idle through their
+# serial stretches, and its result is checked after them.
+aarch64_pid=""
+if [ "${MFATTN_SKIP_AARCH64:-0}" != 1 ]; then
+  nice -n 5 tests/aarch64/run.sh > build-aarch64.log 2>&1 &
+  aarch64_pid=$!
+fi
+phase "ctest (the aarch64 cross build beside it)"
 (cd build && ctest --output-on-failure -j 1)
 # The unit tests again under every other CPU kernel set this CPU runs (the Release binary
 # carries several and ctest ran the best one): the backends' exactness tests (reference
@@ -118,7 +99,7 @@ if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
   # over whole runs, rope's reduction, S^2's time evolution, the labelled S^2 rate against a
   # brute-force pair sum, a slow mode's rate over 20 frames: their code paths are the other
   # mean-field tests').
-  # Built (above, beside the CTest phase) by clang where it is installed (the tests' own packages include it): under the
+  # Built by clang where it is installed (the tests' own packages include it): under the
   # sanitizers it compiles the template-heavy pair loops in a fraction of GCC's time. Every
   # file at -O0 but the numerical libraries (core, backends, integrators, observers,
   # meanfield: -O1,
@@ -140,10 +121,19 @@ if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
     'MeanfieldSphere.LinearGrowthRatesFromEvolution' 'MeanfieldSphereLabels.RateIsTheWeakFormOfThePairSum'
     'MeanfieldCircle.ASlowModeGrowsAtTheRateOfTheOperator'
   )
-  phase "sanitizer build (the rest of it)"
-  if ! wait "$sanitize_pid"; then
-    tail -60 build-sanitize.log; echo "the sanitizer build failed (build-sanitize.log)" >&2; exit 1
-  fi
+  sanitizer_compiler=()
+  for cxx in clang++-14 clang++; do
+    if command -v "$cxx" >/dev/null; then
+      sanitizer_compiler=(-DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_C_COMPILER="${cxx/++/}")
+      break
+    fi
+  done
+  phase "sanitizer build"
+  cmake -S . -B build-sanitize $(generator_for build-sanitize) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMFATTN_SANITIZE=ON \
+    -DMFATTN_CPU_DISPATCH=OFF -DMFATTN_CUDA=OFF -DMFATTN_PYTHON=OFF "${sanitizer_compiler[@]}" \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O0 -g1 -DNDEBUG" \
+    -DMFATTN_NUMERICS_COMPILE_OPTIONS=-O1 >/dev/null
+  cmake --build build-sanitize -j "$jobs" --target mfattn_tests mfattn
   # Two shards side by side: under the sanitizers most tests keep one core busy (one process
   # took 145 s, two shards 90 s). Each shard's log is shown when it fails.
   phase "sanitizer tests"

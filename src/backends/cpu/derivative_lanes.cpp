@@ -220,6 +220,26 @@ template <int kDim>
   return logit;
 }
 
+/// The block's 2^(t_ij - o_i) at the kLanes sources from `at` (k: their place in the term
+/// rows), t_ij its base-2 logits (scaled_query: its queries times beta log2(e)); the keys' score
+/// rows are left in `keys`.
+template <int kDim, bool kTerms>
+[[gnu::always_inline]] inline void block_exponentials(const HeadLanes& head,
+                                                      const BlockRows<double, kDim>& scaled_query,
+                                                      TermRows& rows, std::size_t at, std::size_t k,
+                                                      const double* offset, Lanes* keys,
+                                                      Lanes (&out)[kBlock]) {
+  const std::size_t scores = kDim > 0 ? std::size_t(kDim) : head.pairs.score_dim;
+  for (std::size_t c = 0; c < scores; ++c)
+    keys[c] = simd::load(head.keys.data() + c * head.padded() + at);
+  Lanes t[kBlock];
+  for (std::size_t r = 0; r < kBlock; ++r)
+    t[r] = base2_logit<kDim>(head, scaled_query[r], keys, at,
+                             kTerms ? rows.log_term(r) + k : nullptr) -
+           offset[r];
+  simd::exp2_nonpositive<kBlock>(t, out);
+}
+
 /// body(kDim, kTerms) as types: od as a compile-time constant where it is small (the loops
 /// then keep their rows in registers; 0: any od), and whether the model has pair terms.
 template <class Body>
@@ -301,17 +321,11 @@ void forward_block(HeadLanes& head, std::size_t first, HeadPairs& pairs) {
       if (kTerms) rows.fill(head, block.token, begin, false, nullptr);
       for (std::size_t k = 0; k < kRowTile; k += kLanes) {
         const std::size_t at = begin + k;
-        for (std::size_t c = 0; c < scores; ++c)
-          keys[c] = simd::load(head.keys.data() + c * padded + at);
         if constexpr (kDim > 0)
           for (std::size_t c = 0; c < od; ++c)
             values[c] = simd::load(head.values.data() + c * padded + at);
-        Lanes t[kBlock], weight[kBlock];
-        for (std::size_t r = 0; r < kBlock; ++r)
-          t[r] = base2_logit<kDim>(head, query[r], keys, at,
-                                   kTerms ? rows.log_term(r) + k : nullptr) -
-                 offset[r];
-        simd::exp2_nonpositive<kBlock>(t, weight);
+        Lanes weight[kBlock];
+        block_exponentials<kDim, kTerms>(head, query, rows, at, k, offset, keys, weight);
         for (std::size_t r = 0; r < kBlock; ++r) {
           if constexpr (kTerms) weight[r] *= simd::load(rows.multiplier(r) + k);
           sums[r] += weight[r];
@@ -425,14 +439,8 @@ void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot, bool multipl
     for (std::size_t chunk = 0; chunk < chunks; ++chunk) {
       const std::size_t at = begin + chunk * kLanes, k = chunk % kRowChunks * kLanes;
       if (kTerms && k == 0) rows.fill(head, block.token, at, numbers > 0, nullptr);
-      for (std::size_t c = 0; c < score_loop; ++c)
-        keys[c] = simd::load(head.keys.data() + c * padded + at);
-      Lanes t[kBlock], weight[kBlock];
-      for (std::size_t r = 0; r < kBlock; ++r)
-        t[r] = base2_logit<kDim>(head, scaled_query[r], keys, at,
-                                 kTerms ? rows.log_term(r) + k : nullptr) -
-               offset[r];
-      simd::exp2_nonpositive<kBlock>(t, weight);
+      Lanes weight[kBlock];
+      block_exponentials<kDim, kTerms>(head, scaled_query, rows, at, k, offset, keys, weight);
       // <u_bar_i, z_j>, each value lane row loaded once for the block.
       Lanes along[kBlock] = {};
       for (std::size_t c = 0; c < od; ++c) {
@@ -550,21 +558,15 @@ void jvp_block(const HeadLanes& head, const PairTangents& in, const AlignedDoubl
     if (kTerms) rows.fill(head, block.token, begin, false, factor_tangent ? in.factor : nullptr);
     for (std::size_t k = 0; k < kRowTile; k += kLanes) {
       const std::size_t at = begin + k;
-      for (std::size_t c = 0; c < scores; ++c) {
-        keys[c] = simd::load(head.keys.data() + c * padded + at);
+      for (std::size_t c = 0; c < scores; ++c)
         key_dots[c] = simd::load(key_dot.data() + c * padded + at);
-      }
       if constexpr (kDim > 0)
         for (std::size_t c = 0; c < od; ++c) {
           values[c] = simd::load(head.values.data() + c * padded + at);
           value_dots[c] = simd::load(value_dot.data() + c * padded + at);
         }
-      Lanes t[kBlock], exponential[kBlock];
-      for (std::size_t r = 0; r < kBlock; ++r)
-        t[r] = base2_logit<kDim>(head, query[r], keys, at,
-                                 kTerms ? rows.log_term(r) + k : nullptr) -
-               offset[r];
-      simd::exp2_nonpositive<kBlock>(t, exponential);
+      Lanes exponential[kBlock];
+      block_exponentials<kDim, kTerms>(head, query, rows, at, k, offset, keys, exponential);
       const Lanes presence_dot = simd::load(bias_dot.data() + at);
       for (std::size_t r = 0; r < kBlock; ++r) {
         const Lanes weight = kTerms ? exponential[r] * simd::load(rows.multiplier(r) + k)
