@@ -108,6 +108,7 @@ struct HeadLanes {
   AlignedDoubles bias;        // log2(e) log p_j; -inf for null sources and padding
   bool terms = false;         // the model has a mask or a factor
   std::size_t numbers = 0;    // the factor's numbers
+  bool multiplies = false;    // the factor multiplies the weight (a sign-changing one: kMultiply)
   double beta = 0.0, beta_log2e = 0.0;
   // max_j |k_j| and max_j log2(e) log p_j over the sources that weigh (forward_block's bound).
   double largest_key_norm = 0.0, largest_bias = kNegInf;
@@ -119,6 +120,7 @@ struct HeadLanes {
         numbers(factor_numbers_count(head.model.pair_terms)), beta(head.model.beta),
         beta_log2e(head.model.beta * kLog2e) {
     const Model& model = head.model;
+    lane_terms.visit_factor([&](auto factor) { multiplies = decltype(factor)::kMultiply; });
     layout.n = model.n;
     layout.od = head.operand_dim;
     layout.prefix = model.prefix_count();
@@ -374,7 +376,7 @@ void forward_block(HeadLanes& head, std::size_t first, HeadPairs& pairs) {
 struct ReceiverCotangents {
   std::vector<double> inverse_normaliser;  // 1 / N_i; 0 where u_i = 0 (its u_bar is then 0 too)
   std::vector<double> delta;               // SA: <u_bar_i, u_pre_i>; USA: 0
-  std::vector<double> u_bar;               // n x od, 0 where u_i = 0
+  const double* u_bar = nullptr;           // n x od (PairPasses::vjp's), 0 where u_i = 0
 };
 
 /// The VJP's pass over one tile of sources [begin, end) (at most kSourceTile) against every
@@ -384,7 +386,7 @@ struct ReceiverCotangents {
 /// score components) and the factor's numbers' sum_j term_bar_ij dc_ij, is added to that
 /// receiver's row of `partial` (r + numbers numbers per receiver).
 template <int kDim, bool kTerms>
-void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot, bool multiplies,
+void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot,
               std::size_t begin, std::size_t end, double* key_sums, double* value_sums,
               double* logit_sums, double* partial) {
   const HeadPairs& pairs = head.pairs;
@@ -456,7 +458,7 @@ void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot, bool multipl
         for (std::size_t c = 0; c < score_loop; ++c) receiver_acc[r][c] += logit_bar[r] * keys[c];
         if (!kTerms || numbers == 0) continue;
         // A log-term's cotangent is l_bar; a multiplier's p_j 2^t w_bar = 2^t rate / N_i.
-        const Lanes term_bar = multiplies ? scaled * rate : logit_bar[r];
+        const Lanes term_bar = head.multiplies ? scaled * rate : logit_bar[r];
         for (std::size_t number = 0; number < numbers; ++number)
           factor_acc[r * numbers + number] += term_bar * simd::load(rows.derivative(r, number) + k);
       }
@@ -539,10 +541,6 @@ void jvp_block(const HeadLanes& head, const PairTangents& in, const AlignedDoubl
     offset[r] = pairs.offset[i];
   }
   TermRows rows(kTerms, head.numbers);
-  const bool multiplies = model.pair_terms.factor != AuxFactor::None &&
-                          kernels::visit_factor(model.pair_terms, [](auto factor) {
-                            return decltype(factor)::kMultiply;
-                          });
   const bool factor_tangent = in.factor != nullptr && head.numbers > 0;
   BlockRows<Lanes, kDim> keys_rows(od), values_rows(od), acc(kDim > 0 ? od : 0);
   Lanes* keys = keys_rows[0];
@@ -575,7 +573,7 @@ void jvp_block(const HeadLanes& head, const PairTangents& in, const AlignedDoubl
         for (std::size_t c = 0; c < scores; ++c)
           logit_dot += along_keys[r][c] * keys[c] + along_key_dots[r][c] * key_dots[c];
         Lanes weight_dot;
-        if (factor_tangent && multiplies) {
+        if (factor_tangent && head.multiplies) {
           weight_dot = weight * logit_dot + exponential[r] * simd::load(rows.term_dot(r) + k);
         } else {
           if (factor_tangent) logit_dot += simd::load(rows.term_dot(r) + k);
@@ -654,15 +652,12 @@ class LanePairPasses final : public detail::PairPasses {
     ReceiverCotangents& cot = work.cotangents;
     cot.inverse_normaliser.assign(n, 0.0);
     cot.delta.assign(n, 0.0);
-    cot.u_bar.assign(n * od, 0.0);
+    cot.u_bar = u_bar;
     for (std::size_t i = 0; i < n; ++i) {
       if (pairs.normaliser[i] == 0.0) continue;
       cot.inverse_normaliser[i] = 1.0 / pairs.normaliser[i];
       double delta = 0.0;
-      for (std::size_t c = 0; c < od; ++c) {
-        cot.u_bar[i * od + c] = u_bar[i * od + c];
-        delta += u_bar[i * od + c] * pairs.u_pre[i * od + c];
-      }
+      for (std::size_t c = 0; c < od; ++c) delta += u_bar[i * od + c] * pairs.u_pre[i * od + c];
       if (sa) cot.delta[i] = delta;
     }
     // Each source tile is taken by one thread with every receiver; its receivers' shares go to
@@ -679,10 +674,6 @@ class LanePairPasses final : public detail::PairPasses {
     key_sums.resize(tiles * kSourceTile * od);
     value_sums.resize(tiles * kSourceTile * od);
     logit_sums.resize(padded);
-    const bool multiplies = model.pair_terms.factor != AuxFactor::None &&
-                            kernels::visit_factor(model.pair_terms, [](auto factor) {
-                              return decltype(factor)::kMultiply;
-                            });
     with_form(od, head.terms, [&](auto dim, auto terms) {
       const std::size_t groups = std::min(kTileGroups, tiles);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(team(n))
@@ -690,7 +681,7 @@ class LanePairPasses final : public detail::PairPasses {
         for (std::size_t tile = group; tile < tiles; tile += kTileGroups) {
           const std::size_t begin = tile * kSourceTile, end = std::min(padded, begin + kSourceTile);
           vjp_tile<decltype(dim)::value, decltype(terms)::value>(
-              head, cot, multiplies, begin, end, key_sums.data() + begin * od,
+              head, cot, begin, end, key_sums.data() + begin * od,
               value_sums.data() + begin * od, logit_sums.data() + begin,
               partial.data() + group * n * row);
         }

@@ -104,11 +104,11 @@ class HeadDerivative {
     // field_bar that do: M's cotangent G^T T, t's G M.
     Matrix moving_bar = rows(field_bar, n, d);
     for (std::size_t i = 0; i < n; ++i)
-      if (normaliser_[i] == 0.0) moving_bar.row(Eigen::Index(i)).setZero();
+      if (pairs_->normaliser[i] == 0.0) moving_bar.row(Eigen::Index(i)).setZero();
     const Matrix map_gradient = moving_bar.transpose() * t_rows();
     const Matrix t_bar = moving_bar * map_;
     for (std::size_t i = 0; i < n; ++i) {
-      if (normaliser_[i] == 0.0) continue;
+      if (pairs_->normaliser[i] == 0.0) continue;
       std::fill(u_bar.begin(), u_bar.end(), 0.0);
       if (form_.transported)
         model_.gauge->apply(i, t_bar.row(Eigen::Index(i)).data(), u_bar.data());
@@ -123,8 +123,8 @@ class HeadDerivative {
         const PairWeight pair = weight(i, j);
         if (!pair.visible) continue;
         const double along = dot(u_bar.data(), operands_.value(j), od);
-        const double weight_bar = usa ? along / mass : (along - delta) / normaliser_[i];
-        const double share = pair.weight / normaliser_[i];
+        const double weight_bar = usa ? along / mass : (along - delta) / pairs_->normaliser[i];
+        const double share = pair.weight / pairs_->normaliser[i];
         for (std::size_t c = 0; c < od; ++c) value_bar[j * od + c] += share * u_bar[c];
         const double logit_bar = pair.weight * weight_bar;
         for (std::size_t c = 0; c < od; ++c) {
@@ -202,7 +202,7 @@ class HeadDerivative {
       passes_->jvp(*pairs_, in, pass_numerator_dot.data(), pass_sum_dot.data());
     }
     for (std::size_t i = 0; i < n; ++i) {
-      if (normaliser_[i] == 0.0) continue;
+      if (pairs_->normaliser[i] == 0.0) continue;
       if (sinkhorn_) {
         // The plan's rows sum to 1: u_pre's tangent is the sums' own.
         std::copy(sinkhorn_dot.begin() + std::ptrdiff_t(i * od), sinkhorn_dot.begin() + std::ptrdiff_t((i + 1) * od),
@@ -240,9 +240,9 @@ class HeadDerivative {
         sum_dot += weight_dot;
       }
       // USA's N_i is M in the passes' units: M 2^(-offset_i) (the reference's: M itself).
-      const double normaliser_dot = usa ? mass_dot * (normaliser_[i] / model_.mass()) : sum_dot;
+      const double normaliser_dot = usa ? mass_dot * (pairs_->normaliser[i] / model_.mass()) : sum_dot;
       for (std::size_t c = 0; c < od; ++c)
-        numerator_dot[c] = (numerator_dot[c] - u_pre(i)[c] * normaliser_dot) / normaliser_[i];
+        numerator_dot[c] = (numerator_dot[c] - u_pre(i)[c] * normaliser_dot) / pairs_->normaliser[i];
       map_tangent(i, numerator_dot.data(), t_dot);
     }
     // F_dot += T_dot M^T + T M_dot^T.
@@ -291,28 +291,25 @@ class HeadDerivative {
   void forward() {
     const std::size_t n = model_.n, od = operands_.d;
     const bool usa = model_.normalization == Normalization::Usa;
-    normaliser_.assign(n, 0.0);
-    u_pre_.assign(n * od, 0.0);
+    // The head as the passes read it; its normaliser and u_pre are the forward pass's either way.
+    pairs_ = std::make_unique<HeadPairs>(HeadPairs{model_,
+                                                   operands_.sources,
+                                                   operands_.d,
+                                                   head_.score_dim(),
+                                                   operands_.queries.data(),
+                                                   operands_.keys.data(),
+                                                   operands_.values.data(),
+                                                   operands_.presence.data(),
+                                                   operands_.log_presence.data(),
+                                                   {},
+                                                   std::vector<double>(n, 0.0),
+                                                   std::vector<double>(n * od, 0.0),
+                                                   nullptr});
     t_.assign(n * std::size_t(map_.cols()), 0.0);
     if (passes_) {
-      pairs_ = std::make_unique<HeadPairs>(HeadPairs{model_,
-                                                     operands_.sources,
-                                                     operands_.d,
-                                                     head_.score_dim(),
-                                                     operands_.queries.data(),
-                                                     operands_.keys.data(),
-                                                     operands_.values.data(),
-                                                     operands_.presence.data(),
-                                                     operands_.log_presence.data(),
-                                                     {},
-                                                     {},
-                                                     {},
-                                                     nullptr});
       passes_->forward(*pairs_);
-      normaliser_ = pairs_->normaliser;
-      u_pre_ = pairs_->u_pre;
       for (std::size_t i = 0; i < n; ++i)
-        if (normaliser_[i] != 0.0) map_sums(i);
+        if (pairs_->normaliser[i] != 0.0) map_sums(i);
       return;
     }
     if (sinkhorn_) record_scalings();
@@ -320,7 +317,7 @@ class HeadDerivative {
     const double mass = model_.mass();
     for (std::size_t i = 0; i < n; ++i) {
       double sum = 0.0;
-      double* numerator = u_pre_.data() + i * od;
+      double* numerator = pairs_->u_pre.data() + i * od;
       for (std::size_t j = 0; j < operands_.sources; ++j) {
         const PairWeight pair = sinkhorn_ ? pair_logit(i, j) : weight(i, j);
         if (!pair.visible) continue;
@@ -332,12 +329,12 @@ class HeadDerivative {
       // SA's weights are exp(-offset_i) times the true ones, and eps_den with them.
       const double eps_den = offset_.empty() || !(model_.eps_den > 0.0) ? model_.eps_den
                                                                          : model_.eps_den * std::exp(-offset_[i]);
-      normaliser_[i] = sinkhorn_ ? (sum > 0.0 ? 1.0 : 0.0) : usa ? mass : eps_den + sum;
-      if (normaliser_[i] == 0.0) {
+      pairs_->normaliser[i] = sinkhorn_ ? (sum > 0.0 ? 1.0 : 0.0) : usa ? mass : eps_den + sum;
+      if (pairs_->normaliser[i] == 0.0) {
         std::fill(numerator, numerator + od, 0.0);
         continue;
       }
-      for (std::size_t c = 0; c < od; ++c) numerator[c] /= normaliser_[i];
+      for (std::size_t c = 0; c < od; ++c) numerator[c] /= pairs_->normaliser[i];
       map_sums(i);
     }
   }
@@ -551,7 +548,7 @@ class HeadDerivative {
       if (std::isfinite(largest[i])) offset_[i] = largest[i];
   }
 
-  const double* u_pre(std::size_t i) const { return u_pre_.data() + i * operands_.d; }
+  const double* u_pre(std::size_t i) const { return pairs_->u_pre.data() + i * operands_.d; }
   const double* t(std::size_t i) const { return t_.data() + i * std::size_t(map_.cols()); }
   /// t_i as the rows of an n x cols matrix.
   Eigen::Map<const Matrix> t_rows() const {
@@ -674,9 +671,9 @@ class HeadDerivative {
   bool full_map_;  ///< u = V_h t (transported, or values that are the contents), else O_h t
   Matrix map_;     ///< V_h (d x d) or O_h (d x rv; I where the head has none)
   host::TokenOperands operands_;
-  std::vector<double> normaliser_, u_pre_, t_;
+  std::vector<double> t_;
   std::vector<double> offset_;  ///< SA's (take_offsets); empty: none
-  std::unique_ptr<HeadPairs> pairs_;  ///< the head as the passes read it (null: pair by pair)
+  std::unique_ptr<HeadPairs> pairs_;  ///< the operands and the forward pass's N_i and u_pre_i
   bool has_pair_terms_ = model_.pair_terms.any();
   bool rescaled_ = model_.time_scale == TimeScale::Rescaled;  ///< l_ij carries -beta (d/dbeta: s_ij - 1)
   bool has_factor_numbers_ = factor_numbers_count(model_.pair_terms) > 0;

@@ -88,8 +88,8 @@ class PairPasses {
   virtual ~PairPasses() = default;
   /// offset, normaliser and u_pre of every receiver (and the passes' state).
   virtual void forward(HeadPairs& pairs) const = 0;
-  /// Adds to `out` (PairCotangents) for u_bar (n x od; rows of receivers with N_i = 0 are
-  /// not read).
+  /// Adds to `out` (PairCotangents) for u_bar (n x od; the rows of receivers with N_i = 0
+  /// are 0).
   virtual void vjp(const HeadPairs& pairs, const double* u_bar, PairCotangents& out) const = 0;
   /// numerator_dot (n x od) and sum_dot (n) from the tangents (PairTangents).
   virtual void jvp(const HeadPairs& pairs, const PairTangents& in, double* numerator_dot,
