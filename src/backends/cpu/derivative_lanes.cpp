@@ -90,6 +90,21 @@ struct LaneSources {
       for (std::size_t c = 0; c < count; ++c) out[c * padded + s] = rows[j * od + c];
     }
   }
+  /// rows (sources x od, HeadPairs' order) as od lane rows per tile of `tile` sources: the
+  /// lanes of source s, component c at tiled(s, c, tile). A pass over one tile then reads od
+  /// rows `tile` numbers apart, where rows `padded` apart (a multiple of 4 KiB) all fall in
+  /// the same L1 set and evict each other past its ways (od = 64 took 4 times as long).
+  std::size_t tiled(std::size_t s, std::size_t c, std::size_t tile) const {
+    return s / tile * tile * od + c * tile + s % tile;
+  }
+  void spread_tiled(const double* rows, std::size_t tile, AlignedDoubles& out) const {
+    out.assign((padded + tile - 1) / tile * tile * od, 0.0);
+    for (std::size_t s = 0; s < padded; ++s) {
+      const std::size_t j = operand(s);
+      if (j == kNoOperand) continue;
+      for (std::size_t c = 0; c < od; ++c) out[tiled(s, c, tile)] = rows[j * od + c];
+    }
+  }
 };
 
 /// What every pass of one head reads: the model's numbers, the sources as lanes, and the
@@ -100,6 +115,7 @@ struct HeadLanes {
   LaneSources layout;
   AlignedDoubles keys;    // od rows of padded (a wide head: its r score rows)
   AlignedDoubles values;  // od rows of padded
+  AlignedDoubles tiled_values;  // od rows per tile of kSourceTile (the VJP's, LaneSources::tiled)
   // A wide head (od not a compile-time size of the passes) takes its value sums as small
   // GEMMs (micro_kernels.hpp's add_weighted_rows) over rows of value_stride numbers.
   bool wide = false;
@@ -129,6 +145,7 @@ struct HeadLanes {
     wide = !(layout.od == 2 || layout.od == 3 || layout.od == 4 || layout.od == 8);
     layout.spread(head.keys, wide ? head.score_dim : layout.od, keys);
     layout.spread(head.values, layout.od, values);
+    layout.spread_tiled(head.values, kSourceTile, tiled_values);
     value_stride = round_up(layout.od, kLanes);
     if (wide) layout.gather(head.values, value_stride, value_rows);
     bias.assign(layout.padded, kNegInf);
@@ -390,7 +407,7 @@ void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot,
               std::size_t begin, std::size_t end, double* key_sums, double* value_sums,
               double* logit_sums, double* partial) {
   const HeadPairs& pairs = head.pairs;
-  const std::size_t od = kDim > 0 ? std::size_t(kDim) : head.od(), padded = head.padded();
+  const std::size_t od = kDim > 0 ? std::size_t(kDim) : head.od();
   const std::size_t n = pairs.model.n, numbers = head.numbers;
   const std::size_t score_dim = pairs.score_dim, row = score_dim + numbers;
   // The queries and keys are 0 past r: a known od takes every component (no branch).
@@ -446,7 +463,7 @@ void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot,
       // <u_bar_i, z_j>, each value lane row loaded once for the block.
       Lanes along[kBlock] = {};
       for (std::size_t c = 0; c < od; ++c) {
-        values[0] = simd::load(head.values.data() + c * padded + at);
+        values[0] = simd::load(head.tiled_values.data() + head.layout.tiled(at, c, kSourceTile));
         for (std::size_t r = 0; r < kBlock; ++r) along[r] += u_bar[r][c] * values[0];
       }
       Lanes plan[kBlock], logit_bar[kBlock];
