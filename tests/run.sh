@@ -40,7 +40,7 @@ cmake --build build -j "$jobs"
 # above, so the MPI sweep test must run rather than skip.
 export MFATTN_REQUIRE_MPI=1
 # Arm: the numerical core cross-built for aarch64 and its exactness checks run under
-# qemu-aarch64 with the NEON kernels (tests/aarch64/README.md; about 85 s alone). It builds
+# qemu-aarch64 with the NEON kernels (tests/aarch64/README.md; about 86 s alone). It builds
 # beside the CTest and kernel-set phases, whose tests leave the second core idle through their
 # serial stretches, and its result is checked after them.
 aarch64_pid=""
