@@ -2,6 +2,11 @@
 # Builds the option fuzzer with clang (libFuzzer, ASan, UBSan) and runs the committed corpus
 # plus a short fuzzing run. Usage: fuzz/run_short.sh [SECONDS (30)] [BUILD_DIR (build-fuzz)]
 # Exit 0: no finding. A finding leaves crash-*, timeout-* or oom-* files in BUILD_DIR.
+# MFATTN_FUZZ_SANITIZED_LIBS=DIR: a sanitizer build's folder (CMake, -DMFATTN_SANITIZE=ON,
+# clang) whose libmfattn_core.a and libmfattn_integrators.a are linked instead of compiling
+# src/core and src/integrators here (tests/run.sh passes its own: 60 of the build's 105
+# CPU-seconds). Their code then carries the sanitizers but not the fuzzer's coverage counters,
+# which the parser's files (app/, io/weights_file) keep.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
@@ -18,13 +23,19 @@ mkdir -p "$build/corpus"
 # The sources the parser links (the core and the integrators as CMakeLists.txt globs them, so
 # that a new file there is linked here too; the config reader, validation, the --weights
 # reader), compiled once, side by side, and reused.
-sources=()
-for file in "$root"/src/core/*.cpp "$root"/src/integrators/*.cpp; do
-  file="${file#"$root/src/"}"
-  sources+=("${file%.cpp}")
-done
+sources=() objects=() archives=() pids=()
+libs="${MFATTN_FUZZ_SANITIZED_LIBS:-}"
+if [[ -n "$libs" && -f "$libs/libmfattn_core.a" && -f "$libs/libmfattn_integrators.a" ]]; then
+  # After the objects, the integrators before the core: the linker takes an archive's members
+  # only for what is still missing.
+  archives=("$libs/libmfattn_integrators.a" "$libs/libmfattn_core.a")
+else
+  for file in "$root"/src/core/*.cpp "$root"/src/integrators/*.cpp; do
+    file="${file#"$root/src/"}"
+    sources+=("${file%.cpp}")
+  done
+fi
 sources+=(app/config app/validate app/run_resources io/weights_file)
-objects=() pids=()
 for source in "${sources[@]}"; do
   object="$build/$(basename "$source").o"
   if [[ ! "$object" -nt "$root/src/$source.cpp" ]]; then
@@ -34,7 +45,7 @@ for source in "${sources[@]}"; do
   objects+=("$object")
 done
 for pid in "${pids[@]}"; do wait "$pid"; done
-"$cxx" "${flags[@]}" -fsanitize=fuzzer "$here/fuzz_options.cpp" "${objects[@]}" \
+"$cxx" "${flags[@]}" -fsanitize=fuzzer "$here/fuzz_options.cpp" "${objects[@]}" "${archives[@]}" \
   -lboost_program_options "${hdf5_libs[@]}" -o "$build/fuzz_options"
 cd "$build"
 # Every seed first, then fuzzing from them; new inputs go to BUILD_DIR/corpus.

@@ -161,9 +161,12 @@ fi
 # The option parser's fuzz target (clang, libFuzzer + ASan + UBSan): every committed corpus
 # input, then 30 s of fuzzing from them (fuzz/README.md has the long run's figures). It runs
 # on one core beside pytest (mostly one core too), and its result is checked after pytest.
+# It links the sanitizer build's core and integrators where that build ran (fuzz/README.md).
 fuzz_pid=""
 if [ "${MFATTN_SKIP_FUZZ:-0}" != 1 ]; then
-  nice -n 5 fuzz/run_short.sh 30 "$here/build-fuzz" > build-fuzz.log 2>&1 &
+  fuzz_libs=""
+  [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ] && fuzz_libs="$here/build-sanitize"
+  MFATTN_FUZZ_SANITIZED_LIBS="$fuzz_libs" nice -n 5 fuzz/run_short.sh 30 "$here/build-fuzz" > build-fuzz.log 2>&1 &
   fuzz_pid=$!
 fi
 
