@@ -61,7 +61,7 @@ struct BlockRows<T, 0> {
   const T* operator[](std::size_t r) const { return rows.data() + r * dim; }
 };
 
-/// The head's source rows as lanes: od rows of `padded` numbers each, in LanePairTerms'
+/// The head's source rows as lanes (`padded` sources in tiles of kSourceTile), in LanePairTerms'
 /// source order.
 struct LaneSources {
   std::size_t n = 0, od = 0, prefix = 0, first_moving = 0, padded = 0;
@@ -81,32 +81,27 @@ struct LaneSources {
     }
   }
   /// The first `count` components of rows (sources x od, HeadPairs' order) as `count` lane
-  /// rows (padding: 0).
+  /// rows in tiles of kSourceTile sources (padding: 0): component c of source s at
+  /// lanes_of(out, s, count)[c * kSourceTile]. A pass then reads its rows kSourceTile numbers
+  /// apart, where rows `padded` apart (8 KiB at n = 1024) all fell in the same L1 set and
+  /// evicted each other past its ways (n = 1024, od = 64, 8 heads: the VJP's tiles took 37 ms,
+  /// 26 ms so).
   void spread(const double* rows, std::size_t count, AlignedDoubles& out) const {
-    out.assign(count * padded, 0.0);
+    out.assign(round_up(padded, kSourceTile) * count, 0.0);
     for (std::size_t s = 0; s < padded; ++s) {
       const std::size_t j = operand(s);
       if (j == kNoOperand) continue;
-      for (std::size_t c = 0; c < count; ++c) out[c * padded + s] = rows[j * od + c];
-    }
-  }
-  /// rows (sources x od, HeadPairs' order) as od lane rows per tile of `tile` sources: the
-  /// lanes of source s, component c at tiled(s, c, tile). A pass over one tile then reads od
-  /// rows `tile` numbers apart, where rows `padded` apart (8 KiB at n = 1024) all fall in
-  /// the same L1 set and evict each other past its ways (n = 1024, od = 64, 8 heads: the
-  /// VJP's tiles took 37 ms, 26 ms so).
-  std::size_t tiled(std::size_t s, std::size_t c, std::size_t tile) const {
-    return s / tile * tile * od + c * tile + s % tile;
-  }
-  void spread_tiled(const double* rows, std::size_t tile, AlignedDoubles& out) const {
-    out.assign((padded + tile - 1) / tile * tile * od, 0.0);
-    for (std::size_t s = 0; s < padded; ++s) {
-      const std::size_t j = operand(s);
-      if (j == kNoOperand) continue;
-      for (std::size_t c = 0; c < od; ++c) out[tiled(s, c, tile)] = rows[j * od + c];
+      double* lanes = out.data() + (s / kSourceTile * count * kSourceTile + s % kSourceTile);
+      for (std::size_t c = 0; c < count; ++c) lanes[c * kSourceTile] = rows[j * od + c];
     }
   }
 };
+
+/// The lanes of source `at` (a multiple of kLanes) in rows of `count` components that
+/// LaneSources::spread laid out: component c's kLanes numbers at [c * kSourceTile].
+inline const double* lanes_of(const AlignedDoubles& rows, std::size_t at, std::size_t count) {
+  return rows.data() + (at / kSourceTile * count * kSourceTile + at % kSourceTile);
+}
 
 /// What every pass of one head reads: the model's numbers, the sources as lanes, and the
 /// pair terms.
@@ -114,9 +109,9 @@ struct HeadLanes {
   const HeadPairs& pairs;
   const LanePairTerms& pair_terms;
   LaneSources layout;
-  AlignedDoubles keys;    // od rows of padded (a wide head: its r score rows)
-  AlignedDoubles values;  // od rows of padded
-  AlignedDoubles tiled_values;  // od rows per tile of kSourceTile (the VJP's, LaneSources::tiled)
+  // Lane rows in tiles (LaneSources::spread; lanes_of finds a source's).
+  AlignedDoubles keys;    // od rows (a wide head: its r score rows)
+  AlignedDoubles values;  // od rows
   // A wide head (od not a compile-time size of the passes) takes its value sums as small
   // GEMMs (micro_kernels.hpp's add_weighted_rows) over rows of value_stride numbers.
   bool wide = false;
@@ -146,7 +141,6 @@ struct HeadLanes {
     wide = !(layout.od == 2 || layout.od == 3 || layout.od == 4 || layout.od == 8);
     layout.spread(head.keys, wide ? head.score_dim : layout.od, keys);
     layout.spread(head.values, layout.od, values);
-    layout.spread_tiled(head.values, kSourceTile, tiled_values);
     value_stride = round_up(layout.od, kLanes);
     if (wide) layout.gather(head.values, value_stride, value_rows);
     bias.assign(layout.padded, kNegInf);
@@ -250,8 +244,8 @@ template <int kDim, bool kTerms>
                                                       const double* offset, Lanes* keys,
                                                       Lanes (&out)[kBlock]) {
   const std::size_t scores = kDim > 0 ? std::size_t(kDim) : head.pairs.score_dim;
-  for (std::size_t c = 0; c < scores; ++c)
-    keys[c] = simd::load(head.keys.data() + c * head.padded() + at);
+  const double* key_lanes = lanes_of(head.keys, at, scores);
+  for (std::size_t c = 0; c < scores; ++c) keys[c] = simd::load(key_lanes + c * kSourceTile);
   Lanes t[kBlock];
   for (std::size_t r = 0; r < kBlock; ++r)
     t[r] = base2_logit<kDim>(head, scaled_query[r], keys, at,
@@ -312,8 +306,8 @@ void forward_block(HeadLanes& head, std::size_t first, HeadPairs& pairs) {
       if (kTerms) rows.fill(head, block.token, begin, false, nullptr);
       for (std::size_t k = 0; k < kRowTile; k += kLanes) {
         const std::size_t at = begin + k;
-        for (std::size_t c = 0; c < scores; ++c)
-          keys[c] = simd::load(head.keys.data() + c * padded + at);
+        const double* key_lanes = lanes_of(head.keys, at, scores);
+        for (std::size_t c = 0; c < scores; ++c) keys[c] = simd::load(key_lanes + c * kSourceTile);
         for (std::size_t r = 0; r < kBlock; ++r)
           best[r] = simd::max(best[r], base2_logit<kDim>(head, query[r], keys, at,
                                                          kTerms ? rows.log_term(r) + k : nullptr));
@@ -341,9 +335,10 @@ void forward_block(HeadLanes& head, std::size_t first, HeadPairs& pairs) {
       if (kTerms) rows.fill(head, block.token, begin, false, nullptr);
       for (std::size_t k = 0; k < kRowTile; k += kLanes) {
         const std::size_t at = begin + k;
-        if constexpr (kDim > 0)
-          for (std::size_t c = 0; c < od; ++c)
-            values[c] = simd::load(head.values.data() + c * padded + at);
+        if constexpr (kDim > 0) {
+          const double* value_lanes = lanes_of(head.values, at, od);
+          for (std::size_t c = 0; c < od; ++c) values[c] = simd::load(value_lanes + c * kSourceTile);
+        }
         Lanes weight[kBlock];
         block_exponentials<kDim, kTerms>(head, query, rows, at, k, offset, keys, weight);
         for (std::size_t r = 0; r < kBlock; ++r) {
@@ -463,8 +458,9 @@ void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot,
       block_exponentials<kDim, kTerms>(head, scaled_query, rows, at, k, offset, keys, weight);
       // <u_bar_i, z_j>, each value lane row loaded once for the block.
       Lanes along[kBlock] = {};
+      const double* value_lanes = lanes_of(head.values, at, od);
       for (std::size_t c = 0; c < od; ++c) {
-        values[0] = simd::load(head.tiled_values.data() + head.layout.tiled(at, c, kSourceTile));
+        values[0] = simd::load(value_lanes + c * kSourceTile);
         for (std::size_t r = 0; r < kBlock; ++r) along[r] += u_bar[r][c] * values[0];
       }
       Lanes plan[kBlock], logit_bar[kBlock];
@@ -574,13 +570,17 @@ void jvp_block(const HeadLanes& head, const PairTangents& in, const AlignedDoubl
     if (kTerms) rows.fill(head, block.token, begin, false, factor_tangent ? in.factor : nullptr);
     for (std::size_t k = 0; k < kRowTile; k += kLanes) {
       const std::size_t at = begin + k;
+      const double* key_dot_lanes = lanes_of(key_dot, at, scores);
       for (std::size_t c = 0; c < scores; ++c)
-        key_dots[c] = simd::load(key_dot.data() + c * padded + at);
-      if constexpr (kDim > 0)
+        key_dots[c] = simd::load(key_dot_lanes + c * kSourceTile);
+      if constexpr (kDim > 0) {
+        const double *value_lanes = lanes_of(head.values, at, od),
+                     *value_dot_lanes = lanes_of(value_dot, at, od);
         for (std::size_t c = 0; c < od; ++c) {
-          values[c] = simd::load(head.values.data() + c * padded + at);
-          value_dots[c] = simd::load(value_dot.data() + c * padded + at);
+          values[c] = simd::load(value_lanes + c * kSourceTile);
+          value_dots[c] = simd::load(value_dot_lanes + c * kSourceTile);
         }
+      }
       Lanes exponential[kBlock];
       block_exponentials<kDim, kTerms>(head, query, rows, at, k, offset, keys, exponential);
       const Lanes presence_dot = simd::load(bias_dot.data() + at);

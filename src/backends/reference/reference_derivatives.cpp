@@ -40,6 +40,16 @@ Eigen::Map<const Matrix> rows(const double* data, std::size_t count, std::size_t
   return Eigen::Map<const Matrix>(data, Eigen::Index(count), Eigen::Index(width));
 }
 
+/// Every source's contents y_j (sources x d: the moving tokens' y, then the prefix tokens'),
+/// once per layer for all its heads' matrix products.
+Matrix source_contents(const Model& model, const double* y) {
+  const std::size_t sources = model.n + model.prefix_count();
+  Matrix contents(Eigen::Index(sources), Eigen::Index(model.d));
+  for (std::size_t j = 0; j < sources; ++j)
+    std::copy_n(host::source_content(model, y, j), model.d, contents.row(Eigen::Index(j)).data());
+  return contents;
+}
+
 /// What one pair's weight is made of: w = p_j * factor_weight, factor_weight = c_ij *
 /// exponential (c_ij = 1 without a multiplier), exponential = exp(log m c + beta s - shift)
 /// without the multiplier (the factor's log-term in it).
@@ -72,10 +82,11 @@ struct SinkhornTape {
 /// The forward pass and the derivatives of one head of one replica (file comment).
 class HeadDerivative {
  public:
-  /// passes: SA's and USA's pair passes (null: these pair by pair).
+  /// passes: SA's and USA's pair passes (null: these pair by pair); contents: the layer's
+  /// source_contents of y.
   HeadDerivative(const Model& model, const AttentionHead& head, const HeadNumbers& layout,
-                 const double* y, const PairPasses* passes)
-      : model_(model), head_(head), layout_(layout), form_(model, head), y_(y),
+                 const double* y, const Matrix& contents, const PairPasses* passes)
+      : model_(model), head_(head), layout_(layout), form_(model, head), y_(y), contents_(contents),
         passes_(sinkhorn_ ? nullptr : passes),
         score_gauge_(head.score_dim() == model.d ? model.gauge.get() : model.head_gauge.get()),
         full_map_(form_.transported || head.value_identity),
@@ -102,9 +113,14 @@ class HeadDerivative {
                                     0.0);  // whole passes take them all
     // u_i = 0 held (N_i = 0): no derivative (a NaN goes on, to be seen). With G the rows of
     // field_bar that do: M's cotangent G^T T, t's G M.
-    Matrix moving_bar = rows(field_bar, n, d);
-    for (std::size_t i = 0; i < n; ++i)
-      if (pairs_->normaliser[i] == 0.0) moving_bar.row(Eigen::Index(i)).setZero();
+    // (A copy only where some row must be zeroed.)
+    Matrix zeroed;
+    if (std::find(pairs_->normaliser.begin(), pairs_->normaliser.end(), 0.0) != pairs_->normaliser.end()) {
+      zeroed = rows(field_bar, n, d);
+      for (std::size_t i = 0; i < n; ++i)
+        if (pairs_->normaliser[i] == 0.0) zeroed.row(Eigen::Index(i)).setZero();
+    }
+    const auto moving_bar = rows(zeroed.size() > 0 ? zeroed.data() : field_bar, n, d);
     const Matrix map_gradient = moving_bar.transpose() * t_rows();
     const Matrix t_bar = moving_bar * map_;
     for (std::size_t i = 0; i < n; ++i) {
@@ -571,15 +587,6 @@ class HeadDerivative {
       std::copy(in, in + r, out);
   }
 
-  /// Every source's contents y_j (sources x d: the moving tokens' y, the prefix tokens').
-  Matrix source_contents() const {
-    const std::size_t d = model_.d;
-    Matrix contents(Eigen::Index(operands_.sources), Eigen::Index(d));
-    for (std::size_t j = 0; j < operands_.sources; ++j)
-      std::copy_n(host::source_content(model_, y_, j), d, contents.row(Eigen::Index(j)).data());
-    return contents;
-  }
-
   /// The first `width` of each row of `operand` (count rows of od) taken through G_j^T of the
   /// score gauge (or as they are), as a count x width matrix.
   Matrix score_rows_back(const std::vector<double>& operand, std::size_t count) const {
@@ -597,32 +604,36 @@ class HeadDerivative {
                       const std::vector<double>& value_bar, double* y_bar, HeadNumbers& head_gradient,
                       FieldNumbers& gradient) const {
     const std::size_t n = model_.n, d = model_.d, od = operands_.d, sources = operands_.sources;
-    const Matrix contents = source_contents();
+    const Matrix& contents = contents_;
     const Matrix query_back = score_rows_back(query_bar, n),
                  key_back = score_rows_back(key_bar, sources);
     head_gradient.query.noalias() += query_back.transpose() * contents.topRows(Eigen::Index(n));
     head_gradient.key.noalias() += key_back.transpose() * contents;
-    Matrix content_bar = key_back * head_.key;
-    content_bar.topRows(Eigen::Index(n)).noalias() += query_back * head_.query;
+    // The contents' cotangents go straight to y_bar (the moving tokens' rows) and the prefix's
+    // (no sources x d temporary per head).
+    const Eigen::Index moving = Eigen::Index(n), prefix = Eigen::Index(sources - n);
+    auto moving_bar = rows(y_bar, n, d);
+    auto prefix_bar = rows(gradient.prefix.data(), sources - n, d);
+    moving_bar.noalias() += key_back.topRows(moving) * head_.key;
+    moving_bar.noalias() += query_back * head_.query;
+    if (prefix > 0) prefix_bar.noalias() += key_back.bottomRows(prefix) * head_.key;
     const auto z_bar = rows(value_bar.data(), sources, od);
     if (form_.transported) {
       std::vector<double> back(d);
       for (std::size_t j = 0; j < sources; ++j) {
+        double* to = j < n ? y_bar + j * d : gradient.prefix.data() + (j - n) * d;
         model_.gauge->apply_transpose(j, value_bar.data() + j * od, back.data());
-        for (std::size_t c = 0; c < d; ++c)
-          content_bar(Eigen::Index(j), Eigen::Index(c)) += back[c];
+        for (std::size_t c = 0; c < d; ++c) to[c] += back[c];
       }
     } else if (head_.value_identity) {
-      content_bar += z_bar.leftCols(Eigen::Index(d));
+      moving_bar += z_bar.topRows(moving).leftCols(Eigen::Index(d));
+      if (prefix > 0) prefix_bar += z_bar.bottomRows(prefix).leftCols(Eigen::Index(d));
     } else {
       const Eigen::Index rv = head_.value.rows();
       head_gradient.value.noalias() += z_bar.leftCols(rv).transpose() * contents;
-      content_bar.noalias() += z_bar.leftCols(rv) * head_.value;
+      moving_bar.noalias() += z_bar.topRows(moving).leftCols(rv) * head_.value;
+      if (prefix > 0) prefix_bar.noalias() += z_bar.bottomRows(prefix).leftCols(rv) * head_.value;
     }
-    rows(y_bar, n, d) += content_bar.topRows(Eigen::Index(n));
-    if (sources > n)
-      rows(gradient.prefix.data(), sources - n,
-           d) += content_bar.bottomRows(Eigen::Index(sources - n));
   }
 
   /// The operands' tangents from the contents' (y_dot, the prefix's) and the matrices' (as
@@ -631,7 +642,7 @@ class HeadDerivative {
                       std::vector<double>& query_dot, std::vector<double>& key_dot,
                       std::vector<double>& value_dot) const {
     const std::size_t n = model_.n, d = model_.d, od = operands_.d, sources = operands_.sources;
-    const Matrix contents = source_contents();
+    const Matrix& contents = contents_;
     Matrix content_dots = Matrix::Zero(Eigen::Index(sources), Eigen::Index(d));
     content_dots.topRows(Eigen::Index(n)) = rows(y_dot, n, d);
     if (tangent && sources > n)
@@ -665,6 +676,7 @@ class HeadDerivative {
   const HeadNumbers& layout_;
   host::HeadOperands form_;
   const double* y_;
+  const Matrix& contents_;  ///< the layer's source_contents
   bool sinkhorn_ = model_.normalization == Normalization::Sinkhorn;
   const PairPasses* passes_;  ///< SA's and USA's pair passes; null: pair by pair here
   const Gauge* score_gauge_;
@@ -742,13 +754,15 @@ struct HeadShare {
 struct ReplicaLayer {
   const AttentionMatrices& set;
   LayerNumbers layout;
+  Matrix contents;  ///< source_contents(y), which every head's matrix products read
   std::vector<std::unique_ptr<HeadDerivative>> heads;
   std::vector<double> field;
   ReplicaLayer(const Model& model, std::size_t r, const double* y, const PairPasses* passes)
-      : set(model.matrices_of(r)), layout(layer_numbers(set)), heads(set.heads.size()),
-        field(model.n * model.d, 0.0) {
+      : set(model.matrices_of(r)), layout(layer_numbers(set)), contents(source_contents(model, y)),
+        heads(set.heads.size()), field(model.n * model.d, 0.0) {
     each_head(model, heads.size(), passes, [&](std::size_t h) {
-      heads[h] = std::make_unique<HeadDerivative>(model, set.heads[h], layout.heads[h], y, passes);
+      heads[h] = std::make_unique<HeadDerivative>(model, set.heads[h], layout.heads[h], y, contents,
+                                                  passes);
     });
     for (const auto& head : heads) head->add_output(field.data());
     std::vector<double> hidden(set.mlp.width());
