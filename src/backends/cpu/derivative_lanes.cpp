@@ -337,7 +337,8 @@ void forward_block(HeadLanes& head, std::size_t first, HeadPairs& pairs) {
         const std::size_t at = begin + k;
         if constexpr (kDim > 0) {
           const double* value_lanes = lanes_of(head.values, at, od);
-          for (std::size_t c = 0; c < od; ++c) values[c] = simd::load(value_lanes + c * kSourceTile);
+          for (std::size_t c = 0; c < od; ++c)
+            values[c] = simd::load(value_lanes + c * kSourceTile);
         }
         Lanes weight[kBlock];
         block_exponentials<kDim, kTerms>(head, query, rows, at, k, offset, keys, weight);

@@ -115,7 +115,8 @@ class HeadDerivative {
     // field_bar that do: M's cotangent G^T T, t's G M.
     // (A copy only where some row must be zeroed.)
     Matrix zeroed;
-    if (std::find(pairs_->normaliser.begin(), pairs_->normaliser.end(), 0.0) != pairs_->normaliser.end()) {
+    if (std::find(pairs_->normaliser.begin(), pairs_->normaliser.end(), 0.0) !=
+        pairs_->normaliser.end()) {
       zeroed = rows(field_bar, n, d);
       for (std::size_t i = 0; i < n; ++i)
         if (pairs_->normaliser[i] == 0.0) zeroed.row(Eigen::Index(i)).setZero();
