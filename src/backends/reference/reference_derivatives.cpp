@@ -79,6 +79,15 @@ struct SinkhornTape {
   std::size_t sweeps() const { return row_scale.size() - 1; }
 };
 
+/// One head's cotangents of its sources' operands, taken back through the score gauge: the
+/// factors of the contents' cotangents (HeadDerivative::add_contents_bar), which the layer adds
+/// row by row in head order (the heads' VJPs may run side by side; no n x d array per head).
+struct ContentCotangents {
+  Matrix query_back;              ///< n x r: G_i^T q_bar_i
+  Matrix key_back;                ///< sources x r: G_j^T k_bar_j
+  std::vector<double> value_bar;  ///< sources x od: z_bar_j
+};
+
 /// The forward pass and the derivatives of one head of one replica (file comment).
 class HeadDerivative {
  public:
@@ -101,8 +110,11 @@ class HeadDerivative {
     rows(field, model_.n, model_.d).noalias() += t_rows() * map_.transpose();
   }
 
-  /// The VJP for F's cotangent field_bar (n x d): y_bar (n x d) and the gradients.
-  void vjp(const double* field_bar, double* y_bar, HeadNumbers& head_gradient, FieldNumbers& gradient) const {
+  /// The VJP for F's cotangent field_bar (n x d): the head's matrices' gradients, the numbers'
+  /// (gradient) and the factors of the contents' cotangents (contents_bar: add_contents_bar
+  /// adds them to y_bar and the prefix's).
+  void vjp(const double* field_bar, ContentCotangents& contents_bar, HeadNumbers& head_gradient,
+           FieldNumbers& gradient) const {
     const std::size_t n = model_.n, d = model_.d, od = operands_.d, sources = operands_.sources;
     const bool usa = model_.normalization == Normalization::Usa;
     const double mass = model_.mass();
@@ -173,13 +185,47 @@ class HeadDerivative {
     if (usa)
       for (std::size_t j = 0; j < n; ++j)
         if (model_.presence[j] > 0.0) gradient.presence[j] += mass_bar;
-    gather_sources(query_bar, key_bar, value_bar, y_bar, head_gradient, gradient);
+    gather_sources(query_bar, key_bar, std::move(value_bar), contents_bar, head_gradient);
     if (full_map_) {
       head_gradient.value.noalias() += layout_.output.transpose() * map_gradient;
       head_gradient.output.noalias() += map_gradient * layout_.value.transpose();
     } else {
       head_gradient.output += map_gradient;
     }
+  }
+
+  /// Adds the contents' cotangents of sources [first, first + count) (a VJP's contents_bar) to
+  /// the moving tokens' rows of y_bar (n x d) and the prefix tokens' of prefix_bar (P x d):
+  /// K^T G^T k_bar_j + Q^T G^T q_bar_j + the values' (G_j^T z_bar_j | z_bar_j | A^T z_bar_j).
+  void add_contents_bar(const ContentCotangents& contents_bar, std::size_t first,
+                        std::size_t count, double* y_bar, double* prefix_bar) const {
+    const std::size_t n = model_.n, d = model_.d, od = operands_.d;
+    const std::size_t sources = operands_.sources;
+    // The moving rows [first, moving_end), then the prefix rows [prefix_first, end).
+    const std::size_t end = std::min(first + count, sources), moving_end = std::min(end, n);
+    const std::size_t prefix_first = std::max(first, n);
+    const auto z_bar = rows(contents_bar.value_bar.data(), sources, od);
+    auto add_rows = [&](std::size_t from, std::size_t to, double* bar) {
+      if (from >= to) return;
+      const Eigen::Index at = Eigen::Index(from), span = Eigen::Index(to - from);
+      auto rows_bar = rows(bar, to - from, d);
+      rows_bar.noalias() += contents_bar.key_back.middleRows(at, span) * head_.key;
+      if (from < n) rows_bar.noalias() += contents_bar.query_back.middleRows(at, span) * head_.query;
+      if (form_.transported) {
+        std::vector<double> back(d);
+        for (std::size_t j = from; j < to; ++j) {
+          model_.gauge->apply_transpose(j, contents_bar.value_bar.data() + j * od, back.data());
+          for (std::size_t c = 0; c < d; ++c) bar[(j - from) * d + c] += back[c];
+        }
+      } else if (head_.value_identity) {
+        rows_bar += z_bar.middleRows(at, span).leftCols(Eigen::Index(d));
+      } else {
+        const Eigen::Index rv = head_.value.rows();
+        rows_bar.noalias() += z_bar.middleRows(at, span).leftCols(rv) * head_.value;
+      }
+    };
+    add_rows(first, moving_end, y_bar + first * d);
+    add_rows(prefix_first, end, prefix_bar + (prefix_first - n) * d);
   }
 
   /// The JVP along y_dot (n x d) and the numbers' tangent (null: none; head_tangent: this
@@ -598,43 +644,25 @@ class HeadDerivative {
     return back;
   }
 
-  /// The operands' cotangents into the contents' (y_bar for moving tokens, the prefix's) and
-  /// the head's matrices: q = G Q y, k = G K y, z = G y | y | A y (as matrix products over the
-  /// sources' rows).
+  /// The operands' cotangents taken back through the score gauge (contents_bar) and into the
+  /// head's matrices' gradients: q = G Q y, k = G K y, z = G y | y | A y (as matrix products
+  /// over the sources' rows).
   void gather_sources(const std::vector<double>& query_bar, const std::vector<double>& key_bar,
-                      const std::vector<double>& value_bar, double* y_bar, HeadNumbers& head_gradient,
-                      FieldNumbers& gradient) const {
-    const std::size_t n = model_.n, d = model_.d, od = operands_.d, sources = operands_.sources;
+                      std::vector<double> value_bar, ContentCotangents& contents_bar,
+                      HeadNumbers& head_gradient) const {
+    const std::size_t n = model_.n, od = operands_.d, sources = operands_.sources;
     const Matrix& contents = contents_;
-    const Matrix query_back = score_rows_back(query_bar, n),
-                 key_back = score_rows_back(key_bar, sources);
-    head_gradient.query.noalias() += query_back.transpose() * contents.topRows(Eigen::Index(n));
-    head_gradient.key.noalias() += key_back.transpose() * contents;
-    // The contents' cotangents go straight to y_bar (the moving tokens' rows) and the prefix's
-    // (no sources x d temporary per head).
-    const Eigen::Index moving = Eigen::Index(n), prefix = Eigen::Index(sources - n);
-    auto moving_bar = rows(y_bar, n, d);
-    auto prefix_bar = rows(gradient.prefix.data(), sources - n, d);
-    moving_bar.noalias() += key_back.topRows(moving) * head_.key;
-    moving_bar.noalias() += query_back * head_.query;
-    if (prefix > 0) prefix_bar.noalias() += key_back.bottomRows(prefix) * head_.key;
-    const auto z_bar = rows(value_bar.data(), sources, od);
-    if (form_.transported) {
-      std::vector<double> back(d);
-      for (std::size_t j = 0; j < sources; ++j) {
-        double* to = j < n ? y_bar + j * d : gradient.prefix.data() + (j - n) * d;
-        model_.gauge->apply_transpose(j, value_bar.data() + j * od, back.data());
-        for (std::size_t c = 0; c < d; ++c) to[c] += back[c];
-      }
-    } else if (head_.value_identity) {
-      moving_bar += z_bar.topRows(moving).leftCols(Eigen::Index(d));
-      if (prefix > 0) prefix_bar += z_bar.bottomRows(prefix).leftCols(Eigen::Index(d));
-    } else {
+    contents_bar.query_back = score_rows_back(query_bar, n);
+    contents_bar.key_back = score_rows_back(key_bar, sources);
+    head_gradient.query.noalias() +=
+        contents_bar.query_back.transpose() * contents.topRows(Eigen::Index(n));
+    head_gradient.key.noalias() += contents_bar.key_back.transpose() * contents;
+    if (!form_.transported && !head_.value_identity) {
       const Eigen::Index rv = head_.value.rows();
-      head_gradient.value.noalias() += z_bar.leftCols(rv).transpose() * contents;
-      moving_bar.noalias() += z_bar.topRows(moving).leftCols(rv) * head_.value;
-      if (prefix > 0) prefix_bar.noalias() += z_bar.bottomRows(prefix).leftCols(rv) * head_.value;
+      head_gradient.value.noalias() +=
+          rows(value_bar.data(), sources, od).leftCols(rv).transpose() * contents;
     }
+    contents_bar.value_bar = std::move(value_bar);
   }
 
   /// The operands' tangents from the contents' (y_dot, the prefix's) and the matrices' (as
@@ -730,18 +758,29 @@ void each_head(const Model& model, std::size_t heads, const PairPasses* passes, 
   if (failure) std::rethrow_exception(failure);
 }
 
-/// One head's share of the VJP's sums that several heads add to: y's cotangent and the
-/// numbers outside the head's matrices (beta, the prefix, the presences, the factor's).
+/// body(first, count) for every block of kContentRows of `count` rows: side by side on the
+/// passes' threads where the rows are many. Each block's rows are its own, whichever thread
+/// takes it, so the bits do not depend on the thread count.
+constexpr std::size_t kContentRows = 256;
+template <class Body>
+void each_row_block(std::size_t count, const PairPasses* passes, Body&& body) {
+  const std::size_t blocks = (count + kContentRows - 1) / kContentRows;
+  const int team = passes && blocks > 1 ? passes->threads() : 1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
+  for (std::size_t b = 0; b < blocks; ++b)
+    body(b * kContentRows, std::min(kContentRows, count - b * kContentRows));
+}
+
+/// One head's share of the VJP's numbers outside the head's matrices (beta, the presences,
+/// the factor's), which several heads add to.
 struct HeadShare {
-  std::vector<double> y_bar;
   FieldNumbers numbers;
-  HeadShare(std::size_t size, const FieldNumbers& like) : y_bar(size, 0.0) {
+  explicit HeadShare(const FieldNumbers& like) {
     numbers.prefix.assign(like.prefix.size(), 0.0);
     numbers.presence.assign(like.presence.size(), 0.0);
     numbers.factor.assign(like.factor.size(), 0.0);
   }
-  void add_to(double* to_y_bar, FieldNumbers& to) const {
-    for (std::size_t e = 0; e < y_bar.size(); ++e) to_y_bar[e] += y_bar[e];
+  void add_to(FieldNumbers& to) const {
     to.beta += numbers.beta;
     for (std::size_t e = 0; e < numbers.prefix.size(); ++e) to.prefix[e] += numbers.prefix[e];
     for (std::size_t e = 0; e < numbers.presence.size(); ++e) to.presence[e] += numbers.presence[e];
@@ -819,12 +858,20 @@ void reference_output_vjp(const Model& model, const DerivativeTape& tape,
         kernels::feed_forward_vjp(mlp.w1.data(), mlp.b1.data(), mlp.w2.data(), int(mlp.width()), int(d), mlp.activation,
                                   yr + i * d, field_bar.data() + i * d, hidden.data(), y_bar + i * d, arrays);
     }
-    std::vector<HeadShare> shares(layer.heads.size(), HeadShare(n * d, gradient));
-    each_head(model, layer.heads.size(), tape.passes, [&](std::size_t h) {
-      layer.heads[h]->vjp(field_bar.data(), shares[h].y_bar.data(), set_gradient.heads[h],
+    const std::size_t heads = layer.heads.size();
+    std::vector<HeadShare> shares(heads, HeadShare(gradient));
+    std::vector<ContentCotangents> contents_bar(heads);
+    each_head(model, heads, tape.passes, [&](std::size_t h) {
+      layer.heads[h]->vjp(field_bar.data(), contents_bar[h], set_gradient.heads[h],
                           shares[h].numbers);
     });
-    for (const HeadShare& share : shares) share.add_to(y_bar, gradient);
+    for (const HeadShare& share : shares) share.add_to(gradient);
+    // The contents' cotangents: each row takes the heads in order.
+    each_row_block(n + model.prefix_count(), tape.passes, [&](std::size_t first, std::size_t count) {
+      for (std::size_t h = 0; h < heads; ++h)
+        layer.heads[h]->add_contents_bar(contents_bar[h], first, count, y_bar,
+                                         gradient.prefix.data());
+    });
   }
 }
 
