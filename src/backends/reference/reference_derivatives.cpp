@@ -88,6 +88,14 @@ struct ContentCotangents {
   std::vector<double> value_bar;  ///< sources x od: z_bar_j
 };
 
+/// One head's tangent of its output u^(h) = T M^T as its two factors' tangents (T_dot, and
+/// M_dot where the numbers have a tangent), which the layer adds row by row in head order
+/// (HeadDerivative::add_field_dot).
+struct OutputTangents {
+  Matrix t_dot;    ///< n x (M's columns); rows of receivers with N_i = 0 stay 0
+  Matrix map_dot;  ///< M's tangent; empty: none
+};
+
 /// The forward pass and the derivatives of one head of one replica (file comment).
 class HeadDerivative {
  public:
@@ -228,14 +236,17 @@ class HeadDerivative {
     add_rows(prefix_first, end, prefix_bar + (prefix_first - n) * d);
   }
 
-  /// The JVP along y_dot (n x d) and the numbers' tangent (null: none; head_tangent: this
-  /// head's): F_dot += u^(h)'s tangent.
-  void jvp(const double* y_dot, const FieldNumbers* tangent, const HeadNumbers* head_tangent, double* field_dot) const {
+  /// The JVP along the contents' tangents (content_dots: sources x d, the layer's) and the
+  /// numbers' tangent (null: none; head_tangent: this head's): u^(h)'s tangent as `out`, which
+  /// add_field_dot adds to F_dot.
+  void jvp(const Matrix& content_dots, const FieldNumbers* tangent, const HeadNumbers* head_tangent,
+           OutputTangents& out) const {
     const std::size_t n = model_.n, od = operands_.d, sources = operands_.sources;
     const bool usa = model_.normalization == Normalization::Usa;
     std::vector<double> query_dot(n * od, 0.0), key_dot(sources * od, 0.0), value_dot(sources * od, 0.0);
-    spread_sources(y_dot, tangent, head_tangent, query_dot, key_dot, value_dot);
-    Matrix map_dot = Matrix::Zero(map_.rows(), map_.cols());
+    spread_sources(content_dots, head_tangent, query_dot, key_dot, value_dot);
+    Matrix& map_dot = out.map_dot;
+    map_dot.resize(0, 0);
     if (head_tangent)
       map_dot = full_map_ ? Matrix(head_tangent->output * layout_.value + layout_.output * head_tangent->value)
                           : head_tangent->output;
@@ -245,8 +256,8 @@ class HeadDerivative {
         if (model_.presence[j] > 0.0) mass_dot += tangent->presence[j];
     const double beta_dot = tangent ? tangent->beta : 0.0;
     std::vector<double> numerator_dot(od), derivatives(kernels::kMaxFactorNumbers);
-    Matrix t_dot = Matrix::Zero(Eigen::Index(n),
-                                map_.cols());  // rows of receivers with N_i = 0 stay 0
+    Matrix& t_dot = out.t_dot;
+    t_dot.setZero(Eigen::Index(n), map_.cols());  // rows of receivers with N_i = 0 stay 0
     const std::vector<double> sinkhorn_dot =
         sinkhorn_ ? sinkhorn_jvp(query_dot, key_dot, value_dot, tangent) : std::vector<double>();
     std::vector<double> pass_numerator_dot, pass_sum_dot;
@@ -308,10 +319,17 @@ class HeadDerivative {
         numerator_dot[c] = (numerator_dot[c] - u_pre(i)[c] * normaliser_dot) / pairs_->normaliser[i];
       map_tangent(i, numerator_dot.data(), t_dot);
     }
-    // F_dot += T_dot M^T + T M_dot^T.
-    auto field_dots = rows(field_dot, n, model_.d);
-    field_dots.noalias() += t_dot * map_.transpose();
-    if (head_tangent) field_dots.noalias() += t_rows() * map_dot.transpose();
+  }
+
+  /// F_dot += T_dot M^T + T M_dot^T for the receivers [first, first + count) (a JVP's `in`;
+  /// field_dot: n x d).
+  void add_field_dot(const OutputTangents& in, std::size_t first, std::size_t count,
+                     double* field_dot) const {
+    const Eigen::Index at = Eigen::Index(first), span = Eigen::Index(count);
+    auto field_dots = rows(field_dot + first * model_.d, count, model_.d);
+    field_dots.noalias() += in.t_dot.middleRows(at, span) * map_.transpose();
+    if (in.map_dot.size() > 0)
+      field_dots.noalias() += t_rows().middleRows(at, span) * in.map_dot.transpose();
   }
 
   /// Row i of T_dot from u_pre's tangent (od numbers): G_i^T u_pre_dot, or u_pre_dot.
@@ -667,16 +685,11 @@ class HeadDerivative {
 
   /// The operands' tangents from the contents' (y_dot, the prefix's) and the matrices' (as
   /// matrix products over the sources' rows, then each row's gauge).
-  void spread_sources(const double* y_dot, const FieldNumbers* tangent, const HeadNumbers* head_tangent,
+  void spread_sources(const Matrix& content_dots, const HeadNumbers* head_tangent,
                       std::vector<double>& query_dot, std::vector<double>& key_dot,
                       std::vector<double>& value_dot) const {
     const std::size_t n = model_.n, d = model_.d, od = operands_.d, sources = operands_.sources;
     const Matrix& contents = contents_;
-    Matrix content_dots = Matrix::Zero(Eigen::Index(sources), Eigen::Index(d));
-    content_dots.topRows(Eigen::Index(n)) = rows(y_dot, n, d);
-    if (tangent && sources > n)
-      content_dots.bottomRows(Eigen::Index(sources - n)) = rows(tangent->prefix.data(), sources - n,
-                                                                d);
     // Q_h y_dot + Q_dot y, then G_j.
     auto score_dots = [&](const Matrix& m, const Matrix* m_dot, std::size_t count,
                           std::vector<double>& out) {
@@ -896,13 +909,24 @@ void reference_output_jvp(const Model& model, const DerivativeTape& tape, const 
         kernels::feed_forward_jvp(mlp.w1.data(), mlp.b1.data(), mlp.w2.data(), int(mlp.width()), int(d), mlp.activation,
                                   yr + i * d, y_dot + i * d, arrays, hidden.data(), field_dot.data() + i * d);
     }
-    std::vector<std::vector<double>> shares(layer.heads.size(), std::vector<double>(n * d, 0.0));
-    each_head(model, layer.heads.size(), tape.passes, [&](std::size_t h) {
-      layer.heads[h]->jvp(y_dot, tangent, set_tangent ? &set_tangent->heads[h] : nullptr,
-                          shares[h].data());
+    // The contents' tangents (sources x d): y_dot's rows, then the prefix's (0 without a tangent).
+    const std::size_t prefix = model.prefix_count();
+    Matrix content_dots(Eigen::Index(n + prefix), Eigen::Index(d));
+    content_dots.topRows(Eigen::Index(n)) = rows(y_dot, n, d);
+    if (tangent && prefix > 0)
+      content_dots.bottomRows(Eigen::Index(prefix)) = rows(tangent->prefix.data(), prefix, d);
+    else content_dots.bottomRows(Eigen::Index(prefix)).setZero();
+    const std::size_t heads = layer.heads.size();
+    std::vector<OutputTangents> outputs(heads);
+    each_head(model, heads, tape.passes, [&](std::size_t h) {
+      layer.heads[h]->jvp(content_dots, tangent, set_tangent ? &set_tangent->heads[h] : nullptr,
+                          outputs[h]);
     });
-    for (const std::vector<double>& share : shares)
-      for (std::size_t e = 0; e < n * d; ++e) field_dot[e] += share[e];
+    // Each receiver's row takes the heads in order.
+    each_row_block(n, tape.passes, [&](std::size_t first, std::size_t count) {
+      for (std::size_t h = 0; h < heads; ++h)
+        layer.heads[h]->add_field_dot(outputs[h], first, count, field_dot.data());
+    });
     // a_i = p_i F_i: p_i F_dot_i + p_dot_i F_i.
     for (std::size_t i = 0; i < n; ++i) {
       const double p = model.receiver_speed(i);
