@@ -35,20 +35,34 @@ sys.path.insert(0, os.environ.get("MFATTN_PYTHON_MODULE_DIR", str(ROOT / "build"
 import mfattn  # noqa: E402
 
 
-def seconds(call, repeats: int) -> float:
-    times = []
+def interleaved_seconds(calls: dict, repeats: int) -> dict:
+    """The median time of each call, the calls taken in turn in each repeat, so that a change in
+    the machine's speed during the run (a shared machine's) weighs on all of them alike."""
+    times = {name: [] for name in calls}
     for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(each) for name, each in times.items()}
 
 
-def model_of(n: int, d: int, heads: int, threads: int):
+def model_of(n: int, d: int, heads: int, threads: int, value_rows: str = "d"):
+    """The preset: Gaussian Q, K, V; heads of r = d / H with plain values, whose value matrices
+    keep d rows (rv = d, the preset's). value_rows="r": the same queries and keys, r value rows
+    per head and a Gaussian output map [d, H r] (the layer of a PyTorch multi-head attention)."""
     options = dict(n=n, d=d, kernel="sa", q="gaussian", k="gaussian", v="gaussian", threads=threads)
     if heads > 1:
         options.update(heads=heads, head_dim=d // heads, values="plain", beta=1 / np.sqrt(d // heads))
-    return mfattn.Model(**options)
+    model = mfattn.Model(**options)
+    if value_rows == "r":
+        r = d // heads
+        weights = model.weights()
+        weights["attention/value"] = weights["attention/value"][:, :r, :].copy()
+        weights["attention/output"] = np.random.default_rng(2).standard_normal((d, heads * r)) / np.sqrt(heads * r)
+        del options["q"], options["k"], options["v"], options["values"]
+        model = mfattn.Model(**options, weights=weights)
+    return model
 
 
 def torch_field(model, x: np.ndarray, threads: int):
@@ -70,22 +84,24 @@ def torch_field(model, x: np.ndarray, threads: int):
 
 def timing_rows(threads: int, repeats: int):
     rows = []
-    for n, d, heads in ((4096, 3, 1), (1024, 64, 8)):
-        model = model_of(n, d, heads, threads)
+    for n, d, heads, value_rows in ((4096, 3, 1, "d"), (1024, 64, 8, "d"), (1024, 64, 8, "r")):
+        model = model_of(n, d, heads, threads, value_rows)
         x = model.initial_state()
         w = np.random.default_rng(0).standard_normal(x.shape)
         t = np.random.default_rng(1).standard_normal(x.shape)
-        velocity = seconds(lambda: model.velocity(x), max(repeats, 5))
-        vjp = seconds(lambda: model.vjp(x, w), max(repeats, 5))
-        jvp = seconds(lambda: model.jvp(x, t), max(repeats, 5))
-        row = {"n": n, "d": d, "H": heads, "velocity_s": velocity, "vjp_s": vjp, "jvp_s": jvp}
+        calls = {"velocity_s": lambda: model.velocity(x), "vjp_s": lambda: model.vjp(x, w),
+                 "jvp_s": lambda: model.jvp(x, t)}
+        row = {"n": n, "d": d, "H": heads, "rv": d // heads if value_rows == "r" else d}
+        row.update(interleaved_seconds(calls, max(repeats, 5)))
         if heads > 1:
+            # Apart from mfattn's calls: PyTorch's threads, still spinning after its call,
+            # slowed the velocity that followed (25 ms where it takes 16 alone).
             import torch
 
             def autograd():
                 xt, v = torch_field(model, x, threads)
                 torch.autograd.grad((v * torch.tensor(w)).sum(), [xt])
-            row["torch_autograd_s"] = seconds(autograd, repeats)
+            row.update(interleaved_seconds({"torch_autograd_s": autograd}, repeats))
         rows.append(row)
     return rows
 
@@ -126,11 +142,11 @@ def main() -> None:
     args = parser.parse_args()
     kernels = os.environ.get("MFATTN_CPU_KERNELS", "default")
     print(f"kernel set: {kernels}; threads {args.threads}; medians of {args.repeats}\n")
-    print("| n | d | H | velocity | VJP | VJP / velocity | JVP | JVP / velocity | PyTorch autograd | autograd / VJP |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| n | d | H | rv | velocity | VJP | VJP / velocity | JVP | JVP / velocity | PyTorch autograd | autograd / VJP |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in timing_rows(args.threads, args.repeats):
         torch_s = row.get("torch_autograd_s")
-        print(f"| {row['n']} | {row['d']} | {row['H']} | {row['velocity_s'] * 1e3:.3g} ms | {row['vjp_s'] * 1e3:.4g} ms | "
+        print(f"| {row['n']} | {row['d']} | {row['H']} | {row['rv']} | {row['velocity_s'] * 1e3:.3g} ms | {row['vjp_s'] * 1e3:.4g} ms | "
               f"{row['vjp_s'] / row['velocity_s']:.3g} | {row['jvp_s'] * 1e3:.4g} ms | "
               f"{row['jvp_s'] / row['velocity_s']:.3g} | "
               + (f"{torch_s * 1e3:.4g} ms | {torch_s / row['vjp_s']:.3g} |" if torch_s else "- | - |"))

@@ -431,9 +431,8 @@ void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot,
   Lanes logit_acc[kChunks] = {};
   std::vector<Lanes> factor_acc(kBlock * numbers);
   BlockRows<double, kDim> query(od), scaled_query(od), u_bar(od);
-  BlockRows<Lanes, kDim> keys_rows(od), values_rows(od), receiver_acc(od);
+  BlockRows<Lanes, kDim> keys_rows(od), receiver_acc(od);
   Lanes* keys = keys_rows[0];
-  Lanes* values = values_rows[0];
   for (std::size_t first = 0; first < n; first += kBlock) {
     const ReceiverBlock block(first, n);
     double offset[kBlock], inverse[kBlock], delta[kBlock];
@@ -458,12 +457,24 @@ void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot,
       Lanes weight[kBlock];
       block_exponentials<kDim, kTerms>(head, scaled_query, rows, at, k, offset, keys, weight);
       // <u_bar_i, z_j>, each value lane row loaded once for the block.
-      Lanes along[kBlock] = {};
+      // (Two chains per receiver over the components' halves, so that the FMAs do not wait on
+      // each other's latency where od is large.)
+      Lanes along[kBlock] = {}, along_odd[kBlock] = {};
       const double* value_lanes = lanes_of(head.values, at, od);
-      for (std::size_t c = 0; c < od; ++c) {
-        values[0] = simd::load(value_lanes + c * kSourceTile);
-        for (std::size_t r = 0; r < kBlock; ++r) along[r] += u_bar[r][c] * values[0];
+      std::size_t c = 0;
+      for (; c + 2 <= od; c += 2) {
+        const Lanes value = simd::load(value_lanes + c * kSourceTile);
+        const Lanes next = simd::load(value_lanes + (c + 1) * kSourceTile);
+        for (std::size_t r = 0; r < kBlock; ++r) {
+          along[r] += u_bar[r][c] * value;
+          along_odd[r] += u_bar[r][c + 1] * next;
+        }
       }
+      if (c < od) {
+        const Lanes value = simd::load(value_lanes + c * kSourceTile);
+        for (std::size_t r = 0; r < kBlock; ++r) along[r] += u_bar[r][c] * value;
+      }
+      for (std::size_t r = 0; r < kBlock; ++r) along[r] += along_odd[r];
       Lanes plan[kBlock], logit_bar[kBlock];
       for (std::size_t r = 0; r < kBlock; ++r) {
         const Lanes scaled = weight[r] * inverse[r];  // 2^t / N_i
