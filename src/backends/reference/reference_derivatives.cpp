@@ -112,10 +112,12 @@ class HeadDerivative {
     forward();
   }
 
-  /// F += u^(h) (n x d): T M^T. (The products here are added with noalias(): no operand is
-  /// the sum itself, so Eigen needs no temporary, a fresh n x d array per product.)
-  void add_output(double* field) const {
-    rows(field, model_.n, model_.d).noalias() += t_rows() * map_.transpose();
+  /// F += u^(h) (n x d) for the receivers [first, first + count): T M^T. (The products here are
+  /// added with noalias(): no operand is the sum itself, so Eigen needs no temporary, a fresh
+  /// array per product.)
+  void add_output(double* field, std::size_t first, std::size_t count) const {
+    rows(field + first * model_.d, count, model_.d).noalias() +=
+        t_rows().middleRows(Eigen::Index(first), Eigen::Index(count)) * map_.transpose();
   }
 
   /// The VJP for F's cotangent field_bar (n x d): the head's matrices' gradients, the numbers'
@@ -817,7 +819,10 @@ struct ReplicaLayer {
       heads[h] = std::make_unique<HeadDerivative>(model, set.heads[h], layout.heads[h], y, contents,
                                                   passes);
     });
-    for (const auto& head : heads) head->add_output(field.data());
+    // Each receiver's row takes the heads in order.
+    each_row_block(model.n, passes, [&](std::size_t first, std::size_t count) {
+      for (const auto& head : heads) head->add_output(field.data(), first, count);
+    });
     std::vector<double> hidden(set.mlp.width());
     for (std::size_t i = 0; i < model.n; ++i) host::add_feed_forward(set.mlp, y + i * model.d, hidden.data(),
                                                                      field.data() + i * model.d);
