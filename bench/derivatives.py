@@ -25,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,7 +33,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, os.environ.get("MFATTN_PYTHON_MODULE_DIR", str(ROOT / "build" / "python")))
-import mfattn  # noqa: E402
+if os.environ.get("MFATTN_BENCH_NO_MODULE") != "1":  # PyTorch's own process (torch_seconds)
+    import mfattn  # noqa: E402
 
 
 def interleaved_seconds(calls: dict, repeats: int) -> dict:
@@ -68,15 +70,20 @@ def model_of(n: int, d: int, heads: int, threads: int, value_rows: str = "d"):
 def torch_field(model, x: np.ndarray, threads: int):
     """PyTorch float64 of the same field, written from docs/model.md sections 2 and 2b: SA heads
     with plain values, V_h = O_h A_h, and the tangent projection; returns (x, v)."""
+    return torch_field_of(model.weights(), model.beta, x, threads)
+
+
+def torch_field_of(weights: dict, beta: float, x: np.ndarray, threads: int):
+    """torch_field of a model's weights() and beta."""
     import torch
     torch.set_num_threads(threads)
-    w = {k: torch.tensor(v) for k, v in model.weights().items()}
+    w = {k: torch.tensor(v) for k, v in weights.items()}
     xt = torch.tensor(x, requires_grad=True)
     query, key, value, output = w["attention/query"], w["attention/key"], w["attention/value"], w["attention/output"]
     H, rv = query.shape[0], value.shape[1]
     field = torch.zeros_like(xt)
     for h in range(H):
-        scores = model.beta * (xt @ query[h].T) @ (xt @ key[h].T).T
+        scores = beta * (xt @ query[h].T) @ (xt @ key[h].T).T
         attention = torch.softmax(scores, dim=1)
         field = field + (attention @ (xt @ value[h].T)) @ output[:, h * rv:(h + 1) * rv].T
     return xt, field - (xt * field).sum(dim=1, keepdim=True) * xt
@@ -94,16 +101,39 @@ def timing_rows(threads: int, repeats: int):
         row = {"n": n, "d": d, "H": heads, "rv": d // heads if value_rows == "r" else d}
         row.update(interleaved_seconds(calls, max(repeats, 5)))
         if heads > 1:
-            # Apart from mfattn's calls: PyTorch's threads, still spinning after its call,
-            # slowed the velocity that followed (25 ms where it takes 16 alone).
-            import torch
-
-            def autograd():
-                xt, v = torch_field(model, x, threads)
-                torch.autograd.grad((v * torch.tensor(w)).sum(), [xt])
-            row.update(interleaved_seconds({"torch_autograd_s": autograd}, repeats))
+            row["torch_autograd_s"] = torch_seconds(model, x, w, threads, repeats)
         rows.append(row)
     return rows
+
+
+def torch_seconds(model, x: np.ndarray, w: np.ndarray, threads: int, repeats: int) -> float:
+    """The median time of PyTorch's forward and backward of <w, v(x)> (torch_field), in a process
+    of its own, after 3 calls that warm it up: beside mfattn's OpenMP threads (one runtime,
+    libgomp, for both) it took from 100 to 800 ms, by what ran before it."""
+    with tempfile.TemporaryDirectory() as folder:
+        inputs = Path(folder) / "inputs.npz"
+        np.savez(inputs, x=x, w=w, beta=model.beta, **{k.replace("/", "."): v for k, v in model.weights().items()})
+        code = f"""
+import statistics, sys, time, numpy as np, torch
+sys.path.insert(0, {str(ROOT / "bench")!r})
+from derivatives import torch_field_of
+data = np.load({str(inputs)!r})
+weights = {{k.replace(".", "/"): data[k] for k in data.files if "." in k}}
+def autograd():
+    xt, v = torch_field_of(weights, float(data["beta"]), data["x"], {threads})
+    torch.autograd.grad((v * torch.tensor(data["w"])).sum(), [xt])
+for _ in range(3):  # the first calls took up to 3 times as long (PyTorch's allocator, its threads)
+    autograd()
+times = []
+for _ in range({max(repeats, 3)}):
+    start = time.perf_counter()
+    autograd()
+    times.append(time.perf_counter() - start)
+print(statistics.median(times))
+"""
+        env = dict(os.environ, MFATTN_BENCH_NO_MODULE="1")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+        return float(out.stdout.split()[-1])
 
 
 def peak_memory(kind: str, n: int) -> float:

@@ -220,37 +220,39 @@ struct ReceiverBlock {
   }
 };
 
-/// Receiver r's base-2 logits against the kLanes sources at `at` (od key lanes `keys`), before
-/// its offset: the bias, then the scores in component order, then the log-term.
-template <int kDim>
-[[gnu::always_inline]] inline Lanes base2_logit(const HeadLanes& head, const double* scaled_query,
-                                                const Lanes* keys, std::size_t at,
-                                                const double* log_term_row) {
+/// The block's base-2 logits t_ij against the kLanes sources from `at` (k: their place in the
+/// term rows), before the offsets: the bias, then the scores in component order, then the
+/// log-term (scaled_query: the queries times beta log2(e)); the keys' score rows are left in
+/// `keys`. The block's receivers side by side: each key lane row loaded once, and kBlock FMA
+/// chains, where one receiver after the other waited on each FMA's latency.
+template <int kDim, bool kTerms>
+[[gnu::always_inline]] inline void block_logits(const HeadLanes& head,
+                                                const BlockRows<double, kDim>& scaled_query,
+                                                TermRows& rows, std::size_t at, std::size_t k,
+                                                Lanes* keys, Lanes (&t)[kBlock]) {
   // The queries and keys are 0 past r: a compile-time od takes every component (no branch).
   const std::size_t scores = kDim > 0 ? std::size_t(kDim) : head.pairs.score_dim;
-  Lanes logit = simd::load(head.bias.data() + at);
-  for (std::size_t c = 0; c < scores; ++c) logit += scaled_query[c] * keys[c];
-  if (log_term_row) logit += simd::load(log_term_row);
-  return logit;
+  const double* key_lanes = lanes_of(head.keys, at, scores);
+  const Lanes bias = simd::load(head.bias.data() + at);
+  for (std::size_t r = 0; r < kBlock; ++r) t[r] = bias;
+  for (std::size_t c = 0; c < scores; ++c) {
+    keys[c] = simd::load(key_lanes + c * kSourceTile);
+    for (std::size_t r = 0; r < kBlock; ++r) t[r] += scaled_query[r][c] * keys[c];
+  }
+  if constexpr (kTerms)
+    for (std::size_t r = 0; r < kBlock; ++r) t[r] += simd::load(rows.log_term(r) + k);
 }
 
-/// The block's 2^(t_ij - o_i) at the kLanes sources from `at` (k: their place in the term
-/// rows), t_ij its base-2 logits (scaled_query: its queries times beta log2(e)); the keys' score
-/// rows are left in `keys`.
+/// The block's 2^(t_ij - o_i) at the kLanes sources from `at` (block_logits).
 template <int kDim, bool kTerms>
 [[gnu::always_inline]] inline void block_exponentials(const HeadLanes& head,
                                                       const BlockRows<double, kDim>& scaled_query,
                                                       TermRows& rows, std::size_t at, std::size_t k,
                                                       const double* offset, Lanes* keys,
                                                       Lanes (&out)[kBlock]) {
-  const std::size_t scores = kDim > 0 ? std::size_t(kDim) : head.pairs.score_dim;
-  const double* key_lanes = lanes_of(head.keys, at, scores);
-  for (std::size_t c = 0; c < scores; ++c) keys[c] = simd::load(key_lanes + c * kSourceTile);
   Lanes t[kBlock];
-  for (std::size_t r = 0; r < kBlock; ++r)
-    t[r] = base2_logit<kDim>(head, scaled_query[r], keys, at,
-                             kTerms ? rows.log_term(r) + k : nullptr) -
-           offset[r];
+  block_logits<kDim, kTerms>(head, scaled_query, rows, at, k, keys, t);
+  for (std::size_t r = 0; r < kBlock; ++r) t[r] -= offset[r];
   simd::exp2_nonpositive<kBlock>(t, out);
 }
 
@@ -277,7 +279,7 @@ template <int kDim, bool kTerms>
 void forward_block(HeadLanes& head, std::size_t first, HeadPairs& pairs) {
   const Model& model = pairs.model;
   const std::size_t od = kDim > 0 ? std::size_t(kDim) : head.od(), padded = head.padded();
-  const std::size_t scores = kDim > 0 ? od : pairs.score_dim, stride = head.value_stride;
+  const std::size_t stride = head.value_stride;
   const ReceiverBlock block(first, model.n);
   BlockRows<double, kDim> query(od);
   for (std::size_t r = 0; r < kBlock; ++r)
@@ -305,12 +307,9 @@ void forward_block(HeadLanes& head, std::size_t first, HeadPairs& pairs) {
     for (std::size_t begin = 0; begin < padded; begin += kRowTile) {
       if (kTerms) rows.fill(head, block.token, begin, false, nullptr);
       for (std::size_t k = 0; k < kRowTile; k += kLanes) {
-        const std::size_t at = begin + k;
-        const double* key_lanes = lanes_of(head.keys, at, scores);
-        for (std::size_t c = 0; c < scores; ++c) keys[c] = simd::load(key_lanes + c * kSourceTile);
-        for (std::size_t r = 0; r < kBlock; ++r)
-          best[r] = simd::max(best[r], base2_logit<kDim>(head, query[r], keys, at,
-                                                         kTerms ? rows.log_term(r) + k : nullptr));
+        Lanes t[kBlock];
+        block_logits<kDim, kTerms>(head, query, rows, begin + k, k, keys, t);
+        for (std::size_t r = 0; r < kBlock; ++r) best[r] = simd::max(best[r], t[r]);
       }
     }
     for (std::size_t r = 0; r < kBlock; ++r) {
@@ -440,12 +439,12 @@ void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot,
       const std::size_t i = block.token[r];
       // Past n, a repeated receiver adds nothing: its u_bar and 1 / N are taken as 0.
       const bool real = r < block.count;
-      for (std::size_t c = 0; c < od; ++c) {
+      for (std::size_t c = 0; c < score_loop; ++c) {
         query[r][c] = pairs.queries[i * od + c];
         scaled_query[r][c] = query[r][c] * head.beta_log2e;
-        u_bar[r][c] = real ? cot.u_bar[i * od + c] : 0.0;
         receiver_acc[r][c] = Lanes{};
       }
+      for (std::size_t c = 0; c < od; ++c) u_bar[r][c] = real ? cot.u_bar[i * od + c] : 0.0;
       offset[r] = pairs.offset[i];
       inverse[r] = real ? cot.inverse_normaliser[i] : 0.0;
       delta[r] = cot.delta[i];
