@@ -17,7 +17,7 @@ command -v "$cxx" >/dev/null || cxx=clang++
 # HDF5 for the --weights file that validation reads (pkg-config names Debian's serial build).
 hdf5_flags=($(pkg-config --cflags hdf5 2>/dev/null || echo -I/usr/include/hdf5/serial))
 hdf5_libs=($(pkg-config --libs hdf5 2>/dev/null || echo -L/usr/lib/x86_64-linux-gnu/hdf5/serial -lhdf5))
-flags=(-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined
+flags=(-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize=pointer-overflow -fno-sanitize-recover=undefined
        -I"$root/include" -I"$root/src" -I/usr/include/eigen3 "${hdf5_flags[@]}" -fopenmp)
 mkdir -p "$build/corpus"
 # The sources the parser links (the core and the integrators as CMakeLists.txt globs them, so

@@ -201,6 +201,13 @@ CASES = {
                                         aux_factor="gaussian", aux_sigma=2.0),
     "usa-none-cosine": dict(n=8, d=3, kernel="usa", beta=0.5, q="gaussian", k="gaussian", v="plus-qk",
                             aux_factor="cosine", aux_omega=0.4, normalization="none"),
+    # n > 256: the layer adds its heads' contents' cotangents and output tangents 256 rows at a
+    # time, so the moving rows split and the prefix rows come in the second block (values that
+    # are the contents; transported values).
+    "sa-identity-prefix-two-row-blocks": dict(n=300, d=3, kernel="sa", beta=2.0, prefix=2),
+    "sa-transported-heads-prefix-two-row-blocks": dict(n=300, d=4, kernel="sa", heads=2, head_dim=2,
+                                                       q="gaussian", k="gaussian", v="gaussian",
+                                                       geometry="rope", prefix=2),
 }
 
 

@@ -103,7 +103,7 @@ class HeadDerivative {
   /// source_contents of y.
   HeadDerivative(const Model& model, const AttentionHead& head, const HeadNumbers& layout,
                  const double* y, const Matrix& contents, const PairPasses* passes)
-      : model_(model), head_(head), layout_(layout), form_(model, head), y_(y), contents_(contents),
+      : model_(model), head_(head), layout_(layout), form_(model, head), contents_(contents),
         passes_(sinkhorn_ ? nullptr : passes),
         score_gauge_(head.score_dim() == model.d ? model.gauge.get() : model.head_gauge.get()),
         full_map_(form_.transported || head.value_identity),
@@ -719,7 +719,6 @@ class HeadDerivative {
   const AttentionHead& head_;
   const HeadNumbers& layout_;
   host::HeadOperands form_;
-  const double* y_;
   const Matrix& contents_;  ///< the layer's source_contents
   bool sinkhorn_ = model_.normalization == Normalization::Sinkhorn;
   const PairPasses* passes_;  ///< SA's and USA's pair passes; null: pair by pair here
