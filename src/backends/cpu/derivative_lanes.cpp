@@ -641,7 +641,7 @@ void jvp_block(const HeadLanes& head, const PairTangents& in, const AlignedDoubl
 /// since a layer's heads may run side by side.
 struct Workspace {
   ReceiverCotangents cotangents;
-  std::vector<double> partial, key_sums, value_sums, logit_sums;
+  std::vector<double> partial, key_sums, value_sums, logit_sums, receiver_terms;
   AlignedDoubles key_dot, value_dot, bias_dot;
   static Workspace& of_this_thread() {
     thread_local Workspace work;
@@ -699,14 +699,16 @@ class LanePairPasses final : public detail::PairPasses {
     std::vector<double>& key_sums = work.key_sums;
     std::vector<double>& value_sums = work.value_sums;
     std::vector<double>& logit_sums = work.logit_sums;
-    partial.assign(kTileGroups * n * row, 0.0);
+    const std::size_t groups = std::min(kTileGroups, tiles);
+    partial.resize(groups * n * row);
     key_sums.resize(tiles * kSourceTile * od);
     value_sums.resize(tiles * kSourceTile * od);
     logit_sums.resize(padded);
     with_form(od, head.terms, [&](auto dim, auto terms) {
-      const std::size_t groups = std::min(kTileGroups, tiles);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(team(n))
-      for (std::size_t group = 0; group < groups; ++group)
+      for (std::size_t group = 0; group < groups; ++group) {
+        // (Each group's rows zeroed by the thread that takes it.)
+        std::fill_n(partial.data() + group * n * row, n * row, 0.0);
         for (std::size_t tile = group; tile < tiles; tile += kTileGroups) {
           const std::size_t begin = tile * kSourceTile, end = std::min(padded, begin + kSourceTile);
           vjp_tile<decltype(dim)::value, decltype(terms)::value>(
@@ -714,31 +716,48 @@ class LanePairPasses final : public detail::PairPasses {
               value_sums.data() + begin * od, logit_sums.data() + begin,
               partial.data() + group * n * row);
         }
+      }
     });
-    // In group order, then receiver order, then source order.
-    const double rescaled = model.time_scale == TimeScale::Rescaled ? 1.0 : 0.0;
-    std::vector<double> sums(row);
-    for (std::size_t i = 0; i < n; ++i) {
-      std::fill(sums.begin(), sums.end(), 0.0);
-      for (std::size_t group = 0; group < kTileGroups; ++group)
-        for (std::size_t k = 0; k < row; ++k) sums[k] += partial[(group * n + i) * row + k];
-      double score = 0.0;
-      for (std::size_t c = 0; c < score_dim; ++c) {
-        out.query[i * od + c] += model.beta * sums[c];
-        score += pairs.queries[i * od + c] * sums[c];
+    // Each receiver's row of sums in group order (receivers side by side: each row is its own),
+    // then beta's and the factor's sums in receiver order, then each source's.
+    const bool rescaled = model.time_scale == TimeScale::Rescaled;
+    // Per receiver: its beta term (the score, then the rescaled time's sum_j l_bar_ij) and
+    // the factor's numbers' sums.
+    const std::size_t terms_row = 2 + numbers;
+    std::vector<double>& receiver_terms = work.receiver_terms;
+    receiver_terms.assign(n * terms_row, 0.0);
+#pragma omp parallel num_threads(team(n))
+    {
+      std::vector<double> sums(row);
+#pragma omp for schedule(static)
+      for (std::size_t i = 0; i < n; ++i) {
+        std::fill(sums.begin(), sums.end(), 0.0);
+        for (std::size_t group = 0; group < groups; ++group)
+          for (std::size_t k = 0; k < row; ++k) sums[k] += partial[(group * n + i) * row + k];
+        double* terms = receiver_terms.data() + i * terms_row;
+        for (std::size_t c = 0; c < score_dim; ++c) {
+          out.query[i * od + c] += model.beta * sums[c];
+          terms[0] += pairs.queries[i * od + c] * sums[c];
+        }
+        // sum_j l_bar_ij = <u_bar_i, u_pre_i> - delta_i S_i / N_i (sum_j P_ij = S_i / N_i,
+        // sum_j P_ij z_j = u_pre_i): 0 for SA without eps_den.
+        if (rescaled && pairs.normaliser[i] != 0.0) {
+          double along = 0.0;
+          for (std::size_t c = 0; c < od; ++c)
+            along += cot.u_bar[i * od + c] * pairs.u_pre[i * od + c];
+          terms[1] = along - cot.delta[i] * head.weight_sum[i] * cot.inverse_normaliser[i];
+        }
+        for (std::size_t number = 0; number < numbers; ++number)
+          terms[2 + number] = sums[score_dim + number];
       }
-      // sum_j l_bar_ij = <u_bar_i, u_pre_i> - delta_i S_i / N_i (sum_j P_ij = S_i / N_i, sum_j
-      // P_ij z_j = u_pre_i): 0 for SA without eps_den.
-      if (rescaled != 0.0 && pairs.normaliser[i] != 0.0) {
-        double along = 0.0;
-        for (std::size_t c = 0; c < od; ++c)
-          along += cot.u_bar[i * od + c] * pairs.u_pre[i * od + c];
-        out.beta -= along - cot.delta[i] * head.weight_sum[i] * cot.inverse_normaliser[i];
-      }
-      out.beta += score;
-      for (std::size_t number = 0; number < numbers; ++number)
-        out.factor[number] += sums[score_dim + number];
     }
+    for (std::size_t i = 0; i < n; ++i) {
+      const double* terms = receiver_terms.data() + i * terms_row;
+      if (rescaled && pairs.normaliser[i] != 0.0) out.beta -= terms[1];
+      out.beta += terms[0];
+      for (std::size_t number = 0; number < numbers; ++number) out.factor[number] += terms[2 + number];
+    }
+#pragma omp parallel for schedule(static) num_threads(team(n))
     for (std::size_t s = 0; s < padded; ++s) {
       const std::size_t j = head.layout.operand(s);
       if (j == kNoOperand) continue;
