@@ -636,6 +636,62 @@ void jvp_block(const HeadLanes& head, const PairTangents& in, const AlignedDoubl
   }
 }
 
+/// C's rows [i, i + kRows) and columns [begin, end) of a DenseProduct (end - begin a multiple
+/// of kChunks kLanes): kRows x kChunks lane sums in registers, each load of B serving kRows
+/// rows. Every element's sum runs over k in order, then is added to C.
+template <std::size_t kRows, std::size_t kChunks, bool kTransposed>
+void product_block(const detail::DenseProduct& q, std::size_t i, std::size_t begin,
+                   std::size_t end) {
+  for (std::size_t column = begin; column < end; column += kChunks * kLanes) {
+    Lanes sum[kRows][kChunks] = {};
+    for (std::size_t k = 0; k < q.k; ++k) {
+      Lanes b[kChunks];
+      for (std::size_t chunk = 0; chunk < kChunks; ++chunk)
+        b[chunk] = simd::load(q.b + k * q.ldb + column + chunk * kLanes);
+      for (std::size_t row = 0; row < kRows; ++row) {
+        const double a = kTransposed ? q.a[k * q.lda + i + row] : q.a[(i + row) * q.lda + k];
+        for (std::size_t chunk = 0; chunk < kChunks; ++chunk) sum[row][chunk] += a * b[chunk];
+      }
+    }
+    for (std::size_t row = 0; row < kRows; ++row)
+      for (std::size_t chunk = 0; chunk < kChunks; ++chunk) {
+        double* c = q.c + (i + row) * q.ldc + column + chunk * kLanes;
+        simd::store(c, simd::load(c) + sum[row][chunk]);
+      }
+  }
+}
+
+/// C's rows [i, i + kRows) of a DenseProduct: two chunks of kLanes columns at a time where
+/// there are 32 vector registers, then one, then the last columns one by one (each element's
+/// sum over k in order).
+template <std::size_t kRows, bool kTransposed>
+void product_rows(const detail::DenseProduct& q, std::size_t i) {
+  constexpr std::size_t kChunks = simd::kVectorRegisters >= 32 ? 2 : 1;
+  const std::size_t wide = q.p / (kChunks * kLanes) * (kChunks * kLanes),
+                    lanes = q.p / kLanes * kLanes;
+  product_block<kRows, kChunks, kTransposed>(q, i, 0, wide);
+  if constexpr (kChunks > 1) product_block<kRows, 1, kTransposed>(q, i, wide, lanes);
+  for (std::size_t column = lanes; column < q.p; ++column)
+    for (std::size_t row = 0; row < kRows; ++row) {
+      double sum = 0.0;
+      for (std::size_t k = 0; k < q.k; ++k)
+        sum += (kTransposed ? q.a[k * q.lda + i + row] : q.a[(i + row) * q.lda + k]) *
+               q.b[k * q.ldb + column];
+      q.c[(i + row) * q.ldc + column] += sum;
+    }
+}
+
+/// C += op(A) B (detail::DenseProduct) on the calling thread: blocks of rows (8 where there
+/// are 32 vector registers, else 4), then a row at a time. An element's bits depend on
+/// neither its block nor the thread.
+template <bool kTransposed>
+void dense_product(const detail::DenseProduct& q) {
+  constexpr std::size_t kRows = simd::kVectorRegisters >= 32 ? 8 : 4;
+  std::size_t i = 0;
+  for (; i + kRows <= q.m; i += kRows) product_rows<kRows, kTransposed>(q, i);
+  for (; i < q.m; ++i) product_rows<1, kTransposed>(q, i);
+}
+
 /// The passes' arrays, kept from call to call on each thread (their pages are then not mapped
 /// afresh each time: at n = 1024, d = 64, H = 8 that was most of a VJP's time); one per thread,
 /// since a layer's heads may run side by side.
@@ -654,6 +710,10 @@ class LanePairPasses final : public detail::PairPasses {
   LanePairPasses(const LanePairTerms& pair_terms, int threads)
       : pair_terms_(pair_terms), threads_(threads) {}
   int threads() const override { return threads_; }
+  void add_product(const detail::DenseProduct& product) const override {
+    if (product.transpose_a) dense_product<true>(product);
+    else dense_product<false>(product);
+  }
 
   void forward(HeadPairs& pairs) const override {
     // The lanes' copies of the operands serve the derivative passes that follow.

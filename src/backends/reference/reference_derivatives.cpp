@@ -92,8 +92,8 @@ struct ContentCotangents {
 /// M_dot where the numbers have a tangent), which the layer adds row by row in head order
 /// (HeadDerivative::add_field_dot).
 struct OutputTangents {
-  Matrix t_dot;    ///< n x (M's columns); rows of receivers with N_i = 0 stay 0
-  Matrix map_dot;  ///< M's tangent; empty: none
+  Matrix t_dot;               ///< n x (M's columns); rows of receivers with N_i = 0 stay 0
+  Matrix map_dot_transposed;  ///< M's tangent, transposed; empty: none
 };
 
 /// The forward pass and the derivatives of one head of one replica (file comment).
@@ -107,7 +107,7 @@ class HeadDerivative {
         passes_(sinkhorn_ ? nullptr : passes),
         score_gauge_(head.score_dim() == model.d ? model.gauge.get() : model.head_gauge.get()),
         full_map_(form_.transported || head.value_identity),
-        map_(full_map_ ? head.full_value : layout.output) {
+        map_(full_map_ ? head.full_value : layout.output), map_transposed_(map_.transpose()) {
     host::prepare_head_operands(form_, y, operands_);
     forward();
   }
@@ -116,8 +116,8 @@ class HeadDerivative {
   /// added with noalias(): no operand is the sum itself, so Eigen needs no temporary, a fresh
   /// array per product.)
   void add_output(double* field, std::size_t first, std::size_t count) const {
-    rows(field + first * model_.d, count, model_.d).noalias() +=
-        t_rows().middleRows(Eigen::Index(first), Eigen::Index(count)) * map_.transpose();
+    add_product(false, t_rows().middleRows(Eigen::Index(first), Eigen::Index(count)),
+                map_transposed_, rows(field + first * model_.d, count, model_.d));
   }
 
   /// The VJP for F's cotangent field_bar (n x d): the head's matrices' gradients, the numbers'
@@ -144,8 +144,10 @@ class HeadDerivative {
         if (pairs_->normaliser[i] == 0.0) zeroed.row(Eigen::Index(i)).setZero();
     }
     const auto moving_bar = rows(zeroed.size() > 0 ? zeroed.data() : field_bar, n, d);
-    const Matrix map_gradient = moving_bar.transpose() * t_rows();
-    const Matrix t_bar = moving_bar * map_;
+    Matrix map_gradient = Matrix::Zero(Eigen::Index(d), map_.cols());
+    add_product(true, moving_bar, t_rows(), map_gradient);
+    Matrix t_bar = Matrix::Zero(Eigen::Index(n), map_.cols());
+    add_product(false, moving_bar, map_, t_bar);
     for (std::size_t i = 0; i < n; ++i) {
       if (pairs_->normaliser[i] == 0.0) continue;
       std::fill(u_bar.begin(), u_bar.end(), 0.0);
@@ -219,8 +221,9 @@ class HeadDerivative {
       if (from >= to) return;
       const Eigen::Index at = Eigen::Index(from), span = Eigen::Index(to - from);
       auto rows_bar = rows(bar, to - from, d);
-      rows_bar.noalias() += contents_bar.key_back.middleRows(at, span) * head_.key;
-      if (from < n) rows_bar.noalias() += contents_bar.query_back.middleRows(at, span) * head_.query;
+      add_product(false, contents_bar.key_back.middleRows(at, span), head_.key, rows_bar);
+      if (from < n)
+        add_product(false, contents_bar.query_back.middleRows(at, span), head_.query, rows_bar);
       if (form_.transported) {
         std::vector<double> back(d);
         for (std::size_t j = from; j < to; ++j) {
@@ -231,7 +234,7 @@ class HeadDerivative {
         rows_bar += z_bar.middleRows(at, span).leftCols(Eigen::Index(d));
       } else {
         const Eigen::Index rv = head_.value.rows();
-        rows_bar.noalias() += z_bar.middleRows(at, span).leftCols(rv) * head_.value;
+        add_product(false, z_bar.middleRows(at, span).leftCols(rv), head_.value, rows_bar);
       }
     };
     add_rows(first, moving_end, y_bar + first * d);
@@ -247,11 +250,12 @@ class HeadDerivative {
     const bool usa = model_.normalization == Normalization::Usa;
     std::vector<double> query_dot(n * od, 0.0), key_dot(sources * od, 0.0), value_dot(sources * od, 0.0);
     spread_sources(content_dots, head_tangent, query_dot, key_dot, value_dot);
-    Matrix& map_dot = out.map_dot;
-    map_dot.resize(0, 0);
+    out.map_dot_transposed.resize(0, 0);
     if (head_tangent)
-      map_dot = full_map_ ? Matrix(head_tangent->output * layout_.value + layout_.output * head_tangent->value)
-                          : head_tangent->output;
+      out.map_dot_transposed = full_map_ ? Matrix((head_tangent->output * layout_.value +
+                                                   layout_.output * head_tangent->value)
+                                                      .transpose())
+                                         : Matrix(head_tangent->output.transpose());
     double mass_dot = 0.0;
     if (tangent)
       for (std::size_t j = 0; j < n; ++j)
@@ -329,9 +333,9 @@ class HeadDerivative {
                      double* field_dot) const {
     const Eigen::Index at = Eigen::Index(first), span = Eigen::Index(count);
     auto field_dots = rows(field_dot + first * model_.d, count, model_.d);
-    field_dots.noalias() += in.t_dot.middleRows(at, span) * map_.transpose();
-    if (in.map_dot.size() > 0)
-      field_dots.noalias() += t_rows().middleRows(at, span) * in.map_dot.transpose();
+    add_product(false, in.t_dot.middleRows(at, span), map_transposed_, field_dots);
+    if (in.map_dot_transposed.size() > 0)
+      add_product(false, t_rows().middleRows(at, span), in.map_dot_transposed, field_dots);
   }
 
   /// Row i of T_dot from u_pre's tangent (od numbers): G_i^T u_pre_dot, or u_pre_dot.
@@ -654,6 +658,21 @@ class HeadDerivative {
       std::copy(in, in + r, out);
   }
 
+  /// c += op(a) b (op: a^T where transpose_a), row-major dense blocks: by the passes' products
+  /// where there are passes, else Eigen's.
+  template <class A, class B, class C>
+  void add_product(bool transpose_a, const A& a, const B& b, C&& c) const {
+    if (!passes_) {
+      if (transpose_a) c.noalias() += a.transpose() * b;
+      else c.noalias() += a * b;
+      return;
+    }
+    passes_->add_product(DenseProduct{
+        transpose_a, std::size_t(c.rows()), std::size_t(transpose_a ? a.rows() : a.cols()),
+        std::size_t(c.cols()), a.data(), std::size_t(a.outerStride()), b.data(),
+        std::size_t(b.outerStride()), c.data(), std::size_t(c.outerStride())});
+  }
+
   /// The first `width` of each row of `operand` (count rows of od) taken through G_j^T of the
   /// score gauge (or as they are), as a count x width matrix.
   Matrix score_rows_back(const std::vector<double>& operand, std::size_t count) const {
@@ -674,13 +693,13 @@ class HeadDerivative {
     const Matrix& contents = contents_;
     contents_bar.query_back = score_rows_back(query_bar, n);
     contents_bar.key_back = score_rows_back(key_bar, sources);
-    head_gradient.query.noalias() +=
-        contents_bar.query_back.transpose() * contents.topRows(Eigen::Index(n));
-    head_gradient.key.noalias() += contents_bar.key_back.transpose() * contents;
+    add_product(true, contents_bar.query_back, contents.topRows(Eigen::Index(n)),
+                head_gradient.query);
+    add_product(true, contents_bar.key_back, contents, head_gradient.key);
     if (!form_.transported && !head_.value_identity) {
       const Eigen::Index rv = head_.value.rows();
-      head_gradient.value.noalias() +=
-          rows(value_bar.data(), sources, od).leftCols(rv).transpose() * contents;
+      add_product(true, rows(value_bar.data(), sources, od).leftCols(rv), contents,
+                  head_gradient.value);
     }
     contents_bar.value_bar = std::move(value_bar);
   }
@@ -695,8 +714,12 @@ class HeadDerivative {
     // Q_h y_dot + Q_dot y, then G_j.
     auto score_dots = [&](const Matrix& m, const Matrix* m_dot, std::size_t count,
                           std::vector<double>& out) {
-      Matrix products = content_dots.topRows(Eigen::Index(count)) * m.transpose();
-      if (m_dot) products.noalias() += contents.topRows(Eigen::Index(count)) * m_dot->transpose();
+      Matrix products = Matrix::Zero(Eigen::Index(count), m.rows());
+      add_product(false, content_dots.topRows(Eigen::Index(count)), Matrix(m.transpose()),
+                  products);
+      if (m_dot)
+        add_product(false, contents.topRows(Eigen::Index(count)), Matrix(m_dot->transpose()),
+                    products);
       for (std::size_t j = 0; j < count; ++j)
         score_apply(j, products.row(Eigen::Index(j)).data(), out.data() + j * od);
     };
@@ -709,8 +732,10 @@ class HeadDerivative {
       rows(value_dot.data(), sources, od).leftCols(Eigen::Index(d)) = content_dots;
     } else {
       const Eigen::Index rv = head_.value.rows();
-      Matrix products = content_dots * head_.value.transpose();
-      if (head_tangent) products.noalias() += contents * head_tangent->value.transpose();
+      Matrix products = Matrix::Zero(content_dots.rows(), rv);
+      add_product(false, content_dots, Matrix(head_.value.transpose()), products);
+      if (head_tangent)
+        add_product(false, contents, Matrix(head_tangent->value.transpose()), products);
       rows(value_dot.data(), sources, od).leftCols(rv) = products;
     }
   }
@@ -725,6 +750,7 @@ class HeadDerivative {
   const Gauge* score_gauge_;
   bool full_map_;  ///< u = V_h t (transported, or values that are the contents), else O_h t
   Matrix map_;     ///< V_h (d x d) or O_h (d x rv; I where the head has none)
+  Matrix map_transposed_;
   host::TokenOperands operands_;
   std::vector<double> t_;
   std::vector<double> offset_;  ///< SA's (take_offsets); empty: none

@@ -79,6 +79,20 @@ struct PairTangents {
   const double* factor = nullptr;
 };
 
+/// C += op(A) B for dense row-major matrices, op(A) = A or (transpose_a) A^T: op(A) m x k,
+/// B k x p, C m x p, each row `ld` numbers after the one before. The heads' products with
+/// their sources' contents (O(n d^2) numbers, beside the passes' O(n^2)).
+struct DenseProduct {
+  bool transpose_a = false;
+  std::size_t m = 0, k = 0, p = 0;
+  const double* a = nullptr;
+  std::size_t lda = 0;
+  const double* b = nullptr;
+  std::size_t ldb = 0;
+  double* c = nullptr;
+  std::size_t ldc = 0;
+};
+
 /// The three O(n^2) passes of SA's and USA's derivatives over one head. The reference's are
 /// HeadDerivative's own loops (pair by pair); a backend with faster ones (the CPU backend's
 /// lanes, backends/cpu/derivative_lanes.hpp) hands them to ReferenceDerivativesBackend.
@@ -97,6 +111,10 @@ class PairPasses {
   /// The threads the passes take: a layer's heads run side by side on them (each head's
   /// passes then on one), the same bits whatever the count.
   virtual int threads() const { return 1; }
+  /// The heads' dense products (DenseProduct), in the backend's own instructions: the library's
+  /// shared code is built for the baseline ISA, where Eigen's products run two doubles to a
+  /// register. On the calling thread; every sum of one element in a fixed order.
+  virtual void add_product(const DenseProduct& product) const = 0;
 };
 
 struct ReplicaLayer;
