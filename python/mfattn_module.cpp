@@ -37,6 +37,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -420,7 +421,9 @@ class PyModel {
     std::size_t replicas = 1;
     const auto values = checked_positions(x, model_, replicas);
     const auto weights = checked_like("cotangent", cotangent, values);
-    const Model model = layer_model(layer);
+    std::optional<Model> layered;
+    if (!layer.is_none()) layered = layer_model(layer);
+    const Model& model = layered ? *layered : model_;
     FieldNumbers gradient = zero_numbers(model);
     std::vector<double> x_bar(values.size());
     differentiate(model, replicas, threads, [&](Dynamics& field) {
@@ -439,7 +442,9 @@ class PyModel {
     std::size_t replicas = 1;
     const auto values = checked_positions(x, model_, replicas);
     const auto direction = checked_like("tangent", tangent, values);
-    const Model model = layer_model(layer);
+    std::optional<Model> layered;
+    if (!layer.is_none()) layered = layer_model(layer);
+    const Model& model = layered ? *layered : model_;
     FieldNumbers numbers;
     const bool with_numbers = !weight_tangents.is_none();
     if (with_numbers) numbers = numbers_from_dict(model, weight_tangents, "weight_tangents");
@@ -490,6 +495,9 @@ class PyModel {
   struct Pooled {
     int threads;
     std::unique_ptr<Backend> backend;
+    /// The derivatives' field on `backend` (made at the first VJP or JVP of the model itself):
+    /// it and the backend keep their arrays from call to call.
+    std::unique_ptr<Dynamics> derivatives;
   };
 
   /// A backend for `threads` threads that no other call is using.
@@ -504,7 +512,7 @@ class PyModel {
         }
     }
     try {
-      return {threads, make_backend(cfg_.backend, model_, backend_options(cfg_, threads))};
+      return {threads, make_backend(cfg_.backend, model_, backend_options(cfg_, threads)), nullptr};
     } catch (const BackendUnavailable& error) {
       throw py::value_error(error.what());
     }
@@ -591,14 +599,25 @@ class PyModel {
   void differentiate(const Model& model, std::size_t replicas, const py::object& threads, Body&& body) {
     const int count = threads.is_none() ? threads_ : thread_count(threads);
     ensure_thread_team(count);
+    // The model itself: a pooled backend and its field, which keep their arrays between calls.
+    // Another layer's: a backend of its own for this call.
+    const bool pooled_model = &model == &model_;
+    Pooled pooled = pooled_model ? acquire(count) : Pooled{count, nullptr, nullptr};
     std::string failure;
     bool numerical = false, refused = false;
     {
       py::gil_scoped_release released;
       try {
-        const std::unique_ptr<Backend> backend = make_backend(cfg_.backend, model, backend_options(cfg_, count));
-        Dynamics field(model, *backend, replicas);
-        body(field);
+        if (pooled_model) {
+          if (!pooled.derivatives || pooled.derivatives->replicas() != replicas)
+            pooled.derivatives = std::make_unique<Dynamics>(model_, *pooled.backend, replicas);
+          body(*pooled.derivatives);
+        } else {
+          const std::unique_ptr<Backend> backend = make_backend(cfg_.backend, model,
+                                                                backend_options(cfg_, count));
+          Dynamics field(model, *backend, replicas);
+          body(field);
+        }
       } catch (const NumericalError& error) {
         failure = error.what();
         numerical = true;
@@ -609,6 +628,7 @@ class PyModel {
         failure = error.what();
       }
     }
+    if (pooled_model) release(std::move(pooled));
     if (numerical) raise_python(numerical_error_type, failure);
     if (refused) throw py::value_error(in_keywords(failure));
     if (!failure.empty()) throw std::runtime_error(failure);

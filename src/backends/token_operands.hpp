@@ -259,21 +259,30 @@ class HeadOperands {
   std::size_t stacked_stride_ = 0, output_stride_ = 0;
 };
 
-/// Every source's operands of one head (HeadOperands) as plain arrays: out.d = operand_dim.
-inline void prepare_head_operands(const HeadOperands& head, const double* x, TokenOperands& out) {
+/// Every source's operands of one head (HeadOperands) into arrays of n + P rows: queries,
+/// keys and values operand_dim numbers a row, presence and log_presence one.
+inline void fill_head_operands(const HeadOperands& head, const double* x, double* queries,
+                               double* keys, double* values, double* presence,
+                               double* log_presence) {
   const Model& model = head.model;
   const std::size_t dim = head.operand_dim, sources = model.n + model.prefix_count();
-  out.resize(sources, dim);
   std::vector<double> tmp(dim), products(std::max<std::size_t>(head.product_count, 1));
   for (std::size_t j = 0; j < sources; ++j) {
     const double* y = source_content(model, x, j);
     head.products(y, products.data());
-    head.query(j, y, products.data(), tmp.data(), out.queries.data() + j * dim);
-    head.key(j, y, products.data(), tmp.data(), out.keys.data() + j * dim);
-    head.value(j, y, products.data(), out.values.data() + j * dim);
-    out.presence[j] = source_presence(model, j);
-    out.log_presence[j] = kernels::log_presence(out.presence[j]);
+    head.query(j, y, products.data(), tmp.data(), queries + j * dim);
+    head.key(j, y, products.data(), tmp.data(), keys + j * dim);
+    head.value(j, y, products.data(), values + j * dim);
+    presence[j] = source_presence(model, j);
+    log_presence[j] = kernels::log_presence(presence[j]);
   }
+}
+
+/// Every source's operands of one head (HeadOperands) as plain arrays: out.d = operand_dim.
+inline void prepare_head_operands(const HeadOperands& head, const double* x, TokenOperands& out) {
+  out.resize(head.model.n + head.model.prefix_count(), head.operand_dim);
+  fill_head_operands(head, x, out.queries.data(), out.keys.data(), out.values.data(),
+                     out.presence.data(), out.log_presence.data());
 }
 
 /// f(x_i) of the layer's feed-forward term added to u (d numbers; hidden: its width).

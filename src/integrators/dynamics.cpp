@@ -69,20 +69,27 @@ void Dynamics::evaluate_placement(const double* x, bool with_weight_sums) {
                                 x + t * d, cached_output_.data() + t * d, cached_v_.data() + t * d);
 }
 
-void Dynamics::derivative_forward(const double* x, std::vector<double>& read, std::vector<double>& output) {
+void Dynamics::derivative_forward(const double* x) {
   const BackendName* entry = find_backend(backend_.name());
   const std::string refusal = entry ? derivative_refusal(*entry, ModelKinds::of(model_)) : "";
   if (!refusal.empty()) throw BackendUnavailable(refusal);
+  std::vector<double>& read = derivative_read_;
   read.assign(x, x + size());
   if (placement_reads_directions(model_.placement)) take_directions(replicas_ * model_.n, model_.d, read.data());
-  output.resize(size());
-  backend_.derivative_forward(replicas_, read.data(), output.data());
+  derivative_output_.resize(size());
+  backend_.derivative_forward(replicas_, read.data(), derivative_output_.data());
 }
 
 void Dynamics::vjp(const double* x, const double* cotangent, double* x_cotangent, FieldNumbers& gradient) {
   const std::size_t n = model_.n, d = model_.d, count = size();
-  std::vector<double> read, output, output_bar(count, 0.0), read_bar(count), scratch(d);
-  derivative_forward(x, read, output);
+  derivative_forward(x);
+  const std::vector<double>& read = derivative_read_;
+  const std::vector<double>& output = derivative_output_;
+  std::vector<double>& output_bar = output_adjoint_;
+  std::vector<double>& read_bar = read_adjoint_;
+  output_bar.assign(count, 0.0);
+  read_bar.resize(count);
+  std::vector<double> scratch(d);
   std::fill(x_cotangent, x_cotangent + count, 0.0);
   for (std::size_t t = 0; t < replicas_ * n; ++t) {
     const double p = model_.receiver_speed(t % n);
@@ -101,9 +108,13 @@ void Dynamics::vjp(const double* x, const double* cotangent, double* x_cotangent
 
 void Dynamics::jvp(const double* x, const double* x_tangent, const FieldNumbers* tangent, double* v_tangent) {
   const std::size_t n = model_.n, d = model_.d, count = size();
-  std::vector<double> read, output, output_dot(count);
-  derivative_forward(x, read, output);
-  std::vector<double> read_dot(x_tangent, x_tangent + count);
+  derivative_forward(x);
+  const std::vector<double>& read = derivative_read_;
+  const std::vector<double>& output = derivative_output_;
+  std::vector<double>& output_dot = output_adjoint_;
+  std::vector<double>& read_dot = read_adjoint_;
+  output_dot.resize(count);
+  read_dot.assign(x_tangent, x_tangent + count);
   if (placement_reads_directions(model_.placement))
     for (std::size_t t = 0; t < replicas_ * n; ++t) kernels::direction_derivative(x + t * d, int(d), read_dot.data() + t * d);
   backend_.output_jvp(replicas_, read.data(), read_dot.data(), tangent, output_dot.data());

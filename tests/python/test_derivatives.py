@@ -298,6 +298,43 @@ def test_vjp_and_jvp_are_autograd_of_the_formula(mfattn, name, backend):
     assert relative(jvp, expected_jvp.numpy()) < 1e-12
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_model_that_took_derivatives_elsewhere_gives_the_same_bits(mfattn, name, backend):
+    """A model keeps its derivatives' arrays from call to call (the forward pass refills them):
+    after a VJP and a JVP at one state, those at another are a fresh model's to the bit."""
+    model, spec = build(mfattn, name, backend)
+    x1, rng = state(model, spec, 11)
+    x2, _ = state(model, spec, 12)
+    w1, w2 = rng.standard_normal(x1.shape), rng.standard_normal(x1.shape)
+    t1, t2 = tangent_on(x1, rng.standard_normal(x1.shape), spec), tangent_on(x2, rng.standard_normal(x2.shape), spec)
+    model.vjp(x1, w1)
+    gradient = model.vjp(x2, w2)
+    model.jvp(x1, t1)
+    tangents = {k: rng.standard_normal(np.shape(v)) for k, v in gradient.items() if k != "x"}
+    jvp = model.jvp(x2, t2, tangents)
+    fresh, _ = build(mfattn, name, backend)
+    expected = fresh.vjp(x2, w2)
+    for key in expected:
+        assert np.array_equal(np.asarray(gradient[key]), np.asarray(expected[key])), key
+    fresh, _ = build(mfattn, name, backend)
+    assert np.array_equal(jvp, fresh.jvp(x2, t2, tangents))
+
+
+def test_replica_counts_in_turn_give_a_fresh_models_bits(mfattn):
+    """Stacked states of 2 replicas, then one state, then 3: each VJP a fresh model's."""
+    options = dict(n=40, d=4, kernel="sa", heads=2, q="gaussian", k="gaussian", v="gaussian", prefix=1)
+    model = mfattn.Model(**options)
+    rng = np.random.default_rng(13)
+    for shape in [(2, 40, 4), (40, 4), (3, 40, 4), (40, 4)]:
+        x = rng.standard_normal(shape)
+        x /= np.linalg.norm(x, axis=-1, keepdims=True)
+        w = rng.standard_normal(shape)
+        got, expected = model.vjp(x, w), mfattn.Model(**options).vjp(x, w)
+        for key in expected:
+            assert np.array_equal(np.asarray(got[key]), np.asarray(expected[key])), (shape, key)
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_jvp_is_the_central_difference_of_velocity(mfattn, name):
     model, spec = build(mfattn, name, "cpu")

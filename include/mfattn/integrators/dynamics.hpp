@@ -66,12 +66,15 @@ class Dynamics {
   void evaluate_placement(const double* x, bool with_weight_sums);
   /// The states the layer reads (N(x) for pre and peri, else x) and its output p_i F_i on
   /// them, for the derivatives; refuses a model the backend's derivatives do not take.
-  void derivative_forward(const double* x, std::vector<double>& read, std::vector<double>& output);
+  void derivative_forward(const double* x);
   std::int64_t evaluations_ = 0;
   bool cached_ = false, cached_attention_output_ = false, cached_weight_sums_ = false;
   bool wants_attention_output_ = false;
   std::vector<double> cached_x_, cached_v_, cached_sums_, cached_output_;  ///< the last evaluation
   std::vector<double> directions_, layer_velocity_;  ///< a placement's read states, the backend's own field
+  /// The derivatives' arrays (the states the layer reads, its output, their cotangents or
+  /// tangents), kept from call to call.
+  std::vector<double> derivative_read_, derivative_output_, output_adjoint_, read_adjoint_;
   std::string resident_for_;  ///< the integrator resident_ was asked for ("" before)
   std::unique_ptr<ResidentStepper> resident_;
 };

@@ -20,6 +20,7 @@
 
 #include "backends/cpu/micro_kernels.hpp"
 #include "backends/cpu/vector_math.hpp"
+#include "backends/token_operands.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {
@@ -131,8 +132,16 @@ struct HeadLanes {
       : pairs(head), pair_terms(lane_terms), terms(head.model.pair_terms.any()),
         numbers(factor_numbers_count(head.model.pair_terms)), beta(head.model.beta),
         beta_log2e(head.model.beta * kLog2e) {
-    const Model& model = head.model;
     lane_terms.visit_factor([&](auto factor) { multiplies = decltype(factor)::kMultiply; });
+    take();
+  }
+  /// The lanes of the head's operands as they are now (again after a forward pass at other
+  /// states: into the arrays of the last).
+  void take() {
+    const HeadPairs& head = pairs;
+    const Model& model = head.model;
+    largest_key_norm = 0.0;
+    largest_bias = kNegInf;
     layout.n = model.n;
     layout.od = head.operand_dim;
     layout.prefix = model.prefix_count();
@@ -710,16 +719,23 @@ class LanePairPasses final : public detail::PairPasses {
   LanePairPasses(const LanePairTerms& pair_terms, int threads)
       : pair_terms_(pair_terms), threads_(threads) {}
   int threads() const override { return threads_; }
+  void fill_operands(const Model& model, const AttentionHead& head, const double* y,
+                     double* queries, double* keys, double* values, double* presence,
+                     double* log_presence) const override {
+    host::fill_head_operands(host::HeadOperands(model, head), y, queries, keys, values, presence,
+                             log_presence);
+  }
   void add_product(const detail::DenseProduct& product) const override {
     if (product.transpose_a) dense_product<true>(product);
     else dense_product<false>(product);
   }
 
   void forward(HeadPairs& pairs) const override {
-    // The lanes' copies of the operands serve the derivative passes that follow.
-    auto lanes = std::make_shared<HeadLanes>(pairs, pair_terms_);
-    pairs.state = lanes;
-    HeadLanes& head = *lanes;
+    // The lanes' copies of the operands serve the derivative passes that follow (a head's
+    // forward pass taken again refills the last's).
+    if (pairs.state) static_cast<HeadLanes*>(pairs.state.get())->take();
+    else pairs.state = std::make_shared<HeadLanes>(pairs, pair_terms_);
+    HeadLanes& head = *static_cast<HeadLanes*>(pairs.state.get());
     head.weight_sum.assign(pairs.model.n, 0.0);
     const std::size_t n = pairs.model.n;
     pairs.offset.assign(n, 0.0);

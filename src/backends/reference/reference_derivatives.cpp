@@ -42,12 +42,11 @@ Eigen::Map<const Matrix> rows(const double* data, std::size_t count, std::size_t
 
 /// Every source's contents y_j (sources x d: the moving tokens' y, then the prefix tokens'),
 /// once per layer for all its heads' matrix products.
-Matrix source_contents(const Model& model, const double* y) {
+void take_source_contents(const Model& model, const double* y, Matrix& contents) {
   const std::size_t sources = model.n + model.prefix_count();
-  Matrix contents(Eigen::Index(sources), Eigen::Index(model.d));
+  contents.resize(Eigen::Index(sources), Eigen::Index(model.d));
   for (std::size_t j = 0; j < sources; ++j)
     std::copy_n(host::source_content(model, y, j), model.d, contents.row(Eigen::Index(j)).data());
-  return contents;
 }
 
 /// What one pair's weight is made of: w = p_j * factor_weight, factor_weight = c_ij *
@@ -100,15 +99,26 @@ struct OutputTangents {
 class HeadDerivative {
  public:
   /// passes: SA's and USA's pair passes (null: these pair by pair); contents: the layer's
-  /// source_contents of y.
+  /// contents of the states take() is given.
   HeadDerivative(const Model& model, const AttentionHead& head, const HeadNumbers& layout,
-                 const double* y, const Matrix& contents, const PairPasses* passes)
+                 const Matrix& contents, const PairPasses* passes)
       : model_(model), head_(head), layout_(layout), form_(model, head), contents_(contents),
         passes_(sinkhorn_ ? nullptr : passes),
         score_gauge_(head.score_dim() == model.d ? model.gauge.get() : model.head_gauge.get()),
         full_map_(form_.transported || head.value_identity),
-        map_(full_map_ ? head.full_value : layout.output), map_transposed_(map_.transpose()) {
-    host::prepare_head_operands(form_, y, operands_);
+        map_(full_map_ ? head.full_value : layout.output), map_transposed_(map_.transpose()) {}
+
+  /// The forward pass at the states y (the layer's contents already theirs). Taken again at
+  /// other states, it refills the arrays of the last: their pages are not mapped afresh.
+  void take(const double* y) {
+    if (passes_) {
+      operands_.resize(model_.n + model_.prefix_count(), form_.operand_dim);
+      passes_->fill_operands(model_, head_, y, operands_.queries.data(), operands_.keys.data(),
+                             operands_.values.data(), operands_.presence.data(),
+                             operands_.log_presence.data());
+    } else {
+      host::prepare_head_operands(form_, y, operands_);
+    }
     forward();
   }
 
@@ -128,25 +138,32 @@ class HeadDerivative {
     const std::size_t n = model_.n, d = model_.d, od = operands_.d, sources = operands_.sources;
     const bool usa = model_.normalization == Normalization::Usa;
     const double mass = model_.mass();
-    std::vector<double> query_bar(n * od, 0.0), key_bar(sources * od, 0.0), value_bar(sources * od, 0.0);
+    std::vector<double>& query_bar = scratch_.query;
+    std::vector<double>& key_bar = scratch_.key;
+    std::vector<double>& value_bar = contents_bar.value_bar;
+    query_bar.assign(n * od, 0.0);
+    key_bar.assign(sources * od, 0.0);
+    value_bar.assign(sources * od, 0.0);
     std::vector<double> u_bar(od), derivatives(kernels::kMaxFactorNumbers);
     double mass_bar = 0.0;
-    std::vector<double> every_u_bar(sinkhorn_ || passes_ ? n * od : 0,
-                                    0.0);  // whole passes take them all
+    std::vector<double>& every_u_bar = scratch_.every_u_bar;
+    every_u_bar.assign(sinkhorn_ || passes_ ? n * od : 0, 0.0);  // whole passes take them all
     // u_i = 0 held (N_i = 0): no derivative (a NaN goes on, to be seen). With G the rows of
     // field_bar that do: M's cotangent G^T T, t's G M.
     // (A copy only where some row must be zeroed.)
-    Matrix zeroed;
-    if (std::find(pairs_->normaliser.begin(), pairs_->normaliser.end(), 0.0) !=
-        pairs_->normaliser.end()) {
-      zeroed = rows(field_bar, n, d);
+    const bool some_zeroed = std::find(pairs_->normaliser.begin(), pairs_->normaliser.end(), 0.0) !=
+                             pairs_->normaliser.end();
+    if (some_zeroed) {
+      scratch_.zeroed = rows(field_bar, n, d);
       for (std::size_t i = 0; i < n; ++i)
-        if (pairs_->normaliser[i] == 0.0) zeroed.row(Eigen::Index(i)).setZero();
+        if (pairs_->normaliser[i] == 0.0) scratch_.zeroed.row(Eigen::Index(i)).setZero();
     }
-    const auto moving_bar = rows(zeroed.size() > 0 ? zeroed.data() : field_bar, n, d);
-    Matrix map_gradient = Matrix::Zero(Eigen::Index(d), map_.cols());
+    const auto moving_bar = rows(some_zeroed ? scratch_.zeroed.data() : field_bar, n, d);
+    Matrix& map_gradient = scratch_.map_gradient;
+    map_gradient.setZero(Eigen::Index(d), map_.cols());
     add_product(true, moving_bar, t_rows(), map_gradient);
-    Matrix t_bar = Matrix::Zero(Eigen::Index(n), map_.cols());
+    Matrix& t_bar = scratch_.t_bar;
+    t_bar.setZero(Eigen::Index(n), map_.cols());
     add_product(false, moving_bar, map_, t_bar);
     for (std::size_t i = 0; i < n; ++i) {
       if (pairs_->normaliser[i] == 0.0) continue;
@@ -184,7 +201,8 @@ class HeadDerivative {
     }
     if (sinkhorn_) sinkhorn_vjp(every_u_bar, query_bar, key_bar, value_bar, gradient);
     if (passes_) {
-      std::vector<double> source_logit(sources, 0.0);
+      std::vector<double>& source_logit = scratch_.source_logit;
+      source_logit.assign(sources, 0.0);
       PairCotangents out{
           query_bar.data(),      key_bar.data(), value_bar.data(), source_logit.data(), 0.0,
           gradient.factor.data()};
@@ -197,7 +215,7 @@ class HeadDerivative {
     if (usa)
       for (std::size_t j = 0; j < n; ++j)
         if (model_.presence[j] > 0.0) gradient.presence[j] += mass_bar;
-    gather_sources(query_bar, key_bar, std::move(value_bar), contents_bar, head_gradient);
+    gather_sources(query_bar, key_bar, contents_bar, head_gradient);
     if (full_map_) {
       head_gradient.value.noalias() += layout_.output.transpose() * map_gradient;
       head_gradient.output.noalias() += map_gradient * layout_.value.transpose();
@@ -248,7 +266,12 @@ class HeadDerivative {
            OutputTangents& out) const {
     const std::size_t n = model_.n, od = operands_.d, sources = operands_.sources;
     const bool usa = model_.normalization == Normalization::Usa;
-    std::vector<double> query_dot(n * od, 0.0), key_dot(sources * od, 0.0), value_dot(sources * od, 0.0);
+    std::vector<double>& query_dot = scratch_.query;
+    std::vector<double>& key_dot = scratch_.key;
+    std::vector<double>& value_dot = scratch_.value;
+    query_dot.assign(n * od, 0.0);
+    key_dot.assign(sources * od, 0.0);
+    value_dot.assign(sources * od, 0.0);
     spread_sources(content_dots, head_tangent, query_dot, key_dot, value_dot);
     out.map_dot_transposed.resize(0, 0);
     if (head_tangent)
@@ -266,9 +289,11 @@ class HeadDerivative {
     t_dot.setZero(Eigen::Index(n), map_.cols());  // rows of receivers with N_i = 0 stay 0
     const std::vector<double> sinkhorn_dot =
         sinkhorn_ ? sinkhorn_jvp(query_dot, key_dot, value_dot, tangent) : std::vector<double>();
-    std::vector<double> pass_numerator_dot, pass_sum_dot;
+    std::vector<double>& pass_numerator_dot = scratch_.numerator_dot;
+    std::vector<double>& pass_sum_dot = scratch_.sum_dot;
     if (passes_) {
-      std::vector<double> log_presence_dot(sources, 0.0);
+      std::vector<double>& log_presence_dot = scratch_.log_presence_dot;
+      log_presence_dot.assign(sources, 0.0);
       if (tangent)
         for (std::size_t j = 0; j < n; ++j)
           if (model_.presence[j] > 0.0)
@@ -379,19 +404,21 @@ class HeadDerivative {
     const std::size_t n = model_.n, od = operands_.d;
     const bool usa = model_.normalization == Normalization::Usa;
     // The head as the passes read it; its normaliser and u_pre are the forward pass's either way.
-    pairs_ = std::make_unique<HeadPairs>(HeadPairs{model_,
-                                                   operands_.sources,
-                                                   operands_.d,
-                                                   head_.score_dim(),
-                                                   operands_.queries.data(),
-                                                   operands_.keys.data(),
-                                                   operands_.values.data(),
-                                                   operands_.presence.data(),
-                                                   operands_.log_presence.data(),
-                                                   {},
-                                                   std::vector<double>(n, 0.0),
-                                                   std::vector<double>(n * od, 0.0),
-                                                   nullptr});
+    // (Taken again: the arrays and the passes' state of the last forward pass refilled.)
+    if (!pairs_)
+      pairs_ = std::make_unique<HeadPairs>(HeadPairs{
+          model_, 0, 0, 0, nullptr, nullptr, nullptr, nullptr, nullptr, {}, {}, {}, nullptr});
+    pairs_->sources = operands_.sources;
+    pairs_->operand_dim = operands_.d;
+    pairs_->score_dim = head_.score_dim();
+    pairs_->queries = operands_.queries.data();
+    pairs_->keys = operands_.keys.data();
+    pairs_->values = operands_.values.data();
+    pairs_->presence = operands_.presence.data();
+    pairs_->log_presence = operands_.log_presence.data();
+    pairs_->offset.clear();
+    pairs_->normaliser.assign(n, 0.0);
+    pairs_->u_pre.assign(n * od, 0.0);
     t_.assign(n * std::size_t(map_.cols()), 0.0);
     if (passes_) {
       passes_->forward(*pairs_);
@@ -399,7 +426,10 @@ class HeadDerivative {
         if (pairs_->normaliser[i] != 0.0) map_sums(i);
       return;
     }
-    if (sinkhorn_) record_scalings();
+    if (sinkhorn_) {
+      tape_ = SinkhornTape{};
+      record_scalings();
+    }
     if (model_.normalization == Normalization::Sa) take_offsets();
     const double mass = model_.mass();
     for (std::size_t i = 0; i < n; ++i) {
@@ -675,33 +705,30 @@ class HeadDerivative {
 
   /// The first `width` of each row of `operand` (count rows of od) taken through G_j^T of the
   /// score gauge (or as they are), as a count x width matrix.
-  Matrix score_rows_back(const std::vector<double>& operand, std::size_t count) const {
+  void score_rows_back(const std::vector<double>& operand, std::size_t count, Matrix& back) const {
     const std::size_t od = operands_.d, r = head_.score_dim();
-    Matrix back = Matrix::Zero(Eigen::Index(count), Eigen::Index(r));
+    back.setZero(Eigen::Index(count), Eigen::Index(r));
     for (std::size_t j = 0; j < count; ++j)
       score_transpose(j, operand.data() + j * od, back.row(Eigen::Index(j)).data());
-    return back;
   }
 
   /// The operands' cotangents taken back through the score gauge (contents_bar) and into the
   /// head's matrices' gradients: q = G Q y, k = G K y, z = G y | y | A y (as matrix products
   /// over the sources' rows).
   void gather_sources(const std::vector<double>& query_bar, const std::vector<double>& key_bar,
-                      std::vector<double> value_bar, ContentCotangents& contents_bar,
-                      HeadNumbers& head_gradient) const {
+                      ContentCotangents& contents_bar, HeadNumbers& head_gradient) const {
     const std::size_t n = model_.n, od = operands_.d, sources = operands_.sources;
     const Matrix& contents = contents_;
-    contents_bar.query_back = score_rows_back(query_bar, n);
-    contents_bar.key_back = score_rows_back(key_bar, sources);
+    score_rows_back(query_bar, n, contents_bar.query_back);
+    score_rows_back(key_bar, sources, contents_bar.key_back);
     add_product(true, contents_bar.query_back, contents.topRows(Eigen::Index(n)),
                 head_gradient.query);
     add_product(true, contents_bar.key_back, contents, head_gradient.key);
     if (!form_.transported && !head_.value_identity) {
       const Eigen::Index rv = head_.value.rows();
-      add_product(true, rows(value_bar.data(), sources, od).leftCols(rv), contents,
+      add_product(true, rows(contents_bar.value_bar.data(), sources, od).leftCols(rv), contents,
                   head_gradient.value);
     }
-    contents_bar.value_bar = std::move(value_bar);
   }
 
   /// The operands' tangents from the contents' (y_dot, the prefix's) and the matrices' (as
@@ -759,6 +786,14 @@ class HeadDerivative {
   bool rescaled_ = model_.time_scale == TimeScale::Rescaled;  ///< l_ij carries -beta (d/dbeta: s_ij - 1)
   bool has_factor_numbers_ = factor_numbers_count(model_.pair_terms) > 0;
   SinkhornTape tape_;
+  /// The derivatives' arrays, kept from call to call (a head's VJP or JVP runs on one thread;
+  /// each refills what it reads).
+  struct Scratch {
+    std::vector<double> query, key, value, every_u_bar, source_logit, log_presence_dot,
+        numerator_dot, sum_dot;
+    Matrix zeroed, map_gradient, t_bar;
+  };
+  mutable Scratch scratch_;
 };
 
 /// The set of replica r in `numbers` (per-replica sets: r's; shared: the one).
@@ -830,20 +865,32 @@ struct HeadShare {
 
 }  // namespace
 
-/// Every head of replica r, and F = sum_h u^(h) + f(y) (n x d).
+/// Every head of replica r, and F = sum_h u^(h) + f(y) (n x d), at the states take() is given.
 struct ReplicaLayer {
   const AttentionMatrices& set;
   LayerNumbers layout;
-  Matrix contents;  ///< source_contents(y), which every head's matrix products read
+  Matrix contents;  ///< take_source_contents(y), which every head's matrix products read
   std::vector<std::unique_ptr<HeadDerivative>> heads;
   std::vector<double> field;
-  ReplicaLayer(const Model& model, std::size_t r, const double* y, const PairPasses* passes)
-      : set(model.matrices_of(r)), layout(layer_numbers(set)), contents(source_contents(model, y)),
-        heads(set.heads.size()), field(model.n * model.d, 0.0) {
-    each_head(model, heads.size(), passes, [&](std::size_t h) {
-      heads[h] = std::make_unique<HeadDerivative>(model, set.heads[h], layout.heads[h], y, contents,
+  /// The derivatives' arrays of the layer, kept from call to call.
+  std::vector<double> field_bar, field_dot;
+  std::vector<ContentCotangents> contents_bar;
+  std::vector<OutputTangents> outputs;
+  Matrix content_dots;
+
+  ReplicaLayer(const Model& model, std::size_t r, const PairPasses* passes)
+      : set(model.matrices_of(r)), layout(layer_numbers(set)), heads(set.heads.size()),
+        contents_bar(set.heads.size()), outputs(set.heads.size()) {
+    for (std::size_t h = 0; h < heads.size(); ++h)
+      heads[h] = std::make_unique<HeadDerivative>(model, set.heads[h], layout.heads[h], contents,
                                                   passes);
-    });
+  }
+
+  /// The forward pass of every head at the states y, and F.
+  void take(const Model& model, const double* y, const PairPasses* passes) {
+    take_source_contents(model, y, contents);
+    each_head(model, heads.size(), passes, [&](std::size_t h) { heads[h]->take(y); });
+    field.assign(model.n * model.d, 0.0);
     // Each receiver's row takes the heads in order.
     each_row_block(model.n, passes, [&](std::size_t first, std::size_t count) {
       for (const auto& head : heads) head->add_output(field.data(), first, count);
@@ -856,9 +903,17 @@ struct ReplicaLayer {
 
 DerivativeTape::DerivativeTape(const Model& model, std::size_t replica_count, const double* states,
                                const PairPasses* pair_passes)
-    : replicas(replica_count), y(states), passes(pair_passes) {
+    : replicas(replica_count), y(nullptr), passes(pair_passes) {
   for (std::size_t r = 0; r < replicas; ++r)
-    layers.push_back(std::make_unique<ReplicaLayer>(model, r, y + r * model.n * model.d, passes));
+    layers.push_back(std::make_unique<ReplicaLayer>(model, r, passes));
+  take(model, states);
+}
+
+void DerivativeTape::take(const Model& model, const double* states) {
+  y = nullptr;  // (unusable until every layer has its forward pass)
+  for (std::size_t r = 0; r < replicas; ++r)
+    layers[r]->take(model, states + r * model.n * model.d, passes);
+  y = states;
 }
 
 DerivativeTape::~DerivativeTape() = default;
@@ -882,11 +937,12 @@ void reference_output_vjp(const Model& model, const DerivativeTape& tape,
     const double* yr = y + r * n * d;
     const double* a_bar = output_cotangent + r * n * d;
     double* y_bar = y_cotangent + r * n * d;
-    const ReplicaLayer& layer = *tape.layers[r];
+    ReplicaLayer& layer = *tape.layers[r];
     LayerNumbers& set_gradient = set_of(model, gradient, r);
     // a_i = p_i F_i: F's cotangent p_i a_bar_i, and p_i's <a_bar_i, F_i> (a null token's p_i
     // is a label).
-    std::vector<double> field_bar(n * d);
+    std::vector<double>& field_bar = layer.field_bar;
+    field_bar.resize(n * d);
     for (std::size_t i = 0; i < n; ++i) {
       const double p = model.receiver_speed(i);
       for (std::size_t c = 0; c < d; ++c) field_bar[i * d + c] = p * a_bar[i * d + c];
@@ -903,7 +959,7 @@ void reference_output_vjp(const Model& model, const DerivativeTape& tape,
     }
     const std::size_t heads = layer.heads.size();
     std::vector<HeadShare> shares(heads, HeadShare(gradient));
-    std::vector<ContentCotangents> contents_bar(heads);
+    std::vector<ContentCotangents>& contents_bar = layer.contents_bar;
     each_head(model, heads, tape.passes, [&](std::size_t h) {
       layer.heads[h]->vjp(field_bar.data(), contents_bar[h], set_gradient.heads[h],
                           shares[h].numbers);
@@ -926,9 +982,10 @@ void reference_output_jvp(const Model& model, const DerivativeTape& tape, const 
     const double* yr = y + r * n * d;
     const double* y_dot = y_tangent + r * n * d;
     double* a_dot = output_tangent + r * n * d;
-    const ReplicaLayer& layer = *tape.layers[r];
+    ReplicaLayer& layer = *tape.layers[r];
     const LayerNumbers* set_tangent = tangent ? &set_of(model, *tangent, r) : nullptr;
-    std::vector<double> field_dot(n * d, 0.0);
+    std::vector<double>& field_dot = layer.field_dot;
+    field_dot.assign(n * d, 0.0);
     const FeedForward& mlp = layer.set.mlp;
     if (!mlp.empty()) {
       std::vector<double> hidden(2 * mlp.width());
@@ -941,13 +998,14 @@ void reference_output_jvp(const Model& model, const DerivativeTape& tape, const 
     }
     // The contents' tangents (sources x d): y_dot's rows, then the prefix's (0 without a tangent).
     const std::size_t prefix = model.prefix_count();
-    Matrix content_dots(Eigen::Index(n + prefix), Eigen::Index(d));
+    Matrix& content_dots = layer.content_dots;
+    content_dots.resize(Eigen::Index(n + prefix), Eigen::Index(d));
     content_dots.topRows(Eigen::Index(n)) = rows(y_dot, n, d);
     if (tangent && prefix > 0)
       content_dots.bottomRows(Eigen::Index(prefix)) = rows(tangent->prefix.data(), prefix, d);
     else content_dots.bottomRows(Eigen::Index(prefix)).setZero();
     const std::size_t heads = layer.heads.size();
-    std::vector<OutputTangents> outputs(heads);
+    std::vector<OutputTangents>& outputs = layer.outputs;
     each_head(model, heads, tape.passes, [&](std::size_t h) {
       layer.heads[h]->jvp(content_dots, tangent, set_tangent ? &set_tangent->heads[h] : nullptr,
                           outputs[h]);
