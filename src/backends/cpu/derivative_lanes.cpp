@@ -465,12 +465,14 @@ void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot,
       Lanes weight[kBlock];
       block_exponentials<kDim, kTerms>(head, scaled_query, rows, at, k, offset, keys, weight);
       // <u_bar_i, z_j>, each value lane row loaded once for the block.
-      // (Two chains per receiver over the components' halves, so that the FMAs do not wait on
-      // each other's latency where od is large.)
+      // (Where a lane vector is one register, two chains per receiver over the components'
+      // halves, so that the FMAs do not wait on each other's latency where od is large; where
+      // it is two, one chain is as many registers, and two spilled 16 of them.)
+      constexpr std::size_t kChains = simd::kRegistersPerLanes == 1 ? 2 : 1;
       Lanes along[kBlock] = {}, along_odd[kBlock] = {};
       const double* value_lanes = lanes_of(head.values, at, od);
       std::size_t c = 0;
-      for (; c + 2 <= od; c += 2) {
+      for (; kChains == 2 && c + 2 <= od; c += 2) {
         const Lanes value = simd::load(value_lanes + c * kSourceTile);
         const Lanes next = simd::load(value_lanes + (c + 1) * kSourceTile);
         for (std::size_t r = 0; r < kBlock; ++r) {
@@ -478,11 +480,12 @@ void vjp_tile(const HeadLanes& head, const ReceiverCotangents& cot,
           along_odd[r] += u_bar[r][c + 1] * next;
         }
       }
-      if (c < od) {
+      for (; c < od; ++c) {
         const Lanes value = simd::load(value_lanes + c * kSourceTile);
         for (std::size_t r = 0; r < kBlock; ++r) along[r] += u_bar[r][c] * value;
       }
-      for (std::size_t r = 0; r < kBlock; ++r) along[r] += along_odd[r];
+      if constexpr (kChains == 2)
+        for (std::size_t r = 0; r < kBlock; ++r) along[r] += along_odd[r];
       Lanes plan[kBlock], logit_bar[kBlock];
       for (std::size_t r = 0; r < kBlock; ++r) {
         const Lanes scaled = weight[r] * inverse[r];  // 2^t / N_i
