@@ -141,9 +141,7 @@ class HeadDerivative {
     std::vector<double>& query_bar = scratch_.query;
     std::vector<double>& key_bar = scratch_.key;
     std::vector<double>& value_bar = contents_bar.value_bar;
-    query_bar.assign(n * od, 0.0);
-    key_bar.assign(sources * od, 0.0);
-    value_bar.assign(sources * od, 0.0);
+    zero_operand_rows(query_bar, key_bar, value_bar);
     std::vector<double> u_bar(od), derivatives(kernels::kMaxFactorNumbers);
     double mass_bar = 0.0;
     std::vector<double>& every_u_bar = scratch_.every_u_bar;
@@ -269,9 +267,7 @@ class HeadDerivative {
     std::vector<double>& query_dot = scratch_.query;
     std::vector<double>& key_dot = scratch_.key;
     std::vector<double>& value_dot = scratch_.value;
-    query_dot.assign(n * od, 0.0);
-    key_dot.assign(sources * od, 0.0);
-    value_dot.assign(sources * od, 0.0);
+    zero_operand_rows(query_dot, key_dot, value_dot);
     spread_sources(content_dots, head_tangent, query_dot, key_dot, value_dot);
     out.map_dot_transposed.resize(0, 0);
     if (head_tangent)
@@ -686,6 +682,15 @@ class HeadDerivative {
       score_gauge_->apply(token, in, out);
     else
       std::copy(in, in + r, out);
+  }
+
+  /// The operands' cotangents or tangents, zeroed: queries n rows of od, keys and values one
+  /// row a source.
+  void zero_operand_rows(std::vector<double>& queries, std::vector<double>& keys,
+                         std::vector<double>& values) const {
+    queries.assign(model_.n * operands_.d, 0.0);
+    keys.assign(operands_.sources * operands_.d, 0.0);
+    values.assign(operands_.sources * operands_.d, 0.0);
   }
 
   /// c += op(a) b (op: a^T where transpose_a), row-major dense blocks: by the passes' products
