@@ -740,6 +740,97 @@ py::object run(py::object out, py::object progress, const py::kwargs& options) {
   return trajectory;
 }
 
+/// mfattn._core.gradient: gradient_of_run of the run these options describe (no file), as
+/// (loss, {key: gradient}, x(T)); mfattn.gradient adds the run's Trajectory.
+py::tuple gradient(const py::handle& cotangent, const py::object& wrt,
+                   const py::object& checkpoints, const py::kwargs& options) {
+  if (options.contains("out"))
+    throw py::value_error(
+        "out: _core.gradient writes no file (mfattn.gradient's out is the run's)");
+  const OptionWords given = words_of(options);
+  std::vector<std::string> words = given.words;
+  // The parser asks for the run's output, which the gradient never writes: a name in an
+  // existing folder.
+  words.push_back("--out");
+  words.push_back(
+      (std::filesystem::temp_directory_path() / "mfattn-gradient-unwritten.h5").string());
+  const RunConfig cfg = parse(words);
+  const auto values = real_array(cotangent, "cotangent");
+  if (values.ndim() != 2 && values.ndim() != 3)
+    throw py::value_error("cotangent: " + std::to_string(values.ndim()) +
+                          " axes; expected the state's shape, (n, d) or (R, n, d)");
+  for (py::ssize_t e = 0; e < values.size(); ++e)
+    if (!std::isfinite(values.data()[e]))
+      throw py::value_error("cotangent: not finite at flat index " + std::to_string(e));
+  std::size_t stored = 0;
+  if (!checkpoints.is_none()) {
+    if (!PyIndex_Check(checkpoints.ptr()) || py::isinstance<py::bool_>(checkpoints) ||
+        checkpoints.cast<long long>() < 1)
+      throw py::value_error("checkpoints: " + py::repr(checkpoints).cast<std::string>() +
+                            " (expected a whole number >= 1, or None for the default)");
+    stored = checkpoints.cast<std::size_t>();
+  }
+  Model model;
+  try {
+    model = build_model(cfg);
+  } catch (const UsageError& error) {
+    throw py::value_error(in_keywords(error.what()));
+  }
+  std::vector<std::string> keys = {"x0"};
+  for (const NumberKey& key : number_keys(model)) keys.push_back(key.key);
+  std::vector<std::string> wanted;
+  if (wrt.is_none()) {
+    wanted = keys;
+  } else {
+    for (const py::handle key : wrt) {
+      const std::string name = py::str(key).cast<std::string>();
+      if (std::find(keys.begin(), keys.end(), name) == keys.end()) {
+        std::string accepted;
+        for (const std::string& k : keys) accepted += (accepted.empty() ? "" : ", ") + k;
+        throw py::value_error("wrt: " + name + " is none of this model's keys (" + accepted + ")");
+      }
+      wanted.push_back(name);
+    }
+  }
+  const std::vector<double> bar(values.data(), values.data() + values.size());
+  RunGradient result;
+  std::string failure;
+  PyObject* type = nullptr;
+  {
+    py::gil_scoped_release released;
+    try {
+      result = gradient_of_run(cfg, bar, stored);
+    } catch (const UsageError& error) {
+      failure = in_keywords(error.what());
+      type = PyExc_ValueError;
+    } catch (const BackendUnavailable& error) {
+      failure = in_keywords(error.what());
+      type = PyExc_ValueError;
+    } catch (const NumericalError& error) {
+      failure = error.what();
+      type = numerical_error_type;
+    } catch (const std::exception& error) {
+      failure = error.what();
+      type = PyExc_RuntimeError;
+    }
+  }
+  if (type) raise_python(type, failure);
+  std::vector<py::ssize_t> shape(values.shape(), values.shape() + values.ndim());
+  auto shaped = [&](const std::vector<double>& numbers) {
+    py::array_t<double> out(shape);
+    std::copy(numbers.begin(), numbers.end(), out.mutable_data());
+    return out;
+  };
+  const py::dict all = numbers_dict(model, result.numbers);
+  py::dict out;
+  for (const std::string& key : wanted)
+    out[py::str(key)] = key == "x0" ? py::object(shaped(result.x0)) : all[py::str(key)];
+  py::dict plan;
+  plan["steps"] = result.plan.steps;
+  plan["stored_states"] = result.plan.stored;
+  plan["recomputed_steps"] = result.recomputed_steps;
+  return py::make_tuple(result.loss, out, shaped(result.final_state), plan);
+}
 
 /// mfattn.meanfield: `mfattn meanfield` through run_meanfield (the CLI's own function) into out
 /// or a temporary file, loaded as a Density. run_meanfield has no progress hook: `progress`
@@ -859,6 +950,13 @@ observables, parameters; docs/python.md). The defaults are the command line's: r
 dt=0.01, a frame every 0.1. progress(t, step) is called now and then; returning False stops
 the run (KeyboardInterrupt). Bad options raise ValueError naming the keyword; a numerical
 failure mfattn.NumericalError; a failed write OSError. Releases the GIL.)doc");
+  module.def(
+      "gradient", &gradient, "cotangent"_a, "wrt"_a = py::none(), "checkpoints"_a = py::none(),
+      R"doc(gradient(cotangent, wrt=None, checkpoints=None, **options) -> (loss, dict, x_T, plan)
+
+The discrete adjoint of the run these options describe (docs/model.md section 5b; mfattn.gradient
+is the interface): loss = sum(cotangent * x(T)), the gradients of the keys in wrt (None: "x0"
+and every number of Model.vjp's dict), the final state and the checkpoint plan.)doc");
   module.def("meanfield", &meanfield, "out"_a = py::none(), "progress"_a = py::none(),
              R"doc(meanfield(out=None, progress=None, **options) -> Density
 

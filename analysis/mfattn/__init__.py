@@ -35,7 +35,7 @@ except ModuleNotFoundError as missing:
 # imported when first used (mfattn.animate, mfattn.plot_run, ...: __getattr__): mfattn.io,
 # which this file imports, imports none of them, so importing it loads neither matplotlib nor
 # the animation code, and no module imports another that imports it back.
-_COMPILED = ("Model", "run", "meanfield", "options", "NumericalError", "_last_call_released_gil")
+_COMPILED = ("Model", "run", "meanfield", "options", "NumericalError", "_last_call_released_gil", "gradient")
 
 if _core is not None:
     from ._core import Model, NumericalError, __version__, _last_call_released_gil, meanfield, options, run
@@ -44,7 +44,18 @@ if _core is not None:
 
 __all__ = ["load", "Trajectory", "Density", "export_torch", "io", "animate"]
 if _core is not None:
-    __all__ += ["Model", "run", "meanfield", "options", "NumericalError"]
+    __all__ += ["Model", "run", "meanfield", "options", "NumericalError", "gradient"]
+
+    def gradient(cotangent, wrt=None, checkpoints=None, out=None, **options):
+        """The gradient of loss = sum(cotangent * x(T)) of the run these options describe
+        (docs/model.md section 5b, docs/python.md): the discrete adjoint of its steps, from
+        `checkpoints` stored states (None: the default). Returns (loss, gradients, trajectory,
+        plan): gradients a dict of the keys in `wrt` (None: "x0", the initial state, and every
+        key of Model.vjp's dict), the trajectory mfattn.run(out=out, **options) (its last frame
+        is the x(T) differentiated, to the bit), plan {"steps", "stored_states",
+        "recomputed_steps"}."""
+        loss, gradients, _, plan = _core.gradient(cotangent, wrt=wrt, checkpoints=checkpoints, **options)
+        return loss, gradients, run(out=out, **options), plan
 
 
 def _missing_core(name: str) -> ImportError:

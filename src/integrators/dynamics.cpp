@@ -69,10 +69,14 @@ void Dynamics::evaluate_placement(const double* x, bool with_weight_sums) {
                                 x + t * d, cached_output_.data() + t * d, cached_v_.data() + t * d);
 }
 
-void Dynamics::derivative_forward(const double* x) {
+void Dynamics::require_derivatives() const {
   const BackendName* entry = find_backend(backend_.name());
   const std::string refusal = entry ? derivative_refusal(*entry, ModelKinds::of(model_)) : "";
   if (!refusal.empty()) throw BackendUnavailable(refusal);
+}
+
+void Dynamics::derivative_forward(const double* x) {
+  require_derivatives();
   std::vector<double>& read = derivative_read_;
   read.assign(x, x + size());
   if (placement_reads_directions(model_.placement)) take_directions(replicas_ * model_.n, model_.d, read.data());

@@ -174,12 +174,63 @@ class RungeKutta final : public Integrator {
     return outcome;
   }
 
+  /// With z_s = x + h sum_{m<s} a_sm k_m, k_s = f(z_s), y = x + h sum_s b_s k_s and
+  /// x' = N(y) on the sphere (y in R^d): y_bar = N'(y)^T x'_bar (N' is symmetric), then
+  /// k_bar_s = h b_s y_bar + h sum_{t>s} a_ts z_bar_t with z_bar_s = f'(z_s)^T k_bar_s taken
+  /// from the last stage back, and x_bar = y_bar + sum_s z_bar_s.
+  void step_vjp(Dynamics& dynamics, const double* x, double h, const double* next_bar,
+                double* x_bar, FieldNumbers& gradient) override {
+    const std::size_t size = dynamics.size(), stages = tableau_.b.size(), d = dynamics.model().d;
+    stage_k_.resize(stages);
+    stage_states_.resize(stages);
+    stage_bar_.resize(stages);
+    for (std::size_t s = 0; s < stages; ++s) {
+      stage_k_[s].resize(size);
+      stage_states_[s].assign(x, x + size);
+      const auto& row = tableau_.a[s];
+      for (std::size_t e = 0; e < size; ++e) {
+        double incr = 0.0;
+        for (std::size_t m = 0; m < row.size(); ++m) incr += row[m] * stage_k_[m][e];
+        if (s > 0) stage_states_[s][e] = x[e] + h * incr;
+      }
+      dynamics.velocity(stage_states_[s].data(), stage_k_[s].data());
+    }
+    std::vector<double>& y_bar = new_x_;
+    y_bar.assign(next_bar, next_bar + size);
+    if (dynamics.model().on_sphere()) {
+      stage_x_.resize(size);
+      for (std::size_t e = 0; e < size; ++e) {
+        double incr = 0.0;
+        for (std::size_t m = 0; m < stages; ++m) incr += tableau_.b[m] * stage_k_[m][e];
+        stage_x_[e] = x[e] + h * incr;
+      }
+      const std::size_t n = dynamics.model().n;
+      for (std::size_t t = 0; t < dynamics.replicas() * n; ++t)
+        if (dynamics.moves(t % n))
+          kernels::direction_derivative(stage_x_.data() + t * d, int(d), y_bar.data() + t * d);
+    }
+    std::copy(y_bar.begin(), y_bar.end(), x_bar);
+    for (std::size_t s = 0; s < stages; ++s) {
+      stage_bar_[s].resize(size);
+      for (std::size_t e = 0; e < size; ++e) stage_bar_[s][e] = h * tableau_.b[s] * y_bar[e];
+    }
+    std::vector<double> z_bar(size);
+    for (std::size_t s = stages; s-- > 0;) {
+      dynamics.vjp(stage_states_[s].data(), stage_bar_[s].data(), z_bar.data(), gradient);
+      for (std::size_t e = 0; e < size; ++e) x_bar[e] += z_bar[e];
+      const auto& row = tableau_.a[s];
+      for (std::size_t m = 0; m < row.size(); ++m)
+        for (std::size_t e = 0; e < size; ++e) stage_bar_[m][e] += h * row[m] * z_bar[e];
+    }
+  }
+
  private:
   Tableau tableau_;
   StepSizeController controller_;
   double exponent_;  ///< the controller's exponent for this tableau's estimate, computed once
   std::vector<std::vector<double>> stage_k_;
   std::vector<double> stage_x_, new_x_;
+  std::vector<std::vector<double>> stage_states_, stage_bar_;  ///< step_vjp's z_s and k_bar_s
 };
 
 /// y <- exp(sum_k c_k (w_k y_k^T - y_k w_k^T)) y for up to four (y_k, w_k) pairs with w_k
@@ -423,10 +474,10 @@ std::unique_ptr<Integrator> make_euler_maruyama(const IntegratorSettings& s) {
 /// The integrators, each once: --integrator's help and validation (integrator_names,
 /// find_integrator) and make_integrator read this table.
 const IntegratorEntry kIntegrators[] = {
-    {"euler", false, false, make_fixed_step<euler_tableau>},
+    {"euler", false, false, make_fixed_step<euler_tableau>, false, true},
     {"euler-unprojected", false, false, make_plain<EulerUnprojected>, true},
-    {"heun", false, true, make_fixed_step<heun_tableau>},
-    {"rk4", false, true, make_fixed_step<rk4_tableau>},
+    {"heun", false, true, make_fixed_step<heun_tableau>, false, true},
+    {"rk4", false, true, make_fixed_step<rk4_tableau>, false, true},
     {"lie-euler", false, false, make_plain<LieEuler>},
     {"lie-rk4", false, false, make_plain<LieRk4>},
     {"dopri5", false, true, make_dopri5},
@@ -488,6 +539,19 @@ struct ResidentChunks {
 double landing_step(double remaining, double proposal) {
   return std::fabs(remaining - proposal) <= proposal * 1e-9 ? proposal : remaining;
 }
+}  // namespace
+
+FixedStep fixed_step_toward(double time, double target, double dt) {
+  const double remaining = target - time;
+  const bool lands = remaining <= dt * (1.0 + 1e-9);
+  return {lands ? landing_step(remaining, dt) : dt, lands};
+}
+
+void Integrator::step_vjp(Dynamics&, const double*, double, const double*, double*, FieldNumbers&) {
+  throw std::logic_error("--integrator " + name() + ": its steps have no adjoint");
+}
+
+namespace {
 
 /// integrate()'s steps up to target on a resident stepper: the fixed step while the remainder
 /// exceeds it by more than a relative 1e-9, then the remainder, landing on target exactly; the
@@ -496,8 +560,7 @@ double landing_step(double remaining, double proposal) {
 void advance_resident(ResidentStepper& resident, ResidentChunks& chunks, State& state, double fixed_dt,
                       double target, IntegrationStats& stats, const StepHook& after_step) {
   while (state.time < target) {
-    const bool lands = target - state.time <= fixed_dt * (1.0 + 1e-9);
-    const double h = lands ? landing_step(target - state.time, fixed_dt) : fixed_dt;
+    const auto [h, lands] = fixed_step_toward(state.time, target, fixed_dt);
     std::int64_t count = 1;
     if (!lands) {
       double time = state.time + fixed_dt;

@@ -15,6 +15,7 @@
 #include "mfattn/core/model.hpp"
 #include "mfattn/app/model_builder.hpp"
 #include "mfattn/core/state.hpp"
+#include "mfattn/integrators/adjoint.hpp"
 
 namespace mfattn {
 
@@ -76,5 +77,14 @@ inline constexpr int kExitStoppedByCaller = 130;
 /// steps while it runs (the previous handlers are restored when the last concurrent run
 /// ends, so a Python interpreter keeps its own).
 int run_simulation(const RunConfig& cfg, std::ostream& log, const RunHooks& hooks = {});
+
+/// The gradient of <cotangent, x(T)> of the run `cfg` describes (docs/model.md section 5b):
+/// the run set up as run_simulation sets it up (its refusals), stepped with its frames' times
+/// landed on, and its discrete adjoint from `checkpoints` stored states (0: the default). No
+/// file is written. Throws UsageError for what it does not differentiate (an integrator whose
+/// steps have no adjoint, layers in time, --resume), NumericalError for a diverging run,
+/// BackendUnavailable where the backend has no derivatives for the model.
+RunGradient gradient_of_run(const RunConfig& cfg, const std::vector<double>& cotangent,
+                            std::size_t checkpoints);
 
 }  // namespace mfattn

@@ -40,6 +40,9 @@ class Dynamics {
   /// BackendUnavailable with derivative_refusal's line where the backend's derivatives do not
   /// take the model.
   void vjp(const double* x, const double* cotangent, double* x_cotangent, FieldNumbers& gradient);
+  /// Throws BackendUnavailable with derivative_refusal's line where the backend's derivatives
+  /// do not take the model (what vjp and jvp would throw), before any work is done.
+  void require_derivatives() const;
   void jvp(const double* x, const double* x_tangent, const FieldNumbers* tangent, double* v_tangent);
   /// The model's matrices were replaced (a new layer of --regen-period): the remembered
   /// evaluation no longer holds.

@@ -45,6 +45,13 @@ class Integrator {
   /// One step of size h from state.x at state.time; on acceptance advances state.x,
   /// state.time (by h) and state.step.
   virtual StepOutcome step(Dynamics& dynamics, State& state, double h) = 0;
+  /// The discrete adjoint of one accepted step of size h from x, as step() takes it
+  /// (docs/model.md section 5b): from the new state's cotangent next_bar, writes x's (x_bar,
+  /// size() numbers) and adds the numbers' gradient to `gradient` (zero_numbers' shapes). It
+  /// takes the step's stages again (S evaluations and S VJPs of the field). Only the methods
+  /// whose table entry says IntegratorEntry::differentiates have one.
+  virtual void step_vjp(Dynamics& dynamics, const double* x, double h, const double* next_bar,
+                        double* x_bar, FieldNumbers& gradient);
 };
 
 struct IntegratorSettings {
@@ -68,6 +75,8 @@ struct IntegratorEntry {
   /// Whether it steps the unprojected attention output, x <- N(x + h p u) (the reference code's
   /// step): the placements that normalize the output (ngpt) are not its field.
   bool steps_unprojected_output = false;
+  /// Whether its steps have a discrete adjoint (Integrator::step_vjp): gradients through runs.
+  bool differentiates = false;
 };
 
 /// The table's entry of that name, or nullptr.
@@ -101,6 +110,15 @@ IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& st
                            double fixed_dt, const std::vector<double>& output_times,
                            const std::function<void(const State&)>& observer,
                            const StepHook& after_step = {});
+
+/// The step integrate() takes from `time` toward the output time `target` with the fixed step
+/// dt: dt, or on the last step of the interval the remainder (dt itself where the remainder is
+/// dt within 1e-9 relative); `lands` says the step ends on target (the time is then set to it).
+struct FixedStep {
+  double h;
+  bool lands;
+};
+FixedStep fixed_step_toward(double time, double target, double dt);
 
 /// y <- N(y) = y / |y| (0 stays 0) for `tokens` rows of d numbers: the directions of states in
 /// R^d, which a pre or peri layer reads and the observables are taken on (docs/model.md 2c).

@@ -339,6 +339,32 @@ int report_early_end(std::exception_ptr fault, const RunConfig& cfg, const RunHo
 
 }  // namespace
 
+RunGradient gradient_of_run(const RunConfig& given, const std::vector<double>& cotangent,
+                            std::size_t checkpoints) {
+  RunConfig cfg = given;
+  const IntegratorEntry& entry = *cfg.choices.integrator;
+  if (!entry.differentiates) {
+    std::string accepted;
+    for (const std::string& name : integrator_names())
+      if (find_integrator(name)->differentiates) accepted += (accepted.empty() ? "" : ", ") + name;
+    throw UsageError("--integrator " + std::string(entry.name) + ": gradients through runs take " +
+                     accepted + " (its steps have no adjoint yet)");
+  }
+  if (cfg.resume) throw UsageError("--resume: a gradient is taken over a whole run from its start");
+  if (layer_start_times(cfg).size() > 1)
+    throw UsageError(
+        "--layer-time, --regen-period: gradients through runs take one layer for the whole run "
+        "(layers in time are not differentiated yet)");
+  RunParts parts;
+  set_up_run(cfg, resolve_threads(cfg.threads), parts);
+  if (cotangent.size() != parts.state.size())
+    throw UsageError("cotangent: " + std::to_string(cotangent.size()) +
+                     " numbers; the run's state has " + std::to_string(parts.state.size()));
+  Dynamics dynamics(parts.model, *parts.backend, parts.state.replicas);
+  return run_gradient(*parts.integrator, dynamics, parts.state, cfg.dt, parts.times, cotangent,
+                      checkpoints);
+}
+
 int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& hooks) {
   RunConfig cfg = given;
   // From here on SIGTERM, SIGINT and SIGHUP end the run between two steps, with its file

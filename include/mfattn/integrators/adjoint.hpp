@@ -1,0 +1,52 @@
+#pragma once
+/// \file adjoint.hpp
+/// Gradients through whole runs (docs/model.md section 5b): the discrete adjoint of the steps
+/// as run (discretise, then differentiate: the exact gradient of the computed trajectory, to
+/// rounding), from stored states (checkpoints) and the steps between them taken again.
+/// For the loss L = <c, x(T)> of the final state:
+///   x_bar(T) = c,   x_bar(t_k) = step_vjp(x(t_k), h_k; x_bar(t_k+1)),   theta_bar += each step's
+/// from the last step back to the first; x_bar(0) = dL/dx(0) and theta_bar = dL/dtheta.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "mfattn/backends/derivatives.hpp"
+#include "mfattn/core/state.hpp"
+#include "mfattn/integrators/dynamics.hpp"
+#include "mfattn/integrators/integrator.hpp"
+
+namespace mfattn {
+
+/// Where run_gradient keeps states: `stored` of them (the first state of every segment of
+/// `segment` steps), and the steps of one segment while it is walked back.
+struct CheckpointPlan {
+  std::size_t steps = 0, stored = 0, segment = 0;
+  /// states_in_memory = stored + segment (R n d numbers each).
+  std::size_t states_in_memory() const { return stored + segment; }
+};
+
+/// The plan for `steps` steps with at most `checkpoints` stored states (0: the default, every
+/// state where steps + 1 states of `state_numbers` numbers fit in kDefaultCheckpointNumbers,
+/// else about sqrt(steps)).
+inline constexpr std::size_t kDefaultCheckpointNumbers = std::size_t{1} << 25;  // 256 MiB
+CheckpointPlan plan_checkpoints(std::size_t steps, std::size_t checkpoints,
+                                std::size_t state_numbers);
+
+struct RunGradient {
+  double loss = 0.0;                ///< <cotangent, x(T)>
+  std::vector<double> final_state;  ///< x(T)
+  std::vector<double> x0;           ///< dL/dx(0), x's shape
+  FieldNumbers numbers;             ///< dL/dtheta (zero_numbers' shapes)
+  CheckpointPlan plan;
+  std::int64_t recomputed_steps = 0;  ///< steps taken again from the stored states
+};
+
+/// The run from `start` with the fixed-step integrator (its table entry differentiates) and
+/// step dt, landing on every time of `targets` (increasing, the last the horizon) as
+/// integrate() does, and the gradient of <cotangent, x(T)>. Checkpoints change no bit of it.
+/// A non-finite state throws NumericalError; an integrator without an adjoint, logic_error.
+RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State& start, double dt,
+                         const std::vector<double>& targets, const std::vector<double>& cotangent,
+                         std::size_t checkpoints);
+
+}  // namespace mfattn

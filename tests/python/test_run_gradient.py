@@ -1,0 +1,172 @@
+"""Gradients through whole runs (docs/model.md section 5b): mfattn.gradient against PyTorch
+float64 autograd through the same steps of the field written in test_derivatives.py's oracle
+(from docs/model.md, not mfattn's code), against central finite differences of whole runs,
+and checkpoints against every state stored, to the bit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_derivatives import ON_SPHERE, Oracle, oracle_numbers  # noqa: E402
+
+# The steps' tableaux (a: the stages' rows, b: the weights), written from docs/model.md section 5.
+TABLEAUX = {
+    "euler": ([[]], [1.0]),
+    "heun": ([[], [1.0]], [0.5, 0.5]),
+    "rk4": ([[], [0.5], [0.0, 0.5], [0.0, 0.0, 1.0]], [1 / 6, 1 / 3, 1 / 3, 1 / 6]),
+}
+
+# Six steps of 0.05, the frames on the step grid (every step is dt).
+RUN = dict(horizon=0.3, dt=0.05, save_every=0.1, seed=5)
+
+CASES = {
+    "rk4-post-heads-mlp-rope-prefix": dict(n=6, d=4, kernel="sa", beta=1.5, heads=2, head_dim=2, mlp=3,
+                                           q="gaussian", k="gaussian", v="gaussian", values="plain",
+                                           geometry="rope", prefix=1, integrator="rk4"),
+    "heun-pre-distance-gelu": dict(n=6, d=3, kernel="sa", mlp=2, mlp_activation="gelu", q="gaussian", k="gaussian",
+                                   v="gaussian", aux_factor="distance", aux_lambda=0.3, normalization="pre",
+                                   integrator="heun"),
+    "euler-ngpt-usa-causal": dict(n=6, d=3, kernel="usa", beta=2.0, q="gaussian", k="gaussian", v="gaussian",
+                                  mask="causal", normalization="ngpt", ngpt_alpha=0.7, integrator="euler"),
+    "rk4-peri-nulls-amplitudes": dict(n=6, d=3, kernel="sa", q="gaussian", k="gaussian", v="gaussian",
+                                      normalization="peri", null_tokens=1, eps_den=1e-3,
+                                      amplitudes=[1.0, 2.0, 0.5, 1.5, 1.0, 3.0], integrator="rk4"),
+    "rk4-none-transported-replicas": dict(n=5, d=4, kernel="sa", heads=2, head_dim=2, q="gaussian", k="gaussian",
+                                          v="gaussian", geometry="rope", normalization="none", replicas=2,
+                                          integrator="rk4"),
+}
+
+
+def options_of(name):
+    spec = dict(CASES[name])
+    if spec.get("prefix"):
+        rng = np.random.default_rng(7)
+        y = rng.standard_normal((spec["prefix"], spec["d"]))
+        spec["prefix_init"] = y / np.linalg.norm(y, axis=1, keepdims=True)
+    return spec, dict(spec, **RUN)
+
+
+def torch_run(spec, numbers, x0, method):
+    """x(T) of the run's steps in PyTorch: x <- N(x + h sum_s b_s k_s) on the sphere for the
+    moving tokens, k_s = f(x + h sum_m a_sm k_m)."""
+    oracle = Oracle(spec)
+    replicas = x0.shape[0] if x0.dim() == 3 else 1
+    a, b = TABLEAUX[method]
+    h, steps = RUN["dt"], round(RUN["horizon"] / RUN["dt"])
+    moving = (numbers["presence"] > 0)[:, None]
+    x = x0
+    for _ in range(steps):
+        ks = []
+        for s in range(len(b)):
+            z = x + h * sum(a[s][m] * ks[m] for m in range(s)) if s else x
+            ks.append(oracle.field(z, numbers, replicas))
+        y = x + h * sum(b[s] * ks[s] for s in range(len(b)))
+        if spec.get("normalization", "post") in ON_SPHERE:
+            y = torch.where(moving, y / y.norm(dim=-1, keepdim=True), y)
+        x = y
+    return x
+
+
+def relative(a, b):
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    scale = np.linalg.norm(b)
+    return np.linalg.norm(a - b) / scale if scale > 0 else np.linalg.norm(a)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_run_gradient_is_autograd_through_the_same_steps(mfattn, name):
+    spec, options = options_of(name)
+    x0 = mfattn.Model(**options).initial_state()
+    c = np.random.default_rng(1).standard_normal(x0.shape)
+    loss, gradient, trajectory, plan = mfattn.gradient(c, **options)
+    assert plan["steps"] == 6
+    model = mfattn.Model(**options)
+    numbers = oracle_numbers(model, spec, gradient)
+    keys = sorted(numbers)
+    leaves = {k: v.clone().requires_grad_(True) for k, v in numbers.items()}
+    xt = torch.tensor(x0, requires_grad=True)
+    final = torch_run(spec, leaves, xt, spec["integrator"])
+    # The run's last frame is the x(T) differentiated.
+    _, _, final_state, _ = mfattn._core.gradient(c, **options)
+    assert np.array_equal(trajectory.positions[-1].reshape(final_state.shape), final_state)
+    assert relative(final_state, final.detach().numpy()) < 1e-12
+    objective = (final * torch.tensor(c)).sum()
+    assert abs(loss - objective.item()) <= 1e-12 * abs(objective.item())
+    grads = torch.autograd.grad(objective, [xt] + [leaves[k] for k in keys], allow_unused=True)
+    expected = {"x0": grads[0].numpy()}
+    for k, g in zip(keys, grads[1:]):
+        expected[k] = np.zeros(tuple(leaves[k].shape)) if g is None else g.numpy()
+    expected["presence"][numbers["presence"].numpy() == 0] = 0
+    assert sorted(gradient) == sorted(expected)
+    for k in expected:
+        assert relative(gradient[k], expected[k]) < 1e-11, k
+
+
+@pytest.mark.parametrize("name", ["rk4-post-heads-mlp-rope-prefix", "heun-pre-distance-gelu"])
+def test_run_gradient_is_the_central_difference_of_whole_runs(mfattn, name, tmp_path):
+    spec, options = options_of(name)
+    x0 = mfattn.Model(**options).initial_state()
+    rng = np.random.default_rng(2)
+    c = rng.standard_normal(x0.shape)
+    _, gradient, _, _ = mfattn.gradient(c, wrt=["x0", "beta"], **options)
+    assert sorted(gradient) == ["beta", "x0"]
+    on_sphere = spec.get("normalization", "post") in ON_SPHERE
+    t = rng.standard_normal(x0.shape)
+    if on_sphere:
+        t -= np.sum(t * x0, axis=-1, keepdims=True) * x0
+
+    def loss(x, beta):
+        start = tmp_path / "x0.txt"
+        np.savetxt(start, x)
+        run = mfattn.run(**dict(options, init="file", init_file=str(start), beta=beta))
+        return float(np.sum(c * run.positions[-1]))
+
+    def moved(s):
+        x = x0 + s * t
+        return x / np.linalg.norm(x, axis=-1, keepdims=True) if on_sphere else x
+
+    h, beta = 1e-5, options.get("beta", 1.0)
+    along = (loss(moved(h), beta) - loss(moved(-h), beta)) / (2 * h)
+    assert abs(along - np.sum(gradient["x0"] * t)) <= 1e-6 * abs(along)
+    along = (loss(x0, beta + h) - loss(x0, beta - h)) / (2 * h)
+    assert abs(along - gradient["beta"]) <= 1e-6 * abs(along)
+
+
+def test_checkpoints_change_no_bit(mfattn):
+    _, options = options_of("rk4-post-heads-mlp-rope-prefix")
+    options = dict(options, save_every=0.05, horizon=0.35)  # seven steps: segments of 3, 3, 1
+    x0 = mfattn.Model(**options).initial_state()
+    c = np.random.default_rng(3).standard_normal(x0.shape)
+    every = mfattn._core.gradient(c, checkpoints=7, **options)
+    assert every[3] == {"steps": 7, "stored_states": 7, "recomputed_steps": 0}
+    for stored in (1, 3, None):
+        loss, gradient, final, plan = mfattn._core.gradient(c, checkpoints=stored, **options)
+        if stored == 3:
+            assert plan == {"steps": 7, "stored_states": 3, "recomputed_steps": 4}
+        assert loss == every[0] and np.array_equal(final, every[2])
+        for key in every[1]:
+            assert np.array_equal(np.asarray(gradient[key]), np.asarray(every[1][key])), (stored, key)
+
+
+def test_bad_input_is_named(mfattn):
+    options = dict(n=5, d=3, kernel="sa", **RUN)
+    c = np.zeros((5, 3))
+    with pytest.raises(ValueError, match="integrator=lie-euler: gradients through runs take euler, heun, rk4"):
+        mfattn.gradient(c, **dict(options, integrator="lie-euler"))
+    with pytest.raises(ValueError, match="regen_period"):
+        mfattn.gradient(c, **dict(options, regen_period=0.1, q="gaussian", k="gaussian", v="gaussian"))
+    with pytest.raises(ValueError, match="cotangent: 12 numbers; the run's state has 15"):
+        mfattn.gradient(np.zeros((4, 3)), **options)
+    with pytest.raises(ValueError, match="cotangent: not finite"):
+        mfattn.gradient(np.full((5, 3), np.nan), **options)
+    with pytest.raises(TypeError, match="cotangent"):
+        mfattn.gradient(np.zeros((5, 3), dtype=complex), **options)
+    with pytest.raises(ValueError, match="wrt: attention/gate is none of this model's keys"):
+        mfattn.gradient(c, wrt=["x0", "attention/gate"], **options)
+    with pytest.raises(ValueError, match="checkpoints: 0"):
+        mfattn.gradient(c, checkpoints=0, **options)
+    # (Without a device the CUDA backend is refused as it is made; with one, for its derivatives.)
+    with pytest.raises(ValueError, match="backend=cuda: "):
+        mfattn.gradient(c, **dict(options, backend="cuda"))

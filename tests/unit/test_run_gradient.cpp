@@ -1,0 +1,106 @@
+// Gradients through whole runs (docs/model.md section 5b) in process, where the sanitizer
+// build runs them: gradient_of_run against central differences of whole runs (the same steps
+// taken by run_gradient's own forward pass), checkpoints against every state stored to the
+// bit, and the refusals (the PyTorch comparison is tests/python/test_run_gradient.py).
+#include "test_support.hpp"
+
+#include <random>
+
+#include "mfattn/integrators/adjoint.hpp"
+
+namespace mfattn {
+namespace {
+
+using testing::config;
+
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double sum = 0.0;
+  for (std::size_t e = 0; e < a.size(); ++e) sum += a[e] * b[e];
+  return sum;
+}
+
+const std::vector<std::string> kLayerRun = {
+    "--n",           "7",        "--d",          "4",        "--kernel",     "sa",
+    "--heads",       "2",        "--head-dim",   "2",        "--mlp",        "3",
+    "--q",           "gaussian", "--k",          "gaussian", "--v",          "gaussian",
+    "--geometry",    "rope",     "--prefix",     "1",        "--horizon",    "0.35",
+    "--dt",          "0.05",     "--save-every", "0.05",     "--integrator", "rk4",
+    "--null-tokens", "1",
+};
+
+TEST(RunGradient, IsTheCentralDifferenceOfWholeRuns) {
+  const RunConfig cfg = config(kLayerRun);
+  const Model model = build_model(cfg);
+  const State start = build_initial_state(cfg, model);
+  std::mt19937_64 random(11);
+  std::normal_distribution<double> normal;
+  std::vector<double> c(start.size()), t(start.size());
+  for (double& e : c) e = normal(random);
+  for (double& e : t) e = normal(random);
+  const std::size_t d = model.d;
+  for (std::size_t row = 0; row < start.size() / d; ++row) {  // tangent to the sphere
+    double radial = 0.0;
+    for (std::size_t k = 0; k < d; ++k) radial += t[row * d + k] * start.x[row * d + k];
+    for (std::size_t k = 0; k < d; ++k) t[row * d + k] -= radial * start.x[row * d + k];
+  }
+  const RunGradient gradient = gradient_of_run(cfg, c, 0);
+  EXPECT_EQ(gradient.plan.steps, 7u);
+  // The loss of the run from N(x0 + s t): run_gradient's forward pass with a zero cotangent.
+  auto backend = make_backend(cfg.backend, model, BackendOptions{1});
+  Dynamics field(model, *backend, start.replicas);
+  auto integrator = make_integrator(IntegratorSettings{});
+  auto loss = [&](double s) {
+    State moved = start;
+    for (std::size_t row = 0; row < start.size() / d; ++row) {
+      double norm2 = 0.0;
+      for (std::size_t k = 0; k < d; ++k) {
+        moved.x[row * d + k] = start.x[row * d + k] + s * t[row * d + k];
+        norm2 += moved.x[row * d + k] * moved.x[row * d + k];
+      }
+      for (std::size_t k = 0; k < d; ++k) moved.x[row * d + k] /= std::sqrt(norm2);
+    }
+    return run_gradient(*integrator, field, moved, cfg.dt, output_times(cfg), c, 0).loss;
+  };
+  const double h = 1e-5, along = (loss(h) - loss(-h)) / (2 * h);
+  EXPECT_NEAR(dot(gradient.x0, t), along, 1e-6 * std::abs(along));
+}
+
+TEST(RunGradient, CheckpointsChangeNoBit) {
+  const RunConfig cfg = config(kLayerRun);
+  std::vector<double> c(build_initial_state(cfg, build_model(cfg)).size());
+  std::mt19937_64 random(12);
+  std::normal_distribution<double> normal;
+  for (double& e : c) e = normal(random);
+  const RunGradient every = gradient_of_run(cfg, c, 7);
+  EXPECT_EQ(every.recomputed_steps, 0);
+  for (std::size_t stored : {1, 2, 3}) {
+    SCOPED_TRACE(stored);
+    const RunGradient some = gradient_of_run(cfg, c, stored);
+    EXPECT_GT(some.recomputed_steps, 0);
+    EXPECT_EQ(some.x0, every.x0);
+    EXPECT_EQ(some.final_state, every.final_state);
+    EXPECT_EQ(some.numbers.beta, every.numbers.beta);
+    EXPECT_EQ(some.numbers.prefix, every.numbers.prefix);
+    EXPECT_EQ(some.numbers.presence, every.numbers.presence);
+    for (std::size_t h = 0; h < every.numbers.sets[0].heads.size(); ++h) {
+      EXPECT_EQ(some.numbers.sets[0].heads[h].query, every.numbers.sets[0].heads[h].query);
+      EXPECT_EQ(some.numbers.sets[0].heads[h].value, every.numbers.sets[0].heads[h].value);
+    }
+    EXPECT_EQ(some.numbers.sets[0].w1, every.numbers.sets[0].w1);
+  }
+}
+
+TEST(RunGradient, RefusesWhatItDoesNotDifferentiate) {
+  const RunConfig lie = config({"--n", "5", "--d", "3", "--integrator", "lie-euler"});
+  std::vector<double> c(15, 0.0);
+  EXPECT_THROW(gradient_of_run(lie, c, 0), UsageError);
+  const RunConfig wrong = config({"--n", "5", "--d", "3"});
+  EXPECT_THROW(gradient_of_run(wrong, std::vector<double>(12, 0.0), 0), UsageError);
+  EXPECT_EQ(plan_checkpoints(10, 0, 30).stored, 10u);
+  EXPECT_EQ(plan_checkpoints(10, 3, 30).segment, 4u);
+  EXPECT_EQ(plan_checkpoints(10, 3, 30).stored, 3u);
+  EXPECT_EQ(plan_checkpoints(100, 0, kDefaultCheckpointNumbers).stored, 10u);  // about sqrt(steps)
+}
+
+}  // namespace
+}  // namespace mfattn
