@@ -73,20 +73,29 @@ def torch_field(model, x: np.ndarray, threads: int):
     return torch_field_of(model.weights(), model.beta, x, threads)
 
 
-def torch_field_of(weights: dict, beta: float, x: np.ndarray, threads: int):
-    """torch_field of a model's weights() and beta."""
+def torch_field_function(weights: dict, beta: float, threads: int):
+    """The field of a model's weights() and beta as a function of a float64 tensor x (n, d)."""
     import torch
     torch.set_num_threads(threads)
     w = {k: torch.tensor(v) for k, v in weights.items()}
-    xt = torch.tensor(x, requires_grad=True)
     query, key, value, output = w["attention/query"], w["attention/key"], w["attention/value"], w["attention/output"]
     H, rv = query.shape[0], value.shape[1]
-    field = torch.zeros_like(xt)
-    for h in range(H):
-        scores = beta * (xt @ query[h].T) @ (xt @ key[h].T).T
-        attention = torch.softmax(scores, dim=1)
-        field = field + (attention @ (xt @ value[h].T)) @ output[:, h * rv:(h + 1) * rv].T
-    return xt, field - (xt * field).sum(dim=1, keepdim=True) * xt
+
+    def field_of(xt):
+        field = torch.zeros_like(xt)
+        for h in range(H):
+            scores = beta * (xt @ query[h].T) @ (xt @ key[h].T).T
+            attention = torch.softmax(scores, dim=1)
+            field = field + (attention @ (xt @ value[h].T)) @ output[:, h * rv:(h + 1) * rv].T
+        return field - (xt * field).sum(dim=1, keepdim=True) * xt
+    return field_of
+
+
+def torch_field_of(weights: dict, beta: float, x: np.ndarray, threads: int):
+    """torch_field of a model's weights() and beta."""
+    import torch
+    xt = torch.tensor(x, requires_grad=True)
+    return xt, torch_field_function(weights, beta, threads)(xt)
 
 
 def timing_rows(threads: int, repeats: int):
