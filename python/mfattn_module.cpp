@@ -336,6 +336,20 @@ void ensure_thread_team(int threads) {
   largest_started = threads;
 }
 
+/// weights= a dict (model.weights()'s layout), held in memory rather than written to a file
+/// (null where weights= is not a dict); `rest` gets the other options.
+std::shared_ptr<const WeightsFile> weights_in(const py::kwargs& options, py::kwargs& rest) {
+  rest = options;
+  if (!options.contains("weights") || !py::isinstance<py::dict>(options["weights"])) return nullptr;
+  rest = py::kwargs();
+  for (const auto& [key, value] : options)
+    if (key.cast<std::string>() != "weights") rest[key] = value;
+  return weights_from_dict(options["weights"],
+                           options.contains("mlp_activation")
+                               ? py::str(options["mlp_activation"]).cast<std::string>()
+                               : "relu");
+}
+
 class PyModel {
  public:
   explicit PyModel(const py::kwargs& options) {
@@ -350,17 +364,8 @@ class PyModel {
                  : py::isinstance<py::dict>(value) ? "<dict of " + std::to_string(py::len(value)) + ">"
                                                    : py::repr(value).cast<std::string>());
     }
-    // weights= a dict (model.weights()'s layout) is held in memory, not written to a file.
-    py::kwargs rest = options;
-    std::shared_ptr<const WeightsFile> weights;
-    if (options.contains("weights") && py::isinstance<py::dict>(options["weights"])) {
-      weights = weights_from_dict(options["weights"], options.contains("mlp_activation")
-                                                          ? py::str(options["mlp_activation"]).cast<std::string>()
-                                                          : "relu");
-      rest = py::kwargs();
-      for (const auto& [key, value] : options)
-        if (key.cast<std::string>() != "weights") rest[key] = value;
-    }
+    py::kwargs rest;
+    const std::shared_ptr<const WeightsFile> weights = weights_in(options, rest);
     options_ = py::dict(options);
     arrays_ = words_of(rest);  // kept: initial_state() may read an init_file= array's file
     std::vector<std::string> words = arrays_.words;
@@ -747,14 +752,20 @@ py::tuple gradient(const py::handle& cotangent, const py::object& wrt,
   if (options.contains("out"))
     throw py::value_error(
         "out: _core.gradient writes no file (mfattn.gradient's out is the run's)");
-  const OptionWords given = words_of(options);
+  py::kwargs rest;
+  const std::shared_ptr<const WeightsFile> weights = weights_in(options, rest);
+  const OptionWords given = words_of(rest);
   std::vector<std::string> words = given.words;
+  if (weights) {
+    words.push_back("--weights");
+    words.push_back("<dict>");
+  }
   // The parser asks for the run's output, which the gradient never writes: a name in an
   // existing folder.
   words.push_back("--out");
   words.push_back(
       (std::filesystem::temp_directory_path() / "mfattn-gradient-unwritten.h5").string());
-  const RunConfig cfg = parse(words);
+  const RunConfig cfg = parse(words, weights);
   const auto values = real_array(cotangent, "cotangent");
   if (values.ndim() != 2 && values.ndim() != 3)
     throw py::value_error("cotangent: " + std::to_string(values.ndim()) +

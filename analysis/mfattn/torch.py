@@ -1,8 +1,10 @@
-"""mfattn.torch: mfattn's field inside PyTorch autograd (docs/python.md, "Derivatives").
+"""mfattn.torch: mfattn's field and whole runs inside PyTorch autograd (docs/python.md,
+"Derivatives", "Gradients through whole runs").
 
     import mfattn.torch
     v = mfattn.torch.velocity(x, model)               # x: a float64 tensor (n, d) or (R, n, d)
     v = mfattn.torch.velocity(x, model, weights)      # weights: tensors under model.weights()'s keys
+    xT = mfattn.torch.flow(x0, model, weights, horizon=1.0)   # the run's x(T); backward: its adjoint
 
 The forward pass is model.velocity; the backward pass is model.vjp, the exact VJP in O(n)
 memory (no n x n weights are stored), so the field can sit inside a torch model or loss:
@@ -43,18 +45,11 @@ class _Field(torch.autograd.Function):
         return (None, None, as_tensor(gradient["x"])) + tuple(as_tensor(gradient[k]) for k in ctx.keys)
 
 
-def velocity(x: torch.Tensor, model, weights: dict | None = None) -> torch.Tensor:
-    """The field of `model` at x as a differentiable torch function (module docstring)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
-    if not isinstance(model, mfattn.Model):
-        raise TypeError(f"model: expected an mfattn.Model, got {type(model).__name__}")
-    if not weights:
-        return _Field.apply(model, (), x)
+def _check_weights(model, weights) -> dict:
+    """model.weights(), after checking that `weights` can replace some of them."""
     if not isinstance(weights, dict):
         raise TypeError(f"weights: expected a dict of tensors keyed as model.weights(), got {type(weights).__name__}")
-    options = dict(model.options)
-    if options.get("matrices") == "per-replica":
+    if model.options.get("matrices") == "per-replica":
         raise ValueError("weights: a model with matrices='per-replica' has a set per replica; "
                          "give weights to a model with shared matrices")
     known = model.weights()
@@ -66,6 +61,19 @@ def velocity(x: torch.Tensor, model, weights: dict | None = None) -> torch.Tenso
             raise ValueError(f"weights: unknown key {key!r} (this model takes {', '.join(known)})")
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"weights[{key!r}]: expected a torch.Tensor, got {type(value).__name__}")
+    return known
+
+
+def velocity(x: torch.Tensor, model, weights: dict | None = None) -> torch.Tensor:
+    """The field of `model` at x as a differentiable torch function (module docstring)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if not isinstance(model, mfattn.Model):
+        raise TypeError(f"model: expected an mfattn.Model, got {type(model).__name__}")
+    if not weights:
+        return _Field.apply(model, (), x)
+    known = _check_weights(model, weights)
+    options = dict(model.options)
     keys = tuple(weights)
     at = dict(known, **{k: _numpy(weights[k]) for k in keys})
     # The weights replace the presets' matrices (q=, k=, v= name them; a weights dict refuses them).
@@ -73,3 +81,49 @@ def velocity(x: torch.Tensor, model, weights: dict | None = None) -> torch.Tenso
         options.pop(preset, None)
     model_at = mfattn.Model(**dict(options, weights=at))
     return _Field.apply(model_at, keys, x, *(weights[k] for k in keys))
+
+
+class _Flow(torch.autograd.Function):
+    """x(T) of a run from x0 (at weights) with the run's discrete adjoint as its backward."""
+
+    @staticmethod
+    def forward(ctx, options, keys, checkpoints, x0, *weight_tensors):  # noqa: D401 (autograd's signature)
+        start = _numpy(x0)
+        ctx.options = dict(options, init="file", init_file=start.reshape(-1, start.shape[-1]))
+        ctx.keys, ctx.checkpoints, ctx.shape = keys, checkpoints, start.shape
+        ctx.device, ctx.dtype = x0.device, x0.dtype
+        _, _, final, _ = mfattn._core.gradient(np.zeros(start.shape), wrt=[], **ctx.options)
+        return torch.from_numpy(final.reshape(start.shape)).to(x0.device, x0.dtype)
+
+    @staticmethod
+    def backward(ctx, cotangent):
+        _, gradient, _, _ = mfattn._core.gradient(_numpy(cotangent).reshape(ctx.shape), wrt=["x0", *ctx.keys],
+                                                  checkpoints=ctx.checkpoints, **ctx.options)
+        as_tensor = lambda a: torch.from_numpy(np.asarray(a, dtype=np.float64)).to(ctx.device, ctx.dtype)  # noqa: E731
+        return (None, None, None, as_tensor(gradient["x0"])) + tuple(as_tensor(gradient[k]) for k in ctx.keys)
+
+
+def flow(x0: torch.Tensor, model, weights: dict | None = None, checkpoints: int | None = None,
+         **run_options) -> torch.Tensor:
+    """x(T) of the run of `model` from x0 (a float64 tensor of the state's shape, (n, d) or
+    (R, n, d)), as a differentiable torch function of x0 and, where given, of weight tensors
+    under model.weights()'s keys: the forward pass is the run (the model's options with
+    run_options: horizon=, dt=, integrator=, ...; x0 its initial state), the backward pass the
+    run's discrete adjoint (mfattn.gradient, docs/model.md section 5b) from `checkpoints`
+    stored states, so a torch optimiser can train mfattn's weights inside a whole run. The run
+    is taken again in the backward pass (a forward pass and the gradient's)."""
+    if not isinstance(x0, torch.Tensor):
+        raise TypeError(f"x0: expected a torch.Tensor, got {type(x0).__name__}")
+    if not isinstance(model, mfattn.Model):
+        raise TypeError(f"model: expected an mfattn.Model, got {type(model).__name__}")
+    options = dict(model.options, **run_options)
+    options.pop("init", None)
+    options.pop("init_file", None)
+    if not weights:
+        return _Flow.apply(options, (), checkpoints, x0)
+    known = _check_weights(model, weights)
+    keys = tuple(weights)
+    for preset in ("q", "k", "v"):
+        options.pop(preset, None)
+    options["weights"] = dict(known, **{k: _numpy(weights[k]) for k in keys})
+    return _Flow.apply(options, keys, checkpoints, x0, *(weights[k] for k in keys))

@@ -77,9 +77,14 @@ RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State
   }
   result.final_state = state.x;
   for (std::size_t e = 0; e < cotangent.size(); ++e) result.loss += cotangent[e] * state.x[e];
+  result.numbers = zero_numbers(dynamics.model());
+  // A zero cotangent has a zero gradient: the forward pass alone (mfattn.torch.flow's).
+  if (std::all_of(cotangent.begin(), cotangent.end(), [](double e) { return e == 0.0; })) {
+    result.x0.assign(start.size(), 0.0);
+    return result;
+  }
   // Backward, segment by segment from the last: its states again, then its steps' adjoints.
   std::vector<double> bar = cotangent, previous(start.size());
-  result.numbers = zero_numbers(dynamics.model());
   std::vector<std::vector<double>> states;
   for (std::size_t first_of = stored.size(); first_of-- > 0;) {
     const std::size_t first = first_of * segment, last = std::min(steps.size(), first + segment);

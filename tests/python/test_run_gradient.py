@@ -170,3 +170,46 @@ def test_bad_input_is_named(mfattn):
     # (Without a device the CUDA backend is refused as it is made; with one, for its derivatives.)
     with pytest.raises(ValueError, match="backend=cuda: "):
         mfattn.gradient(c, **dict(options, backend="cuda"))
+
+
+def test_torch_flow_passes_gradcheck_and_is_the_run(mfattn):
+    import mfattn.torch as flows
+    model = mfattn.Model(n=4, d=3, kernel="sa", beta=1.5, q="gaussian", k="gaussian", v="gaussian", values="plain",
+                         mlp=2, seed=2)
+    run = dict(horizon=0.1, dt=0.05, save_every=0.05, integrator="heun")
+    weights = model.weights()
+    x0 = torch.tensor(model.initial_state(), requires_grad=True)
+    value = torch.tensor(weights["attention/value"], requires_grad=True)
+    w1 = torch.tensor(weights["mlp/w1"], requires_grad=True)
+    # x(T) is the run's last frame, to the bit, with the model's weights and with them given.
+    final = mfattn.run(**dict(model.options, **run)).positions[-1]
+    assert np.array_equal(flows.flow(x0, model, **run).detach().numpy(), final)
+    assert np.array_equal(flows.flow(x0, model, {"attention/value": value}, **run).detach().numpy(), final)
+
+    # (The initial state stays on the sphere: gradcheck's moves are taken back there in torch.)
+    def run_of(x, v, w):
+        return flows.flow(x / x.norm(dim=1, keepdim=True), model, {"attention/value": v, "mlp/w1": w},
+                          checkpoints=1, **run)
+    assert torch.autograd.gradcheck(run_of, (x0, value, w1), eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
+def test_a_torch_optimiser_trains_weights_inside_a_run(mfattn):
+    """Adam on the value matrix through mfattn.torch.flow brings x(T) toward the x(T) of other
+    value weights (the target a run of hidden weights makes from the same tokens)."""
+    import mfattn.torch as flows
+    model = mfattn.Model(n=6, d=3, kernel="sa", beta=1.0, q="gaussian", k="gaussian", v="gaussian", values="plain",
+                         seed=4)
+    run = dict(horizon=0.5, dt=0.05, save_every=0.5)
+    x0 = torch.tensor(model.initial_state())
+    hidden = torch.tensor(np.random.default_rng(5).standard_normal(model.weights()["attention/value"].shape))
+    target = flows.flow(x0, model, {"attention/value": hidden}, **run).detach()
+    value = torch.tensor(model.weights()["attention/value"], requires_grad=True)
+    optimiser = torch.optim.Adam([value], lr=0.1)
+    losses = []
+    for _ in range(80):
+        optimiser.zero_grad()
+        loss = ((flows.flow(x0, model, {"attention/value": value}, **run) - target) ** 2).sum()
+        loss.backward()
+        optimiser.step()
+        losses.append(loss.item())
+    assert losses[-1] < 1e-2 * losses[0]
