@@ -102,16 +102,15 @@ print((time.perf_counter() - start) / {steps})
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--few", type=int, default=4)
-    parser.add_argument("--torch-steps", type=int, default=4)
-    args = parser.parse_args()
     kernels = os.environ.get("MFATTN_CPU_KERNELS", "default")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for option, default in (("--threads", 2), ("--steps", 50), ("--few", 4), ("--torch-steps", 4)):
+        parser.add_argument(option, type=int, default=default)
+    args = parser.parse_args()
+    columns = ["n", "d", "H", "run", "gradient, checkpoints", "stored states", "recomputed steps", "gradient / run",
+               "peak memory (run: gradient)"]
     print(f"kernel set: {kernels}; threads {args.threads}; rk4, {args.steps} steps\n")
-    print("| n | d | H | run | gradient, checkpoints | stored states | recomputed steps | gradient / run | peak memory (run: gradient) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| " + " | ".join(columns) + " |\n" + "| --- " * len(columns) + "|")
     per_step = {}
     for n, d, heads in ((4096, 3, 1), (1024, 64, 8)):
         options = options_of(n, d, heads, args.steps, args.threads)

@@ -261,6 +261,23 @@ def relative(a, b):
     return np.linalg.norm(a - b) / scale if scale > 0 else np.linalg.norm(a)
 
 
+def expect_autograd_gradients(gradient, objective, state, leaves, tolerance):
+    """Asserts that mfattn's `gradient` (a dict) is autograd's of `objective` with respect to
+    state = (its key, tensor) and every leaf (a null token's presence, a label, has none), each
+    within `tolerance` norm-wise relative; returns autograd's."""
+    key, tensor = state
+    keys = sorted(leaves)
+    grads = torch.autograd.grad(objective, [tensor] + [leaves[k] for k in keys], allow_unused=True)
+    expected = {key: grads[0].numpy()}
+    for k, g in zip(keys, grads[1:]):
+        expected[k] = np.zeros(tuple(leaves[k].shape)) if g is None else g.numpy()
+    expected["presence"][leaves["presence"].detach().numpy() == 0] = 0
+    assert sorted(gradient) == sorted(expected)
+    for k in expected:
+        assert relative(gradient[k], expected[k]) < tolerance, k
+    return expected
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_vjp_and_jvp_are_autograd_of_the_formula(mfattn, name, backend):
@@ -277,15 +294,7 @@ def test_vjp_and_jvp_are_autograd_of_the_formula(mfattn, name, backend):
     # The oracle is the field: its forward values are mfattn's velocity.
     assert relative(model.velocity(x), v.detach().numpy()) < 1e-12
     keys = sorted(leaves)
-    grads = torch.autograd.grad((v * torch.tensor(w)).sum(), [xt] + [leaves[k] for k in keys], allow_unused=True)
-    expected = {"x": grads[0].numpy()}
-    for k, g in zip(keys, grads[1:]):
-        expected[k] = np.zeros(tuple(leaves[k].shape)) if g is None else g.numpy()
-    # A null token's presence is a label, not a parameter.
-    expected["presence"][numbers["presence"].numpy() == 0] = 0
-    assert sorted(gradient) == sorted(expected)
-    for k in expected:
-        assert relative(gradient[k], expected[k]) < 1e-12, k
+    expected = expect_autograd_gradients(gradient, (v * torch.tensor(w)).sum(), ("x", xt), leaves, 1e-12)
     # The JVP along x's tangent and every number's, against autograd's (double backward).
     t = tangent_on(x, rng.standard_normal(x.shape), spec)
     tangents = {k: rng.standard_normal(np.shape(expected[k])) for k in keys}

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_derivatives import ON_SPHERE, Oracle, oracle_numbers  # noqa: E402
+from test_derivatives import ON_SPHERE, Oracle, expect_autograd_gradients, oracle_numbers  # noqa: E402
 
 # The steps' tableaux (a: the stages' rows, b: the weights), written from docs/model.md section 5.
 TABLEAUX = {
@@ -84,7 +84,6 @@ def test_run_gradient_is_autograd_through_the_same_steps(mfattn, name):
     assert plan["steps"] == 6
     model = mfattn.Model(**options)
     numbers = oracle_numbers(model, spec, gradient)
-    keys = sorted(numbers)
     leaves = {k: v.clone().requires_grad_(True) for k, v in numbers.items()}
     xt = torch.tensor(x0, requires_grad=True)
     final = torch_run(spec, leaves, xt, spec["integrator"])
@@ -94,14 +93,7 @@ def test_run_gradient_is_autograd_through_the_same_steps(mfattn, name):
     assert relative(final_state, final.detach().numpy()) < 1e-12
     objective = (final * torch.tensor(c)).sum()
     assert abs(loss - objective.item()) <= 1e-12 * abs(objective.item())
-    grads = torch.autograd.grad(objective, [xt] + [leaves[k] for k in keys], allow_unused=True)
-    expected = {"x0": grads[0].numpy()}
-    for k, g in zip(keys, grads[1:]):
-        expected[k] = np.zeros(tuple(leaves[k].shape)) if g is None else g.numpy()
-    expected["presence"][numbers["presence"].numpy() == 0] = 0
-    assert sorted(gradient) == sorted(expected)
-    for k in expected:
-        assert relative(gradient[k], expected[k]) < 1e-11, k
+    expect_autograd_gradients(gradient, objective, ("x0", xt), leaves, 1e-11)
 
 
 @pytest.mark.parametrize("name", ["rk4-post-heads-mlp-rope-prefix", "heun-pre-distance-gelu"])

@@ -14,12 +14,7 @@ namespace mfattn {
 namespace {
 
 using testing::config;
-
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double sum = 0.0;
-  for (std::size_t e = 0; e < a.size(); ++e) sum += a[e] * b[e];
-  return sum;
-}
+using testing::dot;
 double norm(const std::vector<double>& a) { return std::sqrt(dot(a, a)); }
 
 /// Every number of `numbers` in one order, for the adjoint identity over them.

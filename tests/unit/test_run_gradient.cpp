@@ -12,12 +12,7 @@ namespace mfattn {
 namespace {
 
 using testing::config;
-
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double sum = 0.0;
-  for (std::size_t e = 0; e < a.size(); ++e) sum += a[e] * b[e];
-  return sum;
-}
+using testing::dot;
 
 const std::vector<std::string> kLayerRun = {
     "--n",           "7",        "--d",          "4",        "--kernel",     "sa",

@@ -107,6 +107,13 @@ std::string message_of(F&& f) {
   return "<no std::invalid_argument thrown>";
 }
 
+/// <a, b> over every number, in order.
+inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double sum = 0.0;
+  for (std::size_t e = 0; e < a.size(); ++e) sum += a[e] * b[e];
+  return sum;
+}
+
 inline double max_abs_difference(const std::vector<double>& a, const std::vector<double>& b) {
   double worst = 0.0;
   for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
