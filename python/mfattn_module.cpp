@@ -336,6 +336,32 @@ void ensure_thread_team(int threads) {
   largest_started = threads;
 }
 
+/// What a call that ran without the GIL threw, raised as Python's exception once it holds the
+/// GIL again: a refusal (UsageError, BackendUnavailable) as ValueError in keywords, a numerical
+/// failure as mfattn.NumericalError, anything else as RuntimeError.
+struct CallFailure {
+  PyObject* type = nullptr;
+  std::string message;
+  template <class Body>
+  static CallFailure of(Body&& body) {
+    try {
+      body();
+    } catch (const UsageError& error) {
+      return {PyExc_ValueError, in_keywords(error.what())};
+    } catch (const BackendUnavailable& error) {
+      return {PyExc_ValueError, in_keywords(error.what())};
+    } catch (const NumericalError& error) {
+      return {numerical_error_type, error.what()};
+    } catch (const std::exception& error) {
+      return {PyExc_RuntimeError, error.what()};
+    }
+    return {};
+  }
+  void raise() const {
+    if (type) raise_python(type, message);
+  }
+};
+
 /// weights= a dict (model.weights()'s layout), held in memory rather than written to a file
 /// (null where weights= is not a dict); `rest` gets the other options.
 std::shared_ptr<const WeightsFile> weights_in(const py::kwargs& options, py::kwargs& rest) {
@@ -608,11 +634,10 @@ class PyModel {
     // Another layer's: a backend of its own for this call.
     const bool pooled_model = &model == &model_;
     Pooled pooled = pooled_model ? acquire(count) : Pooled{count, nullptr, nullptr};
-    std::string failure;
-    bool numerical = false, refused = false;
+    CallFailure failure;
     {
       py::gil_scoped_release released;
-      try {
+      failure = CallFailure::of([&] {
         if (pooled_model) {
           if (!pooled.derivatives || pooled.derivatives->replicas() != replicas)
             pooled.derivatives = std::make_unique<Dynamics>(model_, *pooled.backend, replicas);
@@ -623,20 +648,10 @@ class PyModel {
           Dynamics field(model, *backend, replicas);
           body(field);
         }
-      } catch (const NumericalError& error) {
-        failure = error.what();
-        numerical = true;
-      } catch (const BackendUnavailable& error) {
-        failure = error.what();
-        refused = true;
-      } catch (const std::exception& error) {
-        failure = error.what();
-      }
+      });
     }
     if (pooled_model) release(std::move(pooled));
-    if (numerical) raise_python(numerical_error_type, failure);
-    if (refused) throw py::value_error(in_keywords(failure));
-    if (!failure.empty()) throw std::runtime_error(failure);
+    failure.raise();
   }
 
   /// values as an array (R, n, d) when stacked, else (n, d).
@@ -805,27 +820,12 @@ py::tuple gradient(const py::handle& cotangent, const py::object& wrt,
   }
   const std::vector<double> bar(values.data(), values.data() + values.size());
   RunGradient result;
-  std::string failure;
-  PyObject* type = nullptr;
+  CallFailure failure;
   {
     py::gil_scoped_release released;
-    try {
-      result = gradient_of_run(cfg, bar, stored);
-    } catch (const UsageError& error) {
-      failure = in_keywords(error.what());
-      type = PyExc_ValueError;
-    } catch (const BackendUnavailable& error) {
-      failure = in_keywords(error.what());
-      type = PyExc_ValueError;
-    } catch (const NumericalError& error) {
-      failure = error.what();
-      type = numerical_error_type;
-    } catch (const std::exception& error) {
-      failure = error.what();
-      type = PyExc_RuntimeError;
-    }
+    failure = CallFailure::of([&] { result = gradient_of_run(cfg, bar, stored); });
   }
-  if (type) raise_python(type, failure);
+  failure.raise();
   std::vector<py::ssize_t> shape(values.shape(), values.shape() + values.ndim());
   auto shaped = [&](const std::vector<double>& numbers) {
     py::array_t<double> out(shape);
