@@ -840,6 +840,8 @@ py::tuple gradient(const py::handle& cotangent, const py::object& wrt,
   plan["steps"] = result.plan.steps;
   plan["stored_states"] = result.plan.stored;
   plan["recomputed_steps"] = result.recomputed_steps;
+  plan["step_sizes"] = py::array_t<double>(py::ssize_t(result.step_sizes.size()),
+                                           result.step_sizes.data());
   return py::make_tuple(result.loss, out, shaped(result.final_state), plan);
 }
 

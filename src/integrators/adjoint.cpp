@@ -1,11 +1,13 @@
-// The discrete adjoint of whole runs (adjoint.hpp): the steps planned as integrate() takes
-// them, every `segment`-th state kept on the way forward, then each segment taken again from
-// its stored state and walked back step by step (Integrator::step_vjp).
+// The discrete adjoint of whole runs (adjoint.hpp): the run taken by integrate() itself, its
+// accepted steps recorded and the first state of every segment of steps kept, then each
+// segment taken again from its stored state and walked back step by step
+// (Integrator::step_vjp). An adaptive method's steps are not known before they are taken: its
+// segments start at one step and double (every other stored state dropped) whenever more than
+// the checkpoints are stored.
 #include "mfattn/integrators/adjoint.hpp"
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 #include <stdexcept>
 
 namespace mfattn {
@@ -28,14 +30,16 @@ CheckpointPlan plan_checkpoints(std::size_t steps, std::size_t checkpoints,
 
 namespace {
 
-void check_finite(const State& state) {
-  for (double value : state.x)
-    if (!std::isfinite(value)) {
-      std::ostringstream message;
-      message << "non-finite state at step " << state.step << ", t = " << state.time
-              << " (the velocity overflowed or the step diverged)";
-      throw NumericalError(message.str());
+/// The steps integrate() takes with a fixed step dt from `time` through every target.
+std::size_t fixed_step_count(double time, double dt, const std::vector<double>& targets) {
+  std::size_t steps = 0;
+  for (double target : targets)
+    while (time < target) {
+      const FixedStep step = fixed_step_toward(time, target, dt);
+      time = step.lands ? target : time + step.h;
+      ++steps;
     }
+  return steps;
 }
 
 }  // namespace
@@ -43,65 +47,77 @@ void check_finite(const State& state) {
 RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State& start, double dt,
                          const std::vector<double>& targets, const std::vector<double>& cotangent,
                          std::size_t checkpoints) {
-  if (integrator.adaptive())
-    throw std::logic_error("run_gradient: " + integrator.name() + " is adaptive");
   dynamics.require_derivatives();
-  // The steps, as integrate() takes them (fixed_step_toward), before any is taken: each with
-  // the time it ends at where it lands.
-  struct PlannedStep {
-    FixedStep step;
-    double target;
-  };
-  std::vector<PlannedStep> steps;
-  double time = start.time;
-  for (double target : targets)
-    while (time < target) {
-      const FixedStep step = fixed_step_toward(time, target, dt);
-      steps.push_back({step, target});
-      time = step.lands ? target : time + step.h;
-    }
   RunGradient result;
-  result.plan = plan_checkpoints(steps.size(), checkpoints, start.size());
-  const std::size_t segment = std::max<std::size_t>(result.plan.segment, 1);
-  // Forward: the first state of every segment kept.
-  std::vector<State> stored;
-  State state = start;
-  auto take = [&](std::size_t k) {
-    integrator.step(dynamics, state, steps[k].step.h);
-    if (steps[k].step.lands) state.time = steps[k].target;  // where integrate() lands
-    check_finite(state);
-  };
-  for (std::size_t k = 0; k < steps.size(); ++k) {
-    if (k % segment == 0) stored.push_back(state);
-    take(k);
+  // The stored states' spacing: from the step count where it is known before the run, else
+  // one step, doubled as the stored states exceed the checkpoints.
+  std::size_t budget = 1, segment = 1;
+  if (integrator.adaptive()) {
+    budget = checkpoints > 0 ? checkpoints
+                             : std::max<std::size_t>(1, kDefaultCheckpointNumbers / start.size());
+  } else {
+    const CheckpointPlan plan = plan_checkpoints(fixed_step_count(start.time, dt, targets),
+                                                 checkpoints, start.size());
+    budget = std::max<std::size_t>(plan.stored, 1);
+    segment = std::max<std::size_t>(plan.segment, 1);
   }
+  struct TakenStep {
+    double h, time_after;
+  };
+  std::vector<TakenStep> steps;
+  std::vector<State> stored = {start};  // stored[j]: the state after j segments
+  auto thin = [&] {  // every other stored state dropped: segments of twice the steps
+    for (std::size_t j = 1; 2 * j < stored.size(); ++j) stored[j] = std::move(stored[2 * j]);
+    stored.resize((stored.size() + 1) / 2);
+    segment *= 2;
+  };
+  State state = start;
+  double h = dt;
+  integrate(
+      integrator, dynamics, state, h, dt, targets, [](const State&) {}, {},
+      [&](double taken, const State& after) {
+        steps.push_back({taken, after.time});
+        if (steps.size() % segment != 0) return;
+        stored.push_back(after);
+        // (One more than the budget may be x(T), which is not kept.)
+        if (stored.size() > budget + 1) thin();
+      });
+  if (stored.size() > 1 && (stored.size() - 1) * segment >= steps.size())
+    stored.pop_back();  // x(T)
+  if (stored.size() > budget) thin();
+  result.plan.steps = steps.size();
+  for (const TakenStep& step : steps) result.step_sizes.push_back(step.h);
+  result.plan.segment = steps.empty() ? 0 : segment;
+  result.plan.stored = steps.empty() ? 0 : stored.size();
   result.final_state = state.x;
   for (std::size_t e = 0; e < cotangent.size(); ++e) result.loss += cotangent[e] * state.x[e];
   result.numbers = zero_numbers(dynamics.model());
+  result.x0 = cotangent;
   // A zero cotangent has a zero gradient: the forward pass alone (mfattn.torch.flow's).
-  if (std::all_of(cotangent.begin(), cotangent.end(), [](double e) { return e == 0.0; })) {
-    result.x0.assign(start.size(), 0.0);
+  if (std::all_of(cotangent.begin(), cotangent.end(), [](double e) { return e == 0.0; }))
     return result;
-  }
   // Backward, segment by segment from the last: its states again, then its steps' adjoints.
-  std::vector<double> bar = cotangent, previous(start.size());
+  std::vector<double>& bar = result.x0;
+  std::vector<double> previous(start.size());
   std::vector<std::vector<double>> states;
-  for (std::size_t first_of = stored.size(); first_of-- > 0;) {
+  for (std::size_t first_of = result.plan.stored; first_of-- > 0;) {
     const std::size_t first = first_of * segment, last = std::min(steps.size(), first + segment);
     states.assign(1, stored[first_of].x);
     state = stored[first_of];
     for (std::size_t k = first; k + 1 < last; ++k) {
-      take(k);
+      // The step as it was taken (an adaptive method accepts it again: the same error).
+      if (!integrator.step(dynamics, state, steps[k].h).accepted)
+        throw std::logic_error("run_gradient: a step taken again was rejected");
+      state.time = steps[k].time_after;
       states.push_back(state.x);
       ++result.recomputed_steps;
     }
     for (std::size_t k = last; k-- > first;) {
-      integrator.step_vjp(dynamics, states[k - first].data(), steps[k].step.h, bar.data(),
+      integrator.step_vjp(dynamics, states[k - first].data(), steps[k].h, bar.data(),
                           previous.data(), result.numbers);
       bar.swap(previous);
     }
   }
-  result.x0 = bar;
   return result;
 }
 

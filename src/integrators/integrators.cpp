@@ -480,7 +480,7 @@ const IntegratorEntry kIntegrators[] = {
     {"rk4", false, true, make_fixed_step<rk4_tableau>, false, true},
     {"lie-euler", false, false, make_plain<LieEuler>},
     {"lie-rk4", false, false, make_plain<LieRk4>},
-    {"dopri5", false, true, make_dopri5},
+    {"dopri5", false, true, make_dopri5, false, true},
     {"euler-maruyama", true, false, make_euler_maruyama},
 };
 }  // namespace
@@ -596,9 +596,11 @@ void advance_resident(ResidentStepper& resident, ResidentChunks& chunks, State& 
 IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& state, double& h,
                            double fixed_dt, const std::vector<double>& output_times,
                            const std::function<void(const State&)>& observer,
-                           const StepHook& after_step) {
+                           const StepHook& after_step, const AcceptedStepHook& on_accepted) {
   IntegrationStats stats;
-  ResidentStepper* resident = integrator.adaptive() ? nullptr : dynamics.resident_stepper(integrator);
+  ResidentStepper* resident = integrator.adaptive() || on_accepted
+                                  ? nullptr
+                                  : dynamics.resident_stepper(integrator);
   ResidentChunks chunks;
   for (double target : output_times) {
     if (resident) advance_resident(*resident, chunks, state, fixed_dt, target, stats, after_step);
@@ -633,6 +635,7 @@ IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& st
       if (integrator.adaptive() && !lands) h = outcome.h_next;
       if (lands) state.time = target;
       check_finite(state);
+      if (on_accepted) on_accepted(step, state);
       // At a landing the frame comes first, so an interruption keeps the frame.
       if (after_step && !lands) after_step(state, stats);
     }

@@ -16,6 +16,10 @@ TABLEAUX = {
     "euler": ([[]], [1.0]),
     "heun": ([[], [1.0]], [0.5, 0.5]),
     "rk4": ([[], [0.5], [0.0, 0.5], [0.0, 0.0, 1.0]], [1 / 6, 1 / 3, 1 / 3, 1 / 6]),
+    "dopri5": ([[], [1 / 5], [3 / 40, 9 / 40], [44 / 45, -56 / 15, 32 / 9],
+                [19372 / 6561, -25360 / 2187, 64448 / 6561, -212 / 729],
+                [9017 / 3168, -355 / 33, 46732 / 5247, 49 / 176, -5103 / 18656]],
+               [35 / 384, 0.0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84]),
 }
 
 # Six steps of 0.05, the frames on the step grid (every step is dt).
@@ -33,6 +37,10 @@ CASES = {
     "rk4-peri-nulls-amplitudes": dict(n=6, d=3, kernel="sa", q="gaussian", k="gaussian", v="gaussian",
                                       normalization="peri", null_tokens=1, eps_den=1e-3,
                                       amplitudes=[1.0, 2.0, 0.5, 1.5, 1.0, 3.0], integrator="rk4"),
+    # Adaptive: the accepted steps frozen (rtol loose enough that they differ from dt).
+    "dopri5-post-heads-prefix": dict(n=6, d=4, kernel="sa", beta=2.0, heads=2, head_dim=2, q="gaussian",
+                                     k="gaussian", v="gaussian", values="plain", prefix=1, integrator="dopri5",
+                                     rtol=1e-5, atol=1e-7),
     "rk4-none-transported-replicas": dict(n=5, d=4, kernel="sa", heads=2, head_dim=2, q="gaussian", k="gaussian",
                                           v="gaussian", geometry="rope", normalization="none", replicas=2,
                                           integrator="rk4"),
@@ -48,16 +56,15 @@ def options_of(name):
     return spec, dict(spec, **RUN)
 
 
-def torch_run(spec, numbers, x0, method):
+def torch_run(spec, numbers, x0, method, step_sizes):
     """x(T) of the run's steps in PyTorch: x <- N(x + h sum_s b_s k_s) on the sphere for the
-    moving tokens, k_s = f(x + h sum_m a_sm k_m)."""
+    moving tokens, k_s = f(x + h sum_m a_sm k_m), for each h of step_sizes."""
     oracle = Oracle(spec)
     replicas = x0.shape[0] if x0.dim() == 3 else 1
     a, b = TABLEAUX[method]
-    h, steps = RUN["dt"], round(RUN["horizon"] / RUN["dt"])
     moving = (numbers["presence"] > 0)[:, None]
     x = x0
-    for _ in range(steps):
+    for h in step_sizes:
         ks = []
         for s in range(len(b)):
             z = x + h * sum(a[s][m] * ks[m] for m in range(s)) if s else x
@@ -81,12 +88,15 @@ def test_run_gradient_is_autograd_through_the_same_steps(mfattn, name):
     x0 = mfattn.Model(**options).initial_state()
     c = np.random.default_rng(1).standard_normal(x0.shape)
     loss, gradient, trajectory, plan = mfattn.gradient(c, **options)
-    assert plan["steps"] == 6
+    if spec["integrator"] == "dopri5":
+        assert len(set(plan["step_sizes"])) > 1
+    else:
+        assert np.array_equal(plan["step_sizes"], np.full(6, RUN["dt"]))
     model = mfattn.Model(**options)
     numbers = oracle_numbers(model, spec, gradient)
     leaves = {k: v.clone().requires_grad_(True) for k, v in numbers.items()}
     xt = torch.tensor(x0, requires_grad=True)
-    final = torch_run(spec, leaves, xt, spec["integrator"])
+    final = torch_run(spec, leaves, xt, spec["integrator"], plan["step_sizes"])
     # The run's last frame is the x(T) differentiated.
     _, _, final_state, _ = mfattn._core.gradient(c, **options)
     assert np.array_equal(trajectory.positions[-1].reshape(final_state.shape), final_state)
@@ -132,11 +142,12 @@ def test_checkpoints_change_no_bit(mfattn):
     x0 = mfattn.Model(**options).initial_state()
     c = np.random.default_rng(3).standard_normal(x0.shape)
     every = mfattn._core.gradient(c, checkpoints=7, **options)
-    assert every[3] == {"steps": 7, "stored_states": 7, "recomputed_steps": 0}
+    counts = lambda plan: {k: v for k, v in plan.items() if k != "step_sizes"}  # noqa: E731
+    assert counts(every[3]) == {"steps": 7, "stored_states": 7, "recomputed_steps": 0}
     for stored in (1, 3, None):
         loss, gradient, final, plan = mfattn._core.gradient(c, checkpoints=stored, **options)
         if stored == 3:
-            assert plan == {"steps": 7, "stored_states": 3, "recomputed_steps": 4}
+            assert counts(plan) == {"steps": 7, "stored_states": 3, "recomputed_steps": 4}
         assert loss == every[0] and np.array_equal(final, every[2])
         for key in every[1]:
             assert np.array_equal(np.asarray(gradient[key]), np.asarray(every[1][key])), (stored, key)
@@ -145,7 +156,7 @@ def test_checkpoints_change_no_bit(mfattn):
 def test_bad_input_is_named(mfattn):
     options = dict(n=5, d=3, kernel="sa", **RUN)
     c = np.zeros((5, 3))
-    with pytest.raises(ValueError, match="integrator=lie-euler: gradients through runs take euler, heun, rk4"):
+    with pytest.raises(ValueError, match="integrator=lie-euler: gradients through runs take euler, heun, rk4, dopri5"):
         mfattn.gradient(c, **dict(options, integrator="lie-euler"))
     with pytest.raises(ValueError, match="regen_period"):
         mfattn.gradient(c, **dict(options, regen_period=0.1, q="gaussian", k="gaussian", v="gaussian"))

@@ -85,6 +85,32 @@ TEST(RunGradient, CheckpointsChangeNoBit) {
   }
 }
 
+// dopri5's steps are not known before the run: its stored states thin out (every other one
+// dropped, segments doubled) as they exceed the checkpoints; still the same bits.
+TEST(RunGradient, AdaptiveStepsThinTheirCheckpointsAndChangeNoBit) {
+  const RunConfig cfg = config(
+      {"--n",    "6",        "--d",          "3",        "--kernel",     "sa",
+       "--beta", "3",        "--q",          "gaussian", "--k",          "gaussian",
+       "--v",    "gaussian", "--integrator", "dopri5",   "--rtol",       "1e-6",
+       "--atol", "1e-8",     "--horizon",    "1",        "--save-every", "1"});
+  std::vector<double> c(build_initial_state(cfg, build_model(cfg)).size());
+  std::mt19937_64 random(13);
+  std::normal_distribution<double> normal;
+  for (double& e : c) e = normal(random);
+  const RunGradient every = gradient_of_run(cfg, c, 1000);
+  ASSERT_GT(every.plan.steps, 4u);
+  EXPECT_EQ(every.recomputed_steps, 0);
+  for (std::size_t stored : {1, 2, 3}) {
+    SCOPED_TRACE(stored);
+    const RunGradient some = gradient_of_run(cfg, c, stored);
+    EXPECT_LE(some.plan.stored, stored);
+    EXPECT_EQ(some.step_sizes, every.step_sizes);
+    EXPECT_EQ(some.x0, every.x0);
+    EXPECT_EQ(some.numbers.sets[0].heads[0].value, every.numbers.sets[0].heads[0].value);
+    EXPECT_EQ(some.numbers.beta, every.numbers.beta);
+  }
+}
+
 TEST(RunGradient, RefusesWhatItDoesNotDifferentiate) {
   const RunConfig lie = config({"--n", "5", "--d", "3", "--integrator", "lie-euler"});
   std::vector<double> c(15, 0.0);

@@ -39,12 +39,14 @@ struct RunGradient {
   FieldNumbers numbers;             ///< dL/dtheta (zero_numbers' shapes)
   CheckpointPlan plan;
   std::int64_t recomputed_steps = 0;  ///< steps taken again from the stored states
+  std::vector<double> step_sizes;     ///< every accepted step's h, in order (dopri5's, frozen)
 };
 
-/// The run from `start` with the fixed-step integrator (its table entry differentiates) and
-/// step dt, landing on every time of `targets` (increasing, the last the horizon) as
-/// integrate() does, and the gradient of <cotangent, x(T)>. Checkpoints change no bit of it.
-/// A non-finite state throws NumericalError; an integrator without an adjoint, logic_error.
+/// The run from `start` by integrate() (step dt, or dopri5's first step), landing on every
+/// time of `targets` (increasing, the last the horizon), and the gradient of <cotangent,
+/// x(T)> through its accepted steps (an adaptive method's step sizes held as taken).
+/// Checkpoints change no bit of it. A non-finite state throws NumericalError; an integrator
+/// whose table entry does not differentiate, logic_error.
 RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State& start, double dt,
                          const std::vector<double>& targets, const std::vector<double>& cotangent,
                          std::size_t checkpoints);

@@ -106,10 +106,16 @@ using StepHook = std::function<void(const State&, const IntegrationStats&)>;
 /// the steps between two output times run there in chunks (the same steps, the same times),
 /// and after_step runs after each chunk: at least every kResidentChunkSeconds of wall time.
 inline constexpr double kResidentChunkSeconds = 0.25;
+/// Called after every accepted step with the step size taken and the state it reached (its
+/// time the output time where the step landed on one).
+using AcceptedStepHook = std::function<void(double h, const State& after)>;
+/// on_accepted, when given, runs after every accepted step (and the steps then never run on a
+/// resident stepper, which takes them in chunks): a gradient's forward pass records its steps.
 IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& state, double& h,
                            double fixed_dt, const std::vector<double>& output_times,
                            const std::function<void(const State&)>& observer,
-                           const StepHook& after_step = {});
+                           const StepHook& after_step = {},
+                           const AcceptedStepHook& on_accepted = {});
 
 /// The step integrate() takes from `time` toward the output time `target` with the fixed step
 /// dt: dt, or on the last step of the interval the remainder (dt itself where the remainder is
