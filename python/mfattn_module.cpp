@@ -760,9 +760,21 @@ py::object run(py::object out, py::object progress, const py::kwargs& options) {
   return trajectory;
 }
 
-/// mfattn._core.gradient: gradient_of_run of the run these options describe (no file), as
-/// (loss, {key: gradient}, x(T)); mfattn.gradient adds the run's Trajectory.
-py::tuple gradient(const py::handle& cotangent, const py::object& wrt,
+/// An array argument of real, finite numbers as a flat vector (ValueError or TypeError naming
+/// `what`).
+std::vector<double> finite_numbers(const py::handle& value, const std::string& what) {
+  const auto values = real_array(value, what);
+  for (py::ssize_t e = 0; e < values.size(); ++e)
+    if (!std::isfinite(values.data()[e]))
+      throw py::value_error(what + ": not finite at flat index " + std::to_string(e));
+  return std::vector<double>(values.data(), values.data() + values.size());
+}
+
+/// mfattn._core.gradient: gradient_of_run of the run these options describe (no file), for the
+/// loss sum(cotangent * x(T)) or `loss` of x(T) against `target`, as (loss, {key: gradient},
+/// x(T), plan); mfattn.gradient adds the run's Trajectory.
+py::tuple gradient(const py::object& cotangent, const py::object& loss, const py::object& target,
+                   const py::object& loss_gamma, const py::object& wrt,
                    const py::object& checkpoints, const py::kwargs& options) {
   if (options.contains("out"))
     throw py::value_error(
@@ -781,13 +793,37 @@ py::tuple gradient(const py::handle& cotangent, const py::object& wrt,
   words.push_back(
       (std::filesystem::temp_directory_path() / "mfattn-gradient-unwritten.h5").string());
   const RunConfig cfg = parse(words, weights);
-  const auto values = real_array(cotangent, "cotangent");
-  if (values.ndim() != 2 && values.ndim() != 3)
-    throw py::value_error("cotangent: " + std::to_string(values.ndim()) +
-                          " axes; expected the state's shape, (n, d) or (R, n, d)");
-  for (py::ssize_t e = 0; e < values.size(); ++e)
-    if (!std::isfinite(values.data()[e]))
-      throw py::value_error("cotangent: not finite at flat index " + std::to_string(e));
+  // The loss: a cotangent's, or a loss of x(T) against a target.
+  if (cotangent.is_none() == loss.is_none())
+    throw py::value_error(
+        "cotangent, loss: give one (cotangent: the loss sum(cotangent * x(T)); loss: "
+        "'tokens' or 'mmd' of x(T) against target)");
+  std::function<FinalLoss(const Dynamics&)> loss_of;
+  if (!cotangent.is_none()) {
+    if (!target.is_none() || !loss_gamma.is_none())
+      throw py::value_error("target, loss_gamma: they go with loss=, not with cotangent=");
+    std::vector<double> c = finite_numbers(cotangent, "cotangent");
+    loss_of = [c = std::move(c)](const Dynamics& field) {
+      if (c.size() != field.size())
+        throw std::invalid_argument("cotangent: " + std::to_string(c.size()) +
+                                    " numbers; the run's state has " +
+                                    std::to_string(field.size()));
+      return linear_loss(c);
+    };
+  } else {
+    RunLoss chosen;
+    chosen.kind = py::str(loss).cast<std::string>();
+    if (target.is_none())
+      throw py::value_error("target: loss=" + chosen.kind + " takes a target array");
+    chosen.target = finite_numbers(target, "target");
+    if (!loss_gamma.is_none()) {
+      if (chosen.kind != "mmd")
+        throw py::value_error("loss_gamma: the mmd loss's; loss=" + chosen.kind + " takes none");
+      chosen.gamma = loss_gamma.cast<double>();
+      if (!std::isfinite(chosen.gamma)) throw py::value_error("loss_gamma: not finite");
+    }
+    loss_of = [chosen](const Dynamics& field) { return final_loss(chosen, field); };
+  }
   std::size_t stored = 0;
   if (!checkpoints.is_none()) {
     if (!PyIndex_Check(checkpoints.ptr()) || py::isinstance<py::bool_>(checkpoints) ||
@@ -818,15 +854,16 @@ py::tuple gradient(const py::handle& cotangent, const py::object& wrt,
       wanted.push_back(name);
     }
   }
-  const std::vector<double> bar(values.data(), values.data() + values.size());
   RunGradient result;
   CallFailure failure;
   {
     py::gil_scoped_release released;
-    failure = CallFailure::of([&] { result = gradient_of_run(cfg, bar, stored); });
+    failure = CallFailure::of([&] { result = gradient_of_run(cfg, loss_of, stored); });
   }
   failure.raise();
-  std::vector<py::ssize_t> shape(values.shape(), values.shape() + values.ndim());
+  // The state's shape: (n, d), or (R, n, d) with replicas.
+  std::vector<py::ssize_t> shape = {py::ssize_t(model.n), py::ssize_t(model.d)};
+  if (cfg.replicas > 1) shape.insert(shape.begin(), py::ssize_t(cfg.replicas));
   auto shaped = [&](const std::vector<double>& numbers) {
     py::array_t<double> out(shape);
     std::copy(numbers.begin(), numbers.end(), out.mutable_data());
@@ -964,12 +1001,15 @@ dt=0.01, a frame every 0.1. progress(t, step) is called now and then; returning 
 the run (KeyboardInterrupt). Bad options raise ValueError naming the keyword; a numerical
 failure mfattn.NumericalError; a failed write OSError. Releases the GIL.)doc");
   module.def(
-      "gradient", &gradient, "cotangent"_a, "wrt"_a = py::none(), "checkpoints"_a = py::none(),
-      R"doc(gradient(cotangent, wrt=None, checkpoints=None, **options) -> (loss, dict, x_T, plan)
+      "gradient", &gradient, "cotangent"_a = py::none(), "loss"_a = py::none(),
+      "target"_a = py::none(), "loss_gamma"_a = py::none(), "wrt"_a = py::none(),
+      "checkpoints"_a = py::none(),
+      R"doc(gradient(cotangent=None, loss=None, target=None, loss_gamma=None, wrt=None, checkpoints=None, **options) -> (loss, dict, x_T, plan)
 
 The discrete adjoint of the run these options describe (docs/model.md section 5b; mfattn.gradient
-is the interface): loss = sum(cotangent * x(T)), the gradients of the keys in wrt (None: "x0"
-and every number of Model.vjp's dict), the final state and the checkpoint plan.)doc");
+is the interface): the loss (sum(cotangent * x(T)), or loss='tokens' or 'mmd' of x(T) against
+target), the gradients of the keys in wrt (None: "x0" and every number of Model.vjp's dict),
+the final state and the checkpoint plan.)doc");
   module.def("meanfield", &meanfield, "out"_a = py::none(), "progress"_a = py::none(),
              R"doc(meanfield(out=None, progress=None, **options) -> Density
 

@@ -46,16 +46,20 @@ __all__ = ["load", "Trajectory", "Density", "export_torch", "io", "animate"]
 if _core is not None:
     __all__ += ["Model", "run", "meanfield", "options", "NumericalError", "gradient"]
 
-    def gradient(cotangent, wrt=None, checkpoints=None, out=None, **options):
-        """The gradient of loss = sum(cotangent * x(T)) of the run these options describe
-        (docs/model.md section 5b, docs/python.md): the discrete adjoint of its steps, from
-        `checkpoints` stored states (None: the default). Returns (loss, gradients, trajectory,
-        plan): gradients a dict of the keys in `wrt` (None: "x0", the initial state, and every
-        key of Model.vjp's dict), the trajectory mfattn.run(out=out, **options) (its last frame
-        is the x(T) differentiated, to the bit), plan {"steps", "stored_states",
-        "recomputed_steps"}."""
-        loss, gradients, _, plan = _core.gradient(cotangent, wrt=wrt, checkpoints=checkpoints, **options)
-        return loss, gradients, run(out=out, **options), plan
+    def gradient(cotangent=None, loss=None, target=None, loss_gamma=None, wrt=None, checkpoints=None, out=None,
+                 **options):
+        """The gradient of a loss of x(T) of the run these options describe (docs/model.md
+        section 5b, docs/python.md): sum(cotangent * x(T)), or loss="tokens" (sum of squared
+        distances to target, the state's shape) or "mmd" (the kernel exp(loss_gamma <x, y>)
+        against the target points), by the discrete adjoint of its steps from `checkpoints`
+        stored states (None: the default). Returns (loss, gradients, trajectory, plan):
+        gradients a dict of the keys in `wrt` (None: "x0", the initial state, and every key of
+        Model.vjp's dict), the trajectory mfattn.run(out=out, **options) (its last frame is the
+        x(T) differentiated, to the bit), plan {"steps", "stored_states", "recomputed_steps",
+        "step_sizes"}."""
+        value, gradients, _, plan = _core.gradient(cotangent, loss=loss, target=target, loss_gamma=loss_gamma,
+                                                   wrt=wrt, checkpoints=checkpoints, **options)
+        return value, gradients, run(out=out, **options), plan
 
 
 def _missing_core(name: str) -> ImportError:

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "kernels/run_losses.hpp"
+
 namespace mfattn {
 
 CheckpointPlan plan_checkpoints(std::size_t steps, std::size_t checkpoints,
@@ -26,6 +28,55 @@ CheckpointPlan plan_checkpoints(std::size_t steps, std::size_t checkpoints,
   plan.segment = (steps + stored - 1) / stored;
   plan.stored = (steps + plan.segment - 1) / plan.segment;
   return plan;
+}
+
+FinalLoss linear_loss(std::vector<double> c) {
+  return [c = std::move(c)](const std::vector<double>& x, std::vector<double>& cotangent) {
+    cotangent = c;
+    double loss = 0.0;
+    for (std::size_t e = 0; e < c.size(); ++e) loss += c[e] * x[e];
+    return loss;
+  };
+}
+
+FinalLoss final_loss(const RunLoss& loss, const Dynamics& dynamics) {
+  const Model& model = dynamics.model();
+  const std::size_t n = model.n, d = model.d, replicas = dynamics.replicas(),
+                    size = dynamics.size();
+  if (loss.kind != "tokens" && loss.kind != "mmd")
+    throw std::invalid_argument("loss: " + loss.kind + " (accepted: tokens, mmd)");
+  if (loss.kind == "tokens" && loss.target.size() != size)
+    throw std::invalid_argument(
+        "target: " + std::to_string(loss.target.size()) +
+        " numbers; the tokens loss takes one target per token, the state's " +
+        std::to_string(size));
+  if (loss.kind == "mmd" && (loss.target.empty() || loss.target.size() % d != 0))
+    throw std::invalid_argument("target: " + std::to_string(loss.target.size()) +
+                                " numbers; the mmd loss takes rows of d = " + std::to_string(d) +
+                                " numbers");
+  // The target rows of replica r: its own where there are R blocks of them, else the one set.
+  const std::size_t rows = loss.target.size() / d;
+  const bool per_replica = loss.kind == "mmd" && replicas > 1 && rows % replicas == 0 &&
+                           rows / replicas > 0 && loss.target.size() == size;
+  std::vector<char> moves(n);
+  for (std::size_t i = 0; i < n; ++i) moves[i] = dynamics.moves(i);
+  return [=](const std::vector<double>& x, std::vector<double>& cotangent) {
+    cotangent.assign(size, 0.0);
+    const bool* moving = reinterpret_cast<const bool*>(moves.data());
+    double total = 0.0;
+    for (std::size_t r = 0; r < replicas; ++r) {
+      const double* xr = x.data() + r * n * d;
+      double* bar = cotangent.data() + r * n * d;
+      if (loss.kind == "tokens") {
+        total += kernels::tokens_loss(n, d, xr, loss.target.data() + r * n * d, moving, bar);
+      } else {
+        const std::size_t m = per_replica ? rows / replicas : rows;
+        total += kernels::mmd_loss(n, d, xr, m, loss.target.data() + (per_replica ? r * m * d : 0),
+                                   moving, loss.gamma, bar);
+      }
+    }
+    return total;
+  };
 }
 
 namespace {
@@ -45,7 +96,7 @@ std::size_t fixed_step_count(double time, double dt, const std::vector<double>& 
 }  // namespace
 
 RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State& start, double dt,
-                         const std::vector<double>& targets, const std::vector<double>& cotangent,
+                         const std::vector<double>& targets, const FinalLoss& loss,
                          std::size_t checkpoints) {
   dynamics.require_derivatives();
   RunGradient result;
@@ -90,7 +141,8 @@ RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State
   result.plan.segment = steps.empty() ? 0 : segment;
   result.plan.stored = steps.empty() ? 0 : stored.size();
   result.final_state = state.x;
-  for (std::size_t e = 0; e < cotangent.size(); ++e) result.loss += cotangent[e] * state.x[e];
+  std::vector<double> cotangent;
+  result.loss = loss(state.x, cotangent);
   result.numbers = zero_numbers(dynamics.model());
   result.x0 = cotangent;
   // A zero cotangent has a zero gradient: the forward pass alone (mfattn.torch.flow's).

@@ -216,3 +216,56 @@ def test_a_torch_optimiser_trains_weights_inside_a_run(mfattn):
         optimiser.step()
         losses.append(loss.item())
     assert losses[-1] < 1e-2 * losses[0]
+
+
+def mmd_torch(x, y, gamma):
+    """The mmd loss of docs/model.md section 5b written here: the moving tokens x against y."""
+    k = lambda a, b: torch.exp(gamma * a @ b.T)  # noqa: E731
+    return k(x, x).mean() - 2 * k(x, y).mean() + k(y, y).mean()
+
+
+@pytest.mark.parametrize("name", ["rk4-peri-nulls-amplitudes", "rk4-none-transported-replicas"])
+def test_losses_of_the_final_state_are_autograd_through_the_same_steps(mfattn, name):
+    spec, options = options_of(name)
+    model = mfattn.Model(**options)
+    x0 = model.initial_state()
+    rng = np.random.default_rng(9)
+    # (A zero cotangent's gradient has every key, all zero: the forward pass alone.)
+    numbers = oracle_numbers(model, spec, mfattn._core.gradient(np.zeros(x0.shape), **options)[1])
+    moving = numbers["presence"].numpy() > 0
+    tokens_target = rng.standard_normal(x0.shape)
+    points = rng.standard_normal((4, x0.shape[-1]))
+    for loss, target, gamma in (("tokens", tokens_target, None), ("mmd", points, 1.7)):
+        value, gradient, _, plan = mfattn.gradient(loss=loss, target=target, loss_gamma=gamma, **options)
+        xt = torch.tensor(x0, requires_grad=True)
+        leaves = {k: v.clone().requires_grad_(True) for k, v in numbers.items()}
+        final = torch_run(spec, leaves, xt, spec["integrator"], plan["step_sizes"])
+        replicas = [final] if final.dim() == 2 else list(final)
+        if loss == "tokens":
+            targets = [torch.tensor(tokens_target)] if final.dim() == 2 else list(torch.tensor(tokens_target))
+            objective = sum((((f - t) ** 2).sum(dim=1) * torch.tensor(moving)).sum() for f, t in zip(replicas, targets))
+        else:
+            objective = sum(mmd_torch(f[torch.tensor(moving)], torch.tensor(points), gamma) for f in replicas)
+        assert abs(value - objective.item()) <= 1e-12 * abs(objective.item()), loss
+        expect_autograd_gradients(gradient, objective, ("x0", xt), leaves, 1e-11)
+
+
+def test_bad_losses_are_named(mfattn):
+    options = dict(n=5, d=3, kernel="sa", **RUN)
+    c = np.zeros((5, 3))
+    with pytest.raises(ValueError, match="cotangent, loss: give one"):
+        mfattn.gradient(c, loss="tokens", target=c, **options)
+    with pytest.raises(ValueError, match="cotangent, loss: give one"):
+        mfattn.gradient(**options)
+    with pytest.raises(ValueError, match="target: loss=tokens takes a target array"):
+        mfattn.gradient(loss="tokens", **options)
+    with pytest.raises(ValueError, match="loss: w2 \\(accepted: tokens, mmd\\)"):
+        mfattn.gradient(loss="w2", target=c, **options)
+    with pytest.raises(ValueError, match="target: 12 numbers; the tokens loss takes one target per token, the state's 15"):
+        mfattn.gradient(loss="tokens", target=np.zeros((4, 3)), **options)
+    with pytest.raises(ValueError, match="target: 10 numbers; the mmd loss takes rows of d = 3 numbers"):
+        mfattn.gradient(loss="mmd", target=np.zeros((5, 2)), **options)
+    with pytest.raises(ValueError, match="loss_gamma: the mmd loss's; loss=tokens takes none"):
+        mfattn.gradient(loss="tokens", target=c, loss_gamma=2.0, **options)
+    with pytest.raises(ValueError, match="target: not finite"):
+        mfattn.gradient(loss="mmd", target=np.full((2, 3), np.inf), **options)

@@ -38,7 +38,8 @@ TEST(RunGradient, IsTheCentralDifferenceOfWholeRuns) {
     for (std::size_t k = 0; k < d; ++k) radial += t[row * d + k] * start.x[row * d + k];
     for (std::size_t k = 0; k < d; ++k) t[row * d + k] -= radial * start.x[row * d + k];
   }
-  const RunGradient gradient = gradient_of_run(cfg, c, 0);
+  const auto linear = [&](const Dynamics&) { return linear_loss(c); };
+  const RunGradient gradient = gradient_of_run(cfg, linear, 0);
   EXPECT_EQ(gradient.plan.steps, 7u);
   // The loss of the run from N(x0 + s t): run_gradient's forward pass with a zero cotangent.
   auto backend = make_backend(cfg.backend, model, BackendOptions{1});
@@ -54,7 +55,8 @@ TEST(RunGradient, IsTheCentralDifferenceOfWholeRuns) {
       }
       for (std::size_t k = 0; k < d; ++k) moved.x[row * d + k] /= std::sqrt(norm2);
     }
-    return run_gradient(*integrator, field, moved, cfg.dt, output_times(cfg), c, 0).loss;
+    return run_gradient(*integrator, field, moved, cfg.dt, output_times(cfg), linear_loss(c), 0)
+        .loss;
   };
   const double h = 1e-5, along = (loss(h) - loss(-h)) / (2 * h);
   EXPECT_NEAR(dot(gradient.x0, t), along, 1e-6 * std::abs(along));
@@ -66,11 +68,12 @@ TEST(RunGradient, CheckpointsChangeNoBit) {
   std::mt19937_64 random(12);
   std::normal_distribution<double> normal;
   for (double& e : c) e = normal(random);
-  const RunGradient every = gradient_of_run(cfg, c, 7);
+  const auto linear = [&](const Dynamics&) { return linear_loss(c); };
+  const RunGradient every = gradient_of_run(cfg, linear, 7);
   EXPECT_EQ(every.recomputed_steps, 0);
   for (std::size_t stored : {1, 2, 3}) {
     SCOPED_TRACE(stored);
-    const RunGradient some = gradient_of_run(cfg, c, stored);
+    const RunGradient some = gradient_of_run(cfg, linear, stored);
     EXPECT_GT(some.recomputed_steps, 0);
     EXPECT_EQ(some.x0, every.x0);
     EXPECT_EQ(some.final_state, every.final_state);
@@ -97,12 +100,13 @@ TEST(RunGradient, AdaptiveStepsThinTheirCheckpointsAndChangeNoBit) {
   std::mt19937_64 random(13);
   std::normal_distribution<double> normal;
   for (double& e : c) e = normal(random);
-  const RunGradient every = gradient_of_run(cfg, c, 1000);
+  const auto linear = [&](const Dynamics&) { return linear_loss(c); };
+  const RunGradient every = gradient_of_run(cfg, linear, 1000);
   ASSERT_GT(every.plan.steps, 4u);
   EXPECT_EQ(every.recomputed_steps, 0);
   for (std::size_t stored : {1, 2, 3}) {
     SCOPED_TRACE(stored);
-    const RunGradient some = gradient_of_run(cfg, c, stored);
+    const RunGradient some = gradient_of_run(cfg, linear, stored);
     EXPECT_LE(some.plan.stored, stored);
     EXPECT_EQ(some.step_sizes, every.step_sizes);
     EXPECT_EQ(some.x0, every.x0);
@@ -114,9 +118,14 @@ TEST(RunGradient, AdaptiveStepsThinTheirCheckpointsAndChangeNoBit) {
 TEST(RunGradient, RefusesWhatItDoesNotDifferentiate) {
   const RunConfig lie = config({"--n", "5", "--d", "3", "--integrator", "lie-euler"});
   std::vector<double> c(15, 0.0);
-  EXPECT_THROW(gradient_of_run(lie, c, 0), UsageError);
+  EXPECT_THROW(gradient_of_run(
+                   lie, [&](const Dynamics&) { return linear_loss(c); }, 0),
+               UsageError);
   const RunConfig wrong = config({"--n", "5", "--d", "3"});
-  EXPECT_THROW(gradient_of_run(wrong, std::vector<double>(12, 0.0), 0), UsageError);
+  RunLoss tokens{"tokens", std::vector<double>(12, 0.0)};
+  EXPECT_THROW(gradient_of_run(
+                   wrong, [&](const Dynamics& field) { return final_loss(tokens, field); }, 0),
+               UsageError);
   EXPECT_EQ(plan_checkpoints(10, 0, 30).stored, 10u);
   EXPECT_EQ(plan_checkpoints(10, 3, 30).segment, 4u);
   EXPECT_EQ(plan_checkpoints(10, 3, 30).stored, 3u);

@@ -78,13 +78,15 @@ inline constexpr int kExitStoppedByCaller = 130;
 /// ends, so a Python interpreter keeps its own).
 int run_simulation(const RunConfig& cfg, std::ostream& log, const RunHooks& hooks = {});
 
-/// The gradient of <cotangent, x(T)> of the run `cfg` describes (docs/model.md section 5b):
+/// The gradient of a loss of x(T) (loss_of makes it for the run's field: linear_loss of a
+/// cotangent, or final_loss) of the run `cfg` describes (docs/model.md section 5b):
 /// the run set up as run_simulation sets it up (its refusals), stepped with its frames' times
 /// landed on, and its discrete adjoint from `checkpoints` stored states (0: the default). No
 /// file is written. Throws UsageError for what it does not differentiate (an integrator whose
 /// steps have no adjoint, layers in time, --resume), NumericalError for a diverging run,
 /// BackendUnavailable where the backend has no derivatives for the model.
-RunGradient gradient_of_run(const RunConfig& cfg, const std::vector<double>& cotangent,
+RunGradient gradient_of_run(const RunConfig& cfg,
+                            const std::function<FinalLoss(const Dynamics&)>& loss_of,
                             std::size_t checkpoints);
 
 }  // namespace mfattn

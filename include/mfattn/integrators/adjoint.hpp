@@ -8,6 +8,8 @@
 /// from the last step back to the first; x_bar(0) = dL/dx(0) and theta_bar = dL/dtheta.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "mfattn/backends/derivatives.hpp"
@@ -32,8 +34,27 @@ inline constexpr std::size_t kDefaultCheckpointNumbers = std::size_t{1} << 25;  
 CheckpointPlan plan_checkpoints(std::size_t steps, std::size_t checkpoints,
                                 std::size_t state_numbers);
 
+/// A loss of the final state: its value at x(T), its gradient written into `cotangent` (x's
+/// size).
+using FinalLoss =
+    std::function<double(const std::vector<double>& x, std::vector<double>& cotangent)>;
+
+/// L = <c, x(T)> (c: the caller's cotangent).
+FinalLoss linear_loss(std::vector<double> c);
+
+/// The losses of kernels/run_losses.hpp over every replica of `dynamics`' model, summed:
+/// "tokens" (target: the state's shape) or "mmd" (target: m rows of d numbers, one replica's
+/// and every replica's the same, or R m rows), gamma mmd's. Throws std::invalid_argument
+/// naming what does not fit.
+struct RunLoss {
+  std::string kind;
+  std::vector<double> target;
+  double gamma = 1.0;
+};
+FinalLoss final_loss(const RunLoss& loss, const Dynamics& dynamics);
+
 struct RunGradient {
-  double loss = 0.0;                ///< <cotangent, x(T)>
+  double loss = 0.0;                ///< L(x(T))
   std::vector<double> final_state;  ///< x(T)
   std::vector<double> x0;           ///< dL/dx(0), x's shape
   FieldNumbers numbers;             ///< dL/dtheta (zero_numbers' shapes)
@@ -43,12 +64,12 @@ struct RunGradient {
 };
 
 /// The run from `start` by integrate() (step dt, or dopri5's first step), landing on every
-/// time of `targets` (increasing, the last the horizon), and the gradient of <cotangent,
-/// x(T)> through its accepted steps (an adaptive method's step sizes held as taken).
+/// time of `targets` (increasing, the last the horizon), and the gradient of loss(x(T))
+/// through its accepted steps (an adaptive method's step sizes held as taken).
 /// Checkpoints change no bit of it. A non-finite state throws NumericalError; an integrator
 /// whose table entry does not differentiate, logic_error.
 RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State& start, double dt,
-                         const std::vector<double>& targets, const std::vector<double>& cotangent,
+                         const std::vector<double>& targets, const FinalLoss& loss,
                          std::size_t checkpoints);
 
 }  // namespace mfattn

@@ -339,7 +339,8 @@ int report_early_end(std::exception_ptr fault, const RunConfig& cfg, const RunHo
 
 }  // namespace
 
-RunGradient gradient_of_run(const RunConfig& given, const std::vector<double>& cotangent,
+RunGradient gradient_of_run(const RunConfig& given,
+                            const std::function<FinalLoss(const Dynamics&)>& loss_of,
                             std::size_t checkpoints) {
   RunConfig cfg = given;
   const IntegratorEntry& entry = *cfg.choices.integrator;
@@ -357,11 +358,14 @@ RunGradient gradient_of_run(const RunConfig& given, const std::vector<double>& c
         "(layers in time are not differentiated yet)");
   RunParts parts;
   set_up_run(cfg, resolve_threads(cfg.threads), parts);
-  if (cotangent.size() != parts.state.size())
-    throw UsageError("cotangent: " + std::to_string(cotangent.size()) +
-                     " numbers; the run's state has " + std::to_string(parts.state.size()));
   Dynamics dynamics(parts.model, *parts.backend, parts.state.replicas);
-  return run_gradient(*parts.integrator, dynamics, parts.state, cfg.dt, parts.times, cotangent,
+  FinalLoss loss;
+  try {
+    loss = loss_of(dynamics);
+  } catch (const std::invalid_argument& error) {
+    throw UsageError(error.what());
+  }
+  return run_gradient(*parts.integrator, dynamics, parts.state, cfg.dt, parts.times, loss,
                       checkpoints);
 }
 
