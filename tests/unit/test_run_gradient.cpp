@@ -62,13 +62,18 @@ TEST(RunGradient, IsTheCentralDifferenceOfWholeRuns) {
   EXPECT_NEAR(dot(gradient.x0, t), along, 1e-6 * std::abs(along));
 }
 
-TEST(RunGradient, CheckpointsChangeNoBit) {
-  const RunConfig cfg = config(kLayerRun);
+/// The loss <c, x(T)> for a cotangent c of the run's state drawn from N(0, 1) with `seed`.
+std::function<FinalLoss(const Dynamics&)> random_linear_loss(const RunConfig& cfg, unsigned seed) {
   std::vector<double> c(build_initial_state(cfg, build_model(cfg)).size());
-  std::mt19937_64 random(12);
+  std::mt19937_64 random(seed);
   std::normal_distribution<double> normal;
   for (double& e : c) e = normal(random);
-  const auto linear = [&](const Dynamics&) { return linear_loss(c); };
+  return [c](const Dynamics&) { return linear_loss(c); };
+}
+
+TEST(RunGradient, CheckpointsChangeNoBit) {
+  const RunConfig cfg = config(kLayerRun);
+  const auto linear = random_linear_loss(cfg, 12);
   const RunGradient every = gradient_of_run(cfg, linear, 7);
   EXPECT_EQ(every.recomputed_steps, 0);
   for (std::size_t stored : {1, 2, 3}) {
@@ -96,11 +101,7 @@ TEST(RunGradient, AdaptiveStepsThinTheirCheckpointsAndChangeNoBit) {
        "--beta", "3",        "--q",          "gaussian", "--k",          "gaussian",
        "--v",    "gaussian", "--integrator", "dopri5",   "--rtol",       "1e-6",
        "--atol", "1e-8",     "--horizon",    "1",        "--save-every", "1"});
-  std::vector<double> c(build_initial_state(cfg, build_model(cfg)).size());
-  std::mt19937_64 random(13);
-  std::normal_distribution<double> normal;
-  for (double& e : c) e = normal(random);
-  const auto linear = [&](const Dynamics&) { return linear_loss(c); };
+  const auto linear = random_linear_loss(cfg, 13);
   const RunGradient every = gradient_of_run(cfg, linear, 1000);
   ASSERT_GT(every.plan.steps, 4u);
   EXPECT_EQ(every.recomputed_steps, 0);
