@@ -269,3 +269,26 @@ def test_bad_losses_are_named(mfattn):
         mfattn.gradient(loss="tokens", target=c, loss_gamma=2.0, **options)
     with pytest.raises(ValueError, match="target: not finite"):
         mfattn.gradient(loss="mmd", target=np.full((2, 3), np.inf), **options)
+
+
+def test_the_influence_experiment_runs_quick(mfattn, tmp_path):
+    """experiments/gradients/influence.py --quick: a profile per setting, every I_s finite and
+    positive, x_n(T) most sensitive to x_n(0) itself, and the table and figure written."""
+    import csv
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, MFATTN_PYTHON_MODULE_DIR=str(Path(mfattn.__file__).resolve().parents[1]), MPLBACKEND="Agg")
+    done = subprocess.run([sys.executable, str(root / "experiments/gradients/influence.py"), "--quick", "--data",
+                           str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "| factor | beta | T |" in done.stdout
+    rows = list(csv.DictReader(open(tmp_path / "gradients" / "influence.csv")))
+    assert len(rows) == 2 * 16
+    for setting in ("none", "distance 0.2"):
+        profile = [float(r["mean"]) for r in rows if r["factor"] == setting]
+        assert all(np.isfinite(profile)) and min(profile) > 0
+        assert np.argmax(profile) == 15
+    assert (tmp_path / "figures" / "influence_profile.png").stat().st_size > 0
