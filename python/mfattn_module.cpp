@@ -376,6 +376,18 @@ std::shared_ptr<const WeightsFile> weights_in(const py::kwargs& options, py::kwa
                                : "relu");
 }
 
+/// The words of a call's options, with "--weights <dict>" where weights= was a dict (the
+/// parser then takes the weights held in memory).
+std::vector<std::string> weights_words(const OptionWords& given,
+                                       const std::shared_ptr<const WeightsFile>& weights) {
+  std::vector<std::string> words = given.words;
+  if (weights) {
+    words.push_back("--weights");
+    words.push_back("<dict>");
+  }
+  return words;
+}
+
 class PyModel {
  public:
   explicit PyModel(const py::kwargs& options) {
@@ -394,11 +406,7 @@ class PyModel {
     const std::shared_ptr<const WeightsFile> weights = weights_in(options, rest);
     options_ = py::dict(options);
     arrays_ = words_of(rest);  // kept: initial_state() may read an init_file= array's file
-    std::vector<std::string> words = arrays_.words;
-    if (weights) {
-      words.push_back("--weights");
-      words.push_back("<dict>");
-    }
+    std::vector<std::string> words = weights_words(arrays_, weights);
     words.push_back("--out");
     words.push_back("mfattn-model.h5");  // parse_run_arguments wants one; nothing is written
     cfg_ = parse(words, weights);
@@ -716,8 +724,10 @@ struct OutputFile {
 };
 
 py::object run(py::object out, py::object progress, const py::kwargs& options) {
-  const OptionWords given = words_of(options);
-  std::vector<std::string> words = given.words;
+  py::kwargs rest;
+  const std::shared_ptr<const WeightsFile> weights = weights_in(options, rest);
+  const OptionWords given = words_of(rest);
+  std::vector<std::string> words = weights_words(given, weights);
   for (const char* own : {"out", "progress"})
     if (options.contains(own)) throw py::value_error(std::string(own) + ": given twice");
   const OutputFile output(out, "mfattn-run-", "run.h5");
@@ -727,7 +737,7 @@ py::object run(py::object out, py::object progress, const py::kwargs& options) {
   // run() is always quiet (its progress reaches Python through `progress`): quiet=True is
   // accepted, and never given twice.
   if (std::find(words.begin(), words.end(), "--quiet") == words.end()) words.push_back("--quiet");
-  RunConfig cfg = parse(words);
+  RunConfig cfg = parse(words, weights);
   // /parameters' command_line: the options as the command line would take them.
   cfg.command_line = "mfattn.run: mfattn run";
   for (const std::string& word : words) cfg.command_line += " " + word;
@@ -782,11 +792,7 @@ py::tuple gradient(const py::object& cotangent, const py::object& loss, const py
   py::kwargs rest;
   const std::shared_ptr<const WeightsFile> weights = weights_in(options, rest);
   const OptionWords given = words_of(rest);
-  std::vector<std::string> words = given.words;
-  if (weights) {
-    words.push_back("--weights");
-    words.push_back("<dict>");
-  }
+  std::vector<std::string> words = weights_words(given, weights);
   // The parser asks for the run's output, which the gradient never writes: a name in an
   // existing folder.
   words.push_back("--out");
@@ -816,6 +822,14 @@ py::tuple gradient(const py::object& cotangent, const py::object& loss, const py
     if (target.is_none())
       throw py::value_error("target: loss=" + chosen.kind + " takes a target array");
     chosen.target = finite_numbers(target, "target");
+    // mmd: (m, d) points for every replica, or (R, m, d) a set each.
+    if (chosen.kind == "mmd") {
+      const auto shape = real_array(target, "target");
+      if (shape.ndim() == 3) chosen.target_sets = std::size_t(shape.shape(0));
+      else if (shape.ndim() != 2)
+        throw py::value_error("target: " + std::to_string(shape.ndim()) +
+                              " axes; the mmd loss takes (m, d) or (R, m, d)");
+    }
     if (!loss_gamma.is_none()) {
       if (chosen.kind != "mmd")
         throw py::value_error("loss_gamma: the mmd loss's; loss=" + chosen.kind + " takes none");
@@ -844,7 +858,10 @@ py::tuple gradient(const py::object& cotangent, const py::object& loss, const py
   if (wrt.is_none()) {
     wanted = keys;
   } else {
-    for (const py::handle key : wrt) {
+    // One key alone is a list of one (not its letters).
+    const py::list names = py::isinstance<py::str>(wrt) ? py::list(py::make_tuple(wrt))
+                                                        : py::list(wrt);
+    for (const py::handle key : names) {
       const std::string name = py::str(key).cast<std::string>();
       if (std::find(keys.begin(), keys.end(), name) == keys.end()) {
         std::string accepted;

@@ -88,8 +88,9 @@ class _Flow(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, options, keys, checkpoints, x0, *weight_tensors):  # noqa: D401 (autograd's signature)
-        start = _numpy(x0)
-        ctx.options = dict(options, init="file", init_file=start.reshape(-1, start.shape[-1]))
+        # Copies: the backward pass runs at these values even if x0 or the weights change in place.
+        start = _numpy(x0).copy()
+        ctx.options = dict(options, init="file", init_file=start)
         ctx.keys, ctx.checkpoints, ctx.shape = keys, checkpoints, start.shape
         ctx.device, ctx.dtype = x0.device, x0.dtype
         _, _, final, _ = mfattn._core.gradient(np.zeros(start.shape), wrt=[], **ctx.options)
@@ -116,6 +117,9 @@ def flow(x0: torch.Tensor, model, weights: dict | None = None, checkpoints: int 
         raise TypeError(f"x0: expected a torch.Tensor, got {type(x0).__name__}")
     if not isinstance(model, mfattn.Model):
         raise TypeError(f"model: expected an mfattn.Model, got {type(model).__name__}")
+    if x0.dim() != 2:
+        raise ValueError(f"x0: shape {tuple(x0.shape)}; flow takes one state (n, d) (an initial state per replica "
+                         "is not taken yet: flow each replica's)")
     options = dict(model.options, **run_options)
     options.pop("init", None)
     options.pop("init_file", None)
@@ -125,5 +129,5 @@ def flow(x0: torch.Tensor, model, weights: dict | None = None, checkpoints: int 
     keys = tuple(weights)
     for preset in ("q", "k", "v"):
         options.pop(preset, None)
-    options["weights"] = dict(known, **{k: _numpy(weights[k]) for k in keys})
+    options["weights"] = dict(known, **{k: _numpy(weights[k]).copy() for k in keys})
     return _Flow.apply(options, keys, checkpoints, x0, *(weights[k] for k in keys))

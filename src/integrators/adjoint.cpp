@@ -54,15 +54,18 @@ FinalLoss final_loss(const RunLoss& loss, const Dynamics& dynamics) {
     throw std::invalid_argument("target: " + std::to_string(loss.target.size()) +
                                 " numbers; the mmd loss takes rows of d = " + std::to_string(d) +
                                 " numbers");
-  // The target rows of replica r: its own where there are R blocks of them, else the one set.
+  // The target rows of replica r: its own set where there is one a replica, else the one set.
   const std::size_t rows = loss.target.size() / d;
-  const bool per_replica = loss.kind == "mmd" && replicas > 1 && rows % replicas == 0 &&
-                           rows / replicas > 0 && loss.target.size() == size;
+  const bool per_replica = loss.target_sets > 0;
+  if (per_replica && loss.target_sets != replicas)
+    throw std::invalid_argument("target: " + std::to_string(loss.target_sets) +
+                                " sets of points; the run has " + std::to_string(replicas) +
+                                " replicas (give one set for all, or one a replica)");
   std::vector<char> moves(n);
-  for (std::size_t i = 0; i < n; ++i) moves[i] = dynamics.moves(i);
+  for (std::size_t i = 0; i < n; ++i) moves[i] = dynamics.moves(i) ? 1 : 0;
   return [=](const std::vector<double>& x, std::vector<double>& cotangent) {
     cotangent.assign(size, 0.0);
-    const bool* moving = reinterpret_cast<const bool*>(moves.data());
+    const char* moving = moves.data();
     double total = 0.0;
     for (std::size_t r = 0; r < replicas; ++r) {
       const double* xr = x.data() + r * n * d;

@@ -110,6 +110,16 @@ void Dynamics::vjp(const double* x, const double* cotangent, double* x_cotangent
   }
 }
 
+void Dynamics::attention_output_vjp(const double* x, const double* output_cotangent,
+                                    double* x_cotangent, FieldNumbers& gradient) {
+  const std::size_t n = model_.n, d = model_.d;
+  derivative_forward(x);
+  backend_.output_vjp(replicas_, derivative_read_.data(), output_cotangent, x_cotangent, gradient);
+  if (placement_reads_directions(model_.placement))
+    for (std::size_t t = 0; t < replicas_ * n; ++t)
+      kernels::direction_derivative(x + t * d, int(d), x_cotangent + t * d);
+}
+
 void Dynamics::jvp(const double* x, const double* x_tangent, const FieldNumbers* tangent, double* v_tangent) {
   const std::size_t n = model_.n, d = model_.d, count = size();
   derivative_forward(x);

@@ -317,6 +317,27 @@ class EulerUnprojected final : public Integrator {
     ++state.step;
     return {true, h};
   }
+  /// y = x + h a(x) for the moving tokens (x itself for the others), x' = N(y) on the sphere:
+  /// y_bar = N'(y) x'_bar, x_bar = y_bar + h a'(x)^T y_bar over the moving tokens' rows.
+  void step_vjp(Dynamics& dynamics, const double* x, double h, const double* next_bar,
+                double* x_bar, FieldNumbers& gradient) override {
+    const std::size_t size = dynamics.size(), d = dynamics.model().d;
+    const double* output = dynamics.attention_output(x);
+    y_.assign(x, x + size);
+    y_bar_.assign(next_bar, next_bar + size);
+    output_bar_.assign(size, 0.0);
+    for_each_moving_token(dynamics, [&](std::size_t, std::size_t, std::size_t offset) {
+      for (std::size_t c = 0; c < d; ++c) y_[offset + c] += h * output[offset + c];
+      if (dynamics.model().on_sphere())
+        kernels::direction_derivative(y_.data() + offset, int(d), y_bar_.data() + offset);
+      for (std::size_t c = 0; c < d; ++c) output_bar_[offset + c] = h * y_bar_[offset + c];
+    });
+    dynamics.attention_output_vjp(x, output_bar_.data(), x_bar, gradient);
+    for (std::size_t e = 0; e < size; ++e) x_bar[e] += y_bar_[e];
+  }
+
+ private:
+  std::vector<double> y_, y_bar_, output_bar_;
 };
 
 class LieEuler final : public Integrator {
@@ -475,7 +496,7 @@ std::unique_ptr<Integrator> make_euler_maruyama(const IntegratorSettings& s) {
 /// find_integrator) and make_integrator read this table.
 const IntegratorEntry kIntegrators[] = {
     {"euler", false, false, make_fixed_step<euler_tableau>, false, true},
-    {"euler-unprojected", false, false, make_plain<EulerUnprojected>, true},
+    {"euler-unprojected", false, false, make_plain<EulerUnprojected>, true, true},
     {"heun", false, true, make_fixed_step<heun_tableau>, false, true},
     {"rk4", false, true, make_fixed_step<rk4_tableau>, false, true},
     {"lie-euler", false, false, make_plain<LieEuler>},

@@ -8,7 +8,7 @@
 //           L = 1/n^2 sum_ij k(x_i, x_j) - 2/(n m) sum_ij k(x_i, y_j) + 1/m^2 sum_ij k(y_i, y_j)
 //           dL/dx_i = 2 gamma / n^2 sum_j k(x_i, x_j) x_j - 2 gamma / (n m) sum_j k(x_i, y_j) y_j
 // A token that does not move (p_i = 0) is a label: it is no point of the measure, and its
-// cotangent is 0. Every sum is taken in index order.
+// cotangent is 0 (moves[i]: 1 where token i moves, else 0). Every sum is taken in index order.
 #include <cmath>
 #include <cstddef>
 
@@ -26,7 +26,7 @@ inline double row_dot(const double* a, const double* b, std::size_t d) {
 
 /// The tokens loss of n rows x against the rows target; writes dL/dx into cotangent.
 inline double tokens_loss(std::size_t n, std::size_t d, const double* x, const double* target,
-                          const bool* moves, double* cotangent) {
+                          const char* moves, double* cotangent) {
   double loss = 0.0;
   for (std::size_t i = 0; i < n; ++i)
     for (std::size_t c = 0; c < d; ++c) {
@@ -39,7 +39,7 @@ inline double tokens_loss(std::size_t n, std::size_t d, const double* x, const d
 
 /// The mmd loss of the moving rows of x against the m rows of target; writes dL/dx.
 inline double mmd_loss(std::size_t n, std::size_t d, const double* x, std::size_t m,
-                       const double* target, const bool* moves, double gamma, double* cotangent) {
+                       const double* target, const char* moves, double gamma, double* cotangent) {
   std::size_t count = 0;
   for (std::size_t i = 0; i < n; ++i) count += moves[i] ? 1 : 0;
   for (std::size_t e = 0; e < n * d; ++e) cotangent[e] = 0.0;

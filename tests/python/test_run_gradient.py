@@ -41,6 +41,10 @@ CASES = {
     "dopri5-post-heads-prefix": dict(n=6, d=4, kernel="sa", beta=2.0, heads=2, head_dim=2, q="gaussian",
                                      k="gaussian", v="gaussian", values="plain", prefix=1, integrator="dopri5",
                                      rtol=1e-5, atol=1e-7),
+    # The reference code's step: x <- N(x + h p u(x)), u before the tangent projection.
+    "euler-unprojected-heads-mlp-prefix": dict(n=6, d=4, kernel="sa", beta=1.5, heads=2, head_dim=2, mlp=2,
+                                               q="gaussian", k="gaussian", v="gaussian", values="plain", prefix=1,
+                                               null_tokens=1, integrator="euler-unprojected"),
     "rk4-none-transported-replicas": dict(n=5, d=4, kernel="sa", heads=2, head_dim=2, q="gaussian", k="gaussian",
                                           v="gaussian", geometry="rope", normalization="none", replicas=2,
                                           integrator="rk4"),
@@ -61,8 +65,14 @@ def torch_run(spec, numbers, x0, method, step_sizes):
     moving tokens, k_s = f(x + h sum_m a_sm k_m), for each h of step_sizes."""
     oracle = Oracle(spec)
     replicas = x0.shape[0] if x0.dim() == 3 else 1
-    a, b = TABLEAUX[method]
     moving = (numbers["presence"] > 0)[:, None]
+    if method == "euler-unprojected":  # x <- N(x + h p u(x)) for the moving tokens
+        x = x0
+        for h in step_sizes:
+            y = torch.where(moving, x + h * oracle.layer_output(x, numbers), x)
+            x = torch.where(moving, y / y.norm(dim=-1, keepdim=True), y)
+        return x
+    a, b = TABLEAUX[method]
     x = x0
     for h in step_sizes:
         ks = []
@@ -156,7 +166,7 @@ def test_checkpoints_change_no_bit(mfattn):
 def test_bad_input_is_named(mfattn):
     options = dict(n=5, d=3, kernel="sa", **RUN)
     c = np.zeros((5, 3))
-    with pytest.raises(ValueError, match="integrator=lie-euler: gradients through runs take euler, heun, rk4, dopri5"):
+    with pytest.raises(ValueError, match="integrator=lie-euler: gradients through runs take euler, euler-unprojected, heun, rk4, dopri5"):
         mfattn.gradient(c, **dict(options, integrator="lie-euler"))
     with pytest.raises(ValueError, match="regen_period"):
         mfattn.gradient(c, **dict(options, regen_period=0.1, q="gaussian", k="gaussian", v="gaussian"))
@@ -194,6 +204,8 @@ def test_torch_flow_passes_gradcheck_and_is_the_run(mfattn):
         return flows.flow(x / x.norm(dim=1, keepdim=True), model, {"attention/value": v, "mlp/w1": w},
                           checkpoints=1, **run)
     assert torch.autograd.gradcheck(run_of, (x0, value, w1), eps=1e-6, atol=1e-8, rtol=1e-6)
+    with pytest.raises(ValueError, match="x0: shape \\(2, 4, 3\\); flow takes one state"):
+        flows.flow(torch.stack([x0, x0]), model, **run)
 
 
 def test_a_torch_optimiser_trains_weights_inside_a_run(mfattn):
@@ -235,7 +247,10 @@ def test_losses_of_the_final_state_are_autograd_through_the_same_steps(mfattn, n
     moving = numbers["presence"].numpy() > 0
     tokens_target = rng.standard_normal(x0.shape)
     points = rng.standard_normal((4, x0.shape[-1]))
-    for loss, target, gamma in (("tokens", tokens_target, None), ("mmd", points, 1.7)):
+    settings = [("tokens", tokens_target, None), ("mmd", points, 1.7)]
+    if x0.ndim == 3:  # a set of 3 points a replica
+        settings.append(("mmd", rng.standard_normal((x0.shape[0], 3, x0.shape[-1])), 0.8))
+    for loss, target, gamma in settings:
         value, gradient, _, plan = mfattn.gradient(loss=loss, target=target, loss_gamma=gamma, **options)
         xt = torch.tensor(x0, requires_grad=True)
         leaves = {k: v.clone().requires_grad_(True) for k, v in numbers.items()}
@@ -245,7 +260,8 @@ def test_losses_of_the_final_state_are_autograd_through_the_same_steps(mfattn, n
             targets = [torch.tensor(tokens_target)] if final.dim() == 2 else list(torch.tensor(tokens_target))
             objective = sum((((f - t) ** 2).sum(dim=1) * torch.tensor(moving)).sum() for f, t in zip(replicas, targets))
         else:
-            objective = sum(mmd_torch(f[torch.tensor(moving)], torch.tensor(points), gamma) for f in replicas)
+            sets = list(torch.tensor(target)) if target.ndim == 3 else [torch.tensor(target)] * len(replicas)
+            objective = sum(mmd_torch(f[torch.tensor(moving)], y, gamma) for f, y in zip(replicas, sets))
         assert abs(value - objective.item()) <= 1e-12 * abs(objective.item()), loss
         expect_autograd_gradients(gradient, objective, ("x0", xt), leaves, 1e-11)
 
@@ -269,6 +285,26 @@ def test_bad_losses_are_named(mfattn):
         mfattn.gradient(loss="tokens", target=c, loss_gamma=2.0, **options)
     with pytest.raises(ValueError, match="target: not finite"):
         mfattn.gradient(loss="mmd", target=np.full((2, 3), np.inf), **options)
+    with pytest.raises(ValueError, match="target: 3 sets of points; the run has 1 replicas"):
+        mfattn.gradient(loss="mmd", target=np.zeros((3, 2, 3)), **options)
+
+
+def test_weights_dict_and_a_single_key(mfattn):
+    """weights= a dict gives the run and gradient of the model with those weights; wrt= one key
+    is that key."""
+    options = dict(RUN, n=5, d=3, kernel="sa", beta=1.5, q="gaussian", k="gaussian", v="gaussian", values="plain")
+    c = np.random.default_rng(4).standard_normal((5, 3))
+    loss, gradient, trajectory, _ = mfattn.gradient(c, wrt="attention/value", **options)
+    assert sorted(gradient) == ["attention/value"]
+    weights = mfattn.Model(**options).weights()
+    given = {k: v for k, v in options.items() if k not in ("q", "k", "v")}
+    again, same, run, _ = mfattn.gradient(c, wrt="attention/value", weights=weights, **given)
+    # (A preset's value matrix and the same matrix given as a weight are taken through different
+    # products: the same run and gradient to rounding.)
+    assert relative(same["attention/value"], gradient["attention/value"]) < 1e-13
+    assert abs(again - loss) <= 1e-13 * abs(loss) and relative(run.positions, trajectory.positions) < 1e-13
+    # The run of the weights given is the one differentiated, to the bit.
+    assert np.array_equal(run.positions[-1], mfattn._core.gradient(c, weights=weights, **given)[2])
 
 
 def test_the_influence_experiment_runs_quick(mfattn, tmp_path):

@@ -43,13 +43,14 @@ using FinalLoss =
 FinalLoss linear_loss(std::vector<double> c);
 
 /// The losses of kernels/run_losses.hpp over every replica of `dynamics`' model, summed:
-/// "tokens" (target: the state's shape) or "mmd" (target: m rows of d numbers, one replica's
-/// and every replica's the same, or R m rows), gamma mmd's. Throws std::invalid_argument
-/// naming what does not fit.
+/// "tokens" (target: the state's shape) or "mmd" (target: m rows of d numbers for every
+/// replica, or target_sets = R sets of m rows, one a replica), gamma mmd's. Throws
+/// std::invalid_argument naming what does not fit.
 struct RunLoss {
   std::string kind;
   std::vector<double> target;
   double gamma = 1.0;
+  std::size_t target_sets = 0;  ///< mmd: 0, one set for every replica; else R
 };
 FinalLoss final_loss(const RunLoss& loss, const Dynamics& dynamics);
 

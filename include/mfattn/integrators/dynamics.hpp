@@ -40,6 +40,11 @@ class Dynamics {
   /// BackendUnavailable with derivative_refusal's line where the backend's derivatives do not
   /// take the model.
   void vjp(const double* x, const double* cotangent, double* x_cotangent, FieldNumbers& gradient);
+  /// The VJP of attention_output (the layer's output a = p_i F_i at the states the layer reads,
+  /// before the placement): x's cotangent of a's cotangent output_cotangent, the numbers'
+  /// gradient added to `gradient` (euler-unprojected's adjoint).
+  void attention_output_vjp(const double* x, const double* output_cotangent, double* x_cotangent,
+                            FieldNumbers& gradient);
   /// Throws BackendUnavailable with derivative_refusal's line where the backend's derivatives
   /// do not take the model (what vjp and jvp would throw), before any work is done.
   void require_derivatives() const;
