@@ -634,7 +634,8 @@ def test_snapshots_no_trails_and_the_colour_note(run_mfattn, tmp_path):
     run = plotting_common.load_run(out)
     from mfattn.plot_run import colour_note, state_axes
     assert colour_note(run).startswith("colour: prompt")
-    figure = matplotlib.pyplot.figure()
+    import matplotlib.pyplot as plt  # (imported here: which tests ran before it in this worker varies)
+    figure = plt.figure()
 
     def line_collections(trajectories: bool) -> int:  # the wireframe is one, the trails another
         ax = state_axes(figure, (1, 1, 1), run, trajectories=trajectories)

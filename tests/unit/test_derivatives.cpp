@@ -118,7 +118,7 @@ TEST(Derivatives, SinkhornAndUsaWithAMultiplierHoldTheirIdentities) {
 // backends and on 1 and 2 threads (in the sanitizer build too).
 TEST(Derivatives, ABackendThatTookDerivativesElsewhereGivesAFreshOnesBits) {
   const RunConfig cfg = config(
-      {"--n",          "300",      "--d",           "4",        "--kernel",     "sa",
+      {"--n",          "40",       "--d",           "4",        "--kernel",     "sa",
        "--heads",      "2",        "--head-dim",    "2",        "--mlp",        "3",
        "--q",          "gaussian", "--k",           "gaussian", "--v",          "gaussian",
        "--geometry",   "rope",     "--prefix",      "2",        "--aux-factor", "distance",
