@@ -785,7 +785,8 @@ std::vector<double> finite_numbers(const py::handle& value, const std::string& w
 /// x(T), plan); mfattn.gradient adds the run's Trajectory.
 py::tuple gradient(const py::object& cotangent, const py::object& loss, const py::object& target,
                    const py::object& loss_gamma, const py::object& wrt,
-                   const py::object& checkpoints, const py::kwargs& options) {
+                   const py::object& checkpoints, const py::object& loss_times,
+                   const py::kwargs& options) {
   if (options.contains("out"))
     throw py::value_error(
         "out: _core.gradient writes no file (mfattn.gradient's out is the run's)");
@@ -846,36 +847,38 @@ py::tuple gradient(const py::object& cotangent, const py::object& loss, const py
                             " (expected a whole number >= 1, or None for the default)");
     stored = checkpoints.cast<std::size_t>();
   }
-  Model model;
-  try {
-    model = build_model(cfg);
-  } catch (const UsageError& error) {
-    throw py::value_error(in_keywords(error.what()));
-  }
-  std::vector<std::string> keys = {"x0"};
-  for (const NumberKey& key : number_keys(model)) keys.push_back(key.key);
+  // wrt's names, checked against the model's keys once the run is set up (before any step).
   std::vector<std::string> wanted;
-  if (wrt.is_none()) {
-    wanted = keys;
-  } else {
+  const bool all_keys = wrt.is_none();
+  if (!all_keys) {
     // One key alone is a list of one (not its letters).
     const py::list names = py::isinstance<py::str>(wrt) ? py::list(py::make_tuple(wrt))
                                                         : py::list(wrt);
-    for (const py::handle key : names) {
-      const std::string name = py::str(key).cast<std::string>();
+    for (const py::handle key : names) wanted.push_back(py::str(key).cast<std::string>());
+  }
+  Model model;  // the run's, as set up
+  auto checked_loss_of = [&](const Dynamics& field) {
+    model = field.model();
+    std::vector<std::string> keys = {"x0"};
+    for (const NumberKey& key : number_keys(model)) keys.push_back(key.key);
+    if (all_keys) wanted = keys;
+    for (const std::string& name : wanted)
       if (std::find(keys.begin(), keys.end(), name) == keys.end()) {
         std::string accepted;
         for (const std::string& k : keys) accepted += (accepted.empty() ? "" : ", ") + k;
-        throw py::value_error("wrt: " + name + " is none of this model's keys (" + accepted + ")");
+        throw std::invalid_argument("wrt: " + name + " is none of this model's keys (" + accepted +
+                                    ")");
       }
-      wanted.push_back(name);
-    }
-  }
+    return loss_of(field);
+  };
+  std::vector<double> times;
+  if (!loss_times.is_none()) times = finite_numbers(loss_times, "loss_times");
   RunGradient result;
   CallFailure failure;
   {
     py::gil_scoped_release released;
-    failure = CallFailure::of([&] { result = gradient_of_run(cfg, loss_of, stored); });
+    failure = CallFailure::of(
+        [&] { result = gradient_of_run(cfg, checked_loss_of, stored, times); });
   }
   failure.raise();
   // The state's shape: (n, d), or (R, n, d) with replicas.
@@ -886,7 +889,24 @@ py::tuple gradient(const py::object& cotangent, const py::object& loss, const py
     std::copy(numbers.begin(), numbers.end(), out.mutable_data());
     return out;
   };
-  const py::dict all = numbers_dict(model, result.numbers);
+  py::dict all = numbers_dict(model, result.numbers);
+  // Layers in time: each matrix key's gradient with a leading layer axis, as the --weights
+  // file's datasets.
+  if (!result.layer_sets.empty()) {
+    std::vector<py::dict> layers;
+    for (const std::vector<LayerNumbers>& sets : result.layer_sets) {
+      FieldNumbers numbers = result.numbers;
+      numbers.sets = sets;
+      layers.push_back(numbers_dict(model, numbers));
+    }
+    const py::module_ numpy = py::module_::import("numpy");
+    for (const NumberKey& key : number_keys(model)) {
+      if (key.key.rfind("attention/", 0) != 0 && key.key.rfind("mlp/", 0) != 0) continue;
+      py::list stacked;
+      for (const py::dict& layer : layers) stacked.append(layer[py::str(key.key)]);
+      all[py::str(key.key)] = numpy.attr("stack")(stacked);
+    }
+  }
   py::dict out;
   for (const std::string& key : wanted)
     out[py::str(key)] = key == "x0" ? py::object(shaped(result.x0)) : all[py::str(key)];
@@ -1020,13 +1040,14 @@ failure mfattn.NumericalError; a failed write OSError. Releases the GIL.)doc");
   module.def(
       "gradient", &gradient, "cotangent"_a = py::none(), "loss"_a = py::none(),
       "target"_a = py::none(), "loss_gamma"_a = py::none(), "wrt"_a = py::none(),
-      "checkpoints"_a = py::none(),
-      R"doc(gradient(cotangent=None, loss=None, target=None, loss_gamma=None, wrt=None, checkpoints=None, **options) -> (loss, dict, x_T, plan)
+      "checkpoints"_a = py::none(), "loss_times"_a = py::none(),
+      R"doc(gradient(cotangent=None, loss=None, target=None, loss_gamma=None, wrt=None, checkpoints=None, loss_times=None, **options) -> (loss, dict, x_T, plan)
 
 The discrete adjoint of the run these options describe (docs/model.md section 5b; mfattn.gradient
 is the interface): the loss (sum(cotangent * x(T)), or loss='tokens' or 'mmd' of x(T) against
-target), the gradients of the keys in wrt (None: "x0" and every number of Model.vjp's dict),
-the final state and the checkpoint plan.)doc");
+target; summed over the frame times loss_times where given), the gradients of the keys in wrt
+(None: "x0" and every number of Model.vjp's dict; the matrices' with a leading layer axis in a
+run of layers in time), the final state and the checkpoint plan.)doc");
   module.def("meanfield", &meanfield, "out"_a = py::none(), "progress"_a = py::none(),
              R"doc(meanfield(out=None, progress=None, **options) -> Density
 

@@ -100,8 +100,12 @@ std::size_t fixed_step_count(double time, double dt, const std::vector<double>& 
 
 RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State& start, double dt,
                          const std::vector<double>& targets, const FinalLoss& loss,
-                         std::size_t checkpoints) {
+                         std::size_t checkpoints, const RunLayers& layers,
+                         const std::vector<double>& loss_times) {
   dynamics.require_derivatives();
+  for (double time : loss_times)
+    if (time != start.time && !std::binary_search(targets.begin(), targets.end(), time))
+      throw std::invalid_argument("run_gradient: a loss time is not a time the run lands on");
   RunGradient result;
   // The stored states' spacing: from the step count where it is known before the run, else
   // one step, doubled as the stored states exceed the checkpoints.
@@ -115,8 +119,18 @@ RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State
     budget = std::max<std::size_t>(plan.stored, 1);
     segment = std::max<std::size_t>(plan.segment, 1);
   }
+  // The layer whose matrices the model holds (layers.count: none installed yet).
+  const bool layered = layers.count > 1;
+  std::size_t installed = layers.count;
+  auto use_layer = [&](std::size_t layer) {
+    if (!layered || layer == installed) return;
+    layers.install(layer);
+    installed = layer;
+  };
+  if (layered) use_layer(layers.at(start.time));
   struct TakenStep {
     double h, time_after;
+    std::size_t layer;  ///< the layer in force through the step
   };
   std::vector<TakenStep> steps;
   std::vector<State> stored = {start};  // stored[j]: the state after j segments
@@ -125,17 +139,36 @@ RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State
     stored.resize((stored.size() + 1) / 2);
     segment *= 2;
   };
+  // The loss's cotangents, each with the number of steps taken before its state.
+  struct LossTerm {
+    std::size_t after_steps;
+    std::vector<double> cotangent;
+  };
+  std::vector<LossTerm> terms;
+  auto take_loss = [&](const std::vector<double>& x) {
+    LossTerm term{steps.size(), {}};
+    result.loss += loss(x, term.cotangent);
+    if (std::any_of(term.cotangent.begin(), term.cotangent.end(),
+                    [](double e) { return e != 0.0; }))
+      terms.push_back(std::move(term));
+  };
   State state = start;
   double h = dt;
   integrate(
-      integrator, dynamics, state, h, dt, targets, [](const State&) {}, {},
+      integrator, dynamics, state, h, dt, targets,
+      [&](const State& at) {
+        if (layered) use_layer(layers.at(at.time));
+        if (std::binary_search(loss_times.begin(), loss_times.end(), at.time)) take_loss(at.x);
+      },
+      {},
       [&](double taken, const State& after) {
-        steps.push_back({taken, after.time});
+        steps.push_back({taken, after.time, installed});
         if (steps.size() % segment != 0) return;
         stored.push_back(after);
         // (One more than the budget may be x(T), which is not kept.)
         if (stored.size() > budget + 1) thin();
       });
+  if (loss_times.empty()) take_loss(state.x);
   if (stored.size() > 1 && (stored.size() - 1) * segment >= steps.size())
     stored.pop_back();  // x(T)
   if (stored.size() > budget) thin();
@@ -144,34 +177,65 @@ RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State
   result.plan.segment = steps.empty() ? 0 : segment;
   result.plan.stored = steps.empty() ? 0 : stored.size();
   result.final_state = state.x;
-  std::vector<double> cotangent;
-  result.loss = loss(state.x, cotangent);
   result.numbers = zero_numbers(dynamics.model());
-  result.x0 = cotangent;
-  // A zero cotangent has a zero gradient: the forward pass alone (mfattn.torch.flow's).
-  if (std::all_of(cotangent.begin(), cotangent.end(), [](double e) { return e == 0.0; }))
-    return result;
-  // Backward, segment by segment from the last: its states again, then its steps' adjoints.
+  // Each layer's matrices' gradient: result.numbers.sets holds the one of layer `summing`,
+  // the others wait in layer_sets.
+  std::vector<std::vector<LayerNumbers>> layer_sets(layered ? layers.count : 0,
+                                                    result.numbers.sets);
+  std::size_t summing = 0;
+  auto sum_into = [&](std::size_t layer) {
+    if (!layered || layer == summing) return;
+    layer_sets[summing].swap(result.numbers.sets);
+    result.numbers.sets.swap(layer_sets[layer]);
+    summing = layer;
+  };
   std::vector<double>& bar = result.x0;
-  std::vector<double> previous(start.size());
-  std::vector<std::vector<double>> states;
-  for (std::size_t first_of = result.plan.stored; first_of-- > 0;) {
-    const std::size_t first = first_of * segment, last = std::min(steps.size(), first + segment);
-    states.assign(1, stored[first_of].x);
-    state = stored[first_of];
-    for (std::size_t k = first; k + 1 < last; ++k) {
-      // The step as it was taken (an adaptive method accepts it again: the same error).
-      if (!integrator.step(dynamics, state, steps[k].h).accepted)
-        throw std::logic_error("run_gradient: a step taken again was rejected");
-      state.time = steps[k].time_after;
-      states.push_back(state.x);
-      ++result.recomputed_steps;
+  bar.assign(start.size(), 0.0);
+  // The loss terms taken after `count` steps, added to x_bar(t_count).
+  bool carried = false;  // a term was added: x_bar is no longer zero
+  auto add_terms = [&](std::size_t count) {
+    while (!terms.empty() && terms.back().after_steps == count) {
+      carried = true;
+      for (std::size_t e = 0; e < bar.size(); ++e) bar[e] += terms.back().cotangent[e];
+      terms.pop_back();
     }
-    for (std::size_t k = last; k-- > first;) {
-      integrator.step_vjp(dynamics, states[k - first].data(), steps[k].h, bar.data(),
-                          previous.data(), result.numbers);
-      bar.swap(previous);
+  };
+  // A zero cotangent has a zero gradient: the forward pass alone (mfattn.torch.flow's).
+  if (!terms.empty()) {
+    // Backward, segment by segment from the last: its states again, then its steps' adjoints.
+    add_terms(steps.size());
+    std::vector<double> previous(start.size());
+    std::vector<std::vector<double>> states;
+    for (std::size_t first_of = result.plan.stored; first_of-- > 0;) {
+      const std::size_t first = first_of * segment, last = std::min(steps.size(), first + segment);
+      // Segments after the last loss term's state carry a zero cotangent: skipped.
+      if (!carried && terms.back().after_steps < first) continue;
+      states.assign(1, stored[first_of].x);
+      state = stored[first_of];
+      for (std::size_t k = first; k + 1 < last; ++k) {
+        // The step as it was taken (an adaptive method accepts it again: the same error).
+        use_layer(steps[k].layer);
+        if (!integrator.step(dynamics, state, steps[k].h).accepted)
+          throw std::logic_error("run_gradient: a step taken again was rejected");
+        state.time = steps[k].time_after;
+        states.push_back(state.x);
+        ++result.recomputed_steps;
+      }
+      for (std::size_t k = last; k-- > first;) {
+        use_layer(steps[k].layer);
+        sum_into(steps[k].layer);
+        integrator.step_vjp(dynamics, states[k - first].data(), steps[k].h, bar.data(),
+                            previous.data(), result.numbers);
+        bar.swap(previous);
+        add_terms(k);
+      }
     }
+    add_terms(0);
+  }
+  if (layered) {
+    sum_into(0);
+    layer_sets[0] = result.numbers.sets;
+    result.layer_sets = std::move(layer_sets);
   }
   return result;
 }

@@ -87,7 +87,6 @@ void Dynamics::derivative_forward(const double* x) {
 void Dynamics::vjp(const double* x, const double* cotangent, double* x_cotangent, FieldNumbers& gradient) {
   const std::size_t n = model_.n, d = model_.d, count = size();
   derivative_forward(x);
-  const std::vector<double>& read = derivative_read_;
   const std::vector<double>& output = derivative_output_;
   std::vector<double>& output_bar = output_adjoint_;
   std::vector<double>& read_bar = read_adjoint_;
@@ -102,18 +101,19 @@ void Dynamics::vjp(const double* x, const double* cotangent, double* x_cotangent
                                                          output_bar.data() + t * d, scratch.data());
     if (p > 0.0) gradient.presence[t % n] += p_bar;
   }
-  backend_.output_vjp(replicas_, read.data(), output_bar.data(), read_bar.data(), gradient);
-  const bool directions = placement_reads_directions(model_.placement);
-  for (std::size_t t = 0; t < replicas_ * n; ++t) {
-    if (directions) kernels::direction_derivative(x + t * d, int(d), read_bar.data() + t * d);
-    for (std::size_t c = 0; c < d; ++c) x_cotangent[t * d + c] += read_bar[t * d + c];
-  }
+  output_to_state_vjp(x, output_bar.data(), read_bar.data(), gradient);
+  for (std::size_t e = 0; e < count; ++e) x_cotangent[e] += read_bar[e];
 }
 
 void Dynamics::attention_output_vjp(const double* x, const double* output_cotangent,
                                     double* x_cotangent, FieldNumbers& gradient) {
-  const std::size_t n = model_.n, d = model_.d;
   derivative_forward(x);
+  output_to_state_vjp(x, output_cotangent, x_cotangent, gradient);
+}
+
+void Dynamics::output_to_state_vjp(const double* x, const double* output_cotangent,
+                                   double* x_cotangent, FieldNumbers& gradient) {
+  const std::size_t n = model_.n, d = model_.d;
   backend_.output_vjp(replicas_, derivative_read_.data(), output_cotangent, x_cotangent, gradient);
   if (placement_reads_directions(model_.placement))
     for (std::size_t t = 0; t < replicas_ * n; ++t)

@@ -126,26 +126,11 @@ class RungeKutta final : public Integrator {
 
   StepOutcome step(Dynamics& dynamics, State& state, double h) override {
     const std::size_t size = state.size(), stages = tableau_.b.size();
-    stage_k_.resize(stages + 1);
-    for (auto& k : stage_k_) k.resize(size);
-    stage_x_.resize(size);
     // dopri5's first-same-as-last stage comes from the Dynamics cache of the last evaluation.
-    dynamics.velocity(state.x.data(), stage_k_[0].data());
-    for (std::size_t s = 1; s < stages; ++s) {
-      const auto& row = tableau_.a[s];
-      for (std::size_t e = 0; e < size; ++e) {
-        double incr = 0.0;
-        for (std::size_t m = 0; m < row.size(); ++m) incr += row[m] * stage_k_[m][e];
-        stage_x_[e] = state.x[e] + h * incr;
-      }
-      dynamics.velocity(stage_x_.data(), stage_k_[s].data());
-    }
+    stage_k_.resize(stages + 1);  // and dopri5's error stage
+    form_stages(dynamics, state.x.data(), h, size, /*keep_states=*/false);
     new_x_.resize(size);
-    for (std::size_t e = 0; e < size; ++e) {
-      double incr = 0.0;
-      for (std::size_t m = 0; m < stages; ++m) incr += tableau_.b[m] * stage_k_[m][e];
-      new_x_[e] = state.x[e] + h * incr;
-    }
+    combine_stages(state.x.data(), h, size, new_x_.data());
     normalize_tokens(dynamics, new_x_.data());
     StepOutcome outcome;
     outcome.h_next = h;
@@ -181,35 +166,19 @@ class RungeKutta final : public Integrator {
   void step_vjp(Dynamics& dynamics, const double* x, double h, const double* next_bar,
                 double* x_bar, FieldNumbers& gradient) override {
     const std::size_t size = dynamics.size(), stages = tableau_.b.size(), d = dynamics.model().d;
-    stage_k_.resize(stages);
-    stage_states_.resize(stages);
-    stage_bar_.resize(stages);
-    for (std::size_t s = 0; s < stages; ++s) {
-      stage_k_[s].resize(size);
-      stage_states_[s].assign(x, x + size);
-      const auto& row = tableau_.a[s];
-      for (std::size_t e = 0; e < size; ++e) {
-        double incr = 0.0;
-        for (std::size_t m = 0; m < row.size(); ++m) incr += row[m] * stage_k_[m][e];
-        if (s > 0) stage_states_[s][e] = x[e] + h * incr;
-      }
-      dynamics.velocity(stage_states_[s].data(), stage_k_[s].data());
-    }
+    form_stages(dynamics, x, h, size, /*keep_states=*/true);
     std::vector<double>& y_bar = new_x_;
     y_bar.assign(next_bar, next_bar + size);
     if (dynamics.model().on_sphere()) {
       stage_x_.resize(size);
-      for (std::size_t e = 0; e < size; ++e) {
-        double incr = 0.0;
-        for (std::size_t m = 0; m < stages; ++m) incr += tableau_.b[m] * stage_k_[m][e];
-        stage_x_[e] = x[e] + h * incr;
-      }
+      combine_stages(x, h, size, stage_x_.data());
       const std::size_t n = dynamics.model().n;
       for (std::size_t t = 0; t < dynamics.replicas() * n; ++t)
         if (dynamics.moves(t % n))
           kernels::direction_derivative(stage_x_.data() + t * d, int(d), y_bar.data() + t * d);
     }
     std::copy(y_bar.begin(), y_bar.end(), x_bar);
+    stage_bar_.resize(stages);
     for (std::size_t s = 0; s < stages; ++s) {
       stage_bar_[s].resize(size);
       for (std::size_t e = 0; e < size; ++e) stage_bar_[s][e] = h * tableau_.b[s] * y_bar[e];
@@ -225,6 +194,44 @@ class RungeKutta final : public Integrator {
   }
 
  private:
+  /// k_s = f(z_s) with z_0 = x and z_s = x + h sum_{m<s} a_sm k_m for every stage of the
+  /// tableau (not dopri5's error stage), into stage_k_; keep_states keeps each z_s in
+  /// stage_states_ for the adjoint.
+  void form_stages(Dynamics& dynamics, const double* x, double h, std::size_t size,
+                   bool keep_states) {
+    const std::size_t stages = tableau_.b.size();
+    stage_k_.resize(std::max(stage_k_.size(), stages));
+    for (auto& k : stage_k_) k.resize(size);
+    stage_x_.resize(size);
+    if (keep_states) {
+      stage_states_.resize(stages);
+      for (auto& z : stage_states_) z.resize(size);
+    }
+    for (std::size_t s = 0; s < stages; ++s) {
+      double* z = keep_states ? stage_states_[s].data() : stage_x_.data();
+      if (s == 0) {
+        if (keep_states) std::copy(x, x + size, z);
+        dynamics.velocity(x, stage_k_[0].data());
+        continue;
+      }
+      const auto& row = tableau_.a[s];
+      for (std::size_t e = 0; e < size; ++e) {
+        double incr = 0.0;
+        for (std::size_t m = 0; m < row.size(); ++m) incr += row[m] * stage_k_[m][e];
+        z[e] = x[e] + h * incr;
+      }
+      dynamics.velocity(z, stage_k_[s].data());
+    }
+  }
+  /// y = x + h sum_s b_s k_s over the stages that form_stages made.
+  void combine_stages(const double* x, double h, std::size_t size, double* y) const {
+    for (std::size_t e = 0; e < size; ++e) {
+      double incr = 0.0;
+      for (std::size_t m = 0; m < tableau_.b.size(); ++m) incr += tableau_.b[m] * stage_k_[m][e];
+      y[e] = x[e] + h * incr;
+    }
+  }
+
   Tableau tableau_;
   StepSizeController controller_;
   double exponent_;  ///< the controller's exponent for this tableau's estimate, computed once
@@ -628,11 +635,14 @@ IntegrationStats integrate(Integrator& integrator, Dynamics& dynamics, State& st
     // Land on each output time exactly: the last step of an interval is clipped, and a
     // remainder within rounding of one step is taken as that step.
     while (state.time < target) {
-      const double remaining = target - state.time;
-      const double proposal = integrator.adaptive() ? h : fixed_dt;
-      const bool lands = remaining <= proposal * (1.0 + 1e-9);
       // dopri5's landing step is clipped as it comes: its proposal depends on the frames anyway.
-      const double step = !lands ? proposal : integrator.adaptive() ? remaining : landing_step(remaining, proposal);
+      FixedStep next = fixed_step_toward(state.time, target, fixed_dt);
+      if (integrator.adaptive()) {
+        const double remaining = target - state.time;
+        next.lands = remaining <= h * (1.0 + 1e-9);
+        next.h = next.lands ? remaining : h;
+      }
+      const auto [step, lands] = next;
       StepOutcome outcome;
       try {
         outcome = integrator.step(dynamics, state, step);

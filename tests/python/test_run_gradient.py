@@ -146,6 +146,79 @@ def test_run_gradient_is_the_central_difference_of_whole_runs(mfattn, name, tmp_
     assert abs(along - gradient["beta"]) <= 1e-6 * abs(along)
 
 
+def test_layers_in_time_and_loss_times_are_autograd_and_finite_differences(mfattn):
+    """Three layers of weights in time (layer_time 0.1, two steps each) and the tokens loss
+    summed over the frames at t = 0.1 and 0.3: each layer's matrices' gradient (a leading layer
+    axis) and x0's against autograd through the same steps, layer by layer, and one direction
+    of every layer's query matrices against central differences of whole runs."""
+    spec, options = options_of("rk4-post-heads-mlp-rope-prefix")
+    model = mfattn.Model(**options)
+    one = model.weights()
+    rng = np.random.default_rng(11)
+    layers = 3
+    weights = {k: np.stack([v] + [v + 0.3 * rng.standard_normal(v.shape) for _ in range(layers - 1)])
+               for k, v in one.items()}
+    given = dict({k: v for k, v in options.items() if k not in ("q", "k", "v")}, weights=weights, layer_time=0.1)
+    x0 = model.initial_state()
+    target = rng.standard_normal(x0.shape)
+    value, gradient, trajectory, plan = mfattn.gradient(loss="tokens", target=target, loss_times=[0.1, 0.3], **given)
+    for key, v in one.items():
+        assert gradient[key].shape == (layers,) + v.shape, key
+    assert np.array_equal(plan["step_sizes"], np.full(6, RUN["dt"]))
+    # One stored state: each step taken again in its own layer, the same bits.
+    again = mfattn._core.gradient(loss="tokens", target=target, loss_times=[0.1, 0.3], checkpoints=1, **given)
+    assert again[3]["recomputed_steps"] == 5 and again[0] == value
+    for key in gradient:
+        assert np.array_equal(np.asarray(again[1][key]), np.asarray(gradient[key])), key
+    numbers = oracle_numbers(model, spec, {k: v for k, v in gradient.items() if k not in one})
+    leaves = {k: v.clone().requires_grad_(True) for k, v in numbers.items() if k not in one}
+    leaves.update({k: torch.tensor(v, requires_grad=True) for k, v in weights.items()})
+    xt = torch.tensor(x0, requires_grad=True)
+    x, objective = xt, 0.0
+    for layer in range(layers):
+        in_layer = dict(leaves, **{k: leaves[k][layer] for k in one})
+        x = torch_run(spec, in_layer, x, "rk4", plan["step_sizes"][2 * layer:2 * layer + 2])
+        if layer in (0, 2):
+            objective = objective + ((x - torch.tensor(target)) ** 2).sum()
+    assert relative(trajectory.positions[-1], x.detach().numpy()) < 1e-12
+    assert abs(value - objective.item()) <= 1e-12 * abs(objective.item())
+    expect_autograd_gradients(gradient, objective, ("x0", xt), leaves, 1e-11)
+
+    direction = rng.standard_normal(weights["attention/query"].shape)
+
+    def loss(s):
+        moved = dict(weights, **{"attention/query": weights["attention/query"] + s * direction})
+        run = mfattn.run(**dict(given, weights=moved))
+        return sum(np.sum((run.positions[frame] - target) ** 2) for frame in (1, 3))
+
+    h = 1e-5
+    along = (loss(h) - loss(-h)) / (2 * h)
+    assert abs(along - np.sum(gradient["attention/query"] * direction)) <= 1e-6 * abs(along)
+
+
+def test_regenerated_layers_are_differentiated(mfattn, tmp_path):
+    """regen_period: each layer's drawn matrices in force on its interval (three layers), x0's
+    gradient against central differences of whole runs."""
+    options = dict(RUN, n=5, d=3, kernel="sa", beta=1.5, q="gaussian", k="gaussian", v="gaussian",
+                   regen_period=0.1)
+    x0 = mfattn.Model(**options).initial_state()
+    rng = np.random.default_rng(12)
+    c = rng.standard_normal(x0.shape)
+    _, gradient, _, _ = mfattn.gradient(c, **options)
+    assert gradient["attention/value"].shape[0] == 4  # the layers whose starts the run reaches
+    t = rng.standard_normal(x0.shape)
+    t -= np.sum(t * x0, axis=-1, keepdims=True) * x0
+
+    def loss(s):
+        x = x0 + s * t
+        np.savetxt(tmp_path / "x0.txt", x / np.linalg.norm(x, axis=-1, keepdims=True))
+        return float(np.sum(c * mfattn.run(**dict(options, init="file", init_file=str(tmp_path / "x0.txt"))).positions[-1]))
+
+    h = 1e-5
+    along = (loss(h) - loss(-h)) / (2 * h)
+    assert abs(along - np.sum(gradient["x0"] * t)) <= 1e-6 * abs(along)
+
+
 def test_checkpoints_change_no_bit(mfattn):
     _, options = options_of("rk4-post-heads-mlp-rope-prefix")
     options = dict(options, save_every=0.05, horizon=0.35)  # seven steps: segments of 3, 3, 1
@@ -168,8 +241,8 @@ def test_bad_input_is_named(mfattn):
     c = np.zeros((5, 3))
     with pytest.raises(ValueError, match="integrator=lie-euler: gradients through runs take euler, euler-unprojected, heun, rk4, dopri5"):
         mfattn.gradient(c, **dict(options, integrator="lie-euler"))
-    with pytest.raises(ValueError, match="regen_period"):
-        mfattn.gradient(c, **dict(options, regen_period=0.1, q="gaussian", k="gaussian", v="gaussian"))
+    with pytest.raises(ValueError, match="loss_times: 0.15 is none of the run's frame times"):
+        mfattn.gradient(c, loss_times=[0.15], **options)
     with pytest.raises(ValueError, match="cotangent: 12 numbers; the run's state has 15"):
         mfattn.gradient(np.zeros((4, 3)), **options)
     with pytest.raises(ValueError, match="cotangent: not finite"):

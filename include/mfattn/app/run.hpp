@@ -79,14 +79,16 @@ inline constexpr int kExitStoppedByCaller = 130;
 int run_simulation(const RunConfig& cfg, std::ostream& log, const RunHooks& hooks = {});
 
 /// The gradient of a loss of x(T) (loss_of makes it for the run's field: linear_loss of a
-/// cotangent, or final_loss) of the run `cfg` describes (docs/model.md section 5b):
-/// the run set up as run_simulation sets it up (its refusals), stepped with its frames' times
-/// landed on, and its discrete adjoint from `checkpoints` stored states (0: the default). No
-/// file is written. Throws UsageError for what it does not differentiate (an integrator whose
-/// steps have no adjoint, layers in time, --resume), NumericalError for a diverging run,
-/// BackendUnavailable where the backend has no derivatives for the model.
+/// cotangent, or final_loss), or of its sum over the frame times `loss_times`, of the run
+/// `cfg` describes (docs/model.md section 5b): the run set up as run_simulation sets it up
+/// (its refusals), stepped with its frames' times and layer starts landed on, each layer's
+/// matrices in force on its interval, and its discrete adjoint from `checkpoints` stored
+/// states (0: the default). No file is written. Throws UsageError for what it does not
+/// differentiate (an integrator whose steps have no adjoint, --resume) and a loss time that is
+/// no frame's, NumericalError for a diverging run, BackendUnavailable where the backend has no
+/// derivatives for the model.
 RunGradient gradient_of_run(const RunConfig& cfg,
                             const std::function<FinalLoss(const Dynamics&)>& loss_of,
-                            std::size_t checkpoints);
+                            std::size_t checkpoints, const std::vector<double>& loss_times = {});
 
 }  // namespace mfattn

@@ -115,6 +115,9 @@ class Backend {
     (void)replicas, (void)y, (void)y_tangent, (void)tangent, (void)output_tangent;
     throw BackendUnavailable("--backend " + name() + ": has no derivatives");
   }
+  /// The model's matrices were replaced (a new layer in time): whatever the backend keeps of
+  /// the last ones (a derivative tape, which refers to their heads) is dropped.
+  virtual void matrices_changed() {}
   /// The last evaluation's Sinkhorn scalings (empty where the backend has none).
   virtual ScalingReport last_scaling() const { return {}; }
   /// The device the backend computes on, as /parameters records it ("" for the host's CPU).

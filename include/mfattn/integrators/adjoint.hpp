@@ -54,23 +54,38 @@ struct RunLoss {
 };
 FinalLoss final_loss(const RunLoss& loss, const Dynamics& dynamics);
 
+/// Layers in time (--layer-time, --regen-period): layer l's matrices act from its start on.
+/// run_gradient lands on every start (the caller puts them among the targets), installs the
+/// layer in force there, and keeps each layer's matrices' gradient apart.
+struct RunLayers {
+  std::size_t count = 1;                           ///< 1: one layer for the whole run
+  std::function<std::size_t(double time)> at;      ///< the layer in force from `time` on
+  std::function<void(std::size_t layer)> install;  ///< its matrices into the model and field
+};
+
 struct RunGradient {
-  double loss = 0.0;                ///< L(x(T))
+  double loss = 0.0;                ///< L(x(T)), or the sum of L(x(t)) over the loss times
   std::vector<double> final_state;  ///< x(T)
   std::vector<double> x0;           ///< dL/dx(0), x's shape
-  FieldNumbers numbers;             ///< dL/dtheta (zero_numbers' shapes)
+  /// dL/dtheta (zero_numbers' shapes); with layers, `sets` holds layer 0's matrices' gradient
+  /// and layer_sets every layer's (layer_sets[0] == sets).
+  FieldNumbers numbers;
+  std::vector<std::vector<LayerNumbers>> layer_sets;
   CheckpointPlan plan;
   std::int64_t recomputed_steps = 0;  ///< steps taken again from the stored states
   std::vector<double> step_sizes;     ///< every accepted step's h, in order (dopri5's, frozen)
 };
 
 /// The run from `start` by integrate() (step dt, or dopri5's first step), landing on every
-/// time of `targets` (increasing, the last the horizon), and the gradient of loss(x(T))
-/// through its accepted steps (an adaptive method's step sizes held as taken).
+/// time of `targets` (increasing, the last the horizon), and the gradient of loss(x(T)) (or
+/// of sum_t loss(x(t)) over `loss_times`, each one of the targets or the start's time)
+/// through its accepted steps (an adaptive method's step sizes held as taken), with the
+/// matrices of `layers` in force where they are.
 /// Checkpoints change no bit of it. A non-finite state throws NumericalError; an integrator
 /// whose table entry does not differentiate, logic_error.
 RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State& start, double dt,
                          const std::vector<double>& targets, const FinalLoss& loss,
-                         std::size_t checkpoints);
+                         std::size_t checkpoints, const RunLayers& layers = {},
+                         const std::vector<double>& loss_times = {});
 
 }  // namespace mfattn

@@ -51,7 +51,10 @@ class Dynamics {
   void jvp(const double* x, const double* x_tangent, const FieldNumbers* tangent, double* v_tangent);
   /// The model's matrices were replaced (a new layer of --regen-period): the remembered
   /// evaluation no longer holds.
-  void matrices_changed() { cached_ = false; }
+  void matrices_changed() {
+    cached_ = false;
+    backend_.matrices_changed();
+  }
   const Model& model() const { return model_; }
   /// The Sinkhorn scalings of the last evaluation (Backend::last_scaling): of the state last
   /// evaluated, which a cached evaluation is too.
@@ -75,6 +78,10 @@ class Dynamics {
   /// The states the layer reads (N(x) for pre and peri, else x) and its output p_i F_i on
   /// them, for the derivatives; refuses a model the backend's derivatives do not take.
   void derivative_forward(const double* x);
+  /// After derivative_forward(x): x's cotangent (written) of the output's cotangent, through
+  /// the layer and, for pre and peri, the directions N(x) it reads.
+  void output_to_state_vjp(const double* x, const double* output_cotangent, double* x_cotangent,
+                           FieldNumbers& gradient);
   std::int64_t evaluations_ = 0;
   bool cached_ = false, cached_attention_output_ = false, cached_weight_sums_ = false;
   bool wants_attention_output_ = false;

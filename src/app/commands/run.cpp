@@ -337,11 +337,33 @@ int report_early_end(std::exception_ptr fault, const RunConfig& cfg, const RunHo
   }
 }
 
+/// The times a run from `time` lands on: its frames' `times` and every later layer start
+/// (one within the time resolution of a frame is that frame), increasing.
+std::vector<double> landing_times(const RunConfig& cfg, const std::vector<double>& times,
+                                  double time) {
+  std::vector<double> targets = times;
+  for (double start : layer_start_times(cfg)) {
+    const double tolerance = time_resolution(cfg.horizon);
+    // times is sorted: the frame nearest to start is at or just before its lower bound.
+    const auto next = std::lower_bound(times.begin(), times.end(), start - tolerance);
+    const bool near_frame = next != times.end() && *next <= start + tolerance;
+    if (start > time + tolerance && !near_frame) targets.push_back(start);
+  }
+  std::sort(targets.begin(), targets.end());
+  return targets;
+}
+
+/// Layer l's matrices from the run's options into the model, and the field told.
+void install_layer(const RunConfig& cfg, std::size_t layer, Model& model, Dynamics& dynamics) {
+  model.matrices = layer_matrices(cfg, layer);
+  dynamics.matrices_changed();
+}
+
 }  // namespace
 
 RunGradient gradient_of_run(const RunConfig& given,
                             const std::function<FinalLoss(const Dynamics&)>& loss_of,
-                            std::size_t checkpoints) {
+                            std::size_t checkpoints, const std::vector<double>& loss_times) {
   RunConfig cfg = given;
   const IntegratorEntry& entry = *cfg.choices.integrator;
   if (!entry.differentiates) {
@@ -352,10 +374,6 @@ RunGradient gradient_of_run(const RunConfig& given,
                      accepted + " (its steps have no adjoint yet)");
   }
   if (cfg.resume) throw UsageError("--resume: a gradient is taken over a whole run from its start");
-  if (layer_start_times(cfg).size() > 1)
-    throw UsageError(
-        "--layer-time, --regen-period: gradients through runs take one layer for the whole run "
-        "(layers in time are not differentiated yet)");
   RunParts parts;
   set_up_run(cfg, resolve_threads(cfg.threads), parts);
   Dynamics dynamics(parts.model, *parts.backend, parts.state.replicas);
@@ -365,8 +383,27 @@ RunGradient gradient_of_run(const RunConfig& given,
   } catch (const std::invalid_argument& error) {
     throw UsageError(error.what());
   }
-  return run_gradient(*parts.integrator, dynamics, parts.state, cfg.dt, parts.times, loss,
-                      checkpoints);
+  RunLayers layers;
+  layers.count = layer_start_times(cfg).size();
+  layers.at = [&](double time) { return layer_at(cfg, time); };
+  layers.install = [&](std::size_t layer) { install_layer(cfg, layer, parts.model, dynamics); };
+  const std::vector<double> targets = landing_times(cfg, parts.times, parts.state.time);
+  // The loss times, each a frame's time (one within the time resolution is that frame).
+  std::vector<double> at;
+  for (double time : loss_times) {
+    const double tolerance = time_resolution(cfg.horizon);
+    const auto near = std::find_if(parts.times.begin(), parts.times.end(),
+                                   [&](double t) { return std::fabs(t - time) <= tolerance; });
+    if (near == parts.times.end())
+      throw UsageError(
+          "--loss-times: " + format_number(time) +
+          " is none of the run's frame times (--save-every, --save-times, --save-log)");
+    at.push_back(*near);
+  }
+  std::sort(at.begin(), at.end());
+  at.erase(std::unique(at.begin(), at.end()), at.end());
+  return run_gradient(*parts.integrator, dynamics, parts.state, cfg.dt, targets, loss, checkpoints,
+                      layers, at);
 }
 
 int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& hooks) {
@@ -411,19 +448,8 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   // matrices there, before a frame at the same time is recorded. A resumed run starts in the
   // layer of its last frame.
   std::size_t layer = layer_at(cfg, state.time);
-  if (layer != 0) {
-    model.matrices = layer_matrices(cfg, layer);
-    dynamics.matrices_changed();
-  }
-  std::vector<double> targets = times;
-  for (double start : layer_start_times(cfg)) {
-    const double tolerance = time_resolution(cfg.horizon);
-    // times is sorted: the frame nearest to start is at or just before its lower bound.
-    const auto next = std::lower_bound(times.begin(), times.end(), start - tolerance);
-    const bool near_frame = next != times.end() && *next <= start + tolerance;
-    if (start > state.time + tolerance && !near_frame) targets.push_back(start);
-  }
-  std::sort(targets.begin(), targets.end());
+  if (layer != 0) install_layer(cfg, layer, model, dynamics);
+  const std::vector<double> targets = landing_times(cfg, times, state.time);
   auto is_frame = [&](double time) { return std::binary_search(times.begin(), times.end(), time); };
 
   Progress progress("mfattn run", cfg.quiet, state.time, cfg.horizon, state.step, log);
@@ -496,8 +522,7 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   auto observer = [&](const State& s) {
     if (const std::size_t now = layer_at(cfg, s.time); now != layer) {
       layer = now;
-      model.matrices = layer_matrices(cfg, layer);
-      dynamics.matrices_changed();
+      install_layer(cfg, layer, model, dynamics);
     }
     if (!is_frame(s.time)) return;
     for (const RunObserver& entry : observers)

@@ -178,6 +178,10 @@ class ReferenceDerivativesBackend : public Backend {
     reference_output_jvp(derivative_model_, *tape, y_tangent, tangent, output_tangent);
     spare_ = std::move(tape);
   }
+  void matrices_changed() override {
+    tape_.reset();
+    spare_.reset();
+  }
 
  protected:
   /// Hands SA's and USA's pair passes to the derivatives (a backend with faster ones).
