@@ -17,6 +17,7 @@
 #include "mfattn/app/bench.hpp"
 #include "mfattn/app/command_errors.hpp"
 #include "mfattn/app/config.hpp"
+#include "mfattn/app/fit.hpp"
 #include "mfattn/app/info.hpp"
 #include "mfattn/app/meanfield.hpp"
 #include "mfattn/app/oclosure_command.hpp"
@@ -51,7 +52,9 @@ const std::vector<Command>& commands() {
              "  option names in full; one value each, except the lists --save-times, --rope-freqs,\n"
              "  --amplitudes (comma separated, or several words)\n");
        },
-       [](const auto& args) { return mfattn::run_simulation(mfattn::parse_run_arguments(args), std::cerr); }},
+       [](const auto& args) {
+         return mfattn::run_simulation(mfattn::parse_run_arguments(args), std::cerr);
+       }},
       {"sweep", "a grid of runs from a sweep file, resumable, sharded (mfattn sweep --help)",
        [] { std::cout << mfattn::sweep_usage(); },
        [](const auto& args) { return mfattn::sweep_command(args, std::cout, std::cerr); }},
@@ -64,9 +67,13 @@ const std::vector<Command>& commands() {
        },
        [](const auto& args) { return mfattn::bench_command(args, std::cout); }},
       {"info", "what an mfattn file holds: mfattn info FILE.h5",
-       [] { std::cout << "usage: mfattn info FILE.h5\n  sizes, frames, time span, status and parameters of an mfattn file\n"; },
+       [] {
+         std::cout
+             << "usage: mfattn info FILE.h5\n  sizes, frames, time span, status and parameters of an mfattn file\n";
+       },
        [](const auto& args) { return mfattn::info_command(args, std::cout, std::cerr); }},
-      {"analyze", "collapse and metastability summary: mfattn analyze FILE.h5 [--json] [--replica R|all]",
+      {"analyze",
+       "collapse and metastability summary: mfattn analyze FILE.h5 [--json] [--replica R|all]",
        [] {
          std::cout << "usage: mfattn analyze FILE.h5 [--json] [--replica R|all] [--min-decades D]\n"
                    << "  collapse time, cluster plateaus over log time, merge times, energy staircase\n"
@@ -76,12 +83,18 @@ const std::vector<Command>& commands() {
                    << "                   and a first one of several frames; 0 lists every plateau\n";
        },
        [](const auto& args) { return mfattn::analyze_command(args, std::cout, std::cerr); }},
-      {"oclosure", "zero-token insertion ablation and OAttention precision (mfattn oclosure --help)",
+      {"oclosure",
+       "zero-token insertion ablation and OAttention precision (mfattn oclosure --help)",
        [] { std::cout << mfattn::oclosure_usage(); },
        [](const auto& args) { return mfattn::oclosure_command(args, std::cout, std::cerr); }},
-      {"realize", "exact realization of a target law by RoPE orbits or prefix gauges (mfattn realize --help)",
+      {"realize",
+       "exact realization of a target law by RoPE orbits or prefix gauges (mfattn realize --help)",
        [] { std::cout << mfattn::realize_usage(); },
        [](const auto& args) { return mfattn::realize_command(args, std::cout, std::cerr); }},
+      {"fit",
+       "fit weights (and x0, beta) so that a run reaches a target, by gradients through runs (mfattn fit --help)",
+       [] { std::cout << mfattn::fit_usage(); },
+       [](const auto& args) { return mfattn::fit_command(args, std::cout, std::cerr); }},
       {"meanfield", "the density (mean-field) equation of the same model (mfattn meanfield --help)",
        [] { std::cout << mfattn::meanfield_usage(); },
        [](const auto& args) { return mfattn::meanfield_command(args, std::cout, std::cerr); }},

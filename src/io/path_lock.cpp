@@ -6,6 +6,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 namespace mfattn {
 
@@ -59,5 +61,34 @@ std::filesystem::path hidden_sibling(const std::string& path, const std::string&
 }
 
 std::filesystem::path output_lock_path(const std::string& path) { return hidden_sibling(path, ".lock"); }
+
+void write_text_atomically(const std::filesystem::path& path, const std::string& text) {
+  char host[256] = "host";
+  ::gethostname(host, sizeof host - 1);
+  std::string name(1, '.');  // appended piece by piece: GCC 12 -Wrestrict misfires on "." + string
+  name.append(path.filename().string()).append(1, '.').append(host).append(1, '.');
+  name.append(std::to_string(::getpid())).append(".tmp");
+  const std::filesystem::path temporary = path.parent_path() / name;
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) {
+      std::error_code ignored;
+      std::filesystem::remove(temporary, ignored);
+      throw IoError("cannot write " + temporary.string());
+    }
+  }
+  std::error_code error;
+  std::filesystem::rename(temporary, path, error);
+  if (error) {
+    std::error_code ignored;
+    std::filesystem::remove(temporary, ignored);
+    if (std::filesystem::is_directory(path, ignored))
+      throw IoError("cannot write " + path.string() + ": it is a directory");
+    throw IoError("cannot rename " + temporary.string() + " to " + path.string() + ": " +
+                  error.message());
+  }
+}
 
 }  // namespace mfattn

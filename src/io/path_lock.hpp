@@ -49,6 +49,11 @@ class PathLock {
 /// (its temporary name while frame 0 is written, its writer's lock file).
 std::filesystem::path hidden_sibling(const std::string& path, const std::string& suffix);
 
+/// Writes `text` to `path` whole or not at all: a hidden temporary file in the same folder
+/// (named with the host and process), renamed over `path`. Throws IoError (the temporary file
+/// removed) when the write or the rename fails.
+void write_text_atomically(const std::filesystem::path& path, const std::string& text);
+
 /// The lock file that every writer of the output `path` holds while it writes: `.<name>.lock`
 /// beside it (removed when the writer ends; a killed writer leaves it, unlocked).
 std::filesystem::path output_lock_path(const std::string& path);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "io/json_text.hpp"
+#include "io/path_lock.hpp"
 #include "mfattn/io/h5md.hpp"
 #include "mfattn/core/number_text.hpp"
 #include "mfattn/io/series.hpp"
@@ -64,36 +65,6 @@ std::string number_text(double value) { return format_number(value, NanSign::Dro
 
 using json::quoted;
 using json::number;
-
-
-/// Writes `text` to `path` through a temporary file in the same folder and a rename.
-void write_atomically(const fs::path& path, const std::string& text) {
-  char host[256] = "host";
-  ::gethostname(host, sizeof host - 1);
-  std::string name(1, '.');  // appended piece by piece: GCC 12 -Wrestrict misfires on "." + string
-  name.append(path.filename().string()).append(1, '.').append(host).append(1, '.');
-  name.append(std::to_string(::getpid())).append(".tmp");
-  const fs::path temporary = path.parent_path() / name;
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) {
-      std::error_code ignored;
-      fs::remove(temporary, ignored);
-      throw IoError("cannot write " + temporary.string());
-    }
-  }
-  std::error_code error;
-  fs::rename(temporary, path, error);
-  if (error) {
-    std::error_code ignored;
-    fs::remove(temporary, ignored);
-    if (fs::is_directory(path, ignored))
-      throw IoError("cannot write " + path.string() + ": it is a directory (remove it, or give another --out-dir)");
-    throw IoError("cannot rename " + temporary.string() + " to " + path.string() + ": " + error.message());
-  }
-}
 
 }  // namespace
 
@@ -245,8 +216,8 @@ std::vector<CaseStatus> write_manifest(const SweepPlan& plan, const std::string&
     json << "}}";
   }
   json << "\n  ]\n}\n";
-  write_atomically(fs::path(dir) / "manifest.csv", csv.str());
-  write_atomically(fs::path(dir) / "manifest.json", json.str());
+  write_text_atomically(fs::path(dir) / "manifest.csv", csv.str());
+  write_text_atomically(fs::path(dir) / "manifest.json", json.str());
   std::vector<CaseStatus> statuses;
   for (auto& row : rows) statuses.push_back(std::move(row.status));
   return statuses;

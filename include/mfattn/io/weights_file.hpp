@@ -10,6 +10,7 @@
 /// of a TransformerEncoderLayer's linear1 and linear2).
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mfattn {
@@ -37,5 +38,24 @@ inline std::size_t value_dim_of(const WeightsFile& file, std::size_t r) {
 /// Reads path. Throws std::invalid_argument naming the dataset when the file is not HDF5,
 /// a dataset is not float64, or a number is not finite; shapes are the caller's to check.
 WeightsFile read_weights_file(const std::string& path);
+
+/// What a weights file may hold beside the layout (`mfattn fit`'s record): float64 arrays at
+/// the paths given ("/fit/loss") and string attributes of the group `attributes_of`.
+struct WeightsFileRecord {
+  struct Array {
+    std::string path;
+    std::vector<double> values;
+  };
+  std::vector<Array> arrays;
+  std::string attributes_of;
+  std::vector<std::pair<std::string, std::string>> attributes;
+};
+
+/// Writes `file` (every present dataset, /mlp's activation where the file has w1) and
+/// `record` to `path` whole or not at all: into a hidden temporary file beside it, renamed
+/// over `path` once closed (an earlier file there is replaced). Throws IoError (nothing left
+/// behind) when a write fails.
+void write_weights_file(const std::string& path, const WeightsFile& file,
+                        const WeightsFileRecord& record = {});
 
 }  // namespace mfattn

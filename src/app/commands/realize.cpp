@@ -17,6 +17,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "app/scratch_files.hpp"
 #include "io/json_text.hpp"
 #include "mfattn/app/config.hpp"
 #include "mfattn/core/gauge.hpp"
@@ -471,31 +472,6 @@ std::string metric_name(Space space) {
   return "energy distance, Euclidean norm in R^d (V-statistics)";
 }
 
-/// A folder of its own under the system's temporary directory, removed with its owner.
-class ScratchFolder {
- public:
-  ScratchFolder() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "mfattn-realize-XXXXXX").string();
-    if (!::mkdtemp(pattern.data())) throw IoError("cannot create a temporary folder for the realization's inputs");
-    path_ = pattern;
-  }
-  ~ScratchFolder() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
-
-void write_rows(const std::string& path, const std::vector<double>& values, std::size_t columns) {
-  std::ofstream file(path);
-  file << std::setprecision(17);
-  for (std::size_t k = 0; k < values.size(); ++k) file << values[k] << ((k + 1) % columns ? ' ' : '\n');
-  if (!file) throw IoError("cannot write " + path);
-}
-
 /// The plane rotation's generator A (so exp(A) z = u): A = theta (w z^T - z w^T),
 /// w the unit direction of u's part orthogonal to z, theta = acos <z, u>.
 std::vector<double> plane_rotation_generator(const double* z, const double* u, std::size_t d) {
@@ -538,7 +514,7 @@ int realize(const Options& o, std::ostream& out, std::ostream& err) {
   const std::vector<double> target = law.sample(n, target_stream);
   const std::vector<double> second = law.sample(n, floor_stream);
 
-  const ScratchFolder scratch;
+  const ScratchFolder scratch("mfattn-realize-");
   std::vector<std::string> args = {"--n", std::to_string(n), "--d", std::to_string(d), "--kernel", "usa", "--beta",
                                    format_number(o.beta), "--integrator", "rk4", "--dt", format_number(o.dt),
                                    "--horizon", format_number(o.horizon), "--seed", std::to_string(o.seed),
