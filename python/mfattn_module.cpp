@@ -49,6 +49,7 @@
 #include "mfattn/app/run.hpp"
 #include "mfattn/app/run_choices.hpp"
 #include "mfattn/core/number_text.hpp"
+#include "mfattn/core/rng.hpp"
 #include "mfattn/core/version.hpp"
 #include "mfattn/integrators/integrator.hpp"
 #include "mfattn/app/run_resources.hpp"
@@ -919,6 +920,26 @@ py::tuple gradient(const py::object& cotangent, const py::object& loss, const py
   return py::make_tuple(result.loss, out, shaped(result.final_state), plan);
 }
 
+/// mfattn._core.maruyama_noise: the standard normal draws xi that euler-maruyama's step `step`
+/// takes for token i of replica r (before its projection on the tangent space), [steps, R, n,
+/// d]: the counter-based stream (seed, Noise, r << 32 | i, step) of kernels::maruyama_step, so
+/// that the noise of a run can be replayed outside it (a PyTorch test of its adjoint).
+py::array_t<double> maruyama_noise(std::uint64_t seed, std::int64_t steps, std::int64_t replicas,
+                                   std::int64_t n, std::int64_t d) {
+  if (steps < 0 || replicas < 1 || n < 1 || d < 1)
+    throw py::value_error("maruyama_noise: steps >= 0, replicas, n and d >= 1");
+  py::array_t<double> out({steps, replicas, n, d});
+  double* at = out.mutable_data();
+  for (std::int64_t k = 0; k < steps; ++k)
+    for (std::int64_t r = 0; r < replicas; ++r)
+      for (std::int64_t i = 0; i < n; ++i) {
+        RandomStream stream(seed, static_cast<std::uint64_t>(StreamTag::Noise),
+                            (std::uint64_t(r) << 32) | std::uint64_t(i), std::uint64_t(k));
+        for (std::int64_t c = 0; c < d; ++c) *at++ = stream.normal();
+      }
+  return out;
+}
+
 /// mfattn.meanfield: `mfattn meanfield` through run_meanfield (the CLI's own function) into out
 /// or a temporary file, loaded as a Density. run_meanfield has no progress hook: `progress`
 /// is accepted as None only. --compare (which prints distances instead of returning a
@@ -1037,6 +1058,10 @@ observables, parameters; docs/python.md). The defaults are the command line's: r
 dt=0.01, a frame every 0.1. progress(t, step) is called now and then; returning False stops
 the run (KeyboardInterrupt). Bad options raise ValueError naming the keyword; a numerical
 failure mfattn.NumericalError; a failed write OSError. Releases the GIL.)doc");
+  module.def(
+      "maruyama_noise", &maruyama_noise, "seed"_a, "steps"_a, "replicas"_a, "n"_a, "d"_a,
+      "maruyama_noise(seed, steps, replicas, n, d) -> array [steps, replicas, n, d]: the normal draws of "
+      "euler-maruyama's steps (before their projection), as a run of that seed takes them.");
   module.def(
       "gradient", &gradient, "cotangent"_a = py::none(), "loss"_a = py::none(),
       "target"_a = py::none(), "loss_gamma"_a = py::none(), "wrt"_a = py::none(),

@@ -224,8 +224,9 @@ RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State
       for (std::size_t k = last; k-- > first;) {
         use_layer(steps[k].layer);
         sum_into(steps[k].layer);
-        integrator.step_vjp(dynamics, states[k - first].data(), steps[k].h, bar.data(),
-                            previous.data(), result.numbers);
+        integrator.step_vjp(dynamics, states[k - first].data(), steps[k].h,
+                            start.step + std::int64_t(k), bar.data(), previous.data(),
+                            result.numbers);
         bar.swap(previous);
         add_terms(k);
       }

@@ -163,8 +163,8 @@ class RungeKutta final : public Integrator {
   /// x' = N(y) on the sphere (y in R^d): y_bar = N'(y)^T x'_bar (N' is symmetric), then
   /// k_bar_s = h b_s y_bar + h sum_{t>s} a_ts z_bar_t with z_bar_s = f'(z_s)^T k_bar_s taken
   /// from the last stage back, and x_bar = y_bar + sum_s z_bar_s.
-  void step_vjp(Dynamics& dynamics, const double* x, double h, const double* next_bar,
-                double* x_bar, FieldNumbers& gradient) override {
+  void step_vjp(Dynamics& dynamics, const double* x, double h, std::int64_t /*step*/,
+                const double* next_bar, double* x_bar, FieldNumbers& gradient) override {
     const std::size_t size = dynamics.size(), stages = tableau_.b.size(), d = dynamics.model().d;
     form_stages(dynamics, x, h, size, /*keep_states=*/true);
     std::vector<double>& y_bar = new_x_;
@@ -326,8 +326,8 @@ class EulerUnprojected final : public Integrator {
   }
   /// y = x + h a(x) for the moving tokens (x itself for the others), x' = N(y) on the sphere:
   /// y_bar = N'(y) x'_bar, x_bar = y_bar + h a'(x)^T y_bar over the moving tokens' rows.
-  void step_vjp(Dynamics& dynamics, const double* x, double h, const double* next_bar,
-                double* x_bar, FieldNumbers& gradient) override {
+  void step_vjp(Dynamics& dynamics, const double* x, double h, std::int64_t /*step*/,
+                const double* next_bar, double* x_bar, FieldNumbers& gradient) override {
     const std::size_t size = dynamics.size(), d = dynamics.model().d;
     const double* output = dynamics.attention_output(x);
     y_.assign(x, x + size);
@@ -444,11 +444,32 @@ class EulerMaruyama final : public Integrator {
     ++state.step;
     return {true, h};
   }
+  /// The noise of step `step` drawn again (maruyama_step_vjp): y_bar and x's own share per
+  /// moving token, then x_bar += f'(x)^T (h y_bar); a token that does not move keeps x'_bar.
+  void step_vjp(Dynamics& dynamics, const double* x, double h, std::int64_t step,
+                const double* next_bar, double* x_bar, FieldNumbers& gradient) override {
+    const std::size_t size = dynamics.size(), d = dynamics.model().d;
+    velocity_.resize(size);
+    dynamics.velocity(x, velocity_.data());
+    const double amplitude = kernels::noise_amplitude(h, kappa_);
+    velocity_bar_.assign(size, 0.0);
+    std::copy(next_bar, next_bar + size, x_bar);
+    std::vector<double> scratch(2 * d);
+    for_each_moving_token(dynamics, [&](std::size_t r, std::size_t i, std::size_t o) {
+      kernels::maruyama_step_vjp(x + o, velocity_.data() + o, h, amplitude, seed_, r, i,
+                                 static_cast<std::uint64_t>(step), int(d), next_bar + o,
+                                 velocity_bar_.data() + o, x_bar + o, scratch.data());
+      for (std::size_t c = 0; c < d; ++c) velocity_bar_[o + c] *= h;
+    });
+    field_bar_.resize(size);
+    dynamics.vjp(x, velocity_bar_.data(), field_bar_.data(), gradient);
+    for (std::size_t e = 0; e < size; ++e) x_bar[e] += field_bar_[e];
+  }
 
  private:
   double kappa_;
   std::uint64_t seed_;
-  std::vector<double> velocity_;
+  std::vector<double> velocity_, velocity_bar_, field_bar_;
 };
 
 }  // namespace
@@ -509,7 +530,7 @@ const IntegratorEntry kIntegrators[] = {
     {"lie-euler", false, false, make_plain<LieEuler>},
     {"lie-rk4", false, false, make_plain<LieRk4>},
     {"dopri5", false, true, make_dopri5, false, true},
-    {"euler-maruyama", true, false, make_euler_maruyama},
+    {"euler-maruyama", true, false, make_euler_maruyama, false, true},
 };
 }  // namespace
 
@@ -575,7 +596,8 @@ FixedStep fixed_step_toward(double time, double target, double dt) {
   return {lands ? landing_step(remaining, dt) : dt, lands};
 }
 
-void Integrator::step_vjp(Dynamics&, const double*, double, const double*, double*, FieldNumbers&) {
+void Integrator::step_vjp(Dynamics&, const double*, double, std::int64_t, const double*, double*,
+                          FieldNumbers&) {
   throw std::logic_error("--integrator " + name() + ": its steps have no adjoint");
 }
 

@@ -7,11 +7,13 @@
 //   geodesic_step     x <- cos(h|w|) x + sin(h|w|) w/|w|, then renormalised (lie-euler)
 //   maruyama_step     x <- normalize(x + h f + sqrt(2h/kappa) P_x xi), xi ~ N(0, I) from the
 //                     counter-based stream (seed, Noise, replica << 32 | token, step)
+//   maruyama_step_vjp its adjoint, the noise replayed from the same stream
 #include <cmath>
 #include <cstdint>
 
 #include "core/counter_random.hpp"
 #include "kernels/compile_target.hpp"
+#include "kernels/token_formulas.hpp"
 #include "mfattn/core/rng.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
@@ -89,6 +91,38 @@ MFATTN_HOST_DEVICE inline void maruyama_step(double* x, const double* velocity, 
   }
   const double norm = std::sqrt(norm2);
   for (int c = 0; c < d; ++c) x[c] /= norm;
+}
+
+/// The adjoint of maruyama_step at the same x, h and stream: with y = x + h f + amplitude
+/// (xi - <xi, x> x) and x' = y / |y|, given x'_bar writes y_bar = N'(y)^T x'_bar
+/// (direction_derivative; f's cotangent is h y_bar) and x's own share x_bar = y_bar -
+/// amplitude (xi <x, y_bar> + <xi, x> y_bar) (without f's). scratch: 2 d numbers.
+MFATTN_HOST_DEVICE inline void maruyama_step_vjp(const double* x, const double* velocity, double h,
+                                                 double amplitude, std::uint64_t seed,
+                                                 std::uint64_t replica, std::uint64_t token,
+                                                 std::uint64_t step, int d, const double* next_bar,
+                                                 double* y_bar, double* x_bar, double* scratch) {
+  double* noise = scratch;
+  double* y = scratch + d;
+  for (int c = 0; c < d; ++c) noise[c] = 0.0;
+  if (amplitude > 0.0) {
+#if defined(__CUDA_ARCH__)
+    random::CounterStream stream{
+        random::stream_key(seed, kNoiseStreamTag, (replica << 32) | token, step)};
+#else
+    RandomStream stream(seed, kNoiseStreamTag, (replica << 32) | token, step);
+#endif
+    for (int c = 0; c < d; ++c) noise[c] = stream.normal();
+  }
+  const double radial = dot_product(noise, x, d);
+  // y as the step made it (maruyama_step's operations, in its order).
+  for (int c = 0; c < d; ++c)
+    y[c] = x[c] + (h * velocity[c] + amplitude * (noise[c] - radial * x[c]));
+  for (int c = 0; c < d; ++c) y_bar[c] = next_bar[c];
+  direction_derivative(y, d, y_bar);
+  const double x_dot_bar = dot_product(x, y_bar, d);
+  for (int c = 0; c < d; ++c)
+    x_bar[c] = y_bar[c] - amplitude * (noise[c] * x_dot_bar + radial * y_bar[c]);
 }
 
 }  // namespace MFATTN_CPU_NAMESPACE

@@ -130,7 +130,7 @@ def test_sigterm_keeps_the_best_weights(mfattn_binary, hidden):
     (["--target", "T", "--fit", "w1"], "the model has no feed-forward term (give --mlp W)"),
     (["--target", "T", "--fit", "value", "--replicas", "2"], "--replicas 2: fit fits one run (1 replica)"),
     (["--target", "T", "--fit", "value", "--integrator", "lie-euler"],
-     "--integrator lie-euler: gradients through runs take euler, euler-unprojected, heun, rk4, dopri5"),
+     "--integrator lie-euler: gradients through runs take euler, euler-unprojected, heun, rk4, dopri5, euler-maruyama"),
     (["--target", "T", "--fit", "value", "--loss-times", "0.335"], "--loss-times: 0.335 is none of the run's frame times"),
     (["--target", "ROWS", "--fit", "value"], "rows; the tokens loss takes one a token (8)"),
     (["--target", "T", "--fit", "value", "--out", "EXISTING"], "exists (give --overwrite to replace it)"),

@@ -45,6 +45,10 @@ CASES = {
     "euler-unprojected-heads-mlp-prefix": dict(n=6, d=4, kernel="sa", beta=1.5, heads=2, head_dim=2, mlp=2,
                                                q="gaussian", k="gaussian", v="gaussian", values="plain", prefix=1,
                                                null_tokens=1, integrator="euler-unprojected"),
+    # The noise of each step drawn again from its stream (mfattn._core.maruyama_noise in torch).
+    "euler-maruyama-heads-mlp-nulls": dict(n=6, d=3, kernel="sa", beta=1.5, heads=1, mlp=2, q="gaussian",
+                                           k="gaussian", v="gaussian", values="plain", null_tokens=1,
+                                           noise_kappa=20.0, integrator="euler-maruyama"),
     "rk4-none-transported-replicas": dict(n=5, d=4, kernel="sa", heads=2, head_dim=2, q="gaussian", k="gaussian",
                                           v="gaussian", geometry="rope", normalization="none", replicas=2,
                                           integrator="rk4"),
@@ -60,12 +64,30 @@ def options_of(name):
     return spec, dict(spec, **RUN)
 
 
-def torch_run(spec, numbers, x0, method, step_sizes):
+def noise_of(mfattn, spec, x0, steps):
+    """euler-maruyama's normal draws of each step [steps, (R,) n, d] (None for the others)."""
+    if spec["integrator"] != "euler-maruyama":
+        return None
+    replicas = x0.shape[0] if x0.ndim == 3 else 1
+    xi = mfattn._core.maruyama_noise(RUN["seed"], steps, replicas, x0.shape[-2], x0.shape[-1])
+    return torch.tensor(xi if x0.ndim == 3 else xi[:, 0])
+
+
+def torch_run(spec, numbers, x0, method, step_sizes, noise=None):
     """x(T) of the run's steps in PyTorch: x <- N(x + h sum_s b_s k_s) on the sphere for the
-    moving tokens, k_s = f(x + h sum_m a_sm k_m), for each h of step_sizes."""
+    moving tokens, k_s = f(x + h sum_m a_sm k_m), for each h of step_sizes; euler-maruyama's
+    x <- N(x + (h f(x) + sqrt(2 h / kappa) (xi - <xi, x> x))) with the draws xi of `noise`."""
     oracle = Oracle(spec)
     replicas = x0.shape[0] if x0.dim() == 3 else 1
     moving = (numbers["presence"] > 0)[:, None]
+    if method == "euler-maruyama":
+        x = x0
+        for k, h in enumerate(step_sizes):
+            xi, amplitude = noise[k], np.sqrt(2 * h / spec["noise_kappa"])
+            tangent = xi - (xi * x).sum(dim=-1, keepdim=True) * x
+            y = torch.where(moving, x + (h * oracle.field(x, numbers, replicas) + amplitude * tangent), x)
+            x = torch.where(moving, y / y.norm(dim=-1, keepdim=True), y)
+        return x
     if method == "euler-unprojected":  # x <- N(x + h p u(x)) for the moving tokens
         x = x0
         for h in step_sizes:
@@ -106,7 +128,8 @@ def test_run_gradient_is_autograd_through_the_same_steps(mfattn, name):
     numbers = oracle_numbers(model, spec, gradient)
     leaves = {k: v.clone().requires_grad_(True) for k, v in numbers.items()}
     xt = torch.tensor(x0, requires_grad=True)
-    final = torch_run(spec, leaves, xt, spec["integrator"], plan["step_sizes"])
+    final = torch_run(spec, leaves, xt, spec["integrator"], plan["step_sizes"],
+                      noise_of(mfattn, spec, x0, len(plan["step_sizes"])))
     # The run's last frame is the x(T) differentiated.
     _, _, final_state, _ = mfattn._core.gradient(c, **options)
     assert np.array_equal(trajectory.positions[-1].reshape(final_state.shape), final_state)
@@ -116,7 +139,8 @@ def test_run_gradient_is_autograd_through_the_same_steps(mfattn, name):
     expect_autograd_gradients(gradient, objective, ("x0", xt), leaves, 1e-11)
 
 
-@pytest.mark.parametrize("name", ["rk4-post-heads-mlp-rope-prefix", "heun-pre-distance-gelu"])
+@pytest.mark.parametrize("name", ["rk4-post-heads-mlp-rope-prefix", "heun-pre-distance-gelu",
+                                  "euler-maruyama-heads-mlp-nulls"])
 def test_run_gradient_is_the_central_difference_of_whole_runs(mfattn, name, tmp_path):
     spec, options = options_of(name)
     x0 = mfattn.Model(**options).initial_state()
@@ -239,7 +263,7 @@ def test_checkpoints_change_no_bit(mfattn):
 def test_bad_input_is_named(mfattn):
     options = dict(n=5, d=3, kernel="sa", **RUN)
     c = np.zeros((5, 3))
-    with pytest.raises(ValueError, match="integrator=lie-euler: gradients through runs take euler, euler-unprojected, heun, rk4, dopri5"):
+    with pytest.raises(ValueError, match="integrator=lie-euler: gradients through runs take euler, euler-unprojected, heun, rk4, dopri5, euler-maruyama"):
         mfattn.gradient(c, **dict(options, integrator="lie-euler"))
     with pytest.raises(ValueError, match="loss_times: 0.15 is none of the run's frame times"):
         mfattn.gradient(c, loss_times=[0.15], **options)

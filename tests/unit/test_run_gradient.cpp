@@ -116,6 +116,45 @@ TEST(RunGradient, AdaptiveStepsThinTheirCheckpointsAndChangeNoBit) {
   }
 }
 
+// euler-maruyama's noise drawn again for each step taken again and walked back, and layers
+// of --regen-period installed for each: still the same bits from one stored state.
+TEST(RunGradient, ReplayedNoiseAndLayersChangeNoBitWithCheckpoints) {
+  const RunConfig cfg = config({"--n",
+                                "6",
+                                "--d",
+                                "3",
+                                "--kernel",
+                                "sa",
+                                "--q",
+                                "gaussian",
+                                "--k",
+                                "gaussian",
+                                "--v",
+                                "gaussian",
+                                "--integrator",
+                                "euler-maruyama",
+                                "--noise-kappa",
+                                "20",
+                                "--regen-period",
+                                "0.1",
+                                "--horizon",
+                                "0.3",
+                                "--dt",
+                                "0.05",
+                                "--save-every",
+                                "0.1"});
+  const auto linear = random_linear_loss(cfg, 14);
+  const RunGradient every = gradient_of_run(cfg, linear, 6);
+  ASSERT_EQ(every.plan.steps, 6u);
+  ASSERT_EQ(every.layer_sets.size(), 4u);  // the layers whose starts the run reaches, t = 0.3 too
+  EXPECT_NE(every.layer_sets[0][0].heads[0].value, every.layer_sets[1][0].heads[0].value);
+  const RunGradient one = gradient_of_run(cfg, linear, 1);
+  EXPECT_EQ(one.recomputed_steps, 5);
+  EXPECT_EQ(one.x0, every.x0);
+  for (std::size_t layer = 0; layer < 4; ++layer)
+    EXPECT_EQ(one.layer_sets[layer][0].heads[0].value, every.layer_sets[layer][0].heads[0].value);
+}
+
 TEST(RunGradient, RefusesWhatItDoesNotDifferentiate) {
   const RunConfig lie = config({"--n", "5", "--d", "3", "--integrator", "lie-euler"});
   std::vector<double> c(15, 0.0);

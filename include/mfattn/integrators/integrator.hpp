@@ -45,13 +45,14 @@ class Integrator {
   /// One step of size h from state.x at state.time; on acceptance advances state.x,
   /// state.time (by h) and state.step.
   virtual StepOutcome step(Dynamics& dynamics, State& state, double h) = 0;
-  /// The discrete adjoint of one accepted step of size h from x, as step() takes it
+  /// The discrete adjoint of one accepted step of size h from x, as step() takes it (`step`:
+  /// the steps taken before it, State::step, which euler-maruyama's noise is drawn for)
   /// (docs/model.md section 5b): from the new state's cotangent next_bar, writes x's (x_bar,
   /// size() numbers) and adds the numbers' gradient to `gradient` (zero_numbers' shapes). It
   /// takes the step's stages again (S evaluations and S VJPs of the field). Only the methods
   /// whose table entry says IntegratorEntry::differentiates have one.
-  virtual void step_vjp(Dynamics& dynamics, const double* x, double h, const double* next_bar,
-                        double* x_bar, FieldNumbers& gradient);
+  virtual void step_vjp(Dynamics& dynamics, const double* x, double h, std::int64_t step,
+                        const double* next_bar, double* x_bar, FieldNumbers& gradient);
 };
 
 struct IntegratorSettings {
