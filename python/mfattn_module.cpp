@@ -785,9 +785,9 @@ std::vector<double> finite_numbers(const py::handle& value, const std::string& w
 /// loss sum(cotangent * x(T)) or `loss` of x(T) against `target`, as (loss, {key: gradient},
 /// x(T), plan); mfattn.gradient adds the run's Trajectory.
 py::tuple gradient(const py::object& cotangent, const py::object& loss, const py::object& target,
-                   const py::object& loss_gamma, const py::object& wrt,
-                   const py::object& checkpoints, const py::object& loss_times,
-                   const py::kwargs& options) {
+                   const py::object& loss_gamma, const py::object& loss_epsilon,
+                   const py::object& wrt, const py::object& checkpoints,
+                   const py::object& loss_times, const py::kwargs& options) {
   if (options.contains("out"))
     throw py::value_error(
         "out: _core.gradient writes no file (mfattn.gradient's out is the run's)");
@@ -805,11 +805,12 @@ py::tuple gradient(const py::object& cotangent, const py::object& loss, const py
   if (cotangent.is_none() == loss.is_none())
     throw py::value_error(
         "cotangent, loss: give one (cotangent: the loss sum(cotangent * x(T)); loss: "
-        "'tokens' or 'mmd' of x(T) against target)");
+        "'tokens', 'mmd', 'w2', 'energy' or 'sinkhorn' of x(T) against target)");
   std::function<FinalLoss(const Dynamics&)> loss_of;
   if (!cotangent.is_none()) {
-    if (!target.is_none() || !loss_gamma.is_none())
-      throw py::value_error("target, loss_gamma: they go with loss=, not with cotangent=");
+    if (!target.is_none() || !loss_gamma.is_none() || !loss_epsilon.is_none())
+      throw py::value_error(
+          "target, loss_gamma, loss_epsilon: they go with loss=, not with cotangent=");
     std::vector<double> c = finite_numbers(cotangent, "cotangent");
     loss_of = [c = std::move(c)](const Dynamics& field) {
       if (c.size() != field.size())
@@ -824,19 +825,25 @@ py::tuple gradient(const py::object& cotangent, const py::object& loss, const py
     if (target.is_none())
       throw py::value_error("target: loss=" + chosen.kind + " takes a target array");
     chosen.target = finite_numbers(target, "target");
-    // mmd: (m, d) points for every replica, or (R, m, d) a set each.
-    if (chosen.kind == "mmd") {
+    // A distance of measures: (m, d) points for every replica, or (R, m, d) a set each.
+    if (chosen.kind != "tokens") {
       const auto shape = real_array(target, "target");
       if (shape.ndim() == 3) chosen.target_sets = std::size_t(shape.shape(0));
       else if (shape.ndim() != 2)
-        throw py::value_error("target: " + std::to_string(shape.ndim()) +
-                              " axes; the mmd loss takes (m, d) or (R, m, d)");
+        throw py::value_error("target: " + std::to_string(shape.ndim()) + " axes; the " +
+                              chosen.kind + " loss takes (m, d) or (R, m, d)");
     }
     if (!loss_gamma.is_none()) {
       if (chosen.kind != "mmd")
         throw py::value_error("loss_gamma: the mmd loss's; loss=" + chosen.kind + " takes none");
       chosen.gamma = loss_gamma.cast<double>();
       if (!std::isfinite(chosen.gamma)) throw py::value_error("loss_gamma: not finite");
+    }
+    if (!loss_epsilon.is_none()) {
+      if (chosen.kind != "sinkhorn")
+        throw py::value_error("loss_epsilon: the sinkhorn loss's; loss=" + chosen.kind +
+                              " takes none");
+      chosen.epsilon = loss_epsilon.cast<double>();
     }
     loss_of = [chosen](const Dynamics& field) { return final_loss(chosen, field); };
   }
@@ -1064,12 +1071,12 @@ failure mfattn.NumericalError; a failed write OSError. Releases the GIL.)doc");
       "euler-maruyama's steps (before their projection), as a run of that seed takes them.");
   module.def(
       "gradient", &gradient, "cotangent"_a = py::none(), "loss"_a = py::none(),
-      "target"_a = py::none(), "loss_gamma"_a = py::none(), "wrt"_a = py::none(),
-      "checkpoints"_a = py::none(), "loss_times"_a = py::none(),
-      R"doc(gradient(cotangent=None, loss=None, target=None, loss_gamma=None, wrt=None, checkpoints=None, loss_times=None, **options) -> (loss, dict, x_T, plan)
+      "target"_a = py::none(), "loss_gamma"_a = py::none(), "loss_epsilon"_a = py::none(),
+      "wrt"_a = py::none(), "checkpoints"_a = py::none(), "loss_times"_a = py::none(),
+      R"doc(gradient(cotangent=None, loss=None, target=None, loss_gamma=None, loss_epsilon=None, wrt=None, checkpoints=None, loss_times=None, **options) -> (loss, dict, x_T, plan)
 
 The discrete adjoint of the run these options describe (docs/model.md section 5b; mfattn.gradient
-is the interface): the loss (sum(cotangent * x(T)), or loss='tokens' or 'mmd' of x(T) against
+is the interface): the loss (sum(cotangent * x(T)), or loss='tokens', 'mmd', 'w2', 'energy' or 'sinkhorn' of x(T) against
 target; summed over the frame times loss_times where given), the gradients of the keys in wrt
 (None: "x0" and every number of Model.vjp's dict; the matrices' with a leading layer axis in a
 run of layers in time), the final state and the checkpoint plan.)doc");

@@ -47,11 +47,13 @@ if _core is not None:
     __all__ += ["Model", "run", "meanfield", "options", "NumericalError", "gradient"]
 
     def gradient(cotangent=None, loss=None, target=None, loss_gamma=None, wrt=None, checkpoints=None, out=None,
-                 loss_times=None, **options):
+                 loss_times=None, loss_epsilon=None, **options):
         """The gradient of a loss of x(T) of the run these options describe (docs/model.md
         section 5b, docs/python.md): sum(cotangent * x(T)), or loss="tokens" (sum of squared
-        distances to target, the state's shape) or "mmd" (the kernel exp(loss_gamma <x, y>)
-        against the target points), or the loss summed over the frame times `loss_times`, by
+        distances to target, the state's shape) or a distance of measures against the target
+        points: "mmd" (the kernel exp(loss_gamma <x, y>)), "w2" (exact, by assignment),
+        "energy" or "sinkhorn" (blur loss_epsilon); or the loss summed over the frame times
+        `loss_times`, by
         the discrete adjoint of its steps from `checkpoints` stored states (None: the default).
         Returns (loss, gradients, trajectory, plan): gradients a dict of the keys in `wrt`
         (None: "x0", the initial state, and every key of Model.vjp's dict; in a run of layers in
@@ -59,8 +61,8 @@ if _core is not None:
         trajectory mfattn.run(out=out, **options) (its last frame is the x(T) differentiated, to
         the bit), plan {"steps", "stored_states", "recomputed_steps", "step_sizes"}."""
         value, gradients, _, plan = _core.gradient(cotangent, loss=loss, target=target, loss_gamma=loss_gamma,
-                                                   wrt=wrt, checkpoints=checkpoints, loss_times=loss_times,
-                                                   **options)
+                                                   loss_epsilon=loss_epsilon, wrt=wrt, checkpoints=checkpoints,
+                                                   loss_times=loss_times, **options)
         return value, gradients, run(out=out, **options), plan
 
 

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "kernels/run_losses.hpp"
+#include "mfattn/backends/backend_errors.hpp"
 
 namespace mfattn {
 
@@ -43,16 +44,23 @@ FinalLoss final_loss(const RunLoss& loss, const Dynamics& dynamics) {
   const Model& model = dynamics.model();
   const std::size_t n = model.n, d = model.d, replicas = dynamics.replicas(),
                     size = dynamics.size();
-  if (loss.kind != "tokens" && loss.kind != "mmd")
-    throw std::invalid_argument("loss: " + loss.kind + " (accepted: tokens, mmd)");
+  if (std::find(kRunLossNames.begin(), kRunLossNames.end(), loss.kind) == kRunLossNames.end()) {
+    std::string accepted;
+    for (const char* name : kRunLossNames)
+      accepted += (accepted.empty() ? "" : ", ") + std::string(name);
+    throw std::invalid_argument("loss: " + loss.kind + " (accepted: " + accepted + ")");
+  }
+  if (loss.kind == "sinkhorn" && !(loss.epsilon > 0 && std::isfinite(loss.epsilon)))
+    throw std::invalid_argument("loss_epsilon: " + std::to_string(loss.epsilon) +
+                                " (the sinkhorn loss's blur: > 0)");
   if (loss.kind == "tokens" && loss.target.size() != size)
     throw std::invalid_argument(
         "target: " + std::to_string(loss.target.size()) +
         " numbers; the tokens loss takes one target per token, the state's " +
         std::to_string(size));
-  if (loss.kind == "mmd" && (loss.target.empty() || loss.target.size() % d != 0))
-    throw std::invalid_argument("target: " + std::to_string(loss.target.size()) +
-                                " numbers; the mmd loss takes rows of d = " + std::to_string(d) +
+  if (loss.kind != "tokens" && (loss.target.empty() || loss.target.size() % d != 0))
+    throw std::invalid_argument("target: " + std::to_string(loss.target.size()) + " numbers; the " +
+                                loss.kind + " loss takes rows of d = " + std::to_string(d) +
                                 " numbers");
   // The target rows of replica r: its own set where there is one a replica, else the one set.
   const std::size_t rows = loss.target.size() / d;
@@ -63,6 +71,11 @@ FinalLoss final_loss(const RunLoss& loss, const Dynamics& dynamics) {
                                 " replicas (give one set for all, or one a replica)");
   std::vector<char> moves(n);
   for (std::size_t i = 0; i < n; ++i) moves[i] = dynamics.moves(i) ? 1 : 0;
+  const auto moving_count = std::size_t(std::count(moves.begin(), moves.end(), 1));
+  if (loss.kind == "w2" && rows / (per_replica ? replicas : 1) != moving_count)
+    throw std::invalid_argument("target: " + std::to_string(rows / (per_replica ? replicas : 1)) +
+                                " points; the w2 loss takes as many as the moving tokens (" +
+                                std::to_string(moving_count) + ")");
   return [=](const std::vector<double>& x, std::vector<double>& cotangent) {
     cotangent.assign(size, 0.0);
     const char* moving = moves.data();
@@ -72,10 +85,22 @@ FinalLoss final_loss(const RunLoss& loss, const Dynamics& dynamics) {
       double* bar = cotangent.data() + r * n * d;
       if (loss.kind == "tokens") {
         total += kernels::tokens_loss(n, d, xr, loss.target.data() + r * n * d, moving, bar);
+        continue;
+      }
+      const std::size_t m = per_replica ? rows / replicas : rows;
+      const double* points = loss.target.data() + (per_replica ? r * m * d : 0);
+      if (loss.kind == "mmd") {
+        total += kernels::mmd_loss(n, d, xr, m, points, moving, loss.gamma, bar);
+      } else if (loss.kind == "w2") {
+        total += kernels::w2_loss(n, d, xr, m, points, moving, bar);
+      } else if (loss.kind == "energy") {
+        total += kernels::energy_loss(n, d, xr, m, points, moving, bar);
       } else {
-        const std::size_t m = per_replica ? rows / replicas : rows;
-        total += kernels::mmd_loss(n, d, xr, m, loss.target.data() + (per_replica ? r * m * d : 0),
-                                   moving, loss.gamma, bar);
+        try {
+          total += kernels::sinkhorn_loss(n, d, xr, m, points, moving, loss.epsilon, bar);
+        } catch (const std::runtime_error& error) {
+          throw NumericalError(error.what());
+        }
       }
     }
     return total;

@@ -122,7 +122,7 @@ def test_sigterm_keeps_the_best_weights(mfattn_binary, hidden):
 @pytest.mark.parametrize("args, message", [
     (["--fit", "value"], "--target: required"),
     (["--target", "T", "--fit", "gate"], "--fit gate: 'gate' is none of attention, query, key, value, output, mlp"),
-    (["--target", "T", "--fit", "value", "--loss", "w2"], "--loss w2: accepted: tokens, mmd"),
+    (["--target", "T", "--fit", "value", "--loss", "w3"], "--loss w3: accepted: tokens, mmd, w2, energy, sinkhorn"),
     (["--target", "T", "--fit", "value", "--optimizer", "sgd"], "--optimizer sgd: accepted: adam, lbfgs"),
     (["--target", "T", "--fit", "value", "--iterations", "0"], "--iterations 0: accepted: 1 to 10000000"),
     (["--target", "T", "--fit", "value", "--layers", "0"], "--layers 0: accepted: 1 to 4096"),
@@ -149,3 +149,23 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(mfattn_binary, hidden,
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], done.stderr
     assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_the_measure_to_measure_experiment_runs_quick(mfattn_binary, tmp_path):
+    """experiments/gradients/measure_to_measure.py --quick: the fit, its replay and its table,
+    the loss falling and the figure written."""
+    import csv
+    import os
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, MFATTN_BINARY=str(mfattn_binary), MPLBACKEND="Agg")
+    done = subprocess.run([sys.executable, str(root / "experiments/gradients/measure_to_measure.py"), "--quick",
+                           "--data", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "| d | n | layers | L-BFGS iterations |" in done.stdout
+    row = next(csv.DictReader(open(tmp_path / "gradients" / "measure_to_measure.csv")))
+    assert int(row["d"]) == 3 and int(row["n"]) == 30 and int(row["layers"]) == 2
+    assert float(row["loss_end"]) < float(row["loss_start"])
+    assert 0 < float(row["largest_distance"]) < np.pi
+    assert (tmp_path / "figures" / "measure_to_measure.png").stat().st_size > 0

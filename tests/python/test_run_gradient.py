@@ -333,6 +333,55 @@ def mmd_torch(x, y, gamma):
     return k(x, x).mean() - 2 * k(x, y).mean() + k(y, y).mean()
 
 
+def distances(a, b):
+    """|a_i - b_j|, with a zero gradient where two points coincide (the diagonal of a with itself)."""
+    squared = ((a[:, None, :] - b[None, :, :]) ** 2).sum(dim=-1)
+    zero = squared == 0
+    return torch.where(zero, torch.zeros_like(squared), torch.sqrt(torch.where(zero, torch.ones_like(squared), squared)))
+
+
+def energy_torch(x, y):
+    return 2 * distances(x, y).mean() - distances(x, x).mean() - distances(y, y).mean()
+
+
+def w2_torch(x, y):
+    """W2^2 of equal-size empirical measures by the assignment of least cost (scipy's, on the
+    values), as a function of x through that assignment."""
+    from scipy.optimize import linear_sum_assignment
+    cost = ((x[:, None, :] - y[None, :, :]) ** 2).sum(dim=-1)
+    rows, columns = linear_sum_assignment(cost.detach().numpy())
+    return cost[rows, columns].mean()
+
+
+def sinkhorn_torch(x, y, eps):
+    """(S, G): the Sinkhorn divergence of cost |a - b|^2 (docs/model.md section 5b), its dual
+    value from potentials iterated here to their fixed point, and G, a function of x whose
+    gradient is S's (the plans held fixed: the envelope theorem)."""
+    def plan_and_value(a, b, symmetric):
+        cost = ((a[:, None, :] - b[None, :, :]) ** 2).sum(dim=-1).detach()
+        log_a, log_b = -np.log(len(a)), -np.log(len(b))
+        f, g = torch.zeros(len(a), dtype=torch.float64), torch.zeros(len(b), dtype=torch.float64)
+        for _ in range(200000):
+            f_new = -eps * torch.logsumexp(log_b + (g[None, :] - cost) / eps, dim=1)
+            if symmetric:
+                f_new = 0.5 * (f + f_new)
+                g_new = f_new
+            else:
+                g_new = -eps * torch.logsumexp(log_a + (f_new[:, None] - cost) / eps, dim=0)
+            change = max((f_new - f).abs().max().item(), (g_new - g).abs().max().item())
+            f, g = f_new, g_new
+            if change <= 1e-15 * max(1.0, f.abs().max().item(), g.abs().max().item()):
+                break
+        plan = torch.exp(log_a + log_b + (f[:, None] + g[None, :] - cost) / eps)
+        return plan, (f.mean() + g.mean()).item()
+    cross, cross_value = plan_and_value(x, y, False)
+    own, own_value = plan_and_value(x, x, True)
+    _, theirs_value = plan_and_value(y, y, True)
+    cost = lambda a, b: ((a[:, None, :] - b[None, :, :]) ** 2).sum(dim=-1)  # noqa: E731
+    surrogate = (cross * cost(x, y)).sum() - 0.5 * (own * cost(x, x)).sum()
+    return cross_value - 0.5 * own_value - 0.5 * theirs_value, surrogate
+
+
 @pytest.mark.parametrize("name", ["rk4-peri-nulls-amplitudes", "rk4-none-transported-replicas"])
 def test_losses_of_the_final_state_are_autograd_through_the_same_steps(mfattn, name):
     spec, options = options_of(name)
@@ -344,22 +393,35 @@ def test_losses_of_the_final_state_are_autograd_through_the_same_steps(mfattn, n
     moving = numbers["presence"].numpy() > 0
     tokens_target = rng.standard_normal(x0.shape)
     points = rng.standard_normal((4, x0.shape[-1]))
-    settings = [("tokens", tokens_target, None), ("mmd", points, 1.7)]
+    settings = [("tokens", tokens_target, {}), ("mmd", points, {"loss_gamma": 1.7}),
+                ("w2", rng.standard_normal((int(moving.sum()), x0.shape[-1])), {}), ("energy", points, {}),
+                ("sinkhorn", points, {"loss_epsilon": 0.5})]
     if x0.ndim == 3:  # a set of 3 points a replica
-        settings.append(("mmd", rng.standard_normal((x0.shape[0], 3, x0.shape[-1])), 0.8))
-    for loss, target, gamma in settings:
-        value, gradient, _, plan = mfattn.gradient(loss=loss, target=target, loss_gamma=gamma, **options)
+        settings.append(("mmd", rng.standard_normal((x0.shape[0], 3, x0.shape[-1])), {"loss_gamma": 0.8}))
+    for loss, target, extra in settings:
+        value, gradient, _, plan = mfattn.gradient(loss=loss, target=target, **extra, **options)
         xt = torch.tensor(x0, requires_grad=True)
         leaves = {k: v.clone().requires_grad_(True) for k, v in numbers.items()}
         final = torch_run(spec, leaves, xt, spec["integrator"], plan["step_sizes"])
         replicas = [final] if final.dim() == 2 else list(final)
+        sets = list(torch.tensor(target)) if target.ndim == 3 else [torch.tensor(target)] * len(replicas)
+        mask = torch.tensor(moving)
         if loss == "tokens":
             targets = [torch.tensor(tokens_target)] if final.dim() == 2 else list(torch.tensor(tokens_target))
-            objective = sum((((f - t) ** 2).sum(dim=1) * torch.tensor(moving)).sum() for f, t in zip(replicas, targets))
+            objective = sum((((f - t) ** 2).sum(dim=1) * mask).sum() for f, t in zip(replicas, targets))
+        elif loss == "mmd":
+            objective = sum(mmd_torch(f[mask], y, extra["loss_gamma"]) for f, y in zip(replicas, sets))
+        elif loss == "w2":
+            objective = sum(w2_torch(f[mask], y) for f, y in zip(replicas, sets))
+        elif loss == "energy":
+            objective = sum(energy_torch(f[mask], y) for f, y in zip(replicas, sets))
         else:
-            sets = list(torch.tensor(target)) if target.ndim == 3 else [torch.tensor(target)] * len(replicas)
-            objective = sum(mmd_torch(f[torch.tensor(moving)], y, gamma) for f, y in zip(replicas, sets))
-        assert abs(value - objective.item()) <= 1e-12 * abs(objective.item()), loss
+            pairs = [sinkhorn_torch(f[mask], y, extra["loss_epsilon"]) for f, y in zip(replicas, sets)]
+            expected = sum(p[0] for p in pairs)
+            assert abs(value - expected) <= 1e-12 * abs(expected), loss
+            objective = sum(p[1] for p in pairs)
+        if loss != "sinkhorn":
+            assert abs(value - objective.item()) <= 1e-12 * abs(objective.item()), loss
         expect_autograd_gradients(gradient, objective, ("x0", xt), leaves, 1e-11)
 
 
@@ -372,8 +434,12 @@ def test_bad_losses_are_named(mfattn):
         mfattn.gradient(**options)
     with pytest.raises(ValueError, match="target: loss=tokens takes a target array"):
         mfattn.gradient(loss="tokens", **options)
-    with pytest.raises(ValueError, match="loss: w2 \\(accepted: tokens, mmd\\)"):
-        mfattn.gradient(loss="w2", target=c, **options)
+    with pytest.raises(ValueError, match="loss: gauss \\(accepted: tokens, mmd, w2, energy, sinkhorn\\)"):
+        mfattn.gradient(loss="gauss", target=c, **options)
+    with pytest.raises(ValueError, match="target: 4 points; the w2 loss takes as many as the moving tokens \\(5\\)"):
+        mfattn.gradient(loss="w2", target=np.zeros((4, 3)), **options)
+    with pytest.raises(ValueError, match="loss_epsilon: the sinkhorn loss's; loss=mmd takes none"):
+        mfattn.gradient(loss="mmd", target=c, loss_epsilon=0.1, **options)
     with pytest.raises(ValueError, match="target: 12 numbers; the tokens loss takes one target per token, the state's 15"):
         mfattn.gradient(loss="tokens", target=np.zeros((4, 3)), **options)
     with pytest.raises(ValueError, match="target: 10 numbers; the mmd loss takes rows of d = 3 numbers"):

@@ -4,8 +4,11 @@
 // bit, and the refusals (the PyTorch comparison is tests/python/test_run_gradient.py).
 #include "test_support.hpp"
 
+#include <algorithm>
+#include <functional>
 #include <random>
 
+#include "kernels/run_losses.hpp"
 #include "mfattn/integrators/adjoint.hpp"
 
 namespace mfattn {
@@ -153,6 +156,60 @@ TEST(RunGradient, ReplayedNoiseAndLayersChangeNoBitWithCheckpoints) {
   EXPECT_EQ(one.x0, every.x0);
   for (std::size_t layer = 0; layer < 4; ++layer)
     EXPECT_EQ(one.layer_sets[layer][0].heads[0].value, every.layer_sets[layer][0].heads[0].value);
+}
+
+// The Hungarian assignment against every permutation, and each distance of measures'
+// gradient against central differences of its value (a null token's cotangent 0).
+TEST(RunLosses, AssignmentIsTheLeastCostOneAndGradientsAreTheirDifferences) {
+  std::mt19937_64 random(21);
+  std::normal_distribution<double> normal;
+  for (int trial = 0; trial < 3; ++trial) {
+    const std::size_t n = 6;
+    std::vector<double> cost(n * n);
+    for (double& e : cost) e = normal(random);
+    const std::vector<std::size_t> assigned = kernels::least_cost_assignment(n, cost);
+    std::vector<std::size_t> permutation = {0, 1, 2, 3, 4, 5};
+    double least = 1e300, found = 0.0;
+    do {
+      double total = 0.0;
+      for (std::size_t i = 0; i < n; ++i) total += cost[i * n + permutation[i]];
+      least = std::min(least, total);
+    } while (std::next_permutation(permutation.begin(), permutation.end()));
+    for (std::size_t i = 0; i < n; ++i) found += cost[i * n + assigned[i]];
+    EXPECT_NEAR(found, least, 1e-12);
+  }
+  const std::size_t n = 5, d = 3, m = 4;
+  std::vector<double> x(n * d), y(m * d), same(4 * d);
+  for (double& e : x) e = normal(random);
+  for (double& e : y) e = normal(random);
+  for (double& e : same) e = normal(random);
+  const char moves[] = {1, 1, 0, 1, 1};  // token 2 is a label
+  using Loss = std::function<double(const double*, double*)>;
+  const std::vector<std::pair<const char*, Loss>> losses = {
+      {"w2", [&](const double* at,
+                 double* bar) { return kernels::w2_loss(n, d, at, 4, same.data(), moves, bar); }},
+      {"energy",
+       [&](const double* at, double* bar) {
+         return kernels::energy_loss(n, d, at, m, y.data(), moves, bar);
+       }},
+      {"sinkhorn",
+       [&](const double* at, double* bar) {
+         return kernels::sinkhorn_loss(n, d, at, m, y.data(), moves, 0.7, bar);
+       }},
+  };
+  for (const auto& [name, loss] : losses) {
+    SCOPED_TRACE(name);
+    std::vector<double> bar(n * d), unused(n * d), t(n * d), moved(n * d);
+    loss(x.data(), bar.data());
+    for (std::size_t c = 0; c < d; ++c) EXPECT_EQ(bar[2 * d + c], 0.0);
+    for (double& e : t) e = normal(random);
+    auto at = [&](double s) {
+      for (std::size_t e = 0; e < n * d; ++e) moved[e] = x[e] + s * t[e];
+      return loss(moved.data(), unused.data());
+    };
+    const double h = 1e-6, along = (at(h) - at(-h)) / (2 * h);
+    EXPECT_NEAR(dot(bar, t), along, 1e-7 * std::max(1.0, std::abs(along)));
+  }
 }
 
 TEST(RunGradient, RefusesWhatItDoesNotDifferentiate) {

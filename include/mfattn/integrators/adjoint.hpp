@@ -6,6 +6,7 @@
 /// For the loss L = <c, x(T)> of the final state:
 ///   x_bar(T) = c,   x_bar(t_k) = step_vjp(x(t_k), h_k; x_bar(t_k+1)),   theta_bar += each step's
 /// from the last step back to the first; x_bar(0) = dL/dx(0) and theta_bar = dL/dtheta.
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -43,14 +44,19 @@ using FinalLoss =
 FinalLoss linear_loss(std::vector<double> c);
 
 /// The losses of kernels/run_losses.hpp over every replica of `dynamics`' model, summed:
-/// "tokens" (target: the state's shape) or "mmd" (target: m rows of d numbers for every
-/// replica, or target_sets = R sets of m rows, one a replica), gamma mmd's. Throws
-/// std::invalid_argument naming what does not fit.
+/// "tokens" (target: the state's shape), or a distance of measures, "mmd", "w2" (as many
+/// points as moving tokens), "energy", "sinkhorn" (target: m rows of d numbers for every
+/// replica, or target_sets = R sets of m rows, one a replica); gamma mmd's, epsilon
+/// sinkhorn's. Throws std::invalid_argument naming what does not fit (w2's count when the
+/// loss is taken); the sinkhorn loss NumericalError where its iterations do not converge.
+inline constexpr std::array<const char*, 5> kRunLossNames = {"tokens", "mmd", "w2", "energy",
+                                                             "sinkhorn"};
 struct RunLoss {
   std::string kind;
   std::vector<double> target;
   double gamma = 1.0;
-  std::size_t target_sets = 0;  ///< mmd: 0, one set for every replica; else R
+  std::size_t target_sets = 0;  ///< a distance of measures: 0, one set for every replica; else R
+  double epsilon = 0.1;         ///< sinkhorn's blur (its cost |a - b|^2)
 };
 FinalLoss final_loss(const RunLoss& loss, const Dynamics& dynamics);
 

@@ -175,6 +175,7 @@ struct FitOptions {
   std::int64_t layers = 0;  ///< 0: the starting weights' layers (1 unless a layered --weights file)
   std::string loss = "tokens";
   double loss_gamma = 1.0;
+  double loss_epsilon = 0.1;
   std::string loss_times;
   std::string optimizer = "adam";
   std::int64_t iterations = 100;
@@ -200,8 +201,10 @@ po::options_description fit_own_options(FitOptions& o) {
       "LIST of what to fit: attention, query, key, value, output, mlp, w1, b1, w2, b2, x0, beta")(
       "layers", po::value(&o.layers),
       "L >= 1 piecewise-constant layers of --layer-time each (default: the starting weights')")(
-      "loss", po::value(&o.loss)->default_value("tokens"), "tokens | mmd")(
+      "loss", po::value(&o.loss)->default_value("tokens"), "tokens | mmd | w2 | energy | sinkhorn")(
       "loss-gamma", po::value(&o.loss_gamma)->default_value(1.0), "mmd's kernel exp(gamma <x, y>)")(
+      "loss-epsilon", po::value(&o.loss_epsilon)->default_value(0.1),
+      "sinkhorn's blur, > 0 (cost |x - y|^2)")(
       "loss-times", po::value(&o.loss_times),
       "LIST of frame times: the loss summed over them (default: the horizon)")(
       "optimizer", po::value(&o.optimizer)->default_value("adam"), "adam | lbfgs")(
@@ -519,8 +522,8 @@ int fit_command(const std::vector<std::string>& args, std::ostream& out, std::os
   if (cfg.regen_period > 0)
     throw UsageError(
         "--regen-period: fit fits fixed weights (--layers and --layer-time make layers in time)");
-  if (o.loss != "tokens" && o.loss != "mmd")
-    throw UsageError("--loss " + o.loss + ": accepted: tokens, mmd");
+  if (std::find(kRunLossNames.begin(), kRunLossNames.end(), o.loss) == kRunLossNames.end())
+    throw UsageError("--loss " + o.loss + ": accepted: tokens, mmd, w2, energy, sinkhorn");
   if (o.optimizer != "adam" && o.optimizer != "lbfgs")
     throw UsageError("--optimizer " + o.optimizer + ": accepted: adam, lbfgs");
   if (o.iterations < 1 || o.iterations > kMaxIterations)
@@ -536,6 +539,11 @@ int fit_command(const std::vector<std::string>& args, std::ostream& out, std::os
                      ": must be a finite number > 0");
   if (vm.count("loss-gamma") && !vm["loss-gamma"].defaulted() && o.loss != "mmd")
     throw UsageError("--loss-gamma: the mmd loss's (--loss " + o.loss + " takes none)");
+  if (!(o.loss_epsilon > 0 && std::isfinite(o.loss_epsilon)))
+    throw UsageError("--loss-epsilon " + format_number(o.loss_epsilon) +
+                     ": must be a finite number > 0");
+  if (vm.count("loss-epsilon") && !vm["loss-epsilon"].defaulted() && o.loss != "sinkhorn")
+    throw UsageError("--loss-epsilon: the sinkhorn loss's (--loss " + o.loss + " takes none)");
   std::set<Part> parts;
   {
     std::string list = o.fit;
@@ -584,10 +592,17 @@ int fit_command(const std::vector<std::string>& args, std::ostream& out, std::os
   RunLoss loss;
   loss.kind = o.loss;
   loss.gamma = o.loss_gamma;
+  loss.epsilon = o.loss_epsilon;
   loss.target = read_target(o.target, model.d, rows);
   if (o.loss == "tokens" && rows != model.n)
     throw UsageError("--target " + o.target + ": " + std::to_string(rows) +
                      " rows; the tokens loss takes one a token (" + std::to_string(model.n) + ")");
+  const auto moving = std::size_t(std::count_if(model.presence.begin(), model.presence.end(),
+                                                [](double p) { return p > 0.0; }));
+  if (o.loss == "w2" && rows != moving)
+    throw UsageError("--target " + o.target + ": " + std::to_string(rows) +
+                     " rows; the w2 loss takes one a moving token (" + std::to_string(moving) +
+                     ")");
   const FitOutputs outputs = outputs_of(cfg.out, parts.count(Part::X0) > 0);
   for (const std::string& path : {outputs.weights, outputs.config, outputs.init}) {
     if (path.empty()) continue;
