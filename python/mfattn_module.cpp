@@ -821,28 +821,29 @@ py::tuple gradient(const py::object& cotangent, const py::object& loss, const py
     };
   } else {
     RunLoss chosen;
-    chosen.kind = py::str(loss).cast<std::string>();
-    if (target.is_none())
-      throw py::value_error("target: loss=" + chosen.kind + " takes a target array");
+    const std::string name = py::str(loss).cast<std::string>();
+    const std::optional<RunLossKind> kind = kRunLossOption.preset(name);
+    if (!kind) throw py::value_error("loss: " + name + " (" + kRunLossOption.accepted() + ")");
+    chosen.kind = *kind;
+    if (target.is_none()) throw py::value_error("target: loss=" + name + " takes a target array");
     chosen.target = finite_numbers(target, "target");
     // A distance of measures: (m, d) points for every replica, or (R, m, d) a set each.
-    if (chosen.kind != "tokens") {
+    if (chosen.kind != RunLossKind::Tokens) {
       const auto shape = real_array(target, "target");
       if (shape.ndim() == 3) chosen.target_sets = std::size_t(shape.shape(0));
       else if (shape.ndim() != 2)
-        throw py::value_error("target: " + std::to_string(shape.ndim()) + " axes; the " +
-                              chosen.kind + " loss takes (m, d) or (R, m, d)");
+        throw py::value_error("target: " + std::to_string(shape.ndim()) + " axes; the " + name +
+                              " loss takes (m, d) or (R, m, d)");
     }
     if (!loss_gamma.is_none()) {
-      if (chosen.kind != "mmd")
-        throw py::value_error("loss_gamma: the mmd loss's; loss=" + chosen.kind + " takes none");
+      if (chosen.kind != RunLossKind::Mmd)
+        throw py::value_error("loss_gamma: the mmd loss's; loss=" + name + " takes none");
       chosen.gamma = loss_gamma.cast<double>();
       if (!std::isfinite(chosen.gamma)) throw py::value_error("loss_gamma: not finite");
     }
     if (!loss_epsilon.is_none()) {
-      if (chosen.kind != "sinkhorn")
-        throw py::value_error("loss_epsilon: the sinkhorn loss's; loss=" + chosen.kind +
-                              " takes none");
+      if (chosen.kind != RunLossKind::Sinkhorn)
+        throw py::value_error("loss_epsilon: the sinkhorn loss's; loss=" + name + " takes none");
       chosen.epsilon = loss_epsilon.cast<double>();
     }
     loss_of = [chosen](const Dynamics& field) { return final_loss(chosen, field); };

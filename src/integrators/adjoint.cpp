@@ -44,24 +44,18 @@ FinalLoss final_loss(const RunLoss& loss, const Dynamics& dynamics) {
   const Model& model = dynamics.model();
   const std::size_t n = model.n, d = model.d, replicas = dynamics.replicas(),
                     size = dynamics.size();
-  if (std::find(kRunLossNames.begin(), kRunLossNames.end(), loss.kind) == kRunLossNames.end()) {
-    std::string accepted;
-    for (const char* name : kRunLossNames)
-      accepted += (accepted.empty() ? "" : ", ") + std::string(name);
-    throw std::invalid_argument("loss: " + loss.kind + " (accepted: " + accepted + ")");
-  }
-  if (loss.kind == "sinkhorn" && !(loss.epsilon > 0 && std::isfinite(loss.epsilon)))
+  const std::string name(kRunLossOption.name_of(loss.kind));
+  if (loss.kind == RunLossKind::Sinkhorn && !(loss.epsilon > 0 && std::isfinite(loss.epsilon)))
     throw std::invalid_argument("loss_epsilon: " + std::to_string(loss.epsilon) +
                                 " (the sinkhorn loss's blur: > 0)");
-  if (loss.kind == "tokens" && loss.target.size() != size)
+  if (loss.kind == RunLossKind::Tokens && loss.target.size() != size)
     throw std::invalid_argument(
         "target: " + std::to_string(loss.target.size()) +
         " numbers; the tokens loss takes one target per token, the state's " +
         std::to_string(size));
-  if (loss.kind != "tokens" && (loss.target.empty() || loss.target.size() % d != 0))
+  if (loss.kind != RunLossKind::Tokens && (loss.target.empty() || loss.target.size() % d != 0))
     throw std::invalid_argument("target: " + std::to_string(loss.target.size()) + " numbers; the " +
-                                loss.kind + " loss takes rows of d = " + std::to_string(d) +
-                                " numbers");
+                                name + " loss takes rows of d = " + std::to_string(d) + " numbers");
   // The target rows of replica r: its own set where there is one a replica, else the one set.
   const std::size_t rows = loss.target.size() / d;
   const bool per_replica = loss.target_sets > 0;
@@ -72,7 +66,7 @@ FinalLoss final_loss(const RunLoss& loss, const Dynamics& dynamics) {
   std::vector<char> moves(n);
   for (std::size_t i = 0; i < n; ++i) moves[i] = dynamics.moves(i) ? 1 : 0;
   const auto moving_count = std::size_t(std::count(moves.begin(), moves.end(), 1));
-  if (loss.kind == "w2" && rows / (per_replica ? replicas : 1) != moving_count)
+  if (loss.kind == RunLossKind::W2 && rows / (per_replica ? replicas : 1) != moving_count)
     throw std::invalid_argument("target: " + std::to_string(rows / (per_replica ? replicas : 1)) +
                                 " points; the w2 loss takes as many as the moving tokens (" +
                                 std::to_string(moving_count) + ")");
@@ -83,17 +77,17 @@ FinalLoss final_loss(const RunLoss& loss, const Dynamics& dynamics) {
     for (std::size_t r = 0; r < replicas; ++r) {
       const double* xr = x.data() + r * n * d;
       double* bar = cotangent.data() + r * n * d;
-      if (loss.kind == "tokens") {
+      if (loss.kind == RunLossKind::Tokens) {
         total += kernels::tokens_loss(n, d, xr, loss.target.data() + r * n * d, moving, bar);
         continue;
       }
       const std::size_t m = per_replica ? rows / replicas : rows;
       const double* points = loss.target.data() + (per_replica ? r * m * d : 0);
-      if (loss.kind == "mmd") {
+      if (loss.kind == RunLossKind::Mmd) {
         total += kernels::mmd_loss(n, d, xr, m, points, moving, loss.gamma, bar);
-      } else if (loss.kind == "w2") {
+      } else if (loss.kind == RunLossKind::W2) {
         total += kernels::w2_loss(n, d, xr, m, points, moving, bar);
-      } else if (loss.kind == "energy") {
+      } else if (loss.kind == RunLossKind::Energy) {
         total += kernels::energy_loss(n, d, xr, m, points, moving, bar);
       } else {
         try {

@@ -219,7 +219,7 @@ TEST(RunGradient, RefusesWhatItDoesNotDifferentiate) {
                    lie, [&](const Dynamics&) { return linear_loss(c); }, 0),
                UsageError);
   const RunConfig wrong = config({"--n", "5", "--d", "3"});
-  RunLoss tokens{"tokens", std::vector<double>(12, 0.0)};
+  RunLoss tokens{RunLossKind::Tokens, std::vector<double>(12, 0.0)};
   EXPECT_THROW(gradient_of_run(
                    wrong, [&](const Dynamics& field) { return final_loss(tokens, field); }, 0),
                UsageError);

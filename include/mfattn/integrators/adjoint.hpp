@@ -6,7 +6,6 @@
 /// For the loss L = <c, x(T)> of the final state:
 ///   x_bar(T) = c,   x_bar(t_k) = step_vjp(x(t_k), h_k; x_bar(t_k+1)),   theta_bar += each step's
 /// from the last step back to the first; x_bar(0) = dL/dx(0) and theta_bar = dL/dtheta.
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "mfattn/backends/derivatives.hpp"
+#include "mfattn/core/choice_table.hpp"
 #include "mfattn/core/state.hpp"
 #include "mfattn/integrators/dynamics.hpp"
 #include "mfattn/integrators/integrator.hpp"
@@ -49,10 +49,14 @@ FinalLoss linear_loss(std::vector<double> c);
 /// replica, or target_sets = R sets of m rows, one a replica); gamma mmd's, epsilon
 /// sinkhorn's. Throws std::invalid_argument naming what does not fit (w2's count when the
 /// loss is taken); the sinkhorn loss NumericalError where its iterations do not converge.
-inline constexpr std::array<const char*, 5> kRunLossNames = {"tokens", "mmd", "w2", "energy",
-                                                             "sinkhorn"};
+enum class RunLossKind { Tokens, Mmd, W2, Energy, Sinkhorn };
+inline constexpr Choice<RunLossKind> kRunLossChoices[] = {
+    {"tokens", RunLossKind::Tokens}, {"mmd", RunLossKind::Mmd},           {"w2", RunLossKind::W2},
+    {"energy", RunLossKind::Energy}, {"sinkhorn", RunLossKind::Sinkhorn},
+};
+inline constexpr ChoiceOption<RunLossKind> kRunLossOption{"loss", kRunLossChoices};
 struct RunLoss {
-  std::string kind;
+  RunLossKind kind = RunLossKind::Tokens;
   std::vector<double> target;
   double gamma = 1.0;
   std::size_t target_sets = 0;  ///< a distance of measures: 0, one set for every replica; else R

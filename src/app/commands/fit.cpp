@@ -522,8 +522,8 @@ int fit_command(const std::vector<std::string>& args, std::ostream& out, std::os
   if (cfg.regen_period > 0)
     throw UsageError(
         "--regen-period: fit fits fixed weights (--layers and --layer-time make layers in time)");
-  if (std::find(kRunLossNames.begin(), kRunLossNames.end(), o.loss) == kRunLossNames.end())
-    throw UsageError("--loss " + o.loss + ": accepted: tokens, mmd, w2, energy, sinkhorn");
+  const std::optional<RunLossKind> loss_kind = kRunLossOption.preset(o.loss);
+  if (!loss_kind) throw UsageError("--loss " + o.loss + ": " + kRunLossOption.accepted());
   if (o.optimizer != "adam" && o.optimizer != "lbfgs")
     throw UsageError("--optimizer " + o.optimizer + ": accepted: adam, lbfgs");
   if (o.iterations < 1 || o.iterations > kMaxIterations)
@@ -537,12 +537,13 @@ int fit_command(const std::vector<std::string>& args, std::ostream& out, std::os
   if (!(o.loss_gamma > 0 && std::isfinite(o.loss_gamma)))
     throw UsageError("--loss-gamma " + format_number(o.loss_gamma) +
                      ": must be a finite number > 0");
-  if (vm.count("loss-gamma") && !vm["loss-gamma"].defaulted() && o.loss != "mmd")
+  if (vm.count("loss-gamma") && !vm["loss-gamma"].defaulted() && *loss_kind != RunLossKind::Mmd)
     throw UsageError("--loss-gamma: the mmd loss's (--loss " + o.loss + " takes none)");
   if (!(o.loss_epsilon > 0 && std::isfinite(o.loss_epsilon)))
     throw UsageError("--loss-epsilon " + format_number(o.loss_epsilon) +
                      ": must be a finite number > 0");
-  if (vm.count("loss-epsilon") && !vm["loss-epsilon"].defaulted() && o.loss != "sinkhorn")
+  if (vm.count("loss-epsilon") && !vm["loss-epsilon"].defaulted() &&
+      *loss_kind != RunLossKind::Sinkhorn)
     throw UsageError("--loss-epsilon: the sinkhorn loss's (--loss " + o.loss + " takes none)");
   std::set<Part> parts;
   {
@@ -590,16 +591,16 @@ int fit_command(const std::vector<std::string>& args, std::ostream& out, std::os
   // The target, read before anything is written.
   std::size_t rows = 0;
   RunLoss loss;
-  loss.kind = o.loss;
+  loss.kind = *loss_kind;
   loss.gamma = o.loss_gamma;
   loss.epsilon = o.loss_epsilon;
   loss.target = read_target(o.target, model.d, rows);
-  if (o.loss == "tokens" && rows != model.n)
+  if (loss.kind == RunLossKind::Tokens && rows != model.n)
     throw UsageError("--target " + o.target + ": " + std::to_string(rows) +
                      " rows; the tokens loss takes one a token (" + std::to_string(model.n) + ")");
   const auto moving = std::size_t(std::count_if(model.presence.begin(), model.presence.end(),
                                                 [](double p) { return p > 0.0; }));
-  if (o.loss == "w2" && rows != moving)
+  if (loss.kind == RunLossKind::W2 && rows != moving)
     throw UsageError("--target " + o.target + ": " + std::to_string(rows) +
                      " rows; the w2 loss takes one a moving token (" + std::to_string(moving) +
                      ")");
