@@ -11,7 +11,11 @@ n = 1024, d = 64, H = 8 (r = 8, the preset's plain values), everything on `--thr
 3. PyTorch float64 autograd through the same rk4 steps at n = 1024, d = 64, H = 8, each step
    under torch.utils.checkpoint, per step against mfattn's gradient per step.
 
-    /usr/bin/python3 bench/run_gradient.py [--threads 2] [--steps 50] [--few 4] [--torch-steps 4]
+    /usr/bin/python3 bench/run_gradient.py [--threads 2] [--steps 50] [--wide-steps S] [--few 4]
+        [--wide-few K] [--torch-steps 4]
+
+(--wide-steps and --wide-few: the steps and few checkpoints at n = 1024, d = 64, H = 8; default
+--steps and --few.)
 
 Prints a Markdown table and the command. MFATTN_PYTHON_MODULE_DIR names the folder holding the
 package mfattn/ (default build/python); MFATTN_CPU_KERNELS picks the kernel set.
@@ -58,7 +62,8 @@ if {kind!r} == "run":
         mfattn.run(out=folder + "/run.h5", **options)
     plan = None
 else:
-    plan = mfattn._core.gradient(c, checkpoints={checkpoints!r}, **options)[3]
+    plan = {{k: v for k, v in mfattn._core.gradient(c, checkpoints={checkpoints!r}, **options)[3].items()
+            if k != "step_sizes"}}
 seconds = time.perf_counter() - start
 print(json.dumps(dict(seconds=seconds, peak=peak(), before=before, plan=plan)))
 """
@@ -104,18 +109,21 @@ print((time.perf_counter() - start) / {steps})
 def main() -> None:
     kernels = os.environ.get("MFATTN_CPU_KERNELS", "default")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for option, default in (("--threads", 2), ("--steps", 50), ("--few", 4), ("--torch-steps", 4)):
+    for option, default in (("--threads", 2), ("--steps", 50), ("--few", 4), ("--torch-steps", 4),
+                            ("--wide-steps", 0), ("--wide-few", 0)):
         parser.add_argument(option, type=int, default=default)
     args = parser.parse_args()
+    wide_steps, wide_few = args.wide_steps or args.steps, args.wide_few or args.few
     columns = ["n", "d", "H", "run", "gradient, checkpoints", "stored states", "recomputed steps", "gradient / run",
                "peak memory (run: gradient)"]
-    print(f"kernel set: {kernels}; threads {args.threads}; rk4, {args.steps} steps\n")
+    print(f"kernel set: {kernels}; threads {args.threads}; rk4, {args.steps} steps (d = 64: {wide_steps})\n")
     print("| " + " | ".join(columns) + " |\n" + "| --- " * len(columns) + "|")
     per_step = {}
     for n, d, heads in ((4096, 3, 1), (1024, 64, 8)):
-        options = options_of(n, d, heads, args.steps, args.threads)
+        steps, few = (args.steps, args.few) if d == 3 else (wide_steps, wide_few)
+        options = options_of(n, d, heads, steps, args.threads)
         run = measured("run", options, None)
-        for checkpoints in (None, args.steps, args.few):
+        for checkpoints in (None, steps, few):
             grad = measured("gradient", options, checkpoints)
             plan = grad["plan"]
             label = "default" if checkpoints is None else str(checkpoints)
@@ -123,15 +131,16 @@ def main() -> None:
                   f"{plan['stored_states']} | {plan['recomputed_steps']} | {grad['seconds'] / run['seconds']:.2f} | "
                   f"{run['peak']:.0f} MB : {grad['peak']:.0f} MB |")
             if checkpoints is None:
-                per_step[(n, d, heads)] = grad["seconds"] / args.steps
-    options = options_of(1024, 64, 8, args.steps, args.threads)
+                per_step[(n, d, heads)] = grad["seconds"] / steps
+    options = options_of(1024, 64, 8, wide_steps, args.threads)
     torch_step = torch_seconds_per_step(options, args.torch_steps)
     ours = per_step[(1024, 64, 8)]
     print(f"\nn = 1024, d = 64, H = 8, a step's gradient: mfattn {ours:.3g} s (default checkpoints), PyTorch "
           f"autograd with torch.utils.checkpoint per step {torch_step:.3g} s ({args.torch_steps} steps): "
           f"{torch_step / ours:.1f} times mfattn's")
     print(f"\ncommand: MFATTN_CPU_KERNELS={kernels} /usr/bin/python3 bench/run_gradient.py --threads {args.threads} "
-          f"--steps {args.steps} --few {args.few} --torch-steps {args.torch_steps}")
+          f"--steps {args.steps} --wide-steps {wide_steps} --few {args.few} --wide-few {wide_few} "
+          f"--torch-steps {args.torch_steps}")
 
 
 if __name__ == "__main__":
