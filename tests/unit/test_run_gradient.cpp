@@ -197,8 +197,9 @@ TEST(RunLosses, AssignmentIsTheLeastCostOneAndGradientsAreTheirDifferences) {
          return kernels::sinkhorn_loss(n, d, at, m, y.data(), moves, 0.7, bar);
        }},
   };
-  for (const auto& [name, loss] : losses) {
-    SCOPED_TRACE(name);
+  for (const auto& entry : losses) {
+    SCOPED_TRACE(entry.first);
+    const Loss& loss = entry.second;  // (a lambda may not capture a structured binding in clang 14)
     std::vector<double> bar(n * d), unused(n * d), t(n * d), moved(n * d);
     loss(x.data(), bar.data());
     for (std::size_t c = 0; c < d; ++c) EXPECT_EQ(bar[2 * d + c], 0.0);
