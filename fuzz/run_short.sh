@@ -23,7 +23,7 @@ mkdir -p "$build/corpus"
 # The sources the parser links (the core and the integrators as CMakeLists.txt globs them, so
 # that a new file there is linked here too; the config reader, validation, the --weights
 # reader), compiled once, side by side, and reused.
-sources=() objects=() archives=() pids=()
+sources=() objects=() archives=() pids=() library_objects=()
 libs="${MFATTN_FUZZ_SANITIZED_LIBS:-}"
 if [[ -n "$libs" && -f "$libs/libmfattn_core.a" && -f "$libs/libmfattn_integrators.a" ]]; then
   # After the objects, the integrators before the core: the linker takes an archive's members
@@ -42,9 +42,19 @@ for source in "${sources[@]}"; do
     "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$root/src/$source.cpp" -o "$object" &
     pids+=($!)
   fi
-  objects+=("$object")
+  case "$source" in
+    core/* | integrators/*) library_objects+=("$object") ;;
+    *) objects+=("$object") ;;
+  esac
 done
 for pid in "${pids[@]}"; do wait "$pid"; done
+# The core and the integrators compiled here go in as an archive too, so that only the members
+# the parser needs are linked (not, say, the adjoint of whole runs, which needs the backends).
+if [[ ${#library_objects[@]} -gt 0 ]]; then
+  rm -f "$build/libfuzz_numerics.a"
+  ar rcs "$build/libfuzz_numerics.a" "${library_objects[@]}"
+  archives=("$build/libfuzz_numerics.a")
+fi
 "$cxx" "${flags[@]}" -fsanitize=fuzzer "$here/fuzz_options.cpp" "${objects[@]}" "${archives[@]}" \
   -lboost_program_options "${hdf5_libs[@]}" -o "$build/fuzz_options"
 cd "$build"
