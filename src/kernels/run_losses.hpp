@@ -207,18 +207,16 @@ inline double distance_sum(const double* a, std::size_t m, const double* b, std:
 /// The energy loss of the moving rows of x against the m rows of target.
 inline double energy_loss(std::size_t n, std::size_t d, const double* x, std::size_t m,
                           const double* target, const char* moves, double* cotangent) {
-  const MovingPoints moving(n, d, x, moves, cotangent);
-  const std::vector<std::size_t>& rows = moving.rows;
-  const std::vector<double>& points = moving.points;
-  const std::size_t count = moving.count();
-  if (count == 0 || m == 0) return 0.0;
-  const double cross = 2.0 / (double(count) * double(m)),
-               self = 1.0 / (double(count) * double(count));
+  const MovingPoints tokens(n, d, x, moves, cotangent);
+  if (tokens.count() == 0 || m == 0) return 0.0;
+  const double cross = 2.0 / (double(tokens.count()) * double(m)),
+               self = 1.0 / (double(tokens.count()) * double(tokens.count()));
   double loss = 0.0;
-  for (std::size_t i = 0; i < count; ++i) {
-    double* bar = cotangent + rows[i] * d;
-    loss += cross * distance_sum(&points[i * d], m, target, d, cross, bar);
-    loss -= self * distance_sum(&points[i * d], count, points.data(), d, -2.0 * self, bar);
+  for (std::size_t i = 0; i < tokens.count(); ++i) {
+    const double* at = &tokens.points[i * d];
+    double* bar = cotangent + tokens.rows[i] * d;
+    loss += cross * distance_sum(at, m, target, d, cross, bar);
+    loss -= self * distance_sum(at, tokens.count(), tokens.points.data(), d, -2.0 * self, bar);
   }
   std::vector<double> unused(d);
   for (std::size_t i = 0; i < m; ++i)
