@@ -20,6 +20,7 @@
 
 #include "app/scratch_files.hpp"
 #include "io/path_lock.hpp"
+#include "kernels/fixed_steps.hpp"
 #include "mfattn/app/command_errors.hpp"
 #include "mfattn/app/config.hpp"
 #include "mfattn/app/model_builder.hpp"
@@ -317,12 +318,8 @@ class FitProblem {
   std::vector<double> initial_state(const std::vector<double>& y) const {
     std::vector<double> x = y;
     if (!on_sphere_) return x;
-    for (std::size_t row = 0; row < x.size() / d_; ++row) {
-      double norm = 0.0;
-      for (std::size_t c = 0; c < d_; ++c) norm += x[row * d_ + c] * x[row * d_ + c];
-      norm = std::sqrt(norm);
-      for (std::size_t c = 0; c < d_; ++c) x[row * d_ + c] /= norm;
-    }
+    for (std::size_t row = 0; row < x.size() / d_; ++row)
+      kernels::normalize_token(x.data() + row * d_, int(d_));
     return x;
   }
 
