@@ -1,13 +1,15 @@
 // The discrete adjoint of whole runs (adjoint.hpp): the run taken by integrate() itself, its
-// accepted steps recorded and the first state of every segment of steps kept, then each
-// segment taken again from its stored state and walked back step by step
-// (Integrator::step_vjp). An adaptive method's steps are not known before they are taken: its
-// segments start at one step and double (every other stored state dropped) whenever more than
-// the checkpoints are stored.
+// accepted steps recorded and some of its states kept, then the steps walked back one by one
+// (Integrator::step_vjp) from the last, each from its state, taken again from the nearest
+// stored one by the binomial schedule (binomial_split). An adaptive method's steps are not
+// known before they are taken: it keeps the first state of every segment of steps (one step
+// at first, doubled with every other stored state dropped whenever more than the checkpoints
+// are stored), and each segment is walked back by the binomial schedule with the states left.
 #include "mfattn/integrators/adjoint.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include "kernels/run_losses.hpp"
@@ -20,15 +22,40 @@ CheckpointPlan plan_checkpoints(std::size_t steps, std::size_t checkpoints,
   CheckpointPlan plan;
   plan.steps = steps;
   if (steps == 0) return plan;
-  std::size_t stored = checkpoints;
-  if (stored == 0) {
-    const std::size_t fit = kDefaultCheckpointNumbers / std::max<std::size_t>(state_numbers, 1);
-    stored = steps + 1 <= fit ? steps : std::size_t(std::ceil(std::sqrt(double(steps))));
-  }
-  stored = std::clamp<std::size_t>(stored, 1, steps);
-  plan.segment = (steps + stored - 1) / stored;
-  plan.stored = (steps + plan.segment - 1) / plan.segment;
+  const std::size_t fit = kDefaultCheckpointNumbers / std::max<std::size_t>(state_numbers, 1);
+  plan.stored = std::clamp<std::size_t>(checkpoints > 0 ? checkpoints : fit, 1, steps);
   return plan;
+}
+
+namespace {
+
+/// C(n, k), saturating at `cap` (every number the schedule compares is at most a step count).
+std::size_t binomial_coefficient(std::size_t n, std::size_t k, std::size_t cap) {
+  if (k > n) return 0;
+  k = std::min(k, n - k);
+  std::size_t value = 1;
+  for (std::size_t i = 1; i <= k; ++i) {
+    // C(n - k + i, i), exact at every i; a product past 2^64 is past the cap (value < cap,
+    // i <= k, and k is small wherever the cap is large).
+    if (value > std::numeric_limits<std::size_t>::max() / (n - k + i)) return cap;
+    value = value * (n - k + i) / i;
+    if (value >= cap) return cap;
+  }
+  return value;
+}
+
+}  // namespace
+
+std::size_t binomial_split(std::size_t length, std::size_t states) {
+  if (length < 2 || states < 2) return std::max<std::size_t>(length, 1) - 1;
+  const std::size_t cap = length + 1;
+  std::size_t t = 0;
+  while (binomial_coefficient(states + t, t, cap) < length) ++t;
+  std::size_t split = 1;
+  const std::size_t right = binomial_coefficient(states + t - 1, t, cap);
+  if (length > right) split = std::max(split, length - right);
+  if (t >= 2) split = std::max(split, binomial_coefficient(states + t - 2, t - 2, cap));
+  return std::min(split, length - 1);
 }
 
 FinalLoss linear_loss(std::vector<double> c) {
@@ -126,17 +153,23 @@ RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State
     if (time != start.time && !std::binary_search(targets.begin(), targets.end(), time))
       throw std::invalid_argument("run_gradient: a loss time is not a time the run lands on");
   RunGradient result;
-  // The stored states' spacing: from the step count where it is known before the run, else
-  // one step, doubled as the stored states exceed the checkpoints.
+  // The states held at most (`budget`). A fixed-step run's count is known before it: the
+  // forward pass stores the binomial schedule's first states (the splits of its last
+  // stretch), store_at. An adaptive method's steps are not: it stores the first state of
+  // every `segment` steps, one step at first, doubled (every other state dropped) as the
+  // stored states exceed the budget.
   std::size_t budget = 1, segment = 1;
+  std::vector<std::size_t> store_at;  // fixed steps: the step counts after which to store
   if (integrator.adaptive()) {
     budget = checkpoints > 0 ? checkpoints
                              : std::max<std::size_t>(1, kDefaultCheckpointNumbers / start.size());
   } else {
-    const CheckpointPlan plan = plan_checkpoints(fixed_step_count(start.time, dt, targets),
-                                                 checkpoints, start.size());
-    budget = std::max<std::size_t>(plan.stored, 1);
-    segment = std::max<std::size_t>(plan.segment, 1);
+    const std::size_t count = fixed_step_count(start.time, dt, targets);
+    budget = std::max<std::size_t>(plan_checkpoints(count, checkpoints, start.size()).stored, 1);
+    for (std::size_t at = 0, states = budget; count - at > 1 && states > 1; --states) {
+      at += binomial_split(count - at, states);
+      store_at.push_back(at);
+    }
   }
   // The layer whose matrices the model holds (layers.count: none installed yet).
   const bool layered = layers.count > 1;
@@ -152,10 +185,16 @@ RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State
     std::size_t layer;  ///< the layer in force through the step
   };
   std::vector<TakenStep> steps;
-  std::vector<State> stored = {start};  // stored[j]: the state after j segments
+  // stored[j]: the state after stored_after[j] steps.
+  std::vector<State> stored = {start};
+  std::vector<std::size_t> stored_after = {0};
   auto thin = [&] {  // every other stored state dropped: segments of twice the steps
-    for (std::size_t j = 1; 2 * j < stored.size(); ++j) stored[j] = std::move(stored[2 * j]);
+    for (std::size_t j = 1; 2 * j < stored.size(); ++j) {
+      stored[j] = std::move(stored[2 * j]);
+      stored_after[j] = stored_after[2 * j];
+    }
     stored.resize((stored.size() + 1) / 2);
+    stored_after.resize(stored.size());
     segment *= 2;
   };
   // The loss's cotangents, each with the number of steps taken before its state.
@@ -182,19 +221,24 @@ RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State
       {},
       [&](double taken, const State& after) {
         steps.push_back({taken, after.time, installed});
-        if (steps.size() % segment != 0) return;
+        const bool store = integrator.adaptive()
+                               ? steps.size() % segment == 0
+                               : std::binary_search(store_at.begin(), store_at.end(), steps.size());
+        if (!store) return;
         stored.push_back(after);
+        stored_after.push_back(steps.size());
         // (One more than the budget may be x(T), which is not kept.)
-        if (stored.size() > budget + 1) thin();
+        if (integrator.adaptive() && stored.size() > budget + 1) thin();
       });
   if (loss_times.empty()) take_loss(state.x);
-  if (stored.size() > 1 && (stored.size() - 1) * segment >= steps.size())
-    stored.pop_back();  // x(T)
-  if (stored.size() > budget) thin();
+  if (stored.size() > 1 && stored_after.back() >= steps.size()) {  // x(T)
+    stored.pop_back();
+    stored_after.pop_back();
+  }
+  if (integrator.adaptive() && stored.size() > budget) thin();
   result.plan.steps = steps.size();
   for (const TakenStep& step : steps) result.step_sizes.push_back(step.h);
-  result.plan.segment = steps.empty() ? 0 : segment;
-  result.plan.stored = steps.empty() ? 0 : stored.size();
+  result.plan.stored = steps.empty() ? 0 : std::min(budget, steps.size());
   result.final_state = state.x;
   result.numbers = zero_numbers(dynamics.model());
   // Each layer's matrices' gradient: result.numbers.sets holds the one of layer `summing`,
@@ -211,44 +255,64 @@ RunGradient run_gradient(Integrator& integrator, Dynamics& dynamics, const State
   std::vector<double>& bar = result.x0;
   bar.assign(start.size(), 0.0);
   // The loss terms taken after `count` steps, added to x_bar(t_count).
-  bool carried = false;  // a term was added: x_bar is no longer zero
   auto add_terms = [&](std::size_t count) {
     while (!terms.empty() && terms.back().after_steps == count) {
-      carried = true;
       for (std::size_t e = 0; e < bar.size(); ++e) bar[e] += terms.back().cotangent[e];
       terms.pop_back();
     }
   };
+  // Steps k from `from` to `to` taken again (each as it was taken: an adaptive method accepts
+  // it again, with the same error).
+  auto advance = [&](State& at, std::size_t from, std::size_t to) {
+    for (std::size_t k = from; k < to; ++k) {
+      use_layer(steps[k].layer);
+      if (!integrator.step(dynamics, at, steps[k].h).accepted)
+        throw std::logic_error("run_gradient: a step taken again was rejected");
+      at.time = steps[k].time_after;
+      ++result.recomputed_steps;
+    }
+  };
+  std::vector<double> previous(start.size());
+  auto walk_back = [&](const State& at, std::size_t k) {  // x_bar(t_k) from x_bar(t_k+1)
+    use_layer(steps[k].layer);
+    sum_into(steps[k].layer);
+    integrator.step_vjp(dynamics, at.x.data(), steps[k].h, start.step + std::int64_t(k), bar.data(),
+                        previous.data(), result.numbers);
+    bar.swap(previous);
+    add_terms(k);
+  };
+  // Steps first..last-1 walked back from the state after `first` with `states` states held
+  // (it among them), by the binomial schedule.
+  std::function<void(const State&, std::size_t, std::size_t, std::size_t)> reverse =
+      [&](const State& first_state, std::size_t first, std::size_t last, std::size_t states) {
+        if (states <= 1) {
+          for (std::size_t k = last; k-- > first;) {
+            State at = first_state;
+            advance(at, first, k);
+            walk_back(at, k);
+          }
+          return;
+        }
+        while (last - first > 1) {
+          const std::size_t middle = first + binomial_split(last - first, states);
+          State at = first_state;
+          advance(at, first, middle);
+          reverse(at, middle, last, states - 1);
+          last = middle;
+        }
+        walk_back(first_state, first);
+      };
   // A zero cotangent has a zero gradient: the forward pass alone (mfattn.torch.flow's).
   if (!terms.empty()) {
-    // Backward, segment by segment from the last: its states again, then its steps' adjoints.
-    add_terms(steps.size());
-    std::vector<double> previous(start.size());
-    std::vector<std::vector<double>> states;
-    for (std::size_t first_of = result.plan.stored; first_of-- > 0;) {
-      const std::size_t first = first_of * segment, last = std::min(steps.size(), first + segment);
-      // Segments after the last loss term's state carry a zero cotangent: skipped.
-      if (!carried && terms.back().after_steps < first) continue;
-      states.assign(1, stored[first_of].x);
-      state = stored[first_of];
-      for (std::size_t k = first; k + 1 < last; ++k) {
-        // The step as it was taken (an adaptive method accepts it again: the same error).
-        use_layer(steps[k].layer);
-        if (!integrator.step(dynamics, state, steps[k].h).accepted)
-          throw std::logic_error("run_gradient: a step taken again was rejected");
-        state.time = steps[k].time_after;
-        states.push_back(state.x);
-        ++result.recomputed_steps;
-      }
-      for (std::size_t k = last; k-- > first;) {
-        use_layer(steps[k].layer);
-        sum_into(steps[k].layer);
-        integrator.step_vjp(dynamics, states[k - first].data(), steps[k].h,
-                            start.step + std::int64_t(k), bar.data(), previous.data(),
-                            result.numbers);
-        bar.swap(previous);
-        add_terms(k);
-      }
+    // The steps after the last loss term's state carry a zero cotangent: not walked back.
+    std::size_t last = terms.back().after_steps;
+    add_terms(last);
+    // Stored state j (the first of its stretch) with budget - j states: j + 1 are held.
+    for (; !stored.empty(); stored.pop_back()) {
+      const std::size_t j = stored.size() - 1, first = stored_after[j];
+      if (first >= last) continue;
+      reverse(stored[j], first, last, budget - j);
+      last = first;
     }
     add_terms(0);
   }

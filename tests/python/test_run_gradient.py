@@ -195,9 +195,9 @@ def test_layers_in_time_and_loss_times_are_autograd_and_finite_differences(mfatt
     for key, v in one.items():
         assert gradient[key].shape == (layers,) + v.shape, key
     assert np.array_equal(plan["step_sizes"], np.full(6, RUN["dt"]))
-    # One stored state: each step taken again in its own layer, the same bits.
+    # One stored state: step k taken again k times from x(0), each in its own layer; the same bits.
     again = mfattn._core.gradient(loss="tokens", target=target, loss_times=[0.1, 0.3], checkpoints=1, **given)
-    assert again[3]["recomputed_steps"] == 5 and again[0] == value
+    assert again[3]["recomputed_steps"] == 15 and again[0] == value
     for key in gradient:
         assert np.array_equal(np.asarray(again[1][key]), np.asarray(gradient[key])), key
     numbers = oracle_numbers(model, spec, {k: v for k, v in gradient.items() if k not in one})
@@ -251,7 +251,7 @@ def test_regenerated_layers_are_differentiated(mfattn, tmp_path):
 
 def test_checkpoints_change_no_bit(mfattn):
     _, options = options_of("rk4-post-heads-mlp-rope-prefix")
-    options = dict(options, save_every=0.05, horizon=0.35)  # seven steps: segments of 3, 3, 1
+    options = dict(options, save_every=0.05, horizon=0.35)  # seven steps
     x0 = mfattn.Model(**options).initial_state()
     c = np.random.default_rng(3).standard_normal(x0.shape)
     every = mfattn._core.gradient(c, checkpoints=7, **options)
@@ -260,7 +260,9 @@ def test_checkpoints_change_no_bit(mfattn):
     for stored in (1, 3, None):
         loss, gradient, final, plan = mfattn._core.gradient(c, checkpoints=stored, **options)
         if stored == 3:
-            assert counts(plan) == {"steps": 7, "stored_states": 3, "recomputed_steps": 4}
+            # The binomial schedule: x(1) and x(4) stored on the way forward; [4, 7) walked back
+            # with one state (3 steps again), [1, 4) with two (2), [0, 1) with none.
+            assert counts(plan) == {"steps": 7, "stored_states": 3, "recomputed_steps": 5}
         assert loss == every[0] and np.array_equal(final, every[2])
         for key in every[1]:
             assert np.array_equal(np.asarray(gradient[key]), np.asarray(every[1][key])), (stored, key)

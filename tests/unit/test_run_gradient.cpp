@@ -152,7 +152,7 @@ TEST(RunGradient, ReplayedNoiseAndLayersChangeNoBitWithCheckpoints) {
   ASSERT_EQ(every.layer_sets.size(), 4u);  // the layers whose starts the run reaches, t = 0.3 too
   EXPECT_NE(every.layer_sets[0][0].heads[0].value, every.layer_sets[1][0].heads[0].value);
   const RunGradient one = gradient_of_run(cfg, linear, 1);
-  EXPECT_EQ(one.recomputed_steps, 5);
+  EXPECT_EQ(one.recomputed_steps, 15);  // one state held: step k taken again k times
   EXPECT_EQ(one.x0, every.x0);
   for (std::size_t layer = 0; layer < 4; ++layer)
     EXPECT_EQ(one.layer_sets[layer][0].heads[0].value, every.layer_sets[layer][0].heads[0].value);
@@ -225,9 +225,79 @@ TEST(RunGradient, RefusesWhatItDoesNotDifferentiate) {
                    wrong, [&](const Dynamics& field) { return final_loss(tokens, field); }, 0),
                UsageError);
   EXPECT_EQ(plan_checkpoints(10, 0, 30).stored, 10u);
-  EXPECT_EQ(plan_checkpoints(10, 3, 30).segment, 4u);
   EXPECT_EQ(plan_checkpoints(10, 3, 30).stored, 3u);
-  EXPECT_EQ(plan_checkpoints(100, 0, kDefaultCheckpointNumbers).stored, 10u);  // about sqrt(steps)
+  EXPECT_EQ(plan_checkpoints(10, 30, 30).stored, 10u);
+  // The default: as many states as fit in the budget.
+  EXPECT_EQ(plan_checkpoints(100, 0, kDefaultCheckpointNumbers / 7).stored, 7u);
+  EXPECT_EQ(plan_checkpoints(100, 0, kDefaultCheckpointNumbers * 2).stored, 1u);
+}
+
+/// The least number of steps taken again to walk back `length` steps from their first state
+/// with `states` states held (it among them), by the dynamic programme over every split m:
+/// m steps taken to store the state after them, then the last length - m steps with one
+/// state fewer and the first m with as many.
+std::size_t least_recomputation(std::size_t length, std::size_t states,
+                                std::vector<std::vector<std::size_t>>& memo) {
+  if (length <= 1) return 0;
+  if (states == 1) return length * (length - 1) / 2;
+  std::size_t& best = memo[length][states];
+  if (best != 0) return best;
+  best = std::size_t(-1);
+  for (std::size_t m = 1; m < length; ++m)
+    best = std::min(best, m + least_recomputation(m, states, memo) +
+                              least_recomputation(length - m, states - 1, memo));
+  return best;
+}
+
+/// The steps binomial_split's schedule takes again for the same walk.
+std::size_t schedule_recomputation(std::size_t length, std::size_t states) {
+  if (length <= 1) return 0;
+  if (states == 1) return length * (length - 1) / 2;
+  const std::size_t m = binomial_split(length, states);
+  return m + schedule_recomputation(m, states) + schedule_recomputation(length - m, states - 1);
+}
+
+TEST(RunGradient, TheBinomialScheduleTakesTheLeastStepsAgain) {
+  constexpr std::size_t kLength = 160, kStates = 8;
+  std::vector<std::vector<std::size_t>> memo(kLength + 1, std::vector<std::size_t>(kStates + 1));
+  for (std::size_t states = 1; states <= kStates; ++states)
+    for (std::size_t length = 1; length <= kLength; ++length) {
+      SCOPED_TRACE(std::to_string(length) + " steps, " + std::to_string(states) + " states");
+      const std::size_t split = binomial_split(length, states);
+      if (length > 1 && states > 1) {
+        EXPECT_GE(split, 1u);
+        EXPECT_LT(split, length);
+      }
+      EXPECT_EQ(schedule_recomputation(length, states), least_recomputation(length, states, memo));
+    }
+  // Each step at most t times with C(states + t, t) >= steps: 1000 steps with 11 states, t = 4.
+  EXPECT_LE(schedule_recomputation(1000, 11), 4u * 1000u);
+}
+
+// The run's own count of steps taken again is the schedule's, less the steps of the forward
+// pass, and every checkpoint count gives the same bits; one state alone takes each step again
+// from x(0).
+TEST(RunGradient, RecomputesWhatTheBinomialScheduleSays) {
+  const RunConfig cfg = config({"--n", "5", "--d", "3", "--kernel", "sa", "--q", "gaussian",
+                                "--horizon", "1.3", "--dt", "0.1", "--save-every", "0.1"});
+  const auto linear = random_linear_loss(cfg, 5);
+  const RunGradient every = gradient_of_run(cfg, linear, 0);
+  ASSERT_EQ(every.plan.steps, 13u);
+  EXPECT_EQ(every.plan.stored, 13u);
+  EXPECT_EQ(every.recomputed_steps, 0);
+  for (std::size_t states : {1, 2, 3, 5, 12}) {
+    SCOPED_TRACE(states);
+    const RunGradient some = gradient_of_run(cfg, linear, states);
+    EXPECT_EQ(some.plan.stored, states);
+    // The forward pass itself takes the steps to the schedule's first stored states: to the
+    // split of [0, 13) with `states`, then of what follows with one state fewer, ...
+    std::size_t forward = 0;
+    for (std::size_t held = states; 13 - forward > 1 && held > 1; --held)
+      forward += binomial_split(13 - forward, held);
+    EXPECT_EQ(std::size_t(some.recomputed_steps), schedule_recomputation(13, states) - forward);
+    EXPECT_EQ(some.x0, every.x0);
+    EXPECT_EQ(some.numbers.beta, every.numbers.beta);
+  }
 }
 
 }  // namespace

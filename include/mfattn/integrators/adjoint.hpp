@@ -20,20 +20,29 @@
 
 namespace mfattn {
 
-/// Where run_gradient keeps states: `stored` of them (the first state of every segment of
-/// `segment` steps), and the steps of one segment while it is walked back.
+/// Where run_gradient keeps states: at most `stored` of them at once (R n d numbers each;
+/// the state being stepped and a step's stages come on top), by the binomial schedule
+/// (binomial_split).
 struct CheckpointPlan {
-  std::size_t steps = 0, stored = 0, segment = 0;
-  /// states_in_memory = stored + segment (R n d numbers each).
-  std::size_t states_in_memory() const { return stored + segment; }
+  std::size_t steps = 0, stored = 0;
 };
 
-/// The plan for `steps` steps with at most `checkpoints` stored states (0: the default, every
-/// state where steps + 1 states of `state_numbers` numbers fit in kDefaultCheckpointNumbers,
-/// else about sqrt(steps)).
+/// The plan for `steps` steps with at most `checkpoints` stored states (0: the default, as
+/// many as fit in kDefaultCheckpointNumbers numbers, states of `state_numbers` numbers each).
 inline constexpr std::size_t kDefaultCheckpointNumbers = std::size_t{1} << 25;  // 256 MiB
 CheckpointPlan plan_checkpoints(std::size_t steps, std::size_t checkpoints,
                                 std::size_t state_numbers);
+
+/// The binomial (revolve) schedule (Griewank 1992; Griewank and Walther 2000): `length` steps
+/// walked back from their first state with `states` states held at most (that one among
+/// them). The first `binomial_split(length, states)` steps are taken again to store the state
+/// m after them, the last length - m steps walked back with states - 1, then the first m with
+/// states. With t the least number with C(states + t, t) >= length (each step is then taken at
+/// most t times), m = max(length - C(states + t - 1, t), C(states + t - 2, t - 2)) clamped to
+/// [1, length - 1]: the split of least total recomputation (checked against the dynamic
+/// programme in the tests). With one state (states = 1) every step is reached from the first
+/// again: length (length - 1) / 2 steps taken again.
+std::size_t binomial_split(std::size_t length, std::size_t states);
 
 /// A loss of the final state: its value at x(T), its gradient written into `cotangent` (x's
 /// size).
