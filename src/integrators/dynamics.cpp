@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/token_formulas.hpp"
 #include "mfattn/integrators/integrator.hpp"
@@ -75,19 +77,52 @@ void Dynamics::require_derivatives() const {
   if (!refusal.empty()) throw BackendUnavailable(refusal);
 }
 
-void Dynamics::derivative_forward(const double* x) {
+void Dynamics::derivative_forward(const double* x, DerivativePoint& point) {
   require_derivatives();
-  std::vector<double>& read = derivative_read_;
-  read.assign(x, x + size());
-  if (placement_reads_directions(model_.placement)) take_directions(replicas_ * model_.n, model_.d, read.data());
-  derivative_output_.resize(size());
-  backend_.derivative_forward(replicas_, read.data(), derivative_output_.data());
+  point.x.assign(x, x + size());
+  point.read = point.x;
+  if (placement_reads_directions(model_.placement))
+    take_directions(replicas_ * model_.n, model_.d, point.read.data());
+  point.output.resize(size());
+  backend_.derivative_forward(replicas_, point.read.data(), point.output.data());
+}
+
+Dynamics::DerivativePoint& Dynamics::stage_point(std::size_t slot) {
+  if (slot >= kStageSlots)
+    throw std::logic_error("Dynamics: stage slot " + std::to_string(slot) + " of " +
+                           std::to_string(kStageSlots));
+  return points_[1 + slot];
+}
+
+void Dynamics::stage_velocity(std::size_t slot, const double* x, double* v) {
+  const std::size_t n = model_.n, d = model_.d, count = size();
+  for (std::size_t e = 0; e < count; ++e)
+    if (!std::isfinite(x[e])) throw NonFiniteState("non-finite state");
+  DerivativePoint& point = stage_point(slot);
+  ++evaluations_;
+  derivative_forward(x, point);
+  for (std::size_t t = 0; t < replicas_ * n; ++t)
+    kernels::placement_velocity(model_.placement, model_.ngpt_alpha, model_.receiver_speed(t % n),
+                                int(d), x + t * d, point.output.data() + t * d, v + t * d);
+}
+
+void Dynamics::stage_vjp(std::size_t slot, const double* x, const double* cotangent,
+                         double* x_cotangent, FieldNumbers& gradient) {
+  DerivativePoint& point = stage_point(slot);
+  if (point.x.size() != size() || !std::equal(x, x + size(), point.x.begin()))
+    derivative_forward(x, point);
+  vjp_at(point, cotangent, x_cotangent, gradient);
 }
 
 void Dynamics::vjp(const double* x, const double* cotangent, double* x_cotangent, FieldNumbers& gradient) {
+  derivative_forward(x, points_[0]);
+  vjp_at(points_[0], cotangent, x_cotangent, gradient);
+}
+
+void Dynamics::vjp_at(const DerivativePoint& point, const double* cotangent, double* x_cotangent,
+                      FieldNumbers& gradient) {
   const std::size_t n = model_.n, d = model_.d, count = size();
-  derivative_forward(x);
-  const std::vector<double>& output = derivative_output_;
+  const double* x = point.x.data();
   std::vector<double>& output_bar = output_adjoint_;
   std::vector<double>& read_bar = read_adjoint_;
   output_bar.assign(count, 0.0);
@@ -96,35 +131,35 @@ void Dynamics::vjp(const double* x, const double* cotangent, double* x_cotangent
   std::fill(x_cotangent, x_cotangent + count, 0.0);
   for (std::size_t t = 0; t < replicas_ * n; ++t) {
     const double p = model_.receiver_speed(t % n);
-    const double p_bar = kernels::placement_velocity_vjp(model_.placement, model_.ngpt_alpha, p, int(d), x + t * d,
-                                                         output.data() + t * d, cotangent + t * d, x_cotangent + t * d,
-                                                         output_bar.data() + t * d, scratch.data());
+    const double p_bar = kernels::placement_velocity_vjp(
+        model_.placement, model_.ngpt_alpha, p, int(d), x + t * d, point.output.data() + t * d,
+        cotangent + t * d, x_cotangent + t * d, output_bar.data() + t * d, scratch.data());
     if (p > 0.0) gradient.presence[t % n] += p_bar;
   }
-  output_to_state_vjp(x, output_bar.data(), read_bar.data(), gradient);
+  output_to_state_vjp(point, output_bar.data(), read_bar.data(), gradient);
   for (std::size_t e = 0; e < count; ++e) x_cotangent[e] += read_bar[e];
 }
 
 void Dynamics::attention_output_vjp(const double* x, const double* output_cotangent,
                                     double* x_cotangent, FieldNumbers& gradient) {
-  derivative_forward(x);
-  output_to_state_vjp(x, output_cotangent, x_cotangent, gradient);
+  derivative_forward(x, points_[0]);
+  output_to_state_vjp(points_[0], output_cotangent, x_cotangent, gradient);
 }
 
-void Dynamics::output_to_state_vjp(const double* x, const double* output_cotangent,
+void Dynamics::output_to_state_vjp(const DerivativePoint& point, const double* output_cotangent,
                                    double* x_cotangent, FieldNumbers& gradient) {
   const std::size_t n = model_.n, d = model_.d;
-  backend_.output_vjp(replicas_, derivative_read_.data(), output_cotangent, x_cotangent, gradient);
+  backend_.output_vjp(replicas_, point.read.data(), output_cotangent, x_cotangent, gradient);
   if (placement_reads_directions(model_.placement))
     for (std::size_t t = 0; t < replicas_ * n; ++t)
-      kernels::direction_derivative(x + t * d, int(d), x_cotangent + t * d);
+      kernels::direction_derivative(point.x.data() + t * d, int(d), x_cotangent + t * d);
 }
 
 void Dynamics::jvp(const double* x, const double* x_tangent, const FieldNumbers* tangent, double* v_tangent) {
   const std::size_t n = model_.n, d = model_.d, count = size();
-  derivative_forward(x);
-  const std::vector<double>& read = derivative_read_;
-  const std::vector<double>& output = derivative_output_;
+  derivative_forward(x, points_[0]);
+  const std::vector<double>& read = points_[0].read;
+  const std::vector<double>& output = points_[0].output;
   std::vector<double>& output_dot = output_adjoint_;
   std::vector<double>& read_dot = read_adjoint_;
   output_dot.resize(count);

@@ -128,7 +128,7 @@ class RungeKutta final : public Integrator {
     const std::size_t size = state.size(), stages = tableau_.b.size();
     // dopri5's first-same-as-last stage comes from the Dynamics cache of the last evaluation.
     stage_k_.resize(stages + 1);  // and dopri5's error stage
-    form_stages(dynamics, state.x.data(), h, size, /*keep_states=*/false);
+    form_stages(dynamics, state.x.data(), h, size, Stages::Dropped);
     new_x_.resize(size);
     combine_stages(state.x.data(), h, size, new_x_.data());
     normalize_tokens(dynamics, new_x_.data());
@@ -163,10 +163,15 @@ class RungeKutta final : public Integrator {
   /// x' = N(y) on the sphere (y in R^d): y_bar = N'(y)^T x'_bar (N' is symmetric), then
   /// k_bar_s = h b_s y_bar + h sum_{t>s} a_ts z_bar_t with z_bar_s = f'(z_s)^T k_bar_s taken
   /// from the last stage back, and x_bar = y_bar + sum_s z_bar_s.
+  /// The stages' velocities are taken by the derivatives' forward pass and their tapes kept
+  /// (Dynamics::stage_velocity), so that each stage's VJP takes no forward pass of its own,
+  /// where the tapes fit kStageTapeTokens (else each VJP takes its own).
   void step_vjp(Dynamics& dynamics, const double* x, double h, std::int64_t /*step*/,
                 const double* next_bar, double* x_bar, FieldNumbers& gradient) override {
     const std::size_t size = dynamics.size(), stages = tableau_.b.size(), d = dynamics.model().d;
-    form_stages(dynamics, x, h, size, /*keep_states=*/true);
+    const bool tapes = stages <= Dynamics::kStageSlots &&
+                       dynamics.replicas() * dynamics.model().n * stages <= kStageTapeTokens;
+    form_stages(dynamics, x, h, size, tapes ? Stages::KeptWithTapes : Stages::Kept);
     std::vector<double>& y_bar = new_x_;
     y_bar.assign(next_bar, next_bar + size);
     if (dynamics.model().on_sphere()) {
@@ -185,7 +190,10 @@ class RungeKutta final : public Integrator {
     }
     std::vector<double> z_bar(size);
     for (std::size_t s = stages; s-- > 0;) {
-      dynamics.vjp(stage_states_[s].data(), stage_bar_[s].data(), z_bar.data(), gradient);
+      if (tapes)
+        dynamics.stage_vjp(s, stage_states_[s].data(), stage_bar_[s].data(), z_bar.data(),
+                           gradient);
+      else dynamics.vjp(stage_states_[s].data(), stage_bar_[s].data(), z_bar.data(), gradient);
       for (std::size_t e = 0; e < size; ++e) x_bar[e] += z_bar[e];
       const auto& row = tableau_.a[s];
       for (std::size_t m = 0; m < row.size(); ++m)
@@ -194,11 +202,17 @@ class RungeKutta final : public Integrator {
   }
 
  private:
+  /// The stage states z_s a step keeps: none (a step), in stage_states_ (an adjoint), or
+  /// there with their velocities taken by the derivatives' forward pass, tapes kept (an
+  /// adjoint whose stages' VJPs take no forward pass of their own).
+  enum class Stages { Dropped, Kept, KeptWithTapes };
+  /// The tokens (replicas x n x stages) up to which an adjoint keeps every stage's tape: a
+  /// tape is O(n) numbers a head, about a kilobyte a token at d = 3 (256 MiB here).
+  static constexpr std::size_t kStageTapeTokens = std::size_t{1} << 18;
   /// k_s = f(z_s) with z_0 = x and z_s = x + h sum_{m<s} a_sm k_m for every stage of the
-  /// tableau (not dopri5's error stage), into stage_k_; keep_states keeps each z_s in
-  /// stage_states_ for the adjoint.
-  void form_stages(Dynamics& dynamics, const double* x, double h, std::size_t size,
-                   bool keep_states) {
+  /// tableau (not dopri5's error stage), into stage_k_ (z_s as `keep` says).
+  void form_stages(Dynamics& dynamics, const double* x, double h, std::size_t size, Stages keep) {
+    const bool keep_states = keep != Stages::Dropped;
     const std::size_t stages = tableau_.b.size();
     stage_k_.resize(std::max(stage_k_.size(), stages));
     for (auto& k : stage_k_) k.resize(size);
@@ -211,16 +225,17 @@ class RungeKutta final : public Integrator {
       double* z = keep_states ? stage_states_[s].data() : stage_x_.data();
       if (s == 0) {
         if (keep_states) std::copy(x, x + size, z);
-        dynamics.velocity(x, stage_k_[0].data());
-        continue;
+      } else {
+        const auto& row = tableau_.a[s];
+        for (std::size_t e = 0; e < size; ++e) {
+          double incr = 0.0;
+          for (std::size_t m = 0; m < row.size(); ++m) incr += row[m] * stage_k_[m][e];
+          z[e] = x[e] + h * incr;
+        }
       }
-      const auto& row = tableau_.a[s];
-      for (std::size_t e = 0; e < size; ++e) {
-        double incr = 0.0;
-        for (std::size_t m = 0; m < row.size(); ++m) incr += row[m] * stage_k_[m][e];
-        z[e] = x[e] + h * incr;
-      }
-      dynamics.velocity(z, stage_k_[s].data());
+      const double* at = s == 0 ? x : z;
+      if (keep == Stages::KeptWithTapes) dynamics.stage_velocity(s, at, stage_k_[s].data());
+      else dynamics.velocity(at, stage_k_[s].data());
     }
   }
   /// y = x + h sum_s b_s k_s over the stages that form_stages made.

@@ -65,6 +65,53 @@ TEST(RunGradient, IsTheCentralDifferenceOfWholeRuns) {
   EXPECT_NEAR(dot(gradient.x0, t), along, 1e-6 * std::abs(along));
 }
 
+// A Runge-Kutta adjoint's stages (Dynamics::stage_velocity, stage_vjp): each stage's VJP
+// from its kept tape is the plain VJP at its state to the bit, whatever was taken between,
+// and the stage velocity is the field to rounding; a stage VJP at another state takes its
+// own forward pass.
+TEST(RunGradient, StageTapesGiveThePlainVjp) {
+  for (const char* placement : {"post", "pre"}) {
+    SCOPED_TRACE(placement);
+    std::vector<std::string> args = kLayerRun;
+    args.insert(args.end(), {"--normalization", placement, "--backend", "cpu"});
+    const RunConfig cfg = config(args);
+    const Model model = build_model(cfg);
+    const State start = build_initial_state(cfg, model);
+    auto backend = make_backend(cfg.backend, model, BackendOptions{2});
+    Dynamics field(model, *backend, start.replicas);
+    std::mt19937_64 random(17);
+    std::normal_distribution<double> normal;
+    constexpr std::size_t kStages = 4;
+    const std::size_t size = start.size();
+    std::vector<std::vector<double>> states(kStages, start.x), cotangents(kStages);
+    for (std::size_t s = 0; s < kStages; ++s) {
+      for (double& e : states[s]) e += 0.1 * double(s) * normal(random);
+      cotangents[s].resize(size);
+      for (double& e : cotangents[s]) e = normal(random);
+      std::vector<double> kept(size), plain(size);
+      field.stage_velocity(s, states[s].data(), kept.data());
+      field.velocity(states[s].data(), plain.data());
+      for (std::size_t e = 0; e < size; ++e) EXPECT_NEAR(kept[e], plain[e], 1e-12);
+    }
+    for (std::size_t s = kStages; s-- > 0;) {
+      FieldNumbers from_tape = zero_numbers(model), plain = zero_numbers(model);
+      std::vector<double> tape_bar(size), plain_bar(size);
+      field.stage_vjp(s, states[s].data(), cotangents[s].data(), tape_bar.data(), from_tape);
+      field.vjp(states[s].data(), cotangents[s].data(), plain_bar.data(), plain);
+      EXPECT_EQ(tape_bar, plain_bar);
+      EXPECT_EQ(from_tape.beta, plain.beta);
+      EXPECT_EQ(from_tape.sets[0].heads[0].query, plain.sets[0].heads[0].query);
+      EXPECT_EQ(from_tape.sets[0].w1, plain.sets[0].w1);
+    }
+    // Slot 0's tape is used up and its state changed: the stage VJP takes a forward pass.
+    FieldNumbers again = zero_numbers(model), plain = zero_numbers(model);
+    std::vector<double> again_bar(size), plain_bar(size);
+    field.stage_vjp(0, states[1].data(), cotangents[0].data(), again_bar.data(), again);
+    field.vjp(states[1].data(), cotangents[0].data(), plain_bar.data(), plain);
+    EXPECT_EQ(again_bar, plain_bar);
+  }
+}
+
 /// The loss <c, x(T)> for a cotangent c of the run's state drawn from N(0, 1) with `seed`.
 std::function<FinalLoss(const Dynamics&)> random_linear_loss(const RunConfig& cfg, unsigned seed) {
   std::vector<double> c(build_initial_state(cfg, build_model(cfg)).size());

@@ -45,6 +45,16 @@ class Dynamics {
   /// gradient added to `gradient` (euler-unprojected's adjoint).
   void attention_output_vjp(const double* x, const double* output_cotangent, double* x_cotangent,
                             FieldNumbers& gradient);
+  /// A Runge-Kutta step's adjoint (Integrator::step_vjp) takes its stages' velocities and
+  /// then their VJPs, from the last stage back. stage_velocity(slot, x, v) writes v = f(x)
+  /// by the derivatives' forward pass (the VJP's own, to rounding the field's) and keeps its
+  /// tape in `slot` (< kStageSlots), so that stage_vjp(slot, x, ...) at the same x (compared
+  /// number by number) takes no forward pass of its own; at another x it takes one. Each
+  /// slot holds O(n) numbers for each head (a tape, section 2e) until the matrices change.
+  static constexpr std::size_t kStageSlots = 8;
+  void stage_velocity(std::size_t slot, const double* x, double* v);
+  void stage_vjp(std::size_t slot, const double* x, const double* cotangent, double* x_cotangent,
+                 FieldNumbers& gradient);
   /// Throws BackendUnavailable with derivative_refusal's line where the backend's derivatives
   /// do not take the model (what vjp and jvp would throw), before any work is done.
   void require_derivatives() const;
@@ -53,6 +63,7 @@ class Dynamics {
   /// evaluation no longer holds.
   void matrices_changed() {
     cached_ = false;
+    for (DerivativePoint& point : points_) point.x.clear();
     backend_.matrices_changed();
   }
   const Model& model() const { return model_; }
@@ -75,13 +86,24 @@ class Dynamics {
   void evaluate(const double* x, bool with_attention_output, bool with_weight_sums);
   /// The field of a placement other than post (docs/model.md section 2c).
   void evaluate_placement(const double* x, bool with_weight_sums);
-  /// The states the layer reads (N(x) for pre and peri, else x) and its output p_i F_i on
-  /// them, for the derivatives; refuses a model the backend's derivatives do not take.
-  void derivative_forward(const double* x);
-  /// After derivative_forward(x): x's cotangent (written) of the output's cotangent, through
+  /// A state at which the derivatives' forward pass was taken: x, the states the layer reads
+  /// (N(x) for pre and peri, else x; the backend's tape is taken at their address) and its
+  /// output p_i F_i on them. points_[0] serves vjp, jvp and attention_output_vjp, points_[1 +
+  /// slot] the stages (x empty: none taken).
+  struct DerivativePoint {
+    std::vector<double> x, read, output;
+  };
+  /// The forward pass at x into `point`; refuses a model the backend's derivatives do not
+  /// take.
+  void derivative_forward(const double* x, DerivativePoint& point);
+  DerivativePoint& stage_point(std::size_t slot);
+  /// The VJP at point.x (after derivative_forward there).
+  void vjp_at(const DerivativePoint& point, const double* cotangent, double* x_cotangent,
+              FieldNumbers& gradient);
+  /// After derivative_forward: x's cotangent (written) of the output's cotangent, through
   /// the layer and, for pre and peri, the directions N(x) it reads.
-  void output_to_state_vjp(const double* x, const double* output_cotangent, double* x_cotangent,
-                           FieldNumbers& gradient);
+  void output_to_state_vjp(const DerivativePoint& point, const double* output_cotangent,
+                           double* x_cotangent, FieldNumbers& gradient);
   std::int64_t evaluations_ = 0;
   bool cached_ = false, cached_attention_output_ = false, cached_weight_sums_ = false;
   bool wants_attention_output_ = false;
@@ -89,7 +111,8 @@ class Dynamics {
   std::vector<double> directions_, layer_velocity_;  ///< a placement's read states, the backend's own field
   /// The derivatives' arrays (the states the layer reads, its output, their cotangents or
   /// tangents), kept from call to call.
-  std::vector<double> derivative_read_, derivative_output_, output_adjoint_, read_adjoint_;
+  std::vector<DerivativePoint> points_ = std::vector<DerivativePoint>(1 + kStageSlots);
+  std::vector<double> output_adjoint_, read_adjoint_;
   std::string resident_for_;  ///< the integrator resident_ was asked for ("" before)
   std::unique_ptr<ResidentStepper> resident_;
 };

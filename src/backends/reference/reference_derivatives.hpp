@@ -154,17 +154,27 @@ void reference_output_jvp(const Model& model, const DerivativeTape& tape, const 
 
 /// A backend whose derivatives are these (the reference backend pair by pair; the CPU backend
 /// with its lanes as the pair passes): Backend::derivative_forward, output_vjp and output_jvp
-/// on the model it was made for. derivative_forward keeps its tape for the next derivative
-/// call at the same states, which uses it up (a call without one takes its own forward pass).
-/// A used tape's arrays serve the next forward pass (O(n) numbers held between calls): at
-/// n = 1024, d = 64, H = 8 mapping their pages afresh was a tenth of a VJP.
+/// on the model it was made for. derivative_forward keeps its tape, keyed by the address of
+/// the states it was taken at, for the next derivative call at those states, which uses it up
+/// (a call without one takes its own forward pass). Up to kKeptTapes tapes are kept at once,
+/// at as many addresses (a Runge-Kutta step's stages: Dynamics::stage_velocity); a forward
+/// pass at an address already kept is taken again in that tape. A used tape's arrays serve
+/// the next forward pass (O(n) numbers held between calls): at n = 1024, d = 64, H = 8
+/// mapping their pages afresh was a tenth of a VJP.
 class ReferenceDerivativesBackend : public Backend {
  public:
+  static constexpr std::size_t kKeptTapes = 8;
   explicit ReferenceDerivativesBackend(const Model& model) : derivative_model_(model) {}
   void derivative_forward(std::size_t replicas, const double* y, double* output) override {
-    if (!spare_) spare_ = std::move(tape_);
-    tape_ = fresh_tape(replicas, y);
-    tape_->output(derivative_model_, output);
+    std::unique_ptr<DerivativeTape> tape = kept_tape(replicas, y);
+    if (tape) tape->take(derivative_model_, y);
+    else tape = fresh_tape(replicas, y);
+    tape->output(derivative_model_, output);
+    kept_.push_back(std::move(tape));
+    if (kept_.size() > kKeptTapes) {  // the oldest kept tape's arrays serve the next one
+      spare_ = std::move(kept_.front());
+      kept_.erase(kept_.begin());
+    }
   }
   void output_vjp(std::size_t replicas, const double* y, const double* output_cotangent, double* y_cotangent,
                   FieldNumbers& gradient) override {
@@ -179,7 +189,7 @@ class ReferenceDerivativesBackend : public Backend {
     spare_ = std::move(tape);
   }
   void matrices_changed() override {
-    tape_.reset();
+    kept_.clear();
     spare_.reset();
   }
 
@@ -188,14 +198,20 @@ class ReferenceDerivativesBackend : public Backend {
   void set_pair_passes(std::unique_ptr<PairPasses> passes) { passes_ = std::move(passes); }
 
  private:
-  /// The kept tape if it was taken at (replicas, y), else a fresh one; either way none is kept.
+  /// The kept tape taken at (replicas, y), taken out of the kept ones; null where there is none.
+  std::unique_ptr<DerivativeTape> kept_tape(std::size_t replicas, const double* y) {
+    for (auto at = kept_.begin(); at != kept_.end(); ++at)
+      if ((*at)->replicas == replicas && (*at)->y == y) {
+        std::unique_ptr<DerivativeTape> tape = std::move(*at);
+        kept_.erase(at);
+        return tape;
+      }
+    return nullptr;
+  }
+  /// The kept tape taken at (replicas, y), else a fresh one; either way none is kept there.
   std::unique_ptr<DerivativeTape> tape_at(std::size_t replicas, const double* y) {
-    std::unique_ptr<DerivativeTape> tape = std::move(tape_);
-    if (!tape || tape->replicas != replicas || tape->y != y) {
-      spare_ = std::move(tape);
-      tape = fresh_tape(replicas, y);
-    }
-    return tape;
+    std::unique_ptr<DerivativeTape> tape = kept_tape(replicas, y);
+    return tape ? std::move(tape) : fresh_tape(replicas, y);
   }
   /// A tape taken at (replicas, y): the spare one's arrays refilled where it has as many
   /// replicas (a forward pass that throws leaves no spare).
@@ -211,7 +227,8 @@ class ReferenceDerivativesBackend : public Backend {
 
   const Model& derivative_model_;
   std::unique_ptr<PairPasses> passes_;
-  std::unique_ptr<DerivativeTape> tape_, spare_;
+  std::vector<std::unique_ptr<DerivativeTape>> kept_;  ///< oldest first
+  std::unique_ptr<DerivativeTape> spare_;
 };
 
 }  // namespace mfattn::detail
