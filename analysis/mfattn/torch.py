@@ -106,8 +106,8 @@ class _Flow(torch.autograd.Function):
 
 def flow(x0: torch.Tensor, model, weights: dict | None = None, checkpoints: int | None = None,
          **run_options) -> torch.Tensor:
-    """x(T) of the run of `model` from x0 (a float64 tensor of the state's shape, (n, d) or
-    (R, n, d)), as a differentiable torch function of x0 and, where given, of weight tensors
+    """x(T) of the run of `model` from x0 (a float64 tensor of the state's shape, (n, d), or
+    (R, n, d): R replicas, each from its own state), as a differentiable torch function of x0 and, where given, of weight tensors
     under model.weights()'s keys: the forward pass is the run (the model's options with
     run_options: horizon=, dt=, integrator=, ...; x0 its initial state), the backward pass the
     run's discrete adjoint (mfattn.gradient, docs/model.md section 5b) from `checkpoints`
@@ -117,10 +117,13 @@ def flow(x0: torch.Tensor, model, weights: dict | None = None, checkpoints: int 
         raise TypeError(f"x0: expected a torch.Tensor, got {type(x0).__name__}")
     if not isinstance(model, mfattn.Model):
         raise TypeError(f"model: expected an mfattn.Model, got {type(model).__name__}")
-    if x0.dim() != 2:
-        raise ValueError(f"x0: shape {tuple(x0.shape)}; flow takes one state (n, d) (an initial state per replica "
-                         "is not taken yet: flow each replica's)")
     options = dict(model.options, **run_options)
+    replicas = int(options.get("replicas", 1))
+    if x0.dim() not in (2, 3) or (x0.dim() == 3 and replicas not in (1, x0.shape[0])) or (x0.dim() == 2 and replicas > 1):
+        raise ValueError(f"x0: shape {tuple(x0.shape)}; flow takes (n, d), or (R, n, d) for R replicas (each from "
+                         f"its own state; the run has replicas={replicas})")
+    if x0.dim() == 3:
+        options["replicas"] = x0.shape[0]
     options.pop("init", None)
     options.pop("init_file", None)
     if not weights:

@@ -637,9 +637,15 @@ State build_initial_state(const RunConfig& cfg, const Model& model) {
     } catch (const std::exception& e) {
       throw UsageError("--init-file " + cfg.init_file + ": " + e.what());
     }
-    if (rows != model.n)
+    if (rows != model.n && (state.replicas == 1 || rows != state.replicas * model.n))
       throw UsageError("--init-file " + cfg.init_file + ": needs " + std::to_string(model.n) +
-                       " rows (n + null tokens), found " + std::to_string(rows));
+                       " rows (n + null tokens)" +
+                       (state.replicas > 1
+                            ? ", or " + std::to_string(state.replicas * model.n) + " (" +
+                                  std::to_string(model.n) + " for each of the " +
+                                  std::to_string(state.replicas) + " replicas)"
+                            : std::string()) +
+                       ", found " + std::to_string(rows));
   }
   try {
     initialize_state(spec, state);

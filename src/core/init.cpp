@@ -140,18 +140,24 @@ void fill_equiangular(const InitSpec& spec, State& st, std::size_t r) {
 void fill_file(const InitSpec& spec, State& st, std::size_t r,
                const std::string& option = "--init-file") {
   const std::size_t n = st.n, d = st.d;
-  if (spec.file_rows.size() != n * d) {
+  // n rows for every replica, or R n rows: replica r's from row r n on.
+  const bool per_replica = st.replicas > 1 && spec.file_rows.size() == st.replicas * n * d;
+  if (spec.file_rows.size() != n * d && !per_replica) {
     const std::size_t sz = spec.file_rows.size();
+    const std::string replicas = st.replicas > 1 ? " (or R n = " + std::to_string(st.replicas * n) +
+                                                       ", one set a replica)"
+                                                 : "";
     throw std::invalid_argument(
-        sz % d == 0 ? option + " has " + std::to_string(sz / d) + " rows of d = " +
-                          std::to_string(d) + " numbers, but n = " + std::to_string(n) +
-                          " are needed"
-                    : option + " has " + std::to_string(sz) +
-                          " numbers, not a whole number of rows of d = " + std::to_string(d));
+        sz % d == 0
+            ? option + " has " + std::to_string(sz / d) + " rows of d = " + std::to_string(d) +
+                  " numbers, but n = " + std::to_string(n) + replicas + " are needed"
+            : option + " has " + std::to_string(sz) +
+                  " numbers, not a whole number of rows of d = " + std::to_string(d));
   }
+  const std::size_t first_row = per_replica ? r * n : 0;
   for (std::size_t i = 0; i < n; ++i) {
-    const double* row = spec.file_rows.data() + i * d;
-    const std::string where = option + " row " + std::to_string(i + 1);
+    const double* row = spec.file_rows.data() + (first_row + i) * d;
+    const std::string where = option + " row " + std::to_string(first_row + i + 1);
     for (std::size_t j = 0; j < d; ++j)
       if (!std::isfinite(row[j])) throw std::invalid_argument(where + " has a non-finite entry");
     const double nr = row_norm(row, d);

@@ -350,3 +350,18 @@ def test_matrix_and_table_options_take_numpy_arrays(mfattn, tmp_path):
     assert not (array_folders() - before)
     with pytest.raises(ValueError, match="--q"):
         mfattn.Model(n=6, d=3, q=np.ones((2, 2)))
+
+
+def test_an_init_file_of_a_state_for_each_replica(mfattn):
+    """init_file= with R n rows starts replica r at rows r n .. (r + 1) n - 1; n rows start every
+    replica there; another count is refused naming both counts."""
+    rng = np.random.default_rng(8)
+    starts = rng.normal(size=(3, 5, 3))
+    starts /= np.linalg.norm(starts, axis=2, keepdims=True)
+    model = mfattn.Model(n=5, d=3, replicas=3, init="file", init_file=starts.reshape(15, 3))
+    np.testing.assert_allclose(model.initial_state(), starts, atol=1e-15)
+    shared = mfattn.Model(n=5, d=3, replicas=3, init="file", init_file=starts[1])
+    np.testing.assert_allclose(shared.initial_state(), np.stack([starts[1]] * 3), atol=1e-15)
+    with pytest.raises(ValueError, match="needs 5 rows \\(n \\+ null tokens\\), or 15 \\(5 for each of the 3 replicas\\), "
+                       "found 10"):
+        mfattn.Model(n=5, d=3, replicas=3, init="file", init_file=starts[:2].reshape(10, 3)).initial_state()

@@ -309,8 +309,36 @@ def test_torch_flow_passes_gradcheck_and_is_the_run(mfattn):
         return flows.flow(x / x.norm(dim=1, keepdim=True), model, {"attention/value": v, "mlp/w1": w},
                           checkpoints=1, **run)
     assert torch.autograd.gradcheck(run_of, (x0, value, w1), eps=1e-6, atol=1e-8, rtol=1e-6)
-    with pytest.raises(ValueError, match="x0: shape \\(2, 4, 3\\); flow takes one state"):
-        flows.flow(torch.stack([x0, x0]), model, **run)
+    with pytest.raises(ValueError, match="x0: shape \\(4, 3\\); flow takes .*the run has replicas=2"):
+        flows.flow(x0, model, replicas=2, **run)
+    with pytest.raises(ValueError, match="x0: shape \\(2, 4, 3\\); flow takes .*replicas=3"):
+        flows.flow(torch.stack([x0, x0]), model, replicas=3, **run)
+
+
+def test_torch_flow_takes_a_state_for_each_replica(mfattn):
+    """(R, n, d): R replicas of the run, each from its own state, shared weights: each replica's
+    x(T) and gradients are those of its own run (the value matrix's summed over replicas)."""
+    import mfattn.torch as flows
+    model = mfattn.Model(n=4, d=3, kernel="sa", beta=1.5, q="gaussian", k="gaussian", v="gaussian", values="plain",
+                         seed=2)
+    run = dict(horizon=0.1, dt=0.05, save_every=0.05, integrator="rk4")
+    starts = [torch.tensor(mfattn.Model(**dict(model.options, seed=s)).initial_state()) for s in (2, 3, 4)]
+    value = torch.tensor(model.weights()["attention/value"], requires_grad=True)
+    c = torch.tensor(np.random.default_rng(6).standard_normal((3, 4, 3)))
+    stacked = torch.stack(starts).requires_grad_()
+    final = flows.flow(stacked, model, {"attention/value": value}, **run)
+    assert final.shape == (3, 4, 3)
+    (c * final).sum().backward()
+    value_sum = torch.zeros_like(value)
+    for r, start in enumerate(starts):
+        one_value = value.detach().clone().requires_grad_()
+        x = start.clone().requires_grad_()
+        alone = flows.flow(x, model, {"attention/value": one_value}, **run)
+        assert torch.allclose(final[r], alone, rtol=0, atol=1e-15)
+        (c[r] * alone).sum().backward()
+        assert torch.allclose(stacked.grad[r], x.grad, rtol=1e-13, atol=1e-15)
+        value_sum += one_value.grad
+    assert torch.allclose(value.grad, value_sum, rtol=1e-12, atol=1e-15)
 
 
 def test_a_torch_optimiser_trains_weights_inside_a_run(mfattn):
