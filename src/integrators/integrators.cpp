@@ -465,11 +465,13 @@ class EulerMaruyama final : public Integrator {
                 const double* next_bar, double* x_bar, FieldNumbers& gradient) override {
     const std::size_t size = dynamics.size(), d = dynamics.model().d;
     velocity_.resize(size);
-    dynamics.velocity(x, velocity_.data());
+    // The field by the derivatives' forward pass, its tape kept for the VJP below.
+    dynamics.stage_velocity(0, x, velocity_.data());
     const double amplitude = kernels::noise_amplitude(h, kappa_);
     velocity_bar_.assign(size, 0.0);
     std::copy(next_bar, next_bar + size, x_bar);
-    std::vector<double> scratch(2 * d);
+    std::vector<double>& scratch = scratch_;
+    scratch.resize(2 * d);
     for_each_moving_token(dynamics, [&](std::size_t r, std::size_t i, std::size_t o) {
       kernels::maruyama_step_vjp(x + o, velocity_.data() + o, h, amplitude, seed_, r, i,
                                  static_cast<std::uint64_t>(step), int(d), next_bar + o,
@@ -477,14 +479,14 @@ class EulerMaruyama final : public Integrator {
       for (std::size_t c = 0; c < d; ++c) velocity_bar_[o + c] *= h;
     });
     field_bar_.resize(size);
-    dynamics.vjp(x, velocity_bar_.data(), field_bar_.data(), gradient);
+    dynamics.stage_vjp(0, x, velocity_bar_.data(), field_bar_.data(), gradient);
     for (std::size_t e = 0; e < size; ++e) x_bar[e] += field_bar_[e];
   }
 
  private:
   double kappa_;
   std::uint64_t seed_;
-  std::vector<double> velocity_, velocity_bar_, field_bar_;
+  std::vector<double> velocity_, velocity_bar_, field_bar_, scratch_;
 };
 
 }  // namespace
