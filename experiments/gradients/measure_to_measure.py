@@ -19,7 +19,8 @@ data/gradients/measure_to_measure_loss.csv (the loss per iteration), the fitted 
 their replay files under data/gradients/, data/figures/measure_to_measure.png (the loss per
 iteration; the d = 3 tokens at t = 0 and T with the target) and data/figures/measure_to_measure.gif
 (the fitted d = 3 flow, analysis/animate.py). Prints the table of docs/experiments.md. About
-a minute on 2 cores (--quick: 2 layers, 20 iterations, d = 3 only, no animation).
+five minutes on 2 cores, 8000 L-BFGS iterations per d (--quick: 2 layers, 20 iterations, d = 3
+only, no animation).
 
     /usr/bin/python3 experiments/gradients/measure_to_measure.py [--quick]
 """
@@ -138,7 +139,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=30)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--mlp", type=int, default=16)
-    parser.add_argument("--iterations", type=int, default=3000)
+    parser.add_argument("--iterations", type=int, default=8000)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dims", default="4,3", help="the dimensions d, in order (3 is drawn and animated)")
     parser.add_argument("--data", default=str(ROOT / "data"))

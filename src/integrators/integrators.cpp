@@ -165,12 +165,11 @@ class RungeKutta final : public Integrator {
   /// from the last stage back, and x_bar = y_bar + sum_s z_bar_s.
   /// The stages' velocities are taken by the derivatives' forward pass and their tapes kept
   /// (Dynamics::stage_velocity), so that each stage's VJP takes no forward pass of its own,
-  /// where the tapes fit kStageTapeTokens (else each VJP takes its own).
+  /// where the tapes fit kStageTapeNumbers (else each VJP takes its own).
   void step_vjp(Dynamics& dynamics, const double* x, double h, std::int64_t /*step*/,
                 const double* next_bar, double* x_bar, FieldNumbers& gradient) override {
     const std::size_t size = dynamics.size(), stages = tableau_.b.size(), d = dynamics.model().d;
-    const bool tapes = stages <= Dynamics::kStageSlots &&
-                       dynamics.replicas() * dynamics.model().n * stages <= kStageTapeTokens;
+    const bool tapes = stages <= Dynamics::kStageSlots && size * stages <= kStageTapeNumbers;
     form_stages(dynamics, x, h, size, tapes ? Stages::KeptWithTapes : Stages::Kept);
     std::vector<double>& y_bar = new_x_;
     y_bar.assign(next_bar, next_bar + size);
@@ -206,9 +205,10 @@ class RungeKutta final : public Integrator {
   /// there with their velocities taken by the derivatives' forward pass, tapes kept (an
   /// adjoint whose stages' VJPs take no forward pass of their own).
   enum class Stages { Dropped, Kept, KeptWithTapes };
-  /// The tokens (replicas x n x stages) up to which an adjoint keeps every stage's tape: a
-  /// tape is O(n) numbers a head, about a kilobyte a token at d = 3 (256 MiB here).
-  static constexpr std::size_t kStageTapeTokens = std::size_t{1} << 18;
+  /// The stage states' numbers (R n d x stages) up to which an adjoint keeps every stage's
+  /// tape: a tape is O(n) numbers a head, 40 (d = 3) to 90 (d = 64, H = 8) times the state's
+  /// numbers, so at most about 190 MB of tapes.
+  static constexpr std::size_t kStageTapeNumbers = std::size_t{1} << 18;
   /// k_s = f(z_s) with z_0 = x and z_s = x + h sum_{m<s} a_sm k_m for every stage of the
   /// tableau (not dopri5's error stage), into stage_k_ (z_s as `keep` says).
   void form_stages(Dynamics& dynamics, const double* x, double h, std::size_t size, Stages keep) {
