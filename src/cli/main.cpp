@@ -19,6 +19,7 @@
 #include "mfattn/app/config.hpp"
 #include "mfattn/app/fit.hpp"
 #include "mfattn/app/info.hpp"
+#include "mfattn/app/keys.hpp"
 #include "mfattn/app/meanfield.hpp"
 #include "mfattn/app/oclosure_command.hpp"
 #include "mfattn/app/realize.hpp"
@@ -95,6 +96,10 @@ const std::vector<Command>& commands() {
        "fit weights (and x0, beta) so that a run reaches a target, by gradients through runs (mfattn fit --help)",
        [] { std::cout << mfattn::fit_usage(); },
        [](const auto& args) { return mfattn::fit_command(args, std::cout, std::cerr); }},
+      {"keys",
+       "one query against n keys: the attention plan's statistics over samples (mfattn keys --help)",
+       [] { std::cout << mfattn::keys_usage(); },
+       [](const auto& args) { return mfattn::keys_command(args, std::cout, std::cerr); }},
       {"meanfield", "the density (mean-field) equation of the same model (mfattn meanfield --help)",
        [] { std::cout << mfattn::meanfield_usage(); },
        [](const auto& args) { return mfattn::meanfield_command(args, std::cout, std::cerr); }},

@@ -39,7 +39,7 @@ void write_array(const h5md_internal::Checker& check, hid_t file, const std::str
 }  // namespace
 
 void write_weights_file(const std::string& path, const WeightsFile& weights,
-                        const WeightsFileRecord& record) {
+                        const ArrayRecord& record) {
   namespace fs = std::filesystem;
   std::string suffix(1,
                      '.');  // appended piece by piece: GCC 12 -Wrestrict misfires on "." + string
@@ -68,8 +68,11 @@ void write_weights_file(const std::string& path, const WeightsFile& weights,
         Handle mlp = check.own(H5Gopen2(f, "/mlp", H5P_DEFAULT), H5Gclose, "opening", "/mlp");
         h5md_internal::write_string_attribute(check, mlp.get(), "activation", weights.activation);
       }
-      for (const WeightsFileRecord::Array& array : record.arrays)
-        write_array(check, f, array.path, {array.values.size()}, array.values);
+      for (const ArrayRecord::Array& array : record.arrays)
+        write_array(
+            check, f, array.path,
+            array.shape.empty() ? std::vector<std::size_t>{array.values.size()} : array.shape,
+            array.values);
       if (!record.attributes.empty()) {
         make_parents(check, f, record.attributes_of + "/");
         Handle group = check.own(H5Gopen2(f, record.attributes_of.c_str(), H5P_DEFAULT), H5Gclose,

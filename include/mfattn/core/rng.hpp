@@ -46,6 +46,7 @@ enum class StreamTag : std::uint64_t {
   Positions = 5,
   Generators = 6,
   Prefix = 7,
+  Keys = 8,  ///< mfattn keys: its queries and keys
 };
 
 }  // namespace mfattn

@@ -39,12 +39,15 @@ inline std::size_t value_dim_of(const WeightsFile& file, std::size_t r) {
 /// a dataset is not float64, or a number is not finite; shapes are the caller's to check.
 WeightsFile read_weights_file(const std::string& path);
 
-/// What a weights file may hold beside the layout (`mfattn fit`'s record): float64 arrays at
-/// the paths given ("/fit/loss") and string attributes of the group `attributes_of`.
-struct WeightsFileRecord {
+/// What a weights file may hold beside the layout (`mfattn fit`'s record), or a file of
+/// arrays alone (`mfattn keys`): float64 arrays at the paths given ("/fit/loss"), of the
+/// shape given (none: one axis of all the values), and string attributes of the group
+/// `attributes_of`.
+struct ArrayRecord {
   struct Array {
     std::string path;
     std::vector<double> values;
+    std::vector<std::size_t> shape = {};  ///< row-major; its product is values.size()
   };
   std::vector<Array> arrays;
   std::string attributes_of;
@@ -56,6 +59,11 @@ struct WeightsFileRecord {
 /// over `path` once closed (an earlier file there is replaced). Throws IoError (nothing left
 /// behind) when a write fails.
 void write_weights_file(const std::string& path, const WeightsFile& file,
-                        const WeightsFileRecord& record = {});
+                        const ArrayRecord& record = {});
+
+/// A file of the record alone, written as write_weights_file writes one.
+inline void write_array_file(const std::string& path, const ArrayRecord& record) {
+  write_weights_file(path, WeightsFile{}, record);
+}
 
 }  // namespace mfattn

@@ -643,7 +643,7 @@ int fit_command(const std::vector<std::string>& args, std::ostream& out, std::os
     write_text_atomically(outputs.config,
                           replay_config(cfg, outputs, layers, layer_time, numbers.beta,
                                         parts.count(Part::Beta) > 0, command_line));
-    WeightsFileRecord record;
+    ArrayRecord record;
     record.arrays.push_back({"/fit/loss", losses});
     record.attributes_of = "/fit";
     record.attributes = {{"optimizer", o.optimizer},
