@@ -525,11 +525,10 @@ std::vector<std::string> parse_command_options(const std::vector<std::string>& a
 
 po::options_description run_options(RunConfig& c) {
   po::options_description model("Model");
-  model.add_options()
-      ("n", bound(c.n), "active tokens, >= 1")
-      ("d", bound(c.d), "ambient dimension, >= 2")
-      ("beta", bound(c.beta), "inverse temperature, >= 0")
-      ("kernel", bound(c.kernel), kKernelOption.help().c_str());
+  model.add_options()("n", bound(c.n), "active tokens, >= 1")(
+      "d", bound(c.d), "ambient dimension, >= 2")("beta", bound(c.beta),
+                                                  "inverse temperature, finite; negative repels")(
+      "kernel", bound(c.kernel), kKernelOption.help().c_str());
   add_numbers<SinkhornParameters>(model, c);
   model.add_options()
       ("time-scale", bound(c.time_scale), kTimeScaleOption.help().c_str())

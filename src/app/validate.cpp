@@ -357,15 +357,23 @@ void validate_model_numbers(const RunConfig& c, RunChoices& choices) {
   if (c.d < 2) reject("d", std::to_string(c.d), "must be an integer >= 2");
   validate_numbers(c);
   require_finite("beta", c.beta);
-  if (c.beta < 0) reject("beta", format_number(c.beta), "must be >= 0");
   const Normalization kernel = choices.kernel = require_choice(kKernelOption, c.kernel);
   const TimeScale time_scale = choices.time_scale = require_choice(kTimeScaleOption, c.time_scale);
   // USA in natural time weighs the token itself by exp(beta <Q x, K x>) = exp(beta) for
-  // Q = K = I: beyond log(DBL_MAX) it overflows at t = 0, and the backends stop.
-  if (kernel == Normalization::Usa && time_scale == TimeScale::Natural && c.beta > std::log(DBL_MAX))
+  // Q = K = I, and an antipodal pair by exp(-beta): beyond log(DBL_MAX) either overflows, and
+  // the backends stop. Rescaled time multiplies by exp(-beta): exp(beta (s - 1)) <= 1 for
+  // beta >= 0, but up to exp(2 |beta|) for beta < 0 (s = -1).
+  const double overflow = std::log(DBL_MAX);
+  if (kernel == Normalization::Usa && time_scale == TimeScale::Natural &&
+      std::fabs(c.beta) > overflow)
     reject("beta", format_number(c.beta),
-           "with --kernel usa and --time-scale natural the weights exp(beta) overflow double for "
-           "beta > 709.78: use --time-scale rescaled (or --kernel sa)");
+           "with --kernel usa and --time-scale natural the weights exp(|beta|) overflow double for "
+           "|beta| > 709.78: use --time-scale rescaled for beta > 0 (or --kernel sa)");
+  if (time_scale == TimeScale::Rescaled && c.beta < -overflow / 2)
+    reject("beta", format_number(c.beta),
+           "with --time-scale rescaled and beta < 0 the weights exp(beta (s - 1)) reach "
+           "exp(2 |beta|), which overflows double for beta < -354.89: use --time-scale natural "
+           "(|beta| <= 709.78)");
 }
 
 /// Q, K, V (presets or files), who shares their draws, and the layers of --regen-period.

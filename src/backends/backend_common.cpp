@@ -11,7 +11,7 @@ namespace mfattn {
 
 double energy_from_weight_sums(const Model& model, const double* x, const double* weight_sums,
                                std::size_t replica) {
-  if (model.beta <= 0.0) return std::numeric_limits<double>::quiet_NaN();
+  if (model.beta == 0.0) return std::numeric_limits<double>::quiet_NaN();  // 1 / (2 beta)
   const double mass = model.mass();
   double total = 0.0;
   for (std::size_t i = 0; i < model.n; ++i) total += model.presence[i] * weight_sums[i];

@@ -79,7 +79,7 @@ class CircleSolver final : public TransportSolver {
       o.conditional_variance = conditional;
       o.marginal_variance = 1.0 - o.modes[0];
     }
-    if (beta_ > 0.0) {
+    if (beta_ != 0.0) {
       field_->weight_sums(density, sums_);
       double total = 0.0;
       for (std::size_t i = 0; i < density.size(); ++i) total += label_weight * h_ * density[i] * sums_[i];

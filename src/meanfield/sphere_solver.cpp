@@ -546,8 +546,8 @@ DensityObservables SphereSolver::observe(const std::vector<double>& density) {
     for (std::size_t i = 0; i < count_; ++i)
       pair += factors_.kernel[static_cast<std::size_t>(degree_[i])] * multiplicity_[i] * std::norm(a_[i]);
   }
-  obs.energy = interaction_.beta > 0 ? pair / (2 * interaction_.beta)
-                                     : std::numeric_limits<double>::quiet_NaN();
+  obs.energy = interaction_.beta != 0 ? pair / (2 * interaction_.beta)
+                                      : std::numeric_limits<double>::quiet_NaN();
   obs.free_energy = obs.energy;
   if (interaction_.noise_kappa > 0) obs.free_energy -= entropy / interaction_.noise_kappa;
   return obs;

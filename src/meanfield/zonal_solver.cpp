@@ -123,7 +123,7 @@ class ZonalSolver final : public TransportSolver {
     }
     for (double& mode : o.modes) mode = std::abs(mode);
     o.order_parameter = o.modes[0];
-    if (interaction_.beta > 0.0) {
+    if (interaction_.beta != 0.0) {
       // E = 1/(2 beta) int int w dmu dmu: the centres' weight sums.
       const Eigen::Map<const Eigen::VectorXd> f(density.data(), n_);
       const Eigen::VectorXd masses = f.cwiseProduct(cell_measure_);

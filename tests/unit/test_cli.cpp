@@ -38,7 +38,7 @@ TEST(Cli, BadInputGetsOneLineExitTwoAndNoFile) {
       {"--kernel softmax", "--kernel"},
       {"--n 0", "--n"},
       {"--d 1", "--d"},
-      {"--beta -1", "--beta"},
+      {"--beta -800", "--beta"},
       {"--beta nan", "--beta"},
       {"--dt 0", "--dt"},
       {"--horizon inf", "--horizon"},

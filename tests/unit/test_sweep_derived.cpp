@@ -241,8 +241,9 @@ TEST(SweepDerived, BadDerivedLinesAreNamedWithFileLineAndKey) {
   };
   for (const auto& [lines, expected] : cases) EXPECT_EQ(sweep_error(base + lines + "\n"), expected) << lines;
   // A variable whose value is no number: run's message about it, as without [derived].
-  EXPECT_EQ(sweep_error("[base]\nd = 3\n[axes]\nbeta = 2 x\n[derived]\ndt = 1 / beta\n"),
-            "axis beta value x: --beta x: must be a number >= 0");
+  EXPECT_EQ(
+      sweep_error("[base]\nd = 3\n[axes]\nbeta = 2 x\n[derived]\ndt = 1 / beta\n"),
+      "axis beta value x: --beta x: must be a number (inverse temperature, finite; negative repels)");
   EXPECT_EQ(sweep_error("[base]\nd = 3\neps-den = auto\n[derived]\ndt = eps_den + 1\n"),
             "grid.ini:5: derived dt: variable eps_den: --eps-den auto is not a number");
 }

@@ -354,6 +354,10 @@ MeanfieldConfig parse_meanfield_arguments(const std::vector<std::string>& args) 
   // take ~60 times the steps for a time error far below the grid's (docs/meanfield.md).
   if (vm["rtol"].defaulted()) run.rtol = kMeanfieldDefaultRtol;
   if (vm["atol"].defaulted()) run.atol = kMeanfieldDefaultAtol;
+  // Repulsive attention is checked for particles only (docs/model.md section 2).
+  if (run.beta < 0)
+    refuse("beta", format_number(run.beta),
+           "mfattn meanfield takes beta >= 0 (a repulsive beta < 0 runs as particles: mfattn run)");
   if (cfg.label_points < 0 || cfg.label_points > 4096)
     refuse("label-points", std::to_string(cfg.label_points), "must be in [0, 4096]");
   // (0 is the default's sentinel, "256, 32 or 256"; given, it is refused as any other value.)
