@@ -606,29 +606,31 @@ po::options_description run_options(RunConfig& c) {
       ("replicas", bound(c.replicas), "independent initial conditions, >= 1")
       ("seed", bound(c.seed), "random seed, >= 0");
   po::options_description execution("Execution and output");
-  execution.add_options()
-      ("threads", bound(c.threads, "auto"),
-       "worker threads in [0, 4096] (0 = auto: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, all cores)")
-      ("backend", bound(c.backend), backend_help().c_str())
-      ("precision", bound(c.precision), kPrecisionOption.help().c_str())
-      ("out", bound(c.out, "required"), "output H5MD file (its folder must exist)")
-      ("overwrite", po::bool_switch(&c.overwrite), "replace an existing output file")
-      ("resume", po::bool_switch(&c.resume),
-       "continue the run in --out from its last frame (same options; the horizon may grow)")
-      ("deflate", po::bool_switch(&c.deflate), "compress positions (deflate level 4 + shuffle); with --save-positions ends or none also the observables")
-      ("fletcher32", po::bool_switch(&c.fletcher32), "checksum every growing dataset")
-      ("save-velocity", po::bool_switch(&c.save_velocity),
-       "also write dx/dt of every frame whose positions are written (particles/tokens/velocity)")
-      ("save-positions", bound(c.save_positions), kSavePositionsOption.help().c_str())
-      ("pair-delta", bound(c.pair_delta),
-       "clustered_pair_fraction counts pairs with <x_i, x_j> > 1 - pair-delta, in (0, 2)")
-      ("cluster-delta", bound(c.cluster_delta),
-       "n_clusters: connected components of the graph <x_i, x_j> > 1 - cluster-delta, in (0, 2)")
-      ("flush-interval", bound(c.flush_interval),
-       "wall seconds between flushes of the output, in [0, 86400]: frames made meanwhile are "
-       "written together (0: flush every frame; frame 0 and the last frame are flushed at once)")
-      ("quiet", po::bool_switch(&c.quiet), "no progress output")
-      ("config", bound(c.config, "none"), "INI file of options (the command line wins)");
+  execution.add_options()(
+      "threads", bound(c.threads, "auto"),
+      "worker threads in [0, 4096] (0 = auto: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, all cores)")(
+      "backend", bound(c.backend), backend_help().c_str())("precision", bound(c.precision),
+                                                           kPrecisionOption.help().c_str())(
+      "out", bound(c.out, "required"), "output H5MD file (its folder must exist)")(
+      "overwrite", po::bool_switch(&c.overwrite), "replace an existing output file")(
+      "resume", po::bool_switch(&c.resume),
+      "continue the run in --out from its last frame (same options; the horizon may grow)")(
+      "deflate", po::bool_switch(&c.deflate),
+      "compress positions (deflate level 4 + shuffle); with --save-positions ends or none also the observables")(
+      "fletcher32", po::bool_switch(&c.fletcher32), "checksum every growing dataset")(
+      "save-velocity", po::bool_switch(&c.save_velocity),
+      "also write dx/dt of every frame whose positions are written (particles/tokens/velocity)")(
+      "save-positions", bound(c.save_positions), kSavePositionsOption.help().c_str())(
+      "pair-delta", bound(c.pair_delta),
+      "clustered_pair_fraction counts pairs with <x_i, x_j> > 1 - pair-delta, in (0, 2)")(
+      "cluster-delta", bound(c.cluster_delta),
+      "n_clusters: connected components of the graph <x_i, x_j> > 1 - cluster-delta, in (0, 2)")(
+      "observables", bound(c.observables), kObservablesOption.help().c_str())(
+      "flush-interval", bound(c.flush_interval),
+      "wall seconds between flushes of the output, in [0, 86400]: frames made meanwhile are "
+      "written together (0: flush every frame; frame 0 and the last frame are flushed at once)")(
+      "quiet", po::bool_switch(&c.quiet), "no progress output")(
+      "config", bound(c.config, "none"), "INI file of options (the command line wins)");
   po::options_description all("mfattn run options");
   all.add(model).add(stepping).add(initial).add(execution);
   return all;

@@ -560,6 +560,29 @@ void validate_execution(const RunConfig& c, RunChoices& choices) {
     require_finite(name, value);
     if (!(value > 0.0 && value < 2.0)) reject(name, format_number(value), "must lie in (0, 2)");
   }
+  {
+    // --observables: named sets joined with '+' (as --mask's parts), default among them, each once.
+    bool seen[std::size(kObservableSetChoices)] = {};
+    for (const std::string& name : mask_parts(c.observables)) {
+      const Choice<ObservableSet>* set = kObservablesOption.find(name);
+      if (!set || seen[std::size_t(set->value)])
+        reject("observables", c.observables,
+               "accepted: " + kObservablesOption.names(", ") +
+                   ", joined with + and each once (default+attention)");
+      seen[std::size_t(set->value)] = true;
+    }
+    if (!seen[std::size_t(ObservableSet::Default)])
+      reject("observables", c.observables, "needs default among its sets (default+attention)");
+    choices.attention_observables = seen[std::size_t(ObservableSet::Attention)];
+    if (choices.attention_observables && choices.kernel == Normalization::Sinkhorn)
+      reject(
+          "observables", c.observables,
+          "with --kernel sinkhorn: the statistics of Sinkhorn's plans are not implemented yet (accepted: default)");
+    if (choices.attention_observables && choices.aux_factor.changes_sign)
+      reject("observables", c.observables,
+             "with --aux-factor " + c.aux_factor +
+                 ": its weights change sign, so a row is no probability (accepted: default)");
+  }
   require_finite("flush-interval", c.flush_interval);
   if (!(c.flush_interval >= 0.0 && c.flush_interval <= 86400.0))
     reject("flush-interval", format_number(c.flush_interval),

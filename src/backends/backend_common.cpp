@@ -1,9 +1,11 @@
 #include "backends/backend_common.hpp"
 
 #include "backends/token_operands.hpp"
+#include "kernels/attention_statistics.hpp"
 
 #include <algorithm>
 #include <iterator>
+#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -42,6 +44,58 @@ double energy_from_weight_sums(const Model& model, const double* x, const double
     }
   }
   return total / (2.0 * model.beta * mass * mass);
+}
+
+std::vector<PlanSummary> attention_plan_summaries(const Model& model, const double* read,
+                                                  std::size_t replica) {
+  const std::size_t sources = model.n + model.prefix_count();
+  const AttentionMatrices& matrices = model.matrices_of(replica);
+  std::vector<PlanSummary> summaries;
+  thread_local host::TokenOperands operands;
+  for (const AttentionHead& head : matrices.heads) {
+    host::prepare_head_operands(host::HeadOperands(model, head), read, operands);
+    struct Moments {
+      double sum = 0.0, low = std::numeric_limits<double>::infinity(),
+             high = -std::numeric_limits<double>::infinity();
+      void add(double v) {
+        sum += v;
+        low = std::min(low, v);
+        high = std::max(high, v);
+      }
+    } entropy, largest, participation;
+    std::size_t receivers = 0;
+    for (std::size_t i = 0; i < model.n; ++i) {
+      if (!(model.presence[i] > 0.0)) continue;
+      const double* query = operands.query(i);
+      kernels::PlanStatistics plan(0, 0);
+      for (std::size_t j = 0; j < sources; ++j) {
+        if (!(operands.presence[j] > 0.0)) continue;
+        const kernels::PairWeightTerms<double> terms = host::model_pair_weight_terms(model, i, j);
+        if (!kernels::visible(terms)) continue;
+        const double* key = operands.key(j);
+        double score = 0.0;
+        for (std::size_t c = 0; c < operands.d; ++c) score += query[c] * key[c];
+        plan.add(model.beta * score + operands.log_presence[j] + terms.log_term, nullptr);
+      }
+      if (plan.sources == 0) continue;  // a receiver that sees no source
+      ++receivers;
+      entropy.add(plan.entropy());
+      largest.add(plan.largest_weight());
+      participation.add(plan.participation());
+    }
+    const double nan = std::numeric_limits<double>::quiet_NaN(), count = double(receivers);
+    auto summary = [&](const Moments& m, double(&out)[3]) {
+      out[0] = receivers ? m.sum / count : nan;
+      out[1] = receivers ? m.low : nan;
+      out[2] = receivers ? m.high : nan;
+    };
+    PlanSummary s;
+    summary(entropy, s.entropy);
+    summary(largest, s.largest_weight);
+    summary(participation, s.participation);
+    summaries.push_back(s);
+  }
+  return summaries;
 }
 
 namespace {

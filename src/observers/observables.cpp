@@ -20,8 +20,13 @@ bool has_conditional_spread(const Model& model) {
   return model.gauge != nullptr || model.prompts > 1;
 }
 
-std::vector<std::pair<std::string, std::size_t>> observable_layout(const Model& model,
-                                                                   const ObservableSettings&) {
+namespace {
+/// The attention statistics' series, in the layout's order (each with _mean, _min, _max).
+constexpr const char* kAttentionStatistics[] = {"entropy", "largest_weight", "participation"};
+}  // namespace
+
+std::vector<std::pair<std::string, std::size_t>> observable_layout(
+    const Model& model, const ObservableSettings& settings) {
   std::vector<std::pair<std::string, std::size_t>> layout{
       {"energy", 1},          {"mean_inner", 1},          {"min_inner", 1},
       {"max_speed", 1},       {"clustered_pair_fraction", 1}, {"n_clusters", 1},
@@ -38,6 +43,11 @@ std::vector<std::pair<std::string, std::size_t>> observable_layout(const Model& 
     layout.emplace_back("sinkhorn_column_error", 1);
     layout.emplace_back("sinkhorn_sweeps", 1);
   }
+  if (settings.attention)
+    for (const char* statistic : kAttentionStatistics)
+      for (const char* of : {"_mean", "_min", "_max"})
+        layout.emplace_back(std::string("attention_") + statistic + of,
+                            model.matrices.front().heads.size());
   return layout;
 }
 
@@ -362,6 +372,24 @@ std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const S
     for (std::size_t r = 0; r < R; ++r) {
       values[error_values][r] = r < report.column_error.size() ? report.column_error[r] : kNaN;
       values[error_values + 1][r] = r < report.sweeps.size() ? report.sweeps[r] : kNaN;
+    }
+  }
+  if (settings.attention) {
+    // The plans of the states the layer reads: the directions for pre and peri.
+    const std::size_t first = position_of("attention_entropy_mean");
+    const std::size_t heads = layout[first].second;
+    std::vector<double> read;
+    for (std::size_t r = 0; r < R; ++r) {
+      read.assign(state.replica(r), state.replica(r) + n * d);
+      if (placement_reads_directions(model.placement)) take_directions(n, d, read.data());
+      const std::vector<PlanSummary> summaries = attention_plan_summaries(model, read.data(), r);
+      for (std::size_t h = 0; h < heads; ++h) {
+        const PlanSummary& s = summaries[h];
+        const double* statistics[] = {s.entropy, s.largest_weight, s.participation};
+        for (std::size_t k = 0; k < std::size(statistics); ++k)
+          for (std::size_t of = 0; of < 3; ++of)
+            values[first + 3 * k + of][r * heads + h] = statistics[k][of];
+      }
     }
   }
   if (velocity_out) velocity_out->swap(velocity);

@@ -460,3 +460,44 @@ TEST(Observables, StoredObservablesAreIdenticalForOneAndTwoThreads) {
 
 }  // namespace
 }  // namespace mfattn
+
+namespace mfattn {
+namespace {
+
+// The attention statistics at beta = 0 under a causal mask: receiver i sees its i + 1
+// predecessors alike (entropy log(i + 1), participation i + 1, largest weight 1 / (i + 1));
+// a null token receives nothing and weighs nothing; two heads, two replicas.
+TEST(Observables, AttentionStatisticsAtBetaZeroCountTheVisibleSources) {
+  const RunConfig cfg = testing::config(
+      {"--n",           "7",  "--d",        "4",        "--beta",        "0",
+       "--kernel",      "sa", "--mask",     "causal",   "--heads",       "2",
+       "--head-dim",    "2",  "--q",        "gaussian", "--k",           "gaussian",
+       "--null-tokens", "1",  "--replicas", "2",        "--observables", "default+attention"});
+  const Model model = build_model(cfg);
+  const State state = build_initial_state(cfg, model);
+  ObservableSettings settings;
+  settings.attention = true;
+  const auto layout = observable_layout(model, settings);
+  const auto values = observe(model, state, settings);
+  std::size_t first = 0;
+  while (layout[first].first != "attention_entropy_mean") ++first;
+  ASSERT_EQ(layout[first].second, 2u);  // one component a head
+  double mean_log = 0.0, mean_count = 0.0;
+  for (int k = 1; k <= 7; ++k) {
+    mean_log += std::log(double(k)) / 7.0;
+    mean_count += double(k) / 7.0;
+  }
+  for (std::size_t r = 0; r < 2; ++r)
+    for (std::size_t h = 0; h < 2; ++h) {
+      const std::size_t at = r * 2 + h;
+      EXPECT_NEAR(values[first][at], mean_log, 1e-14);           // entropy mean
+      EXPECT_NEAR(values[first + 1][at], 0.0, 1e-15);            // entropy min
+      EXPECT_NEAR(values[first + 2][at], std::log(7.0), 1e-14);  // entropy max
+      EXPECT_NEAR(values[first + 4][at], 1.0 / 7.0, 1e-15);      // largest weight min
+      EXPECT_NEAR(values[first + 5][at], 1.0, 1e-15);            // largest weight max
+      EXPECT_NEAR(values[first + 6][at], mean_count, 1e-13);     // participation mean
+    }
+}
+
+}  // namespace
+}  // namespace mfattn

@@ -115,6 +115,8 @@ struct RunConfig {
   std::string save_positions = "all";  ///< kSavePositionsOption: which frames keep positions
   double pair_delta = 1e-3;     ///< clustered_pair_fraction: pairs with <x_i, x_j> > 1 - delta
   double cluster_delta = 1e-4;  ///< n_clusters: components of <x_i, x_j> > 1 - delta
+  /// The per-frame series: "default", or "default+attention" (the attention statistics).
+  std::string observables = "default";
   /// Wall seconds between flushes: frames computed meanwhile are staged in memory and
   /// written together (0: every frame is flushed as it is made). Frame 0 and the last frame
   /// are always flushed at once; a SIGKILL loses at most this long's frames.

@@ -153,6 +153,19 @@ struct MaskSelection {
 /// joined with another part, or two parts both name a kind (causal+window).
 std::optional<MaskSelection> parse_mask(const std::string& mask);
 
+/// --observables: the named sets of per-frame series, joined with + (default always among them).
+enum class ObservableSet { Default, Attention };
+inline constexpr Choice<ObservableSet> kObservableSetChoices[] = {
+    {"default", ObservableSet::Default, "energy, inner products, clusters, moments, ..."},
+    {"attention", ObservableSet::Attention,
+     "each head's plan entropy, largest weight and participation: mean, min, max over receivers"},
+};
+inline constexpr ChoiceOption<ObservableSet> kObservablesOption{
+    .option = "observables",
+    .choices = kObservableSetChoices,
+    .lead = "the per-frame series",
+    .tail = "; joined with +, default among them: default+attention"};
+
 /// --save-positions: which frames keep every replica's positions (observables are written at
 /// every frame whatever the choice; docs/output.md, "What --save-positions writes").
 inline constexpr Choice<PositionFrames> kSavePositionsChoices[] = {
@@ -212,6 +225,7 @@ struct RunChoices {
   Precision precision = Precision::Double;
   Activation mlp_activation = Activation::Relu;
   Placement placement = Placement::Post;
+  bool attention_observables = false;  ///< --observables default+attention
   /// Layers of the --weights file (its leading axis; 1 without one, 0 without a file).
   std::size_t weight_layers = 0;
   /// The --weights file as validation read and checked it: the model builder slices every

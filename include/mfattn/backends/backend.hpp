@@ -257,4 +257,19 @@ PairStatistics cpu_pair_statistics(const double* x, std::size_t d, const std::ve
 double energy_from_weight_sums(const Model& model, const double* x, const double* weight_sums,
                                std::size_t replica = 0);
 
+/// The attention statistics of one head over one replica's receivers (docs/model.md section 6,
+/// "Attention statistics"): for every moving receiver i (p_i > 0) that sees a source, the
+/// plan P_ij = w_ij / sum_j w_ij over the sources (moving and prefix tokens; SA's weights, USA's
+/// divided by their sum), its entropy -sum_j P_ij log P_ij, largest weight max_j P_ij and
+/// participation 1 / sum_j P_ij^2; each as its mean, min and max over those receivers (NaN
+/// where none sees a source). Taken pair by pair from log-weights, so no weight overflows.
+struct PlanSummary {
+  double entropy[3], largest_weight[3], participation[3];  ///< mean, min, max
+};
+/// One summary a head of replica `replica`'s layer, at the states `read` the layer reads (the
+/// directions N(x) for pre and peri). The model's factor must not change sign (validate()
+/// refuses --observables attention with one).
+std::vector<PlanSummary> attention_plan_summaries(const Model& model, const double* read,
+                                                  std::size_t replica = 0);
+
 }  // namespace mfattn

@@ -52,6 +52,9 @@ namespace mfattn {
 struct ObservableSettings {
   double pair_delta = 1e-3;     ///< clustered_pair_fraction counts <x_i, x_j> > 1 - pair_delta
   double cluster_delta = 1e-4;  ///< n_clusters joins i, j when <x_i, x_j> > 1 - cluster_delta
+  /// --observables default+attention: attention_{entropy,largest_weight,participation}_{mean,
+  /// min,max}, one component a head (attention_plan_summaries; docs/model.md section 6).
+  bool attention = false;
 };
 
 /// Names and component counts, in the order compute_observables returns them.

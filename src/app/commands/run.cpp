@@ -431,7 +431,8 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   }
 
   Dynamics dynamics(model, *backend, state.replicas);
-  const ObservableSettings observable_settings{cfg.pair_delta, cfg.cluster_delta};
+  const ObservableSettings observable_settings{cfg.pair_delta, cfg.cluster_delta,
+                                               cfg.choices.attention_observables};
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
