@@ -63,25 +63,39 @@ std::vector<PlanSummary> attention_plan_summaries(const Model& model, const doub
         high = std::max(high, v);
       }
     } entropy, largest, participation;
-    std::size_t receivers = 0;
-    for (std::size_t i = 0; i < model.n; ++i) {
+    // Each receiver's plan on its own (rows spread over the threads), then the summaries in
+    // receiver order: the same numbers for any thread count.
+    const host::TokenOperands& shared = operands;
+    std::vector<double> row_entropy(model.n), row_largest(model.n), row_participation(model.n);
+    std::vector<char> sees(model.n, 0);
+#pragma omp parallel for schedule(dynamic, 16)
+    for (std::int64_t row = 0; row < std::int64_t(model.n); ++row) {
+      const auto i = std::size_t(row);
       if (!(model.presence[i] > 0.0)) continue;
-      const double* query = operands.query(i);
+      const double* query = shared.query(i);
       kernels::PlanStatistics plan(0, 0);
       for (std::size_t j = 0; j < sources; ++j) {
-        if (!(operands.presence[j] > 0.0)) continue;
+        if (!(shared.presence[j] > 0.0)) continue;
         const kernels::PairWeightTerms<double> terms = host::model_pair_weight_terms(model, i, j);
         if (!kernels::visible(terms)) continue;
-        const double* key = operands.key(j);
+        const double* key = shared.key(j);
         double score = 0.0;
-        for (std::size_t c = 0; c < operands.d; ++c) score += query[c] * key[c];
-        plan.add(model.beta * score + operands.log_presence[j] + terms.log_term, nullptr);
+        for (std::size_t c = 0; c < shared.d; ++c) score += query[c] * key[c];
+        plan.add(model.beta * score + shared.log_presence[j] + terms.log_term, nullptr);
       }
       if (plan.sources == 0) continue;  // a receiver that sees no source
+      sees[i] = 1;
+      row_entropy[i] = plan.entropy();
+      row_largest[i] = plan.largest_weight();
+      row_participation[i] = plan.participation();
+    }
+    std::size_t receivers = 0;
+    for (std::size_t i = 0; i < model.n; ++i) {
+      if (!sees[i]) continue;
       ++receivers;
-      entropy.add(plan.entropy());
-      largest.add(plan.largest_weight());
-      participation.add(plan.participation());
+      entropy.add(row_entropy[i]);
+      largest.add(row_largest[i]);
+      participation.add(row_participation[i]);
     }
     const double nan = std::numeric_limits<double>::quiet_NaN(), count = double(receivers);
     auto summary = [&](const Moments& m, double(&out)[3]) {
