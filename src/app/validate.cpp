@@ -369,11 +369,12 @@ void validate_model_numbers(const RunConfig& c, RunChoices& choices) {
     reject("beta", format_number(c.beta),
            "with --kernel usa and --time-scale natural the weights exp(|beta|) overflow double for "
            "|beta| > 709.78: use --time-scale rescaled for beta > 0 (or --kernel sa)");
-  if (time_scale == TimeScale::Rescaled && c.beta < -overflow / 2)
-    reject("beta", format_number(c.beta),
-           "with --time-scale rescaled and beta < 0 the weights exp(beta (s - 1)) reach "
-           "exp(2 |beta|), which overflows double for beta < -354.89: use --time-scale natural "
-           "(|beta| <= 709.78)");
+  if (kernel == Normalization::Usa && time_scale == TimeScale::Rescaled && c.beta < -overflow / 2)
+    reject(
+        "beta", format_number(c.beta),
+        "with --kernel usa, --time-scale rescaled and beta < 0 the weights exp(beta (s - 1)) reach "
+        "exp(2 |beta|), which overflows double for beta < -354.89: use --time-scale natural "
+        "(|beta| <= 709.78)");
 }
 
 /// Q, K, V (presets or files), who shares their draws, and the layers of --regen-period.

@@ -188,8 +188,11 @@ kernels::FinishTerms finish_terms(const Model& model, double mass) {
 std::string usa_overflow_message(const Model& model, double log_scale) {
   std::ostringstream message;
   message << "USA weights overflow double (exponent up to " << log_scale << " > 709.78)";
-  if (model.time_scale == TimeScale::Natural)
+  if (model.time_scale == TimeScale::Natural && model.beta > 0)
     message << "; use --time-scale rescaled, which divides every weight by exp(beta)";
+  else if (model.beta < 0)
+    message << "; a repulsive beta weighs the far sources by up to exp(|beta| |Q x| |K y|): take a "
+               "smaller |beta| or --kernel sa";
   return message.str();
 }
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -30,6 +31,12 @@ void make_parents(const h5md_internal::Checker& check, hid_t file, const std::st
 
 void write_array(const h5md_internal::Checker& check, hid_t file, const std::string& path,
                  const std::vector<std::size_t>& shape, const std::vector<double>& values) {
+  std::size_t count = 1;
+  for (std::size_t extent : shape) count *= extent;
+  if (count != values.size())  // HDF5 would read past the values
+    throw std::logic_error("write_weights_file: " + path + "'s shape holds " +
+                           std::to_string(count) + " numbers, not " +
+                           std::to_string(values.size()));
   make_parents(check, file, path);
   const std::vector<hsize_t> dims(shape.begin(), shape.end());
   h5md_internal::write_fixed_dataset(check, file, path, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, dims,

@@ -63,6 +63,7 @@ struct PlanStatistics {
 
   /// Adds the source of log-weight l and value v (dim numbers; null where dim is 0).
   void add(double l, const double* v) {
+    if (l == -std::numeric_limits<double>::infinity()) return;  // a weight of 0: no source
     if (l > largest) rescale(l);
     const double w = std::exp(l - largest);
     sum += w;

@@ -47,7 +47,7 @@ std::vector<std::pair<std::string, std::size_t>> observable_layout(
     for (const char* statistic : kAttentionStatistics)
       for (const char* of : {"_mean", "_min", "_max"})
         layout.emplace_back(std::string("attention_") + statistic + of,
-                            model.matrices.front().heads.size());
+                            model.matrices_of(0).heads.size());
   return layout;
 }
 

@@ -88,7 +88,7 @@ def test_the_same_numbers_for_any_thread_count_and_list_of_n(mfattn_binary, tmp_
     assert one.returncode == 0 and two.returncode == 0, (one.stderr, two.stderr)
     a, b = read(tmp_path / "one.h5"), read(tmp_path / "two.h5")
     assert list(b["n"]) == [300, 3000]
-    for name in ("largest_weight", "entropy", "participation", "output_norm", "top_weights"):
+    for name in ("largest_weight", "entropy", "participation", "output_norm", "output_along_query", "top_weights"):
         assert np.array_equal(a[name][:, 0], b[name][:, 0]), name
     assert np.array_equal(a["query"], b["query"])
 
@@ -117,11 +117,14 @@ def test_ten_million_keys_take_no_memory_of_their_own(mfattn_binary, tmp_path):
     (["--n", "10", "--beta", "1", "--keys", "{keys}"], "--n 10: not with --keys"),
     (["--beta", "1", "--keys", "{bad}"], "row 2 has norm 2, not 1"),
     (["--n", "10", "--beta", "1", "--normalize-keys"], "--normalize-keys: needs --keys FILE"),
+    (["--beta", "1", "--keys", "{zero}", "--normalize-keys"], "row 2 is zero and cannot be normalised"),
+    (["--n", "1,2,3,4", "--beta", "1,2,3,4,5", "--samples", "1000000"], "more than the 10000000 a report keeps"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(mfattn_binary, tmp_path, args, message):
     np.savetxt(tmp_path / "keys.txt", np.eye(3))
     np.savetxt(tmp_path / "bad.txt", [[1, 0, 0], [0, 2, 0]])
-    args = [a.format(keys=tmp_path / "keys.txt", bad=tmp_path / "bad.txt") for a in args]
+    np.savetxt(tmp_path / "zero.txt", [[1, 0, 0], [0, 0, 0]])
+    args = [a.format(keys=tmp_path / "keys.txt", bad=tmp_path / "bad.txt", zero=tmp_path / "zero.txt") for a in args]
     done = keys(mfattn_binary, *args, "--out", str(tmp_path / "k.h5"))
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -65,7 +65,7 @@ def test_the_energy_is_negative_and_rises_along_the_flow(mfattn, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["run", "--kernel", "usa", "--beta", "-710"], "--beta -710: with --kernel usa and --time-scale natural"),
     (["run", "--kernel", "usa", "--beta", "-400", "--time-scale", "rescaled"],
-     "--beta -400: with --time-scale rescaled and beta < 0 the weights exp(beta (s - 1)) reach exp(2 |beta|)"),
+     "--beta -400: with --kernel usa, --time-scale rescaled and beta < 0 the weights exp(beta (s - 1)) reach exp(2 |beta|)"),
     (["meanfield", "--d", "2", "--beta", "-1"], "--beta -1: mfattn meanfield takes beta >= 0"),
 ])
 def test_the_mirrored_bounds_are_one_line_and_exit_2(mfattn_binary, tmp_path, args, message):

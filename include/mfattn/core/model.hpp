@@ -110,7 +110,7 @@ const AttentionMatrices& identity_attention_of_dimension(std::size_t d);
 struct Model {
   std::size_t n = 0;           ///< tokens that move (active ones, null tokens included)
   std::size_t d = 3;           ///< ambient dimension, >= 2
-  double beta = 1.0;           ///< inverse temperature, >= 0
+  double beta = 1.0;           ///< inverse temperature, any finite number (< 0: repulsive)
   Normalization normalization = Normalization::Usa;
   TimeScale time_scale = TimeScale::Natural;
   ValueTransport values = ValueTransport::Transported;

@@ -35,6 +35,8 @@ namespace {
 constexpr std::uint64_t kMaxKeys = 1000000000000;  // 1e12: a sample's keys
 constexpr std::size_t kMaxDim = kernels::PlanStatistics::kMaxDim;
 constexpr std::size_t kMaxSamples = 1000000, kMaxListLength = 64;
+// The records the report keeps (samples x n values x betas, a few hundred bytes each).
+constexpr std::size_t kMaxRecords = 10000000;
 constexpr std::uint64_t kQueryKey = std::uint64_t{1} << 62;  // the query's stream: no key's
 
 /// A uniform point of S^{d-1}: d standard normals from `stream`, normalised (a zero draw,
@@ -275,6 +277,7 @@ int keys_command(const std::vector<std::string>& args, std::ostream& out, std::o
     throw UsageError("--samples " + std::to_string(samples) +
                      ": expected an integer in 1..1000000");
   o.samples = std::size_t(samples);
+  const auto records = [&] { return o.samples * o.n.size() * o.beta.size(); };
   if (top < 1 || top > std::int64_t(kernels::PlanStatistics::kMaxTop))
     throw UsageError("--top " + std::to_string(top) + ": expected an integer in 1..16");
   o.top = std::size_t(top);
@@ -307,7 +310,10 @@ int keys_command(const std::vector<std::string>& args, std::ostream& out, std::o
       double norm2 = 0.0;
       for (std::size_t c = 0; c < o.d; ++c) norm2 += row[c] * row[c];
       const double norm = std::sqrt(norm2);
-      if (o.normalize && norm > 0.0) {
+      if (o.normalize && !(norm > 0.0 && std::isfinite(norm))) {
+        throw UsageError("--keys " + o.keys_file + ": row " + std::to_string(r + 1) +
+                         " is zero and cannot be normalised");
+      } else if (o.normalize) {
         for (std::size_t c = 0; c < o.d; ++c) row[c] /= norm;
       } else if (!(std::fabs(norm - 1.0) <= 1e-10)) {
         throw UsageError("--keys " + o.keys_file + ": row " + std::to_string(r + 1) + " has norm " +
@@ -327,6 +333,10 @@ int keys_command(const std::vector<std::string>& args, std::ostream& out, std::o
     std::sort(o.n.begin(), o.n.end());
     o.n.erase(std::unique(o.n.begin(), o.n.end()), o.n.end());
   }
+  if (records() > kMaxRecords)
+    throw UsageError(
+        "--samples " + std::to_string(o.samples) + ": " + std::to_string(records()) +
+        " records (samples x n values x betas), more than the 10000000 a report keeps");
   if (o.out.empty()) throw UsageError("--out: required (FILE.h5)");
   namespace fs = std::filesystem;
   std::error_code ignored;
