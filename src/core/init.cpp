@@ -29,19 +29,6 @@ double norm(const double* x, std::size_t d) {
   return std::sqrt(s);
 }
 
-// out = g / |g| with g ~ N(0, I_d); a zero draw (probability ~0) is redrawn from the same
-// stream, which keeps the result a deterministic function of the stream.
-void gaussian_unit(RandomStream& rs, double* out, std::size_t d) {
-  for (;;) {
-    for (std::size_t j = 0; j < d; ++j) out[j] = rs.normal();
-    const double nr = norm(out, d);
-    if (nr > 0.0) {
-      for (std::size_t j = 0; j < d; ++j) out[j] /= nr;
-      return;
-    }
-  }
-}
-
 // out = normalize(centre + spread g), g ~ N(0, I_d) from rs; redrawn only if the sum is
 // exactly 0.
 void point_near(RandomStream& rs, const double* centre, double spread, double* out, std::size_t d) {
@@ -178,6 +165,17 @@ void fill_file(const InitSpec& spec, State& st, std::size_t r,
 }
 
 }  // namespace
+
+void gaussian_unit(RandomStream& rs, double* out, std::size_t d) {
+  for (;;) {
+    for (std::size_t j = 0; j < d; ++j) out[j] = rs.normal();
+    const double nr = norm(out, d);
+    if (nr > 0.0) {
+      for (std::size_t j = 0; j < d; ++j) out[j] /= nr;
+      return;
+    }
+  }
+}
 
 void initialize_replica(const InitSpec& spec, State& state, std::size_t replica) {
   if (replica >= state.replicas)

@@ -318,6 +318,7 @@ std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const S
   const std::size_t radius_values = position_of("mean_radius");
   for (std::size_t r = 0; r < R; ++r) {
     const double* x = state.replica(r);
+    const double* read = x;  // the states the layer reads: the directions for pre and peri
     if (!model.on_sphere()) {
       // The directions N(x_i) of states in R^d, and their radii over the moving tokens.
       directions.assign(x, x + n * d);
@@ -331,12 +332,21 @@ std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const S
       take_directions(n, d, directions.data());
       values[radius_values][r] = m > 0 ? radius_sum / double(m) : kNaN;
       values[radius_values + 1][r] = std::sqrt(largest);
-      // The energy of the states the layer read: the directions for pre and peri.
-      values[0][r] = energy_from_weight_sums(
-          model, placement_reads_directions(model.placement) ? directions.data() : x, weight_sums.data() + r * n, r);
+      if (placement_reads_directions(model.placement)) read = directions.data();
       x = directions.data();
-    } else {
-      values[0][r] = energy_from_weight_sums(model, x, weight_sums.data() + r * n, r);
+    }
+    // The energy and the attention plans are those of the states the layer read.
+    values[0][r] = energy_from_weight_sums(model, read, weight_sums.data() + r * n, r);
+    if (settings.attention) {
+      const std::size_t first = position_of("attention_entropy_mean"), heads = layout[first].second;
+      const std::vector<PlanSummary> summaries = attention_plan_summaries(model, read, r);
+      for (std::size_t h = 0; h < heads; ++h) {
+        const double* statistics[] = {summaries[h].entropy, summaries[h].largest_weight,
+                                      summaries[h].participation};
+        for (std::size_t k = 0; k < std::size(statistics); ++k)
+          for (std::size_t of = 0; of < 3; ++of)
+            values[first + 3 * k + of][r * heads + h] = statistics[k][of];
+      }
     }
     values[1][r] = mean_inner_product(model, x);
     const PairStatistics pairs = pair_statistics(x, d, moving, settings);
@@ -372,24 +382,6 @@ std::vector<std::vector<double>> compute_observables(Dynamics& dynamics, const S
     for (std::size_t r = 0; r < R; ++r) {
       values[error_values][r] = r < report.column_error.size() ? report.column_error[r] : kNaN;
       values[error_values + 1][r] = r < report.sweeps.size() ? report.sweeps[r] : kNaN;
-    }
-  }
-  if (settings.attention) {
-    // The plans of the states the layer reads: the directions for pre and peri.
-    const std::size_t first = position_of("attention_entropy_mean");
-    const std::size_t heads = layout[first].second;
-    std::vector<double> read;
-    for (std::size_t r = 0; r < R; ++r) {
-      read.assign(state.replica(r), state.replica(r) + n * d);
-      if (placement_reads_directions(model.placement)) take_directions(n, d, read.data());
-      const std::vector<PlanSummary> summaries = attention_plan_summaries(model, read.data(), r);
-      for (std::size_t h = 0; h < heads; ++h) {
-        const PlanSummary& s = summaries[h];
-        const double* statistics[] = {s.entropy, s.largest_weight, s.participation};
-        for (std::size_t k = 0; k < std::size(statistics); ++k)
-          for (std::size_t of = 0; of < 3; ++of)
-            values[first + 3 * k + of][r * heads + h] = statistics[k][of];
-      }
     }
   }
   if (velocity_out) velocity_out->swap(velocity);

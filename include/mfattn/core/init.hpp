@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mfattn/core/rng.hpp"
 #include "mfattn/core/state.hpp"
 
 namespace mfattn {
@@ -34,6 +35,11 @@ struct InitSpec {
   bool normalize_file_rows = false;  ///< File: x_i <- x_i / |x_i| instead of requiring |x_i| = 1
   bool euclidean = false;  ///< File: states in R^d (docs/model.md section 2c): rows taken as they are
 };
+
+/// out = g / |g| with g ~ N(0, I_d) drawn from `stream`: a uniform point of S^{d-1}. A zero
+/// draw (probability ~0) is redrawn from the same stream, which keeps the result a
+/// deterministic function of the stream (the same bits everywhere: rng.hpp).
+void gaussian_unit(RandomStream& stream, double* out, std::size_t d);
 
 /// Fills replica r of `state` (state.n tokens, state.d dims). Token i's contents depend only on
 /// (seed, r, i) and the spec, never on state.n, so appending tokens (e.g. null tokens) leaves the

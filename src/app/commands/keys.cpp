@@ -39,23 +39,6 @@ constexpr std::size_t kMaxSamples = 1000000, kMaxListLength = 64;
 constexpr std::size_t kMaxRecords = 10000000;
 constexpr std::uint64_t kQueryKey = std::uint64_t{1} << 62;  // the query's stream: no key's
 
-/// A uniform point of S^{d-1}: d standard normals from `stream`, normalised (a zero draw,
-/// of probability 0, drawn again).
-void draw_unit(RandomStream& stream, std::size_t d, double* x) {
-  for (;;) {
-    double norm2 = 0.0;
-    for (std::size_t c = 0; c < d; ++c) {
-      x[c] = stream.normal();
-      norm2 += x[c] * x[c];
-    }
-    if (norm2 > 0.0) {
-      const double norm = std::sqrt(norm2);
-      for (std::size_t c = 0; c < d; ++c) x[c] /= norm;
-      return;
-    }
-  }
-}
-
 KeysStatistics statistics_of(const kernels::PlanStatistics& plan, const double* query,
                              std::size_t d, std::size_t top) {
   KeysStatistics s;
@@ -98,7 +81,7 @@ KeysReport run_keys(const KeysOptions& options, const std::vector<double>& file_
       const auto s = std::uint64_t(sample);
       std::vector<double>& query = report.queries[s];
       RandomStream query_stream(options.seed, std::uint64_t(StreamTag::Keys), s, kQueryKey);
-      draw_unit(query_stream, d, query.data());
+      gaussian_unit(query_stream, query.data(), d);
       std::vector<kernels::PlanStatistics> plans(options.beta.size(),
                                                  kernels::PlanStatistics(d, options.top));
       std::vector<double> key(d);
@@ -111,7 +94,7 @@ KeysReport run_keys(const KeysOptions& options, const std::vector<double>& file_
             k = file_keys.data() + j * d;
           } else {
             RandomStream stream(options.seed, std::uint64_t(StreamTag::Keys), s, j);
-            draw_unit(stream, d, key.data());
+            gaussian_unit(stream, key.data(), d);
           }
           double score = 0.0;
           for (std::size_t c = 0; c < d; ++c) score += query[c] * k[c];
