@@ -940,11 +940,29 @@ py::array_t<double> maruyama_noise(std::uint64_t seed, std::int64_t steps, std::
   double* at = out.mutable_data();
   for (std::int64_t k = 0; k < steps; ++k)
     for (std::int64_t r = 0; r < replicas; ++r)
-      for (std::int64_t i = 0; i < n; ++i) {
-        RandomStream stream(seed, static_cast<std::uint64_t>(StreamTag::Noise),
-                            (std::uint64_t(r) << 32) | std::uint64_t(i), std::uint64_t(k));
-        for (std::int64_t c = 0; c < d; ++c) *at++ = stream.normal();
-      }
+      for (std::int64_t i = 0; i < n; ++i, at += d)
+        token_noise_draws(seed, std::uint64_t(r), std::uint64_t(i), std::uint64_t(k),
+                          std::size_t(d), at);
+  return out;
+}
+
+/// mfattn._core.common_noise: the shared increments sigma sqrt(h) dB of stochastic-heun's steps
+/// [steps, R, d, d] for --common-noise sigma and --common-noise-kind kind (a run's draws, from
+/// the stream (seed, CommonNoise, r, step)).
+py::array_t<double> common_noise(std::uint64_t seed, std::int64_t steps, std::int64_t replicas,
+                                 std::int64_t d, double sigma, double h, const std::string& kind) {
+  if (steps < 0 || replicas < 1 || d < 1 || !(sigma >= 0) || !(h > 0))
+    throw py::value_error("common_noise: steps >= 0, replicas and d >= 1, sigma >= 0, h > 0");
+  const std::optional<CommonNoiseKind> law = kCommonNoiseKindOption.preset(kind);
+  if (!law)
+    throw py::value_error("common_noise: kind " + kind +
+                          ": accepted: " + kCommonNoiseKindOption.names(", "));
+  py::array_t<double> out({steps, replicas, d, d});
+  double* at = out.mutable_data();
+  for (std::int64_t k = 0; k < steps; ++k)
+    for (std::int64_t r = 0; r < replicas; ++r, at += d * d)
+      common_noise_increment(*law, sigma * std::sqrt(h), seed, std::uint64_t(r), std::uint64_t(k),
+                             std::size_t(d), at);
   return out;
 }
 
@@ -1070,6 +1088,11 @@ failure mfattn.NumericalError; a failed write OSError. Releases the GIL.)doc");
       "maruyama_noise", &maruyama_noise, "seed"_a, "steps"_a, "replicas"_a, "n"_a, "d"_a,
       "maruyama_noise(seed, steps, replicas, n, d) -> array [steps, replicas, n, d]: the normal draws of "
       "euler-maruyama's steps (before their projection), as a run of that seed takes them.");
+  module.def(
+      "common_noise", &common_noise, "seed"_a, "steps"_a, "replicas"_a, "d"_a, "sigma"_a, "h"_a,
+      "kind"_a = "symmetric",
+      "common_noise(seed, steps, replicas, d, sigma, h, kind='symmetric') -> array [steps, replicas, d, d]: "
+      "the shared increments sigma sqrt(h) dB of stochastic-heun's steps, as a run of that seed takes them.");
   module.def(
       "gradient", &gradient, "cotangent"_a = py::none(), "loss"_a = py::none(),
       "target"_a = py::none(), "loss_gamma"_a = py::none(), "loss_epsilon"_a = py::none(),

@@ -559,29 +559,35 @@ po::options_description run_options(RunConfig& c) {
       ("values", bound(c.values), kValuesOption.help().c_str())
       ("aux-factor", bound(c.aux_factor), kAuxFactorOption.help().c_str());
   add_numbers<PairTermParameters>(model, c);
-  model.add_options()
-      ("toeplitz-coefficients", bound(c.toeplitz_coefficients, "1"),
-       "toeplitz factor coefficients a_1,...,a_K (1 to 16 finite numbers)")
-      ("toeplitz-frequencies", bound(c.toeplitz_frequencies, "1"),
-       "toeplitz factor frequencies omega_1,...,omega_K, as many as the coefficients")
-      ("mask", bound(c.mask), kMaskOption.help().c_str())
-      ("prefix", bound(c.prefix), "frozen prefix tokens per prompt, >= 0 (they act as sources, never move)")
-      ("prompts", bound(c.prompts),
-       "prompts K >= 1: active token i belongs to prompt floor(i K / n), each prompt has --prefix tokens")
-      ("prefix-init", bound(c.prefix_init), kPrefixInitOption.help().c_str())
-      ("prefix-weight", bound(c.prefix_weight),
-       "presence (mass weight) of every prefix token, > 0 (> 1 counts one as several tokens)")
-      ("prefix-spread", bound(c.prefix_spread), "clustered prefix: spread around each prompt's centre, in [0, 1e6]")
-      ("amplitudes", bound(c.amplitudes, "all 1"),
-       "carrier amplitudes a_i in [0, 1.3e154] (one number, a list of n numbers, or a FILE); "
-       "presence p_i = a_i^2 / (tau + a_i^2)")
-      ("tau", bound(c.tau), "presence scale tau > 0")
-      ("eps-den", bound(c.eps_den, "auto"),
-       "SA denominator epsilon >= 0, or auto (0 without presence weights, 1e-12 with)")
-      ("null-tokens", bound(c.null_tokens),
-       "append this many null tokens (amplitude 0) after the n active ones, >= 0")
-      ("noise-kappa", bound(c.noise_kappa),
-       "noise: dx += sqrt(2/kappa) P_x dW (0 = deterministic; needs --integrator euler-maruyama)");
+  model.add_options()("toeplitz-coefficients", bound(c.toeplitz_coefficients, "1"),
+                      "toeplitz factor coefficients a_1,...,a_K (1 to 16 finite numbers)")(
+      "toeplitz-frequencies", bound(c.toeplitz_frequencies, "1"),
+      "toeplitz factor frequencies omega_1,...,omega_K, as many as the coefficients")(
+      "mask", bound(c.mask), kMaskOption.help().c_str())(
+      "usa-denominator", bound(c.usa_denominator), kUsaDenominatorOption.help().c_str())(
+      "prefix", bound(c.prefix),
+      "frozen prefix tokens per prompt, >= 0 (they act as sources, never move)")(
+      "prompts", bound(c.prompts),
+      "prompts K >= 1: active token i belongs to prompt floor(i K / n), each prompt has --prefix tokens")(
+      "prefix-init", bound(c.prefix_init), kPrefixInitOption.help().c_str())(
+      "prefix-weight", bound(c.prefix_weight),
+      "presence (mass weight) of every prefix token, > 0 (> 1 counts one as several tokens)")(
+      "prefix-spread", bound(c.prefix_spread),
+      "clustered prefix: spread around each prompt's centre, in [0, 1e6]")(
+      "amplitudes", bound(c.amplitudes, "all 1"),
+      "carrier amplitudes a_i in [0, 1.3e154] (one number, a list of n numbers, or a FILE); "
+      "presence p_i = a_i^2 / (tau + a_i^2)")("tau", bound(c.tau), "presence scale tau > 0")(
+      "eps-den", bound(c.eps_den, "auto"),
+      "SA denominator epsilon >= 0, or auto (0 without presence weights, 1e-12 with)")(
+      "null-tokens", bound(c.null_tokens),
+      "append this many null tokens (amplitude 0) after the n active ones, >= 0")(
+      "noise-kappa", bound(c.noise_kappa),
+      "each token's noise: dx += sqrt(2/kappa) P_x dW, >= 0 (0 = none; needs --integrator euler-maruyama or "
+      "stochastic-heun)")(
+      "common-noise", bound(c.common_noise),
+      "noise every token of a replica shares: dx += sigma P_x(dB x) (Stratonovich), sigma >= 0 (0 = none; "
+      "needs --integrator stochastic-heun)")("common-noise-kind", bound(c.common_noise_kind),
+                                             kCommonNoiseKindOption.help().c_str());
   po::options_description stepping("Time stepping");
   stepping.add_options()
       ("integrator", bound(c.integrator), joined(integrator_names(), " | ").c_str())

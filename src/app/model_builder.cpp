@@ -19,6 +19,7 @@
 #include "mfattn/core/number_text.hpp"
 #include "mfattn/core/rng.hpp"
 #include "mfattn/app/run_choices.hpp"
+#include "mfattn/backends/backend.hpp"
 
 namespace mfattn {
 namespace {
@@ -69,6 +70,7 @@ Matrix matrix_option(const std::string& option, std::optional<MatrixPreset> pres
                      std::size_t d, RandomStream stream, bool& identity) {
   identity = preset == MatrixPreset::Identity;
   if (identity) return Matrix::Identity(d, d);
+  if (preset == MatrixPreset::Zero) return Matrix::Zero(d, d);
   if (preset) return random_matrix(*preset, d, stream);
   std::size_t rows = 0;
   std::vector<double> numbers;
@@ -547,6 +549,26 @@ void attach_gauge(const RunConfig& cfg, const std::vector<Matrix>& file_generato
 
 }  // namespace
 
+/// --usa-denominator factor-rows: s_i = M / D_i, D_i = sum_j m_ij c_ij p_j (0 where no source
+/// is visible). D_i is the weight sum of the same model at beta = 0, where every exp(beta
+/// <q_i, k_j>) is 1, so the CPU backend's pair loops take it once, with the kernels' own mask
+/// and factor (pair_terms.hpp): one O(n^2) pass, the cost of one velocity.
+void set_row_denominators(Model& model) {
+  Model weights_alone = model;
+  weights_alone.beta = 0.0;
+  weights_alone.time_scale = TimeScale::Natural;
+  weights_alone.receiver_scale.clear();
+  const std::size_t n = model.n, d = model.d;
+  std::vector<double> x(n * d, 0.0), velocity(n * d), row_sums(n);
+  for (std::size_t i = 0; i < n; ++i) x[i * d] = 1.0;  // any unit contents: the logits are 0
+  make_backend("cpu", weights_alone, BackendOptions{})
+      ->velocity(1, x.data(), velocity.data(), row_sums.data());
+  const double mass = model.mass();
+  model.receiver_scale.resize(n);
+  for (std::size_t i = 0; i < n; ++i)
+    model.receiver_scale[i] = row_sums[i] > 0.0 ? mass / row_sums[i] : 0.0;
+}
+
 Model build_model(const RunConfig& cfg) {
   Model model;
   model.n = static_cast<std::size_t>(cfg.n) + static_cast<std::size_t>(cfg.null_tokens);
@@ -569,12 +591,14 @@ Model build_model(const RunConfig& cfg) {
   model.pair_terms.mask = cfg.choices.mask.kind;
   model.pair_terms.per_prompt = cfg.choices.mask.per_prompt;
   model.noise_kappa = cfg.noise_kappa;
+  model.common_noise = cfg.common_noise;
   // The layer's shape as the option table sets it (kNumberOptions), r resolved.
   model.layer = cfg.layer;
   model.layer.head_dim = static_cast<std::int64_t>(head_dim_of(cfg));
   model.placement = cfg.choices.placement;
   model.ngpt_alpha = cfg.ngpt_alpha;
   model.sinkhorn = cfg.sinkhorn;
+  if (cfg.choices.usa_denominator == UsaDenominator::FactorRows) set_row_denominators(model);
   return model;
 }
 

@@ -280,12 +280,14 @@ void validate_sinkhorn(const RunConfig& c, Normalization kernel, const AuxFactor
                        const MaskSelection& mask) {
   if (kernel != Normalization::Sinkhorn) return;
   // The accepted values, from the tables (a new mask kind or factor is listed by its entry).
-  if (mask.kind == MaskKind::Causal)
-    reject("mask", c.mask,
-           "with --kernel sinkhorn: a causal matrix has no doubly stochastic scaling (the first token sees only "
-           "itself, so its column is full and every later row must leave it: the sweeps tend to the identity); "
-           "accepted: " + kMaskOption.names(", ", [](const MaskPart& part) { return part.kind != MaskKind::Causal; }) +
-               " and their combinations");
+  if (is_causal(mask.kind))
+    reject(
+        "mask", c.mask,
+        "with --kernel sinkhorn: a causal matrix has no doubly stochastic scaling (the first token sees only "
+        "itself, or nothing with causal-strict, so its column is full and every later row must leave it: the "
+        "sweeps tend to the identity); accepted: " +
+            kMaskOption.names(", ", [](const MaskPart& part) { return !is_causal(part.kind); }) +
+            " and their combinations");
   if (aux_factor.changes_sign)
     reject("aux-factor", c.aux_factor,
            "the " + c.aux_factor + " factor changes sign, and --kernel sinkhorn scales nonnegative weights: "
@@ -424,6 +426,24 @@ void validate_pair_terms(const RunConfig& c, RunChoices& choices) {
   if (aux_factor.changes_sign && kernel == Normalization::Sa)
     reject("aux-factor", c.aux_factor,
            "the " + c.aux_factor + " factor changes sign, so the SA denominator can vanish: use --kernel usa");
+  choices.usa_denominator = require_choice(kUsaDenominatorOption, c.usa_denominator);
+  if (choices.usa_denominator == UsaDenominator::FactorRows) {
+    if (kernel != Normalization::Usa)
+      reject("usa-denominator", c.usa_denominator,
+             "divides USA's sums; --kernel " + c.kernel + " has its own (take --kernel usa)");
+    if (aux_factor.changes_sign)
+      reject("usa-denominator", c.usa_denominator,
+             "with --aux-factor " + c.aux_factor +
+                 ": its weights change sign, so a row's sum can vanish (accepted: " +
+                 kAuxFactorOption.names(
+                     ", ", [](const AuxFactorChoice& factor) { return !factor.changes_sign; }) +
+                 ")");
+    if (is_whole_layer(c))
+      reject(
+          "usa-denominator", c.usa_denominator,
+          "scales each receiver's attention, and a whole layer (--heads, --head-dim, --mlp, --weights) adds terms "
+          "it would scale too: take the one head of --q, --k, --v");
+  }
   require_finite("pos-scale", c.pos_scale);
   if (c.pos_scale <= 0) reject("pos-scale", format_number(c.pos_scale), "must be > 0");
   {
@@ -490,11 +510,25 @@ void validate_integration(const RunConfig& c, RunChoices& choices) {
     reject("save-positions", c.save_positions,
            "writes no positions, and --save-velocity writes dx/dt at the frames that have them: "
            "drop --save-velocity or take --save-positions ends or all");
+  choices.common_noise_kind = require_choice(kCommonNoiseKindOption, c.common_noise_kind);
+  require_finite("common-noise", c.common_noise);
+  if (!(c.common_noise >= 0 && c.common_noise <= 1e6))
+    reject("common-noise", format_number(c.common_noise), "must lie in [0, 1e6]");
+  auto stochastic = [](const IntegratorEntry& entry) { return entry.stochastic; };
+  auto stratonovich = [](const IntegratorEntry& entry) { return entry.stratonovich; };
   if (c.noise_kappa > 0 && !choices.integrator->stochastic)
     reject("noise-kappa", format_number(c.noise_kappa),
-           "noise needs --integrator euler-maruyama (got " + c.integrator + ")");
-  if (choices.integrator->stochastic && c.noise_kappa == 0)
-    reject("integrator", c.integrator, c.integrator + " needs --noise-kappa > 0");
+           "noise needs a stochastic --integrator (" + integrators_where(stochastic) + "; got " +
+               c.integrator + ")");
+  if (c.common_noise > 0 && !choices.integrator->stratonovich)
+    reject("common-noise", format_number(c.common_noise),
+           "is Stratonovich noise (its Ito form needs a correction drift), which --integrator " +
+               c.integrator + " does not take (accepted: " + integrators_where(stratonovich) + ")");
+  if (choices.integrator->stochastic && c.noise_kappa == 0 && c.common_noise == 0)
+    reject("integrator", c.integrator,
+           c.integrator + (choices.integrator->stratonovich
+                               ? " needs --noise-kappa > 0 or --common-noise > 0"
+                               : " needs --noise-kappa > 0"));
   for (auto [name, value] : {std::pair{"dt", c.dt}, {"rtol", c.rtol}, {"atol", c.atol},
                              {"horizon", c.horizon}}) {
     require_finite(name, value);
@@ -590,7 +624,12 @@ void validate_execution(const RunConfig& c, RunChoices& choices) {
            "must lie in [0, 86400] seconds (0: flush every frame)");
   choices.weight_layers = validate_layer(c, choices);
   // What the backend's registry entry declares it takes (capabilities.hpp).
-  const ModelKinds kinds{choices.kernel, choices.placement, choices.aux_factor.factor, is_whole_layer(c), false};
+  const ModelKinds kinds{choices.kernel,
+                         choices.placement,
+                         choices.aux_factor.factor,
+                         is_whole_layer(c),
+                         false,
+                         choices.usa_denominator == UsaDenominator::FactorRows};
   if (const std::string refusal = capability_refusal("--backend " + c.backend, choices.backend->takes, kinds);
       !refusal.empty())
     throw UsageError(refusal);

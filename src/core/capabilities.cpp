@@ -39,6 +39,7 @@ ModelKinds ModelKinds::of(const Model& model) {
   kinds.factor = model.pair_terms.factor;
   kinds.whole_layer = !model.one_head_of_contents();
   kinds.receivers_at_unit_speed = model.receivers_at_unit_speed;
+  kinds.receiver_scales = !model.receiver_scale.empty();
   return kinds;
 }
 
@@ -57,6 +58,9 @@ std::string capability_refusal(std::string_view who, const Capabilities& capabil
            "--q, --k, --v";
   if (kinds.receivers_at_unit_speed && !capabilities.receivers_at_unit_speed)
     return std::string(who) + " takes no receivers at unit speed (the mean-field quadrature's grid points)";
+  if (kinds.receiver_scales && !capabilities.receiver_scales)
+    return "--usa-denominator factor-rows: " + std::string(who) +
+           " takes --usa-denominator count only";
   return "";
 }
 

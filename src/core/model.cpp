@@ -40,7 +40,7 @@ bool Model::is_gradient_flow() const {
   // Sinkhorn's column scaling and the placements other than post change the field.
   if (normalization == Normalization::Sinkhorn || placement != Placement::Post) return false;
   return query_key_identity() && value_identity && values == ValueTransport::Transported &&
-         pair_terms.mask != MaskKind::Causal && noise_kappa == 0.0 && beta != 0.0;
+         !is_causal(pair_terms.mask) && noise_kappa == 0.0 && common_noise == 0.0 && beta != 0.0;
 }
 
 AttentionHead square_head(Matrix q, bool q_identity, Matrix k, bool k_identity, Matrix v, bool v_identity) {

@@ -8,6 +8,10 @@
 //   maruyama_step     x <- normalize(x + h f + sqrt(2h/kappa) P_x xi), xi ~ N(0, I) from the
 //                     counter-based stream (seed, Noise, replica << 32 | token, step)
 //   maruyama_step_vjp its adjoint, the noise replayed from the same stream
+//   token_noise       that xi alone (stochastic-heun draws the same numbers)
+//   common_increment  the step's shared matrix sigma dB (common noise, stream (seed,
+//                     CommonNoise, replica, step)): GOE or skew-symmetric
+//   common_noise      P_x(dB x), the token's share of it
 #include <cmath>
 #include <cstdint>
 
@@ -33,8 +37,10 @@ inline constexpr FixedTableau kHeunTableau{2, {{}, {1.0}}, {0.5, 0.5}};
 inline constexpr FixedTableau kRk4Tableau{4, {{}, {0.5}, {0.0, 0.5}, {0.0, 0.0, 1.0}},
                                           {1.0 / 6, 1.0 / 3, 1.0 / 3, 1.0 / 6}};
 
-/// The stream tag of the integrator's noise.
+/// The stream tags of the integrators' noise: each token's own, and each replica's shared.
 inline constexpr std::uint64_t kNoiseStreamTag = static_cast<std::uint64_t>(StreamTag::Noise);
+inline constexpr std::uint64_t kCommonNoiseStreamTag = static_cast<std::uint64_t>(
+    StreamTag::CommonNoise);
 
 MFATTN_HOST_DEVICE inline double dot_product(const double* a, const double* b, int d) {
   double sum = 0.0;
@@ -63,6 +69,58 @@ MFATTN_HOST_DEVICE inline double noise_amplitude(double h, double kappa) {
   return kappa > 0.0 ? std::sqrt(2.0 * h / kappa) : 0.0;
 }
 
+/// xi ~ N(0, I_d), the normal draws of token `token` of replica `replica` at step count `step`
+/// from their own stream (seed, Noise, replica << 32 | token, step): independent of the thread
+/// count and of other tokens. The host draws through rng.cpp, compiled without contractions
+/// whatever the including file's flags (an x86-64-v3 build would fuse the inlined formulas);
+/// a device spells each operation uncontracted (core/counter_random.hpp).
+MFATTN_HOST_DEVICE inline void token_noise(std::uint64_t seed, std::uint64_t replica,
+                                           std::uint64_t token, std::uint64_t step, int d,
+                                           double* xi) {
+#if defined(__CUDA_ARCH__)
+  random::CounterStream stream{
+      random::stream_key(seed, kNoiseStreamTag, (replica << 32) | token, step)};
+#else
+  RandomStream stream(seed, kNoiseStreamTag, (replica << 32) | token, step);
+#endif
+  for (int c = 0; c < d; ++c) xi[c] = stream.normal();
+}
+
+/// The shared increment sigma dB of replica `replica` over the step `step` of size h (d x d,
+/// row-major), from the stream (seed, CommonNoise, replica, step), entries drawn row by row:
+///   symmetric (GOE): dB_ab = dB_ba = scale z_ab (a < b), dB_aa = sqrt(2) scale z_aa,
+///                    so E[dB_ab dB_cd] = scale^2 (delta_ac delta_bd + delta_ad delta_bc);
+///   rotation (skew): dB_ab = -dB_ba = scale z_ab (a < b), dB_aa = 0,
+///                    so E[dB_ab dB_cd] = scale^2 (delta_ac delta_bd - delta_ad delta_bc);
+/// scale = sigma sqrt(h). Either way E[(P_x dB x)(P_x dB x)^T] = scale^2 P_x on the sphere:
+/// one token alone is Brownian motion with generator (sigma^2 / 2) Laplacian.
+MFATTN_HOST_DEVICE inline void common_increment(bool symmetric, double scale, std::uint64_t seed,
+                                                std::uint64_t replica, std::uint64_t step, int d,
+                                                double* increment) {
+#if defined(__CUDA_ARCH__)
+  random::CounterStream stream{random::stream_key(seed, kCommonNoiseStreamTag, replica, step)};
+#else
+  RandomStream stream(seed, kCommonNoiseStreamTag, replica, step);
+#endif
+  for (int a = 0; a < d; ++a) {
+    increment[a * d + a] = symmetric ? std::sqrt(2.0) * scale * stream.normal() : 0.0;
+    for (int b = a + 1; b < d; ++b) {
+      const double entry = scale * stream.normal();
+      increment[a * d + b] = entry;
+      increment[b * d + a] = symmetric ? entry : -entry;
+    }
+  }
+}
+
+/// The token's share of the shared increment: out = P_x(dB x) = dB x - (<x, dB x> / |x|^2) x
+/// (x off the sphere at a Runge-Kutta stage: the projection on the plane normal to x).
+MFATTN_HOST_DEVICE inline void common_noise(const double* x, const double* increment, int d,
+                                            double* out) {
+  for (int a = 0; a < d; ++a) out[a] = dot_product(increment + a * d, x, d);
+  const double radial = dot_product(out, x, d) / dot_product(x, x, d);
+  for (int a = 0; a < d; ++a) out[a] -= radial * x[a];
+}
+
 /// One projected Euler-Maruyama step of token `token` of replica `replica` at step count
 /// `step` (the steps taken before this one): x <- normalize(x + h f + amplitude P_x xi), xi
 /// from the token's own stream, so that the increment depends on neither the thread count
@@ -72,15 +130,7 @@ MFATTN_HOST_DEVICE inline void maruyama_step(double* x, const double* velocity, 
                                              std::uint64_t step, int d, double* noise) {
   for (int c = 0; c < d; ++c) noise[c] = 0.0;
   if (amplitude > 0.0) {
-    // The host draws through rng.cpp, compiled without contractions whatever the including
-    // file's flags (an x86-64-v3 build would fuse the inlined formulas); a device spells
-    // each operation uncontracted (core/counter_random.hpp).
-#if defined(__CUDA_ARCH__)
-    random::CounterStream stream{random::stream_key(seed, kNoiseStreamTag, (replica << 32) | token, step)};
-#else
-    RandomStream stream(seed, kNoiseStreamTag, (replica << 32) | token, step);
-#endif
-    for (int c = 0; c < d; ++c) noise[c] = stream.normal();
+    token_noise(seed, replica, token, step, d, noise);
     const double radial = dot_product(noise, x, d);
     for (int c = 0; c < d; ++c) noise[c] = amplitude * (noise[c] - radial * x[c]);
   }
@@ -105,15 +155,7 @@ MFATTN_HOST_DEVICE inline void maruyama_step_vjp(const double* x, const double* 
   double* noise = scratch;
   double* y = scratch + d;
   for (int c = 0; c < d; ++c) noise[c] = 0.0;
-  if (amplitude > 0.0) {
-#if defined(__CUDA_ARCH__)
-    random::CounterStream stream{
-        random::stream_key(seed, kNoiseStreamTag, (replica << 32) | token, step)};
-#else
-    RandomStream stream(seed, kNoiseStreamTag, (replica << 32) | token, step);
-#endif
-    for (int c = 0; c < d; ++c) noise[c] = stream.normal();
-  }
+  if (amplitude > 0.0) token_noise(seed, replica, token, step, d, noise);
   const double radial = dot_product(noise, x, d);
   // y as the step made it (maruyama_step's operations, in its order).
   for (int c = 0; c < d; ++c)

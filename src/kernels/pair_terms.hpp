@@ -86,13 +86,19 @@ struct FullMask {
   }
 };
 
-/// m_ij = [xi_j <= xi_i] on the first position coordinate.
+/// m_ij = [xi_j <= xi_i] on the first position coordinate, or [xi_j < xi_i] (strict: a token
+/// does not see itself). One type for both, so the strict mask adds no pair loop to compile.
 struct CausalMask {
   static constexpr bool kActive = true, kSymmetric = false;
-  MFATTN_HOST_DEVICE static CausalMask from(const PairTermParameters&) { return {}; }
+  bool strict = false;
+  MFATTN_HOST_DEVICE static CausalMask from(const PairTermParameters& p) {
+    return {p.mask == MaskKind::CausalStrict};
+  }
   template <class Pair>
   MFATTN_HOST_DEVICE typename Pair::Real log_term(const Pair& pair) const {
-    return hide_where(pair.source(0) > pair.receiver(0), typename Pair::Real{});
+    return hide_where(
+        strict ? pair.source(0) >= pair.receiver(0) : pair.source(0) > pair.receiver(0),
+        typename Pair::Real{});
   }
 };
 
@@ -404,7 +410,7 @@ MFATTN_HOST_DEVICE inline decltype(auto) visit_mask(const PairTermParameters& pa
                                                     Body&& body) {
   switch (parameters.mask) {
     case MaskKind::Causal:
-      return body(CausalMask::from(parameters));
+    case MaskKind::CausalStrict: return body(CausalMask::from(parameters));
     case MaskKind::Window:
       return body(WindowMask::from(parameters));
     case MaskKind::Full:

@@ -31,7 +31,8 @@ const std::vector<std::vector<std::string>> kModelOptions = {
     {"--aux-factor", "distance", "--aux-lambda", "0.3", "--mask", "window", "--window", "5"},
     {"--aux-factor", "gaussian", "--aux-sigma", "2", "--mask", "causal"},
     {"--aux-factor", "cosine", "--aux-omega", "0.7"},
-    {"--aux-factor", "power", "--aux-power", "1.3", "--aux-power-scale", "0.4", "--prefix", "2", "--mask", "window", "--window", "6"},
+    {"--aux-factor", "power", "--aux-power", "1.3", "--aux-power-scale", "0.4", "--prefix", "2",
+     "--mask", "window", "--window", "6"},
     {"--aux-factor", "toeplitz", "--toeplitz-coefficients", "1,-0.5,0.25", "--toeplitz-frequencies",
      "0.3,1.1,2"},
     {"--aux-factor", "cauchy", "--aux-gamma", "1.8", "--mask", "causal", "--prefix", "2"},
@@ -45,6 +46,9 @@ const std::vector<std::vector<std::string>> kModelOptions = {
      "--toeplitz-frequencies", "0.5,1.5", "--prefix-weight", "1.5"},
     {"--amplitudes", "0.7", "--null-tokens", "3", "--tau", "0.5"},
     {"--init", "clustered", "--k", "goe", "--mask", "causal"},
+    // The first token sees no source: it stays, under SA too (no 0/0).
+    {"--mask", "causal-strict", "--aux-factor", "distance", "--aux-lambda", "0.05"},
+    {"--mask", "causal-strict", "--prefix", "2", "--q", "gaussian"},
 };
 
 class BackendAgreesWithReference : public ::testing::TestWithParam<std::string> {};

@@ -296,8 +296,7 @@ TEST(CudaDevice, TwentyTimeUnitsAtN256StayWithin1e10OfTheCpu) {
 /// frames' states. resident: whether integrate() found a resident stepper.
 std::vector<State> simulate_on(Backend& backend, const RunConfig& cfg, const Model& model, bool* resident = nullptr) {
   State state = build_initial_state(cfg, model);
-  auto integrator = make_integrator({cfg.integrator, cfg.rtol, cfg.atol, cfg.noise_kappa,
-                                     static_cast<std::uint64_t>(cfg.seed)});
+  auto integrator = make_integrator(integrator_settings(cfg));
   Dynamics dynamics(model, backend, state.replicas);
   if (resident) *resident = dynamics.resident_stepper(*integrator) != nullptr;
   double h = cfg.dt;

@@ -72,8 +72,7 @@ inline Trajectory simulate(const RunConfig& cfg, int threads = 1, const std::str
   t.model = build_model(cfg);
   State state = build_initial_state(cfg, t.model);
   auto backend = make_backend(backend_name, t.model, BackendOptions{threads});
-  auto integrator = make_integrator({cfg.integrator, cfg.rtol, cfg.atol, cfg.noise_kappa,
-                                     static_cast<std::uint64_t>(cfg.seed)});
+  auto integrator = make_integrator(integrator_settings(cfg));
   Dynamics dynamics(t.model, *backend, state.replicas);
   double h = cfg.dt;
   t.stats = integrate(*integrator, dynamics, state, h, cfg.dt, output_times(cfg),

@@ -74,6 +74,7 @@ struct RunConfig {
   PairTermParameters pair_terms;
   std::string toeplitz_coefficients = "1", toeplitz_frequencies = "1";  ///< lists, --aux-factor toeplitz
   std::string mask = "full";
+  std::string usa_denominator = "count";
   std::int64_t prefix = 0;   ///< frozen prefix tokens per prompt
   std::int64_t prompts = 1;
   std::string prefix_init = "random";
@@ -84,6 +85,8 @@ struct RunConfig {
   double eps_den = -1.0;  ///< < 0: automatic (0 without presence, 1e-12 with)
   std::int64_t null_tokens = 0;
   double noise_kappa = 0.0;
+  double common_noise = 0.0;  ///< sigma of the noise every token of a replica shares
+  std::string common_noise_kind = "symmetric";
   // time stepping
   std::string integrator = "rk4";
   double dt = 0.01;

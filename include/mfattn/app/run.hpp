@@ -16,6 +16,7 @@
 #include "mfattn/app/model_builder.hpp"
 #include "mfattn/core/state.hpp"
 #include "mfattn/integrators/adjoint.hpp"
+#include "mfattn/integrators/integrator.hpp"
 
 namespace mfattn {
 
@@ -25,6 +26,9 @@ enum ExitCode : int { kExitOk = 0, kExitUsage = 2, kExitNumerical = 3, kExitIo =
 /// Frame times: 0, then every --save-every (default horizon/100), --save-times or
 /// --save-log N log-spaced times in [dt, horizon]; the horizon is always the last frame.
 std::vector<double> output_times(const RunConfig& cfg);
+
+/// The integrator's settings from the options (--integrator, --rtol, --atol, the noise, --seed).
+IntegratorSettings integrator_settings(const RunConfig& cfg);
 
 /// When a run observer records: at every frame (counted from the one at t = 0, across
 /// --resume), or once after the last frame of a run that completes.

@@ -44,8 +44,18 @@ inline constexpr ChoiceOption<TimeScale> kTimeScaleOption{.option = "time-scale"
 /// G, G1, G2 are d x d matrices of independent N(0, 1) entries from the replica's matrix
 /// stream (docs/model.md, "Random matrices").
 enum class MatrixPreset {
-  Identity, Gaussian, Goe, GaussianProduct, WignerUnit, GoeUnit,  // Q, K or V
-  Wishart, PlusQk, MinusQk, PlusForm, MinusForm,                  // V only
+  Identity,
+  Gaussian,
+  Goe,
+  GaussianProduct,
+  WignerUnit,
+  GoeUnit,  // Q, K or V
+  Wishart,
+  PlusQk,
+  MinusQk,
+  PlusForm,
+  MinusForm,
+  Zero,  // V only
 };
 /// Q and K take the first kQueryKeyPresets (identity and the random ones); V also takes
 /// the rest: the Wishart law, and the products of Q and K, which exist once those are built.
@@ -59,10 +69,11 @@ inline constexpr Choice<MatrixPreset> kMatrixChoices[] = {
     {"wigner-unit", MatrixPreset::WignerUnit, "symmetric, every entry variance 1"},
     {"goe-unit", MatrixPreset::GoeUnit, "(G + G^T) / sqrt(2)"},
     {"wishart", MatrixPreset::Wishart, "G G^T / sqrt(d)"},
-    {"plus-qk", MatrixPreset::PlusQk},      // V = Q^T K
-    {"minus-qk", MatrixPreset::MinusQk},    // V = -Q^T K
+    {"plus-qk", MatrixPreset::PlusQk},    // V = Q^T K
+    {"minus-qk", MatrixPreset::MinusQk},  // V = -Q^T K
     {"plus-form", MatrixPreset::PlusForm, "K^T Q / c"},
     {"minus-form", MatrixPreset::MinusForm, "-K^T Q / c"},
+    {"zero", MatrixPreset::Zero, "no attention: the noise alone moves the tokens"},
 };
 inline constexpr std::size_t kQueryKeyPresets = 6;
 static_assert(kMatrixChoices[kQueryKeyPresets - 1].value == MatrixPreset::GoeUnit,
@@ -138,11 +149,22 @@ struct MaskPart {
 inline constexpr Choice<MaskPart> kMaskChoices[] = {
     {"full", {MaskKind::Full}},
     {"causal", {MaskKind::Causal}, "xi_j <= xi_i"},
+    {"causal-strict", {MaskKind::CausalStrict}, "xi_j < xi_i: no token sees itself"},
     {"window", {MaskKind::Window}, "|xi_i - xi_j| <= window"},
     {"per-prompt", {MaskKind::Full, true}, "prefix tokens seen only within their prompt"},
 };
 inline constexpr ChoiceOption<MaskPart> kMaskOption{
     .option = "mask", .choices = kMaskChoices, .tail = "; combine with +, e.g. causal+per-prompt"};
+
+/// --usa-denominator: what USA's sum is divided by (docs/model.md section 2).
+enum class UsaDenominator { Count, FactorRows };
+inline constexpr Choice<UsaDenominator> kUsaDenominatorChoices[] = {
+    {"count", UsaDenominator::Count, "M = sum_j p_j, every receiver alike"},
+    {"factor-rows", UsaDenominator::FactorRows,
+     "receiver i's sum_j m_ij c_ij p_j: each row's weights without exp"},
+};
+inline constexpr ChoiceOption<UsaDenominator> kUsaDenominatorOption{
+    .option = "usa-denominator", .choices = kUsaDenominatorChoices, .lead = "USA's normaliser"};
 
 /// What a whole --mask value selects.
 struct MaskSelection {
@@ -165,6 +187,16 @@ inline constexpr ChoiceOption<ObservableSet> kObservablesOption{
     .choices = kObservableSetChoices,
     .lead = "the per-frame series",
     .tail = "; joined with +, default among them: default+attention"};
+
+/// --common-noise-kind: the law of the increment dB that a replica's tokens share.
+inline constexpr Choice<CommonNoiseKind> kCommonNoiseKindChoices[] = {
+    {"symmetric", CommonNoiseKind::Symmetric, "GOE dB, dx = sigma P_x(dB x)"},
+    {"rotation", CommonNoiseKind::Rotation, "skew dB: a shared Brownian rotation"},
+};
+inline constexpr ChoiceOption<CommonNoiseKind> kCommonNoiseKindOption{
+    .option = "common-noise-kind",
+    .choices = kCommonNoiseKindChoices,
+    .lead = "the shared noise's law"};
 
 /// --save-positions: which frames keep every replica's positions (observables are written at
 /// every frame whatever the choice; docs/output.md, "What --save-positions writes").
@@ -219,12 +251,14 @@ struct RunChoices {
   ValueTransport values = ValueTransport::Transported;
   AuxFactorChoice aux_factor{AuxFactor::None};
   MaskSelection mask;
+  UsaDenominator usa_denominator = UsaDenominator::Count;
   std::optional<PrefixPlacement> prefix_init = PrefixPlacement::Random;
   InitKind init = InitKind::Uniform;
   PositionFrames save_positions = PositionFrames::All;
   Precision precision = Precision::Double;
   Activation mlp_activation = Activation::Relu;
   Placement placement = Placement::Post;
+  CommonNoiseKind common_noise_kind = CommonNoiseKind::Symmetric;
   bool attention_observables = false;  ///< --observables default+attention
   /// Layers of the --weights file (its leading axis; 1 without one, 0 without a file).
   std::size_t weight_layers = 0;

@@ -24,6 +24,7 @@ struct ModelKinds {
   AuxFactor factor = AuxFactor::None;
   bool whole_layer = false;              ///< several heads, heads of r < d or A_h != I, a feed-forward term
   bool receivers_at_unit_speed = false;  ///< the mean-field quadrature's grid points (Model)
+  bool receiver_scales = false;          ///< per-receiver scales (--usa-denominator factor-rows)
   static ModelKinds of(const Model& model);
 };
 
@@ -34,6 +35,7 @@ struct Capabilities {
   std::span<const AuxFactor> factors{};
   bool whole_layers = true;
   bool receivers_at_unit_speed = true;
+  bool receiver_scales = true;
 };
 
 /// The refusal of `kinds` by the entry `who` ("--backend cuda", "mfattn meanfield"): one line

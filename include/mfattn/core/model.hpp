@@ -139,8 +139,16 @@ struct Model {
   /// masses and receivers that sample the field X[mu], which does not depend on the mass
   /// at the point. Every backend but cuda honours it (cuda refuses such a model).
   bool receivers_at_unit_speed = false;
-  /// The factor of receiver i's velocity: p_i, or 1 with receivers_at_unit_speed.
-  double receiver_speed(std::size_t i) const { return receivers_at_unit_speed ? 1.0 : presence[i]; }
+  /// Per-receiver factors s_i of the velocity (empty: none). --usa-denominator factor-rows sets
+  /// s_i = M / D_i, D_i = sum_j m_ij c_ij p_j (0 where D_i = 0), which turns USA's 1/M into each
+  /// row's 1/D_i. D_i does not depend on the state, so it is taken once (model builder). The
+  /// CUDA backend and the derivatives declare that they take none (capabilities.hpp).
+  std::vector<double> receiver_scale;
+  /// The factor of receiver i's velocity: p_i (or 1 with receivers_at_unit_speed), times s_i.
+  double receiver_speed(std::size_t i) const {
+    const double speed = receivers_at_unit_speed ? 1.0 : presence[i];
+    return receiver_scale.empty() ? speed : speed * receiver_scale[i];
+  }
 
   /// Positions xi (n rows of k columns, row-major); used by masks, factors and gauges.
   std::size_t position_dim = 1;
@@ -178,6 +186,8 @@ struct Model {
   double prefix_weight = 1.0;
 
   double noise_kappa = 0.0;    ///< 0: deterministic; else dx += sqrt(2/kappa) P_x dW
+  double common_noise =
+      0.0;  ///< 0: none; else dx += sigma P_x(dB x), dB shared by a replica's tokens
 
   /// Number P of prefix tokens.
   std::size_t prefix_count() const { return d ? prefix.size() / d : 0; }

@@ -24,7 +24,14 @@
 
 namespace mfattn {
 
-enum class MaskKind { Full, Causal, Window };
+/// Causal: xi_j <= xi_i (a token sees itself); CausalStrict: xi_j < xi_i (it does not, and the
+/// first token sees no source).
+enum class MaskKind { Full, Causal, Window, CausalStrict };
+
+/// Whether the mask lets a token see only the tokens before it (not symmetric in i and j).
+constexpr bool is_causal(MaskKind kind) {
+  return kind == MaskKind::Causal || kind == MaskKind::CausalStrict;
+}
 
 enum class AuxFactor { None, Distance, Gaussian, Cosine, Toeplitz, Power, Cauchy };
 

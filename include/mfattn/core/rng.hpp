@@ -46,7 +46,8 @@ enum class StreamTag : std::uint64_t {
   Positions = 5,
   Generators = 6,
   Prefix = 7,
-  Keys = 8,  ///< mfattn keys: its queries and keys
+  Keys = 8,         ///< mfattn keys: its queries and keys
+  CommonNoise = 9,  ///< the increments shared by a replica's tokens (--common-noise)
 };
 
 }  // namespace mfattn

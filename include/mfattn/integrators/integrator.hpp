@@ -13,6 +13,9 @@
 ///                    Owren 2003) with F(y) = f(y) y^T - y f(y)^T in so(d)          4
 ///   dopri5           Dormand-Prince 5(4), max-norm error control, projected       5
 ///   euler-maruyama   x <- normalize(x + h f(x) + sqrt(2h/kappa) P_x xi), xi ~ N(0, I)
+///   stochastic-heun  Stratonovich Heun with the noise g of the step (independent and common):
+///                    y = normalize(x + h f(x) + g(x)),
+///                    x <- normalize(x + h (f(x) + f(y)) / 2 + (g(x) + g(y)) / 2)   weak 1
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -55,11 +58,17 @@ class Integrator {
                         const double* next_bar, double* x_bar, FieldNumbers& gradient);
 };
 
+/// The law of the increments shared by a replica's tokens (--common-noise-kind; docs/model.md,
+/// "Common noise"): a GOE Brownian matrix, or a skew one (a shared Brownian rotation).
+enum class CommonNoiseKind { Symmetric, Rotation };
+
 struct IntegratorSettings {
   std::string name = "rk4";
   double rtol = 1e-8, atol = 1e-10;  ///< dopri5
-  double noise_kappa = 0.0;           ///< euler-maruyama
-  std::uint64_t seed = 0;             ///< euler-maruyama noise
+  double noise_kappa = 0.0;          ///< the stochastic methods: each token's own noise
+  std::uint64_t seed = 0;            ///< the stochastic methods' noise
+  double common_noise = 0.0;         ///< sigma of the shared noise (stochastic-heun)
+  CommonNoiseKind common_noise_kind = CommonNoiseKind::Symmetric;
 };
 
 /// One integrator of the table (src/integrators/integrators.cpp, kIntegrators): its name (the
@@ -78,7 +87,20 @@ struct IntegratorEntry {
   bool steps_unprojected_output = false;
   /// Whether its steps have a discrete adjoint (Integrator::step_vjp): gradients through runs.
   bool differentiates = false;
+  /// Whether it takes the noise in the Stratonovich sense, and so the common noise
+  /// (--common-noise), whose Ito form would need a correction drift.
+  bool stratonovich = false;
 };
+
+/// The noise the stochastic methods draw, as a run of that seed takes it (so that a test or
+/// script can replay it): xi ~ N(0, I_d) of token `token` of replica `replica` at step count
+/// `step` (d numbers), and the shared increment sigma sqrt(h) dB of the replica over that
+/// step (d x d, row-major; kernels::common_increment in src/kernels/fixed_steps.hpp).
+void token_noise_draws(std::uint64_t seed, std::uint64_t replica, std::uint64_t token,
+                       std::uint64_t step, std::size_t d, double* xi);
+void common_noise_increment(CommonNoiseKind kind, double scale, std::uint64_t seed,
+                            std::uint64_t replica, std::uint64_t step, std::size_t d,
+                            double* increment);
 
 /// The table's entry of that name, or nullptr.
 const IntegratorEntry* find_integrator(std::string_view name);

@@ -146,6 +146,16 @@ std::string signal_name(int signal) {
   }
 }
 
+IntegratorSettings integrator_settings(const RunConfig& cfg) {
+  return IntegratorSettings{.name = cfg.integrator,
+                            .rtol = cfg.rtol,
+                            .atol = cfg.atol,
+                            .noise_kappa = cfg.noise_kappa,
+                            .seed = static_cast<std::uint64_t>(cfg.seed),
+                            .common_noise = cfg.common_noise,
+                            .common_noise_kind = cfg.choices.common_noise_kind};
+}
+
 std::vector<double> output_times(const RunConfig& cfg) {
   const double horizon = cfg.horizon;
   std::vector<double> times{0.0};
@@ -196,9 +206,8 @@ void set_up_run(RunConfig& cfg, int threads, RunParts& parts) {
   parts.state = build_initial_state(cfg, parts.model);
   parts.times = output_times(cfg);
   parts.backend = make_backend(cfg.backend, parts.model, backend_options(cfg, threads));
-  IntegratorSettings settings{cfg.integrator, cfg.rtol, cfg.atol, cfg.noise_kappa,
-                              static_cast<std::uint64_t>(cfg.seed)};
-  parts.integrator = cfg.choices.integrator->make(settings);  // the entry validation found
+  parts.integrator = cfg.choices.integrator->make(
+      integrator_settings(cfg));  // the entry validation found
   if (!parts.integrator->adaptive() && cfg.horizon / cfg.dt > kMaxFixedSteps) {
     std::ostringstream count;
     count << std::setprecision(3) << cfg.horizon / cfg.dt;
