@@ -609,10 +609,6 @@ void validate_execution(const RunConfig& c, RunChoices& choices) {
     if (!seen[std::size_t(ObservableSet::Default)])
       reject("observables", c.observables, "needs default among its sets (default+attention)");
     choices.attention_observables = seen[std::size_t(ObservableSet::Attention)];
-    if (choices.attention_observables && choices.kernel == Normalization::Sinkhorn)
-      reject(
-          "observables", c.observables,
-          "with --kernel sinkhorn: the statistics of Sinkhorn's plans are not implemented yet (accepted: default)");
     if (choices.attention_observables && choices.aux_factor.changes_sign)
       reject("observables", c.observables,
              "with --aux-factor " + c.aux_factor +

@@ -1,5 +1,6 @@
 #include "backends/backend_common.hpp"
 
+#include "backends/reference/reference_sinkhorn.hpp"
 #include "backends/token_operands.hpp"
 #include "kernels/attention_statistics.hpp"
 
@@ -54,6 +55,12 @@ std::vector<PlanSummary> attention_plan_summaries(const Model& model, const doub
   thread_local host::TokenOperands operands;
   for (const AttentionHead& head : matrices.heads) {
     host::prepare_head_operands(host::HeadOperands(model, head), read, operands);
+    // Each source's bias in the logit: log p_j, or for Sinkhorn's plan log p_j + g_j, its
+    // column scaling (a row's own scaling f_i drops out of its normalised plan). The scaling
+    // is the reference backend's, pair by pair on one thread: O(n^2) per sweep.
+    std::vector<double> source_bias = operands.log_presence;
+    if (model.normalization == Normalization::Sinkhorn)
+      source_bias = detail::ReferenceSinkhorn(model, operands).slot().row_bias;
     struct Moments {
       double sum = 0.0, low = std::numeric_limits<double>::infinity(),
              high = -std::numeric_limits<double>::infinity();
@@ -66,6 +73,7 @@ std::vector<PlanSummary> attention_plan_summaries(const Model& model, const doub
     // Each receiver's plan on its own (rows spread over the threads), then the summaries in
     // receiver order: the same numbers for any thread count.
     const host::TokenOperands& shared = operands;
+    const std::vector<double>& bias = source_bias;
     std::vector<double> row_entropy(model.n), row_largest(model.n), row_participation(model.n);
     std::vector<char> sees(model.n, 0);
 #pragma omp parallel for schedule(dynamic, 16)
@@ -81,7 +89,7 @@ std::vector<PlanSummary> attention_plan_summaries(const Model& model, const doub
         const double* key = shared.key(j);
         double score = 0.0;
         for (std::size_t c = 0; c < shared.d; ++c) score += query[c] * key[c];
-        plan.add(model.beta * score + shared.log_presence[j] + terms.log_term, nullptr);
+        plan.add(model.beta * score + bias[j] + terms.log_term, nullptr);
       }
       if (plan.sources == 0) continue;  // a receiver that sees no source
       sees[i] = 1;

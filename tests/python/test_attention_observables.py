@@ -1,7 +1,7 @@
 """--observables default+attention (docs/model.md section 6, "Attention statistics"): each
 head's plan entropy, largest weight and participation, their mean, min and max over the
 receivers, against NumPy written here from the formula (1e-12) through heads, a causal mask,
-null tokens, replicas, a prefix and the pre placement; the exact values at beta = 0; nothing
+null tokens, replicas, a prefix, the pre placement and Sinkhorn's plan; the exact values at beta = 0; nothing
 extra when not asked; and the refusals."""
 from __future__ import annotations
 
@@ -14,14 +14,29 @@ import pytest
 STATISTICS = ("entropy", "largest_weight", "participation")
 
 
-def plans(x, sources, presence, query, key, beta, visible):
+def plans(x, sources, presence, query, key, beta, visible, sinkhorn=False):
     """Each receiver's normalised plan over the sources (rows: receivers x, columns: sources),
-    of one head: P_ij proportional to p_j exp(beta <Q x_i, K y_j>) where visible."""
+    of one head: P_ij proportional to p_j exp(beta <Q x_i, K y_j>) where visible; with
+    sinkhorn, the plan scaled to rows 1 and columns c_j = R p_j / M_J (docs/model.md section
+    2d), in log space until nothing changes."""
     logits = beta * (x @ query.T) @ (sources @ key.T).T
     logits = np.where(visible & (presence > 0)[None, :], logits + np.log(np.where(presence > 0, presence, 1.0)),
                       -np.inf)
     seen = np.isfinite(logits).any(axis=1)
     logits = logits[seen]
+    if sinkhorn:
+        from scipy.special import logsumexp
+        seen_sources = np.isfinite(logits).any(axis=0)
+        log_target = np.log(len(logits) * presence[seen_sources] / presence[seen_sources].sum())
+        columns = logits[:, seen_sources]
+        g = np.zeros(columns.shape[1])
+        for _ in range(20000):
+            f = -logsumexp(columns + g[None, :], axis=1)
+            new_g = log_target - logsumexp(f[:, None] + columns, axis=0)
+            if np.array_equal(new_g, g):
+                break
+            g = new_g
+        logits = columns + g[None, :]
     weights = np.exp(logits - logits.max(axis=1, keepdims=True))
     return weights / weights.sum(axis=1, keepdims=True)
 
@@ -38,6 +53,8 @@ CASES = {
                                            v="gaussian", beta=1.3, mask="causal", null_tokens=1, replicas=2),
     "usa-prefix": dict(n=10, d=3, kernel="usa", q="gaussian", k="gaussian", beta=2.0, prefix=2, prefix_weight=0.5),
     "sa-pre-placement": dict(n=10, d=3, kernel="sa", normalization="pre", q="gaussian", k="gaussian", beta=-1.5),
+    "sinkhorn-heads-nulls": dict(n=10, d=4, kernel="sinkhorn", heads=2, head_dim=2, q="gaussian", k="gaussian",
+                                 beta=1.2, null_tokens=1, sinkhorn_iterations=2000, sinkhorn_tol=0),
 }
 
 
@@ -75,7 +92,8 @@ def test_the_series_are_the_formula_in_numpy(mfattn, tmp_path, name):
                 visible[:, :n] = np.tril(np.ones((n, n), dtype=bool))
             receivers = presence > 0
             for h in range(heads):
-                p = plans(x[receivers], sources, source_presence, queries[h], keys[h], options["beta"], visible[receivers])
+                p = plans(x[receivers], sources, source_presence, queries[h], keys[h], options["beta"], visible[receivers],
+                          sinkhorn=options["kernel"] == "sinkhorn")
                 for key, expected in summaries(p).items():
                     got = np.asarray(trajectory.observables[key]).reshape(positions.shape[0], replicas, heads)[t, r, h]
                     assert got == pytest.approx(expected, rel=1e-12, abs=1e-14), (key, t, r, h)
@@ -110,8 +128,6 @@ def test_nothing_extra_when_not_asked(mfattn, tmp_path):
     (["--observables", "attention"], "--observables attention: needs default among its sets"),
     (["--observables", "default+default"], "--observables default+default: accepted: default, attention"),
     (["--observables", "everything"], "--observables everything: accepted: default, attention"),
-    (["--observables", "default+attention", "--kernel", "sinkhorn"],
-     "with --kernel sinkhorn: the statistics of Sinkhorn's plans are not implemented yet"),
     (["--observables", "default+attention", "--aux-factor", "toeplitz", "--toeplitz-coefficients", "1",
       "--toeplitz-frequencies", "0.5"], "its weights change sign"),
 ])

@@ -4,7 +4,7 @@
 // none of their loops, bounds or sums.
 #include "backends/backend_common.hpp"
 #include "backends/reference/reference_derivatives.hpp"
-#include "backends/sinkhorn_scaling.hpp"
+#include "backends/reference/reference_sinkhorn.hpp"
 #include "backends/token_operands.hpp"
 
 #include <memory>
@@ -12,62 +12,6 @@
 
 namespace mfattn {
 namespace {
-
-/// Sinkhorn attention's scaling of one matrix (a replica's, or a head's), literally: the
-/// logits pair by pair and every log-sum-exp from its row's exact maximum.
-class ReferenceSinkhorn {
- public:
-  /// Scales the matrix of `operands` (every source's query, key and log-presence).
-  ReferenceSinkhorn(const Model& model, const host::TokenOperands& operands)
-      : model_(model), operands_(operands),
-        scaling_(kernels::SinkhornTerms{std::size_t(model.sinkhorn.sweeps), model.sinkhorn.tolerance}) {
-    host::SinkhornSlot& slot = scaling_.slots.emplace_back();
-    slot.source_log_presence = operands.log_presence;
-    for (std::size_t i = 0; i < model.n; ++i) slot.receiver_present.push_back(model.presence[i] > 0.0);
-    scaling_.reset();
-    scaling_.run(*this);
-  }
-
-  /// beta s_ij + log(m_ij c_ij): l_ij without log p_j (-inf for a hidden pair).
-  double logit(std::size_t i, std::size_t j) const {
-    const kernels::PairWeightTerms<double> terms = host::model_pair_weight_terms(model_, i, j);
-    if (!kernels::visible(terms)) return -HUGE_VAL;
-    double score = 0.0;
-    for (std::size_t c = 0; c < operands_.d; ++c) score += operands_.query(i)[c] * operands_.key(j)[c];
-    return model_.beta * score + terms.log_term;
-  }
-  /// P_ij = exp(f_i + l_ij + g_j), the plan's weight of the pair.
-  double plan(std::size_t i, std::size_t j) const {
-    const host::SinkhornSlot& slot = scaling_.slots.front();
-    return std::exp(slot.row_scale[i] + logit(i, j) + slot.row_bias[j]);
-  }
-  const host::SinkhornSlot& slot() const { return scaling_.slots.front(); }
-  /// SA's weight sum D_i of the unscaled weights (the energy's).
-  double weight_sum(std::size_t i) const {
-    return std::exp(scaling_.slots.front().first_row_lse[i] - model_.exponent_shift());
-  }
-
-  // The passes of host::SinkhornScaling.
-  void rows(host::SinkhornScaling& scaling) {
-    host::SinkhornSlot& slot = scaling.slots.front();
-    for (std::size_t i = 0; i < model_.n; ++i)
-      scaling.finish_row(slot, i, detail::exact_log_sum_exp(operands_.sources, [&](std::size_t j) {
-                           return logit(i, j) + slot.row_bias[j];
-                         }));
-  }
-  void columns(host::SinkhornScaling& scaling) {
-    host::SinkhornSlot& slot = scaling.slots.front();
-    for (std::size_t j = 0; j < operands_.sources; ++j)
-      scaling.finish_column(slot, j, detail::exact_log_sum_exp(model_.n, [&](std::size_t i) {
-                              return slot.row_scale[i] + logit(i, j);
-                            }));
-  }
-
- private:
-  const Model& model_;
-  const host::TokenOperands& operands_;
-  host::SinkhornScaling scaling_;
-};
 
 class ReferenceBackend final : public detail::ReferenceDerivativesBackend {
  public:
@@ -94,10 +38,10 @@ class ReferenceBackend final : public detail::ReferenceDerivativesBackend {
       for (const AttentionHead& head : matrices.heads) heads.emplace_back(model_, head);
       operands_.resize(heads.size());
       for (std::size_t h = 0; h < heads.size(); ++h) host::prepare_head_operands(heads[h], xr, operands_[h]);
-      std::vector<std::unique_ptr<ReferenceSinkhorn>> sinkhorn(heads.size());
+      std::vector<std::unique_ptr<detail::ReferenceSinkhorn>> sinkhorn(heads.size());
       if (sinkhorn_attention)
         for (std::size_t h = 0; h < heads.size(); ++h) {
-          sinkhorn[h] = std::make_unique<ReferenceSinkhorn>(model_, operands_[h]);
+          sinkhorn[h] = std::make_unique<detail::ReferenceSinkhorn>(model_, operands_[h]);
           note_scaling(r, *sinkhorn[h]);
         }
       hidden.resize(matrices.mlp.width());
@@ -150,7 +94,7 @@ class ReferenceBackend final : public detail::ReferenceDerivativesBackend {
 
  private:
   /// The largest column error and sweeps of replica r's scalings so far.
-  void note_scaling(std::size_t r, const ReferenceSinkhorn& sinkhorn) {
+  void note_scaling(std::size_t r, const detail::ReferenceSinkhorn& sinkhorn) {
     last_scaling_.column_error[r] = std::max(last_scaling_.column_error[r], sinkhorn.slot().column_error);
     last_scaling_.sweeps[r] = std::max(last_scaling_.sweeps[r], double(sinkhorn.slot().sweeps));
   }
