@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <iterator>
 #include <limits>
+#include <omp.h>
 #include <sstream>
 #include <vector>
 
@@ -57,10 +58,11 @@ std::vector<PlanSummary> attention_plan_summaries(const Model& model, const doub
     host::prepare_head_operands(host::HeadOperands(model, head), read, operands);
     // Each source's bias in the logit: log p_j, or for Sinkhorn's plan log p_j + g_j, its
     // column scaling (a row's own scaling f_i drops out of its normalised plan). The scaling
-    // is the reference backend's, pair by pair on one thread: O(n^2) per sweep.
+    // is the reference backend's, pair by pair, each pass spread over the threads: O(n^2) a sweep.
     std::vector<double> source_bias = operands.log_presence;
     if (model.normalization == Normalization::Sinkhorn)
-      source_bias = detail::ReferenceSinkhorn(model, operands).slot().row_bias;
+      source_bias =
+          detail::ReferenceSinkhorn(model, operands, omp_get_max_threads()).slot().row_bias;
     struct Moments {
       double sum = 0.0, low = std::numeric_limits<double>::infinity(),
              high = -std::numeric_limits<double>::infinity();

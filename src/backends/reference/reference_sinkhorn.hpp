@@ -17,9 +17,11 @@ namespace mfattn::detail {
 /// logits pair by pair and every log-sum-exp from its row's exact maximum.
 class ReferenceSinkhorn {
  public:
-  /// Scales the matrix of `operands` (every source's query, key and log-presence).
-  ReferenceSinkhorn(const Model& model, const host::TokenOperands& operands)
-      : model_(model), operands_(operands),
+  /// Scales the matrix of `operands` (every source's query, key and log-presence). threads > 1
+  /// spreads each pass's rows or columns over a team of that many (each its own log-sum-exp:
+  /// the same bits for any count); the reference backend takes one.
+  ReferenceSinkhorn(const Model& model, const host::TokenOperands& operands, int threads = 1)
+      : model_(model), operands_(operands), threads_(threads),
         scaling_(
             kernels::SinkhornTerms{std::size_t(model.sinkhorn.sweeps), model.sinkhorn.tolerance}) {
     host::SinkhornSlot& slot = scaling_.slots.emplace_back();
@@ -53,6 +55,7 @@ class ReferenceSinkhorn {
   // The passes of host::SinkhornScaling.
   void rows(host::SinkhornScaling& scaling) {
     host::SinkhornSlot& slot = scaling.slots.front();
+#pragma omp parallel for schedule(dynamic, 16) num_threads(threads_) if (threads_ > 1)
     for (std::size_t i = 0; i < model_.n; ++i)
       scaling.finish_row(slot, i, detail::exact_log_sum_exp(operands_.sources, [&](std::size_t j) {
                            return logit(i, j) + slot.row_bias[j];
@@ -60,6 +63,7 @@ class ReferenceSinkhorn {
   }
   void columns(host::SinkhornScaling& scaling) {
     host::SinkhornSlot& slot = scaling.slots.front();
+#pragma omp parallel for schedule(dynamic, 16) num_threads(threads_) if (threads_ > 1)
     for (std::size_t j = 0; j < operands_.sources; ++j)
       scaling.finish_column(slot, j, detail::exact_log_sum_exp(model_.n, [&](std::size_t i) {
                               return slot.row_scale[i] + logit(i, j);
@@ -69,6 +73,7 @@ class ReferenceSinkhorn {
  private:
   const Model& model_;
   const host::TokenOperands& operands_;
+  int threads_;
   host::SinkhornScaling scaling_;
 };
 
