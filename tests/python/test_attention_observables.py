@@ -138,9 +138,10 @@ def test_refusals_are_one_line_and_exit_2(mfattn_binary, tmp_path, args, message
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.h5").exists()
 
 
-def test_the_same_numbers_for_any_thread_count(mfattn, tmp_path):
-    options = dict(n=40, d=3, kernel="sa", q="gaussian", k="gaussian", beta=3.0, horizon=0.2, save_every=0.1,
-                   observables="default+attention", mask="causal")
+@pytest.mark.parametrize("kernel, mask", [("sa", "causal"), ("sinkhorn", "full")])
+def test_the_same_numbers_for_any_thread_count(mfattn, tmp_path, kernel, mask):
+    options = dict(n=40, d=3, kernel=kernel, q="gaussian", k="gaussian", beta=3.0, horizon=0.2, save_every=0.1,
+                   observables="default+attention", mask=mask)
     one = mfattn.run(out=str(tmp_path / "one.h5"), threads=1, **options)
     two = mfattn.run(out=str(tmp_path / "two.h5"), threads=2, **options)
     for name in one.observables:
