@@ -389,6 +389,9 @@ std::vector<std::string> weights_words(const OptionWords& given,
   return words;
 }
 
+/// The most numbers Model.attention returns in one call: 2^27 (1 GiB of doubles).
+constexpr double kMaxPlanNumbers = 134217728.0;
+
 class PyModel {
  public:
   explicit PyModel(const py::kwargs& options) {
@@ -513,6 +516,54 @@ class PyModel {
       stacked[key] = numpy.attr("stack")(parts);
     }
     return stacked;
+  }
+
+  /// The normalised attention plans at x (docs/python.md, "Model.attention").
+  py::array_t<double> attention(const py::handle& x, const py::object& head, std::int64_t replica) {
+    std::size_t replicas = 1;
+    const auto values = checked_positions(x, model_, replicas);
+    if (replica < 0 || std::size_t(replica) >= replicas)
+      throw py::value_error("replica: " + std::to_string(replica) + ": x holds " +
+                            std::to_string(replicas) + " replica" + (replicas == 1 ? "" : "s") +
+                            " (accepted: 0 to " + std::to_string(replicas - 1) + ")");
+    if (cfg_.choices.aux_factor.changes_sign)
+      throw py::value_error(
+          "aux_factor=" + cfg_.aux_factor +
+          ": its weights change sign, so a row of weights is no probability: no plan to return");
+    const std::size_t heads = model_.matrices_of(std::size_t(replica)).heads.size();
+    std::size_t first = 0, count = heads;
+    if (!head.is_none()) {
+      const auto h = head.cast<std::int64_t>();
+      if (h < 0 || std::size_t(h) >= heads)
+        throw py::value_error("head: " + std::to_string(h) + ": the model has " +
+                              std::to_string(heads) + " head" + (heads == 1 ? "" : "s") +
+                              " (accepted: 0 to " + std::to_string(heads - 1) +
+                              ", or None for every head)");
+      first = std::size_t(h);
+      count = 1;
+    }
+    const std::size_t n = model_.n, sources = n + model_.prefix_count();
+    const double numbers = double(count) * double(n) * double(sources);
+    if (numbers > kMaxPlanNumbers)
+      throw py::value_error(
+          "attention: " + std::to_string(count) + " x " + std::to_string(n) + " x " +
+          std::to_string(sources) +
+          " weights exceed the 2^27 numbers (1 GiB) a call returns; take "
+          "one head (head=h), or the statistics: observables=\"default+attention\"");
+    const std::size_t size = n * model_.d;
+    std::vector<double> read(values.data() + std::size_t(replica) * size,
+                             values.data() + (std::size_t(replica) + 1) * size);
+    if (placement_reads_directions(model_.placement)) take_directions(n, model_.d, read.data());
+    std::vector<double> plans(count * n * sources);
+    {
+      py::gil_scoped_release released;
+      for (std::size_t h = 0; h < count; ++h)
+        attention_plan(model_, read.data(), std::size_t(replica), first + h,
+                       plans.data() + h * n * sources);
+    }
+    std::vector<py::ssize_t> shape = {py::ssize_t(n), py::ssize_t(sources)};
+    if (head.is_none()) shape.insert(shape.begin(), py::ssize_t(count));
+    return py::array_t<double>(shape, plans.data());
   }
 
   py::object energy(const py::handle& x, py::object threads) {
@@ -1018,7 +1069,8 @@ PYBIND11_MODULE(_core, module) {
       "mfattn.NumericalError", "a weight overflowed or the state diverged (the CLI's exit 3)",
       PyExc_ArithmeticError, nullptr);
   module.attr("NumericalError") = py::handle(numerical_error_type);
-  py::class_<PyModel>(module, "Model", R"doc(Model(**options): the field of `mfattn run` with these options.
+  py::class_<PyModel>(module, "Model",
+                      R"doc(Model(**options): the field of `mfattn run` with these options.
 
 Keywords are the options of `mfattn run` with '-' written '_' (aux_factor="distance"); every one,
 with its default and what it accepts: mfattn.options(). True is a switch, a list or 1-D array a
@@ -1037,20 +1089,25 @@ docs/python.md has the whole surface.)doc")
       .def_property_readonly("d", &PyModel::d, "the dimension of the space (tokens on S^{d-1})")
       .def_property_readonly("replicas", &PyModel::replicas, "replicas= (the initial state's)")
       .def_property_readonly("beta", &PyModel::beta, "the inverse temperature beta")
-      .def_property_readonly("backend", &PyModel::backend_name, "the backend that evaluates the field (backend=)")
-      .def_property_readonly("options", &PyModel::options,
-                             "the keywords the model was made with: mfattn.Model(**model.options) makes it again")
-      .def("initial_state", &PyModel::initial_state,
-           "initial_state() -> array: the run's initial positions (init=, seed=, ...): (n, d), or (R, n, d) "
-           "for replicas=R > 1")
-      .def("velocity", &PyModel::velocity, "x"_a, "threads"_a = py::none(), R"doc(velocity(x, threads=None) -> array
+      .def_property_readonly("backend", &PyModel::backend_name,
+                             "the backend that evaluates the field (backend=)")
+      .def_property_readonly(
+          "options", &PyModel::options,
+          "the keywords the model was made with: mfattn.Model(**model.options) makes it again")
+      .def(
+          "initial_state", &PyModel::initial_state,
+          "initial_state() -> array: the run's initial positions (init=, seed=, ...): (n, d), or (R, n, d) "
+          "for replicas=R > 1")
+      .def("velocity", &PyModel::velocity, "x"_a, "threads"_a = py::none(),
+           R"doc(velocity(x, threads=None) -> array
 
 dx/dt of the model at x, a new array of x's shape: x is (n, d) or (R, n, d), any real dtype.
 For the placements on the sphere (normalization="post", the default, and "ngpt") every row
 must have norm 1 within 1e-6, else ValueError naming the row and its norm; pre, peri and none
 take states in R^d. threads: OpenMP threads of this call (default: the model's threads=).
 Releases the GIL. Raises mfattn.NumericalError where a weight overflows.)doc")
-      .def("vjp", &PyModel::vjp, "x"_a, "cotangent"_a, "threads"_a = py::none(), "layer"_a = py::none(),
+      .def("vjp", &PyModel::vjp, "x"_a, "cotangent"_a, "threads"_a = py::none(),
+           "layer"_a = py::none(),
            R"doc(vjp(x, cotangent, threads=None, layer=None) -> dict
 
 The vector-Jacobian product of the field at x (docs/model.md section 2e): for the cotangent w
@@ -1062,7 +1119,8 @@ matrices="per-replica"), "mlp/w1", "mlp/b1", "mlp/w2", "mlp/b2" (with a feed-for
 factor's numbers ("aux_lambda", ...). Replicas' gradients are summed. On the sphere the
 x-gradient is the ambient one of the formula. layer: the layer whose weights act (default:
 the first). Raises ValueError for a model the derivatives do not take.)doc")
-      .def("jvp", &PyModel::jvp, "x"_a, "tangent"_a, "weight_tangents"_a = py::none(), "layer"_a = py::none(),
+      .def("jvp", &PyModel::jvp, "x"_a, "tangent"_a, "weight_tangents"_a = py::none(),
+           "layer"_a = py::none(),
            R"doc(jvp(x, tangent, weight_tangents=None, layer=None) -> array
 
 The Jacobian-vector product of the field at x along tangent (x's shape) and weight_tangents (a
@@ -1071,7 +1129,19 @@ dict with some of vjp's keys, the same shapes; the others are 0): an array of x'
 
 The weights in the --weights file's layout ("attention/query", ..., "mlp/b2"): of one layer,
 or of every layer (a leading layer axis where the model has several).)doc")
-      .def("energy", &PyModel::energy, "x"_a, "threads"_a = py::none(), R"doc(energy(x, threads=None)
+      .def("attention", &PyModel::attention, "x"_a, "head"_a = py::none(), "replica"_a = 0,
+           R"doc(attention(x, head=None, replica=0) -> array
+
+The normalised attention plans at x, the plans whose entropy, largest weight and participation
+observables="default+attention" records (docs/model.md section 6): P_ij = w_ij / sum_j w_ij
+(SA's weights, USA's weights over their sum, Sinkhorn's plan of section 2d), receivers i the n
+tokens, sources j the n tokens then the P prefix tokens. (H, n, n + P) for head=None, (n, n + P)
+for one head; of replica `replica` of x ((n, d) or (R, n, d), the same checks as velocity),
+through the model's first layer. Rows of zeros for null receivers and receivers that see no
+source. Refused for a sign-changing factor, and above 2^27 numbers (1 GiB; take one head).
+Releases the GIL.)doc")
+      .def("energy", &PyModel::energy, "x"_a, "threads"_a = py::none(),
+           R"doc(energy(x, threads=None)
 
 E = 1 / (2 beta M^2) sum_ij p_i p_j m_ij c_ij exp(s_ij) of x (docs/model.md section 4), the
 run's `energy` observable: a float for x of shape (n, d), an array of R floats for (R, n, d).

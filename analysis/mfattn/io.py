@@ -195,6 +195,29 @@ class Trajectory(_Recorded):
         """Number of frames P whose positions the file keeps."""
         return int(self.positions.shape[0])
 
+    def matrices(self, replica: int | None = None) -> dict[str, np.ndarray]:
+        """The weights in force, read from the file: ``/particles/tokens[_r<r>]/attention_matrices``
+        (docs/output.md), name -> array ("query", "key", "value" [L, d, d], "layer_start" [L], and
+        for a whole layer its per-head and mlp arrays). replica: whose group (default: the one
+        loaded, else 0); a file with one shared set keeps it in replica 0's group, which every
+        replica then reads. Raises ValueError for a result with no file (mfattn.run without out=:
+        Model.weights() gives the same numbers) or a file without the group."""
+        if self.path is None:
+            raise ValueError("matrices: this result was not read from a file (give mfattn.run out=, or take "
+                             "mfattn.Model(...).weights())")
+        if replica is None:
+            replica = self.replica if self.replica is not None else 0
+        if not 0 <= replica < self.replicas:
+            raise ValueError(f"matrices: replica {replica}: the file holds {self.replicas} (accepted: 0 to "
+                             f"{self.replicas - 1})")
+        with h5py.File(self.path, "r") as f:
+            own = "particles/tokens" + ("" if replica == 0 else f"_r{replica}") + "/attention_matrices"
+            group = f.get(own) or f.get("particles/tokens/attention_matrices")
+            if not isinstance(group, h5py.Group):
+                raise ValueError(f"matrices: {self.path} has no /particles/tokens/attention_matrices group "
+                                 "(a file of mfattn import, or one written before the group existed)")
+            return {name: np.asarray(value[()]) for name, value in group.items() if isinstance(value, h5py.Dataset)}
+
 
 @dataclass
 class Density(_Recorded):

@@ -48,21 +48,51 @@ double energy_from_weight_sums(const Model& model, const double* x, const double
   return total / (2.0 * model.beta * mass * mass);
 }
 
+namespace {
+
+/// One head's log-weights l_ij = beta <q_i, k_j> + b_j + log(m_ij c_ij) of one replica's layer,
+/// row by row, from which every receiver's normalised plan is taken (the statistics and the
+/// plans themselves): b_j = log p_j, or for Sinkhorn's plan log p_j + g_j with g_j its column
+/// scaling (a row's own scaling f_i drops out of its normalised plan). The scaling is the
+/// reference backend's, pair by pair, each pass spread over the threads: O(n^2) a sweep.
+class HeadLogits {
+ public:
+  HeadLogits(const Model& model, const AttentionHead& head, const double* read) : model_(model) {
+    host::prepare_head_operands(host::HeadOperands(model, head), read, operands_);
+    bias_ = operands_.log_presence;
+    if (model.normalization == Normalization::Sinkhorn)
+      bias_ = detail::ReferenceSinkhorn(model, operands_, omp_get_max_threads()).slot().row_bias;
+  }
+  std::size_t sources() const { return model_.n + model_.prefix_count(); }
+  /// visit(j, l_ij) for every source j that receiver i sees with positive presence.
+  template <class Visit>
+  void row(std::size_t i, Visit&& visit) const {
+    const double* query = operands_.query(i);
+    for (std::size_t j = 0; j < sources(); ++j) {
+      if (!(operands_.presence[j] > 0.0)) continue;
+      const kernels::PairWeightTerms<double> terms = host::model_pair_weight_terms(model_, i, j);
+      if (!kernels::visible(terms)) continue;
+      const double* key = operands_.key(j);
+      double score = 0.0;
+      for (std::size_t c = 0; c < operands_.d; ++c) score += query[c] * key[c];
+      visit(j, model_.beta * score + bias_[j] + terms.log_term);
+    }
+  }
+
+ private:
+  const Model& model_;
+  host::TokenOperands operands_;
+  std::vector<double> bias_;
+};
+
+}  // namespace
+
 std::vector<PlanSummary> attention_plan_summaries(const Model& model, const double* read,
                                                   std::size_t replica) {
-  const std::size_t sources = model.n + model.prefix_count();
   const AttentionMatrices& matrices = model.matrices_of(replica);
   std::vector<PlanSummary> summaries;
-  thread_local host::TokenOperands operands;
   for (const AttentionHead& head : matrices.heads) {
-    host::prepare_head_operands(host::HeadOperands(model, head), read, operands);
-    // Each source's bias in the logit: log p_j, or for Sinkhorn's plan log p_j + g_j, its
-    // column scaling (a row's own scaling f_i drops out of its normalised plan). The scaling
-    // is the reference backend's, pair by pair, each pass spread over the threads: O(n^2) a sweep.
-    std::vector<double> source_bias = operands.log_presence;
-    if (model.normalization == Normalization::Sinkhorn)
-      source_bias =
-          detail::ReferenceSinkhorn(model, operands, omp_get_max_threads()).slot().row_bias;
+    const HeadLogits logits(model, head, read);
     struct Moments {
       double sum = 0.0, low = std::numeric_limits<double>::infinity(),
              high = -std::numeric_limits<double>::infinity();
@@ -74,25 +104,14 @@ std::vector<PlanSummary> attention_plan_summaries(const Model& model, const doub
     } entropy, largest, participation;
     // Each receiver's plan on its own (rows spread over the threads), then the summaries in
     // receiver order: the same numbers for any thread count.
-    const host::TokenOperands& shared = operands;
-    const std::vector<double>& bias = source_bias;
     std::vector<double> row_entropy(model.n), row_largest(model.n), row_participation(model.n);
     std::vector<char> sees(model.n, 0);
 #pragma omp parallel for schedule(dynamic, 16)
     for (std::int64_t row = 0; row < std::int64_t(model.n); ++row) {
       const auto i = std::size_t(row);
       if (!(model.presence[i] > 0.0)) continue;
-      const double* query = shared.query(i);
       kernels::PlanStatistics plan(0, 0);
-      for (std::size_t j = 0; j < sources; ++j) {
-        if (!(shared.presence[j] > 0.0)) continue;
-        const kernels::PairWeightTerms<double> terms = host::model_pair_weight_terms(model, i, j);
-        if (!kernels::visible(terms)) continue;
-        const double* key = shared.key(j);
-        double score = 0.0;
-        for (std::size_t c = 0; c < shared.d; ++c) score += query[c] * key[c];
-        plan.add(model.beta * score + bias[j] + terms.log_term, nullptr);
-      }
+      logits.row(i, [&](std::size_t, double logit) { plan.add(logit, nullptr); });
       if (plan.sources == 0) continue;  // a receiver that sees no source
       sees[i] = 1;
       row_entropy[i] = plan.entropy();
@@ -120,6 +139,27 @@ std::vector<PlanSummary> attention_plan_summaries(const Model& model, const doub
     summaries.push_back(s);
   }
   return summaries;
+}
+
+void attention_plan(const Model& model, const double* read, std::size_t replica, std::size_t head,
+                    double* plan) {
+  const HeadLogits logits(model, model.matrices_of(replica).heads.at(head), read);
+  const std::size_t sources = logits.sources();
+  std::fill(plan, plan + model.n * sources, 0.0);
+#pragma omp parallel for schedule(dynamic, 16)
+  for (std::int64_t row = 0; row < std::int64_t(model.n); ++row) {
+    const auto i = std::size_t(row);
+    if (!(model.presence[i] > 0.0)) continue;
+    double* out = plan + i * sources;
+    // The row's largest log-weight first, so that no exponential overflows.
+    double largest = -std::numeric_limits<double>::infinity();
+    logits.row(i, [&](std::size_t, double logit) { largest = std::max(largest, logit); });
+    if (largest == -std::numeric_limits<double>::infinity()) continue;  // sees no source
+    double total = 0.0;
+    logits.row(i,
+               [&](std::size_t j, double logit) { total += out[j] = std::exp(logit - largest); });
+    for (std::size_t j = 0; j < sources; ++j) out[j] /= total;
+  }
 }
 
 namespace {

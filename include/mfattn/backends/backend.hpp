@@ -290,4 +290,12 @@ struct PlanSummary {
 std::vector<PlanSummary> attention_plan_summaries(const Model& model, const double* read,
                                                   std::size_t replica = 0);
 
+/// The normalised plan itself of head `head` of replica `replica`'s layer at the states `read`
+/// the layer reads (mfattn.Model.attention): plan[i * (n + P) + j] = P_ij, the plan whose
+/// statistics attention_plan_summaries takes, over the sources in the model's order (moving
+/// tokens, then prefix tokens); rows of zeros for null receivers and receivers that see no
+/// source, zeros where a pair is hidden. n (n + P) numbers.
+void attention_plan(const Model& model, const double* read, std::size_t replica, std::size_t head,
+                    double* plan);
+
 }  // namespace mfattn
