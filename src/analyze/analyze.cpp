@@ -382,21 +382,54 @@ void write_analysis_text(const Analysis& a, std::ostream& out, double min_decade
                        ", energy " + format_significant(p.energy_end);
     if (p.metastable) text += ", metastable";
     if (p.final) text += ", final";
+    // The run's first plateau, before any token has joined another: no clustering yet.
+    if (p.first_frame == 0 && !p.final) text += ", initial (before clustering starts)";
     line("plateau", text);
   }
   if (hidden > 0)
     line("plateaus_not_listed", std::to_string(hidden) + " shorter than " + format_significant(min_decades) +
                                     " decades (--min-decades 0 lists them; --json has every one)");
   line("metastable_plateaus", std::to_string(metastable));
-  for (const ClusterChange& c : a.merges)
-    line("merge", "t = " + format_significant(c.time) + ": " + std::to_string(c.from) + " -> " + std::to_string(c.to));
-  for (const ClusterChange& c : a.splits)
-    line("split", "t = " + format_significant(c.time) + ": " + std::to_string(c.from) + " -> " + std::to_string(c.to));
+  // The changes between consecutive listed plateaus, net of the shorter ones between them (a
+  // cascade through one-frame plateaus is one line), and the listed plateaus' end energies.
+  struct Step {
+    const Plateau *before, *after;
+    std::size_t through;  // plateaus left out between them
+  };
+  std::vector<Step> steps;
   std::string staircase;
-  for (double e : a.energy_staircase) {
+  const Plateau* previous = nullptr;
+  std::size_t skipped = 0;
+  for (const Plateau& p : a.plateaus) {
+    if (!plateau_listed(p, min_decades)) {
+      ++skipped;
+      continue;
+    }
+    if (previous && previous->clusters != p.clusters) steps.push_back({previous, &p, skipped});
     if (!staircase.empty()) staircase += ' ';
-    staircase += format_significant(e);
+    staircase += format_significant(p.energy_end);
+    previous = &p;
+    skipped = 0;
   }
+  std::size_t exact = 0;
+  for (const bool merging : {true, false})
+    for (const Step& s : steps) {
+      if ((s.after->clusters < s.before->clusters) != merging) continue;
+      exact += s.through == 0;
+      std::string text = "t = " + format_significant(s.after->t_start) + ": " +
+                         std::to_string(s.before->clusters) + " -> " +
+                         std::to_string(s.after->clusters);
+      if (s.through > 0)
+        text += " (through " + std::to_string(s.through) + " shorter plateau" +
+                (s.through == 1 ? "" : "s") + ")";
+      line(merging ? "merge" : "split", text);
+    }
+  const std::size_t changes = a.merges.size() + a.splits.size();
+  if (exact < changes)
+    line("changes_not_listed",
+         std::to_string(changes - exact) + " of the " + std::to_string(changes) +
+             " merges and splits pass through plateaus shorter than " +
+             format_significant(min_decades) + " decades (--min-decades 0 lists each)");
   line("energy_staircase", staircase);
 }
 

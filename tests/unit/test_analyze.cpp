@@ -336,6 +336,45 @@ TEST(Analyze, EnergyDecreaseAndInterruptedRunAreReported) {
   EXPECT_NE(text.output.find("collapse_time             never"), std::string::npos) << text.output;
 }
 
+// --min-decades filters the changes and the staircase with the plateaus: a cascade through
+// one-frame plateaus is one net merge line, a split back and forth through a short plateau is
+// none, and the staircase holds the listed plateaus' energies; 0 lists every change.
+TEST(Analyze, TheChangesAndTheStaircaseFollowTheListedPlateaus) {
+  // Clusters 9 (t = 0 .. 1, initial), 8 and 7 for one frame each, 5 for two decades, 6 for one
+  // frame, 5 again (final).
+  const AnalysisSeries series{{0, 1, 2, 3, 4, 400, 401, 402, 4000},
+                              {9, 9, 8, 7, 5, 5, 6, 5, 5},
+                              {0, 0, 0, 0, 0, 0, 0, 0, 0},
+                              {1, 1, 2, 3, 4, 4.5, 5, 6, 7}};
+  const Analysis a = analyze_series(series);
+  ASSERT_EQ(a.merges.size(), 4u);
+  ASSERT_EQ(a.splits.size(), 1u);
+  std::ostringstream text;
+  write_analysis_text(a, text);
+  const std::string out = text.str();
+  EXPECT_NE(
+      out.find(
+          "9 clusters, t = 0 .. 1, decades undefined, energy 1, initial (before clustering starts)"),
+      std::string::npos)
+      << out;
+  EXPECT_NE(out.find("merge                     t = 4: 9 -> 5 (through 2 shorter plateaus)\n"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("\nsplit"), std::string::npos) << out;  // 5 -> 6 -> 5 nets to nothing
+  EXPECT_NE(out.find("changes_not_listed        5 of the 5 merges and splits"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("energy_staircase          1 4.5 7\n"), std::string::npos) << out;
+  std::ostringstream every;
+  write_analysis_text(a, every, 0.0);
+  EXPECT_NE(every.str().find("merge                     t = 2: 9 -> 8\n"), std::string::npos)
+      << every.str();
+  EXPECT_NE(every.str().find("split                     t = 401: 5 -> 6\n"), std::string::npos)
+      << every.str();
+  EXPECT_EQ(every.str().find("changes_not_listed"), std::string::npos) << every.str();
+  EXPECT_NE(every.str().find("energy_staircase          1 2 3 4.5 5 7\n"), std::string::npos)
+      << every.str();
+}
+
 TEST(Analyze, SeriesEdgeCases) {
   // One frame; energies that are not finite make monotonicity unknown (JSON null).
   AnalysisSeries one{{0.0}, {5}, {0.2}, {std::nan("")}};
