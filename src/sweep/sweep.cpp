@@ -696,7 +696,7 @@ std::string default_out_dir(const std::string& sweep_path) {
 }
 
 std::string sweep_usage() {
-  return "usage: mfattn sweep --config SWEEP.ini [--out-dir DIR] [--jobs N] [--shard I/N] [--resume] [--dry-run]\n"
+  return "usage: mfattn sweep --config SWEEP.ini [--out-dir DIR] [--jobs N] [--threads T] [--shard I/N] [--resume] [--dry-run]\n"
          "  Runs every case of a sweep file (a base config plus an [axes] section of run options,\n"
          "  each with a whitespace-separated list of values; [zip] / [zip.LABEL] groups of axes\n"
          "  that advance together; cases = Cartesian product of the axes and groups in file order,\n"
@@ -707,6 +707,8 @@ std::string sweep_usage() {
          "  --out-dir DIR       case files and manifest (default: the sweep file's stem next to it)\n"
          "  --jobs N            cases at once on this machine (1); threads per case = max(1, cores / N)\n"
          "                      unless the sweep file sets threads\n"
+         "  --threads T         threads of each case (default: as --jobs says); refused when the\n"
+         "                      sweep file sets threads\n"
          "  --shard I/N         only cases with index % N == I (default: the Slurm array task, from\n"
          "                      SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN and SLURM_ARRAY_TASK_COUNT)\n"
          "  --resume            continue interrupted cases from their last frame (run --resume)\n"
@@ -724,15 +726,14 @@ std::string sweep_usage() {
 
 SweepOptions parse_sweep_arguments(const std::vector<std::string>& args) {
   SweepOptions options;
-  std::string shard, jobs = "1";
+  std::string shard, jobs = "1", threads;
   po::options_description table("mfattn sweep options");
-  table.add_options()
-      ("config", po::value(&options.config), "sweep file")
-      ("out-dir", po::value(&options.out_dir), "output folder")
-      ("jobs", po::value(&jobs), "cases at once")
-      ("shard", po::value(&shard), "I/N")
-      ("resume", po::bool_switch(&options.resume), "continue interrupted cases")
-      ("dry-run", po::bool_switch(&options.dry_run), "list cases only");
+  table.add_options()("config", po::value(&options.config), "sweep file")(
+      "out-dir", po::value(&options.out_dir), "output folder")("jobs", po::value(&jobs),
+                                                               "cases at once")(
+      "threads", po::value(&threads), "threads per case")("shard", po::value(&shard), "I/N")(
+      "resume", po::bool_switch(&options.resume), "continue interrupted cases")(
+      "dry-run", po::bool_switch(&options.dry_run), "list cases only");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(args).options(table).run(), vm);
@@ -744,6 +745,12 @@ SweepOptions parse_sweep_arguments(const std::vector<std::string>& args) {
   const std::size_t job_count = parse_count("--jobs", jobs, 1);
   if (job_count > 4096) throw UsageError("--jobs " + jobs + ": must be an integer in [1, 4096]");
   options.jobs = static_cast<int>(job_count);
+  if (vm.count("threads")) {
+    const std::size_t count = parse_count("--threads", threads, 1);
+    if (count > 4096)
+      throw UsageError("--threads " + threads + ": must be an integer in [1, 4096]");
+    options.threads = static_cast<int>(count);
+  }
   if (vm.count("shard")) options.shard = parse_shard(shard);
   else options.shard = slurm_shard();
   if (options.out_dir.empty()) options.out_dir = default_out_dir(options.config);

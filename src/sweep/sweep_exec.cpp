@@ -588,6 +588,10 @@ int sweep_command(const std::vector<std::string>& args, std::ostream& out, std::
         out << " (dry run: nothing is written)" << std::endl;
       };
     plan = load_sweep(options.config, counted);
+    if (options.threads > 0 && plan.sets_threads)
+      throw UsageError(
+          "--threads " + std::to_string(options.threads) + ": " + options.config +
+          " sets threads itself (in its base, an axis or a derived line); drop one of the two");
   } catch (const UsageError& e) {
     if (comm.rank() == 0) err << "mfattn sweep: " << e.what() << std::endl;
     return kExitUsage;
@@ -614,7 +618,7 @@ int sweep_command(const std::vector<std::string>& args, std::ostream& out, std::
     code = kExitIo;
   }
   const int cores = available_cores(comm.local_size());
-  const int threads = std::max(1, cores / options.jobs);
+  const int threads = options.threads > 0 ? options.threads : std::max(1, cores / options.jobs);
   std::size_t ran = 0, skipped_complete = 0, waited = 0, failed = 0, not_started = 0;
   Undone undone;
   // Handlers from here to the end: a signal during the manifest still ends in 128 + signal.

@@ -301,13 +301,39 @@ TEST(Sweep, BadSweepFileRunsNothing) {
   }
   // Bad options of the command itself.
   write_text(dir / "ok.ini", std::string(kTinyBase) + "[axes]\nn = 8\n");
-  for (const std::string args : {"--jobs 0", "--shard 3/3", "--shard x", "--bogus 1"}) {
+  for (const std::string args :
+       {"--jobs 0", "--shard 3/3", "--shard x", "--bogus 1", "--threads 0", "--threads 5000"}) {
     const auto result = run_mfattn("sweep --config " + (dir / "ok.ini").string() + " --out-dir " +
                                    (dir / "out_opts").string() + " " + args);
     EXPECT_EQ(result.exit_code, kExitUsage) << args << ": " << result.output;
     EXPECT_FALSE(fs::exists(dir / "out_opts")) << args;
   }
   EXPECT_EQ(run_mfattn("sweep --out-dir " + (dir / "out_opts").string()).exit_code, kExitUsage);
+  fs::remove_all(dir);
+}
+
+// --threads T sets each case's threads (the start line says so); a sweep file that sets threads
+// itself refuses it with one line, before anything runs.
+TEST(Sweep, ThreadsOptionSetsEachCasesThreads) {
+  const auto dir = scratch_dir("sweep_threads");
+  std::string base = kTinyBase;
+  base.erase(base.find("threads = 1\n"), std::string("threads = 1\n").size());
+  write_text(dir / "grid.ini", base + "[axes]\nseed = 0 1\n");
+  const auto done = run_mfattn("sweep --config " + (dir / "grid.ini").string() + " --out-dir " +
+                               (dir / "out").string() + " --jobs 2 --threads 1");
+  ASSERT_EQ(done.exit_code, 0) << done.output;
+  EXPECT_NE(done.output.find("--jobs 2, 1 thread per case"), std::string::npos) << done.output;
+  write_text(dir / "own.ini",
+             std::string(kTinyBase) + "[axes]\nseed = 0 1\n");  // its base sets threads
+  const auto refused = run_mfattn("sweep --config " + (dir / "own.ini").string() + " --out-dir " +
+                                  (dir / "own").string() + " --threads 1");
+  EXPECT_EQ(refused.exit_code, kExitUsage) << refused.output;
+  EXPECT_NE(
+      refused.output.find("--threads 1: " + (dir / "own.ini").string() + " sets threads itself"),
+      std::string::npos)
+      << refused.output;
+  EXPECT_EQ(std::count(refused.output.begin(), refused.output.end(), '\n'), 1) << refused.output;
+  EXPECT_FALSE(fs::exists(dir / "own"));
   fs::remove_all(dir);
 }
 

@@ -103,6 +103,7 @@ struct SweepOptions {
   std::string config;   ///< the sweep file
   std::string out_dir;  ///< default: default_out_dir(config)
   int jobs = 1;
+  int threads = 0;             ///< --threads: each case's threads (0: max(1, cores / jobs))
   std::optional<Shard> shard;  ///< --shard, else the Slurm array task, else everything
   bool resume = false;   ///< continue interrupted cases (run --resume) instead of restarting
   bool dry_run = false;  ///< list the cases of this share and their status; write nothing
