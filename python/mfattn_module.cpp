@@ -244,6 +244,28 @@ py::dict run_option_table() {
   return options;
 }
 
+/// "Keywords:" and one line per option of the run's table ("  beta=1: inverse temperature ..."),
+/// appended to help(mfattn.run) and help(mfattn.Model) from the same table as --help, so that
+/// the docstrings never list an option the parser lacks.
+std::string keyword_listing() {
+  RunConfig unused;
+  const boost::program_options::options_description table = run_options(unused);
+  std::string text =
+      "\n\nKeywords (each option of `mfattn run`, - written _; mfattn.options() has them as a dict):\n";
+  for (const auto& option : table.options()) {
+    std::string keyword = option->long_name();
+    for (char& c : keyword)
+      if (c == '-') c = '_';
+    const std::string shown = option->format_parameter();
+    std::string value;
+    if (const auto at = shown.find("(="); at != std::string::npos)
+      value = "=" + shown.substr(at + 2, shown.size() - at - 3);
+    else if (shown.empty()) value = "=False";
+    text += "  " + keyword + value + ": " + option->description() + "\n";
+  }
+  return text;
+}
+
 /// How far from 1 a row's norm may be for a placement on the sphere (a row normalised in
 /// float32 is within 1e-7 of it).
 constexpr double kUnitNormTolerance = 1e-6;
@@ -1146,14 +1168,18 @@ Releases the GIL.)doc")
 E = 1 / (2 beta M^2) sum_ij p_i p_j m_ij c_ij exp(s_ij) of x (docs/model.md section 4), the
 run's `energy` observable: a float for x of shape (n, d), an array of R floats for (R, n, d).
 The same checks of x as velocity.)doc");
-  module.def("run", &run, "out"_a = py::none(), "progress"_a = py::none(), R"doc(run(out=None, progress=None, **options) -> Trajectory
+  // The docstring lives as long as the module (pybind11 keeps the pointer).
+  static const std::string run_doc = std::string(
+                                         R"doc(run(out=None, progress=None, **options) -> Trajectory
 
 `mfattn run` with these options (the same keywords as Model; mfattn.options() lists them),
 written to out (a path) or to a temporary file, and loaded as a Trajectory (times, positions,
 observables, parameters; docs/python.md). The defaults are the command line's: rk4 at
 dt=0.01, a frame every 0.1. progress(t, step) is called now and then; returning False stops
 the run (KeyboardInterrupt). Bad options raise ValueError naming the keyword; a numerical
-failure mfattn.NumericalError; a failed write OSError. Releases the GIL.)doc");
+failure mfattn.NumericalError; a failed write OSError. Releases the GIL.)doc") +
+                                     keyword_listing();
+  module.def("run", &run, "out"_a = py::none(), "progress"_a = py::none(), run_doc.c_str());
   module.def(
       "maruyama_noise", &maruyama_noise, "seed"_a, "steps"_a, "replicas"_a, "n"_a, "d"_a,
       "maruyama_noise(seed, steps, replicas, n, d) -> array [steps, replicas, n, d]: the normal draws of "

@@ -365,3 +365,12 @@ def test_an_init_file_of_a_state_for_each_replica(mfattn):
     with pytest.raises(ValueError, match="needs 5 rows \\(n \\+ null tokens\\), or 15 \\(5 for each of the 3 replicas\\), "
                        "found 10"):
         mfattn.Model(n=5, d=3, replicas=3, init="file", init_file=starts[:2].reshape(10, 3)).initial_state()
+
+
+def test_help_of_run_lists_every_keyword_with_its_default(mfattn):
+    doc = mfattn.run.__doc__
+    for keyword, about in mfattn.options().items():
+        default = about["default"]
+        shown = "=False" if default and default.startswith("off (a switch") else (f"={default}" if default else "")
+        assert f"\n  {keyword}{shown}: " in doc, keyword
+    assert "\n  common_noise=0: " in doc and "\n  usa_denominator=count: " in doc
