@@ -21,6 +21,7 @@
 #include "mfattn/app/info.hpp"
 #include "mfattn/app/keys.hpp"
 #include "mfattn/app/meanfield.hpp"
+#include "mfattn/app/meanfield_compare.hpp"
 #include "mfattn/app/oclosure_command.hpp"
 #include "mfattn/app/realize.hpp"
 #include "mfattn/app/run.hpp"
@@ -100,6 +101,10 @@ const std::vector<Command>& commands() {
        "one query against n keys: the attention plan's statistics over samples (mfattn keys --help)",
        [] { std::cout << mfattn::keys_usage(); },
        [](const auto& args) { return mfattn::keys_command(args, std::cout, std::cerr); }},
+      {"compare",
+       "W1 between a particle run and a density file at their common frames (mfattn compare --help)",
+       [] { std::cout << mfattn::compare_usage(); },
+       [](const auto& args) { return mfattn::compare_command(args, std::cout, std::cerr); }},
       {"meanfield", "the density (mean-field) equation of the same model (mfattn meanfield --help)",
        [] { std::cout << mfattn::meanfield_usage(); },
        [](const auto& args) { return mfattn::meanfield_command(args, std::cout, std::cerr); }},

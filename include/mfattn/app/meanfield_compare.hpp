@@ -52,6 +52,7 @@
 /// of --save-positions ends).
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 namespace mfattn {
 
@@ -62,7 +63,16 @@ namespace mfattn {
 /// frame is measured. Returns an ExitCode of include/mfattn/app/run.hpp: 2 for files that do
 /// not match (missing, not an mfattn file, not a density file or not a particle run, a
 /// different d, no common frame), 4 for I/O failures; messages go to log.
-int compare_density_with_run(const std::string& density_file, const std::string& run_file, bool json,
-                             std::ostream& out, std::ostream& log);
+/// who: the messages' prefix ("mfattn meanfield --compare"); stored: where not empty, the JSON
+/// object is also written to that file, whole or not at all (write_text_atomically).
+int compare_density_with_run(const std::string& density_file, const std::string& run_file,
+                             bool json, std::ostream& out, std::ostream& log,
+                             const std::string& who = "mfattn meanfield --compare",
+                             const std::string& stored = "");
+
+/// `mfattn compare PARTICLES.h5 DENSITY.h5 [--json] [--out FILE.json]`: the same W1 for two
+/// existing files (docs/meanfield.md section 7). Returns the exit code.
+int compare_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+std::string compare_usage();
 
 }  // namespace mfattn

@@ -10,6 +10,7 @@
 #include <limits>
 #include <numbers>
 #include <optional>
+#include <sstream>
 #include <ostream>
 #include <stdexcept>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include "io/hdf5_support.hpp"
 #include "io/json_text.hpp"
+#include "io/path_lock.hpp"
 #include "mfattn/app/run.hpp"
 #include "mfattn/core/input_file.hpp"
 #include "mfattn/core/number_text.hpp"
@@ -30,7 +32,6 @@ namespace {
 
 constexpr double kPi = std::numbers::pi;
 constexpr std::size_t kSlicingDirections = 64;
-constexpr const char* kMessagePrefix = "mfattn meanfield --compare: ";
 
 /// The two files do not belong together (a usage error, exit 2).
 struct FilesDoNotMatch : std::runtime_error {
@@ -478,8 +479,10 @@ std::vector<CommonFrame> common_frames(const std::vector<double>& density_times,
 
 }  // namespace
 
-int compare_density_with_run(const std::string& density_file, const std::string& run_file, bool json,
-                             std::ostream& out, std::ostream& log) {
+int compare_density_with_run(const std::string& density_file, const std::string& run_file,
+                             bool json, std::ostream& out, std::ostream& log,
+                             const std::string& who, const std::string& stored) {
+  const std::string prefix = who + ": ";
   DensityKind kind = DensityKind::Circle;
   std::vector<std::pair<double, double>> results;  // (time, W1)
   try {
@@ -503,7 +506,8 @@ int compare_density_with_run(const std::string& density_file, const std::string&
       const std::vector<double> mass = density.cell_masses(frame.density_frame);
       double w1 = std::numeric_limits<double>::quiet_NaN();
       if (mass.empty()) {
-        log << kMessagePrefix << "the density of " << density_file << " at t = " << format_number(frame.time)
+        log << prefix << "the density of " << density_file
+            << " at t = " << format_number(frame.time)
             << " has no positive finite mass; its W1 is not defined\n";
       } else {
         const auto coordinates = particle_coordinates(kind, run.positions(frame.run_row, 0), run.d(), measured);
@@ -516,28 +520,77 @@ int compare_density_with_run(const std::string& density_file, const std::string&
       results.emplace_back(frame.time, w1);
     }
   } catch (const FilesDoNotMatch& e) {
-    log << kMessagePrefix << e.what() << '\n';
+    log << prefix << e.what() << '\n';
     return kExitUsage;
   } catch (const NotMfattnFile& e) {
-    log << kMessagePrefix << e.what() << '\n';
+    log << prefix << e.what() << '\n';
     return kExitUsage;
   } catch (const IoError& e) {
-    log << kMessagePrefix << e.what() << '\n';
+    log << prefix << e.what() << '\n';
     return kExitIo;
   }
   const char* metric = metric_name(kind);
+  std::ostringstream object;
+  object << "{\"metric\": " << json::quoted(metric) << ", \"replica\": 0, \"frames\": [";
+  for (std::size_t i = 0; i < results.size(); ++i)
+    object << (i ? ", " : "") << "{\"time\": " << json::number(results[i].first)
+           << ", \"w1\": " << json::number(results[i].second) << '}';
+  object << "]}\n";
+  if (!stored.empty()) {
+    try {
+      write_text_atomically(stored, object.str());
+    } catch (const IoError& e) {
+      log << prefix << e.what() << '\n';
+      return kExitIo;
+    }
+  }
   if (json) {
-    out << "{\"metric\": " << json::quoted(metric) << ", \"replica\": 0, \"frames\": [";
-    for (std::size_t i = 0; i < results.size(); ++i)
-      out << (i ? ", " : "") << "{\"time\": " << json::number(results[i].first)
-          << ", \"w1\": " << json::number(results[i].second) << '}';
-    out << "]}\n";
+    out << object.str();
   } else {
     for (const auto& [time, w1] : results)
       out << "t = " << format_number(time) << "  W1 = " << format_number(w1, NanSign::Dropped) << "  (" << metric
           << ", replica 0)\n";
   }
   return kExitOk;
+}
+
+std::string compare_usage() {
+  return "usage: mfattn compare PARTICLES.h5 DENSITY.h5 [--json] [--out FILE.json]\n"
+         "  W1 between replica 0 of a particle run (null tokens left out) and a density file of\n"
+         "  mfattn meanfield at every frame they share (times within 1e-9 max(1, t)): exact on the\n"
+         "  circle and for zonal densities, sliced over 64 directions on S^2 (docs/meanfield.md)\n"
+         "  --json          one JSON object {\"metric\", \"replica\", \"frames\": [{\"time\", \"w1\"}]}\n"
+         "  --out FILE.json that object also written to FILE, whole or not at all\n"
+         "  Exit codes: 0, 2 files that do not belong together or bad options, 4 I/O.\n";
+}
+
+int compare_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  std::vector<std::string> files;
+  bool json = false;
+  std::string stored;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--json") {
+      json = true;
+    } else if (args[i] == "--out") {
+      if (i + 1 >= args.size() || args[i + 1].empty()) {
+        err << "mfattn compare: --out: needs a file name (FILE.json)\n";
+        return kExitUsage;
+      }
+      stored = args[++i];
+    } else if (args[i].rfind("--", 0) == 0) {
+      err << "mfattn compare: " << args[i]
+          << ": no such option (accepted: --json, --out FILE.json)\n";
+      return kExitUsage;
+    } else {
+      files.push_back(args[i]);
+    }
+  }
+  if (files.size() != 2) {
+    err << "mfattn compare: needs two files, PARTICLES.h5 DENSITY.h5 (got " << files.size()
+        << ")\n";
+    return kExitUsage;
+  }
+  return compare_density_with_run(files[1], files[0], json, out, err, "mfattn compare", stored);
 }
 
 }  // namespace mfattn
