@@ -13,10 +13,19 @@ writes FIG.png (default: DENSITY_meanfield.png beside the file) and prints its p
         (Density.histogram: the fraction of active tokens in a cell over the cell's weight), at
         every frame whose time the density file also has, on the same colour scale; replica 0
         of the run.
-    (b) the mode amplitudes A_k(t), k = 1..6 (/observables/mode_amplitudes), on a log scale,
-        with the linear theory's lines A_k(0) exp(gamma_k t) (dashed) while they stay below
-        0.1, for the modes the initial density seeds (1e-12 < A_k(0) < 0.1). The lines are drawn when
-        the formula applies: Q = K = V = I, no labels.
+    (b) the mode amplitudes A_k(t), k = 1..6 (/observables/mode_amplitudes), on a log scale:
+        A_k = |int e^{i k theta} dmu| on the circle, the norm of the degree-k part on S^{d-1}
+        and for zonal densities, normalised so that a Dirac has A_k = 1 (the uniform density
+        0). The linear theory's lines A_k(0) exp(gamma_k t) are drawn black and dashed, over
+        the data, while they stay below 0.1, for the modes the initial density seeds
+        (1e-12 < A_k(0) < 0.1), where the formula applies (Q = K = V = I, no labels). With
+        --run, the particles' A_k at the same frames (circles), in the same normalisation:
+        |mean_j e^{i k theta_j}| on the circle, sqrt(mean_ij P_k(<x_i, x_j>)) on S^{d-1}
+        (P_k the Gegenbauer polynomial of S^{d-1} with P_k(1) = 1; the first 2048 active
+        tokens). When the mode --perturbation seeds is not the fastest-growing one, a warning
+        (stderr and the panel) says so: n particles seed every mode at about n^{-1/2}, so the fastest mode
+        overtakes the seeded one in the particles first, and particles and density part ways
+        (physics, not an error).
 
 Growth rates of the uniform density (``growth_rates``; docs/meanfield.md), on S^{d-1} with
 Q = K = V = I, nu = d/2 - 1 and c_l(beta) = Gamma(d/2) (2/beta)^nu I_{l+nu}(beta) (the circle's
@@ -206,26 +215,97 @@ def plot_meanfield(path: str | os.PathLike, run: str | os.PathLike | None = None
     if amplitudes is not None:
         t = density.times
         colors = plt.get_cmap("tab10")
+        theory_labelled = False
         for k in range(1, min(MODES, amplitudes.shape[1]) + 1):
             a = np.where(amplitudes[:, k - 1] > 0, amplitudes[:, k - 1], np.nan)
             ax.plot(t, a, color=colors(k - 1), label=f"A_{k}")
             a0 = amplitudes[0, k - 1]
             if rates is not None and SEEDED < a0 < LINEAR_CEILING and len(t) > 1:
-                # Up to where the line reaches the ceiling (the early times only).
+                # Up to where the line reaches the ceiling (the early times only), black and
+                # dashed over the data, so that it shows where it agrees with it.
                 end = t[-1]
                 if rates[k - 1] > 0:
                     end = min(end, t[0] + math.log(LINEAR_CEILING / a0) / rates[k - 1])
                 fine = np.linspace(t[0], end, 200)
-                ax.plot(fine, a0 * np.exp(rates[k - 1] * (fine - t[0])), "--", color=colors(k - 1), lw=1)
+                ax.plot(fine, a0 * np.exp(rates[k - 1] * (fine - t[0])), color="black", linestyle=(0, (4, 3)),
+                        lw=1.4, zorder=5, label="linear theory" if not theory_labelled else None)
+                theory_labelled = True
+        if particles is not None:
+            times, values = particle_amplitudes(density, particles)
+            for k in range(1, min(MODES, amplitudes.shape[1]) + 1):
+                if len(times):
+                    ax.plot(times, np.where(values[:, k - 1] > 0, values[:, k - 1], np.nan), "o", markersize=3,
+                            markerfacecolor="none", color=colors(k - 1), label=f"A_{k} particles" if k == 1 else None)
         ax.set_yscale("log")
         ax.legend(fontsize=7, ncol=2)
-    title = "(b) A_k; dashed: A_k(0) exp(gamma_k t)" if rates is not None else \
-        "(b) A_k (no linear theory: Q, K, V or labels)"
+    warning = seeded_mode_warning(density, rates)
+    if warning:
+        import sys
+        print(f"plot_meanfield.py: {Path(path).name}: {warning}", file=sys.stderr)
+    title = "(b) A_k (Dirac: 1); dashed: linear theory" if rates is not None else \
+        "(b) A_k (a Dirac: 1; no linear theory)"
+    if warning:
+        title += "\nthe perturbed mode grows slower than another"
     ax.set(xlabel="t", ylabel="A_k", title=title)
     p = density.parameters
     fig.suptitle(f"{Path(path).name}: {density.kind}, d = {density.d}, beta = {p.get('beta')}, "
                  f"{p.get('kernel')}, noise-kappa = {p.get('noise-kappa', 0)}", fontsize=9)
     return save_figure(fig, out)
+
+
+PARTICLE_MODE_TOKENS = 2048  # the particles' A_k on S^{d-1} take at most this many tokens (O(n^2))
+
+
+def particle_amplitudes(density: Density, run: Trajectory, kmax: int = MODES) -> tuple[np.ndarray, np.ndarray]:
+    """The particles' A_1..A_kmax at the frames whose time the density file also has (replica
+    0, active tokens): |mean e^{i k theta}| on the circle, sqrt(mean_ij P_k(<x_i, x_j>)) on
+    S^{d-1}, the density's normalisation (a Dirac has A_k = 1)."""
+    from scipy.special import eval_gegenbauer, eval_legendre
+    positions = np.asarray(run.positions)
+    if positions.ndim == 4:
+        positions = positions[:, 0]
+    times = np.asarray(run.position_times if run.position_times is not None else run.times)
+    active = _active(run)
+    rows, values = [], []
+    for row, t in enumerate(times[:len(positions)]):
+        if not np.any(np.isclose(density.times, t, rtol=0, atol=1e-9 * max(1.0, abs(t)))):
+            continue
+        x = positions[row][active]
+        x = x / np.linalg.norm(x, axis=1, keepdims=True)
+        k = np.arange(1, kmax + 1)
+        if density.d == 2:
+            theta = np.arctan2(x[:, 1], x[:, 0])
+            a = np.abs(np.exp(1j * np.outer(k, theta)).mean(axis=1))
+        else:
+            x = x[:PARTICLE_MODE_TOKENS]
+            inner = np.clip(x @ x.T, -1.0, 1.0)
+            alpha = density.d / 2 - 1
+            a = []
+            for degree in k:
+                p = eval_legendre(degree, inner) if density.d == 3 else \
+                    eval_gegenbauer(degree, alpha, inner) / eval_gegenbauer(degree, alpha, 1.0)
+                a.append(math.sqrt(max(p.mean(), 0.0)))
+            a = np.array(a)
+        rows.append(t)
+        values.append(a)
+    return np.array(rows), np.array(values).reshape(len(rows), kmax)
+
+
+def seeded_mode_warning(density: Density, rates: np.ndarray | None) -> str | None:
+    """A sentence when the mode that --perturbation seeds is not the fastest-growing one."""
+    perturbation = str(density.parameters.get("perturbation", "") or "")
+    if rates is None or not perturbation:
+        return None
+    try:
+        seeded_mode = int(float(perturbation.split(",")[0]))
+    except ValueError:
+        return None
+    fastest = int(np.argmax(rates)) + 1
+    if not 1 <= seeded_mode <= len(rates) or fastest == seeded_mode or rates[fastest - 1] <= 0:
+        return None
+    return (f"the perturbed mode k = {seeded_mode} grows at gamma_{seeded_mode} = {rates[seeded_mode - 1]:.4g}, "
+            f"but mode {fastest} grows faster (gamma_{fastest} = {rates[fastest - 1]:.4g}): particles seed every "
+            f"mode at about n^(-1/2), so their mode {fastest} overtakes and they part ways with the density")
 
 
 def _active(run: Trajectory) -> np.ndarray:

@@ -249,3 +249,29 @@ def test_plot_meanfield_writes_a_png(solve, run_mfattn, tmp_path):
     done = subprocess.run([sys.executable, str(ANALYSIS / "plot_meanfield.py"), str(run)],
                           capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 2 and "not a density file" in done.stderr
+
+
+def test_particle_amplitudes_use_the_densitys_normalisation_and_the_warning_names_the_faster_mode(solve, run_mfattn):
+    """A Dirac has A_k = 1 and the uniform density 0: particles all at one point give A_k = 1 on
+    the circle and on S^2; a perturbation of mode 2 at beta = 1 (gamma_1 > gamma_2) is warned
+    about, one of mode 2 at beta = 2 (the fastest there) is not."""
+    from mfattn.plot_meanfield import particle_amplitudes, seeded_mode_warning, _rates_for
+    for d in (2, 3):
+        density = mfattn_io.load(solve("--d", str(d), "--beta", "1", "--grid", "16" if d == 3 else "64",
+                                       "--horizon", "0.5", "--save-every", "0.5", out=f"uniform{d}.h5"))
+        clustered = mfattn_io.load(run_mfattn("--n", 40, "--d", d, "--init", "clustered", "--init-clusters", 1,
+                                              "--init-spread", 0, "--horizon", 0.5, "--save-every", 0.5,
+                                              out=f"dirac{d}.h5"))
+        times, values = particle_amplitudes(density, clustered)
+        assert list(times) == [0.0, 0.5]
+        np.testing.assert_allclose(values, 1.0, rtol=1e-12)
+        spread = mfattn_io.load(run_mfattn("--n", 400, "--d", d, "--horizon", 0.5, "--save-every", 0.5,
+                                           out=f"spread{d}.h5"))
+        assert particle_amplitudes(density, spread)[1].max() < 0.3  # about n^(-1/2)
+    slower = mfattn_io.load(solve("--d", "2", "--beta", "1", "--grid", "64", "--perturbation", "2,0.001",
+                                  "--horizon", "0.5", "--save-every", "0.5", out="slower.h5"))
+    warning = seeded_mode_warning(slower, _rates_for(slower))
+    assert warning and "perturbed mode k = 2" in warning and "mode 1 grows faster" in warning
+    fastest = mfattn_io.load(solve("--d", "2", "--beta", "2", "--grid", "64", "--perturbation", "2,0.001",
+                                   "--horizon", "0.5", "--save-every", "0.5", out="fastest.h5"))
+    assert seeded_mode_warning(fastest, _rates_for(fastest)) is None
