@@ -44,9 +44,12 @@ def main(argv: list[str] | None = None) -> None:
         ax.set_xscale("log")
         ax.set_xlabel("t")
         ax.set_title(f"n = 128, d = 16, random Q, K, V, beta = {beta:g}", fontsize=9)
-    axes[0][0].set_ylabel("clustered-pair fraction (median over seeds)")
-    axes[0][0].legend(title="--normalization (sinkhorn: --kernel sinkhorn, post)", fontsize=8)
-    fig.tight_layout()
+    axes[0][0].set_ylabel("clustered-pair fraction\n(median over seeds)")
+    # Below the panels, so that no curve is hidden behind it.
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8,
+               title="--normalization (sinkhorn: --kernel sinkhorn, post)", title_fontsize=8)
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
     fig.savefig(args.out, dpi=130)
 
 

@@ -14,8 +14,8 @@ collapse time; "-" where a run does not get there). pre, peri and none start at 
 Writes data/normalization/collapse.csv (one row per run: placement, beta, seed, collapse time,
 final fraction, final mean radius) and data/normalization/curves.csv (the fraction over time,
 median over seeds), prints the table of docs/experiments.md, and draws
-data/figures/normalization_collapse.png with analysis/plot_normalization.py. About 4 minutes on
-2 cores (--quick: one beta, two seeds, t = 30).
+data/figures/normalization_collapse.png with analysis/plot_normalization.py. 75 s on 2 cores
+(--quick: one beta, two seeds, t = 30, in 6 s).
 
     MFATTN_BINARY=build/mfattn /usr/bin/python3 experiments/normalization/collapse.py [--quick]
 """
