@@ -45,6 +45,7 @@
 
 #include "mfattn/backends/backend.hpp"
 #include "mfattn/app/config.hpp"
+#include "mfattn/analyze/analyze.hpp"
 #include "mfattn/app/meanfield.hpp"
 #include "mfattn/app/run.hpp"
 #include "mfattn/app/run_choices.hpp"
@@ -1039,6 +1040,25 @@ py::array_t<double> common_noise(std::uint64_t seed, std::int64_t steps, std::in
   return out;
 }
 
+/// mfattn._core.analyze_json: `mfattn analyze FILE --json --replica R --min-decades D` (the
+/// command's own functions), the JSON text; ValueError for a bad file or replica.
+std::string analyze_json(const std::string& path, std::int64_t replica, double min_decades) {
+  if (replica < 0) throw py::value_error("replica: " + std::to_string(replica) + ": must be >= 0");
+  if (!(min_decades >= 0.0) || !std::isfinite(min_decades))
+    throw py::value_error("min_decades: " + format_number(min_decades) +
+                          ": expected a number of decades >= 0");
+  std::ostringstream text;
+  try {
+    const Analysis analysis = analyze_file(path, std::size_t(replica));
+    write_analysis_json(analysis, text, min_decades);
+  } catch (const UsageError& error) {
+    throw py::value_error(error.what());
+  } catch (const IoError& error) {
+    throw py::value_error(std::string(error.what()));
+  }
+  return text.str();
+}
+
 /// mfattn.meanfield: `mfattn meanfield` through run_meanfield (the CLI's own function) into out
 /// or a temporary file, loaded as a Density. run_meanfield has no progress hook: `progress`
 /// is accepted as None only. --compare (which prints distances instead of returning a
@@ -1184,6 +1204,11 @@ failure mfattn.NumericalError; a failed write OSError. Releases the GIL.)doc") +
       "maruyama_noise", &maruyama_noise, "seed"_a, "steps"_a, "replicas"_a, "n"_a, "d"_a,
       "maruyama_noise(seed, steps, replicas, n, d) -> array [steps, replicas, n, d]: the normal draws of "
       "euler-maruyama's steps (before their projection), as a run of that seed takes them.");
+  module.def(
+      "analyze_json", &analyze_json, "path"_a, "replica"_a = 0,
+      "min_decades"_a = mfattn::kDefaultListedDecades,
+      "analyze_json(path, replica=0, min_decades=0.05) -> str: `mfattn analyze PATH --json` of that replica "
+      "(mfattn.analyze parses it).");
   module.def(
       "common_noise", &common_noise, "seed"_a, "steps"_a, "replicas"_a, "d"_a, "sigma"_a, "h"_a,
       "kind"_a = "symmetric",

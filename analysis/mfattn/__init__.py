@@ -89,3 +89,23 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | {module.name for module in pkgutil.iter_modules(__path__)})
+
+
+def analyze(source, min_decades: float = 0.05, replica: int = 0) -> dict:
+    """`mfattn analyze --json` of a file or a Trajectory read from one (docs/analyze.md): a dict
+    with the collapse, the plateaus, the merge and split times and the energy staircase of
+    replica `replica`. Every plateau, merge and split is there, each with "listed": whether the
+    text report at `min_decades` lists it (a change: on its own line rather than folded into a
+    net step between listed plateaus); each plateau with "initial" (the first, before
+    clustering starts). ValueError for a Trajectory with no file, a file that is not an mfattn
+    particle file, or a replica it does not have."""
+    import json
+    if _core is None:
+        raise _missing_core("analyze")
+    path = getattr(source, "path", source)
+    if path is None:
+        raise ValueError("analyze: this Trajectory was not read from a file (give mfattn.run out=)")
+    return json.loads(_core.analyze_json(str(path), replica, min_decades))
+
+
+__all__ += ["analyze"]

@@ -233,7 +233,19 @@ class Json {
   std::vector<bool> first_;
 };
 
-void write_changes(Json& json, const std::string& name, const std::vector<ClusterChange>& changes) {
+/// Whether the text lists change c exactly (not folded into a net step): both plateaus it
+/// joins, the one that ends at frame c.frame - 1 and the one that starts at c.frame, are listed.
+bool change_listed(const Analysis& a, const ClusterChange& c, double min_decades) {
+  bool before = false, after = false;
+  for (const Plateau& p : a.plateaus) {
+    if (p.last_frame + 1 == c.frame) before = plateau_listed(p, min_decades);
+    if (p.first_frame == c.frame) after = plateau_listed(p, min_decades);
+  }
+  return before && after;
+}
+
+void write_changes(Json& json, const std::string& name, const Analysis& a,
+                   const std::vector<ClusterChange>& changes, double min_decades) {
   json.key(name);
   json.open('[');
   for (const ClusterChange& c : changes) {
@@ -243,6 +255,7 @@ void write_changes(Json& json, const std::string& name, const std::vector<Cluste
     json.field("frame", Json::integer(c.frame));
     json.field("from", Json::integer(c.from));
     json.field("to", Json::integer(c.to));
+    json.field("listed", Json::boolean(change_listed(a, c, min_decades)));
     json.close('}');
   }
   json.close(']');
@@ -252,7 +265,7 @@ std::string yes_no(bool value) { return value ? "yes" : "no"; }
 
 }  // namespace
 
-void write_analysis_json(const Analysis& a, std::ostream& out) {
+void write_analysis_json(const Analysis& a, std::ostream& out, double min_decades) {
   Json json(out);
   json.open('{');
   json.field("file", Json::quoted(a.file));
@@ -294,12 +307,15 @@ void write_analysis_json(const Analysis& a, std::ostream& out) {
     json.field("energy_end", Json::number(p.energy_end));
     json.field("metastable", Json::boolean(p.metastable));
     json.field("final", Json::boolean(p.final));
+    json.field("initial", Json::boolean(p.first_frame == 0 && !p.final));
+    json.field("listed", Json::boolean(plateau_listed(p, min_decades)));
     json.close('}');
   }
   json.close(']');
   json.field("metastable_plateaus", Json::integer(metastable));
-  write_changes(json, "merge_times", a.merges);
-  write_changes(json, "split_times", a.splits);
+  json.field("min_decades", Json::number(min_decades));
+  write_changes(json, "merge_times", a, a.merges, min_decades);
+  write_changes(json, "split_times", a, a.splits, min_decades);
   json.key("energy_staircase");
   json.open('[');
   for (double e : a.energy_staircase) json.element(Json::number(e));
@@ -572,7 +588,7 @@ int analyze_command(const std::vector<std::string>& args, std::ostream& out, std
     if (json) write_replicas_json(analyses, out);
     else write_replicas_text(analyses, out);
   } else if (json) {
-    write_analysis_json(analyses.front(), out);
+    write_analysis_json(analyses.front(), out, min_decades);
   } else {
     write_analysis_text(analyses.front(), out, min_decades);
   }

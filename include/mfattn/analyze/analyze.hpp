@@ -120,8 +120,11 @@ void write_analysis_text(const Analysis& analysis, std::ostream& out,
 void write_replicas_text(const std::vector<Analysis>& analyses, std::ostream& out);
 void write_replicas_json(const std::vector<Analysis>& analyses, std::ostream& out);
 /// Exactly one JSON object (and a newline): numbers with 17 significant digits, NaN and
-/// infinities as null, absent values as null.
-void write_analysis_json(const Analysis& analysis, std::ostream& out);
+/// infinities as null, absent values as null. Every plateau, merge and split, each with
+/// "listed": whether the text at min_decades lists it (a change: exactly, not folded into a
+/// net step), and each plateau with "initial" (the first, before clustering starts).
+void write_analysis_json(const Analysis& analysis, std::ostream& out,
+                         double min_decades = kDefaultListedDecades);
 
 /// `mfattn analyze FILE [--json] [--replica R|all] [--min-decades D]`; returns an exit code
 /// (2 usage, 4 I/O).
