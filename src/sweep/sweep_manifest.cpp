@@ -1,7 +1,9 @@
 // mfattn sweep, part 2: the status of a case in DIR and the manifest (CSV and JSON).
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
+#include <map>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -121,6 +123,53 @@ CaseStatus case_status(const std::string& dir, const std::string& id) {
   return status_and_summary(dir, id, unused);
 }
 
+namespace {
+
+/// A file name from a case's axis values: "beta=3_seed=0.h5" (characters other than letters,
+/// digits and . , = + - made '-'); empty when it would exceed 200 bytes or the plan has no axis.
+std::string parameter_name(const SweepPlan& plan, const SweepCase& c) {
+  std::string name;
+  for (std::size_t a = 0; a < plan.axes.size() && a < c.values.size(); ++a)
+    name += (name.empty() ? "" : "_") + plan.axes[a].name + "=" + c.values[a];
+  for (char& ch : name) {
+    const bool kept = std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == ',' ||
+                      ch == '=' || ch == '+' || ch == '-' || ch == '_';
+    if (!kept) ch = '-';
+  }
+  if (name.empty() || name.size() > 200) return "";
+  return name + ".h5";
+}
+
+/// DIR/by-parameters/<axis values>.h5 -> ../<case id>.h5 for every case whose file exists, so
+/// that a case is found by its parameters; each link made under a temporary name and renamed
+/// over the old one (a reader never sees a missing link). Two cases whose names coincide once
+/// cleaned get their id appended. A file system that takes no symbolic links gets none: the
+/// links are a convenience, the manifest is the record.
+void link_cases_by_parameters(const SweepPlan& plan, const std::string& dir,
+                              const std::vector<bool>& present) {
+  const fs::path folder = fs::path(dir) / "by-parameters";
+  std::map<std::string, std::size_t> uses;
+  for (const SweepCase& c : plan.cases) ++uses[parameter_name(plan, c)];
+  std::error_code error;
+  for (std::size_t i = 0; i < plan.cases.size(); ++i) {
+    if (!present[i]) continue;
+    const SweepCase& c = plan.cases[i];
+    std::string name = parameter_name(plan, c);
+    if (name.empty()) continue;
+    if (uses[name] > 1) name = name.substr(0, name.size() - 3) + "_" + c.id + ".h5";
+    fs::create_directories(folder, error);
+    if (error) return;
+    const fs::path link = folder / name, temporary = folder / ("." + name + ".link");
+    fs::remove(temporary, error);
+    fs::create_symlink(fs::path("..") / (c.id + ".h5"), temporary, error);
+    if (error) return;
+    fs::rename(temporary, link, error);
+    if (error) fs::remove(temporary, error);
+  }
+}
+
+}  // namespace
+
 std::vector<CaseStatus> write_manifest(const SweepPlan& plan, const std::string& dir) {
   struct Row {
     CaseStatus status;
@@ -218,6 +267,12 @@ std::vector<CaseStatus> write_manifest(const SweepPlan& plan, const std::string&
   json << "\n  ]\n}\n";
   write_text_atomically(fs::path(dir) / "manifest.csv", csv.str());
   write_text_atomically(fs::path(dir) / "manifest.json", json.str());
+  std::vector<bool> present(plan.cases.size());
+  for (std::size_t i = 0; i < plan.cases.size(); ++i) {
+    std::error_code error;
+    present[i] = fs::is_regular_file(fs::path(dir) / (plan.cases[i].id + ".h5"), error);
+  }
+  link_cases_by_parameters(plan, dir, present);
   std::vector<CaseStatus> statuses;
   for (auto& row : rows) statuses.push_back(std::move(row.status));
   return statuses;

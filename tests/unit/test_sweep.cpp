@@ -337,6 +337,46 @@ TEST(Sweep, ThreadsOptionSetsEachCasesThreads) {
   fs::remove_all(dir);
 }
 
+// Every case that has a file is found by its parameters too: by-parameters/<axis=value_...>.h5
+// links to its hashed file; characters outside [A-Za-z0-9.,=+_-] become '-', and names that
+// then coincide get the case id appended.
+TEST(Sweep, CasesAreLinkedByTheirParameters) {
+  const auto dir = scratch_dir("sweep_links");
+  write_text(dir / "grid.ini", std::string(kTinyBase) + "[axes]\nkernel = usa sa\nseed = 0 1\n");
+  ASSERT_EQ(run_mfattn("sweep --config " + (dir / "grid.ini").string() + " --out-dir " +
+                       (dir / "out").string())
+                .exit_code,
+            0);
+  const SweepPlan plan = load_sweep((dir / "grid.ini").string());
+  for (const auto& c : plan.cases) {
+    const fs::path link = dir / "out" / "by-parameters" /
+                          ("kernel=" + c.values[0] + "_seed=" + c.values[1] + ".h5");
+    ASSERT_TRUE(fs::is_symlink(link)) << link;
+    EXPECT_EQ(fs::read_symlink(link), fs::path("..") / (c.id + ".h5"));
+    EXPECT_TRUE(fs::equivalent(link, dir / "out" / (c.id + ".h5")));
+  }
+  // Two start files whose paths clean to one name ("sub/a.txt" and "sub-a.txt"): each its id.
+  fs::create_directories(dir / "sub");
+  write_text(dir / "sub" / "a.txt", "1 0 0\n0 1 0\n");
+  write_text(dir / "sub-a.txt", "0 0 1\n0 1 0\n");
+  write_text(dir / "odd.ini", std::string(kTinyBase) + "n = 2\ninit = file\n[axes]\ninit-file = " +
+                                  (dir / "sub" / "a.txt").string() + " " +
+                                  (dir / "sub-a.txt").string() + "\n");
+  const auto odd = run_mfattn("sweep --config " + (dir / "odd.ini").string() + " --out-dir " +
+                              (dir / "odd").string());
+  ASSERT_EQ(odd.exit_code, 0) << odd.output;
+  const SweepPlan odd_plan = load_sweep((dir / "odd.ini").string());
+  ASSERT_EQ(odd_plan.cases.size(), 2u);
+  for (const auto& c : odd_plan.cases) {
+    std::string name = "init-file=" + (dir / "sub-a.txt").string();
+    for (char& ch : name)
+      if (ch == '/') ch = '-';
+    const fs::path link = dir / "odd" / "by-parameters" / (name + "_" + c.id + ".h5");
+    EXPECT_TRUE(fs::is_symlink(link)) << link;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Sweep, RerunSkipsDoneCasesWithoutTouchingThemAndWritesTheManifest) {
   const auto dir = scratch_dir("sweep_rerun");
   const fs::path file = dir / "grid.ini";
