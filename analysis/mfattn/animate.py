@@ -3,6 +3,7 @@ GIF (Pillow), both installed by the set-up scripts.
 
     MPLBACKEND=Agg /usr/bin/python3 analysis/animate.py FILE.h5 --out run.mp4|run.gif
         [--replica R] [--fps 20] [--frames 240] [--trail K] [--view ELEV,AZIM] [--poster LAST.png]
+        [--gauge]
 
 Particle runs (`mfattn run`), one replica:
 - d = 2: the unit circle; d = 3: the sphere, seen from the direction of the final state's mean
@@ -34,7 +35,12 @@ or interrupted animation leaves nothing. Exit 2 with one line on stderr for a mi
 file, a run without positions (--save-positions none) or with no finite position in any frame,
 a replica out of range, an output name that is neither .mp4 nor .gif, or a bad option value.
 
-From Python: ``animate(path, out, replica=0, fps=20, frames=240, trail=0, view=None, poster=None)
+--gauge draws each token in its gauge's coordinates, y_i = G(xi_i) x_i with G(xi) = exp(sum_a xi_a
+Omega_a) from the file's gauge_generators and aux_position (a --geometry run): where a RoPE run
+collapses conditionally (each prompt on one orbit x_i = G(xi_i)^T u), the y_i collapse to +-u,
+which the plain view shows as circles and curves.
+
+From Python: ``animate(path, out, replica=0, fps=20, frames=240, trail=0, view=None, poster=None, gauge=False)
 -> Path``; ``Animation(path, ...)`` draws frame k with ``draw(k)`` (tests read its artists back);
 ``mfattn.load(path).animate(out, ...)`` (a Trajectory's or Density's method) calls animate()
 for the file it was read from.
@@ -164,11 +170,27 @@ def load_file(path: Path, replica: int = 0):
     return loaded
 
 
+def gauge_coordinates(path: Path, tr) -> np.ndarray:
+    """The positions in each token's gauge coordinates, y_i = G(xi_i) x_i, G(xi) = exp(sum_a
+    xi_a Omega_a) from /particles/tokens/gauge_generators [k, d, d] and aux_position [n, k]."""
+    import h5py
+    from scipy.linalg import expm
+    with h5py.File(path, "r") as f:
+        tokens = f["particles/tokens"]
+        if "gauge_generators" not in tokens:
+            raise AnimationError(f"--gauge: {path} has no gauge (gauge_generators): a run with --geometry has one")
+        omega = np.asarray(tokens["gauge_generators"][()])
+        xi = np.asarray(tokens["aux_position"][()])
+    positions = np.asarray(tr.positions)
+    gauges = np.stack([expm(np.tensordot(xi[i], omega, axes=1)) for i in range(positions.shape[-2])])
+    return np.einsum("iab,...ib->...ia", gauges, positions)
+
+
 class Animation:
     """The figure and artists of one animation; draw(k) shows drawn frame k."""
 
     def __init__(self, path: str | os.PathLike, replica: int = 0, frames: int = DEFAULT_FRAMES, trail: int = 0,
-                 view: tuple[float, float] | None = None):
+                 view: tuple[float, float] | None = None, gauge: bool = False):
         if frames < 2:
             raise AnimationError(f"--frames {frames}: must be an integer >= 2")
         if trail < 0:
@@ -181,8 +203,13 @@ class Animation:
         self.plt = plt
         self.trail = trail
         if isinstance(loaded, Density):
+            if gauge:
+                raise AnimationError(f"--gauge: {self.path} is a density file; the gauge view is of particle runs")
             self._density(loaded, frames)
         else:
+            if gauge:
+                loaded.positions = gauge_coordinates(self.path, loaded)
+            self.gauge = gauge
             self._particles(loaded, frames, view)
 
     # --- particle runs ---------------------------------------------------------------------
@@ -208,6 +235,8 @@ class Animation:
         self.fig = self.plt.figure(figsize=(6.4, 6.4), dpi=100)
         title = f"{file_title(self.path)}: {str(tr.parameters.get('kernel', '?')).upper()}, n = {m}, d = {self.d}, " \
                 f"beta = {shown_number(tr.parameters.get('beta', float('nan')))}"
+        if getattr(self, "gauge", False):
+            title += ", gauge coordinates G(xi_i) x_i"
         if self.d == 3:
             self.ax = self.fig.add_subplot(projection="3d")
             u, v = np.mgrid[0:2 * np.pi:30j, 0:np.pi:15j]
@@ -421,7 +450,7 @@ class Animation:
 
 def animate(path: str | os.PathLike, out: str | os.PathLike, replica: int = 0, fps: int = DEFAULT_FPS,
             frames: int = DEFAULT_FRAMES, trail: int = 0, view: tuple[float, float] | None = None,
-            poster: str | os.PathLike | None = None) -> Path:
+            poster: str | os.PathLike | None = None, gauge: bool = False) -> Path:
     """Writes the animation of `path` (see the module docstring) to `out` (and its last frame
     to `poster`, a PNG, when given) and returns `out`."""
     out = Path(out)
@@ -431,7 +460,7 @@ def animate(path: str | os.PathLike, out: str | os.PathLike, replica: int = 0, f
         raise AnimationError(f"--poster {poster}: accepted: a name ending in .png")
     if fps < 1 or fps > 120:
         raise AnimationError(f"--fps {fps}: must be an integer in [1, 120]")
-    movie = Animation(path, replica=replica, frames=frames, trail=trail, view=view)
+    movie = Animation(path, replica=replica, frames=frames, trail=trail, view=view, gauge=gauge)
     if poster is not None:
         movie.save_poster(poster)
     return movie.save(out, fps=fps)
@@ -457,9 +486,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trail", type=int, default=0, help="each token's path over this many drawn frames")
     parser.add_argument("--view", default=None, help="ELEV,AZIM in degrees (d = 3)")
     parser.add_argument("--poster", default=None, help="also the last frame as a PNG")
+    parser.add_argument("--gauge", action="store_true", help="each token in its gauge's coordinates, G(xi_i) x_i")
     args = parser.parse_args(argv)
     print(animate(args.file, args.out, replica=args.replica, fps=args.fps, frames=args.frames, trail=args.trail,
-                  view=_view(args.view) if args.view else None, poster=args.poster))
+                  view=_view(args.view) if args.view else None, poster=args.poster, gauge=args.gauge))
 
 
 if __name__ == "__main__":

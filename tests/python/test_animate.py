@@ -239,3 +239,27 @@ def test_a_text_parameter_is_shown_as_text(run_mfattn, tmp_path):
     done = animate_cli(run, "--out", tmp_path / "a.gif", "--frames", 2)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "a.gif").is_file()
+
+
+def test_gauge_coordinates_show_the_conditional_collapse_of_a_rope_run(run_mfattn, animation_module, tmp_path):
+    """A RoPE run collapses conditionally: its tokens spread over the sphere while G(xi_i) x_i
+    meet at one point (up to sign), computed here with scipy from the file's generators."""
+    from scipy.linalg import expm
+    path = run_mfattn("--n", 24, "--d", 3, "--beta", 4, "--geometry", "rope", "--horizon", 20, "--save-every", 5)
+    tr = animation_module.load_file(path, 0)
+    y = animation_module.gauge_coordinates(path, tr)
+    with h5py.File(path) as f:
+        omega, xi = f["particles/tokens/gauge_generators"][()], f["particles/tokens/aux_position"][()]
+    x = positions(path)
+    expected = np.stack([expm(np.tensordot(xi[i], omega, axes=1)) @ x[-1, i] for i in range(x.shape[1])])
+    np.testing.assert_allclose(y[-1], expected, atol=1e-12)
+    assert np.abs(x[-1] @ x[-1].T).min() < 0.9  # the plain positions are spread
+    assert np.abs(y[-1] @ y[-1].T).min() > 1 - 1e-3  # the gauge coordinates meet (up to sign)
+    out = tmp_path / "gauge.gif"
+    done = animate_cli(path, "--out", out, "--frames", 3, "--gauge")
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:3] == b"GIF"
+    plain = run_mfattn("--n", 8, "--d", 3, "--horizon", 0.2, out="plain.h5")
+    refused = animate_cli(plain, "--out", tmp_path / "no.gif", "--gauge")
+    assert refused.returncode == 2 and "--gauge:" in refused.stderr and "has no gauge" in refused.stderr
+    assert refused.stderr.count("\n") == 1 and not (tmp_path / "no.gif").exists()
