@@ -319,16 +319,24 @@ def predicted_clusters(beta: float, k_max: int = 1000) -> int:
 def find_h5(folder: str | os.PathLike) -> list[Path]:
     """Every *.h5 under ``folder`` (recursively, into symlinked folders too: runs are often
     linked in from scratch space; a folder reached twice, as through a link cycle, is read
-    once), sorted by path."""
-    found, seen = [], set()
+    once), sorted by path. A file reached twice, as through a sweep's by-parameters links to
+    its cases, is read once, under the path that is not a link where there is one."""
+    found: dict[str, Path] = {}
+    seen = set()
     for root, folders, files in os.walk(folder, followlinks=True):
         real = os.path.realpath(root)
         if real in seen:
             folders[:] = []
             continue
         seen.add(real)
-        found += [Path(root) / name for name in files if name.endswith(".h5") and (Path(root) / name).is_file()]
-    return sorted(found)
+        for name in files:
+            path = Path(root) / name
+            if not name.endswith(".h5") or not path.is_file():
+                continue
+            key = os.path.realpath(path)
+            if key not in found or (found[key].is_symlink() and not path.is_symlink()):
+                found[key] = path
+    return sorted(found.values())
 
 
 def _comparable(value: Any) -> Any:
