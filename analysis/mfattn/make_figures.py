@@ -121,7 +121,8 @@ def metastability_figures(folder: Path, out_dir: Path) -> list[Path]:
 def sweep_figures(folder: Path, out_dir: Path) -> list[Path]:
     """plot_sweep of every sweep in ``folder`` (its subfolders, or itself when it holds the
     .h5 files directly) into out_dir/sweeps."""
-    subfolders = sorted(p for p in folder.iterdir() if p.is_dir() and find_h5(p))
+    # A sweep's by-parameters folder links to its own cases: not a sweep of its own.
+    subfolders = sorted(p for p in folder.iterdir() if p.is_dir() and p.name != "by-parameters" and find_h5(p))
     loose = sorted(folder.glob("*.h5"))
     if subfolders and loose:
         print(f"note: {folder} has sweep subfolders; its own {len(loose)} .h5 file(s) are left out")

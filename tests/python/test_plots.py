@@ -661,3 +661,22 @@ def test_many_tokens_draw_a_density_instead_of_trajectories(run_mfattn, tmp_path
     written = plot_run(out, tmp_path)
     assert tmp_path / "run_density.png" in written
     assert_png(tmp_path / "run_density.png")
+
+
+def test_a_sweep_folder_with_its_by_parameters_links_is_one_sweep(mfattn_binary, tmp_path):
+    """`mfattn sweep` links every case by its parameters under by-parameters/: the sweep's
+    figures read each case once, and that folder is no sweep of its own."""
+    from mfattn.make_figures import sweep_figures
+    config = tmp_path / "grid.ini"
+    config.write_text("[model]\nd = 3\nn = 8\n[stepping]\nhorizon = 1\nsave-every = 0.5\nthreads = 1\n"
+                      "[axes]\nbeta = 1 2\n")
+    done = subprocess.run([str(mfattn_binary), "sweep", "--config", str(config)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = tmp_path / "grid"
+    assert len(list((folder / "by-parameters").iterdir())) == 2
+    assert len(plotting_common.find_h5(folder)) == 2
+    assert all(not p.is_symlink() for p in plotting_common.find_h5(folder))
+    written = sweep_figures(folder, tmp_path / "out")
+    assert written and all("by-parameters" not in p.name for p in written)
+    assert any(p.name.startswith("grid_") for p in written), [p.name for p in written]
