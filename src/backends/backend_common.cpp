@@ -151,13 +151,19 @@ void attention_plan(const Model& model, const double* read, std::size_t replica,
     const auto i = std::size_t(row);
     if (!(model.presence[i] > 0.0)) continue;
     double* out = plan + i * sources;
-    // The row's largest log-weight first, so that no exponential overflows.
-    double largest = -std::numeric_limits<double>::infinity();
-    logits.row(i, [&](std::size_t, double logit) { largest = std::max(largest, logit); });
-    if (largest == -std::numeric_limits<double>::infinity()) continue;  // sees no source
-    double total = 0.0;
+    // One pass over the pairs: the log-weights (-inf where hidden), and their largest, so that
+    // no exponential overflows.
+    constexpr double kHidden = -std::numeric_limits<double>::infinity();
+    std::fill(out, out + sources, kHidden);
+    double largest = kHidden;
     logits.row(i,
-               [&](std::size_t j, double logit) { total += out[j] = std::exp(logit - largest); });
+               [&](std::size_t j, double logit) { largest = std::max(largest, out[j] = logit); });
+    if (largest == kHidden) {  // sees no source
+      std::fill(out, out + sources, 0.0);
+      continue;
+    }
+    double total = 0.0;
+    for (std::size_t j = 0; j < sources; ++j) total += out[j] = std::exp(out[j] - largest);
     for (std::size_t j = 0; j < sources; ++j) out[j] /= total;
   }
 }

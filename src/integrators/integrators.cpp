@@ -492,7 +492,7 @@ class EulerMaruyama final : public Integrator {
 /// Stochastic Heun, the Stratonovich scheme (strong order 1/2, weak order 1): with g(x) the
 /// step's noise at x, g_i(x) = sqrt(2h/kappa) P_{x_i} xi_i + P_{x_i}(sigma dB x_i) (the same
 /// draws at both stages: xi_i from the token's stream as euler-maruyama's, dB from the
-/// replica's; P_y = I - y y^T / |y|^2),
+/// replica's; both stages are unit tokens, P_y = I - y y^T),
 ///   y = normalize(x + h f(x) + g(x)),   x <- normalize(x + h (f(x) + f(y)) / 2 + (g(x) + g(y)) /
 ///   2).
 /// The predictor is put back on the sphere, unlike heun's stage: the field is then evaluated
@@ -533,12 +533,12 @@ class StochasticHeun final : public Integrator {
       kernels::normalize_token(predictor_.data() + o, int(d));
     });
     dynamics.velocity(predictor_.data(), second_.data());
-    std::vector<double> late(d);
+    late_.resize(d);
     for_each_moving_token(dynamics, [&](std::size_t r, std::size_t, std::size_t o) {
-      add_noise(predictor_.data() + o, r, o, amplitude, d, late.data());
+      add_noise(predictor_.data() + o, r, o, amplitude, d, late_.data());
       double* x = state.x.data() + o;
       for (std::size_t c = 0; c < d; ++c)
-        x[c] += h * 0.5 * (first_[o + c] + second_[o + c]) + 0.5 * (noise_[o + c] + late[c]);
+        x[c] += h * 0.5 * (first_[o + c] + second_[o + c]) + 0.5 * (noise_[o + c] + late_[c]);
       kernels::normalize_token(x, int(d));
     });
     state.time += h;
@@ -547,28 +547,22 @@ class StochasticHeun final : public Integrator {
   }
 
  private:
-  /// g(x) of the token at offset o of replica r: its own draws projected, plus the common share
-  /// (x on the sphere, or the predictor off it).
+  /// g(x) of the unit token x at offset o of replica r: its own draws projected, plus the
+  /// common share.
   void add_noise(const double* x, std::size_t r, std::size_t o, double amplitude, std::size_t d,
                  double* out) {
     for (std::size_t c = 0; c < d; ++c) out[c] = 0.0;
-    if (amplitude > 0.0) {
-      const double* xi = draws_.data() + o;
-      const double radial = kernels::dot_product(xi, x, int(d)) /
-                            kernels::dot_product(x, x, int(d));
-      for (std::size_t c = 0; c < d; ++c) out[c] = amplitude * (xi[c] - radial * x[c]);
-    }
+    if (amplitude > 0.0) kernels::add_tangent_part(x, draws_.data() + o, amplitude, int(d), out);
     if (sigma_ > 0.0) {
       shared_.resize(d);
-      kernels::common_noise(x, increments_.data() + r * d * d, int(d), shared_.data());
-      for (std::size_t c = 0; c < d; ++c) out[c] += shared_[c];
+      kernels::add_common_noise(x, increments_.data() + r * d * d, int(d), shared_.data(), out);
     }
   }
 
   double kappa_, sigma_;
   bool symmetric_;
   std::uint64_t seed_;
-  std::vector<double> increments_, draws_, first_, second_, noise_, predictor_, shared_;
+  std::vector<double> increments_, draws_, first_, second_, noise_, predictor_, shared_, late_;
 };
 }  // namespace
 

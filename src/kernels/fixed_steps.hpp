@@ -11,7 +11,7 @@
 //   token_noise       that xi alone (stochastic-heun draws the same numbers)
 //   common_increment  the step's shared matrix sigma dB (common noise, stream (seed,
 //                     CommonNoise, replica, step)): GOE or skew-symmetric
-//   common_noise      P_x(dB x), the token's share of it
+//   add_common_noise  P_x(dB x), the token's share of it (add_tangent_part: P_x v)
 #include <cmath>
 #include <cstdint>
 
@@ -112,13 +112,18 @@ MFATTN_HOST_DEVICE inline void common_increment(bool symmetric, double scale, st
   }
 }
 
-/// The token's share of the shared increment: out = P_x(dB x) = dB x - (<x, dB x> / |x|^2) x
-/// (x off the sphere at a Runge-Kutta stage: the projection on the plane normal to x).
-MFATTN_HOST_DEVICE inline void common_noise(const double* x, const double* increment, int d,
-                                            double* out) {
-  for (int a = 0; a < d; ++a) out[a] = dot_product(increment + a * d, x, d);
-  const double radial = dot_product(out, x, d) / dot_product(x, x, d);
-  for (int a = 0; a < d; ++a) out[a] -= radial * x[a];
+/// out += scale P_x v = scale (v - <v, x> x) for a unit x: a noise vector's tangent part.
+MFATTN_HOST_DEVICE inline void add_tangent_part(const double* x, const double* v, double scale,
+                                                int d, double* out) {
+  const double radial = dot_product(v, x, d);
+  for (int c = 0; c < d; ++c) out[c] += scale * (v[c] - radial * x[c]);
+}
+
+/// The token's share of the shared increment, out += P_x(dB x) for a unit x. scratch: d numbers.
+MFATTN_HOST_DEVICE inline void add_common_noise(const double* x, const double* increment, int d,
+                                                double* scratch, double* out) {
+  for (int a = 0; a < d; ++a) scratch[a] = dot_product(increment + a * d, x, d);
+  add_tangent_part(x, scratch, 1.0, d, out);
 }
 
 /// One projected Euler-Maruyama step of token `token` of replica `replica` at step count
