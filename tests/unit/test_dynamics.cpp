@@ -29,6 +29,8 @@ TEST_P(EveryIntegrator, EveryStepKeepsUnitNorm) {
                                    "--dt", "0.05", "--save-every", "0.05", "--integrator", GetParam(),
                                    "--replicas", "2", "--seed", "3"};
   if (GetParam() == "euler-maruyama") args.insert(args.end(), {"--noise-kappa", "5"});
+  if (GetParam() == "stochastic-heun")
+    args.insert(args.end(), {"--noise-kappa", "5", "--common-noise", "0.5"});
   for (const std::string kernel : {"usa", "sa"}) {
     auto a = args;
     a.insert(a.end(), {"--kernel", kernel});
@@ -40,7 +42,8 @@ TEST_P(EveryIntegrator, EveryStepKeepsUnitNorm) {
 
 INSTANTIATE_TEST_SUITE_P(Integrators, EveryIntegrator,
                          ::testing::Values("euler", "euler-unprojected", "heun", "rk4", "lie-euler",
-                                           "lie-rk4", "dopri5", "euler-maruyama"));
+                                           "lie-rk4", "dopri5", "euler-maruyama",
+                                           "stochastic-heun"));
 
 // d = 2, x = (cos theta, sin theta): USA reduces to
 //   dtheta_i/dt = -(1/n) sum_j exp(beta cos(theta_i - theta_j)) sin(theta_i - theta_j).
