@@ -73,8 +73,10 @@ class Features:
 
 def _option_block(text: str, option: str) -> str | None:
     """The help text of ``option`` (a line that starts with it, up to the next option line or
-    blank line), or None when no line starts with it."""
-    m = re.search(rf"^[ \t]*{re.escape(option)}\b(.*?)(?=\n[ \t]*--[a-z]|\n[ \t]*\n|\n\S|\Z)",
+    blank line), or None when no line starts with it. Option lines are indented by a few
+    spaces; a description's wrapped line that starts with an option's name (``--integrator
+    stochastic-heun)``) sits in the description column and is not one."""
+    m = re.search(rf"^[ \t]{{0,4}}{re.escape(option)}\b(.*?)(?=\n[ \t]{{0,4}}--[a-z]|\n[ \t]*\n|\n\S|\Z)",
                   text, re.S | re.M)
     # A description wraps at spaces (and may at a hyphen): join the lines again.
     return re.sub(r"-\s*\n\s*", "-", m.group(1)) if m else None
