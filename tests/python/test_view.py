@@ -5,7 +5,9 @@ error, names the file's token count, shows the frame's time at the cursor, and m
 tokens (and only them) between two frames. Non-finite positions stay NaN in the page (which
 draws without them) and a file with no finite one is refused. Hostile file names (and file text)
 stay text: the page keeps its own elements only, reads back, and draws with no injected handler
-run."""
+run. The last observables strip lies inside a 1100 x 900 window, counts read as integers, and
+--gauge embeds each token's gauge coordinates (checked against scipy's expm) or refuses a run
+without a gauge."""
 from __future__ import annotations
 
 import html
@@ -93,9 +95,9 @@ def test_bad_input_is_refused_with_exit_2_and_no_file(run_mfattn, mfattn_binary,
     assert not list(tmp_path.glob("x.*")) and not list(tmp_path.glob(".x*"))
 
 
-def chromium(*args, timeout: float = 120) -> subprocess.CompletedProcess:
+def chromium(*args, window: str = "700,1000", timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--virtual-time-budget=5000", "--window-size=700,1000", *args],
+                           "--virtual-time-budget=5000", f"--window-size={window}", *args],
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -247,3 +249,122 @@ def test_non_numeric_parameters_and_non_finite_times_still_make_a_page(run_mfatt
 
     data = json.loads(text[start:text.index("</script>", start)], parse_constant=no_constant)
     assert data["times"][2] is None and "beta = $\\frac{$" in data["title"]
+
+
+# Appended to a copy of a page, after the page's own script: once the page has loaded, where
+# its observables' canvas lies in the window (the last strip ends at the canvas's bottom edge),
+# with the window's size and any scroll, as JSON in #layout-probe for --dump-dom.
+LAYOUT_PROBE = """<script>
+window.addEventListener("load", () => {
+  const box = document.getElementById("observables").getBoundingClientRect();
+  const probe = document.createElement("pre");
+  probe.id = "layout-probe";
+  probe.textContent = JSON.stringify({ top: box.top, bottom: box.bottom, left: box.left, right: box.right,
+    width: window.innerWidth, height: window.innerHeight, scroll: [window.scrollX, window.scrollY] });
+  document.body.appendChild(probe);
+});
+</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tests/install_deps.sh installs it)")
+def test_every_observables_strip_is_inside_the_window(run_mfattn, tmp_path):
+    """In a 1100 x 900 window (and a larger one) the observables' three strips, the last one
+    included, lie inside the page's viewport as it opens: the page put them under a 560-pixel
+    sphere, and the last strip ended below the viewport's bottom edge (at 908 of 813 pixels)."""
+    out = run_mfattn("--n", 16, "--d", 3, "--horizon", 1, "--save-every", 0.25)
+    page = tmp_path / "run.html"
+    assert view_cli(out, "--out", page).returncode == 0
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.read_text(encoding="utf-8").replace("</body>", LAYOUT_PROBE + "\n</body>"),
+                      encoding="utf-8")
+    for width, height in ((1100, 900), (1600, 1200)):
+        done = chromium("--dump-dom", f"file://{probed}", window=f"{width},{height}")
+        dom = done.stdout
+        assert 'data-ready="1"' in dom and dom_value(dom, "errors") == "", done.stderr[-2000:]
+        box = json.loads(html.unescape(dom_value(dom, "layout-probe")))
+        # The page's viewport: the window less what chromium keeps of it for a browser's own
+        # bars (87 pixels of the 900, as a desktop browser's tabs and address bar take).
+        assert box["width"] == width and height - 120 <= box["height"] <= height and box["scroll"] == [0, 0], box
+        assert 0 <= box["left"] and box["right"] <= box["width"], box
+        assert 0 <= box["top"] and box["bottom"] <= box["height"], box  # the last strip's bottom edge
+        assert box["bottom"] - box["top"] >= 3 * 60, box  # three strips, none squeezed flat
+
+
+def test_integer_observables_are_shown_as_integers(run_mfattn, tmp_path, view_module):
+    """A count (n_clusters, and any observable whose values are all integers: here an energy
+    rewritten as integers) reads as an integer at the cursor, not as 3.00000; a real value
+    (min_inner) keeps its six significant digits."""
+    out = run_mfattn("--n", 16, "--d", 3, "--beta", 2, "--horizon", 1, "--save-every", 0.25)
+    with h5py.File(out, "r+") as f:
+        energy = f["observables/energy/value"]
+        energy[...] = np.arange(len(energy)) - 2.0
+        clusters, min_inner = f["observables/n_clusters/value"][()], f["observables/min_inner/value"][()]
+    assert not np.all(min_inner == np.round(min_inner))
+    data = view_module.page_data(out)
+    assert {name: data["observables"][name]["integer"] for name in data["observables"]} == \
+        {"energy": True, "n_clusters": True, "min_inner": False}
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (tests/install_deps.sh installs it)")
+    page = tmp_path / "run.html"
+    assert view_cli(out, "--out", page).returncode == 0
+    last = len(clusters) - 1
+    dom = chromium("--dump-dom", f"file://{page}#frame={last}").stdout
+    assert 'data-ready="1"' in dom and dom_value(dom, "errors") == ""
+    assert dom_value(dom, "readout-n_clusters") == str(int(clusters[last]))
+    assert dom_value(dom, "readout-energy") == str(last - 2)
+    shown = dom_value(dom, "readout-min_inner")
+    assert re.fullmatch(r"-?\d\.\d{5}(e[+-]\d+)?|-?0\.\d{6,}", shown) and float(shown) == pytest.approx(
+        min_inner[last], rel=1e-5), shown
+
+
+def test_the_gauge_page_shows_each_token_in_its_gauge_coordinates(run_mfattn, tmp_path, view_module):
+    """--gauge embeds y_i = G(xi_i) x_i (computed here with scipy from the file's generators) to
+    float32 precision, prefix stars in their own gauges: a RoPE run spread over the sphere
+    meets at one point (up to sign) there, and the page says it shows gauge coordinates."""
+    from scipy.linalg import expm
+    path = run_mfattn("--n", 24, "--d", 3, "--beta", 4, "--geometry", "rope", "--horizon", 20, "--save-every", 5)
+    page = tmp_path / "gauge.html"
+    done = view_cli(path, "--out", page, "--gauge")
+    assert done.returncode == 0, done.stderr
+    data = view_module.read_page_data(page)
+    x, times = file_positions(path)
+    with h5py.File(path) as f:
+        omega, xi = f["particles/tokens/gauge_generators"][()], f["particles/tokens/aux_position"][()]
+    gauges = np.stack([expm(np.tensordot(xi[i], omega, axes=1)) for i in range(x.shape[1])])
+    expected = np.einsum("iab,fib->fia", gauges, x)
+    assert data["gauge"] and data["frames"] == len(times) == 5
+    np.testing.assert_allclose(data["positions"], expected, rtol=0, atol=1e-7)  # float32
+    y = data["positions"][-1].astype(float)
+    assert np.abs(x[-1] @ x[-1].T).min() < 0.9  # the plain positions are spread
+    assert np.abs(y @ y.T).min() > 1 - 1e-3  # the gauge coordinates meet (up to sign)
+    assert data["title"].endswith(", gauge coordinates G(xi_i) x_i") and "gauge coordinates" in data["notes"][1]
+    plain = view_module.read_page_data(view_module.view(path, tmp_path / "plain.html"))
+    assert not plain["gauge"] and "gauge" not in plain["title"]
+    np.testing.assert_allclose(plain["positions"], x, rtol=0, atol=1e-7)
+    # The Python entry point's keyword, and the prefix's stars each in its own gauge.
+    with_prefix = run_mfattn("--n", 12, "--d", 3, "--beta", 4, "--geometry", "rope", "--prefix", 2, "--horizon", 1,
+                             "--save-every", 0.5, out="prefix.h5")
+    written = view_module.view(with_prefix, tmp_path / "prefix.html", gauge=True)
+    data = view_module.read_page_data(written)
+    with h5py.File(with_prefix) as f:
+        omega = f["particles/tokens/gauge_generators"][()]
+        star, star_xi = f["particles/prefix/position"][()], f["particles/prefix/aux_position"][()]
+    expected = np.stack([expm(np.tensordot(star_xi[p], omega, axes=1)) @ star[p] for p in range(len(star))])
+    np.testing.assert_allclose(data["prefix"], expected, rtol=0, atol=1e-12)
+    assert np.abs(np.asarray(data["prefix"]) - star).max() > 0.1  # not the plain positions
+    if CHROMIUM is not None:
+        dom = chromium("--dump-dom", f"file://{page}").stdout
+        assert 'data-ready="1"' in dom and dom_value(dom, "errors") == ""
+        assert dom_value(dom, "title").endswith("gauge coordinates G(xi_i) x_i")
+
+
+def test_gauge_is_refused_for_a_run_without_a_gauge(run_mfattn, tmp_path, view_module):
+    """As animate.py's --gauge: exit 2, one line naming --gauge and the file, no page."""
+    plain = run_mfattn("--n", 8, "--d", 3, "--horizon", 0.2)
+    done = view_cli(plain, "--out", tmp_path / "no.html", "--gauge")
+    assert done.returncode == 2 and "--gauge:" in done.stderr and "has no gauge" in done.stderr, done.stderr
+    assert str(plain) in done.stderr and done.stderr.count("\n") == 1
+    assert not (tmp_path / "no.html").exists() and not list(tmp_path.glob(".no*"))
+    with pytest.raises(ValueError, match="--gauge: .* has no gauge"):
+        view_module.view(plain, tmp_path / "no.html", gauge=True)
+    assert not (tmp_path / "no.html").exists()
