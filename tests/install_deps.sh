@@ -3,7 +3,7 @@
 mfattn_packages=(cmake g++ make ninja-build libeigen3-dev libhdf5-dev libboost-program-options-dev
   libgtest-dev libomp-dev python3-h5py python3-numpy python3-scipy python3-pytest python3-pytest-xdist
   python3-matplotlib python3-mdanalysis python3-torch chromium libopenblas0-pthread openmpi-bin libopenmpi-dev
-  clang libclang-rt-14-dev binutils pybind11-dev python3-dev libfftw3-dev libsharp-dev pkg-config
+  clang libclang-rt-14-dev binutils pybind11-dev python3-dev libfftw3-dev libsharp-dev zlib1g-dev pkg-config
   ffmpeg python3-pil)
 
 # On a freshly booted machine another apt-get (unattended-upgrades, cloud-init) often holds
