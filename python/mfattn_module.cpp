@@ -45,6 +45,7 @@
 
 #include "mfattn/backends/backend.hpp"
 #include "mfattn/app/config.hpp"
+#include "mfattn/app/import_states.hpp"
 #include "mfattn/analyze/analyze.hpp"
 #include "mfattn/app/meanfield.hpp"
 #include "mfattn/app/run.hpp"
@@ -1040,6 +1041,97 @@ py::array_t<double> common_noise(std::uint64_t seed, std::int64_t steps, std::in
   return out;
 }
 
+/// mfattn._core.write_states (mfattn.io.write is the interface): write_imported_states, the
+/// command `mfattn import`'s own function. states [T, R, n, d]; parameters name -> int, float,
+/// bool, str or a sequence of numbers. ValueError for what it refuses, FileExistsError for an
+/// existing path without overwrite, OSError for a failed write. Returns the state space.
+std::string write_states(const std::string& path, const py::handle& states, const py::object& times,
+                         const py::object& presence, const py::object& prompt_id,
+                         const py::object& sequence_position, const py::dict& parameters,
+                         const std::string& source, double cluster_delta, bool deflate,
+                         bool overwrite) {
+  auto numbers = [](const py::handle& given) {
+    auto array = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(given);
+    if (!array) throw py::value_error("expected an array of numbers");
+    return array;
+  };
+  auto vector_of = [&](const char* name, const py::object& given) {
+    std::vector<double> values;
+    if (given.is_none()) return values;
+    py::array_t<double, py::array::c_style> array;
+    try {
+      array = numbers(given);
+    } catch (const py::error_already_set&) {
+      throw py::value_error(std::string(name) + ": expected a sequence of numbers");
+    }
+    if (array.ndim() != 1)
+      throw py::value_error(std::string(name) + ": expected one axis, got " +
+                            std::to_string(array.ndim()));
+    values.assign(array.data(), array.data() + array.size());
+    return values;
+  };
+  py::array_t<double, py::array::c_style> x;
+  try {
+    x = numbers(states);
+  } catch (const py::error_already_set&) {
+    throw py::value_error("positions: expected an array of numbers [T, n, d] or [T, R, n, d]");
+  }
+  if (x.ndim() != 4) throw py::value_error("positions: expected [T, R, n, d] here");
+  ImportedStates s;
+  s.frames = std::size_t(x.shape(0));
+  s.replicas = std::size_t(x.shape(1));
+  s.n = std::size_t(x.shape(2));
+  s.d = std::size_t(x.shape(3));
+  s.states.assign(x.data(), x.data() + x.size());
+  s.times = vector_of("times", times);
+  s.presence = vector_of("presence", presence);
+  s.sequence_position = vector_of("sequence_position", sequence_position);
+  for (double id : vector_of("prompt_id", prompt_id)) {
+    if (id != std::floor(id) || std::fabs(id) > 2147483647.0)
+      throw py::value_error("prompt_id: " + format_number(id) + " is not a 32-bit integer");
+    s.prompt_id.push_back(static_cast<std::int32_t>(id));
+  }
+  for (const auto& [key, value] : parameters) {
+    const std::string name = py::str(key).cast<std::string>();
+    if (py::isinstance<py::bool_>(value)) {
+      s.parameters.push_back({name, value.cast<bool>()});
+    } else if (py::isinstance<py::int_>(value) ||
+               py::isinstance(value, py::module_::import("numpy").attr("integer"))) {
+      s.parameters.push_back({name, value.cast<std::int64_t>()});
+    } else if (py::isinstance<py::float_>(value) ||
+               py::isinstance(value, py::module_::import("numpy").attr("floating"))) {
+      s.parameters.push_back({name, value.cast<double>()});
+    } else if (py::isinstance<py::str>(value)) {
+      s.parameters.push_back({name, value.cast<std::string>()});
+    } else {
+      std::vector<double> list;
+      try {
+        list = vector_of(name.c_str(), py::reinterpret_borrow<py::object>(value));
+      } catch (const py::value_error&) {
+        throw py::value_error(
+            "parameters: '" + name +
+            "': expected an int, a float, a bool, a str or a sequence of numbers");
+      }
+      s.parameters.push_back({name, list});
+    }
+  }
+  s.source = source;
+  s.cluster_delta = cluster_delta;
+  s.deflate = deflate;
+  try {
+    py::gil_scoped_release released;
+    return write_imported_states(s, path, overwrite);
+  } catch (const std::invalid_argument& error) {
+    throw py::value_error(error.what());
+  } catch (const OutputNotReplaceable& error) {
+    throw py::value_error(error.what());
+  } catch (const OutputExists& error) {
+    raise_python(PyExc_FileExistsError, error.what());
+  } catch (const IoError& error) {
+    raise_python(PyExc_OSError, error.what());
+  }
+}
+
 /// mfattn._core.analyze_json: `mfattn analyze FILE --json --replica R --min-decades D` (the
 /// command's own functions), the JSON text; ValueError for a bad file or replica.
 std::string analyze_json(const std::string& path, std::int64_t replica, double min_decades) {
@@ -1209,6 +1301,11 @@ failure mfattn.NumericalError; a failed write OSError. Releases the GIL.)doc") +
       "min_decades"_a = mfattn::kDefaultListedDecades,
       "analyze_json(path, replica=0, min_decades=0.05) -> str: `mfattn analyze PATH --json` of that replica "
       "(mfattn.analyze parses it).");
+  module.def(
+      "write_states", &write_states, "path"_a, "states"_a, "times"_a, "presence"_a, "prompt_id"_a,
+      "sequence_position"_a, "parameters"_a, "source"_a, "cluster_delta"_a, "deflate"_a,
+      "overwrite"_a,
+      "write_states(...) -> str: mfattn.io.write's writer (write_imported_states); the state space.");
   module.def(
       "common_noise", &common_noise, "seed"_a, "steps"_a, "replicas"_a, "d"_a, "sigma"_a, "h"_a,
       "kind"_a = "symmetric",

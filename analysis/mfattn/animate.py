@@ -215,7 +215,8 @@ class Animation:
     # --- particle runs ---------------------------------------------------------------------
 
     def _particles(self, tr, frames: int, view) -> None:
-        positions = np.asarray(tr.positions)
+        # Imported states off the sphere are drawn as their directions (docs/import.md).
+        positions = np.asarray(tr.directions)
         presence = np.asarray(tr.labels.get("presence", np.ones(positions.shape[1])))
         self.active = presence > 0
         self.times = np.asarray(tr.position_times)

@@ -195,6 +195,24 @@ class Trajectory(_Recorded):
         """Number of frames P whose positions the file keeps."""
         return int(self.positions.shape[0])
 
+    @property
+    def state_space(self) -> str:
+        """"sphere" (every run of mfattn: unit rows) or "euclidean": states imported from another
+        model (``mfattn import``, :func:`write`) whose rows are not unit vectors, stored as given;
+        drawn and analysed on their directions (:attr:`directions`)."""
+        return str(self.parameters.get("state_space", "sphere"))
+
+    @property
+    def directions(self) -> np.ndarray:
+        """The positions as points of the sphere: the rows x / |x| of a "euclidean" file (a zero
+        row stays zero), the positions themselves on the sphere."""
+        x = np.asarray(self.positions)
+        if self.state_space == "sphere":
+            return x
+        norms = np.linalg.norm(x, axis=-1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(norms > 0, x / np.where(norms > 0, norms, 1.0), 0.0)
+
     def matrices(self, replica: int | None = None) -> dict[str, np.ndarray]:
         """The weights in force, read from the file: ``/particles/tokens[_r<r>]/attention_matrices``
         (docs/output.md), name -> array ("query", "key", "value" [L, d, d], "layer_start" [L], and
@@ -846,3 +864,50 @@ def export_torch(module: Any, path: str | os.PathLike) -> dict[str, Any]:
         options["mlp"] = first["mlp_w1"].shape[0]
         options["mlp_activation"] = first["activation"]
     return options
+
+
+# ---------------------------------------------------------------------------------------------
+# Other models' states as mfattn files (docs/import.md).
+
+def write(path: str | os.PathLike, positions: Any, times: Any = None, labels: dict[str, Any] | None = None,
+          parameters: dict[str, Any] | None = None, *, cluster_delta: float = 1e-4, deflate: bool = False,
+          overwrite: bool = False, source: str = "mfattn.io.write") -> str:
+    """Writes token states of any model as an mfattn particle file that ``mfattn analyze``,
+    ``info``, ``view``, ``animate``, :func:`load` and the plots take (docs/import.md), through
+    the C++ writer of ``mfattn run`` and ``mfattn import`` (the layout lives in one place).
+
+    positions: [T, n, d] or [T, R, n, d] (frames, replicas, tokens, dimension), e.g. a network's
+        hidden states layer by layer. Rows that are not unit vectors are stored as given
+        (``state_space`` "euclidean") and analysed on their directions.
+    times: [T] strictly increasing; None: 0, 1, ..., T - 1 (the layer index).
+    labels: optional ``presence`` [n] (>= 0; tokens of presence 0 are stored and left out of the
+        observables), ``prompt_id`` [n] (integers), ``sequence_position`` [n] (default 0..n-1,
+        stored as aux_position).
+    parameters: name -> int, float, bool, str or a sequence of numbers, stored in /parameters as
+        given (the names the file writes itself, such as "command" or "beta", are refused: no
+        model made these states, and the file says so rather than inventing its parameters).
+    The file is published whole under ``path`` or not at all. Returns the state space
+    ("sphere" or "euclidean"). ValueError for what it refuses; FileExistsError when ``path``
+    exists and ``overwrite`` is False; OSError for a failed write."""
+    from . import _core
+    if _core is None:
+        from . import _missing_core
+        raise _missing_core("io.write")
+    x = np.asarray(positions)
+    if x.dtype == object or not (np.issubdtype(x.dtype, np.number) or x.dtype == bool):
+        raise ValueError(f"positions: expected an array of numbers, got dtype {x.dtype}")
+    if np.iscomplexobj(x):
+        raise ValueError("positions: complex states are not accepted (real [T, n, d] or [T, R, n, d])")
+    if x.ndim == 3:
+        x = x[:, np.newaxis]
+    elif x.ndim != 4:
+        raise ValueError(f"positions: shape {x.shape}; expected [T, n, d] or [T, R, n, d]")
+    labels = dict(labels or {})
+    unknown = sorted(set(labels) - {"presence", "prompt_id", "sequence_position"})
+    if unknown:
+        raise ValueError(f"labels: {', '.join(unknown)} not accepted (presence, prompt_id, sequence_position)")
+    return _core.write_states(os.fspath(path), np.ascontiguousarray(x, dtype=np.float64),
+                              None if times is None else np.asarray(times, dtype=np.float64),
+                              labels.get("presence"), labels.get("prompt_id"), labels.get("sequence_position"),
+                              dict(parameters or {}), source, float(cluster_delta), bool(deflate),
+                              bool(overwrite))

@@ -173,7 +173,7 @@ def load_runs(path: str | os.PathLike, replica: int | None = None) -> list[Run]:
         observables = {name: (tr.observable_times.get(name, tr.times[:len(value)]), pick(value))
                        for name, value in tr.observables.items()}
         runs.append(Run(path=path, replica=r, replicas=tr.replicas, times=tr.times,
-                        positions=pick(tr.positions), labels=tr.labels, observables=observables,
+                        positions=pick(tr.directions), labels=tr.labels, observables=observables,
                         parameters=tr.parameters, status=tr.status, prefix=prefix,
                         position_times=tr.position_times, save_positions=tr.save_positions))
     return runs

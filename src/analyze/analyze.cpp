@@ -134,6 +134,20 @@ Analysis analyze_file(const std::string& path, std::size_t replica, AnalysisSett
   for (std::size_t i = 0; i < file.n(); ++i)
     if (presence.empty() || presence[i] > 0.0) moving.push_back(i);
   const bool recompute = clusters.empty() || min_inner.empty();
+  // Imported states off the sphere are analysed on their directions (docs/import.md).
+  const bool euclidean = file.parameter_string("state_space").value_or("sphere") != "sphere";
+  auto stored_points = [&](std::size_t row) {
+    std::vector<double> x = file.positions(row, replica);
+    if (euclidean)
+      for (std::size_t i = 0; i < file.n(); ++i) {
+        double* point = x.data() + i * file.d();
+        double norm2 = 0.0;
+        for (std::size_t c = 0; c < file.d(); ++c) norm2 += point[c] * point[c];
+        if (norm2 > 0.0)
+          for (std::size_t c = 0; c < file.d(); ++c) point[c] /= std::sqrt(norm2);
+      }
+    return x;
+  };
   // Only files that keep every frame's positions can stand in for a missing observable.
   auto need_positions = [&](const char* what) {
     if (file.position_frames() < frames)
@@ -147,7 +161,7 @@ Analysis analyze_file(const std::string& path, std::size_t replica, AnalysisSett
     observable_settings.cluster_delta = settings.cluster_delta;
     std::vector<double> counted(frames), lowest(frames);
     for (std::size_t f = 0; f < frames; ++f) {
-      const std::vector<double> x = file.positions(f, replica);
+      const std::vector<double> x = stored_points(f);
       const PairStatistics stats = pair_statistics(x.data(), file.d(), moving, observable_settings);
       counted[f] = double(stats.clusters);
       lowest[f] = stats.min_inner;
@@ -176,7 +190,7 @@ Analysis analyze_file(const std::string& path, std::size_t replica, AnalysisSett
   } else {
     // Older files: 1 - largest eigenvalue of the second moment of the last frame.
     need_positions("marginal_spread");
-    const std::vector<double> x = file.positions(frames - 1, replica);
+    const std::vector<double> x = stored_points(frames - 1);
     std::vector<double> rows;
     for (std::size_t i : moving) rows.insert(rows.end(), x.begin() + static_cast<std::ptrdiff_t>(i * file.d()),
                                              x.begin() + static_cast<std::ptrdiff_t>((i + 1) * file.d()));
@@ -184,6 +198,8 @@ Analysis analyze_file(const std::string& path, std::size_t replica, AnalysisSett
   }
   if (!conditional.empty()) a.conditional_spread_final = conditional[frames - 1];
   if (const auto flow = file.parameter_number("gradient_flow")) a.gradient_flow = *flow != 0.0;
+  a.energy_in_file = !energy.empty();
+  if (const auto space = file.parameter_string("state_space")) a.state_space = *space;
   return a;
 }
 
@@ -290,6 +306,8 @@ void write_analysis_json(const Analysis& a, std::ostream& out, double min_decade
   json.field("energy_monotone", Json::boolean(a.energy_monotone));
   json.field("energy_largest_relative_drop", Json::number(a.energy_largest_drop));
   json.field("gradient_flow", Json::boolean(a.gradient_flow));
+  json.field("energy_in_file", Json::boolean(a.energy_in_file));
+  json.field("state_space", Json::quoted(a.state_space));
   json.key("plateaus");
   json.open('[');
   std::size_t metastable = 0;
@@ -341,7 +359,10 @@ void text_header(std::ostream& out, const Analysis& a, const std::string& replic
   text_line(out, "file", a.file);
   text_line(out, "status", a.status ? *a.status : "(none)");
   text_line(out, replica_key, replica_text);
-  text_line(out, "tokens", "n = " + std::to_string(a.n) + ", d = " + std::to_string(a.d));
+  text_line(
+      out, "tokens",
+      "n = " + std::to_string(a.n) + ", d = " + std::to_string(a.d) +
+          (a.state_space == "sphere" ? "" : " (states in R^d, analysed on their directions)"));
   text_line(out, "frames_read", std::to_string(a.frames) + " (t = " + format_significant(a.t_first) + " .. " +
                                     format_significant(a.t_last) + ")");
 }
@@ -373,8 +394,11 @@ void write_analysis_text(const Analysis& a, std::ostream& out, double min_decade
   line("min_inner_final", format_number(a.min_inner_final));
   line("marginal_spread_final", format_number(a.marginal_spread_final));
   if (a.conditional_spread_final) line("conditional_spread_final", format_number(*a.conditional_spread_final));
-  line("energy_final", format_number(a.energy_final));
-  std::string monotone = a.energy_monotone ? yes_no(*a.energy_monotone) : "unknown (energy not finite)";
+  const std::string no_energy = "none (the file has no energy)";
+  line("energy_final", a.energy_in_file ? format_number(a.energy_final) : no_energy);
+  std::string monotone = a.energy_monotone  ? yes_no(*a.energy_monotone)
+                         : a.energy_in_file ? "unknown (energy not finite)"
+                                            : "unknown (the file has no energy)";
   if (a.energy_monotone && !*a.energy_monotone)
     monotone += " (largest relative drop " + format_significant(a.energy_largest_drop) + ")";
   if (a.gradient_flow)
@@ -392,10 +416,12 @@ void write_analysis_text(const Analysis& a, std::ostream& out, double min_decade
       ++hidden;
       continue;
     }
-    std::string text = std::to_string(p.clusters) + (p.clusters == 1 ? " cluster" : " clusters") + ", t = " + format_significant(p.t_start) + " .. " +
+    std::string text = std::to_string(p.clusters) + (p.clusters == 1 ? " cluster" : " clusters") +
+                       ", t = " + format_significant(p.t_start) + " .. " +
                        format_significant(p.t_end) + ", " +
-                       (std::isfinite(p.decades) ? format_significant(p.decades) + " decades" : "decades undefined") +
-                       ", energy " + format_significant(p.energy_end);
+                       (std::isfinite(p.decades) ? format_significant(p.decades) + " decades"
+                                                 : "decades undefined") +
+                       (a.energy_in_file ? ", energy " + format_significant(p.energy_end) : "");
     if (p.metastable) text += ", metastable";
     if (p.final) text += ", final";
     // The run's first plateau, before any token has joined another: no clustering yet.
@@ -446,7 +472,7 @@ void write_analysis_text(const Analysis& a, std::ostream& out, double min_decade
          std::to_string(changes - exact) + " of the " + std::to_string(changes) +
              " merges and splits pass through plateaus shorter than " +
              format_significant(min_decades) + " decades (--min-decades 0 lists each)");
-  line("energy_staircase", staircase);
+  line("energy_staircase", a.energy_in_file ? staircase : no_energy);
 }
 
 namespace {

@@ -18,6 +18,7 @@
 #include "mfattn/app/command_errors.hpp"
 #include "mfattn/app/config.hpp"
 #include "mfattn/app/fit.hpp"
+#include "mfattn/app/import_states.hpp"
 #include "mfattn/app/info.hpp"
 #include "mfattn/app/keys.hpp"
 #include "mfattn/app/meanfield.hpp"
@@ -74,6 +75,10 @@ const std::vector<Command>& commands() {
              << "usage: mfattn info FILE.h5\n  sizes, frames, time span, status and parameters of an mfattn file\n";
        },
        [](const auto& args) { return mfattn::info_command(args, std::cout, std::cerr); }},
+      {"import",
+       "another model's token states (.npy/.npz) as an mfattn file (mfattn import --help)",
+       [] { std::cout << mfattn::import_usage(); },
+       [](const auto& args) { return mfattn::import_command(args, std::cout, std::cerr); }},
       {"analyze",
        "collapse and metastability summary: mfattn analyze FILE.h5 [--json] [--replica R|all]",
        [] {

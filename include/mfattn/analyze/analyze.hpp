@@ -90,6 +90,11 @@ struct Analysis {
   std::optional<bool> energy_monotone;
   double energy_largest_drop = 0.0;  ///< largest relative decrease between frames (0 if none)
   std::optional<bool> gradient_flow;  ///< /parameters/gradient_flow
+  /// Whether the file has an energy at all (states imported from another model have none).
+  bool energy_in_file = true;
+  /// /parameters/state_space: "sphere", or "euclidean" for imported states that are not unit
+  /// vectors (their observables are those of their directions; docs/import.md).
+  std::string state_space = "sphere";
 };
 
 /// The time-series part of the analysis (collapse, plateaus, merges, energy).

@@ -23,6 +23,25 @@ std::string positions_text(const FileSummary& summary) {
   return "none (--save-positions " + summary.save_positions + "); /run/checkpoint holds the last frame";
 }
 
+/// The value of `key` among the pairs, "?" when absent.
+std::string value_of(const std::vector<std::pair<std::string, std::string>>& pairs,
+                     const std::string& key) {
+  for (const auto& [name, value] : pairs)
+    if (name == key) return value;
+  return "?";
+}
+
+/// The model line: the kernel, beta, time scale, integrator and seed a run was made with, or,
+/// for states imported from another model (mfattn import), that it has none of them.
+std::string model_text(const FileSummary& summary) {
+  auto lookup = [&](const std::string& key) { return value_of(summary.parameters, key); };
+  if (lookup("command") == "import")
+    return "model      none: states imported from " + lookup("source") + " (state space " +
+           lookup("state_space") + "); no kernel, beta, integrator or energy";
+  return "model      kernel " + lookup("kernel") + ", beta " + lookup("beta") + ", time-scale " +
+         lookup("time-scale") + ", integrator " + lookup("integrator") + ", seed " + lookup("seed");
+}
+
 }  // namespace
 
 int info_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -33,11 +52,7 @@ int info_command(const std::vector<std::string>& args, std::ostream& out, std::o
   // A missing or foreign file is the caller's mistake (2); a failing read of an mfattn file
   // is I/O (4): NotMfattnFile and IoError, as command_errors.hpp maps them.
   const FileSummary summary = describe_file(args[0]);
-  auto lookup = [](const auto& pairs, const std::string& key) -> std::string {
-    for (const auto& [name, value] : pairs)
-      if (name == key) return value;
-    return "?";
-  };
+  const auto& lookup = value_of;
   if (!summary.field_shape.empty()) {
     // A density file of mfattn meanfield: its grid instead of tokens and positions.
     std::string shape;
@@ -54,19 +69,16 @@ int info_command(const std::vector<std::string>& args, std::ostream& out, std::o
     return kExitOk;
   }
   out << "file       " << args[0] << '\n'
-      << "tokens     n = " << summary.n << " (active " << lookup(summary.parameters, "active_tokens")
-      << "), d = " << summary.d << ", replicas = " << summary.replicas << '\n'
+      << "tokens     n = " << summary.n << " (active "
+      << lookup(summary.parameters, "active_tokens") << "), d = " << summary.d
+      << ", replicas = " << summary.replicas << '\n'
       << "frames     " << summary.frames << ", t = " << summary.first_time << " .. "
       << summary.last_time << '\n'
       << "positions  " << positions_text(summary) << '\n'
-      << "status     " << lookup(summary.run, "status") << " (steps " << lookup(summary.run, "steps")
-      << ", rejected " << lookup(summary.run, "rejected_steps") << ", wall "
-      << lookup(summary.run, "wall_time_s") << " s)\n"
-      << "model      kernel " << lookup(summary.parameters, "kernel") << ", beta "
-      << lookup(summary.parameters, "beta") << ", time-scale "
-      << lookup(summary.parameters, "time-scale") << ", integrator "
-      << lookup(summary.parameters, "integrator") << ", seed " << lookup(summary.parameters, "seed")
-      << '\n'
+      << "status     " << lookup(summary.run, "status") << " (steps "
+      << lookup(summary.run, "steps") << ", rejected " << lookup(summary.run, "rejected_steps")
+      << ", wall " << lookup(summary.run, "wall_time_s") << " s)\n"
+      << model_text(summary) << '\n'
       << "parameters\n";
   for (const auto& [name, value] : summary.parameters)
     if (name != "config_text") out << "  " << name << " = " << stored_value_text(name, value) << '\n';
