@@ -72,6 +72,14 @@ class Progress {
     return fraction >= 1.0 ? !printed_end_ : time >= next_line_;
   }
 
+  /// A line of its own (a long evaluation's report): the bar, if drawn, is ended first and
+  /// drawn again by the next update.
+  void interject(const std::string& line) {
+    if (quiet_) return;
+    finish();
+    log_ << command_ << ": " << line << '\n' << std::flush;
+  }
+
   void finish() {
     if (drawn_) log_ << '\n';
     drawn_ = false;

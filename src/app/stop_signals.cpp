@@ -112,6 +112,7 @@ StopSignals::~StopSignals() {
 }
 
 int StopSignals::received() noexcept { return first_signal.load(); }
+const std::atomic<int>& StopSignals::received_flag() noexcept { return first_signal; }
 
 int StopSignals::count() noexcept { return signal_count.load(); }
 

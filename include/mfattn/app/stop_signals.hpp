@@ -36,6 +36,7 @@
 /// the case must still flush). Without it a repeat is only counted (count()): the sweep
 /// answers it by sending SIGKILL to its cases, and itself still writes the manifest.
 #include <array>
+#include <atomic>
 #include <csignal>
 
 namespace mfattn {
@@ -65,6 +66,9 @@ class StopSignals {
 
   /// The first stop signal received since the handler was installed; 0 while none has come.
   static int received() noexcept;
+  /// The flag received() reads, for code that must look at it without calling in here (the
+  /// pair loops, through EvaluationWatch: core/evaluation_watch.hpp).
+  static const std::atomic<int>& received_flag() noexcept;
   /// How many stop signals have come since the handler was installed.
   static int count() noexcept;
   /// The read end of the wake pipe (readable after a signal), or -1 (no pipe was asked for,

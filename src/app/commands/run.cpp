@@ -19,6 +19,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "mfattn/core/evaluation_watch.hpp"
 #include "mfattn/core/gauge.hpp"
 #include "mfattn/io/h5md.hpp"
 #include "mfattn/core/init.hpp"
@@ -48,7 +49,60 @@ struct RunObserver {
 /// Thrown from the step hook when a stop was requested; the run ends between two steps.
 struct Interrupted {
   int signal;
+  bool inside_pass =
+      false;  ///< within a pass over the pairs (evaluation_watch.hpp), not between steps
 };
+
+/// Seconds between two reports of one long pass over the pairs (the first comes 2 s in).
+constexpr double kPassReportSeconds = 60.0;
+
+/// The run's first report of a long pass: what one pass costs on this machine.
+std::string pass_estimate_text(const EvaluationReport& report) {
+  const double rate = report.fraction * report.pairs / report.seconds;
+  std::ostringstream text;
+  text
+      << std::setprecision(3) << "a pass over the " << report.pairs << " pairs takes about "
+      << format_seconds(report.pairs / rate) << " here (" << 100.0 * report.fraction << "% in "
+      << report.seconds << " s: " << rate
+      << " pairs/s); a step takes one per stage of the integrator, a frame "
+      << "one more and its pair statistics. A stop signal (Ctrl-C) ends the run within a second, keeping "
+      << "every frame written; sizes and faster routes: docs/performance.md, \"Large n\"";
+  return text.str();
+}
+
+/// A later report of a long pass: how far it has got, in the step from the state's time.
+std::string pass_progress_text(const EvaluationReport& report, const State& state) {
+  std::ostringstream text;
+  text << std::setprecision(3) << "pass over the pairs from t = " << state.time << " (step "
+       << state.step << "): " << 100.0 * report.fraction << "% done in "
+       << format_seconds(report.seconds);
+  if (report.fraction > 0.0)
+    text << ", about " << format_seconds(report.seconds * (1.0 - report.fraction) / report.fraction)
+         << " left";
+  return text.str();
+}
+
+/// After the first step of a run whose passes are long: its cost and, for fixed steps of dt
+/// (0: adaptive), the run's at that rate. The steps left land on every later target (frames
+/// and layer starts), each interval taking whole steps of at most dt.
+std::string first_step_text(double seconds, const State& state, double dt,
+                            const std::vector<double>& targets) {
+  std::ostringstream text;
+  text << "the first step took " << format_seconds(seconds)
+       << " (with its frame, if it lands on one)";
+  if (dt > 0.0) {
+    double steps_left = 0.0, from = state.time;
+    for (double target : targets)
+      if (target > from) {
+        steps_left += std::max(1.0, std::ceil((target - from) / dt - 1e-9));
+        from = target;
+      }
+    if (steps_left > 0.0)
+      text << std::setprecision(3) << "; the " << steps_left << " steps left take about "
+           << format_seconds(steps_left * seconds) << " at this rate";
+  }
+  return text.str();
+}
 
 /// The status word of an interruption: the signal's name, or the caller's stop (signal 0).
 std::string interruption_name(int signal) { return signal ? signal_name(signal) : "stopped by the caller"; }
@@ -315,13 +369,30 @@ int report_early_end(std::exception_ptr fault, const RunConfig& cfg, const RunHo
   };
   try {
     std::rethrow_exception(fault);
+  } catch (const EvaluationStopped&) {
+    // A stop signal inside a long evaluation: the step in progress is dropped like any step
+    // a signal ends.
+    fault = std::make_exception_ptr(Interrupted{StopSignals::received(), true});
+  } catch (...) {
+  }
+  try {
+    std::rethrow_exception(fault);
   } catch (const Interrupted& stop) {
     const std::string name = interruption_name(stop.signal);
     // The status goes with the staged frames' flush.
     record_status("interrupted: " + name);
-    log << "mfattn run: interrupted by " << name << " at t = " << state.time << " (step "
-        << state.step << "); " << writer.current_path() << " keeps every frame up to t = "
-        << file_frames.kept().time << " (" << continue_advice << ")\n";
+    if (writer.flushed_frames() == 0)
+      // Stopped inside frame 0's evaluation (large n): the file was never published.
+      log << "mfattn run: interrupted by " << name
+          << " before frame 0 was complete; nothing was written\n";
+    else
+      log << "mfattn run: interrupted by " << name << " at t = " << state.time << " (step "
+          << state.step
+          << (stop.inside_pass ? ", inside a pass over the pairs: the step in progress is dropped"
+                               : "")
+          << "); " << writer.current_path()
+          << " keeps every frame up to t = " << file_frames.kept().time << " (" << continue_advice
+          << ")\n";
     return stop.signal ? 128 + stop.signal : kExitStoppedByCaller;
   } catch (const NumericalError& e) {
     log << "mfattn run: numerical failure: " << e.what() << '\n';
@@ -464,6 +535,24 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
 
   Progress progress("mfattn run", cfg.quiet, state.time, cfg.horizon, state.step, log);
   double h = cfg.resume && resumed.step_size > 0.0 ? resumed.step_size : cfg.dt;
+  // Large n: a pass over the pairs takes seconds to minutes. Early in the first one the run
+  // says what a pass costs here, then how far a long one has got, and a stop signal takes
+  // effect between the loops' units instead of after the step (evaluation_watch.hpp).
+  bool pass_estimated = false, first_step_reported = false;
+  const std::int64_t first_step = state.step;
+  double first_step_start = -1.0;  // when the run's first step began (after frame 0)
+  EvaluationWatch::Settings watch_settings;
+  watch_settings.stop = &StopSignals::received_flag();
+  watch_settings.report_every = kPassReportSeconds;
+  watch_settings.report = [&](const EvaluationReport& report) {
+    if (!pass_estimated) {
+      pass_estimated = true;
+      progress.interject(pass_estimate_text(report));
+    } else if (report.seconds >= kPassReportSeconds) {
+      progress.interject(pass_progress_text(report, state));
+    }
+  };
+  const EvaluationWatch evaluation_watch(std::move(watch_settings));
   std::vector<double> frame_velocity;
   IntegrationStats so_far;  // this invocation's counts, as of the last step
   double last_frame_time = resumed.time;  // the last frame appended
@@ -549,6 +638,13 @@ int run_simulation(const RunConfig& given, std::ostream& log, const RunHooks& ho
   auto after_step = [&](const State& s, const IntegrationStats& counts) {
     so_far = counts;
     if (const int signal = StopSignals::received()) throw Interrupted{signal};
+    if (s.step == first_step && first_step_start < 0.0) first_step_start = elapsed();
+    if (pass_estimated && !first_step_reported && s.step > first_step && first_step_start >= 0.0) {
+      // What the first step cost says what the run will: fixed steps at least.
+      first_step_reported = true;
+      progress.interject(first_step_text(elapsed() - first_step_start, s,
+                                         integrator->adaptive() ? 0.0 : cfg.dt, targets));
+    }
     if (last_frame_time > file_frames.kept().time && progress.line_due(s.time)) flush_frames();
     progress.update(s.time, s.step);
     call_hook(s, false);

@@ -54,6 +54,7 @@
 #include "backends/cpu/symmetric_pairs.hpp"
 #include "backends/cpu/vector_math.hpp"
 #include "backends/reference/reference_derivatives.hpp"
+#include "mfattn/core/evaluation_watch.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {
@@ -121,6 +122,9 @@ class CpuBackend final : public detail::ReferenceDerivativesBackend {
     // Every (replica, head) pair is a slot s = r H + h with operands of its own.
     operands_.set_heads(replicas);
     if (several_heads_) head_sums_.resize(operands_.slots(), model_.n, operands_.operand_dim());
+    // Long passes report progress and stop between their units (evaluation_watch.hpp): a stop
+    // is looked at before the loops' fall-back and failures, which skipped units would fake.
+    const EvaluationPass pass(double(operands_.slots()) * double(model_.n) * double(model_.n));
     on_team([&] {
       operands_.prepare(x);
       if (sinkhorn_) sinkhorn_->scale(biases_);
@@ -130,12 +134,14 @@ class CpuBackend final : public detail::ReferenceDerivativesBackend {
         one_sided_.run(x, out, failure);
       if (several_heads_) combine_heads(model_, operands_, head_sums_, sinkhorn_.get(), replicas, x, out);
     });
+    pass.finish();
     last_loop_ = symmetric_ && !fall_back ? "symmetric" : sinkhorn_ ? "sinkhorn" : "one-sided";
     if (fall_back) {
       // The shared offset of the symmetric loop was too loose: every receiver again, each
       // with its own offset (and its exact maximum where that is loose too).
       failure.clear();
       on_team([&] { one_sided_.run(x, out, failure); });
+      pass.finish();
     }
     if (!failure.empty()) throw NumericalError(failure);
     if (sinkhorn_ && !several_heads_ && out.weight_sums)

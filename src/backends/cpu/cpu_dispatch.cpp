@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backends/cpu/cpu_kernels.hpp"
+#include "mfattn/core/evaluation_watch.hpp"
 
 namespace mfattn::cpu {
 
@@ -114,7 +115,13 @@ double cpu_exp_rate(int threads, double min_seconds) {
 }
 PairStatistics cpu_pair_statistics(const double* x, std::size_t d, const std::vector<std::size_t>& tokens,
                                    double close_above, double edge_above, bool with_stats) {
-  return cpu::kernels().pair_statistics(x, d, tokens, close_above, edge_above, with_stats);
+  // A frame's pair pass at large n takes as long as an evaluation: it reports and stops alike.
+  const double m = double(tokens.size());
+  const EvaluationPass pass(m * (m - 1.0) / 2.0);
+  const PairStatistics stats = cpu::kernels().pair_statistics(x, d, tokens, close_above, edge_above,
+                                                              with_stats);
+  pass.finish();
+  return stats;
 }
 std::string cpu_kernels_runnable() {
   cpu::initialise_cpu_features();

@@ -15,6 +15,7 @@
 #include "backends/cpu/vector_math.hpp"
 #include "core/cluster_forests.hpp"
 #include "mfattn/backends/pair_statistics.hpp"
+#include "mfattn/core/evaluation_watch.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {
@@ -291,7 +292,12 @@ PairStatistics lane_pair_pass(const double* x, std::size_t d, const std::vector<
   // one, even of one thread, cost more than their pairs.
   if (m > 512) {
 #pragma omp parallel for reduction(min : lowest) reduction(+ : close) schedule(dynamic, 16)
-    for (std::ptrdiff_t a = 0; a < count; ++a) row_pass(static_cast<std::size_t>(a), lowest, close);
+    for (std::ptrdiff_t a = 0; a < count; ++a) {
+      // A stop skips the rows left (cpu_pair_statistics's pass throws after the loop).
+      if (EvaluationPass::stopping()) continue;
+      row_pass(static_cast<std::size_t>(a), lowest, close);
+      EvaluationPass::done(double(m - 1 - std::size_t(a)));
+    }
   } else {
     for (std::size_t i = 0; i < m; ++i) row_pass(i, lowest, close);
   }

@@ -10,6 +10,7 @@
 #include "backends/cpu/micro_kernels.hpp"
 #include "backends/cpu/one_sided_loop.hpp"
 #include "kernels/receiver_finish.hpp"
+#include "mfattn/core/evaluation_watch.hpp"
 
 MFATTN_CPU_TARGET_BEGIN
 namespace mfattn::cpu {
@@ -32,13 +33,17 @@ void OneSidedDriver::run(const double* x, const FieldOutputs& out, std::string& 
   const std::size_t total_panels = slots * panels_per_replica;
 #pragma omp for schedule(dynamic, 1)
   for (std::size_t unit = 0; unit < total_panels; ++unit) {
+    // A stop skips the panels left; the pass throws before anything reads the outputs.
+    if (EvaluationPass::stopping()) continue;
     const std::size_t slot = unit / panels_per_replica, r = slot / heads_per_replica;
     const std::size_t first = (unit % panels_per_replica) * panel;
     try {
       const std::size_t replica_start = r * n * model_.d;
-      run_panel(slot, r, first, std::min(panel, n - first), x + replica_start, out.velocity + replica_start,
+      const std::size_t receivers = std::min(panel, n - first);
+      run_panel(slot, r, first, receivers, x + replica_start, out.velocity + replica_start,
                 out.attention_output ? out.attention_output + replica_start : nullptr,
                 out.weight_sums ? out.weight_sums + r * n : nullptr);
+      EvaluationPass::done(double(receivers) * double(n));
     } catch (const NumericalError& error) {
 #pragma omp critical(mfattn_cpu_failure)
       failure = error.what();

@@ -1,6 +1,8 @@
 // The symmetric pair loop of the CPU backend: see symmetric_pairs.hpp.
 #include "backends/cpu/symmetric_pairs.hpp"
 
+#include "mfattn/core/evaluation_watch.hpp"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -598,7 +600,12 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
     std::atomic<std::size_t>& column_ready = progress_[(r * tiles_ + j) * 2 + round % 2];
     wait_for(row_ready, round);
     wait_for(column_ready, round);
-    run_block(prepared[r], replicas_[r], k, j);
+    // A stop skips the blocks left but still advances the counters, so no thread waits
+    // forever; the pass then throws (EvaluationPass::finish) before the sums are read.
+    if (!EvaluationPass::stopping()) {
+      run_block(prepared[r], replicas_[r], k, j);
+      EvaluationPass::done(double(kTile * kTile) * (j == k ? 1.0 : 2.0));
+    }
     row_ready.store(round + 2, std::memory_order_release);
     // A diagonal block's two counters are one: a second store could undo the next block's
     // (which may start, and end, between the two stores: a window's skipped block takes
