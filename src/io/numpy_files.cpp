@@ -755,6 +755,9 @@ std::vector<NumpyArray> read_npz(ByteSpan file, const std::string& path) {
              "numpy.savez_compressed write)");
     if (member.disk != 0) refuse(path, "multi-disk (split) ZIP archives are not accepted");
     std::string name = member.name.substr(0, member.name.size() - kSuffix.size());
+    // An empty name marks the array of a .npy file (numpy_files.hpp).
+    if (name.empty() || name.back() == '/')
+      refuse(where, "a member needs a name before its .npy suffix");
     if (!names.insert(name).second) refuse(where, "the archive holds two members of this name");
 
     // The local header repeats the name and has its own extra field: the data follow both.
@@ -794,7 +797,7 @@ std::vector<NumpyArray> read_numpy_file(const std::string& path) {
   const ByteSpan bytes(file);
   if (starts_with(bytes, kNpyMagic)) {
     std::vector<NumpyArray> arrays;
-    arrays.push_back(parse_npy(bytes, path, std::filesystem::path(path).stem().string()));
+    arrays.push_back(parse_npy(bytes, path, ""));
     return arrays;
   }
   // A ZIP archive starts with its first member's local header, or, empty, with its end record.

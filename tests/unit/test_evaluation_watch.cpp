@@ -56,7 +56,11 @@ TEST(EvaluationWatch, AStopEndsAWatchedPassWithoutAResult) {
   EvaluationWatch::Settings settings;
   settings.stop = &stop;
   const EvaluationWatch watch(std::move(settings));
-  EXPECT_THROW(evaluate_velocity(pass.model, pass.state, "cpu", 2), EvaluationStopped);
+  // The symmetric loop's threads wait on each other's blocks: a stop must end every thread's
+  // rounds, one thread, two (which share each round's blocks) or more.
+  for (int threads : {1, 2, 3})
+    EXPECT_THROW(evaluate_velocity(pass.model, pass.state, "cpu", threads), EvaluationStopped)
+        << threads;
   // The frames' pair statistics stop alike.
   const std::size_t m = 15000;  // 1.1e8 pairs i < j
   std::vector<double> x(m * 3);

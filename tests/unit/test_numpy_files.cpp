@@ -245,11 +245,11 @@ class NumpyFiles : public ::testing::Test {
 
 using Shape = std::vector<std::size_t>;
 
-TEST_F(NumpyFiles, ReadsFloat64In3DNamedAfterTheFile) {
+TEST_F(NumpyFiles, ReadsFloat64In3DWithAnEmptyName) {
   const auto values = iota_values(24, -3.0, 0.25);
   const auto array = read_one(npy_file(dict_of("<f8", "(2, 3, 4)"), raw_bytes(values)),
                               "states.npy");
-  EXPECT_EQ(array.name, "states");
+  EXPECT_EQ(array.name, "");  // a .npy file's one array has no name: the file is the array
   EXPECT_EQ(array.shape, (Shape{2, 3, 4}));
   EXPECT_EQ(array.values, values);
 }
@@ -468,6 +468,10 @@ TEST_F(NumpyFiles, RefusesDamagedOrUnacceptedArchives) {
   std::string message = refusal(zip_archive({{.name = "notes.txt", .content = npy}}), "other.npz");
   EXPECT_NE(message.find("other.npz: member 'notes.txt'"), std::string::npos) << message;
   EXPECT_NE(message.find("only .npy members"), std::string::npos) << message;
+
+  message = refusal(zip_archive({{.name = ".npy", .content = npy}}), "unnamed.npz");
+  EXPECT_NE(message.find("unnamed.npz: member '.npy': a member needs a name"), std::string::npos)
+      << message;
 
   message = refusal(zip_archive({}), "empty.npz");
   EXPECT_NE(message.find("empty.npz"), std::string::npos) << message;

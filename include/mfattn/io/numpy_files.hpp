@@ -31,8 +31,9 @@ struct NumpyFormatError : IoError {
 
 /// One array of a NumPy file.
 struct NumpyArray {
-  /// A .npz member's name without its ".npy" suffix (folders kept: "a/b.npy" is "a/b"); the
-  /// file's stem for a .npy file ("states" for "run/states.npy").
+  /// A .npz member's name without its ".npy" suffix (folders kept: "a/b.npy" is "a/b"), never
+  /// empty; empty for the array of a .npy file, so an empty name tells a caller that the file
+  /// was a lone array.
   std::string name;
   std::vector<std::size_t> shape;  ///< empty for a scalar (shape ())
   std::vector<double> values;      ///< C order (row-major), the product of shape of them

@@ -590,9 +590,14 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
   // sums rarely move between cores (taking the blocks in turn moved them every round, which
   // cost more than the blocks).
   const std::size_t team = omp_get_num_threads(), me = omp_get_thread_num();
+  // A stop (evaluation_watch.hpp) ends every thread's rounds: no thread waits for a block that
+  // a stopped thread will not run, and the pass throws before the sums are read.
   auto wait_for = [](const std::atomic<std::size_t>& counter, std::size_t round) {
     for (unsigned spins = 0; counter.load(std::memory_order_acquire) < round; ++spins)
-      if (spins > 4096) std::this_thread::yield();  // a busy machine: give the core away
+      if (spins > 4096) {
+        if (EvaluationPass::stopping()) return;
+        std::this_thread::yield();  // a busy machine: give the core away
+      }
   };
   auto run = [&](std::size_t round, std::size_t first, std::size_t blocks, std::size_t unit) {
     const std::size_t r = unit / blocks, k = first + unit % blocks, j = round - k;
@@ -600,19 +605,16 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
     std::atomic<std::size_t>& column_ready = progress_[(r * tiles_ + j) * 2 + round % 2];
     wait_for(row_ready, round);
     wait_for(column_ready, round);
-    // A stop skips the blocks left but still advances the counters, so no thread waits
-    // forever; the pass then throws (EvaluationPass::finish) before the sums are read.
-    if (!EvaluationPass::stopping()) {
-      run_block(prepared[r], replicas_[r], k, j);
-      EvaluationPass::done(double(kTile * kTile) * (j == k ? 1.0 : 2.0));
-    }
+    if (EvaluationPass::stopping()) return;
+    run_block(prepared[r], replicas_[r], k, j);
+    EvaluationPass::done(double(kTile * kTile) * (j == k ? 1.0 : 2.0));
     row_ready.store(round + 2, std::memory_order_release);
     // A diagonal block's two counters are one: a second store could undo the next block's
     // (which may start, and end, between the two stores: a window's skipped block takes
     // nanoseconds), and that tile would wait forever.
     if (j != k) column_ready.store(round + 2, std::memory_order_release);
   };
-  for (std::size_t round = 0; round + 1 < 2 * tiles_; ++round) {
+  for (std::size_t round = 0; round + 1 < 2 * tiles_ && !EvaluationPass::stopping(); ++round) {
     const std::size_t first = round >= tiles_ ? round - (tiles_ - 1) : 0, last = round / 2;
     const std::size_t blocks = last + 1 - first, units = replicas * blocks;
     if (team == 2) {
