@@ -1,11 +1,11 @@
 // EvaluationWatch and EvaluationPass (include/mfattn/core/evaluation_watch.hpp).
 #include "mfattn/core/evaluation_watch.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 namespace mfattn {
@@ -15,89 +15,112 @@ namespace {
 /// and a step of many of them (n = 64, millions of steps) should not pay for a clock.
 constexpr double kWatchedPairs = 1e8;
 
+/// The watch in force: its settings (shared with the passes it watches, which may outlive it
+/// by the time a pass takes to end) and the thread that installed it.
+struct InstalledWatch {
+  std::shared_ptr<const EvaluationWatch::Settings> settings;
+  std::thread::id owner;
+};
 std::mutex watch_mutex;
-EvaluationWatch::Settings* installed = nullptr;  // guarded by watch_mutex for install/remove
-std::atomic<EvaluationWatch::Settings*> active{nullptr};
-// The pass being watched: opened with depth 0 -> 1 (a pass inside a pass adds to its counts).
-std::atomic<int> depth{0};
-std::atomic<bool> watched{false};
-std::atomic<std::uint64_t> pairs_done{0};
-double pass_pairs = 0.0;
-std::chrono::steady_clock::time_point pass_start;
-double next_report = 0.0;  // seconds into the pass; read and written by the pass's thread only
+InstalledWatch installed;  // guarded by watch_mutex
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
+thread_local const EvaluationPass* current_pass = nullptr;
 
 }  // namespace
 
+/// What a watched pass keeps: the watch's settings, its thread, its clock and counts. Worker
+/// threads write skipped and pairs_done; only the opening thread reads the clock and reports.
+struct EvaluationPass::Watched {
+  std::shared_ptr<const EvaluationWatch::Settings> settings;
+  std::thread::id owner;
+  double pairs = 0.0;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  std::atomic<bool> skipped{false};
+  std::atomic<std::uint64_t> pairs_done{0};
+  double next_report = 0.0;  // seconds into the pass; the opening thread's only
+};
+
 EvaluationWatch::EvaluationWatch(Settings settings) {
   const std::lock_guard<std::mutex> lock(watch_mutex);
-  if (installed) return;  // another watch is in force: it stays the one
+  if (installed.settings) return;  // another watch is in force: it stays the one
   owner_ = true;
-  installed = new Settings(std::move(settings));
-  active.store(installed, std::memory_order_release);
+  installed.settings = std::make_shared<const Settings>(std::move(settings));
+  installed.owner = std::this_thread::get_id();
 }
 
 EvaluationWatch::~EvaluationWatch() {
   if (!owner_) return;
   const std::lock_guard<std::mutex> lock(watch_mutex);
-  active.store(nullptr, std::memory_order_release);
-  delete installed;
-  installed = nullptr;
+  installed = InstalledWatch{};
 }
 
-EvaluationPass::EvaluationPass(double pairs) noexcept {
-  if (depth.fetch_add(1, std::memory_order_acq_rel) != 0) return;
-  EvaluationWatch::Settings* watch = active.load(std::memory_order_acquire);
-  const bool watch_it = watch && pairs >= kWatchedPairs;
-  if (watch_it) {
-    pairs_done.store(0, std::memory_order_relaxed);
-    pass_pairs = pairs;
-    pass_start = std::chrono::steady_clock::now();
-    next_report = watch->first_report_after;
+EvaluationPass::EvaluationPass(double pairs) : previous_(current_pass) {
+  if (pairs >= kWatchedPairs) {
+    std::shared_ptr<const EvaluationWatch::Settings> settings;
+    {
+      const std::lock_guard<std::mutex> lock(watch_mutex);
+      if (installed.settings && installed.owner == std::this_thread::get_id())
+        settings = installed.settings;
+    }
+    if (settings) {
+      watched_ = std::make_unique<Watched>();
+      watched_->next_report = settings->first_report_after;
+      watched_->settings = std::move(settings);
+      watched_->owner = std::this_thread::get_id();
+      watched_->pairs = pairs;
+    }
   }
-  watched.store(watch_it, std::memory_order_release);
+  current_pass = this;  // last: a constructor that throws leaves the thread's pass as it was
 }
 
-EvaluationPass::~EvaluationPass() {
-  if (depth.fetch_sub(1, std::memory_order_acq_rel) == 1)
-    watched.store(false, std::memory_order_release);
+EvaluationPass::~EvaluationPass() { current_pass = previous_; }
+
+EvaluationPass::Scope::Scope(const EvaluationPass* pass) noexcept : previous_(current_pass) {
+  current_pass = pass;
 }
 
-bool EvaluationPass::stopping() noexcept {
-  if (!watched.load(std::memory_order_relaxed)) return false;
-  const EvaluationWatch::Settings* watch = active.load(std::memory_order_relaxed);
-  return watch && watch->stop && watch->stop->load(std::memory_order_relaxed) != 0;
+EvaluationPass::Scope::~Scope() { current_pass = previous_; }
+
+const EvaluationPass* EvaluationPass::current() noexcept { return current_pass; }
+
+bool EvaluationPass::stopping(const EvaluationPass* pass) noexcept {
+  if (!pass || !pass->watched_) return false;
+  Watched& watched = *pass->watched_;
+  // Latched: a pass that skipped a unit skips every later one, whatever the flag does next
+  // (the symmetric loop's threads must all leave their rounds).
+  if (watched.skipped.load(std::memory_order_relaxed)) return true;
+  const std::atomic<int>* stop = watched.settings->stop;
+  if (!stop || stop->load(std::memory_order_relaxed) == 0) return false;
+  watched.skipped.store(true, std::memory_order_relaxed);
+  return true;
 }
 
-void EvaluationPass::done(double pairs) noexcept {
-  if (!watched.load(std::memory_order_relaxed)) return;
-  const std::uint64_t total = pairs_done.fetch_add(static_cast<std::uint64_t>(pairs),
-                                                   std::memory_order_relaxed) +
+void EvaluationPass::done(const EvaluationPass* pass, double pairs) noexcept {
+  if (!pass || !pass->watched_) return;
+  Watched& watched = *pass->watched_;
+  const std::uint64_t total = watched.pairs_done.fetch_add(static_cast<std::uint64_t>(pairs),
+                                                           std::memory_order_relaxed) +
                               static_cast<std::uint64_t>(pairs);
-  // Only the pass's own thread reports: it is the command's thread, the one that writes its
-  // other lines, so no two lines interleave.
-  if (omp_get_thread_num() != 0) return;
-  const EvaluationWatch::Settings* watch = active.load(std::memory_order_acquire);
-  if (!watch || !watch->report) return;
-  const double seconds = seconds_since(pass_start);
-  if (seconds < next_report) return;
-  next_report = seconds + watch->report_every;
+  // Only the opening thread reports: it is the command's own thread, the one that writes its
+  // other lines, so no two lines interleave and the report touches nothing of another thread.
+  if (std::this_thread::get_id() != watched.owner || !watched.settings->report) return;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - watched.start).count();
+  if (seconds < watched.next_report) return;
+  watched.next_report = seconds + watched.settings->report_every;
   EvaluationReport report;
-  report.fraction = pass_pairs > 0.0 ? std::min(1.0, double(total) / pass_pairs) : 1.0;
+  report.fraction = watched.pairs > 0.0 ? std::min(1.0, double(total) / watched.pairs) : 1.0;
   report.seconds = seconds;
-  report.pairs = pass_pairs;
+  report.pairs = watched.pairs;
   try {
-    watch->report(report);
+    watched.settings->report(report);
   } catch (...) {
     // A report that cannot be written (a closed stderr) must not end the pass.
   }
 }
 
 void EvaluationPass::finish() const {
-  if (stopping()) throw EvaluationStopped();
+  if (watched_ && watched_->skipped.load(std::memory_order_relaxed)) throw EvaluationStopped();
 }
 
 }  // namespace mfattn

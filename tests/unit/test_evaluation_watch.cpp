@@ -2,6 +2,7 @@
 // changes no bit, reports its progress, and stops between its units once the stop flag is set;
 // small passes and passes without a watch never stop inside.
 #include <atomic>
+#include <thread>
 
 #include "test_support.hpp"
 #include "mfattn/core/evaluation_watch.hpp"
@@ -75,6 +76,36 @@ TEST(EvaluationWatch, AStopEndsAWatchedPassWithoutAResult) {
   // Without a stop the watched pass is whole.
   stop = 0;
   EXPECT_NO_THROW(evaluate_velocity(pass.model, pass.state, "cpu", 2));
+}
+
+// A watch is its thread's: a pass on another thread (the Python module's Model beside a run)
+// neither stops nor reports, and its result is whole, while the watch's thread is stopped.
+TEST(EvaluationWatch, APassOfAnotherThreadIsNeverWatched) {
+  const LargePass pass;
+  const std::vector<double> plain = evaluate_velocity(pass.model, pass.state, "cpu", 2);
+  std::atomic<int> stop{2};
+  int reports = 0;
+  EvaluationWatch::Settings settings;
+  settings.stop = &stop;
+  settings.first_report_after = 0.0;
+  settings.report = [&](const EvaluationReport&) { ++reports; };
+  const EvaluationWatch watch(std::move(settings));
+  std::vector<double> elsewhere;
+  bool stopped = false;
+  std::thread other([&] {
+    try {
+      elsewhere = evaluate_velocity(pass.model, pass.state, "cpu", 2);
+    } catch (const EvaluationStopped&) {
+      stopped = true;
+    }
+  });
+  other.join();
+  EXPECT_FALSE(stopped);
+  ASSERT_EQ(elsewhere.size(), plain.size());
+  EXPECT_TRUE(bitwise_equal(elsewhere.data(), plain.data(), plain.size()));
+  EXPECT_EQ(reports, 0);
+  // On the watch's own thread the same pass stops.
+  EXPECT_THROW(evaluate_velocity(pass.model, pass.state, "cpu", 2), EvaluationStopped);
 }
 
 TEST(EvaluationWatch, WithoutAWatchAPassNeverStops) {

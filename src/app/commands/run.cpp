@@ -386,11 +386,12 @@ int report_early_end(std::exception_ptr fault, const RunConfig& cfg, const RunHo
       log << "mfattn run: interrupted by " << name
           << " before frame 0 was complete; nothing was written\n";
     else
-      log << "mfattn run: interrupted by " << name << " at t = " << state.time << " (step "
-          << state.step
-          << (stop.inside_pass ? ", inside a pass over the pairs: the step in progress is dropped"
-                               : "")
-          << "); " << writer.current_path()
+      log << "mfattn run: interrupted by " << name
+          << (stop.inside_pass
+                  ? " inside a pass over the pairs (what it was computing, the next step or this "
+                    "time's frame, is dropped)"
+                  : "")
+          << " at t = " << state.time << " (step " << state.step << "); " << writer.current_path()
           << " keeps every frame up to t = " << file_frames.kept().time << " (" << continue_advice
           << ")\n";
     return stop.signal ? 128 + stop.signal : kExitStoppedByCaller;

@@ -124,15 +124,19 @@ class CpuBackend final : public detail::ReferenceDerivativesBackend {
     if (several_heads_) head_sums_.resize(operands_.slots(), model_.n, operands_.operand_dim());
     // Long passes report progress and stop between their units (evaluation_watch.hpp): a stop
     // is looked at before the loops' fall-back and failures, which skipped units would fake.
-    const EvaluationPass pass(double(operands_.slots()) * double(model_.n) * double(model_.n));
+    // Sinkhorn's scaling sweeps are not counted in units, so its passes are not watched.
+    const EvaluationPass pass(
+        sinkhorn_ ? 0.0 : double(operands_.slots()) * double(model_.n) * double(model_.n));
     on_team([&] {
+      const EvaluationPass::Scope in_pass(&pass);
       operands_.prepare(x);
       if (sinkhorn_) sinkhorn_->scale(biases_);
       if (symmetric_)
         symmetric_->evaluate(operands_.prepared(), replicas, x, out, fall_back, failure);
       else
         one_sided_.run(x, out, failure);
-      if (several_heads_) combine_heads(model_, operands_, head_sums_, sinkhorn_.get(), replicas, x, out);
+      if (several_heads_)
+        combine_heads(model_, operands_, head_sums_, sinkhorn_.get(), replicas, x, out);
     });
     pass.finish();
     last_loop_ = symmetric_ && !fall_back ? "symmetric" : sinkhorn_ ? "sinkhorn" : "one-sided";
@@ -140,7 +144,10 @@ class CpuBackend final : public detail::ReferenceDerivativesBackend {
       // The shared offset of the symmetric loop was too loose: every receiver again, each
       // with its own offset (and its exact maximum where that is loose too).
       failure.clear();
-      on_team([&] { one_sided_.run(x, out, failure); });
+      on_team([&] {
+        const EvaluationPass::Scope in_pass(&pass);
+        one_sided_.run(x, out, failure);
+      });
       pass.finish();
     }
     if (!failure.empty()) throw NumericalError(failure);

@@ -291,12 +291,14 @@ PairStatistics lane_pair_pass(const double* x, std::size_t d, const std::vector<
   // (thousands of replicas of n = 32 per frame) run without a parallel region: opening
   // one, even of one thread, cost more than their pairs.
   if (m > 512) {
+    // The caller's pass (cpu_pair_statistics), handed to the workers: a stop skips the rows
+    // left, and the pass throws after the loop.
+    const EvaluationPass* pass = EvaluationPass::current();
 #pragma omp parallel for reduction(min : lowest) reduction(+ : close) schedule(dynamic, 16)
     for (std::ptrdiff_t a = 0; a < count; ++a) {
-      // A stop skips the rows left (cpu_pair_statistics's pass throws after the loop).
-      if (EvaluationPass::stopping()) continue;
+      if (EvaluationPass::stopping(pass)) continue;
       row_pass(static_cast<std::size_t>(a), lowest, close);
-      EvaluationPass::done(double(m - 1 - std::size_t(a)));
+      EvaluationPass::done(pass, double(m - 1 - std::size_t(a)));
     }
   } else {
     for (std::size_t i = 0; i < m; ++i) row_pass(i, lowest, close);

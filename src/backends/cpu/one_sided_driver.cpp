@@ -31,10 +31,12 @@ void OneSidedDriver::run(const double* x, const FieldOutputs& out, std::string& 
   const std::size_t panel = kPanelBlocks * block_size(operands_.operand_dim());
   const std::size_t panels_per_replica = (n + panel - 1) / panel;
   const std::size_t total_panels = slots * panels_per_replica;
+  // The evaluation's pass (its team runs under EvaluationPass::Scope, cpu_backend.cpp).
+  const EvaluationPass* pass = EvaluationPass::current();
 #pragma omp for schedule(dynamic, 1)
   for (std::size_t unit = 0; unit < total_panels; ++unit) {
     // A stop skips the panels left; the pass throws before anything reads the outputs.
-    if (EvaluationPass::stopping()) continue;
+    if (EvaluationPass::stopping(pass)) continue;
     const std::size_t slot = unit / panels_per_replica, r = slot / heads_per_replica;
     const std::size_t first = (unit % panels_per_replica) * panel;
     try {
@@ -43,7 +45,7 @@ void OneSidedDriver::run(const double* x, const FieldOutputs& out, std::string& 
       run_panel(slot, r, first, receivers, x + replica_start, out.velocity + replica_start,
                 out.attention_output ? out.attention_output + replica_start : nullptr,
                 out.weight_sums ? out.weight_sums + r * n : nullptr);
-      EvaluationPass::done(double(receivers) * double(n));
+      EvaluationPass::done(pass, double(receivers) * double(n));
     } catch (const NumericalError& error) {
 #pragma omp critical(mfattn_cpu_failure)
       failure = error.what();

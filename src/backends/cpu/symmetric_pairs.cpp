@@ -592,10 +592,12 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
   const std::size_t team = omp_get_num_threads(), me = omp_get_thread_num();
   // A stop (evaluation_watch.hpp) ends every thread's rounds: no thread waits for a block that
   // a stopped thread will not run, and the pass throws before the sums are read.
-  auto wait_for = [](const std::atomic<std::size_t>& counter, std::size_t round) {
+  // The evaluation's pass (its team runs under EvaluationPass::Scope, cpu_backend.cpp).
+  const EvaluationPass* pass = EvaluationPass::current();
+  auto wait_for = [pass](const std::atomic<std::size_t>& counter, std::size_t round) {
     for (unsigned spins = 0; counter.load(std::memory_order_acquire) < round; ++spins)
       if (spins > 4096) {
-        if (EvaluationPass::stopping()) return;
+        if (EvaluationPass::stopping(pass)) return;
         std::this_thread::yield();  // a busy machine: give the core away
       }
   };
@@ -605,16 +607,16 @@ void SymmetricPairs::evaluate(const std::vector<Prepared>& prepared, std::size_t
     std::atomic<std::size_t>& column_ready = progress_[(r * tiles_ + j) * 2 + round % 2];
     wait_for(row_ready, round);
     wait_for(column_ready, round);
-    if (EvaluationPass::stopping()) return;
+    if (EvaluationPass::stopping(pass)) return;
     run_block(prepared[r], replicas_[r], k, j);
-    EvaluationPass::done(double(kTile * kTile) * (j == k ? 1.0 : 2.0));
+    EvaluationPass::done(pass, double(kTile * kTile) * (j == k ? 1.0 : 2.0));
     row_ready.store(round + 2, std::memory_order_release);
     // A diagonal block's two counters are one: a second store could undo the next block's
     // (which may start, and end, between the two stores: a window's skipped block takes
     // nanoseconds), and that tile would wait forever.
     if (j != k) column_ready.store(round + 2, std::memory_order_release);
   };
-  for (std::size_t round = 0; round + 1 < 2 * tiles_ && !EvaluationPass::stopping(); ++round) {
+  for (std::size_t round = 0; round + 1 < 2 * tiles_ && !EvaluationPass::stopping(pass); ++round) {
     const std::size_t first = round >= tiles_ ? round - (tiles_ - 1) : 0, last = round / 2;
     const std::size_t blocks = last + 1 - first, units = replicas * blocks;
     if (team == 2) {
