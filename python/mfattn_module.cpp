@@ -46,6 +46,8 @@
 #include "mfattn/backends/backend.hpp"
 #include "mfattn/app/config.hpp"
 #include "mfattn/app/import_states.hpp"
+#include "mfattn/app/stop_signals.hpp"
+#include "mfattn/core/evaluation_watch.hpp"
 #include "mfattn/analyze/analyze.hpp"
 #include "mfattn/app/meanfield.hpp"
 #include "mfattn/app/run.hpp"
@@ -1120,7 +1122,19 @@ std::string write_states(const std::string& path, const py::handle& states, cons
   s.deflate = deflate;
   try {
     py::gil_scoped_release released;
-    return write_imported_states(s, path, overwrite);
+    // Ctrl-C ends the import as it ends mfattn.run: while the observables are computed, before
+    // the file exists (KeyboardInterrupt); the interpreter's own handler is back afterwards.
+    const StopSignals stop_signals({.keep_ignored = false,
+                                    .restart_calls = true,
+                                    .wake_pipe = false,
+                                    .end_on_late_repeat = true});
+    EvaluationWatch::Settings watch_settings;
+    watch_settings.stop = &StopSignals::received_flag();
+    const EvaluationWatch watch(std::move(watch_settings));
+    return write_imported_states(s, path, overwrite, &StopSignals::received_flag());
+  } catch (const ImportInterrupted& stop) {
+    raise_python(PyExc_KeyboardInterrupt,
+                 "interrupted by " + signal_name(stop.signal) + "; nothing was written");
   } catch (const std::invalid_argument& error) {
     throw py::value_error(error.what());
   } catch (const OutputNotReplaceable& error) {

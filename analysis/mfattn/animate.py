@@ -234,8 +234,9 @@ class Animation:
         # The last finite tokens (those of a run's last frame unless the file went non-finite).
         final = self.x[with_finite[-1]][self.finite[with_finite[-1]]]
         self.fig = self.plt.figure(figsize=(6.4, 6.4), dpi=100)
-        title = f"{file_title(self.path)}: {str(tr.parameters.get('kernel', '?')).upper()}, n = {m}, d = {self.d}, " \
-                f"beta = {shown_number(tr.parameters.get('beta', float('nan')))}"
+        beta = "" if tr.parameters.get("command") == "import" else \
+            f", beta = {shown_number(tr.parameters.get('beta', float('nan')))}"
+        title = f"{file_title(self.path)}: {tr.model_words}, n = {m}, d = {self.d}{beta}"
         if getattr(self, "gauge", False):
             title += ", gauge coordinates G(xi_i) x_i"
         if self.d == 3:

@@ -203,15 +203,28 @@ class Trajectory(_Recorded):
         return str(self.parameters.get("state_space", "sphere"))
 
     @property
+    def model_words(self) -> str:
+        """How titles name what made the file: "SA, ... beta = 4" for a run (kernel, then beta
+        last), or, for states imported from another model, what they are."""
+        p = self.parameters
+        if p.get("command") == "import":
+            return "directions of imported states" if self.state_space == "euclidean" else "imported states"
+        return str(p.get("kernel", "?")).upper()
+
+    @property
     def directions(self) -> np.ndarray:
         """The positions as points of the sphere: the rows x / |x| of a "euclidean" file (a zero
         row stays zero), the positions themselves on the sphere."""
         x = np.asarray(self.positions)
         if self.state_space == "sphere":
             return x
-        norms = np.linalg.norm(x, axis=-1, keepdims=True)
+        # Scaled by each row's largest entry first, as the writer takes the norms: rows of
+        # 1e-200 or 1e200 keep their directions.
+        scale = np.abs(x).max(axis=-1, keepdims=True)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(norms > 0, x / np.where(norms > 0, norms, 1.0), 0.0)
+            scaled = np.where(scale > 0, x / np.where(scale > 0, scale, 1.0), 0.0)
+            norms = np.linalg.norm(scaled, axis=-1, keepdims=True)
+            return np.where(norms > 0, scaled / np.where(norms > 0, norms, 1.0), 0.0)
 
     def matrices(self, replica: int | None = None) -> dict[str, np.ndarray]:
         """The weights in force, read from the file: ``/particles/tokens[_r<r>]/attention_matrices``
@@ -906,8 +919,58 @@ def write(path: str | os.PathLike, positions: Any, times: Any = None, labels: di
     unknown = sorted(set(labels) - {"presence", "prompt_id", "sequence_position"})
     if unknown:
         raise ValueError(f"labels: {', '.join(unknown)} not accepted (presence, prompt_id, sequence_position)")
-    return _core.write_states(os.fspath(path), np.ascontiguousarray(x, dtype=np.float64),
+    path = os.fspath(path)
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise ValueError(f"{path}: the folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: a folder, not a file")
+    if os.path.lexists(path) and not overwrite:
+        raise FileExistsError(f"{path} exists (give overwrite=True to replace it)")
+    stored = {_parameter_name(name): _parameter_value(name, value) for name, value in dict(parameters or {}).items()}
+    return _core.write_states(path, np.ascontiguousarray(x, dtype=np.float64),
                               None if times is None else np.asarray(times, dtype=np.float64),
                               labels.get("presence"), labels.get("prompt_id"), labels.get("sequence_position"),
-                              dict(parameters or {}), source, float(cluster_delta), bool(deflate),
+                              stored, source, float(cluster_delta), bool(deflate),
                               bool(overwrite))
+
+
+def _parameter_name(name: Any) -> str:
+    """A /parameters attribute name: a non-empty str without NUL or '/', at most 255 characters."""
+    if not isinstance(name, str) or not name or "\0" in name or "/" in name or len(name) > 255:
+        raise ValueError(f"parameters: {name!r}: a name is a non-empty str of at most 255 characters, without "
+                         "'/' or NUL")
+    return name
+
+
+def _parameter_value(name: str, value: Any) -> Any:
+    """The value stored for a parameter: bool, int (64-bit), float, str (no NUL) or a list of
+    floats (a sequence of numbers); numpy scalars and 0-d arrays as their Python values."""
+    accepted = "an int, a float, a bool, a str or a sequence of numbers"
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    elif isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not -2**63 <= value < 2**63:
+            raise ValueError(f"parameters: '{name}': {value} does not fit a 64-bit integer")
+        return value
+    if isinstance(value, float):
+        return value
+    if isinstance(value, str):
+        if "\0" in value:
+            raise ValueError(f"parameters: '{name}': a str with a NUL character cannot be stored")
+        return value
+    if value is None or isinstance(value, (bytes, dict, set)):
+        raise ValueError(f"parameters: '{name}': {type(value).__name__} is not stored ({accepted})")
+    try:
+        numbers = np.asarray(value)
+    except Exception as error:  # noqa: BLE001 - any failure is the same refusal
+        raise ValueError(f"parameters: '{name}': not stored ({accepted})") from error
+    if numbers.ndim != 1 or not (np.issubdtype(numbers.dtype, np.number) or numbers.dtype == bool) or \
+            np.iscomplexobj(numbers):
+        raise ValueError(f"parameters: '{name}': not stored ({accepted}; a sequence is one axis of real numbers)")
+    return [float(v) for v in numbers]
+

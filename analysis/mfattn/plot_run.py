@@ -335,16 +335,18 @@ def density_figure(run: Run, out_dir: Path) -> Path:
 def energy_clusters_axes(ax_energy, ax_clusters, run: Run, **style) -> None:
     """Draws the energy (line) and the cluster count (steps) of ``run`` against log time on
     two axes that share x; ``style`` (color, label, alpha, ...) goes to both lines."""
+    # Imported states' frames are layers (docs/import.md): a linear axis, layer 0 included.
+    linear = run.param("command") == "import"
     series = observable(run, "energy")
     if series is not None and np.isfinite(series[1]).any():
         t, e = series
-        keep = time_axis(ax_energy, t)
+        keep = time_axis(ax_energy, t, linear)
         ax_energy.plot(t[keep], e[keep], **style)
     else:
         ax_energy.text(0.5, 0.5, "no energy (undefined for beta = 0, or not in the file)",
                        transform=ax_energy.transAxes, ha="center", va="center", fontsize=8)
     t, k = observable(run, "n_clusters")
-    keep = time_axis(ax_clusters, t)
+    keep = time_axis(ax_clusters, t, linear)
     ax_clusters.plot(t[keep], k[keep], drawstyle="steps-post", **style)
 
 

@@ -139,6 +139,9 @@ class Run:
     def title(self) -> str:
         """One line naming the run: kernel, n, d, beta, t and the non-default extras."""
         p = self.parameters
+        if p.get("command") == "import":  # another model's states: no kernel or beta (docs/import.md)
+            space = "directions of imported states" if p.get("state_space") == "euclidean" else "imported states"
+            return f"{self.stem}: {space} n={int(self.active.sum())} d={self.d} t={self.t_final:g}"
         parts = [str(p.get("kernel", "?")).upper(), f"n={int(self.active.sum())}", f"d={self.d}",
                  f"beta={p.get('beta', float('nan')):g}", f"t={self.t_final:g}"]
         for key, plain in (("geometry", "none"), ("aux-factor", "none"), ("values", "transported"),
@@ -390,11 +393,12 @@ def save_figure(fig, path: str | os.PathLike) -> Path:
     return path
 
 
-def time_axis(ax, times: np.ndarray) -> np.ndarray:
-    """Log-scales ``ax``'s x axis when some time is positive and returns the mask of the
-    frames that can be drawn on it (t > 0; every frame when the axis stays linear)."""
+def time_axis(ax, times: np.ndarray, linear: bool = False) -> np.ndarray:
+    """Log-scales ``ax``'s x axis when some time is positive (unless ``linear``: the layers of
+    imported states) and returns the mask of the frames that can be drawn on it (t > 0; every
+    frame when the axis stays linear)."""
     positive = np.asarray(times) > 0
-    if positive.any():
+    if positive.any() and not linear:
         ax.set_xscale("log")
         return positive
     return np.ones(len(times), dtype=bool)

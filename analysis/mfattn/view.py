@@ -164,8 +164,9 @@ def page_data(path: str | os.PathLike, replica: int = 0, max_mb: float = 6.0, ga
             integer = bool(len(values)) and bool(np.all(values == np.round(values)))
             observables[name] = {"t": times[finite].tolist(), "v": values.tolist(), "integer": integer}
     p = loaded.parameters
-    title = (f"{file_title(path)}: {str(p.get('kernel', '?')).upper()}, n = {m}, d = {d}, "
-             f"beta = {shown_number(p.get('beta', float('nan')))}" + (f", replica {replica}" if loaded.replicas > 1 else "")
+    beta = "" if p.get("command") == "import" else f", beta = {shown_number(p.get('beta', float('nan')))}"
+    title = (f"{file_title(path)}: {loaded.model_words}, n = {m}, d = {d}{beta}"
+             + (f", replica {replica}" if loaded.replicas > 1 else "")
              + (", gauge coordinates G(xi_i) x_i" if gauge else ""))
     return {"title": title, "d": d, "dims": dims, "tokens": m, "frames": len(kept), "file_frames": frames_total,
             "frame_indices": kept.tolist(), "times": np.asarray(loaded.position_times)[kept].tolist(),

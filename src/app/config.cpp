@@ -518,8 +518,18 @@ std::vector<std::string> parse_command_options(const std::vector<std::string>& a
   for (const po::option& option : parsed.options)
     if (option.string_key == kOperands && !option.original_tokens.empty() && option.original_tokens.front().starts_with("--"))
       throw UsageError(option_error_text(po::unknown_option(option.original_tokens.front()), &table));
-  po::store(parsed, vm);
-  po::notify(vm);
+  // A value of the wrong type (--cluster-delta abc) is the caller's mistake, named with what
+  // the option accepts.
+  try {
+    po::store(parsed, vm);
+    po::notify(vm);
+  } catch (const po::validation_error& e) {
+    const po::option_description* option = find_option(table, BoostErrorFields::name(e));
+    throw UsageError(option_error_text(e, &table) +
+                     (option ? " (expected " + option->description() + ")" : ""));
+  } catch (const po::error& e) {
+    throw UsageError(option_error_text(e, &table));
+  }
   return vm.count(kOperands) ? vm[kOperands].as<std::vector<std::string>>() : std::vector<std::string>{};
 }
 

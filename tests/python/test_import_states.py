@@ -7,6 +7,7 @@ encoder, layer by layer."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,8 +28,9 @@ def directions_observables(states: np.ndarray, presence: np.ndarray, delta: floa
     moving = presence > 0
     out = {name: [] for name in ("n_clusters", "min_inner", "marginal_spread", "norm_mean")}
     for x in states:
-        norms = np.linalg.norm(x[moving], axis=1)
-        u = x[moving] / norms[:, None]
+        scale = np.abs(x[moving]).max(axis=1, keepdims=True)  # rows of 1e-200 and 1e200 too
+        norms = (scale * np.linalg.norm(x[moving] / scale, axis=1, keepdims=True))[:, 0]
+        u = (x[moving] / scale) / np.linalg.norm(x[moving] / scale, axis=1, keepdims=True)
         gram = u @ u.T
         m = len(u)
         off = gram[~np.eye(m, dtype=bool)]
@@ -251,3 +253,61 @@ def test_refusals(mfattn, mfattn_binary, tmp_path):
         mfattn.io.write(kept, x)
     assert not (tmp_path / "p.h5").exists() and kept.read_bytes() == b"mine"
     assert json.loads(json.dumps(mfattn.io.write(tmp_path / "p.h5", x, overwrite=True))) == "euclidean"
+
+
+def test_rows_of_any_scale_and_parameters_as_given(mfattn, tmp_path):
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(2, 6, 3))
+    x[0, :3] *= 1e-200
+    x[1, 3:] *= 1e200
+    mfattn.io.write(tmp_path / "scales.h5", x, parameters={"flag": np.bool_(True), "rate": np.float32(0.5),
+                                                           "count": np.array(7), "name": "ünïcode",
+                                                           "widths": (1, 2.5)})
+    tr = mfattn.load(tmp_path / "scales.h5")
+    assert np.array_equal(bits(tr.positions), bits(x))
+    scale = np.abs(x).max(axis=-1, keepdims=True)
+    assert np.allclose(tr.directions, (x / scale) / np.linalg.norm(x / scale, axis=-1, keepdims=True), atol=1e-15)
+    expected = directions_observables(x, np.ones(6), 1e-4)
+    for name, values in expected.items():
+        assert np.allclose(tr.observables[name], values, rtol=1e-14, atol=1e-12), name
+    p = tr.parameters
+    assert p["flag"] == 1 and p["rate"] == 0.5 and p["count"] == 7 and p["name"] == "ünïcode"
+    assert p["widths"] == [1.0, 2.5]
+    for bad, match in ((None, "NoneType is not stored"), ("a\0b", "NUL"), (2**70, "64-bit"),
+                       ({"a": 1}, "dict is not stored"), ([[1, 2]], "one axis")):
+        with pytest.raises(ValueError, match=match):
+            mfattn.io.write(tmp_path / "bad.h5", x, parameters={"p": bad})
+    with pytest.raises(ValueError, match="at most 255 characters"):
+        mfattn.io.write(tmp_path / "bad.h5", x, parameters={"p" * 300: 1})
+    with pytest.raises(ValueError, match="does not exist"):
+        mfattn.io.write(tmp_path / "missing" / "bad.h5", x)
+    assert not (tmp_path / "bad.h5").exists()
+
+
+def test_option_values_and_inputs_are_named(mfattn_binary, tmp_path):
+    np.save(tmp_path / "good.npy", np.random.default_rng(2).normal(size=(3, 5, 3)))
+    assert "--cluster-delta abc" in refused(mfattn_binary, tmp_path, tmp_path / "good.npy", "--cluster-delta", "abc")
+    line = refused(mfattn_binary, tmp_path, tmp_path / "missing.npy")
+    assert f"cannot read {tmp_path / 'missing.npy'}" in line
+    assert f"cannot read {tmp_path}" in refused(mfattn_binary, tmp_path, tmp_path)
+
+
+def test_a_signal_while_the_observables_are_computed_leaves_nothing(mfattn_binary, tmp_path):
+    # 4 frames of 4 x 10^4 tokens: 3.2 x 10^9 pairs of observables, seconds of work.
+    states = np.random.default_rng(3).normal(size=(4, 40000, 3)).astype(np.float32)
+    np.save(tmp_path / "large.npy", states)
+    out = tmp_path / "large.h5"
+    run = subprocess.Popen([str(mfattn_binary), "import", str(tmp_path / "large.npy"), "--out", str(out)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = run.stderr.readline()
+        assert "computing the observables of 4 frames of 40000 tokens" in first, first
+        run.send_signal(signal.SIGINT)
+        stdout, rest = run.communicate(timeout=120)
+    finally:
+        run.kill()
+    if run.returncode == 0:
+        pytest.skip("the observables were done before the signal came")
+    assert run.returncode == 128 + signal.SIGINT, rest
+    assert "mfattn import: interrupted by SIGINT; nothing was written" in rest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["large.npy"]

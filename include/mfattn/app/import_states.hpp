@@ -17,9 +17,11 @@
 ///   norm_mean        (1/m) sum_i |x_i| (1 on the sphere)
 /// No model made these states: the file has no kernel, beta, integrator, energy or seed, and
 /// says so (/parameters/command = "import"); the parameters a caller gives are stored as given.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <iosfwd>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -47,12 +49,22 @@ struct ImportedStates {
   bool deflate = false;
 };
 
+/// An import stopped by a signal (`stop` became non-zero) before its file was created.
+struct ImportInterrupted : std::runtime_error {
+  explicit ImportInterrupted(int signal)
+      : std::runtime_error("interrupted before the file was written"), signal(signal) {}
+  int signal;
+};
+
 /// Checks the states (std::invalid_argument naming the frame, replica and token of the first
-/// bad row, or the bad time, label or parameter), computes the observables and writes the file
+/// bad row, or the bad time, label or parameter), computes the observables, then writes the file
 /// at `path` whole or not at all (published under its name once complete; an existing file is
-/// replaced only with overwrite). Returns "sphere" or "euclidean".
+/// replaced only with overwrite). `stop` (may be null), once non-zero, ends the import with
+/// ImportInterrupted while the observables are computed (between frames, and inside a frame's
+/// pair pass when the caller's thread holds an EvaluationWatch), before the output exists; a
+/// stop during the write that follows lets it finish. Returns "sphere" or "euclidean".
 std::string write_imported_states(const ImportedStates& states, const std::string& path,
-                                  bool overwrite);
+                                  bool overwrite, const std::atomic<int>* stop = nullptr);
 
 /// The usage text of `mfattn import --help`.
 std::string import_usage();

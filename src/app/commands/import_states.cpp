@@ -13,6 +13,8 @@
 
 #include "mfattn/app/config.hpp"
 #include "mfattn/app/run.hpp"
+#include "mfattn/app/stop_signals.hpp"
+#include "mfattn/core/evaluation_watch.hpp"
 #include "mfattn/core/input_file.hpp"
 #include "mfattn/core/number_text.hpp"
 #include "mfattn/core/version.hpp"
@@ -41,29 +43,30 @@ std::string token_place(const ImportedStates& s, std::size_t f, std::size_t r, s
          ", token " + std::to_string(i);
 }
 
-/// The norms of every row (the checks: finite, not zero).
+/// The norms of every row (the checks: finite, not zero), scaled by the row's largest entry so
+/// that rows of 1e-200 or 1e200 have theirs.
 std::vector<double> row_norms(const ImportedStates& s) {
   const std::size_t rows = s.frames * s.replicas * s.n;
   std::vector<double> norms(rows);
   for (std::size_t row = 0; row < rows; ++row) {
     const double* x = s.states.data() + row * s.d;
-    double norm2 = 0.0;
-    bool finite = true;
-    for (std::size_t c = 0; c < s.d; ++c) {
-      finite = finite && std::isfinite(x[c]);
-      norm2 += x[c] * x[c];
-    }
     const std::size_t i = row % s.n, r = (row / s.n) % s.replicas, f = row / (s.n * s.replicas);
-    if (!finite)
-      throw std::invalid_argument(token_place(s, f, r, i) +
-                                  ": the state holds a value that is not finite");
-    if (!(norm2 > 0.0))
+    double largest = 0.0;
+    for (std::size_t c = 0; c < s.d; ++c) {
+      if (!std::isfinite(x[c]))
+        throw std::invalid_argument(token_place(s, f, r, i) +
+                                    ": the state holds a value that is not finite");
+      largest = std::max(largest, std::fabs(x[c]));
+    }
+    if (largest == 0.0)
       throw std::invalid_argument(token_place(s, f, r, i) +
                                   ": the state is zero and has no direction");
-    norms[row] = std::sqrt(norm2);
+    double scaled2 = 0.0;
+    for (std::size_t c = 0; c < s.d; ++c) scaled2 += (x[c] / largest) * (x[c] / largest);
+    norms[row] = largest * std::sqrt(scaled2);
     if (!std::isfinite(norms[row]))
       throw std::invalid_argument(token_place(s, f, r, i) +
-                                  ": the state's norm overflows a double");
+                                  ": the state's norm exceeds the largest double");
   }
   return norms;
 }
@@ -126,8 +129,8 @@ void check_shape_and_labels(const ImportedStates& s) {
 
 }  // namespace
 
-std::string write_imported_states(const ImportedStates& s, const std::string& path,
-                                  bool overwrite) {
+std::string write_imported_states(const ImportedStates& s, const std::string& path, bool overwrite,
+                                  const std::atomic<int>* stop) {
   check_shape_and_labels(s);
   const std::vector<double> norms = row_norms(s);
   const bool on_sphere = std::all_of(norms.begin(), norms.end(), [](double norm) {
@@ -141,6 +144,45 @@ std::string write_imported_states(const ImportedStates& s, const std::string& pa
   if (moving.empty())
     throw std::invalid_argument("presence: every token has presence 0 (nothing to analyse)");
 
+  // The observables first (the long part: O(n^2 d) a frame), before the output exists, so a
+  // stop here leaves nothing behind; values[o][f R + r].
+  constexpr std::size_t kObservables = 4;
+  std::vector<std::vector<double>> values(kObservables, std::vector<double>(s.frames * s.replicas));
+  ObservableSettings settings;
+  settings.cluster_delta = s.cluster_delta;
+  std::vector<double> directions(s.n * s.d), rows;
+  auto check_stop = [&] {
+    if (stop && stop->load() != 0) throw ImportInterrupted(stop->load());
+  };
+  for (std::size_t f = 0; f < s.frames; ++f)
+    for (std::size_t r = 0; r < s.replicas; ++r) {
+      check_stop();
+      const std::size_t first_row = (f * s.replicas + r) * s.n;
+      for (std::size_t i = 0; i < s.n; ++i)
+        for (std::size_t c = 0; c < s.d; ++c)
+          directions[i * s.d + c] = s.states[(first_row + i) * s.d + c] / norms[first_row + i];
+      rows.clear();
+      double norm_sum = 0.0;
+      for (std::size_t i : moving) {
+        rows.insert(rows.end(), directions.begin() + std::ptrdiff_t(i * s.d),
+                    directions.begin() + std::ptrdiff_t((i + 1) * s.d));
+        norm_sum += norms[first_row + i];
+      }
+      PairStatistics stats;
+      try {
+        stats = pair_statistics(directions.data(), s.d, moving, settings);
+      } catch (const EvaluationStopped&) {
+        throw ImportInterrupted(stop ? stop->load() : 0);
+      }
+      const std::size_t at = f * s.replicas + r;
+      values[0][at] = double(stats.clusters);
+      values[1][at] = stats.min_inner;
+      values[2][at] = 1.0 - second_moment_eigenvalues(rows.data(), moving.size(), s.d).front();
+      values[3][at] = norm_sum / double(moving.size());
+    }
+  check_stop();
+
+  // Then the file, in one go: a signal from here on lets the write finish (seconds at most).
   WriterSetup setup;
   setup.path = path;
   setup.overwrite = overwrite;
@@ -177,37 +219,14 @@ std::string write_imported_states(const ImportedStates& s, const std::string& pa
   }
   writer->write_labels(labels);
 
-  ObservableSettings settings;
-  settings.cluster_delta = s.cluster_delta;
   const std::size_t frame_numbers = s.replicas * s.n * s.d;
-  std::vector<double> directions(s.n * s.d);
+  std::vector<std::vector<double>> frame(kObservables, std::vector<double>(s.replicas));
   for (std::size_t f = 0; f < s.frames; ++f) {
-    std::vector<std::vector<double>> values(setup.observables.size(),
-                                            std::vector<double>(s.replicas));
-    for (std::size_t r = 0; r < s.replicas; ++r) {
-      const std::size_t first_row = (f * s.replicas + r) * s.n;
-      double norm_sum = 0.0;
-      for (std::size_t i = 0; i < s.n; ++i) {
-        const double norm = norms[first_row + i];
-        for (std::size_t c = 0; c < s.d; ++c)
-          directions[i * s.d + c] = s.states[(first_row + i) * s.d + c] / norm;
-      }
-      std::vector<double> rows;
-      rows.reserve(moving.size() * s.d);
-      for (std::size_t i : moving) {
-        rows.insert(rows.end(), directions.begin() + std::ptrdiff_t(i * s.d),
-                    directions.begin() + std::ptrdiff_t((i + 1) * s.d));
-        norm_sum += norms[first_row + i];
-      }
-      const PairStatistics stats = pair_statistics(directions.data(), s.d, moving, settings);
-      values[0][r] = double(stats.clusters);
-      values[1][r] = stats.min_inner;
-      values[2][r] = 1.0 - second_moment_eigenvalues(rows.data(), moving.size(), s.d).front();
-      values[3][r] = norm_sum / double(moving.size());
-    }
+    for (std::size_t o = 0; o < kObservables; ++o)
+      std::copy_n(values[o].begin() + std::ptrdiff_t(f * s.replicas), s.replicas, frame[o].begin());
     const double time = s.times.empty() ? double(f) : s.times[f];
     writer->append_frame(static_cast<std::int64_t>(f), time, s.states.data() + f * frame_numbers,
-                         values);
+                         frame);
   }
   writer->write_run_info("complete", 0.0, static_cast<std::int64_t>(s.frames - 1), 0);
   writer->flush();
@@ -248,6 +267,10 @@ NumpyArray& states_member(std::vector<NumpyArray>& arrays, const std::string& fi
   for (const NumpyArray& array : arrays) names += (names.empty() ? "" : ", ") + array.name;
   if (arrays.size() == 1 && asked.empty()) return arrays.front();
   if (!asked.empty()) {
+    if (arrays.size() == 1 && arrays.front().name.empty())
+      throw UsageError("--array " + asked + ": " + file +
+                       " is a .npy file of one array; --array names a member of "
+                       "an .npz archive");
     if (NumpyArray* found = member(arrays, asked)) return *found;
     throw UsageError("--array " + asked + ": " + file + " has no such array (it holds " + names +
                      ")");
@@ -280,7 +303,7 @@ std::vector<double> label_member(const std::vector<NumpyArray>& arrays, const ch
 
 }  // namespace
 
-int import_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& /*err*/) {
+int import_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   namespace po = boost::program_options;
   std::string out_path, times_text, array_name;
   double cluster_delta = 1e-4;
@@ -312,8 +335,12 @@ int import_command(const std::vector<std::string>& args, std::ostream& out, std:
   if (!folder.empty() && !fs::is_directory(folder, ignored))
     throw UsageError("--out " + out_path + ": the folder " + folder.string() + " does not exist");
 
-  check_input_file(file);
   std::vector<NumpyArray> arrays;
+  try {
+    check_input_file(file);
+  } catch (const std::exception& error) {
+    throw UsageError("cannot read " + file + ": " + error.what());
+  }
   try {
     arrays = read_numpy_file(file);
   } catch (const NumpyFormatError& error) {
@@ -362,11 +389,33 @@ int import_command(const std::vector<std::string>& args, std::ostream& out, std:
   std::string command_line = "mfattn import";
   for (const std::string& word : args) command_line += " " + word;
   imported.parameters.push_back({"import_command_line", command_line});
+  // SIGINT, SIGTERM and SIGHUP end the import while its observables are computed, before
+  // the output exists (also inside a frame's pair pass: the watch); nothing is left behind.
+  const StopSignals stop_signals({.keep_ignored = false,
+                                  .restart_calls = true,
+                                  .wake_pipe = false,
+                                  .end_on_late_repeat = true});
+  EvaluationWatch::Settings watch_settings;
+  watch_settings.stop = &StopSignals::received_flag();
+  const EvaluationWatch watch(std::move(watch_settings));
+  // A long computation says so first (10^8 pairs or more: a second and up).
+  const double pairs = double(imported.frames * imported.replicas) * double(imported.n) *
+                       double(imported.n) / 2.0;
+  if (!quiet && pairs >= 1e8)
+    err << "mfattn import: computing the observables of " << imported.frames * imported.replicas
+        << " frames of " << imported.n
+        << " tokens (Ctrl-C stops it; nothing is written before they are done)\n"
+        << std::flush;
   std::string state_space;
   try {
-    state_space = write_imported_states(imported, out_path, overwrite);
+    state_space = write_imported_states(imported, out_path, overwrite,
+                                        &StopSignals::received_flag());
   } catch (const std::invalid_argument& error) {
     throw UsageError(file + ": " + error.what());
+  } catch (const ImportInterrupted& stop) {
+    err << "mfattn import: interrupted by " << signal_name(stop.signal)
+        << "; nothing was written\n";
+    return 128 + stop.signal;
   }
   if (!quiet) {
     out << "mfattn import: " << out_path << ": " << imported.frames << " frames, " << imported.n
