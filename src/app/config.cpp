@@ -627,6 +627,9 @@ po::options_description run_options(RunConfig& c) {
       "worker threads in [0, 4096] (0 = auto: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, all cores)")(
       "backend", bound(c.backend), backend_help().c_str())("precision", bound(c.precision),
                                                            kPrecisionOption.help().c_str())(
+      "evaluation", bound(c.evaluation), kPairEvaluationOption.help().c_str())(
+      "evaluation-tol", bound(c.evaluation_tol),
+      "--evaluation fourier: every weight within this fraction of the kernel's largest value, in [1e-16, 1e-3]")(
       "out", bound(c.out, "required"), "output H5MD file (its folder must exist)")(
       "overwrite", po::bool_switch(&c.overwrite), "replace an existing output file")(
       "resume", po::bool_switch(&c.resume),

@@ -588,6 +588,17 @@ void validate_execution(const RunConfig& c, RunChoices& choices) {
   choices.backend = find_backend(c.backend);
   if (!choices.backend) reject("backend", c.backend, "accepted: " + backend_names_text(", "));
   choices.precision = require_choice(kPrecisionOption, c.precision);
+  choices.evaluation = require_choice(kPairEvaluationOption, c.evaluation);
+  require_finite("evaluation-tol", c.evaluation_tol);
+  if (!(c.evaluation_tol >= 1e-16 && c.evaluation_tol <= 1e-3))
+    reject("evaluation-tol", format_number(c.evaluation_tol), "must lie in [1e-16, 1e-3]");
+  if (choices.evaluation == PairEvaluation::Fourier && !choices.backend->takes_series) {
+    std::string takes;
+    for (const BackendName& entry : kBackendNames)
+      if (entry.takes_series) takes += (takes.empty() ? "" : ", ") + std::string(entry.name);
+    reject("evaluation", c.evaluation,
+           "the series runs on the host: give --backend " + takes + " (got " + c.backend + ")");
+  }
   if (choices.precision == Precision::Float && !choices.backend->takes_float)
     reject("precision", c.precision,
            "needs --backend cuda (the " + c.backend + " backend computes in double; accepted here: double)");

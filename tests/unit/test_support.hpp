@@ -17,6 +17,7 @@
 #include "mfattn/app/config.hpp"
 #include "mfattn/integrators/integrator.hpp"
 #include "mfattn/app/run.hpp"
+#include "mfattn/app/run_resources.hpp"
 
 namespace mfattn::testing {
 
@@ -71,7 +72,7 @@ inline Trajectory simulate(const RunConfig& cfg, int threads = 1, const std::str
   Trajectory t;
   t.model = build_model(cfg);
   State state = build_initial_state(cfg, t.model);
-  auto backend = make_backend(backend_name, t.model, BackendOptions{threads});
+  auto backend = make_backend(backend_name, t.model, backend_options(cfg, threads));
   auto integrator = make_integrator(integrator_settings(cfg));
   Dynamics dynamics(t.model, *backend, state.replicas);
   double h = cfg.dt;

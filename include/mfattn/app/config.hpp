@@ -109,6 +109,8 @@ struct RunConfig {
   std::int64_t threads = 0;  ///< 0: OMP_NUM_THREADS, else SLURM_CPUS_PER_TASK, else all cores
   std::string backend = "cpu";
   std::string precision = "double";  ///< kPrecisionOption: the pair loops' arithmetic
+  std::string evaluation = "direct";  ///< kPairEvaluationOption: pair loop or Fourier series
+  double evaluation_tol = 1e-13;      ///< the series' truncation (kernels/circle_series.hpp)
   std::string out;
   bool overwrite = false;
   bool resume = false;

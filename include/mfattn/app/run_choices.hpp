@@ -237,6 +237,16 @@ inline constexpr Choice<Precision> kPrecisionChoices[] = {
 inline constexpr ChoiceOption<Precision> kPrecisionOption{.option = "precision",
                                                           .choices = kPrecisionChoices};
 
+inline constexpr Choice<PairEvaluation> kPairEvaluationChoices[] = {
+    {"direct", PairEvaluation::Direct, "the backend's pair loop, n^2 pairs"},
+    {"quadrature", PairEvaluation::Direct, "the same as direct (mfattn meanfield's name)"},
+    {"fourier", PairEvaluation::Fourier,
+     "the circle's Fourier series, O(n P): d = 2, SA or USA, one head, no mask or factor"},
+    {"auto", PairEvaluation::Automatic, "fourier where it applies and n >= 2048, else direct"},
+};
+inline constexpr ChoiceOption<PairEvaluation> kPairEvaluationOption{
+    .option = "evaluation", .choices = kPairEvaluationChoices};
+
 /// What validation made of every choice option (validate(), config.hpp): the value each name
 /// selects, looked up once. An option that also takes a file holds nothing (nullopt) when it
 /// names one. The defaults are the options' defaults.
@@ -256,6 +266,7 @@ struct RunChoices {
   InitKind init = InitKind::Uniform;
   PositionFrames save_positions = PositionFrames::All;
   Precision precision = Precision::Double;
+  PairEvaluation evaluation = PairEvaluation::Direct;
   Activation mlp_activation = Activation::Relu;
   Placement placement = Placement::Post;
   CommonNoiseKind common_noise_kind = CommonNoiseKind::Symmetric;

@@ -25,7 +25,7 @@ double available_memory_bytes(std::string* source = nullptr);
 
 /// The backend options of a validated configuration: its precision and `threads` threads.
 inline BackendOptions backend_options(const RunConfig& cfg, int threads) {
-  return BackendOptions{threads, cfg.choices.precision};
+  return BackendOptions{threads, cfg.choices.precision, cfg.choices.evaluation, cfg.evaluation_tol};
 }
 
 /// The thread count: --threads, else OMP_NUM_THREADS, else SLURM_CPUS_PER_TASK, else cores;

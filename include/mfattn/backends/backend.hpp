@@ -140,10 +140,27 @@ std::string described_loop(const Backend& backend);
 enum class Precision { Double, Float };
 
 /// How a backend is asked to run. threads = 0 means the OpenMP default.
+/// How a backend's pair sums are taken (--evaluation): its pair loop, the circle's Fourier
+/// series (kernels/circle_series.hpp; the models fourier_evaluation_refusal accepts), or the
+/// series where it applies and pays (n >= kFourierFromTokens), else the loop.
+enum class PairEvaluation { Direct, Fourier, Automatic };
+/// From this many tokens `--evaluation auto` takes the series where it applies: measured
+/// crossover of the cpu pair loop and the series at beta = 4 (docs/performance.md).
+inline constexpr std::size_t kFourierFromTokens = 2048;
+
 struct BackendOptions {
   int threads = 0;
   Precision precision = Precision::Double;
+  PairEvaluation evaluation = PairEvaluation::Direct;
+  double evaluation_tol = 1e-13;  ///< the series' truncation (kernels/circle_series.hpp)
 };
+
+/// Why the circle's Fourier series cannot evaluate `model` ("" when it can): d = 2, SA or USA,
+/// the post placement, the one head of Q, K, V, no mask, factor or per-prompt rule, count
+/// denominators, and with a gauge Q and K both conformal or both anti-conformal.
+std::string fourier_evaluation_refusal(const Model& model);
+/// The series as a backend (BackendUnavailable, with the refusal, for a model it cannot take).
+std::unique_ptr<Backend> make_fourier_backend(const Model& model, const BackendOptions& options);
 
 /// One backend of the registry: its name (the value of --backend), a line for --help, and
 /// what the options' rules must know of it: what it takes of a model (capabilities.hpp; the
@@ -159,6 +176,9 @@ struct BackendName {
   /// takes (docs/model.md section 2e).
   bool has_derivatives = false;
   Capabilities differentiates{};
+  /// --evaluation fourier (or auto) may replace its pair loop by the circle's series, which
+  /// runs on the host.
+  bool takes_series = false;
 };
 
 
@@ -182,7 +202,8 @@ inline constexpr BackendName kBackendNames[] = {
      {},
      true,
      true,
-     {.receivers_at_unit_speed = false, .receiver_scales = false}},
+     {.receivers_at_unit_speed = false, .receiver_scales = false},
+     true},
     {"reference",
      "plain loops in the order of the formulas (the test oracle)",
      false,

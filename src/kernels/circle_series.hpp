@@ -1,0 +1,82 @@
+#pragma once
+// The attention kernel on the circle as a Fourier series (docs/model.md, "Fast summation on the
+// circle"): the formula of `--evaluation fourier` at d = 2, beside the pair terms it sums.
+//
+// A token x = (cos t, sin t) is z = e^{it}; a real 2 x 2 matrix M acts on z as
+//   M z = mu z + nu conj(z),   mu = ((M00 + M11) + i (M10 - M01)) / 2,
+//                              nu = ((M00 - M11) + i (M10 + M01)) / 2
+// (mu alone: a multiple of a rotation, "conformal"; nu alone: of a reflection). With each
+// token's angle xi_j = t_j + sigma phi_j (phi_j the angle of its gauge G_j, a rotation of the
+// plane; sigma = +1 for conformal Q and K, -1 for anti-conformal ones, 0 without a gauge) the
+// score of section 2 is
+//   s_ij = beta <G_i Q x_i, G_j K x_j> = a cos(xi_i - xi_j + alpha) + b cos(xi_i + xi_j + gamma),
+//   a e^{i alpha} = beta (mu_Q conj(mu_K) + conj(nu_Q) nu_K),
+//   b e^{i gamma} = beta (mu_Q conj(nu_K) + conj(nu_Q) mu_K)      (b = 0 with a gauge),
+// a, b >= 0 the moduli (a repulsive beta turns the phases alpha, gamma by pi),
+// and, since exp(x cos u) = sum_k I_k(x) e^{iku} (modified Bessel functions, I_-k = I_k),
+//   exp(s_ij - |a| - |b|) = sum_{k, l} c_kl e^{i (k + l) xi_i} e^{i (l - k) xi_j},
+//   c_kl = Is_k(a) Is_l(b) e^{i (k alpha + l gamma)},   Is_k(x) = e^{-|x|} I_k(x) = sign(x)^k
+//   Is_k(|x|).
+// A receiver's sums over its sources are then the source moments M_m = sum_j p_j e^{i m xi_j}
+// (and the same with the values z_j) contracted with c_kl: O(n P) for n tokens and P = K + L
+// frequencies, instead of O(n^2).
+//
+// Truncation: |k| <= K where 2 sum_{k > K} Is_k(|a|) <= tol / 2, and likewise L for b. Since
+// sum_k Is_k(|x|) = 1, every shifted weight exp(s_ij - |a| - |b|) (at most 1) is then within tol
+// of its truncated series: the weights are exact to tol relative to the kernel's largest value
+// e^{|a| + |b|}, plus rounding (a few ulps of that largest value per frequency).
+#include <cmath>
+#include <complex>
+#include <cstddef>
+#include <vector>
+
+namespace mfattn::kernels {
+
+/// mu and nu of a real 2 x 2 matrix (row-major m00, m01, m10, m11): M z = mu z + nu conj(z).
+struct PlanarMap {
+  std::complex<double> mu, nu;
+};
+inline PlanarMap planar_map(double m00, double m01, double m10, double m11) {
+  return {{0.5 * (m00 + m11), 0.5 * (m10 - m01)}, {0.5 * (m00 - m11), 0.5 * (m10 + m01)}};
+}
+
+/// The two terms of the score: a e^{i alpha} (the difference of the angles) and b e^{i gamma}
+/// (their sum), beta included.
+struct CircleScore {
+  std::complex<double> difference, sum;
+};
+inline CircleScore circle_score(double beta, const PlanarMap& q, const PlanarMap& k) {
+  return {beta * (q.mu * std::conj(k.mu) + std::conj(q.nu) * k.nu),
+          beta * (q.mu * std::conj(k.nu) + std::conj(q.nu) * k.mu)};
+}
+
+/// Is_k(x) = e^{-|x|} I_k(x) for k = 0..K, K the least with 2 sum_{k > K} Is_k(|x|) <= tol / 2
+/// (x = 0: {1}). Miller's backward recurrence I_{k-1} = I_{k+1} + (2k / |x|) I_k from far
+/// beyond K, normalised by Is_0 + 2 sum_{k >= 1} Is_k = 1; negative x takes sign (-1)^k.
+inline std::vector<double> scaled_bessel_series(double x, double tol) {
+  const double ax = std::fabs(x);
+  if (ax == 0.0) return {1.0};
+  // Far enough that the tail beyond the start is below any tolerance (the terms fall like
+  // exp(-k^2 / (2 |x|)) past k ~ |x| and faster than (|x| / 2)^k / k! beyond).
+  const std::size_t start = std::size_t(ax + 25.0 * std::sqrt(ax) + 60.0);
+  std::vector<double> values(start + 2, 0.0);
+  values[start] = 1e-300;
+  for (std::size_t k = start; k >= 1; --k) {
+    values[k - 1] = values[k + 1] + (2.0 * double(k) / ax) * values[k];
+    if (values[k - 1] > 1e250)  // keep the recurrence in range: only the ratios matter
+      for (std::size_t j = k - 1; j <= start; ++j) values[j] *= 1e-250;
+  }
+  double total = values[0];
+  for (std::size_t k = 1; k <= start; ++k) total += 2.0 * values[k];
+  for (double& v : values) v /= total;
+  // The least K whose tail 2 sum_{k > K} is at most tol / 2.
+  double tail = 0.0;
+  std::size_t keep = start;
+  while (keep > 0 && tail + 2.0 * values[keep] <= 0.5 * tol) tail += 2.0 * values[keep--];
+  values.resize(keep + 1);
+  if (x < 0)
+    for (std::size_t k = 1; k <= keep; k += 2) values[k] = -values[k];
+  return values;
+}
+
+}  // namespace mfattn::kernels

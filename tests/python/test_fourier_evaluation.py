@@ -1,0 +1,44 @@
+"""--evaluation fourier from the command line and Python (docs/model.md section 2f): a run
+with it records the option and follows the direct run to rounding, the Python Model takes
+evaluation=, and a model the series cannot take is refused with exit 2, one line naming why,
+and no file."""
+from __future__ import annotations
+
+import subprocess
+
+import h5py
+import numpy as np
+
+
+def test_a_run_and_a_model_take_the_series(mfattn, mfattn_binary, tmp_path):
+    args = ["--n", "2500", "--d", "2", "--beta", "4", "--kernel", "sa", "--geometry", "rope", "--horizon", "0.5",
+            "--save-every", "0.25", "--seed", "2", "--quiet"]
+    for name, extra in (("direct.h5", []), ("series.h5", ["--evaluation", "fourier"])):
+        done = subprocess.run([str(mfattn_binary), "run", *args, *extra, "--out", str(tmp_path / name)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    with h5py.File(tmp_path / "direct.h5") as a, h5py.File(tmp_path / "series.h5") as b:
+        assert str(b["parameters"].attrs["evaluation"]) == "fourier"
+        x, y = a["particles/tokens/position/value"][:], b["particles/tokens/position/value"][:]
+        assert 0 < np.abs(x - y).max() < 1e-10
+        assert np.array_equal(a["observables/n_clusters/value"][:], b["observables/n_clusters/value"][:])
+    model = mfattn.Model(n=4000, d=2, beta=3, q="gaussian", k="gaussian", v="gaussian", seed=4)
+    series = mfattn.Model(n=4000, d=2, beta=3, q="gaussian", k="gaussian", v="gaussian", seed=4,
+                          evaluation="fourier")
+    x = model.initial_state()
+    direct = model.velocity(x)
+    assert np.abs(series.velocity(x) - direct).max() < 1e-10 * np.abs(direct).max()
+
+
+def test_what_the_series_cannot_take_is_refused(mfattn_binary, tmp_path):
+    out = tmp_path / "refused.h5"
+    for extra, words in ((["--d", "3"], "takes d = 2"), (["--d", "2", "--mask", "causal"], "no mask"),
+                         (["--d", "2", "--geometry", "rope", "--q", "gaussian"], "with a gauge"),
+                         (["--d", "2", "--backend", "reference"], "give --backend cpu"),
+                         (["--d", "2", "--evaluation-tol", "0"], "--evaluation-tol 0")):
+        done = subprocess.run([str(mfattn_binary), "run", "--n", "16", "--evaluation", "fourier", *extra, "--out",
+                               str(out)], capture_output=True, text=True)
+        assert done.returncode == 2, (extra, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0], (extra, done.stderr)
+        assert not out.exists()

@@ -1,0 +1,144 @@
+// --evaluation fourier (kernels/circle_series.hpp, backends/fourier/circle_fourier.cpp): the
+// scaled Bessel coefficients against the standard library's I_k, their truncation bound, the
+// series against the cpu backend's direct sum at n = 2 x 10^4 on random systems of the circle
+// (random Q, K, V, RoPE gauges, prefix tokens, null tokens, SA and USA, a repulsive beta,
+// rescaled time), the same bits for every thread count, a whole run, and the refusals.
+#include <cmath>
+
+#include "test_support.hpp"
+#include "kernels/circle_series.hpp"
+
+namespace mfattn {
+namespace {
+
+using testing::bitwise_equal;
+using testing::config;
+using testing::evaluate_velocity;
+
+TEST(FourierEvaluation, ScaledBesselSeriesIsTheLibrarysAndMeetsItsTail) {
+  for (double x : {0.3, 1.0, 4.0, 17.5, 80.0}) {
+    const double tol = 1e-13;
+    const std::vector<double> series = kernels::scaled_bessel_series(x, tol);
+    double sum = series[0];
+    for (std::size_t k = 0; k < series.size(); ++k) {
+      const double exact = std::cyl_bessel_i(double(k), x) * std::exp(-x);
+      // Against 1, their sum (what the weights' accuracy is relative to), and relatively.
+      EXPECT_NEAR(series[k], exact, 1e-15 + 1e-12 * exact) << "x " << x << " k " << k;
+      if (k > 0) sum += 2.0 * series[k];
+    }
+    // The dropped tail 2 sum_{k > K} Is_k = 1 - kept is within tol / 2 (and the next term counts).
+    EXPECT_LE(1.0 - sum, 0.5 * tol + 1e-15) << x;
+    const double next = std::cyl_bessel_i(double(series.size()), x) * std::exp(-x);
+    EXPECT_LE(2.0 * next, 0.5 * tol) << x;
+  }
+  EXPECT_EQ(kernels::scaled_bessel_series(0.0, 1e-13), std::vector<double>{1.0});
+}
+
+// The series against the direct sum, velocities and weight sums, relative to their largest
+// values: the 1e-10 at the default tolerance (measured: about 1e-13).
+void expect_series_matches_direct(std::vector<std::string> args, const std::string& label) {
+  RunConfig cfg = config(args);
+  const Model model = build_model(cfg);
+  const State state = build_initial_state(cfg, model);
+  std::vector<double> direct_sums, series_sums;
+  const std::vector<double> direct = evaluate_velocity(model, state, "cpu", 2, &direct_sums);
+  auto series_backend = make_backend("cpu", model,
+                                     BackendOptions{2, Precision::Double, PairEvaluation::Fourier});
+  std::vector<double> series(state.size());
+  series_sums.assign(state.replicas * model.n, 0.0);
+  series_backend->velocity(state.replicas, state.x.data(), series.data(), series_sums.data());
+  EXPECT_EQ(described_loop(*series_backend), "fourier") << label;
+  double largest = 0.0, largest_sum = 0.0;
+  for (double v : direct) largest = std::max(largest, std::fabs(v));
+  for (double s : direct_sums) largest_sum = std::max(largest_sum, std::fabs(s));
+  EXPECT_GT(largest, 0.0) << label;
+  EXPECT_LT(testing::max_abs_difference(direct, series), 1e-10 * largest) << label;
+  EXPECT_LT(testing::max_abs_difference(direct_sums, series_sums), 1e-10 * largest_sum) << label;
+  // The same bits for one thread and two.
+  auto one = make_backend("cpu", model,
+                          BackendOptions{1, Precision::Double, PairEvaluation::Fourier});
+  std::vector<double> alone(state.size());
+  one->velocity(state.replicas, state.x.data(), alone.data(), nullptr);
+  EXPECT_TRUE(bitwise_equal(alone.data(), series.data(), series.size())) << label;
+}
+
+TEST(FourierEvaluation, MatchesTheDirectSumOnRandomSystemsOfTheCircle) {
+  const std::vector<std::string> base = {"--n", "20000", "--d", "2", "--beta", "4"};
+  expect_series_matches_direct(testing::with(base, {"--seed", "1"}), "usa, identity");
+  expect_series_matches_direct(testing::with(base, {"--kernel", "sa", "--q", "gaussian", "--k",
+                                                    "gaussian", "--v", "gaussian", "--seed", "2"}),
+                               "sa, random Q, K, V");
+  expect_series_matches_direct(
+      testing::with(base, {"--kernel", "usa", "--q", "goe", "--k", "gaussian", "--v", "goe",
+                           "--time-scale", "rescaled", "--seed", "3"}),
+      "usa rescaled, random");
+  expect_series_matches_direct(testing::with(base, {"--kernel", "sa", "--geometry", "rope", "--v",
+                                                    "gaussian", "--prefix", "4", "--seed", "4"}),
+                               "sa, rope, prefix");
+  expect_series_matches_direct(
+      testing::with(base, {"--kernel", "sa", "--geometry", "rope", "--values", "plain",
+                           "--null-tokens", "7", "--seed", "5"}),
+      "sa, rope plain values, null tokens");
+  expect_series_matches_direct(
+      {"--n", "20000", "--d", "2", "--beta", "-3", "--kernel", "sa", "--replicas", "2", "--q",
+       "gaussian", "--k", "gaussian", "--matrices", "per-replica", "--seed", "6"},
+      "sa, repulsive, per-replica sets");
+}
+
+TEST(FourierEvaluation, AWholeRunFollowsTheDirectOne) {
+  const std::vector<std::string> args = {"--n",          "3000", "--d",       "2", "--beta", "4",
+                                         "--kernel",     "sa",   "--horizon", "1", "--dt",   "0.05",
+                                         "--save-every", "0.5",  "--seed",    "7"};
+  const testing::Trajectory direct = testing::simulate(config(args));
+  const testing::Trajectory series = testing::simulate(
+      config(testing::with(args, {"--evaluation", "fourier"})));
+  ASSERT_EQ(direct.frames.size(), series.frames.size());
+  // 20 steps of a collapsing system carry the 1e-13 of each evaluation to about 1e-10.
+  EXPECT_LT(testing::max_abs_difference(direct.frames.back().x, series.frames.back().x), 1e-9);
+}
+
+TEST(FourierEvaluation, RefusesWhatTheSeriesCannotTake) {
+  auto refusal = [](std::vector<std::string> args) {
+    const Model model = build_model(config(args));
+    try {
+      make_backend("cpu", model, BackendOptions{1, Precision::Double, PairEvaluation::Fourier});
+    } catch (const BackendUnavailable& error) {
+      return std::string(error.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(refusal({"--n", "8", "--d", "3"}).find("takes d = 2"), std::string::npos);
+  EXPECT_NE(refusal({"--n", "8", "--d", "2", "--mask", "causal"}).find("no mask"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--n", "8", "--d", "2", "--kernel", "sinkhorn"}).find("not sinkhorn"),
+            std::string::npos);
+  EXPECT_NE(
+      refusal({"--n", "8", "--d", "2", "--geometry", "rope", "--q", "gaussian", "--seed", "1"})
+          .find("with a gauge, Q and K must both commute"),
+      std::string::npos);
+  EXPECT_EQ(refusal({"--n", "8", "--d", "2", "--geometry", "rope"}), "(accepted)");
+  // auto keeps the direct loop where the series does not apply or n is small.
+  const Model small = build_model(config({"--n", "8", "--d", "2"}));
+  EXPECT_NE(described_loop(*make_backend(
+                "cpu", small, BackendOptions{1, Precision::Double, PairEvaluation::Automatic})),
+            "fourier");
+  const Model masked = build_model(config({"--n", "4096", "--d", "2", "--mask", "causal"}));
+  EXPECT_NE(described_loop(*make_backend(
+                "cpu", masked, BackendOptions{1, Precision::Double, PairEvaluation::Automatic})),
+            "fourier");
+  const Model large = build_model(config({"--n", "4096", "--d", "2"}));
+  EXPECT_EQ(described_loop(*make_backend(
+                "cpu", large, BackendOptions{1, Precision::Double, PairEvaluation::Automatic})),
+            "fourier");
+  EXPECT_NE(testing::usage_message({"--n", "8", "--d", "2", "--evaluation", "fourier", "--backend",
+                                    "reference", "--out", "x.h5"})
+                .find("--evaluation fourier: the series runs on the host"),
+            std::string::npos);
+  EXPECT_NE(
+      testing::usage_message({"--n", "8", "--d", "2", "--evaluation-tol", "1", "--out", "x.h5"})
+          .find("--evaluation-tol 1: must lie in [1e-16, 1e-3]"),
+      std::string::npos);
+}
+
+}  // namespace
+}  // namespace mfattn
