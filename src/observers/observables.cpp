@@ -7,6 +7,7 @@
 #include "mfattn/backends/backend.hpp"
 
 #include <algorithm>
+#include <numbers>
 #include <functional>
 #include <cmath>
 #include <cstdint>
@@ -109,12 +110,25 @@ PairStatistics pairs_by_blocks(const double* x, std::size_t d, const std::vector
   return stats;
 }
 
+/// Whether every row of `moving` is a unit vector (to 1e-9): the circle's sorted pass needs it.
+bool unit_rows(const double* x, std::size_t d, const std::vector<std::size_t>& moving) {
+  for (std::size_t i : moving) {
+    double norm2 = 0.0;
+    for (std::size_t c = 0; c < d; ++c) norm2 += x[i * d + c] * x[i * d + c];
+    if (!(std::fabs(norm2 - 1.0) <= 1e-9)) return false;
+  }
+  return true;
+}
+
 /// The pair pass over `moving` (indices of rows of x): min <x_i, x_j> and, with kStats, the
 /// close-pair count and the cluster components. d <= 8 runs in the CPU kernel set this
-/// process uses (cpu_pair_statistics), larger d through Eigen's GEMM.
+/// process uses (cpu_pair_statistics), larger d through Eigen's GEMM; unit tokens on the
+/// circle beyond kSortedCircleTokens by their sorted angles (circle_pair_statistics).
 template <bool kStats>
 PairStatistics pair_pass(const double* x, std::size_t d, const std::vector<std::size_t>& moving,
                          const ObservableSettings& settings) {
+  if (d == 2 && moving.size() > kSortedCircleTokens && unit_rows(x, d, moving))
+    return circle_pair_statistics(x, moving, settings);
   if (d <= kLanePairStatisticsDimensions)
     return cpu_pair_statistics(x, d, moving, 1.0 - settings.pair_delta, 1.0 - settings.cluster_delta, kStats);
   const std::size_t m = moving.size();
@@ -127,6 +141,70 @@ PairStatistics pair_pass(const double* x, std::size_t d, const std::vector<std::
   if constexpr (!kStats) blocks.clusters = m;
   return blocks;
 }
+
+}  // namespace
+
+PairStatistics circle_pair_statistics(const double* x, const std::vector<std::size_t>& moving,
+                                      const ObservableSettings& settings) {
+  const std::size_t m = moving.size();
+  PairStatistics stats;
+  stats.pairs = static_cast<std::int64_t>(m * (m > 0 ? m - 1 : 0) / 2);
+  stats.clusters = m;
+  if (m < 2) return stats;
+  // The tokens in angle order; every predicate below is the pass's own, on inner products.
+  std::vector<std::pair<double, std::size_t>> by_angle(m);
+  for (std::size_t a = 0; a < m; ++a) {
+    const double* u = x + moving[a] * 2;
+    by_angle[a] = {std::atan2(u[1], u[0]), moving[a]};
+  }
+  std::sort(by_angle.begin(), by_angle.end());
+  auto inner = [&](std::size_t a, std::size_t b) {
+    const double* u = x + by_angle[a % m].second * 2;
+    const double* v = x + by_angle[b % m].second * 2;
+    return u[0] * v[0] + u[1] * v[1];
+  };
+  const double close_above = 1.0 - settings.pair_delta, edge_above = 1.0 - settings.cluster_delta;
+  // Clusters: two tokens joined by an edge have every token between them (on the shorter arc)
+  // joined to its neighbour, so the components are the arcs between the consecutive pairs that
+  // are not edges.
+  std::size_t breaks = 0;
+  for (std::size_t a = 0; a < m; ++a) breaks += inner(a, a + 1) > edge_above ? 0 : 1;
+  stats.clusters = breaks == 0 ? 1 : breaks;
+  // Close pairs: for each token those ahead of it in angle order by less than half a turn
+  // (the angle unwrapped past the end of the order), within the threshold: each pair once.
+  // A pointer that only moves forward counts them.
+  auto less_than_half_a_turn = [&](std::size_t a, std::size_t b) {
+    const double offset = by_angle[b % m].first - by_angle[a].first +
+                          (b >= m ? 2.0 * std::numbers::pi : 0.0);
+    return offset < std::numbers::pi;
+  };
+  std::int64_t close = 0;
+  std::size_t ahead = 1;
+  double lowest = 1.0;
+  for (std::size_t a = 0; a < m; ++a) {
+    if (ahead < a + 1) ahead = a + 1;
+    while (ahead < a + m && less_than_half_a_turn(a, ahead) && inner(a, ahead) > close_above)
+      ++ahead;
+    close += static_cast<std::int64_t>(ahead - a - 1);
+    // The most nearly opposite token: about half a turn ahead; its neighbours in angle order
+    // are the candidates (binary search on the angles, the inner products decide).
+    const double opposite = by_angle[a].first + std::numbers::pi;
+    const auto at = std::lower_bound(
+        by_angle.begin(), by_angle.end(),
+        std::pair<double, std::size_t>{
+            opposite > std::numbers::pi ? opposite - 2 * std::numbers::pi : opposite, 0});
+    const std::size_t centre = std::size_t(at - by_angle.begin());
+    for (std::size_t offset = 0; offset < 4; ++offset) {
+      const std::size_t b = (centre + m + offset - 2) % m;
+      if (b != a) lowest = std::min(lowest, inner(a, b));
+    }
+  }
+  stats.close_pairs = close;
+  stats.min_inner = lowest;
+  return stats;
+}
+
+namespace {
 
 std::vector<std::size_t> moving_tokens(const Model& model) {
   std::vector<std::size_t> moving;

@@ -9,7 +9,9 @@
 #include <Eigen/Dense>
 
 #include <deque>
+#include <numbers>
 #include <numeric>
+#include <random>
 
 #include "test_support.hpp"
 
@@ -497,6 +499,51 @@ TEST(Observables, AttentionStatisticsAtBetaZeroCountTheVisibleSources) {
       EXPECT_NEAR(values[first + 5][at], 1.0, 1e-15);            // largest weight max
       EXPECT_NEAR(values[first + 6][at], mean_count, 1e-13);     // participation mean
     }
+}
+
+}  // namespace
+}  // namespace mfattn
+
+namespace mfattn {
+namespace {
+
+// The circle's sorted pair pass against the all-pairs pass it replaces beyond
+// kSortedCircleTokens: the same cluster count and close pairs, min_inner to rounding, on
+// clustered states (clusters that straddle the angle -pi = pi, coincident tokens, a collapsed
+// state) and a uniform one.
+TEST(Observables, TheCirclesSortedPassIsTheAllPairsPass) {
+  std::mt19937_64 engine(3);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::uniform_real_distribution<double> uniform(-std::numbers::pi, std::numbers::pi);
+  ObservableSettings settings;
+  settings.pair_delta = 1e-3;
+  settings.cluster_delta = 1e-4;
+  for (const std::vector<double>& centres : std::vector<std::vector<double>>{
+           {}, {std::numbers::pi - 1e-3, 0.5, -2.0}, {0.1}, {3.0, 3.1, -3.1, 1.0, 1.0 + 0.02}}) {
+    const std::size_t m = 6000;
+    std::vector<double> x(2 * m);
+    std::vector<std::size_t> tokens(m);
+    for (std::size_t a = 0; a < m; ++a) {
+      const double angle = centres.empty() ? uniform(engine)
+                                           : centres[a % centres.size()] +
+                                                 (a % 7 == 0 ? 0.0 : 3e-3 * normal(engine));
+      x[2 * a] = std::cos(angle);
+      x[2 * a + 1] = std::sin(angle);
+      tokens[a] = a;
+    }
+    const PairStatistics sorted = circle_pair_statistics(x.data(), tokens, settings);
+    const PairStatistics all = pair_statistics(x.data(), 2, tokens,
+                                               settings);  // m below the switch
+    EXPECT_EQ(sorted.clusters, all.clusters) << centres.size();
+    EXPECT_EQ(sorted.close_pairs, all.close_pairs) << centres.size();
+    EXPECT_EQ(sorted.pairs, all.pairs);
+    EXPECT_NEAR(sorted.min_inner, all.min_inner, 1e-15) << centres.size();
+    // The cases say something: the clustered states have few clusters, every state close pairs.
+    if (!centres.empty()) {
+      EXPECT_LT(all.clusters, m / 10) << centres.size();
+    }
+    EXPECT_GT(all.close_pairs, 0) << centres.size();
+  }
 }
 
 }  // namespace

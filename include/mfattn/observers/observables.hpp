@@ -80,6 +80,16 @@ PairStatistics pair_statistics(const double* x, std::size_t d,
                                const std::vector<std::size_t>& tokens,
                                const ObservableSettings& settings = {});
 
+/// Beyond this many unit tokens on the circle (d = 2) the pair pass takes their sorted angles,
+/// O(m log m) instead of m^2 / 2 pairs (circle_pair_statistics).
+inline constexpr std::size_t kSortedCircleTokens = 65536;
+/// The pair pass of unit tokens on the circle by their angle order (the same predicates on the
+/// same inner products): the clusters are the arcs between consecutive pairs that are no edge,
+/// the close pairs are counted by a forward pointer, and min <x_i, x_j> is taken over each
+/// token's four neighbours in angle order of its opposite point.
+PairStatistics circle_pair_statistics(const double* x, const std::vector<std::size_t>& tokens,
+                                      const ObservableSettings& settings = {});
+
 /// The d eigenvalues of (1/m) sum_{a} y_a y_a^T over m rows y_a of d numbers, descending
 /// (all NaN for m = 0). With fewer rows than dimensions (m < d, d > 4) they are those of the
 /// m x m Gram matrix (1/m) y_a . y_b and d - m exact zeros: O(m^2 d + m^3), not O(d^3).
