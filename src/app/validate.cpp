@@ -624,6 +624,10 @@ void validate_execution(const RunConfig& c, RunChoices& choices) {
       reject("observables", c.observables,
              "with --aux-factor " + c.aux_factor +
                  ": its weights change sign, so a row is no probability (accepted: default)");
+    if (choices.attention_observables && choices.evaluation == PairEvaluation::Fourier)
+      reject("observables", c.observables,
+             "with --evaluation fourier: the plans' statistics take every pair, which the series avoids "
+             "(accepted: default)");
   }
   require_finite("flush-interval", c.flush_interval);
   if (!(c.flush_interval >= 0.0 && c.flush_interval <= 86400.0))

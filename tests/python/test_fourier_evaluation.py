@@ -35,7 +35,8 @@ def test_what_the_series_cannot_take_is_refused(mfattn_binary, tmp_path):
     for extra, words in ((["--d", "3"], "takes d = 2"), (["--d", "2", "--mask", "causal"], "no mask"),
                          (["--d", "2", "--geometry", "rope", "--q", "gaussian"], "with a gauge"),
                          (["--d", "2", "--backend", "reference"], "give --backend cpu"),
-                         (["--d", "2", "--evaluation-tol", "0"], "--evaluation-tol 0")):
+                         (["--d", "2", "--evaluation-tol", "0"], "--evaluation-tol 0"),
+                         (["--d", "2", "--observables", "default+attention"], "with --evaluation fourier")):
         done = subprocess.run([str(mfattn_binary), "run", "--n", "16", "--evaluation", "fourier", *extra, "--out",
                                str(out)], capture_output=True, text=True)
         assert done.returncode == 2, (extra, done.stderr)
