@@ -187,7 +187,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const Model& mode
     // auto finds that it applies and n is large enough to pay.
     const bool series = options.evaluation == PairEvaluation::Fourier ||
                         (options.evaluation == PairEvaluation::Automatic &&
-                         kBackendNames[i].takes_series && model.n >= kFourierFromTokens &&
+                         kBackendNames[i].takes_series && model.n >= fourier_from_tokens(model.d) &&
                          fourier_evaluation_refusal(model).empty());
     if (series) {
       if (!kBackendNames[i].takes_series)

@@ -80,3 +80,88 @@ inline std::vector<double> scaled_bessel_series(double x, double tol) {
 }
 
 }  // namespace mfattn::kernels
+
+namespace mfattn::kernels {
+
+// The zonal kernel on S^2 as a spherical-harmonic series (docs/model.md section 2f): with
+// Q^T K = c I the score is s_ij = kappa <x_i, x_j>, kappa = beta c, and
+//   exp(kappa t) = sum_l (2l + 1) i_l(kappa) P_l(t)          (i_l: modified spherical Bessel)
+//   P_l(<x, y>) = 4 pi / (2l + 1) sum_{m = -l..l} Y_lm(x) Y_lm(y)   (real orthonormal Y_lm)
+// so exp(kappa <x, y> - |kappa|) = 4 pi sum_l is_l(kappa) sum_m Y_lm(x) Y_lm(y),
+// is_l(x) = e^{-|x|} i_l(x) (= (-1)^l is_l(|x|) for x < 0). Truncation: L the least with
+// sum_{l > L} (2l + 1) |is_l(kappa)| <= tol (|P_l| <= 1): every shifted weight within tol.
+
+/// is_l(x) = e^{-|x|} i_l(x), l = 0..L (x = 0: {1}): Miller's backward recurrence
+/// i_{l-1} = i_{l+1} + ((2l + 1) / |x|) i_l, normalised by is_0 = (1 - e^{-2|x|}) / (2|x|).
+inline std::vector<double> scaled_spherical_bessel_series(double x, double tol) {
+  const double ax = std::fabs(x);
+  if (ax == 0.0) return {1.0};
+  const std::size_t start = std::size_t(ax + 25.0 * std::sqrt(ax) + 60.0);
+  std::vector<double> values(start + 2, 0.0);
+  values[start] = 1e-300;
+  for (std::size_t l = start; l >= 1; --l) {
+    values[l - 1] = values[l + 1] + (double(2 * l + 1) / ax) * values[l];
+    if (values[l - 1] > 1e250)
+      for (std::size_t j = l - 1; j <= start; ++j) values[j] *= 1e-250;
+  }
+  const double first = -std::expm1(-2.0 * ax) / (2.0 * ax);
+  const double scale = first / values[0];
+  for (double& v : values) v *= scale;
+  double tail = 0.0;
+  std::size_t keep = start;
+  while (keep > 0 && tail + double(2 * keep + 1) * values[keep] <= tol) {
+    tail += double(2 * keep + 1) * values[keep];
+    --keep;
+  }
+  values.resize(keep + 1);
+  if (x < 0)
+    for (std::size_t l = 1; l <= keep; l += 2) values[l] = -values[l];
+  return values;
+}
+
+/// The real orthonormal spherical harmonics Y_lm(u) of a unit vector u, l = 0..L, written to
+/// out[l * l + l + m] (m = -l..l; m > 0 the cosines, m < 0 the sines). The associated Legendre
+/// part without its sin^m factor (so no division by sin theta at the poles) times
+/// Re, Im of (u_0 + i u_1)^m, which carries it: out needs (L + 1)^2 numbers, scratch 2 (L + 1).
+inline void real_spherical_harmonics(const double* u, int L, double* out, double* scratch) {
+  constexpr double kInvFourPi = 0.07957747154594767;  // 1 / (4 pi)
+  const double t = u[2];
+  double* power_re = scratch;
+  double* power_im = scratch + (L + 1);
+  power_re[0] = 1.0, power_im[0] = 0.0;
+  for (int m = 1; m <= L; ++m) {
+    power_re[m] = power_re[m - 1] * u[0] - power_im[m - 1] * u[1];
+    power_im[m] = power_re[m - 1] * u[1] + power_im[m - 1] * u[0];
+  }
+  double diagonal = std::sqrt(kInvFourPi);  // lambda_mm / sin^m, lambda_00 = 1 / sqrt(4 pi)
+  for (int m = 0; m <= L; ++m) {
+    if (m > 0) diagonal *= std::sqrt(double(2 * m + 1) / double(2 * m));
+    const double factor = m == 0 ? 1.0 : std::sqrt(2.0);
+    double before = 0.0, current = diagonal;  // lambda_{l-2, m}, lambda_{l-1, m} (over sin^m)
+    for (int l = m; l <= L; ++l) {
+      double value;
+      if (l == m) {
+        value = diagonal;
+      } else if (l == m + 1) {
+        value = std::sqrt(double(2 * m + 3)) * t * diagonal;
+      } else {
+        const double a = std::sqrt(double(4 * l * l - 1) / double(l * l - m * m));
+        const double b = std::sqrt(double((l - 1) * (l - 1) - m * m) /
+                                   double(4 * (l - 1) * (l - 1) - 1));
+        value = a * (t * current - b * before);
+      }
+      if (l > m) {
+        before = current;
+        current = value;
+      }
+      if (m == 0) {
+        out[l * l + l] = value;
+      } else {
+        out[l * l + l + m] = factor * value * power_re[m];
+        out[l * l + l - m] = factor * value * power_im[m];
+      }
+    }
+  }
+}
+
+}  // namespace mfattn::kernels

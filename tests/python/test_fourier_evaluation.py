@@ -32,7 +32,8 @@ def test_a_run_and_a_model_take_the_series(mfattn, mfattn_binary, tmp_path):
 
 def test_what_the_series_cannot_take_is_refused(mfattn_binary, tmp_path):
     out = tmp_path / "refused.h5"
-    for extra, words in ((["--d", "3"], "takes d = 2"), (["--d", "2", "--mask", "causal"], "no mask"),
+    for extra, words in ((["--d", "4"], "takes d = 2 (the circle) or d = 3"),
+                         (["--d", "3", "--q", "gaussian"], "zonal kernels"), (["--d", "2", "--mask", "causal"], "no mask"),
                          (["--d", "2", "--geometry", "rope", "--q", "gaussian"], "with a gauge"),
                          (["--d", "2", "--backend", "reference"], "give --backend cpu"),
                          (["--d", "2", "--evaluation-tol", "0"], "--evaluation-tol 0"),

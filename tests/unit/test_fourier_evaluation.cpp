@@ -4,6 +4,7 @@
 // (random Q, K, V, RoPE gauges, prefix tokens, null tokens, SA and USA, a repulsive beta,
 // rescaled time), the same bits for every thread count, a whole run, and the refusals.
 #include <cmath>
+#include <numbers>
 
 #include "test_support.hpp"
 #include "kernels/circle_series.hpp"
@@ -85,6 +86,59 @@ TEST(FourierEvaluation, MatchesTheDirectSumOnRandomSystemsOfTheCircle) {
       "sa, repulsive, per-replica sets");
 }
 
+TEST(FourierEvaluation, SphericalHarmonicsMeetTheAdditionTheoremAndTheBesselSeriesItsTail) {
+  const double x[3] = {0.48, -0.6, 0.64}, y[3] = {-0.36, 0.0, 0.933};
+  const double ny = std::sqrt(y[0] * y[0] + y[1] * y[1] + y[2] * y[2]);
+  const double u[3] = {y[0] / ny, y[1] / ny, y[2] / ny};
+  const int L = 30;
+  std::vector<double> hx((L + 1) * (L + 1)), hy(hx.size()), scratch(2 * (L + 1));
+  kernels::real_spherical_harmonics(x, L, hx.data(), scratch.data());
+  kernels::real_spherical_harmonics(u, L, hy.data(), scratch.data());
+  const double t = x[0] * u[0] + x[1] * u[1] + x[2] * u[2];
+  for (int l = 0; l <= L; ++l) {
+    double sum = 0.0;
+    for (int m = -l; m <= l; ++m)
+      sum += hx[std::size_t(l * l + l + m)] * hy[std::size_t(l * l + l + m)];
+    EXPECT_NEAR(sum, double(2 * l + 1) / (4.0 * std::numbers::pi) * std::legendre(unsigned(l), t),
+                1e-13)
+        << l;
+  }
+  // A pole: the harmonics of e_3 are those of m = 0 alone.
+  const double pole[3] = {0.0, 0.0, 1.0};
+  kernels::real_spherical_harmonics(pole, L, hx.data(), scratch.data());
+  for (int l = 0; l <= L; ++l)
+    for (int m = -l; m <= l; ++m)
+      if (m != 0) {
+        EXPECT_EQ(hx[std::size_t(l * l + l + m)], 0.0);
+      }
+  for (double kappa : {0.5, 4.0, 30.0}) {
+    const std::vector<double> series = kernels::scaled_spherical_bessel_series(kappa, 1e-13);
+    double total = 0.0;
+    for (std::size_t l = 0; l < series.size(); ++l) {
+      const double exact = std::sqrt(std::numbers::pi / (2 * kappa)) *
+                           std::cyl_bessel_i(double(l) + 0.5, kappa) * std::exp(-kappa);
+      EXPECT_NEAR(series[l], exact, 1e-15 + 1e-12 * exact) << kappa << " " << l;
+      total += double(2 * l + 1) * series[l];
+    }
+    // exp(kappa t) at t = 1: sum (2l + 1) i_l = e^kappa, so the scaled sum is 1 less the tail.
+    EXPECT_NEAR(total, 1.0, 1e-13) << kappa;
+  }
+}
+
+TEST(FourierEvaluation, MatchesTheDirectSumOnZonalSystemsOfTheSphere) {
+  const std::vector<std::string> base = {"--n", "20000", "--d", "3", "--beta", "4"};
+  expect_series_matches_direct(testing::with(base, {"--seed", "1"}), "S^2 usa");
+  expect_series_matches_direct(
+      testing::with(base, {"--kernel", "sa", "--v", "gaussian", "--prefix", "4", "--seed", "2"}),
+      "S^2 sa, random V, prefix");
+  expect_series_matches_direct(testing::with(base, {"--kernel", "sa", "--null-tokens", "9",
+                                                    "--time-scale", "rescaled", "--seed", "3"}),
+                               "S^2 sa rescaled, null tokens");
+  expect_series_matches_direct(
+      {"--n", "20000", "--d", "3", "--beta", "-3", "--kernel", "sa", "--seed", "4"},
+      "S^2 repulsive");
+}
+
 TEST(FourierEvaluation, AWholeRunFollowsTheDirectOne) {
   const std::vector<std::string> args = {"--n",          "3000", "--d",       "2", "--beta", "4",
                                          "--kernel",     "sa",   "--horizon", "1", "--dt",   "0.05",
@@ -107,7 +161,14 @@ TEST(FourierEvaluation, RefusesWhatTheSeriesCannotTake) {
     }
     return std::string("(accepted)");
   };
-  EXPECT_NE(refusal({"--n", "8", "--d", "3"}).find("takes d = 2"), std::string::npos);
+  EXPECT_NE(refusal({"--n", "8", "--d", "4"}).find("takes d = 2 (the circle) or d = 3"),
+            std::string::npos);
+  EXPECT_NE(
+      refusal({"--n", "8", "--d", "3", "--q", "gaussian", "--seed", "1"}).find("zonal kernels"),
+      std::string::npos);
+  EXPECT_NE(refusal({"--n", "8", "--d", "3", "--geometry", "rope"}).find("no gauge"),
+            std::string::npos);
+  EXPECT_EQ(refusal({"--n", "8", "--d", "3", "--v", "gaussian", "--seed", "1"}), "(accepted)");
   EXPECT_NE(refusal({"--n", "8", "--d", "2", "--mask", "causal"}).find("no mask"),
             std::string::npos);
   EXPECT_NE(refusal({"--n", "8", "--d", "2", "--kernel", "sinkhorn"}).find("not sinkhorn"),

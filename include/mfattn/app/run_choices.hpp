@@ -241,8 +241,10 @@ inline constexpr Choice<PairEvaluation> kPairEvaluationChoices[] = {
     {"direct", PairEvaluation::Direct, "the backend's pair loop, n^2 pairs"},
     {"quadrature", PairEvaluation::Direct, "the same as direct (mfattn meanfield's name)"},
     {"fourier", PairEvaluation::Fourier,
-     "the circle's Fourier series, O(n P): d = 2, SA or USA, one head, no mask or factor"},
-    {"auto", PairEvaluation::Automatic, "fourier where it applies and n >= 2048, else direct"},
+     "the circle's Fourier series or S^2's harmonic one, O(n P): d = 2, or d = 3 with Q^T K = c I; SA or USA, "
+     "one head, no mask or factor"},
+    {"auto", PairEvaluation::Automatic,
+     "fourier where it applies and n >= 2048 (d = 2) or 8192 (d = 3), else direct"},
 };
 inline constexpr ChoiceOption<PairEvaluation> kPairEvaluationOption{
     .option = "evaluation", .choices = kPairEvaluationChoices};

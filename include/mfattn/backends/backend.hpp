@@ -142,11 +142,12 @@ enum class Precision { Double, Float };
 /// How a backend is asked to run. threads = 0 means the OpenMP default.
 /// How a backend's pair sums are taken (--evaluation): its pair loop, the circle's Fourier
 /// series (kernels/circle_series.hpp; the models fourier_evaluation_refusal accepts), or the
-/// series where it applies and pays (n >= kFourierFromTokens), else the loop.
+/// series where it applies and pays (n >= fourier_from_tokens(d)), else the loop.
 enum class PairEvaluation { Direct, Fourier, Automatic };
-/// From this many tokens `--evaluation auto` takes the series where it applies: measured
-/// crossover of the cpu pair loop and the series at beta = 4 (docs/performance.md).
-inline constexpr std::size_t kFourierFromTokens = 2048;
+/// From this many tokens `--evaluation auto` takes the series where it applies: the measured
+/// crossovers of the cpu pair loop and the series at beta = 4 (docs/performance.md), about
+/// 500 on the circle and 8000 on S^2, rounded up.
+constexpr std::size_t fourier_from_tokens(std::size_t d) { return d == 2 ? 2048 : 8192; }
 
 struct BackendOptions {
   int threads = 0;

@@ -260,11 +260,143 @@ class FourierCircleBackend final : public Backend {
   int last_frequencies_ = 0;
 };
 
+/// c of Q^T K = c I for one head of d = 3 (NaN when it is no multiple of I).
+double zonal_scale(const AttentionHead& head, std::size_t d) {
+  const Matrix q = head.query_identity ? Matrix::Identity(Eigen::Index(d), Eigen::Index(d))
+                                       : head.query;
+  const Matrix k = head.key_identity ? Matrix::Identity(Eigen::Index(d), Eigen::Index(d))
+                                     : head.key;
+  const Matrix form = q.transpose() * k;
+  const double c = form(0, 0);
+  const double tolerance = 1e-12 * std::max(form.cwiseAbs().maxCoeff(), 1e-300);
+  for (Eigen::Index r = 0; r < form.rows(); ++r)
+    for (Eigen::Index s = 0; s < form.cols(); ++s)
+      if (std::fabs(form(r, s) - (r == s ? c : 0.0)) > tolerance) return std::nan("");
+  return c;
+}
+
+// --evaluation fourier on S^2 for zonal kernels (kernels/circle_series.hpp, the harmonic
+// series): per token its (L + 1)^2 harmonics; the source moments of the weights and of the
+// values' three coordinates; each receiver's sums their contraction with its own harmonics.
+class FourierSphereBackend final : public Backend {
+ public:
+  FourierSphereBackend(const Model& model, const BackendOptions& options)
+      : model_(model), threads_(options.threads > 0 ? options.threads : omp_get_max_threads()),
+        tol_(options.evaluation_tol) {}
+
+  std::string name() const override { return "fourier"; }
+  std::string describe() const override {
+    return "loop fourier degree " + std::to_string(last_degree_);
+  }
+  void derivative_forward(std::size_t, const double*, double*) override { refuse(); }
+  void output_vjp(std::size_t, const double*, const double*, double*, FieldNumbers&) override {
+    refuse();
+  }
+  void output_jvp(std::size_t, const double*, const double*, const FieldNumbers*,
+                  double*) override {
+    refuse();
+  }
+
+  void evaluate(std::size_t replicas, const double* x, const FieldOutputs& out) override {
+    constexpr double kFourPi = 12.566370614359172;
+    const std::size_t n = model_.n, d = 3, prefix = model_.prefix_count(), sources = n + prefix;
+    const double mass = model_.mass();
+    for (std::size_t r = 0; r < replicas; ++r) {
+      const AttentionMatrices& set = model_.matrices_of(r);
+      const double kappa = model_.beta * zonal_scale(set.heads.front(), d);
+      const std::vector<double> radial = kernels::scaled_spherical_bessel_series(kappa, tol_);
+      const int L = int(radial.size()) - 1;
+      last_degree_ = L;
+      const std::size_t harmonics = std::size_t(L + 1) * std::size_t(L + 1);
+      const double* xr = x + r * n * d;
+      // Source moments in fixed blocks: for each harmonic, sum p Y and sum p Y z_c (c = 0, 1, 2).
+      const std::size_t blocks = (sources + kSourceBlock - 1) / kSourceBlock;
+      partial_.assign(blocks * 4 * harmonics, 0.0);
+#pragma omp parallel num_threads(threads_)
+      {
+        std::vector<double> y(harmonics), scratch(2 * std::size_t(L + 1));
+#pragma omp for schedule(static)
+        for (std::size_t block = 0; block < blocks; ++block) {
+          double* sums = partial_.data() + block * 4 * harmonics;
+          const std::size_t end = std::min(sources, (block + 1) * kSourceBlock);
+          for (std::size_t j = block * kSourceBlock; j < end; ++j) {
+            const double p = j < n ? model_.presence[j] : model_.prefix_weight;
+            if (p == 0.0) continue;
+            const double* xj = j < n ? xr + j * d : model_.prefix.data() + (j - n) * d;
+            kernels::real_spherical_harmonics(xj, L, y.data(), scratch.data());
+            for (std::size_t h = 0; h < harmonics; ++h) {
+              const double w = p * y[h];
+              sums[h] += w;
+              sums[harmonics + h] += w * xj[0];
+              sums[2 * harmonics + h] += w * xj[1];
+              sums[3 * harmonics + h] += w * xj[2];
+            }
+          }
+        }
+      }
+      // Summed in block order, and scaled by 4 pi is_l: the receivers' coefficients.
+      std::vector<double> coefficients(4 * harmonics, 0.0);
+      for (std::size_t block = 0; block < blocks; ++block)
+        for (std::size_t h = 0; h < 4 * harmonics; ++h)
+          coefficients[h] += partial_[block * 4 * harmonics + h];
+      for (int l = 0; l <= L; ++l)
+        for (int m = -l; m <= l; ++m)
+          for (std::size_t part = 0; part < 4; ++part)
+            coefficients[part * harmonics + std::size_t(l * l + l + m)] *= kFourPi *
+                                                                           radial[std::size_t(l)];
+      double* velocity = out.velocity + r * n * d;
+      double* sums_out = out.weight_sums ? out.weight_sums + r * n : nullptr;
+      double* attention = out.attention_output ? out.attention_output + r * n * d : nullptr;
+#pragma omp parallel num_threads(threads_)
+      {
+        std::vector<double> y(harmonics), scratch(2 * std::size_t(L + 1));
+#pragma omp for schedule(static)
+        for (std::size_t i = 0; i < n; ++i) {
+          kernels::real_spherical_harmonics(xr + i * d, L, y.data(), scratch.data());
+          double weight_sum = 0.0, acc[3] = {0.0, 0.0, 0.0};
+          for (std::size_t h = 0; h < harmonics; ++h) {
+            weight_sum += coefficients[h] * y[h];
+            acc[0] += coefficients[harmonics + h] * y[h];
+            acc[1] += coefficients[2 * harmonics + h] * y[h];
+            acc[2] += coefficients[3 * harmonics + h] * y[h];
+          }
+          double finish_scratch[6];
+          detail::ReceiverOutput target{velocity + i * d, attention ? attention + i * d : nullptr,
+                                        sums_out != nullptr};
+          const double sum = detail::finish_receiver(model_, set, mass, i, xr + i * d,
+                                                     std::fabs(kappa), weight_sum, acc, target,
+                                                     finish_scratch);
+          if (sums_out) sums_out[i] = sum;
+        }
+      }
+    }
+  }
+
+ private:
+  [[noreturn]] static void refuse() {
+    throw BackendUnavailable(
+        "--evaluation fourier: has no derivatives (gradients take --evaluation direct)");
+  }
+  const Model& model_;
+  int threads_;
+  double tol_;
+  std::vector<double> partial_;
+  int last_degree_ = 0;
+};
+
 }  // namespace
 
 std::string fourier_evaluation_refusal(const Model& model) {
-  if (model.d != 2)
-    return "takes d = 2 (the circle); d = " + std::to_string(model.d) + " is summed directly";
+  if (model.d == 3) {
+    if (model.gauge)
+      return "on S^2 takes no gauge (the zonal series needs kernels of <x_i, x_j> alone)";
+    for (std::size_t r = 0; r < std::max<std::size_t>(model.matrices.size(), 1); ++r)
+      if (std::isnan(zonal_scale(model.matrices_of(r).heads.front(), 3)))
+        return "on S^2 takes zonal kernels, Q^T K = c I (--q and --k identity, or a rotation and its scaling)";
+  }
+  if (model.d != 2 && model.d != 3)
+    return "takes d = 2 (the circle) or d = 3 (S^2, zonal kernels); d = " +
+           std::to_string(model.d) + " is summed directly";
   if (model.normalization == Normalization::Sinkhorn)
     return "takes --kernel usa or sa, not sinkhorn";
   if (model.placement != Placement::Post) return "takes the post placement (tokens on the circle)";
@@ -274,7 +406,8 @@ std::string fourier_evaluation_refusal(const Model& model) {
   if (!model.receiver_scale.empty()) return "takes --usa-denominator count";
   if (model.receivers_at_unit_speed)
     return "takes particles (not the mean-field quadrature's grid)";
-  for (std::size_t r = 0; r < std::max<std::size_t>(model.matrices.size(), 1); ++r) {
+  for (std::size_t r = 0; model.d == 2 && r < std::max<std::size_t>(model.matrices.size(), 1);
+       ++r) {
     const AttentionHead& head = model.matrices_of(r).heads.front();
     const kernels::PlanarMap q = planar_of(head.query, head.query_identity);
     const kernels::PlanarMap k = planar_of(head.key, head.key_identity);
@@ -288,6 +421,7 @@ std::string fourier_evaluation_refusal(const Model& model) {
 std::unique_ptr<Backend> make_fourier_backend(const Model& model, const BackendOptions& options) {
   if (const std::string refusal = fourier_evaluation_refusal(model); !refusal.empty())
     throw BackendUnavailable("--evaluation fourier: " + refusal);
+  if (model.d == 3) return std::make_unique<FourierSphereBackend>(model, options);
   return std::make_unique<FourierCircleBackend>(model, options);
 }
 
