@@ -83,6 +83,9 @@ def main() -> None:
     parser.add_argument("--dt", type=float, default=0.05)
     parser.add_argument("--no-check-compare", action="store_true")
     parser.add_argument("--jobs", type=int, default=1, help="particle runs at a time")
+    parser.add_argument("--evaluation", default="direct",
+                        help="the runs' --evaluation: direct (n^2 a step) or fourier (the circle's series, linear in n: "
+                             "n = 10^6 in seconds; docs/model.md section 2f)")
     parser.add_argument("--threads", type=int, default=None, help="--threads of each run (default 1, $MFATTN_THREADS)")
     args = parser.parse_args()
     if args.quick:
@@ -93,9 +96,11 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     seeds_of = {n: sorted(set(seeds) | (set(range(args.small_seeds)) if n <= 1024 else set())) for n in sizes}
 
-    # ~2.5e8 pair evaluations per second on one core (d = 2, symmetric loop; rk4: 4 a step)
+    # ~2.5e8 pair evaluations per second on one core (d = 2, symmetric loop; rk4: 4 a step), or
+    # with the series about 1.5e7 tokens a second
     steps = args.horizon / args.dt
-    cost = sum(4 * steps * n * n / 2.5e8 * len(seeds_of[n]) for n in sizes)
+    per_run = (lambda n: 4 * steps * n / 1.5e7) if args.evaluation == "fourier" else (lambda n: 4 * steps * n * n / 2.5e8)
+    cost = sum(per_run(n) * len(seeds_of[n]) for n in sizes)
     print(f"estimated particle cost: ~{cost / 60:.1f} min on one core (sizes {sizes}, seeds per size "
           f"{[len(seeds_of[n]) for n in sizes]}, "
           f"{steps:g} rk4 steps); densities M = {args.grid}" +
@@ -123,7 +128,7 @@ def main() -> None:
         out = paths.runs / f"particles_n{n}_s{seed}.h5"
         mf.mfattn(["run", "--d", 2, "--n", n, "--beta", args.beta, "--kernel", "usa", "--init", "file",
                    "--init-file", x0, "--integrator", "rk4", "--dt", args.dt, "--horizon", args.horizon,
-                   "--save-every", args.save_every, "--seed", seed],
+                   "--save-every", args.save_every, "--seed", seed, "--evaluation", args.evaluation],
                   out, reuse=args.reuse, threads=args.threads)
         run = mf.Particles(out)
         j_end = int(np.argmin(np.abs(run.time - t_end)))
