@@ -33,6 +33,7 @@ inline constexpr Choice<meanfield::CircleEvaluation> kEvaluationChoices[] = {
     {"auto", meanfield::CircleEvaluation::Automatic, "fourier where it applies, else quadrature"},
     {"fourier", meanfield::CircleEvaluation::Fourier, "FFT; the kernel must commute with rotations"},
     {"quadrature", meanfield::CircleEvaluation::Quadrature, "the cpu pair loop"},
+    {"direct", meanfield::CircleEvaluation::Quadrature, "the same as quadrature (mfattn run's name)"},
 };
 inline constexpr ChoiceOption<meanfield::CircleEvaluation> kEvaluationOption{
     .option = "evaluation", .choices = kEvaluationChoices, .lead = "circle velocity"};

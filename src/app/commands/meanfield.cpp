@@ -41,7 +41,7 @@ const std::vector<std::string> kMeanfieldRunOptions = {
     "positions", "values", "aux-factor", "aux-lambda", "aux-sigma", "aux-omega", "aux-power",
     "toeplitz-coefficients", "toeplitz-frequencies", "mask", "window", "eps-den", "noise-kappa", "rtol", "atol",
     "horizon", "save-every", "save-times", "seed", "threads", "backend", "out", "overwrite", "resume", "deflate",
-    "fletcher32", "flush-interval", "quiet", "config"};
+    "fletcher32", "flush-interval", "quiet", "config", "evaluation"};
 
 po::options_description meanfield_options(MeanfieldConfig& c) {
   po::options_description own("Mean-field options");
@@ -58,7 +58,6 @@ po::options_description meanfield_options(MeanfieldConfig& c) {
       ("perturbation-coordinate", po::value(&c.perturbation_coordinate)->default_value("theta"),
        kPerturbationCoordinateOption.help().c_str())
       ("zonal", po::bool_switch(&c.zonal), "densities of <x, e_1> only, any d (Q^T K and V multiples of I)")
-      ("evaluation", po::value(&c.evaluation)->default_value("auto"), kEvaluationOption.help().c_str())
       ("compare", po::value(&c.compare)->default_value("", "none"),
        "RUN.h5: print W1 between that particle run's empirical measure and the density at common frames");
   return own;
@@ -350,6 +349,9 @@ MeanfieldConfig parse_meanfield_arguments(const std::vector<std::string>& args) 
                        "see mfattn meanfield --help for those it takes)");
   }
   RunConfig& run = cfg.run;
+  // --evaluation is the run's option (one name for both commands); the density's default is
+  // auto, and its values are the density's table's (direct is quadrature there).
+  cfg.evaluation = vm["evaluation"].defaulted() ? std::string("auto") : run.evaluation;
   // The step control of a second-order scheme: the run's dopri5 defaults (1e-8, 1e-10) would
   // take ~60 times the steps for a time error far below the grid's (docs/meanfield.md).
   if (vm["rtol"].defaulted()) run.rtol = kMeanfieldDefaultRtol;
@@ -441,6 +443,7 @@ MeanfieldConfig parse_meanfield_arguments(const std::vector<std::string>& args) 
   for (Parameter& parameter : cfg.parameters) {
     if (parameter.name == "rtol") parameter.value = run.rtol;
     if (parameter.name == "atol") parameter.value = run.atol;
+    if (parameter.name == "evaluation") parameter.value = cfg.evaluation;  // the density's default: auto
   }
   return cfg;
 }
