@@ -1124,14 +1124,8 @@ std::string write_states(const std::string& path, const py::handle& states, cons
     py::gil_scoped_release released;
     // Ctrl-C ends the import as it ends mfattn.run: while the observables are computed, before
     // the file exists (KeyboardInterrupt); the interpreter's own handler is back afterwards.
-    const StopSignals stop_signals({.keep_ignored = false,
-                                    .restart_calls = true,
-                                    .wake_pipe = false,
-                                    .end_on_late_repeat = true});
-    EvaluationWatch::Settings watch_settings;
-    watch_settings.stop = &StopSignals::received_flag();
-    const EvaluationWatch watch(std::move(watch_settings));
-    return write_imported_states(s, path, overwrite, &StopSignals::received_flag());
+    const ImportSignals signals;
+    return write_imported_states(s, path, overwrite, signals.stop());
   } catch (const ImportInterrupted& stop) {
     raise_python(PyExc_KeyboardInterrupt,
                  "interrupted by " + signal_name(stop.signal) + "; nothing was written");

@@ -50,32 +50,51 @@ inline CircleScore circle_score(double beta, const PlanarMap& q, const PlanarMap
           beta * (q.mu * std::conj(k.nu) + std::conj(q.nu) * k.mu)};
 }
 
-/// Is_k(x) = e^{-|x|} I_k(x) for k = 0..K, K the least with 2 sum_{k > K} Is_k(|x|) <= tol / 2
-/// (x = 0: {1}). Miller's backward recurrence I_{k-1} = I_{k+1} + (2k / |x|) I_k from far
-/// beyond K, normalised by Is_0 + 2 sum_{k >= 1} Is_k = 1; negative x takes sign (-1)^k.
-inline std::vector<double> scaled_bessel_series(double x, double tol) {
-  const double ax = std::fabs(x);
-  if (ax == 0.0) return {1.0};
-  // Far enough that the tail beyond the start is below any tolerance (the terms fall like
-  // exp(-k^2 / (2 |x|)) past k ~ |x| and faster than (|x| / 2)^k / k! beyond).
+/// The backward recurrence of Miller's algorithm, shared by both Bessel families: values v_k for
+/// k = 0..start (start far beyond any truncation: the terms fall like exp(-k^2 / (2 |x|)) past
+/// k ~ |x|), from v_start = tiny, v_{k-1} = v_{k+1} + step(k) v_k, rescaled when large (only
+/// the ratios matter); the caller normalises them.
+template <class Step>
+std::vector<double> miller_backward(double ax, Step step) {
   const std::size_t start = std::size_t(ax + 25.0 * std::sqrt(ax) + 60.0);
   std::vector<double> values(start + 2, 0.0);
   values[start] = 1e-300;
   for (std::size_t k = start; k >= 1; --k) {
-    values[k - 1] = values[k + 1] + (2.0 * double(k) / ax) * values[k];
-    if (values[k - 1] > 1e250)  // keep the recurrence in range: only the ratios matter
+    values[k - 1] = values[k + 1] + step(k) * values[k];
+    if (values[k - 1] > 1e250)
       for (std::size_t j = k - 1; j <= start; ++j) values[j] *= 1e-250;
   }
-  double total = values[0];
-  for (std::size_t k = 1; k <= start; ++k) total += 2.0 * values[k];
-  for (double& v : values) v /= total;
-  // The least K whose tail 2 sum_{k > K} is at most tol / 2.
+  return values;
+}
+
+/// Keeps values[0..K], K the least with sum_{k > K} weight(k) values[k] <= budget; then
+/// values[k] *= (-1)^k when negative (odd orders of a negative argument).
+template <class Weight>
+void truncate_series(std::vector<double>& values, Weight weight, double budget, bool negative) {
   double tail = 0.0;
-  std::size_t keep = start;
-  while (keep > 0 && tail + 2.0 * values[keep] <= 0.5 * tol) tail += 2.0 * values[keep--];
+  std::size_t keep = values.size() - 1;
+  while (keep > 0 && tail + weight(keep) * values[keep] <= budget) {
+    tail += weight(keep) * values[keep];
+    --keep;
+  }
   values.resize(keep + 1);
-  if (x < 0)
+  if (negative)
     for (std::size_t k = 1; k <= keep; k += 2) values[k] = -values[k];
+}
+
+/// Is_k(x) = e^{-|x|} I_k(x) for k = 0..K, K the least with 2 sum_{k > K} Is_k(|x|) <= tol / 2
+/// (x = 0: {1}). Miller's recurrence I_{k-1} = I_{k+1} + (2k / |x|) I_k, normalised by
+/// Is_0 + 2 sum_{k >= 1} Is_k = 1; negative x takes sign (-1)^k.
+inline std::vector<double> scaled_bessel_series(double x, double tol) {
+  const double ax = std::fabs(x);
+  if (ax == 0.0) return {1.0};
+  std::vector<double> values = miller_backward(
+      ax, [ax](std::size_t k) { return 2.0 * double(k) / ax; });
+  double total = values[0];
+  for (std::size_t k = 1; k < values.size(); ++k) total += 2.0 * values[k];
+  for (double& v : values) v /= total;
+  truncate_series(
+      values, [](std::size_t) { return 2.0; }, 0.5 * tol, x < 0);
   return values;
 }
 
@@ -91,31 +110,17 @@ namespace mfattn::kernels {
 // is_l(x) = e^{-|x|} i_l(x) (= (-1)^l is_l(|x|) for x < 0). Truncation: L the least with
 // sum_{l > L} (2l + 1) |is_l(kappa)| <= tol (|P_l| <= 1): every shifted weight within tol.
 
-/// is_l(x) = e^{-|x|} i_l(x), l = 0..L (x = 0: {1}): Miller's backward recurrence
+/// is_l(x) = e^{-|x|} i_l(x), l = 0..L (x = 0: {1}): Miller's recurrence
 /// i_{l-1} = i_{l+1} + ((2l + 1) / |x|) i_l, normalised by is_0 = (1 - e^{-2|x|}) / (2|x|).
 inline std::vector<double> scaled_spherical_bessel_series(double x, double tol) {
   const double ax = std::fabs(x);
   if (ax == 0.0) return {1.0};
-  const std::size_t start = std::size_t(ax + 25.0 * std::sqrt(ax) + 60.0);
-  std::vector<double> values(start + 2, 0.0);
-  values[start] = 1e-300;
-  for (std::size_t l = start; l >= 1; --l) {
-    values[l - 1] = values[l + 1] + (double(2 * l + 1) / ax) * values[l];
-    if (values[l - 1] > 1e250)
-      for (std::size_t j = l - 1; j <= start; ++j) values[j] *= 1e-250;
-  }
-  const double first = -std::expm1(-2.0 * ax) / (2.0 * ax);
-  const double scale = first / values[0];
+  std::vector<double> values = miller_backward(
+      ax, [ax](std::size_t l) { return double(2 * l + 1) / ax; });
+  const double scale = -std::expm1(-2.0 * ax) / (2.0 * ax) / values[0];
   for (double& v : values) v *= scale;
-  double tail = 0.0;
-  std::size_t keep = start;
-  while (keep > 0 && tail + double(2 * keep + 1) * values[keep] <= tol) {
-    tail += double(2 * keep + 1) * values[keep];
-    --keep;
-  }
-  values.resize(keep + 1);
-  if (x < 0)
-    for (std::size_t l = 1; l <= keep; l += 2) values[l] = -values[l];
+  truncate_series(
+      values, [](std::size_t l) { return double(2 * l + 1); }, tol, x < 0);
   return values;
 }
 

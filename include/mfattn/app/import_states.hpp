@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "mfattn/app/stop_signals.hpp"
+#include "mfattn/core/evaluation_watch.hpp"
 #include "mfattn/io/h5md.hpp"
 
 namespace mfattn {
@@ -65,6 +67,19 @@ struct ImportInterrupted : std::runtime_error {
 /// stop during the write that follows lets it finish. Returns "sphere" or "euclidean".
 std::string write_imported_states(const ImportedStates& states, const std::string& path,
                                   bool overwrite, const std::atomic<int>* stop = nullptr);
+
+/// SIGINT, SIGTERM and SIGHUP for an import (the command's or mfattn.io.write's), installed for
+/// its lifetime with a run's options, and the watch that lets them stop a frame's pair pass:
+/// stop() is what write_imported_states reads.
+class ImportSignals {
+ public:
+  ImportSignals();
+  const std::atomic<int>* stop() const { return &StopSignals::received_flag(); }
+
+ private:
+  StopSignals signals_;
+  EvaluationWatch watch_;
+};
 
 /// The usage text of `mfattn import --help`.
 std::string import_usage();

@@ -233,6 +233,17 @@ std::string write_imported_states(const ImportedStates& s, const std::string& pa
   return state_space;
 }
 
+ImportSignals::ImportSignals()
+    : signals_({.keep_ignored = false,
+                .restart_calls = true,
+                .wake_pipe = false,
+                .end_on_late_repeat = true}),
+      watch_([] {
+        EvaluationWatch::Settings settings;
+        settings.stop = &StopSignals::received_flag();
+        return settings;
+      }()) {}
+
 std::string import_usage() {
   return "usage: mfattn import STATES.npy|npz --out FILE.h5 [options]\n"
          "  another model's token states as an mfattn file (docs/import.md): [T, n, d] or [T, R, n, d]\n"
@@ -390,14 +401,8 @@ int import_command(const std::vector<std::string>& args, std::ostream& out, std:
   for (const std::string& word : args) command_line += " " + word;
   imported.parameters.push_back({"import_command_line", command_line});
   // SIGINT, SIGTERM and SIGHUP end the import while its observables are computed, before
-  // the output exists (also inside a frame's pair pass: the watch); nothing is left behind.
-  const StopSignals stop_signals({.keep_ignored = false,
-                                  .restart_calls = true,
-                                  .wake_pipe = false,
-                                  .end_on_late_repeat = true});
-  EvaluationWatch::Settings watch_settings;
-  watch_settings.stop = &StopSignals::received_flag();
-  const EvaluationWatch watch(std::move(watch_settings));
+  // the output exists (also inside a frame's pair pass); nothing is left behind.
+  const ImportSignals signals;
   // A long computation says so first (10^8 pairs or more: a second and up).
   const double pairs = double(imported.frames * imported.replicas) * double(imported.n) *
                        double(imported.n) / 2.0;

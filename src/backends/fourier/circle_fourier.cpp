@@ -88,7 +88,28 @@ SetSeries series_of(const Model& model, const AttentionMatrices& set, double tol
   return s;
 }
 
-class FourierCircleBackend final : public Backend {
+/// What the two series share as backends: their name and the derivatives they do not have (the
+/// gradients of runs and Model.vjp take the pair loops).
+class SeriesBackend : public Backend {
+ public:
+  std::string name() const override { return "fourier"; }
+  void derivative_forward(std::size_t, const double*, double*) override { refuse(); }
+  void output_vjp(std::size_t, const double*, const double*, double*, FieldNumbers&) override {
+    refuse();
+  }
+  void output_jvp(std::size_t, const double*, const double*, const FieldNumbers*,
+                  double*) override {
+    refuse();
+  }
+
+ private:
+  [[noreturn]] static void refuse() {
+    throw BackendUnavailable(
+        "--evaluation fourier: has no derivatives (gradients take --evaluation direct)");
+  }
+};
+
+class FourierCircleBackend final : public SeriesBackend {
  public:
   FourierCircleBackend(const Model& model, const BackendOptions& options)
       : model_(model), threads_(options.threads > 0 ? options.threads : omp_get_max_threads()),
@@ -105,16 +126,6 @@ class FourierCircleBackend final : public Backend {
       }
   }
 
-  std::string name() const override { return "fourier"; }
-  // No derivatives: the gradients of runs and Model.vjp take the pair loops.
-  void derivative_forward(std::size_t, const double*, double*) override { refuse_derivatives(); }
-  void output_vjp(std::size_t, const double*, const double*, double*, FieldNumbers&) override {
-    refuse_derivatives();
-  }
-  void output_jvp(std::size_t, const double*, const double*, const FieldNumbers*,
-                  double*) override {
-    refuse_derivatives();
-  }
   std::string describe() const override {
     return "loop fourier frequencies " + std::to_string(last_frequencies_);
   }
@@ -246,11 +257,6 @@ class FourierCircleBackend final : public Backend {
   }
 
  private:
-  [[noreturn]] static void refuse_derivatives() {
-    throw BackendUnavailable(
-        "--evaluation fourier: has no derivatives (gradients take --evaluation direct)");
-  }
-
   const Model& model_;
   int threads_;
   double tol_;
@@ -278,23 +284,14 @@ double zonal_scale(const AttentionHead& head, std::size_t d) {
 // --evaluation fourier on S^2 for zonal kernels (kernels/circle_series.hpp, the harmonic
 // series): per token its (L + 1)^2 harmonics; the source moments of the weights and of the
 // values' three coordinates; each receiver's sums their contraction with its own harmonics.
-class FourierSphereBackend final : public Backend {
+class FourierSphereBackend final : public SeriesBackend {
  public:
   FourierSphereBackend(const Model& model, const BackendOptions& options)
       : model_(model), threads_(options.threads > 0 ? options.threads : omp_get_max_threads()),
         tol_(options.evaluation_tol) {}
 
-  std::string name() const override { return "fourier"; }
   std::string describe() const override {
     return "loop fourier degree " + std::to_string(last_degree_);
-  }
-  void derivative_forward(std::size_t, const double*, double*) override { refuse(); }
-  void output_vjp(std::size_t, const double*, const double*, double*, FieldNumbers&) override {
-    refuse();
-  }
-  void output_jvp(std::size_t, const double*, const double*, const FieldNumbers*,
-                  double*) override {
-    refuse();
   }
 
   void evaluate(std::size_t replicas, const double* x, const FieldOutputs& out) override {
@@ -373,10 +370,6 @@ class FourierSphereBackend final : public Backend {
   }
 
  private:
-  [[noreturn]] static void refuse() {
-    throw BackendUnavailable(
-        "--evaluation fourier: has no derivatives (gradients take --evaluation direct)");
-  }
   const Model& model_;
   int threads_;
   double tol_;
