@@ -62,7 +62,7 @@ longest=(
 sources=("${longest[@]}")
 cd "$repo"
 for s in src/backends/cpu/*.cpp src/backends/reference/*.cpp src/backends/*.cpp src/core/*.cpp \
-         src/integrators/*.cpp src/backends/cuda/*.cpp; do
+         src/integrators/*.cpp src/backends/cuda/*.cpp src/backends/fourier/*.cpp; do
   [[ " ${longest[*]} " == *" $s "* ]] || sources+=("$s")
 done
 # The flags of CMakeLists.txt that matter (Release uses -O3). -O1 keeps the build short: 163
