@@ -12,19 +12,18 @@
 #include <algorithm>
 #include <bit>
 #include <cctype>
-#include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <limits>
-#include <memory>
 #include <new>
 #include <set>
 #include <span>
 #include <string_view>
+
+#include "mfattn/core/input_file.hpp"
 
 namespace mfattn {
 namespace {
@@ -52,37 +51,6 @@ constexpr const char* kAcceptedDtypes =
 
 [[noreturn]] void refuse(const std::string& where, const std::string& why) {
   throw NumpyFormatError(where + ": " + why);
-}
-
-struct FileCloser {
-  void operator()(std::FILE* file) const { std::fclose(file); }
-};
-
-Bytes read_whole_file(const std::string& path) {
-  errno = 0;
-  std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
-  if (!file) throw IoError("cannot open " + path + ": " + std::strerror(errno));
-  Bytes bytes;
-  std::error_code size_unknown;
-  const auto expected_size = std::filesystem::file_size(path, size_unknown);
-  try {
-    if (!size_unknown && expected_size < std::numeric_limits<std::size_t>::max())
-      bytes.reserve(static_cast<std::size_t>(expected_size) + 1);  // + 1: the read that meets EOF
-  } catch (const std::bad_alloc&) {
-    throw IoError("cannot read " + path + ": its " + std::to_string(expected_size) +
-                  " bytes do not fit in memory");
-  }
-  constexpr std::size_t kChunk = std::size_t{1} << 20;
-  for (;;) {
-    const std::size_t filled = bytes.size();
-    bytes.resize(filled + (bytes.capacity() > filled ? bytes.capacity() - filled : kChunk));
-    errno = 0;
-    const std::size_t got = std::fread(bytes.data() + filled, 1, bytes.size() - filled, file.get());
-    bytes.resize(filled + got);
-    if (std::ferror(file.get())) throw IoError("cannot read " + path + ": " + std::strerror(errno));
-    if (std::feof(file.get())) break;
-  }
-  return bytes;
 }
 
 /// Unsigned little-endian integers of the ZIP records and .npy preamble.
@@ -793,8 +761,17 @@ std::vector<NumpyArray> read_npz(ByteSpan file, const std::string& path) {
 }  // namespace
 
 std::vector<NumpyArray> read_numpy_file(const std::string& path) {
-  const Bytes file = read_whole_file(path);
-  const ByteSpan bytes(file);
+  // Read as every input file is (core/input_file.hpp: a regular file, no blocking open), with
+  // no size bound beyond memory: the array is the point of the file.
+  std::string file;
+  try {
+    file = read_input_file(path, std::numeric_limits<std::size_t>::max());
+  } catch (const InputFileRefused& error) {
+    throw IoError("cannot read " + path + ": " + error.what());
+  } catch (const std::bad_alloc&) {
+    throw IoError("cannot read " + path + ": it does not fit in memory");
+  }
+  const ByteSpan bytes(reinterpret_cast<const unsigned char*>(file.data()), file.size());
   if (starts_with(bytes, kNpyMagic)) {
     std::vector<NumpyArray> arrays;
     arrays.push_back(parse_npy(bytes, path, ""));
