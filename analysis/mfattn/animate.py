@@ -82,6 +82,14 @@ def shown_number(value) -> str:
         return str(value)
 
 
+def model_title(trajectory, tokens: int, d: int) -> str:
+    """What a title says of the model behind a file: "SA, n = 64, d = 3, beta = 4" for a run;
+    states imported from another model have no kernel or beta (docs/import.md)."""
+    p = trajectory.parameters
+    beta = "" if p.get("command") == "import" else f", beta = {shown_number(p.get('beta', float('nan')))}"
+    return f"{trajectory.model_words}, n = {tokens}, d = {d}{beta}"
+
+
 def finite_tokens(path: Path, x: np.ndarray, times: np.ndarray) -> np.ndarray:
     """[frames, tokens]: whether each token's position x[frame, token] is finite (not NaN or
     inf: a file another program wrote, or a damaged one); AnimationError for a file with none."""
@@ -234,9 +242,7 @@ class Animation:
         # The last finite tokens (those of a run's last frame unless the file went non-finite).
         final = self.x[with_finite[-1]][self.finite[with_finite[-1]]]
         self.fig = self.plt.figure(figsize=(6.4, 6.4), dpi=100)
-        beta = "" if tr.parameters.get("command") == "import" else \
-            f", beta = {shown_number(tr.parameters.get('beta', float('nan')))}"
-        title = f"{file_title(self.path)}: {tr.model_words}, n = {m}, d = {self.d}{beta}"
+        title = f"{file_title(self.path)}: {model_title(tr, m, self.d)}"
         if getattr(self, "gauge", False):
             title += ", gauge coordinates G(xi_i) x_i"
         if self.d == 3:

@@ -138,6 +138,12 @@ class _Recorded:
         return animation.animate(self.path, out, **options)
 
 
+def imported_words(state_space: str) -> str:
+    """What titles call states imported from another model (docs/import.md): their directions
+    when the rows were not unit vectors."""
+    return "directions of imported states" if state_space == "euclidean" else "imported states"
+
+
 @dataclass
 class Trajectory(_Recorded):
     """Contents of one mfattn file (see the module docstring for the replica rule).
@@ -208,7 +214,7 @@ class Trajectory(_Recorded):
         last), or, for states imported from another model, what they are."""
         p = self.parameters
         if p.get("command") == "import":
-            return "directions of imported states" if self.state_space == "euclidean" else "imported states"
+            return imported_words(self.state_space)
         return str(p.get("kernel", "?")).upper()
 
     @property

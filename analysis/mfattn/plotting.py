@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .io import load
+from .io import imported_words, load
 
 CLUSTER_DELTA = 1e-4   # delta_c of docs/model.md section 6: cluster graph <x_i, x_j> > 1 - delta_c
 PAIR_DELTA = 1e-3      # delta: a pair is "clustered" when <x_i, x_j> > 1 - delta
@@ -140,7 +140,7 @@ class Run:
         """One line naming the run: kernel, n, d, beta, t and the non-default extras."""
         p = self.parameters
         if p.get("command") == "import":  # another model's states: no kernel or beta (docs/import.md)
-            space = "directions of imported states" if p.get("state_space") == "euclidean" else "imported states"
+            space = imported_words(str(p.get("state_space", "sphere")))
             return f"{self.stem}: {space} n={int(self.active.sum())} d={self.d} t={self.t_final:g}"
         parts = [str(p.get("kernel", "?")).upper(), f"n={int(self.active.sum())}", f"d={self.d}",
                  f"beta={p.get('beta', float('nan')):g}", f"t={self.t_final:g}"]

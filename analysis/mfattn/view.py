@@ -57,8 +57,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .animate import (AnimationError, file_title, finite_tokens, frame_indices, gauge_coordinates, load_file,
-                      non_finite_note, second_moment_basis, shown_number, token_colours)
+from .animate import (AnimationError, file_title, finite_tokens, frame_indices, gauge_coordinates, load_file, model_title,
+                      non_finite_note, second_moment_basis, token_colours)
 from .cli import script
 
 OBSERVABLES = ("energy", "n_clusters", "min_inner")
@@ -163,9 +163,7 @@ def page_data(path: str | os.PathLike, replica: int = 0, max_mb: float = 6.0, ga
             # an integer, not as 3.00000.
             integer = bool(len(values)) and bool(np.all(values == np.round(values)))
             observables[name] = {"t": times[finite].tolist(), "v": values.tolist(), "integer": integer}
-    p = loaded.parameters
-    beta = "" if p.get("command") == "import" else f", beta = {shown_number(p.get('beta', float('nan')))}"
-    title = (f"{file_title(path)}: {loaded.model_words}, n = {m}, d = {d}{beta}"
+    title = (f"{file_title(path)}: {model_title(loaded, m, d)}"
              + (f", replica {replica}" if loaded.replicas > 1 else "")
              + (", gauge coordinates G(xi_i) x_i" if gauge else ""))
     return {"title": title, "d": d, "dims": dims, "tokens": m, "frames": len(kept), "file_frames": frames_total,
