@@ -120,6 +120,8 @@ if [ "${MFATTN_SKIP_SANITIZE:-0}" != 1 ]; then
     'MeanfieldCircle.RopeWithTransportedValuesIsTheLabelFreeSolutionInTheGaugeCoordinate'
     'MeanfieldSphere.LinearGrowthRatesFromEvolution' 'MeanfieldSphereLabels.RateIsTheWeakFormOfThePairSum'
     'MeanfieldCircle.ASlowModeGrowsAtTheRateOfTheOperator'
+    'FourierEvaluation.MatchesTheDirectSumOnRandomSystemsOfTheCircle'
+    'FourierEvaluation.MatchesTheDirectSumOnZonalSystemsOfTheSphere'
   )
   sanitizer_compiler=()
   for cxx in clang++-14 clang++; do

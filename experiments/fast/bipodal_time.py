@@ -4,7 +4,7 @@ antipodal clusters aligned with K's dominant axis, stay there for a long time (a
 saddle with a slow escape), then collapse; the paper reports T(n) ~ C(a, b) ln n + D(a, b).
 
 For n in --sizes and --seeds, `mfattn run` (--evaluation auto: the circle's Fourier series from
-n = 2048, docs/model.md section 2f) to --horizon with log-spaced frames, and `mfattn analyze
+n = 1024 at this beta, docs/model.md section 2f) to --horizon with log-spaced frames, and `mfattn analyze
 --json`: the collapse time (the first frame from which min_inner >= 1 - 1e-4 holds), the start
 and end of the two-cluster plateau, and the angle of the two clusters against K's axes. Fits
 T = C ln n + D (least squares over every run, with standard errors) and prints the table;

@@ -184,15 +184,17 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const Model& mode
   for (std::size_t i = 0; i < std::size(kBackendNames); ++i) {
     if (name != kBackendNames[i].name) continue;
     // --evaluation: the series replaces the entry's pair loop where it is asked for, or where
-    // auto finds that it applies and n is large enough to pay.
-    const bool series = options.evaluation == PairEvaluation::Fourier ||
-                        (options.evaluation == PairEvaluation::Automatic &&
-                         kBackendNames[i].takes_series && model.n >= fourier_from_tokens(model.d) &&
-                         fourier_evaluation_refusal(model).empty());
-    if (series) {
-      if (!kBackendNames[i].takes_series)
-        throw BackendUnavailable("--evaluation fourier: runs on the host, not --backend " + name);
-      return make_fourier_backend(model, options);
+    // auto finds that it applies and that n is large enough to pay.
+    if (options.evaluation != PairEvaluation::Direct) {
+      if (!kBackendNames[i].takes_series) {
+        if (options.evaluation == PairEvaluation::Fourier)
+          throw BackendUnavailable("--evaluation fourier: runs on the host, not --backend " + name);
+      } else if (const std::string refusal = fourier_evaluation_refusal(model); !refusal.empty()) {
+        if (options.evaluation == PairEvaluation::Fourier) throw BackendUnavailable(refusal);
+      } else if (options.evaluation == PairEvaluation::Fourier ||
+                 model.n >= fourier_from_tokens(model, options.evaluation_tol)) {
+        return make_fourier_backend(model, options);
+      }
     }
     // What the entry declares it takes (a model built in code; validate() refuses options so).
     const std::string refusal = capability_refusal("--backend " + name, kBackendNames[i].takes, ModelKinds::of(model));

@@ -72,7 +72,7 @@ void Dynamics::evaluate_placement(const double* x, bool with_weight_sums) {
 }
 
 void Dynamics::require_derivatives() const {
-  const BackendName* entry = find_backend(backend_.name());
+  const BackendName* entry = find_evaluator(backend_.name());
   const std::string refusal = entry ? derivative_refusal(*entry, ModelKinds::of(model_)) : "";
   if (!refusal.empty()) throw BackendUnavailable(refusal);
 }

@@ -34,6 +34,7 @@ def test_what_the_series_cannot_take_is_refused(mfattn_binary, tmp_path):
     out = tmp_path / "refused.h5"
     for extra, words in ((["--d", "4"], "takes d = 2 (the circle) or d = 3"),
                          (["--d", "3", "--q", "gaussian"], "zonal kernels"), (["--d", "2", "--mask", "causal"], "no mask"),
+                         (["--d", "2", "--kernel", "sinkhorn"], "--kernel sinkhorn: --evaluation fourier takes --kernel usa, sa"),
                          (["--d", "2", "--geometry", "rope", "--q", "gaussian"], "with a gauge"),
                          (["--d", "2", "--backend", "reference"], "give --backend cpu"),
                          (["--d", "2", "--evaluation-tol", "0"], "--evaluation-tol 0"),

@@ -104,6 +104,13 @@ TEST(Capabilities, TheDerivativesRefuseWhatTheRegistryDeclares) {
   EXPECT_EQ(derivative_refusal(*find_backend("cpu"), kinds),
             "differentiating on --backend cpu takes no receivers at unit speed (the mean-field quadrature's grid points)");
   EXPECT_FALSE(find_backend("cuda")->has_derivatives);
+  // --evaluation fourier's entry: no --backend, found by the name its backends give.
+  EXPECT_EQ(find_backend(kSeriesEvaluation.name), nullptr);
+  EXPECT_EQ(find_evaluator(kSeriesEvaluation.name), &kSeriesEvaluation);
+  EXPECT_EQ(find_evaluator("cpu"), find_backend("cpu"));
+  EXPECT_EQ(
+      derivative_refusal(kSeriesEvaluation, ModelKinds{}),
+      "--evaluation fourier: has no derivatives (they take --evaluation direct, on --backend cpu, reference)");
 }
 
 }  // namespace

@@ -63,8 +63,10 @@ void expect_series_matches_direct(std::vector<std::string> args, const std::stri
   EXPECT_TRUE(bitwise_equal(alone.data(), series.data(), series.size())) << label;
 }
 
-TEST(FourierEvaluation, MatchesTheDirectSumOnRandomSystemsOfTheCircle) {
-  const std::vector<std::string> base = {"--n", "20000", "--d", "2", "--beta", "4"};
+// The circle's cases at n tokens: random Q, K, V, RoPE gauges, prefix tokens, null tokens, SA and
+// USA, a repulsive beta, per-replica matrix sets.
+void expect_circle_cases_match_direct(const std::string& n) {
+  const std::vector<std::string> base = {"--n", n, "--d", "2", "--beta", "4"};
   expect_series_matches_direct(testing::with(base, {"--seed", "1"}), "usa, identity");
   expect_series_matches_direct(testing::with(base, {"--kernel", "sa", "--q", "gaussian", "--k",
                                                     "gaussian", "--v", "gaussian", "--seed", "2"}),
@@ -81,9 +83,19 @@ TEST(FourierEvaluation, MatchesTheDirectSumOnRandomSystemsOfTheCircle) {
                            "--null-tokens", "7", "--seed", "5"}),
       "sa, rope plain values, null tokens");
   expect_series_matches_direct(
-      {"--n", "20000", "--d", "2", "--beta", "-3", "--kernel", "sa", "--replicas", "2", "--q",
-       "gaussian", "--k", "gaussian", "--matrices", "per-replica", "--seed", "6"},
+      {"--n", n, "--d", "2", "--beta", "-3", "--kernel", "sa", "--replicas", "2", "--q", "gaussian",
+       "--k", "gaussian", "--matrices", "per-replica", "--seed", "6"},
       "sa, repulsive, per-replica sets");
+}
+
+// The size; the sanitizer build skips it and runs the same cases at a few hundred tokens
+// (the same code paths, one source block).
+TEST(FourierEvaluation, MatchesTheDirectSumOnRandomSystemsOfTheCircle) {
+  expect_circle_cases_match_direct("20000");
+}
+
+TEST(FourierEvaluation, MatchesTheDirectSumOnSmallSystemsOfTheCircle) {
+  expect_circle_cases_match_direct("300");
 }
 
 TEST(FourierEvaluation, SphericalHarmonicsMeetTheAdditionTheoremAndTheBesselSeriesItsTail) {
@@ -125,8 +137,10 @@ TEST(FourierEvaluation, SphericalHarmonicsMeetTheAdditionTheoremAndTheBesselSeri
   }
 }
 
-TEST(FourierEvaluation, MatchesTheDirectSumOnZonalSystemsOfTheSphere) {
-  const std::vector<std::string> base = {"--n", "20000", "--d", "3", "--beta", "4"};
+// The sphere's zonal cases at n tokens: USA, SA with a random V and prefix tokens, null tokens,
+// rescaled time, a repulsive beta.
+void expect_sphere_cases_match_direct(const std::string& n) {
+  const std::vector<std::string> base = {"--n", n, "--d", "3", "--beta", "4"};
   expect_series_matches_direct(testing::with(base, {"--seed", "1"}), "S^2 usa");
   expect_series_matches_direct(
       testing::with(base, {"--kernel", "sa", "--v", "gaussian", "--prefix", "4", "--seed", "2"}),
@@ -135,8 +149,15 @@ TEST(FourierEvaluation, MatchesTheDirectSumOnZonalSystemsOfTheSphere) {
                                                     "--time-scale", "rescaled", "--seed", "3"}),
                                "S^2 sa rescaled, null tokens");
   expect_series_matches_direct(
-      {"--n", "20000", "--d", "3", "--beta", "-3", "--kernel", "sa", "--seed", "4"},
-      "S^2 repulsive");
+      {"--n", n, "--d", "3", "--beta", "-3", "--kernel", "sa", "--seed", "4"}, "S^2 repulsive");
+}
+
+TEST(FourierEvaluation, MatchesTheDirectSumOnZonalSystemsOfTheSphere) {
+  expect_sphere_cases_match_direct("20000");
+}
+
+TEST(FourierEvaluation, MatchesTheDirectSumOnSmallZonalSystemsOfTheSphere) {
+  expect_sphere_cases_match_direct("300");
 }
 
 TEST(FourierEvaluation, AWholeRunFollowsTheDirectOne) {
@@ -169,10 +190,16 @@ TEST(FourierEvaluation, RefusesWhatTheSeriesCannotTake) {
   EXPECT_NE(refusal({"--n", "8", "--d", "3", "--geometry", "rope"}).find("no gauge"),
             std::string::npos);
   EXPECT_EQ(refusal({"--n", "8", "--d", "3", "--v", "gaussian", "--seed", "1"}), "(accepted)");
-  EXPECT_NE(refusal({"--n", "8", "--d", "2", "--mask", "causal"}).find("no mask"),
-            std::string::npos);
-  EXPECT_NE(refusal({"--n", "8", "--d", "2", "--kernel", "sinkhorn"}).find("not sinkhorn"),
-            std::string::npos);
+  EXPECT_EQ(refusal({"--n", "8", "--d", "2", "--mask", "causal"}),
+            "--evaluation fourier: takes no mask or per-prompt rule (they break the series)");
+  // The kinds are the registry entry's (kSeriesEvaluation), in capability_refusal's words.
+  EXPECT_EQ(refusal({"--n", "8", "--d", "2", "--kernel", "sinkhorn"}),
+            "--kernel sinkhorn: --evaluation fourier takes --kernel usa, sa");
+  EXPECT_EQ(refusal({"--n", "8", "--d", "2", "--heads", "2"}),
+            capability_refusal(
+                "--evaluation fourier", kSeriesEvaluation.takes,
+                ModelKinds::of(build_model(config({"--n", "8", "--d", "2", "--heads", "2"})))));
+  EXPECT_NE(refusal({"--n", "8", "--d", "2", "--heads", "2"}), "(accepted)");
   EXPECT_NE(
       refusal({"--n", "8", "--d", "2", "--geometry", "rope", "--q", "gaussian", "--seed", "1"})
           .find("with a gauge, Q and K must both commute"),
@@ -191,10 +218,44 @@ TEST(FourierEvaluation, RefusesWhatTheSeriesCannotTake) {
   EXPECT_EQ(described_loop(*make_backend(
                 "cpu", large, BackendOptions{1, Precision::Double, PairEvaluation::Automatic})),
             "fourier");
+  // auto by cost: the measured crossovers at beta = 4, scaled by the series' length; at
+  // beta = 100 the circle needs four times the frequencies (78 against 20 with Q = K = I), so
+  // 2048 tokens stay direct.
+  EXPECT_EQ(fourier_from_tokens(large, 1e-13), 1024u);
+  EXPECT_EQ(fourier_from_tokens(build_model(config({"--n", "8", "--d", "3"})), 1e-13), 8192u);
+  const Model hot = build_model(config({"--n", "2048", "--d", "2", "--beta", "100"}));
+  EXPECT_EQ(
+      fourier_from_tokens(hot, 1e-13),
+      std::size_t(std::ceil(1024.0 * double(kernels::scaled_bessel_series(100.0, 1e-13).size()) /
+                            double(kernels::scaled_bessel_series(4.0, 1e-13).size()))));
+  EXPECT_GT(fourier_from_tokens(hot, 1e-13), 3u * 1024u);
+  const Model hot_sphere = build_model(config({"--n", "8", "--d", "3", "--beta", "30"}));
+  EXPECT_GT(fourier_from_tokens(hot_sphere, 1e-13), fourier_from_tokens(hot_sphere, 1e-6));
+  EXPECT_GT(fourier_from_tokens(hot_sphere, 1e-6), 8192u);
+  EXPECT_NE(described_loop(*make_backend(
+                "cpu", hot, BackendOptions{1, Precision::Double, PairEvaluation::Automatic})),
+            "fourier");
+  // A coarser tolerance, a shorter series: never below the measured crossover.
+  EXPECT_EQ(fourier_from_tokens(large, 1e-3), 1024u);
   EXPECT_NE(testing::usage_message({"--n", "8", "--d", "2", "--evaluation", "fourier", "--backend",
                                     "reference", "--out", "x.h5"})
                 .find("--evaluation fourier: the series runs on the host"),
             std::string::npos);
+  // The series has no derivatives, as its registry entry says: refused before any work.
+  {
+    const Model model = build_model(config({"--n", "8", "--d", "2"}));
+    auto backend = make_backend("cpu", model,
+                                BackendOptions{1, Precision::Double, PairEvaluation::Fourier});
+    const Dynamics dynamics(model, *backend, 1);
+    try {
+      dynamics.require_derivatives();
+      ADD_FAILURE() << "the series took derivatives";
+    } catch (const BackendUnavailable& error) {
+      EXPECT_EQ(std::string(error.what()),
+                "--evaluation fourier: has no derivatives (they take --evaluation direct, on "
+                "--backend cpu, reference)");
+    }
+  }
   EXPECT_NE(
       testing::usage_message({"--n", "8", "--d", "2", "--evaluation-tol", "1", "--out", "x.h5"})
           .find("--evaluation-tol 1: must lie in [1e-16, 1e-3]"),

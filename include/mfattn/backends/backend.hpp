@@ -141,13 +141,10 @@ enum class Precision { Double, Float };
 
 /// How a backend is asked to run. threads = 0 means the OpenMP default.
 /// How a backend's pair sums are taken (--evaluation): its pair loop, the circle's Fourier
-/// series (kernels/circle_series.hpp; the models fourier_evaluation_refusal accepts), or the
-/// series where it applies and pays (n >= fourier_from_tokens(d)), else the loop.
+/// series or S^2's harmonic series (kernels/circle_series.hpp; the models
+/// fourier_evaluation_refusal accepts), or the series where it applies and pays
+/// (n >= fourier_from_tokens), else the loop.
 enum class PairEvaluation { Direct, Fourier, Automatic };
-/// From this many tokens `--evaluation auto` takes the series where it applies: the measured
-/// crossovers of the cpu pair loop and the series at beta = 4 (docs/performance.md), about
-/// 500 on the circle and 8000 on S^2, rounded up.
-constexpr std::size_t fourier_from_tokens(std::size_t d) { return d == 2 ? 2048 : 8192; }
 
 struct BackendOptions {
   int threads = 0;
@@ -156,11 +153,22 @@ struct BackendOptions {
   double evaluation_tol = 1e-13;  ///< the series' truncation (kernels/circle_series.hpp)
 };
 
-/// Why the circle's Fourier series cannot evaluate `model` ("" when it can): d = 2, SA or USA,
-/// the post placement, the one head of Q, K, V, no mask, factor or per-prompt rule, count
-/// denominators, and with a gauge Q and K both conformal or both anti-conformal.
+/// Why the series cannot evaluate `model` (one line naming --evaluation fourier; "" when it
+/// can): d = 2 or 3; the kinds kSeriesEvaluation declares (SA or USA, the post placement, the
+/// one head of Q, K, V, no factor, count denominators); no mask or per-prompt rule; on S^2
+/// zonal kernels and no gauge; on the circle with a gauge Q and K both conformal or both
+/// anti-conformal.
 std::string fourier_evaluation_refusal(const Model& model);
-/// The series as a backend (BackendUnavailable, with the refusal, for a model it cannot take).
+/// From this many tokens `--evaluation auto` takes the series for `model` at tolerance tol, by
+/// cost: the pair loop's work grows as n^2 whatever beta, the series' as n times its length
+/// (P + 1 frequencies on the circle, (L + 1)^2 harmonics on S^2), which grows with beta and
+/// the tolerance. So the crossovers measured at beta = 4, Q = K = I and the default tolerance
+/// (1024 on the circle, 8192 on S^2: docs/performance.md) are scaled by the series' length
+/// for the model against its length there (never below them). The model must be one the
+/// series takes.
+std::size_t fourier_from_tokens(const Model& model, double tol);
+/// The series as a backend, for a model fourier_evaluation_refusal accepts (make_backend
+/// checks).
 std::unique_ptr<Backend> make_fourier_backend(const Model& model, const BackendOptions& options);
 
 /// One backend of the registry: its name (the value of --backend), a line for --help, and
@@ -180,6 +188,9 @@ struct BackendName {
   /// --evaluation fourier (or auto) may replace its pair loop by the circle's series, which
   /// runs on the host.
   bool takes_series = false;
+  /// The entry is a way of taking the pair sums (--evaluation), not a --backend: its messages
+  /// name --evaluation (kSeriesEvaluation).
+  bool is_evaluation = false;
 };
 
 
@@ -224,6 +235,26 @@ inline constexpr BackendName kBackendNames[] = {
       .receiver_scales = false}},
 };
 
+/// The entry of --evaluation fourier's series (backends/fourier/circle_fourier.cpp). It is no
+/// --backend: it replaces the pair loop of the entries that say takes_series, and find_evaluator
+/// gives it for the backends it makes (name() "fourier"). It declares what it takes of a
+/// model's kinds (fourier_evaluation_refusal adds the geometry the series needs: d = 2, or
+/// d = 3 with zonal kernels; no mask; with a gauge, conformal Q and K) and that it has no
+/// derivatives (a gradient takes --evaluation direct).
+inline constexpr Normalization kSeriesKernels[] = {Normalization::Usa, Normalization::Sa};
+inline constexpr Placement kSeriesPlacements[] = {Placement::Post};
+inline constexpr AuxFactor kSeriesFactors[] = {AuxFactor::None};
+inline constexpr BackendName kSeriesEvaluation = {
+    .name = "fourier",
+    .summary = "the circle's Fourier series, S^2's harmonic series (zonal kernels), on the host",
+    .takes = {.kernels = kSeriesKernels,
+              .placements = kSeriesPlacements,
+              .factors = kSeriesFactors,
+              .whole_layers = false,
+              .receivers_at_unit_speed = false,
+              .receiver_scales = false},
+    .is_evaluation = true};
+
 /// The refusal of the derivatives of `kinds` by the backend `entry`: "" where it takes them,
 /// else one line naming the option and value ("--backend cuda: has no derivatives (they run
 /// on --backend cpu, reference)", "differentiating on --backend cpu takes no receivers at unit
@@ -237,11 +268,21 @@ inline const BackendName* find_backend(std::string_view name) {
   return nullptr;
 }
 
+/// The entry of the backend whose Backend::name() is `name`: a --backend's, or the series'
+/// (kSeriesEvaluation); nullptr for none.
+inline const BackendName* find_evaluator(std::string_view name) {
+  if (name == kSeriesEvaluation.name) return &kSeriesEvaluation;
+  return find_backend(name);
+}
+
 inline std::string derivative_refusal(const BackendName& entry, const ModelKinds& kinds) {
   if (!entry.has_derivatives) {
     std::string with;
     for (const BackendName& other : kBackendNames)
       if (other.has_derivatives) with += (with.empty() ? "" : ", ") + std::string(other.name);
+    if (entry.is_evaluation)
+      return "--evaluation " + std::string(entry.name) +
+             ": has no derivatives (they take --evaluation direct, on --backend " + with + ")";
     return "--backend " + std::string(entry.name) + ": has no derivatives (they run on --backend " + with + ")";
   }
   return capability_refusal("differentiating on --backend " + std::string(entry.name), entry.differentiates, kinds);

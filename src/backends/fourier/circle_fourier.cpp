@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <complex>
 #include <memory>
@@ -88,25 +89,48 @@ SetSeries series_of(const Model& model, const AttentionMatrices& set, double tol
   return s;
 }
 
-/// What the two series share as backends: their name and the derivatives they do not have (the
-/// gradients of runs and Model.vjp take the pair loops).
+/// What the two series share as backends: their name, which find_evaluator maps to their
+/// registry entry (kSeriesEvaluation: no derivatives, refused there before any work).
 class SeriesBackend : public Backend {
  public:
-  std::string name() const override { return "fourier"; }
-  void derivative_forward(std::size_t, const double*, double*) override { refuse(); }
-  void output_vjp(std::size_t, const double*, const double*, double*, FieldNumbers&) override {
-    refuse();
-  }
-  void output_jvp(std::size_t, const double*, const double*, const FieldNumbers*,
-                  double*) override {
-    refuse();
+  std::string name() const override { return kSeriesEvaluation.name; }
+};
+
+/// The series of the matrix sets last seen, each kept with the numbers it was made from (the
+/// head's Q and K, beta, the gauge's presence), so that a set is expanded once, not at every
+/// evaluation, and a set whose numbers changed (a new layer) is expanded again.
+class SeriesCache {
+ public:
+  const SetSeries& of(const Model& model, const AttentionMatrices& set, double tol) {
+    Key key{model.beta, model.gauge ? 1.0 : 0.0};
+    const AttentionHead& head = set.heads.front();
+    std::size_t at = 2;
+    for (const auto& [matrix, identity] :
+         {std::pair{&head.query, head.query_identity}, std::pair{&head.key, head.key_identity}}) {
+      key[at++] = identity ? 1.0 : 0.0;
+      for (Eigen::Index e = 0; e < 4; ++e) key[at++] = identity ? 0.0 : (*matrix)(e / 2, e % 2);
+    }
+    for (const Entry& entry : entries_)
+      if (entry.set == &set && entry.key == key) return entry.series;
+    for (Entry& entry : entries_)
+      if (entry.set == &set) {
+        entry.key = key;
+        entry.series = series_of(model, set, tol);
+        return entry.series;
+      }
+    entries_.push_back(Entry{&set, key, series_of(model, set, tol)});
+    return entries_.back().series;
   }
 
  private:
-  [[noreturn]] static void refuse() {
-    throw BackendUnavailable(
-        "--evaluation fourier: has no derivatives (gradients take --evaluation direct)");
-  }
+  /// beta, the gauge's presence, then for Q and K: identity, and the four entries.
+  using Key = std::array<double, 12>;
+  struct Entry {
+    const AttentionMatrices* set;
+    Key key;
+    SetSeries series;
+  };
+  std::vector<Entry> entries_;
 };
 
 class FourierCircleBackend final : public SeriesBackend {
@@ -136,7 +160,7 @@ class FourierCircleBackend final : public SeriesBackend {
     const bool transported = model_.gauge && model_.values == ValueTransport::Transported;
     for (std::size_t r = 0; r < replicas; ++r) {
       const AttentionMatrices& set = model_.matrices_of(r);
-      const SetSeries s = series_of(model_, set, tol_);
+      const SetSeries& s = series_.of(model_, set, tol_);
       const int P = s.P(), width = 2 * P + 1;
       last_frequencies_ = width;
       const double* xr = x + r * n * d;
@@ -263,6 +287,7 @@ class FourierCircleBackend final : public SeriesBackend {
   std::vector<Complex> phases_, angle_, value_,
       partial_;  // e^{i phi_j}, e^{i xi_j}, z_j, block sums
   std::vector<double> weight_;
+  SeriesCache series_;
   int last_frequencies_ = 0;
 };
 
@@ -379,41 +404,74 @@ class FourierSphereBackend final : public SeriesBackend {
 
 }  // namespace
 
+namespace {
+
+/// The series' work per token for one matrix set at tolerance tol: the frequencies P + 1 of
+/// the circle (the moments' and the Horner loops' length), the (L + 1)^2 harmonics of S^2.
+double series_work(std::size_t d, double beta, const AttentionHead& head, double tol) {
+  if (d == 3) {
+    const double kappa = beta * zonal_scale(head, 3);
+    const double harmonics = double(kernels::scaled_spherical_bessel_series(kappa, tol).size());
+    return harmonics * harmonics;
+  }
+  const kernels::CircleScore score = kernels::circle_score(
+      beta, planar_of(head.query, head.query_identity), planar_of(head.key, head.key_identity));
+  return double(kernels::scaled_bessel_series(std::abs(score.difference), tol).size() +
+                kernels::scaled_bessel_series(std::abs(score.sum), tol).size() - 1);
+}
+
+}  // namespace
+
+std::size_t fourier_from_tokens(const Model& model, double tol) {
+  // The crossovers measured at beta = 4, Q = K = I and the default tolerance
+  // (docs/performance.md: the series faster from about 500 tokens on the circle, 8000 on S^2),
+  // on the circle with a margin of two (the symmetric pair loop there is the fastest direct
+  // loop; a gauge or prefix tokens take the one-sided loop, which favours the series more).
+  const std::size_t measured = model.d == 2 ? 1024 : 8192;
+  AttentionHead identity;
+  identity.query_identity = identity.key_identity = true;
+  const double reference = series_work(model.d, 4.0, identity, 1e-13);
+  double work = 0.0;
+  for (std::size_t r = 0; r < std::max<std::size_t>(model.matrices.size(), 1); ++r)
+    work = std::max(work,
+                    series_work(model.d, model.beta, model.matrices_of(r).heads.front(), tol));
+  return std::size_t(std::ceil(double(measured) * std::max(work / reference, 1.0)));
+}
+
 std::string fourier_evaluation_refusal(const Model& model) {
+  const std::string who = "--evaluation " + std::string(kSeriesEvaluation.name);
+  if (model.d != 2 && model.d != 3)
+    return who + ": takes d = 2 (the circle) or d = 3 (S^2, zonal kernels); d = " +
+           std::to_string(model.d) + " is summed directly";
+  // What the registry entry declares of the model's kinds (kernel, placement, factor, layer).
+  if (std::string refusal = capability_refusal(who, kSeriesEvaluation.takes, ModelKinds::of(model));
+      !refusal.empty())
+    return refusal;
+  // The geometry the series needs, beyond the kinds.
   if (model.d == 3) {
     if (model.gauge)
-      return "on S^2 takes no gauge (the zonal series needs kernels of <x_i, x_j> alone)";
+      return who + ": on S^2 takes no gauge (the zonal series needs kernels of <x_i, x_j> alone)";
     for (std::size_t r = 0; r < std::max<std::size_t>(model.matrices.size(), 1); ++r)
       if (std::isnan(zonal_scale(model.matrices_of(r).heads.front(), 3)))
-        return "on S^2 takes zonal kernels, Q^T K = c I (--q and --k identity, or a rotation and its scaling)";
+        return who +
+               ": on S^2 takes zonal kernels, Q^T K = c I (--q and --k identity, or a rotation and its scaling)";
   }
-  if (model.d != 2 && model.d != 3)
-    return "takes d = 2 (the circle) or d = 3 (S^2, zonal kernels); d = " +
-           std::to_string(model.d) + " is summed directly";
-  if (model.normalization == Normalization::Sinkhorn)
-    return "takes --kernel usa or sa, not sinkhorn";
-  if (model.placement != Placement::Post) return "takes the post placement (tokens on the circle)";
-  if (!model.one_head_of_contents()) return "takes the one head of --q, --k, --v (no whole layer)";
   if (model.pair_terms.any())
-    return "takes no mask, auxiliary factor or per-prompt rule (they break the series)";
-  if (!model.receiver_scale.empty()) return "takes --usa-denominator count";
-  if (model.receivers_at_unit_speed)
-    return "takes particles (not the mean-field quadrature's grid)";
+    return who + ": takes no mask or per-prompt rule (they break the series)";
   for (std::size_t r = 0; model.d == 2 && r < std::max<std::size_t>(model.matrices.size(), 1);
        ++r) {
     const AttentionHead& head = model.matrices_of(r).heads.front();
     const kernels::PlanarMap q = planar_of(head.query, head.query_identity);
     const kernels::PlanarMap k = planar_of(head.key, head.key_identity);
     if (gauge_sign(model, q, k) == -2)
-      return "with a gauge, Q and K must both commute with rotations (a I + b J) or both be reflections' "
+      return who +
+             ": with a gauge, Q and K must both commute with rotations (a I + b J) or both be reflections' "
              "multiples (a R + b R J): the series would need two angles per token";
   }
   return "";
 }
 
 std::unique_ptr<Backend> make_fourier_backend(const Model& model, const BackendOptions& options) {
-  if (const std::string refusal = fourier_evaluation_refusal(model); !refusal.empty())
-    throw BackendUnavailable("--evaluation fourier: " + refusal);
   if (model.d == 3) return std::make_unique<FourierSphereBackend>(model, options);
   return std::make_unique<FourierCircleBackend>(model, options);
 }
