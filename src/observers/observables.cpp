@@ -123,12 +123,15 @@ bool unit_rows(const double* x, std::size_t d, const std::vector<std::size_t>& m
 /// The pair pass over `moving` (indices of rows of x): min <x_i, x_j> and, with kStats, the
 /// close-pair count and the cluster components. d <= 8 runs in the CPU kernel set this
 /// process uses (cpu_pair_statistics), larger d through Eigen's GEMM; unit tokens on the
-/// circle beyond kSortedCircleTokens by their sorted angles (circle_pair_statistics).
+/// circle beyond kSortedCircleTokens by their sorted angles (circle_pair_statistics), on S^2
+/// beyond kSphereTreeTokens by a k-d tree (sphere_pair_statistics).
 template <bool kStats>
 PairStatistics pair_pass(const double* x, std::size_t d, const std::vector<std::size_t>& moving,
                          const ObservableSettings& settings) {
   if (d == 2 && moving.size() > kSortedCircleTokens && unit_rows(x, d, moving))
     return circle_pair_statistics(x, moving, settings);
+  if (d == 3 && moving.size() > kSphereTreeTokens && unit_rows(x, d, moving))
+    return sphere_pair_statistics(x, moving, settings, kStats);
   if (d <= kLanePairStatisticsDimensions)
     return cpu_pair_statistics(x, d, moving, 1.0 - settings.pair_delta, 1.0 - settings.cluster_delta, kStats);
   const std::size_t m = moving.size();

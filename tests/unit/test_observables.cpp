@@ -548,3 +548,67 @@ TEST(Observables, TheCirclesSortedPassIsTheAllPairsPass) {
 
 }  // namespace
 }  // namespace mfattn
+
+namespace mfattn {
+namespace {
+
+// The sphere's tree pass against the all-pairs pass it replaces beyond kSphereTreeTokens: the
+// same cluster count and close pairs, min_inner to rounding, on a uniform state, clusters of
+// every spread about the two thresholds' chords (so that node pairs straddle them), coincident
+// tokens, a collapsed state, two antipodal clusters and clusters on a great circle.
+TEST(Observables, TheSpheresTreePassIsTheAllPairsPass) {
+  std::mt19937_64 engine(5);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  ObservableSettings settings;
+  settings.pair_delta = 1e-3;
+  settings.cluster_delta = 1e-4;
+  auto unit = [](std::array<double, 3> v) {
+    const double norm = std::sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
+    return std::array<double, 3>{v[0] / norm, v[1] / norm, v[2] / norm};
+  };
+  struct Case {
+    const char* name;
+    std::vector<std::array<double, 3>> centres;
+    double spread;  // of each token about its centre (a seventh sit on the centre itself)
+  };
+  const std::vector<Case> cases = {
+      {"uniform", {}, 0.0},
+      {"clusters about the edge chord", {{1, 0, 0}, {0, 1, 0}, {0.3, -0.2, 0.9}}, 6e-3},
+      {"clusters about the close chord", {{0, 0, 1}, {0.6, 0.8, 0}}, 2e-2},
+      {"collapsed", {{0.2, 0.3, -0.9}}, 1e-7},
+      {"antipodal", {{0, 0, 1}, {0, 0, -1}}, 1e-3},
+      {"a great circle", {{1, 0, 0}, {0, 1, 0}, {-1, 0, 0}, {0, -1, 0}, {0.7, 0.7, 0}}, 3e-2},
+  };
+  for (const Case& c : cases) {
+    const std::size_t m = 5000;
+    std::vector<double> x(3 * m);
+    std::vector<std::size_t> tokens(m);
+    for (std::size_t a = 0; a < m; ++a) {
+      std::array<double, 3> v{normal(engine), normal(engine), normal(engine)};
+      if (!c.centres.empty()) {
+        const std::array<double, 3> centre = unit(c.centres[a % c.centres.size()]);
+        const double s = a % 7 == 0 ? 0.0 : c.spread;
+        v = {centre[0] + s * v[0], centre[1] + s * v[1], centre[2] + s * v[2]};
+      }
+      v = unit(v);
+      std::copy(v.begin(), v.end(), x.begin() + std::ptrdiff_t(3 * a));
+      tokens[a] = a;
+    }
+    const PairStatistics tree = sphere_pair_statistics(x.data(), tokens, settings);
+    const PairStatistics all = pair_statistics(x.data(), 3, tokens,
+                                               settings);  // m below the switch
+    EXPECT_EQ(tree.clusters, all.clusters) << c.name;
+    EXPECT_EQ(tree.close_pairs, all.close_pairs) << c.name;
+    EXPECT_EQ(tree.pairs, all.pairs);
+    EXPECT_NEAR(tree.min_inner, all.min_inner, 1e-15) << c.name;
+    EXPECT_EQ(sphere_pair_statistics(x.data(), tokens, settings, false).min_inner, tree.min_inner);
+    // The cases say something: clustered states have few clusters, and some pairs are close.
+    if (!c.centres.empty() && c.spread < 1e-2) {
+      EXPECT_LT(all.clusters, m / 10) << c.name;
+    }
+    EXPECT_GT(all.close_pairs, 0) << c.name;
+  }
+}
+
+}  // namespace
+}  // namespace mfattn

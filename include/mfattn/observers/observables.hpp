@@ -90,6 +90,18 @@ inline constexpr std::size_t kSortedCircleTokens = 65536;
 PairStatistics circle_pair_statistics(const double* x, const std::vector<std::size_t>& tokens,
                                       const ObservableSettings& settings = {});
 
+/// Beyond this many unit tokens on S^2 (d = 3) the pair pass takes a k-d tree of them
+/// (sphere_pair_statistics) instead of m^2 / 2 pairs.
+inline constexpr std::size_t kSphereTreeTokens = 16384;
+/// The pair pass of unit tokens on S^2 by a k-d tree (the same predicates on the same inner
+/// products): pairs of tree nodes whose boxes are all within, or all beyond, the chord of a
+/// threshold are counted or left whole, and only the pairs of nodes that straddle it are
+/// looked at point by point; min <x_i, x_j> is the farthest pair, by branch and bound. About
+/// O(m log m) for spread tokens and for clusters alike (docs/model.md section 6). counts:
+/// also the close pairs and the clusters (else min_inner alone).
+PairStatistics sphere_pair_statistics(const double* x, const std::vector<std::size_t>& tokens,
+                                      const ObservableSettings& settings = {}, bool counts = true);
+
 /// The d eigenvalues of (1/m) sum_{a} y_a y_a^T over m rows y_a of d numbers, descending
 /// (all NaN for m = 0). With fewer rows than dimensions (m < d, d > 4) they are those of the
 /// m x m Gram matrix (1/m) y_a . y_b and d - m exact zeros: O(m^2 d + m^3), not O(d^3).

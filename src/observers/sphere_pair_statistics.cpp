@@ -1,0 +1,303 @@
+// The pair pass of unit tokens on S^2 by a k-d tree (include/mfattn/observers/observables.hpp,
+// sphere_pair_statistics): the same three statistics as the m^2 / 2 pair pass, from pairs of
+// tree nodes. For unit rows <x, y> > t is |x - y|^2 < 2 - 2t, so a pair of nodes whose boxes
+// are nearer than the chord for every pair of points holds only close pairs (counted by the
+// product of their sizes), one farther apart for every pair holds none, and only the pairs of
+// nodes that straddle the chord are looked at point by point, by the pass's own predicate on
+// the same inner product. A margin of 1e-8 on the squared chord (the rows are unit to 1e-9 in
+// their squared norm, unit_rows) keeps every decision by boxes one the predicate would take.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "core/cluster_forests.hpp"
+#include "mfattn/observers/observables.hpp"
+
+namespace mfattn {
+namespace {
+
+constexpr std::size_t kDims = 3;
+/// Points in a leaf: a leaf pair's loop is 32 x 32 inner products.
+constexpr std::size_t kLeafPoints = 32;
+constexpr double kChordMargin = 1e-8;
+
+using Point = std::array<double, kDims>;
+
+double inner(const Point& u, const Point& v) { return u[0] * v[0] + u[1] * v[1] + u[2] * v[2]; }
+
+struct Node {
+  std::uint32_t begin = 0, end = 0;    ///< the points [begin, end) of the tree's order
+  std::int32_t left = -1, right = -1;  ///< children (-1: a leaf)
+  Point low{}, high{};                 ///< the box of its points
+  std::uint32_t size() const { return end - begin; }
+  bool leaf() const { return left < 0; }
+};
+
+/// The tokens in the tree's order and the tree: each node splits its box's widest side at the
+/// median point (std::nth_element, deterministic).
+class SphereTree {
+ public:
+  SphereTree(const double* x, const std::vector<std::size_t>& tokens) : points_(tokens.size()) {
+    for (std::size_t a = 0; a < tokens.size(); ++a)
+      for (std::size_t c = 0; c < kDims; ++c) points_[a][c] = x[tokens[a] * kDims + c];
+    nodes_.reserve(2 * (tokens.size() / kLeafPoints + 1));
+    build(0, std::uint32_t(points_.size()));
+  }
+  const std::vector<Point>& points() const { return points_; }
+  const std::vector<Node>& nodes() const { return nodes_; }
+
+  /// Squared distances between two nodes' boxes: the least and the largest over their points.
+  static double least_square(const Node& a, const Node& b) {
+    double sum = 0.0;
+    for (std::size_t c = 0; c < kDims; ++c) {
+      const double gap = std::max({0.0, b.low[c] - a.high[c], a.low[c] - b.high[c]});
+      sum += gap * gap;
+    }
+    return sum;
+  }
+  static double largest_square(const Node& a, const Node& b) {
+    double sum = 0.0;
+    for (std::size_t c = 0; c < kDims; ++c) {
+      const double span = std::max(b.high[c] - a.low[c], a.high[c] - b.low[c]);
+      sum += span * span;
+    }
+    return sum;
+  }
+
+ private:
+  std::int32_t build(std::uint32_t begin, std::uint32_t end) {
+    const auto index = std::int32_t(nodes_.size());
+    nodes_.push_back(Node{begin, end});
+    Node node{begin, end};
+    node.low.fill(std::numeric_limits<double>::infinity());
+    node.high.fill(-std::numeric_limits<double>::infinity());
+    for (std::uint32_t a = begin; a < end; ++a)
+      for (std::size_t c = 0; c < kDims; ++c) {
+        node.low[c] = std::min(node.low[c], points_[a][c]);
+        node.high[c] = std::max(node.high[c], points_[a][c]);
+      }
+    if (end - begin > kLeafPoints) {
+      std::size_t widest = 0;
+      for (std::size_t c = 1; c < kDims; ++c)
+        if (node.high[c] - node.low[c] > node.high[widest] - node.low[widest]) widest = c;
+      const std::uint32_t middle = begin + (end - begin) / 2;
+      std::nth_element(points_.begin() + begin, points_.begin() + middle, points_.begin() + end,
+                       [widest](const Point& u, const Point& v) { return u[widest] < v[widest]; });
+      node.left = build(begin, middle);
+      node.right = build(middle, end);
+    }
+    nodes_[std::size_t(index)] = node;
+    return index;
+  }
+
+  std::vector<Point> points_;
+  std::vector<Node> nodes_;
+};
+
+/// #{i < j : <x_i, x_j> > above} over the pairs of nodes a and b (a == b: the pairs within).
+std::int64_t count_close(const SphereTree& tree, std::int32_t a, std::int32_t b,
+                         double chord_square, double above) {
+  const Node& na = tree.nodes()[std::size_t(a)];
+  const Node& nb = tree.nodes()[std::size_t(b)];
+  if (SphereTree::least_square(na, nb) > chord_square + kChordMargin) return 0;
+  const bool same = a == b;
+  if (SphereTree::largest_square(na, nb) < chord_square - kChordMargin)
+    return same ? std::int64_t(na.size()) * (std::int64_t(na.size()) - 1) / 2
+                : std::int64_t(na.size()) * std::int64_t(nb.size());
+  if (na.leaf() && nb.leaf()) {
+    const std::vector<Point>& p = tree.points();
+    std::int64_t close = 0;
+    for (std::uint32_t i = na.begin; i < na.end; ++i)
+      for (std::uint32_t j = same ? i + 1 : nb.begin; j < nb.end; ++j)
+        close += inner(p[i], p[j]) > above;
+    return close;
+  }
+  if (same)
+    return count_close(tree, na.left, na.left, chord_square, above) +
+           count_close(tree, na.left, na.right, chord_square, above) +
+           count_close(tree, na.right, na.right, chord_square, above);
+  // Split the node with more points (a leaf is never split).
+  if (nb.leaf() || (!na.leaf() && na.size() >= nb.size()))
+    return count_close(tree, na.left, b, chord_square, above) +
+           count_close(tree, na.right, b, chord_square, above);
+  return count_close(tree, a, nb.left, chord_square, above) +
+         count_close(tree, a, nb.right, chord_square, above);
+}
+
+/// The cluster components: union-find over the tree's order, with each node's "whole" flag
+/// (its points known to be one component), so that a pair of nodes already joined is skipped.
+class ClusterJoin {
+ public:
+  ClusterJoin(const SphereTree& tree, double chord_square, double above)
+      : tree_(tree), forest_(tree.points().size()), whole_(tree.nodes().size(), false),
+        chord_square_(chord_square), above_(above) {}
+
+  std::size_t components() {
+    if (!tree_.nodes().empty()) join(0, 0);
+    return forest_.components();
+  }
+
+ private:
+  /// Every point of the node in one component (all its pairs are edges).
+  void make_whole(std::int32_t a) {
+    if (whole_[std::size_t(a)]) return;
+    const Node& node = tree_.nodes()[std::size_t(a)];
+    for (std::uint32_t i = node.begin + 1; i < node.end; ++i) forest_.unite(node.begin, i);
+    whole_[std::size_t(a)] = true;
+  }
+  bool joined(std::int32_t a, std::int32_t b) {
+    return whole_[std::size_t(a)] && whole_[std::size_t(b)] &&
+           forest_.find(tree_.nodes()[std::size_t(a)].begin) ==
+               forest_.find(tree_.nodes()[std::size_t(b)].begin);
+  }
+
+  void join(std::int32_t a, std::int32_t b) {
+    const Node& na = tree_.nodes()[std::size_t(a)];
+    const Node& nb = tree_.nodes()[std::size_t(b)];
+    if (joined(a, b) || forest_.whole()) return;
+    if (SphereTree::least_square(na, nb) > chord_square_ + kChordMargin) return;
+    if (SphereTree::largest_square(na, nb) < chord_square_ - kChordMargin) {
+      make_whole(a);
+      make_whole(b);
+      forest_.unite(na.begin, nb.begin);
+      return;
+    }
+    const bool same = a == b;
+    if (na.leaf() && nb.leaf()) {
+      const std::vector<Point>& p = tree_.points();
+      for (std::uint32_t i = na.begin; i < na.end; ++i)
+        for (std::uint32_t j = same ? i + 1 : nb.begin; j < nb.end; ++j)
+          if (inner(p[i], p[j]) > above_) forest_.unite(i, j);
+      // A leaf found to be one component need not be joined again.
+      if (same) {
+        const std::uint32_t root = forest_.find(na.begin);
+        bool one = true;
+        for (std::uint32_t i = na.begin + 1; i < na.end && one; ++i) one = forest_.find(i) == root;
+        whole_[std::size_t(a)] = one;
+      }
+      return;
+    }
+    if (same) {
+      join(na.left, na.left);
+      join(na.right, na.right);
+      join(na.left, na.right);
+      if (joined(na.left, na.right)) whole_[std::size_t(a)] = true;
+      return;
+    }
+    if (nb.leaf() || (!na.leaf() && na.size() >= nb.size())) {
+      join(na.left, b);
+      join(na.right, b);
+    } else {
+      join(a, nb.left);
+      join(a, nb.right);
+    }
+  }
+
+  const SphereTree& tree_;
+  UnionFind forest_;
+  std::vector<bool> whole_;
+  double chord_square_, above_;
+};
+
+/// min <x_i, x_j>: the farthest pair, by branch and bound from a first guess (two sweeps: the
+/// point farthest from the first, and the point farthest from that one). A pair of nodes is
+/// left when even its boxes' largest distance cannot give a smaller inner product.
+class FarthestPair {
+ public:
+  explicit FarthestPair(const SphereTree& tree) : tree_(tree) {}
+
+  double least_inner() {
+    const std::vector<Point>& p = tree_.points();
+    std::size_t far = 0;
+    for (int sweep = 0; sweep < 2; ++sweep) {
+      const Point from = p[far];
+      for (std::size_t j = 0; j < p.size(); ++j) {
+        const double value = inner(from, p[j]);
+        if (value < lowest_) lowest_ = value, far = j;
+      }
+    }
+    search(0, 0);
+    return lowest_;
+  }
+
+ private:
+  /// The least inner product a node pair can hold, for unit rows by two identities:
+  /// <x, y> = 1 - |x - y|^2 / 2 (tight for near pairs: a collapsed state) and
+  /// <x, y> = -1 + |x + y|^2 / 2, where |x + y| is at least the distance of a's box to b's box
+  /// reflected through the origin (tight for near-antipodal pairs, where the farthest pair of
+  /// spread tokens lies).
+  static double bound(const Node& a, const Node& b) {
+    double reflected = 0.0;
+    for (std::size_t c = 0; c < kDims; ++c) {
+      const double gap = std::max({0.0, -b.high[c] - a.high[c], a.low[c] + b.low[c]});
+      reflected += gap * gap;
+    }
+    return std::max(1.0 - 0.5 * SphereTree::largest_square(a, b), -1.0 + 0.5 * reflected) -
+           kChordMargin;
+  }
+
+  void search(std::int32_t a, std::int32_t b) {
+    const Node& na = tree_.nodes()[std::size_t(a)];
+    const Node& nb = tree_.nodes()[std::size_t(b)];
+    if (bound(na, nb) >= lowest_) return;
+    const bool same = a == b;
+    if (na.leaf() && nb.leaf()) {
+      const std::vector<Point>& p = tree_.points();
+      for (std::uint32_t i = na.begin; i < na.end; ++i)
+        for (std::uint32_t j = same ? i + 1 : nb.begin; j < nb.end; ++j)
+          lowest_ = std::min(lowest_, inner(p[i], p[j]));
+      return;
+    }
+    // The children's pairs, the most promising (least bound) first.
+    std::array<std::pair<std::int32_t, std::int32_t>, 4> pairs{};
+    std::size_t count = 0;
+    if (same) {
+      pairs[count++] = {na.left, na.right};
+      pairs[count++] = {na.left, na.left};
+      pairs[count++] = {na.right, na.right};
+    } else if (nb.leaf() || (!na.leaf() && na.size() >= nb.size())) {
+      pairs[count++] = {na.left, b};
+      pairs[count++] = {na.right, b};
+    } else {
+      pairs[count++] = {a, nb.left};
+      pairs[count++] = {a, nb.right};
+    }
+    std::array<double, 4> bounds{};
+    for (std::size_t k = 0; k < count; ++k)
+      bounds[k] = bound(tree_.nodes()[std::size_t(pairs[k].first)],
+                        tree_.nodes()[std::size_t(pairs[k].second)]);
+    std::array<std::size_t, 4> order{0, 1, 2, 3};
+    std::sort(order.begin(), order.begin() + std::ptrdiff_t(count),
+              [&](std::size_t u, std::size_t v) {
+                return bounds[u] < bounds[v] || (bounds[u] == bounds[v] && u < v);
+              });
+    for (std::size_t k = 0; k < count; ++k) search(pairs[order[k]].first, pairs[order[k]].second);
+  }
+
+  const SphereTree& tree_;
+  double lowest_ = 1.0;
+};
+
+}  // namespace
+
+PairStatistics sphere_pair_statistics(const double* x, const std::vector<std::size_t>& tokens,
+                                      const ObservableSettings& settings, bool counts) {
+  const std::size_t m = tokens.size();
+  PairStatistics stats;
+  stats.pairs = static_cast<std::int64_t>(m * (m > 0 ? m - 1 : 0) / 2);
+  stats.clusters = m;
+  if (m < 2) return stats;
+  const SphereTree tree(x, tokens);
+  stats.min_inner = FarthestPair(tree).least_inner();
+  if (!counts) return stats;
+  const double close_above = 1.0 - settings.pair_delta, edge_above = 1.0 - settings.cluster_delta;
+  stats.close_pairs = count_close(tree, 0, 0, 2.0 * settings.pair_delta, close_above);
+  stats.clusters = ClusterJoin(tree, 2.0 * settings.cluster_delta, edge_above).components();
+  return stats;
+}
+
+}  // namespace mfattn
