@@ -168,8 +168,42 @@ TEST(FourierEvaluation, AWholeRunFollowsTheDirectOne) {
   const testing::Trajectory series = testing::simulate(
       config(testing::with(args, {"--evaluation", "fourier"})));
   ASSERT_EQ(direct.frames.size(), series.frames.size());
-  // 20 steps of a collapsing system carry the 1e-13 of each evaluation to about 1e-10.
+  // rk4's stages leave the circle, where the series reads directions (docs/model.md section
+  // 2f): the two runs differ by the method's own error, about 1e-10 here.
   EXPECT_LT(testing::max_abs_difference(direct.frames.back().x, series.frames.back().x), 1e-9);
+  // euler evaluates on the circle only: the runs differ by the series' own 1e-13 an evaluation.
+  const std::vector<std::string> euler = testing::with(args, {"--integrator", "euler"});
+  const testing::Trajectory direct_euler = testing::simulate(config(euler));
+  const testing::Trajectory series_euler = testing::simulate(
+      config(testing::with(euler, {"--evaluation", "fourier"})));
+  EXPECT_LT(testing::max_abs_difference(direct_euler.frames.back().x, series_euler.frames.back().x),
+            1e-12);
+}
+
+// The stages of heun and rk4 leave the sphere by O(h^2); there the series' kernel reads the
+// tokens' directions (a smooth field that is the pair loop's on the sphere), so each method
+// keeps its order: the error against h = 0.0125 falls as h^2 and h^4 on the circle (random
+// Q, K) and on S^2 (a random V).
+TEST(FourierEvaluation, EveryMethodKeepsItsOrderThroughStagesOffTheSphere) {
+  for (const auto& [model, label] :
+       {std::pair{std::vector<std::string>{"--d", "2", "--q", "gaussian", "--k", "gaussian"},
+                  "circle"},
+        std::pair{std::vector<std::string>{"--d", "3", "--v", "gaussian"}, "S^2"}}) {
+    for (const auto& [method, order] : {std::pair{"heun", 2.0}, std::pair{"rk4", 4.0}}) {
+      auto final_state = [&](const char* dt) {
+        const std::vector<std::string> args = testing::with(
+            model,
+            {"--n", "300", "--beta", "4", "--kernel", "sa", "--seed", "5", "--integrator", method,
+             "--horizon", "1.6", "--dt", dt, "--save-every", "1.6", "--evaluation", "fourier"});
+        return testing::simulate(config(args)).frames.back().x;
+      };
+      const std::vector<double> reference = final_state("0.0125");
+      const double coarse = testing::max_abs_difference(final_state("0.1"), reference);
+      const double fine = testing::max_abs_difference(final_state("0.05"), reference);
+      // Measured: 2.05 and 2.04 for heun, 4.01 and 4.06 for rk4.
+      EXPECT_NEAR(std::log2(coarse / fine), order, 0.25) << label << " " << method;
+    }
+  }
 }
 
 TEST(FourierEvaluation, RefusesWhatTheSeriesCannotTake) {

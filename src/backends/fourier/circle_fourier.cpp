@@ -35,6 +35,19 @@ Complex times(const Complex& a, const Complex& b) {
   return {a.real() * b.real() - a.imag() * b.imag(), a.real() * b.imag() + a.imag() * b.real()};
 }
 
+/// u / |u| (u itself when 0): the point of the circle a token's kernel reads.
+Complex direction(const Complex& u) {
+  const double radius = std::hypot(u.real(), u.imag());
+  return radius > 0.0 ? Complex(u.real() / radius, u.imag() / radius) : u;
+}
+
+/// x / |x| of a point of R^3 into `out` (x itself when 0): the point of S^2 its kernel reads.
+void direction3(const double* x, double* out) {
+  const double radius = std::sqrt(x[0] * x[0] + x[1] * x[1] + x[2] * x[2]);
+  const double scale = radius > 0.0 ? 1.0 / radius : 1.0;
+  for (int c = 0; c < 3; ++c) out[c] = x[c] * scale;
+}
+
 bool negligible(const Complex& z, double scale) {
   return std::abs(z) <= 1e-14 * std::max(scale, 1e-300);
 }
@@ -177,7 +190,9 @@ class FourierCircleBackend final : public SeriesBackend {
         const Complex phase = s.sigma == 0  ? Complex(1.0, 0.0)
                               : s.sigma > 0 ? phases_[j]
                                             : std::conj(phases_[j]);
-        angle_[j] = times(u, phase);
+        // The kernel reads the token's direction (a stage of heun or rk4 lies off the circle
+        // by O(h^2): docs/model.md section 2f), the value the token itself, as the pair loop.
+        angle_[j] = times(direction(u), phase);
         value_[j] = transported ? times(u, phases_[j]) : u;
         weight_[j] = j < n ? model_.presence[j] : model_.prefix_weight;
       }
@@ -345,7 +360,9 @@ class FourierSphereBackend final : public SeriesBackend {
             const double p = j < n ? model_.presence[j] : model_.prefix_weight;
             if (p == 0.0) continue;
             const double* xj = j < n ? xr + j * d : model_.prefix.data() + (j - n) * d;
-            kernels::real_spherical_harmonics(xj, L, y.data(), scratch.data());
+            double unit[3];
+            direction3(xj, unit);  // the kernel reads directions, the values the tokens
+            kernels::real_spherical_harmonics(unit, L, y.data(), scratch.data());
             for (std::size_t h = 0; h < harmonics; ++h) {
               const double w = p * y[h];
               sums[h] += w;
@@ -374,7 +391,9 @@ class FourierSphereBackend final : public SeriesBackend {
         std::vector<double> y(harmonics), scratch(2 * std::size_t(L + 1));
 #pragma omp for schedule(static)
         for (std::size_t i = 0; i < n; ++i) {
-          kernels::real_spherical_harmonics(xr + i * d, L, y.data(), scratch.data());
+          double unit[3];
+          direction3(xr + i * d, unit);
+          kernels::real_spherical_harmonics(unit, L, y.data(), scratch.data());
           double weight_sum = 0.0, acc[3] = {0.0, 0.0, 0.0};
           for (std::size_t h = 0; h < harmonics; ++h) {
             weight_sum += coefficients[h] * y[h];
