@@ -33,7 +33,7 @@ def test_a_run_and_a_model_take_the_series(mfattn, mfattn_binary, tmp_path):
 def test_what_the_series_cannot_take_is_refused(mfattn_binary, tmp_path):
     out = tmp_path / "refused.h5"
     for extra, words in ((["--d", "4"], "takes d = 2 (the circle) or d = 3"),
-                         (["--d", "3", "--q", "gaussian"], "zonal kernels"), (["--d", "2", "--mask", "causal"], "no mask"),
+                         (["--d", "3", "--q", "gaussian"], "zonal kernels"), (["--d", "2", "--mask", "window"], "takes --mask full, causal or causal-strict"),
                          (["--d", "2", "--kernel", "sinkhorn"], "--kernel sinkhorn: --evaluation fourier takes --kernel usa, sa"),
                          (["--d", "2", "--geometry", "rope", "--q", "gaussian"], "with a gauge"),
                          (["--d", "2", "--backend", "reference"], "give --backend cpu"),
@@ -45,3 +45,19 @@ def test_what_the_series_cannot_take_is_refused(mfattn_binary, tmp_path):
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and words in lines[0], (extra, done.stderr)
         assert not out.exists()
+
+
+def test_a_causal_mask_is_summed_in_position_order_and_the_series_has_no_derivatives(mfattn):
+    # RoPE under a causal mask with prefix tokens: the series' prefix sums against the pair loop.
+    options = dict(n=3000, d=2, beta=4, kernel="sa", geometry="rope", mask="causal", prefix=3, v="gaussian", seed=6)
+    model, series = mfattn.Model(**options), mfattn.Model(**options, evaluation="fourier")
+    x = model.initial_state()
+    direct = model.velocity(x)
+    assert np.abs(series.velocity(x) - direct).max() < 1e-10 * np.abs(direct).max()
+    # Derivatives are refused by the series' registry entry, before any work.
+    try:
+        series.vjp(x, np.ones_like(x))
+    except ValueError as error:
+        assert "evaluation=fourier: has no derivatives (they take evaluation=direct" in str(error)
+    else:
+        raise AssertionError("the series gave a derivative")

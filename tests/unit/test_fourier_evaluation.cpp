@@ -4,6 +4,7 @@
 // (random Q, K, V, RoPE gauges, prefix tokens, null tokens, SA and USA, a repulsive beta,
 // rescaled time), the same bits for every thread count, a whole run, and the refusals.
 #include <cmath>
+#include <functional>
 #include <numbers>
 
 #include "test_support.hpp"
@@ -37,9 +38,11 @@ TEST(FourierEvaluation, ScaledBesselSeriesIsTheLibrarysAndMeetsItsTail) {
 
 // The series against the direct sum, velocities and weight sums, relative to their largest
 // values: the 1e-10 at the default tolerance (measured: about 1e-13).
-void expect_series_matches_direct(std::vector<std::string> args, const std::string& label) {
+void expect_series_matches_direct(std::vector<std::string> args, const std::string& label,
+                                  const std::function<void(Model&)>& change = {}) {
   RunConfig cfg = config(args);
-  const Model model = build_model(cfg);
+  Model model = build_model(cfg);
+  if (change) change(model);
   const State state = build_initial_state(cfg, model);
   std::vector<double> direct_sums, series_sums;
   const std::vector<double> direct = evaluate_velocity(model, state, "cpu", 2, &direct_sums);
@@ -86,6 +89,24 @@ void expect_circle_cases_match_direct(const std::string& n) {
       {"--n", n, "--d", "2", "--beta", "-3", "--kernel", "sa", "--replicas", "2", "--q", "gaussian",
        "--k", "gaussian", "--matrices", "per-replica", "--seed", "6"},
       "sa, repulsive, per-replica sets");
+  // Causal masks, by prefix sums in position order: RoPE with prefix tokens (always seen),
+  // random positions with null tokens, and positions in tied groups of three.
+  expect_series_matches_direct(
+      testing::with(base, {"--kernel", "sa", "--geometry", "rope", "--v", "gaussian", "--prefix",
+                           "4", "--mask", "causal", "--seed", "7"}),
+      "sa, rope, prefix, causal");
+  expect_series_matches_direct(
+      testing::with(
+          base, {"--kernel", "usa", "--q", "gaussian", "--k", "gaussian", "--mask", "causal-strict",
+                 "--positions", "random", "--null-tokens", "5", "--seed", "8"}),
+      "usa, random Q, K, causal-strict, random positions");
+  for (const char* mask : {"causal", "causal-strict"})
+    expect_series_matches_direct(
+        testing::with(base, {"--kernel", "sa", "--mask", mask, "--q", "gaussian", "--seed", "9"}),
+        std::string("sa, tied positions, ") + mask, [](Model& model) {
+          for (std::size_t i = 0; i < model.n; ++i)
+            model.positions[i * model.position_dim] = double(i / 3);
+        });
 }
 
 // The size; the sanitizer build skips it and runs the same cases at a few hundred tokens
@@ -150,6 +171,18 @@ void expect_sphere_cases_match_direct(const std::string& n) {
                                "S^2 sa rescaled, null tokens");
   expect_series_matches_direct(
       {"--n", n, "--d", "3", "--beta", "-3", "--kernel", "sa", "--seed", "4"}, "S^2 repulsive");
+  expect_series_matches_direct(testing::with(base, {"--kernel", "sa", "--v", "gaussian", "--prefix",
+                                                    "3", "--mask", "causal", "--seed", "5"}),
+                               "S^2 sa, prefix, causal");
+  expect_series_matches_direct(testing::with(base, {"--kernel", "usa", "--mask", "causal-strict",
+                                                    "--positions", "random", "--seed", "6"}),
+                               "S^2 usa, causal-strict, random positions");
+  expect_series_matches_direct(
+      testing::with(base, {"--kernel", "sa", "--mask", "causal-strict", "--seed", "7"}),
+      "S^2 sa, tied positions, causal-strict", [](Model& model) {
+        for (std::size_t i = 0; i < model.n; ++i)
+          model.positions[i * model.position_dim] = double(i / 4);
+      });
 }
 
 TEST(FourierEvaluation, MatchesTheDirectSumOnZonalSystemsOfTheSphere) {
@@ -224,8 +257,11 @@ TEST(FourierEvaluation, RefusesWhatTheSeriesCannotTake) {
   EXPECT_NE(refusal({"--n", "8", "--d", "3", "--geometry", "rope"}).find("no gauge"),
             std::string::npos);
   EXPECT_EQ(refusal({"--n", "8", "--d", "3", "--v", "gaussian", "--seed", "1"}), "(accepted)");
-  EXPECT_EQ(refusal({"--n", "8", "--d", "2", "--mask", "causal"}),
-            "--evaluation fourier: takes no mask or per-prompt rule (they break the series)");
+  EXPECT_EQ(
+      refusal({"--n", "8", "--d", "2", "--mask", "window"}),
+      "--evaluation fourier: takes --mask full, causal or causal-strict (a window or per-prompt rule breaks "
+      "the series)");
+  EXPECT_EQ(refusal({"--n", "8", "--d", "2", "--mask", "causal"}), "(accepted)");
   // The kinds are the registry entry's (kSeriesEvaluation), in capability_refusal's words.
   EXPECT_EQ(refusal({"--n", "8", "--d", "2", "--kernel", "sinkhorn"}),
             "--kernel sinkhorn: --evaluation fourier takes --kernel usa, sa");
@@ -244,7 +280,7 @@ TEST(FourierEvaluation, RefusesWhatTheSeriesCannotTake) {
   EXPECT_NE(described_loop(*make_backend(
                 "cpu", small, BackendOptions{1, Precision::Double, PairEvaluation::Automatic})),
             "fourier");
-  const Model masked = build_model(config({"--n", "4096", "--d", "2", "--mask", "causal"}));
+  const Model masked = build_model(config({"--n", "4096", "--d", "2", "--mask", "window"}));
   EXPECT_NE(described_loop(*make_backend(
                 "cpu", masked, BackendOptions{1, Precision::Double, PairEvaluation::Automatic})),
             "fourier");
@@ -269,6 +305,20 @@ TEST(FourierEvaluation, RefusesWhatTheSeriesCannotTake) {
   EXPECT_NE(described_loop(*make_backend(
                 "cpu", hot, BackendOptions{1, Precision::Double, PairEvaluation::Automatic})),
             "fourier");
+  // A causal mask on the circle adds each receiver's contraction, (2K + 1)(2L + 1) / 3: with
+  // Q = K = I at beta = 4 (K = 19, L = 0) 20 + 13 against 20.
+  EXPECT_EQ(
+      fourier_from_tokens(
+          build_model(config({"--n", "8", "--d", "2", "--beta", "4", "--mask", "causal"})), 1e-13),
+      std::size_t(std::ceil(1024.0 * 33.0 / 20.0)));
+  const Model random_causal = build_model(
+      config({"--n", "8", "--d", "2", "--beta", "4", "--q", "gaussian", "--k", "gaussian", "--mask",
+              "causal"}));
+  // With random Q and K both ways (measured there: n* = 31420, the crossover about 10^4).
+  EXPECT_GT(fourier_from_tokens(random_causal, 1e-13),
+            10u * fourier_from_tokens(build_model(config({"--n", "8", "--d", "2", "--beta", "4",
+                                                          "--q", "gaussian", "--k", "gaussian"})),
+                                      1e-13));
   // A coarser tolerance, a shorter series: never below the measured crossover.
   EXPECT_EQ(fourier_from_tokens(large, 1e-3), 1024u);
   EXPECT_NE(testing::usage_message({"--n", "8", "--d", "2", "--evaluation", "fourier", "--backend",
