@@ -239,6 +239,28 @@ TEST(FourierEvaluation, EveryMethodKeepsItsOrderThroughStagesOffTheSphere) {
   }
 }
 
+// Null tokens (presence 0, appended; eps_den given, since auto sets it with them) leave every
+// other token's trajectory bit for bit, with the series as with the pair loops: they are
+// skipped in the moments, and the blocks of sources before them are the same. 5000 tokens: two
+// blocks, so the blocks' order is in play.
+TEST(FourierEvaluation, NullTokensLeaveTheTrajectoriesBitIdentical) {
+  for (const char* d : {"2", "3"})
+    for (const char* mask : {"full", "causal"}) {
+      const std::vector<std::string> base = {
+          "--n",          "5000", "--d",          d,         "--beta",    "4",   "--kernel", "sa",
+          "--mask",       mask,   "--eps-den",    "1e-12",   "--horizon", "0.2", "--dt",     "0.1",
+          "--save-every", "0.2",  "--evaluation", "fourier", "--seed",    "3"};
+      const testing::Trajectory plain = testing::simulate(config(base), 2);
+      const testing::Trajectory padded = testing::simulate(
+          config(testing::with(base, {"--null-tokens", "3000"})), 2);
+      const std::size_t active = 5000 * plain.model.d;
+      EXPECT_TRUE(
+          bitwise_equal(plain.frames.back().x.data(), padded.frames.back().x.data(), active))
+          << "d " << d << " " << mask;
+      EXPECT_GT(testing::max_abs_difference(plain.frames.front().x, plain.frames.back().x), 1e-4);
+    }
+}
+
 TEST(FourierEvaluation, RefusesWhatTheSeriesCannotTake) {
   auto refusal = [](std::vector<std::string> args) {
     const Model model = build_model(config(args));
