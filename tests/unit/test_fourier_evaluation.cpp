@@ -218,25 +218,26 @@ TEST(FourierEvaluation, AWholeRunFollowsTheDirectOne) {
 // keeps its order: the error against h = 0.0125 falls as h^2 and h^4 on the circle (random
 // Q, K) and on S^2 (a random V).
 TEST(FourierEvaluation, EveryMethodKeepsItsOrderThroughStagesOffTheSphere) {
-  for (const auto& [model, label] :
-       {std::pair{std::vector<std::string>{"--d", "2", "--q", "gaussian", "--k", "gaussian"},
-                  "circle"},
-        std::pair{std::vector<std::string>{"--d", "3", "--v", "gaussian"}, "S^2"}}) {
-    for (const auto& [method, order] : {std::pair{"heun", 2.0}, std::pair{"rk4", 4.0}}) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> geometries = {
+      {{"--d", "2", "--q", "gaussian", "--k", "gaussian"}, "circle"},
+      {{"--d", "3", "--v", "gaussian"}, "S^2"}};
+  const std::vector<std::pair<std::string, double>> methods = {{"heun", 2.0}, {"rk4", 4.0}};
+  for (const auto& geometry : geometries)
+    for (const auto& method : methods) {
       auto final_state = [&](const char* dt) {
         const std::vector<std::string> args = testing::with(
-            model,
-            {"--n", "300", "--beta", "4", "--kernel", "sa", "--seed", "5", "--integrator", method,
-             "--horizon", "1.6", "--dt", dt, "--save-every", "1.6", "--evaluation", "fourier"});
+            geometry.first, {"--n", "300", "--beta", "4", "--kernel", "sa", "--seed", "5",
+                             "--integrator", method.first, "--horizon", "1.6", "--dt", dt,
+                             "--save-every", "1.6", "--evaluation", "fourier"});
         return testing::simulate(config(args)).frames.back().x;
       };
       const std::vector<double> reference = final_state("0.0125");
       const double coarse = testing::max_abs_difference(final_state("0.1"), reference);
       const double fine = testing::max_abs_difference(final_state("0.05"), reference);
       // Measured: 2.05 and 2.04 for heun, 4.01 and 4.06 for rk4.
-      EXPECT_NEAR(std::log2(coarse / fine), order, 0.25) << label << " " << method;
+      EXPECT_NEAR(std::log2(coarse / fine), method.second, 0.25)
+          << geometry.second << " " << method.first;
     }
-  }
 }
 
 // Null tokens (presence 0, appended; eps_den given, since auto sets it with them) leave every
