@@ -194,7 +194,7 @@ TEST(FourierEvaluation, MatchesTheDirectSumOnSmallZonalSystemsOfTheSphere) {
 }
 
 TEST(FourierEvaluation, AWholeRunFollowsTheDirectOne) {
-  const std::vector<std::string> args = {"--n",          "3000", "--d",       "2", "--beta", "4",
+  const std::vector<std::string> args = {"--n",          "1000", "--d",       "2", "--beta", "4",
                                          "--kernel",     "sa",   "--horizon", "1", "--dt",   "0.05",
                                          "--save-every", "0.5",  "--seed",    "7"};
   const testing::Trajectory direct = testing::simulate(config(args));
