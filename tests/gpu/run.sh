@@ -45,7 +45,7 @@ cat "$results/bench.txt"
 
 # The same run on the development machine's CPU backend (2 cores, AVX-512, 2026-12-02): 64
 # replicas took 2.93 s, so 1024 take about 46.9 s (1.07e11 pair evaluations, 2.3e9 pairs/s);
-# the target is under 1 s and at least 100 times that.
+# the target is under 1 s and at least 100 times that.
 step "ensemble: 1024 replicas of n = 256, d = 3, SA, rk4, dt 0.05 to t = 20 (resident kernel)"
 ensemble_start=$(date +%s.%N)
 timeout 120 "$bin/mfattn" run --backend cuda --threads "$threads" --replicas 1024 --n 256 --d 3 \

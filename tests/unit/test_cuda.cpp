@@ -52,7 +52,7 @@ std::vector<double> velocity_of(Backend& backend, const State& state, std::size_
   return velocity;
 }
 
-/// The scale of the accuracy rule, per receiver: p_i sum_j |w_ij| |v_ij| / N_i with
+/// The scale of the accuracy rule, per receiver: p_i sum_j |w_ij| |v_ij| / N_i with
 /// N_i = M (USA) or eps_den + sum_j w_ij (SA), taken pair by pair as the reference backend
 /// takes the velocity.
 std::vector<double> absolute_scales(const Model& model, const State& state) {

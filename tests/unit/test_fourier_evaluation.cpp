@@ -37,7 +37,7 @@ TEST(FourierEvaluation, ScaledBesselSeriesIsTheLibrarysAndMeetsItsTail) {
 }
 
 // The series against the direct sum, velocities and weight sums, relative to their largest
-// values: the 1e-10 at the default tolerance (measured: about 1e-13).
+// values: 1e-10 at the default tolerance (measured: about 1e-13).
 void expect_series_matches_direct(std::vector<std::string> args, const std::string& label,
                                   const std::function<void(Model&)>& change = {}) {
   RunConfig cfg = config(args);
@@ -64,6 +64,14 @@ void expect_series_matches_direct(std::vector<std::string> args, const std::stri
   std::vector<double> alone(state.size());
   one->velocity(state.replicas, state.x.data(), alone.data(), nullptr);
   EXPECT_TRUE(bitwise_equal(alone.data(), series.data(), series.size())) << label;
+}
+
+// A change of a built model: positions in tied groups of `group` tokens (0, 0, 0, 1, 1, 1, ...).
+std::function<void(Model&)> tied_positions(std::size_t group) {
+  return [group](Model& model) {
+    for (std::size_t i = 0; i < model.n; ++i)
+      model.positions[i * model.position_dim] = double(i / group);
+  };
 }
 
 // The circle's cases at n tokens: random Q, K, V, RoPE gauges, prefix tokens, null tokens, SA and
@@ -103,13 +111,10 @@ void expect_circle_cases_match_direct(const std::string& n) {
   for (const char* mask : {"causal", "causal-strict"})
     expect_series_matches_direct(
         testing::with(base, {"--kernel", "sa", "--mask", mask, "--q", "gaussian", "--seed", "9"}),
-        std::string("sa, tied positions, ") + mask, [](Model& model) {
-          for (std::size_t i = 0; i < model.n; ++i)
-            model.positions[i * model.position_dim] = double(i / 3);
-        });
+        std::string("sa, tied positions, ") + mask, tied_positions(3));
 }
 
-// The size; the sanitizer build skips it and runs the same cases at a few hundred tokens
+// 2 x 10^4 tokens; the sanitizer build skips it and runs the same cases at a few hundred tokens
 // (the same code paths, one source block).
 TEST(FourierEvaluation, MatchesTheDirectSumOnRandomSystemsOfTheCircle) {
   expect_circle_cases_match_direct("20000");
@@ -179,10 +184,7 @@ void expect_sphere_cases_match_direct(const std::string& n) {
                                "S^2 usa, causal-strict, random positions");
   expect_series_matches_direct(
       testing::with(base, {"--kernel", "sa", "--mask", "causal-strict", "--seed", "7"}),
-      "S^2 sa, tied positions, causal-strict", [](Model& model) {
-        for (std::size_t i = 0; i < model.n; ++i)
-          model.positions[i * model.position_dim] = double(i / 4);
-      });
+      "S^2 sa, tied positions, causal-strict", tied_positions(4));
 }
 
 TEST(FourierEvaluation, MatchesTheDirectSumOnZonalSystemsOfTheSphere) {
