@@ -50,6 +50,20 @@ inline CircleScore circle_score(double beta, const PlanarMap& q, const PlanarMap
           beta * (q.mu * std::conj(k.nu) + std::conj(q.nu) * k.mu)};
 }
 
+/// The score itself, s_ij = Re(a e^{i alpha} w_i conj(w_j)) + Re(b e^{i gamma} w_i w_j), from the
+/// tokens' w = e^{i xi}: what the series expands. The series' backends sum it directly for a
+/// receiver whose weights the truncated series cannot resolve (few sources, all far).
+inline double circle_pair_score(const CircleScore& score, std::complex<double> w_i,
+                                std::complex<double> w_j) {
+  return (score.difference * w_i * std::conj(w_j)).real() + (score.sum * w_i * w_j).real();
+}
+
+/// The zonal score on S^2, kappa <u_i, u_j> of the tokens' directions: what the harmonic series
+/// expands (as circle_pair_score, for the receivers it cannot resolve).
+inline double zonal_pair_score(double kappa, const double* u_i, const double* u_j) {
+  return kappa * (u_i[0] * u_j[0] + u_i[1] * u_j[1] + u_i[2] * u_j[2]);
+}
+
 /// The backward recurrence of Miller's algorithm, shared by both Bessel families: values v_k for
 /// k = 0..start (start far beyond any truncation: the terms fall like exp(-k^2 / (2 |x|)) past
 /// k ~ |x|), from v_start = tiny, v_{k-1} = v_{k+1} + step(k) v_k, rescaled when large (only

@@ -5,7 +5,8 @@
 // product of their sizes), one farther apart for every pair holds none, and only the pairs of
 // nodes that straddle the chord are looked at point by point, by the pass's own predicate on
 // the same inner product. A margin of 1e-8 on the squared chord (the rows are unit to 1e-9 in
-// their squared norm, unit_rows) keeps every decision by boxes one the predicate would take.
+// their squared norm, unit_rows) keeps every such decision one the predicate would take. The
+// least inner product needs no margin: its bounds use the nodes' own norms.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -21,7 +22,8 @@ namespace mfattn {
 namespace {
 
 constexpr std::size_t kDims = 3;
-/// Points in a leaf: a leaf pair's loop is 32 x 32 inner products.
+/// Points in a leaf, at most (a median split leaves 17 to 32): a leaf pair's loop is at most
+/// 32 x 32 inner products.
 constexpr std::size_t kLeafPoints = 32;
 constexpr double kChordMargin = 1e-8;
 
@@ -33,6 +35,7 @@ struct Node {
   std::uint32_t begin = 0, end = 0;    ///< the points [begin, end) of the tree's order
   std::int32_t left = -1, right = -1;  ///< children (-1: a leaf)
   Point low{}, high{};                 ///< the box of its points
+  double least_norm2 = 0.0, largest_norm2 = 0.0;  ///< of |x|^2 over its points
   std::uint32_t size() const { return end - begin; }
   bool leaf() const { return left < 0; }
 };
@@ -75,11 +78,17 @@ class SphereTree {
     Node node{begin, end};
     node.low.fill(std::numeric_limits<double>::infinity());
     node.high.fill(-std::numeric_limits<double>::infinity());
-    for (std::uint32_t a = begin; a < end; ++a)
+    node.least_norm2 = std::numeric_limits<double>::infinity();
+    node.largest_norm2 = 0.0;
+    for (std::uint32_t a = begin; a < end; ++a) {
       for (std::size_t c = 0; c < kDims; ++c) {
         node.low[c] = std::min(node.low[c], points_[a][c]);
         node.high[c] = std::max(node.high[c], points_[a][c]);
       }
+      const double norm2 = inner(points_[a], points_[a]);
+      node.least_norm2 = std::min(node.least_norm2, norm2);
+      node.largest_norm2 = std::max(node.largest_norm2, norm2);
+    }
     if (end - begin > kLeafPoints) {
       std::size_t widest = 0;
       for (std::size_t c = 1; c < kDims; ++c)
@@ -100,7 +109,7 @@ class SphereTree {
 
 /// #{i < j : <x_i, x_j> > above} over the pairs of nodes a and b (a == b: the pairs within).
 std::int64_t count_close(const SphereTree& tree, std::int32_t a, std::int32_t b,
-                         double chord_square, double above) {
+                         double chord_square, double above, std::int64_t& work) {
   const Node& na = tree.nodes()[std::size_t(a)];
   const Node& nb = tree.nodes()[std::size_t(b)];
   if (SphereTree::least_square(na, nb) > chord_square + kChordMargin) return 0;
@@ -114,27 +123,29 @@ std::int64_t count_close(const SphereTree& tree, std::int32_t a, std::int32_t b,
     for (std::uint32_t i = na.begin; i < na.end; ++i)
       for (std::uint32_t j = same ? i + 1 : nb.begin; j < nb.end; ++j)
         close += inner(p[i], p[j]) > above;
+    work += same ? std::int64_t(na.size()) * (std::int64_t(na.size()) - 1) / 2
+                 : std::int64_t(na.size()) * std::int64_t(nb.size());
     return close;
   }
   if (same)
-    return count_close(tree, na.left, na.left, chord_square, above) +
-           count_close(tree, na.left, na.right, chord_square, above) +
-           count_close(tree, na.right, na.right, chord_square, above);
+    return count_close(tree, na.left, na.left, chord_square, above, work) +
+           count_close(tree, na.left, na.right, chord_square, above, work) +
+           count_close(tree, na.right, na.right, chord_square, above, work);
   // Split the node with more points (a leaf is never split).
   if (nb.leaf() || (!na.leaf() && na.size() >= nb.size()))
-    return count_close(tree, na.left, b, chord_square, above) +
-           count_close(tree, na.right, b, chord_square, above);
-  return count_close(tree, a, nb.left, chord_square, above) +
-         count_close(tree, a, nb.right, chord_square, above);
+    return count_close(tree, na.left, b, chord_square, above, work) +
+           count_close(tree, na.right, b, chord_square, above, work);
+  return count_close(tree, a, nb.left, chord_square, above, work) +
+         count_close(tree, a, nb.right, chord_square, above, work);
 }
 
 /// The cluster components: union-find over the tree's order, with each node's "whole" flag
 /// (its points known to be one component), so that a pair of nodes already joined is skipped.
 class ClusterJoin {
  public:
-  ClusterJoin(const SphereTree& tree, double chord_square, double above)
+  ClusterJoin(const SphereTree& tree, double chord_square, double above, std::int64_t& work)
       : tree_(tree), forest_(tree.points().size()), whole_(tree.nodes().size(), false),
-        chord_square_(chord_square), above_(above) {}
+        chord_square_(chord_square), above_(above), work_(work) {}
 
   std::size_t components() {
     if (!tree_.nodes().empty()) join(0, 0);
@@ -142,7 +153,8 @@ class ClusterJoin {
   }
 
  private:
-  /// Every point of the node in one component (all its pairs are edges).
+  /// Every point of the node in one component (its pairs are joined, directly or through the
+  /// node it was found to join whole).
   void make_whole(std::int32_t a) {
     if (whole_[std::size_t(a)]) return;
     const Node& node = tree_.nodes()[std::size_t(a)];
@@ -172,6 +184,8 @@ class ClusterJoin {
       for (std::uint32_t i = na.begin; i < na.end; ++i)
         for (std::uint32_t j = same ? i + 1 : nb.begin; j < nb.end; ++j)
           if (inner(p[i], p[j]) > above_) forest_.unite(i, j);
+      work_ += same ? std::int64_t(na.size()) * (std::int64_t(na.size()) - 1) / 2
+                    : std::int64_t(na.size()) * std::int64_t(nb.size());
       // A leaf found to be one component need not be joined again.
       if (same) {
         const std::uint32_t root = forest_.find(na.begin);
@@ -201,48 +215,55 @@ class ClusterJoin {
   UnionFind forest_;
   std::vector<bool> whole_;
   double chord_square_, above_;
+  std::int64_t& work_;
 };
 
 /// min <x_i, x_j>: the farthest pair, by branch and bound from a first guess (two sweeps: the
 /// point farthest from the first, and the point farthest from that one). A pair of nodes is
-/// left when even its boxes' largest distance cannot give a smaller inner product.
+/// left when even its bound cannot give a smaller inner product.
 class FarthestPair {
  public:
-  explicit FarthestPair(const SphereTree& tree) : tree_(tree) {}
+  FarthestPair(const SphereTree& tree, std::int64_t& work) : tree_(tree), work_(work) {}
 
   double least_inner() {
     const std::vector<Point>& p = tree_.points();
     std::size_t far = 0;
     for (int sweep = 0; sweep < 2; ++sweep) {
-      const Point from = p[far];
+      const std::size_t from = far;
       for (std::size_t j = 0; j < p.size(); ++j) {
-        const double value = inner(from, p[j]);
+        if (j == from) continue;  // a pair, not the point with itself
+        const double value = inner(p[from], p[j]);
         if (value < lowest_) lowest_ = value, far = j;
       }
     }
+    work_ += 2 * std::int64_t(p.size());
     search(0, 0);
     return lowest_;
   }
 
  private:
-  /// The least inner product a node pair can hold, for unit rows by two identities:
-  /// <x, y> = 1 - |x - y|^2 / 2 (tight for near pairs: a collapsed state) and
-  /// <x, y> = -1 + |x + y|^2 / 2, where |x + y| is at least the distance of a's box to b's box
-  /// reflected through the origin (tight for near-antipodal pairs, where the farthest pair of
-  /// spread tokens lies).
+  /// The least inner product a node pair can hold, from two identities with the nodes' own
+  /// norms (no unit rows assumed, so no margin beyond rounding):
+  ///   <x, y> = (|x|^2 + |y|^2 - |x - y|^2) / 2 >= (least_a + least_b - D^2) / 2, tight for
+  ///     near pairs (a collapsed state), D the boxes' largest distance;
+  ///   <x, y> = (|x + y|^2 - |x|^2 - |y|^2) / 2 >= (R^2 - largest_a - largest_b) / 2, tight
+  ///     for near-antipodal pairs (where the farthest pair of spread tokens lies, and across a
+  ///     bipodal state), R the distance of a's box to b's box reflected through the origin.
   static double bound(const Node& a, const Node& b) {
     double reflected = 0.0;
     for (std::size_t c = 0; c < kDims; ++c) {
       const double gap = std::max({0.0, -b.high[c] - a.high[c], a.low[c] + b.low[c]});
       reflected += gap * gap;
     }
-    return std::max(1.0 - 0.5 * SphereTree::largest_square(a, b), -1.0 + 0.5 * reflected) -
-           kChordMargin;
+    return 0.5 * std::max(a.least_norm2 + b.least_norm2 - SphereTree::largest_square(a, b),
+                          reflected - a.largest_norm2 - b.largest_norm2);
   }
 
   void search(std::int32_t a, std::int32_t b) {
     const Node& na = tree_.nodes()[std::size_t(a)];
     const Node& nb = tree_.nodes()[std::size_t(b)];
+    // Left when the bound reaches the least found: a pair left holds no inner product below it
+    // by more than the bound's rounding (min_inner within 1e-15 of the all-pairs pass).
     if (bound(na, nb) >= lowest_) return;
     const bool same = a == b;
     if (na.leaf() && nb.leaf()) {
@@ -250,6 +271,8 @@ class FarthestPair {
       for (std::uint32_t i = na.begin; i < na.end; ++i)
         for (std::uint32_t j = same ? i + 1 : nb.begin; j < nb.end; ++j)
           lowest_ = std::min(lowest_, inner(p[i], p[j]));
+      work_ += same ? std::int64_t(na.size()) * (std::int64_t(na.size()) - 1) / 2
+                    : std::int64_t(na.size()) * std::int64_t(nb.size());
       return;
     }
     // The children's pairs, the most promising (least bound) first.
@@ -279,24 +302,29 @@ class FarthestPair {
   }
 
   const SphereTree& tree_;
-  double lowest_ = 1.0;
+  std::int64_t& work_;
+  double lowest_ = std::numeric_limits<double>::infinity();
 };
 
 }  // namespace
 
 PairStatistics sphere_pair_statistics(const double* x, const std::vector<std::size_t>& tokens,
-                                      const ObservableSettings& settings, bool counts) {
+                                      const ObservableSettings& settings, bool counts,
+                                      std::int64_t* inner_products) {
   const std::size_t m = tokens.size();
   PairStatistics stats;
   stats.pairs = static_cast<std::int64_t>(m * (m > 0 ? m - 1 : 0) / 2);
   stats.clusters = m;
   if (m < 2) return stats;
+  std::int64_t work = 0;
   const SphereTree tree(x, tokens);
-  stats.min_inner = FarthestPair(tree).least_inner();
-  if (!counts) return stats;
-  const double close_above = 1.0 - settings.pair_delta, edge_above = 1.0 - settings.cluster_delta;
-  stats.close_pairs = count_close(tree, 0, 0, 2.0 * settings.pair_delta, close_above);
-  stats.clusters = ClusterJoin(tree, 2.0 * settings.cluster_delta, edge_above).components();
+  stats.min_inner = FarthestPair(tree, work).least_inner();
+  if (counts) {
+    const double close_above = 1.0 - settings.pair_delta, edge_above = 1.0 - settings.cluster_delta;
+    stats.close_pairs = count_close(tree, 0, 0, 2.0 * settings.pair_delta, close_above, work);
+    stats.clusters = ClusterJoin(tree, 2.0 * settings.cluster_delta, edge_above, work).components();
+  }
+  if (inner_products) *inner_products = work;
   return stats;
 }
 

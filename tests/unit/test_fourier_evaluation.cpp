@@ -219,6 +219,40 @@ TEST(FourierEvaluation, AWholeRunFollowsTheDirectOne) {
 // tokens' directions (a smooth field that is the pair loop's on the sphere), so each method
 // keeps its order: the error against h = 0.0125 falls as h^2 and h^4 on the circle (random
 // Q, K) and on S^2 (a random V).
+// Off the sphere the series' kernel reads each token's direction: tokens scaled by factors
+// c_i in [0.9, 1.1] give the same weight sums (to rounding), causal masks and prefix tokens
+// included, where the pair loop's (which reads the vectors) move by some percent.
+TEST(FourierEvaluation, TheKernelReadsDirectionsOffTheSphere) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--d", "2", "--q", "gaussian", "--k", "gaussian", "--prefix", "3"},
+           {"--d", "2", "--geometry", "rope", "--mask", "causal"},
+           {"--d", "3", "--v", "gaussian"},
+           {"--d", "3", "--mask", "causal-strict"}}) {
+    const RunConfig cfg = config(
+        testing::with(args, {"--n", "400", "--beta", "4", "--kernel", "sa", "--seed", "2"}));
+    const Model model = build_model(cfg);
+    const State state = build_initial_state(cfg, model);
+    std::vector<double> scaled = state.x;
+    for (std::size_t i = 0; i < model.n; ++i)
+      for (std::size_t c = 0; c < model.d; ++c)
+        scaled[i * model.d + c] *= 1.0 + 0.1 * std::sin(double(3 * i + 1));
+    auto sums = [&](PairEvaluation evaluation, const std::vector<double>& x) {
+      auto backend = make_backend("cpu", model, BackendOptions{1, Precision::Double, evaluation});
+      std::vector<double> velocity(x.size()), weight_sums(model.n);
+      backend->velocity(1, x.data(), velocity.data(), weight_sums.data());
+      return weight_sums;
+    };
+    const std::vector<double> on = sums(PairEvaluation::Fourier, state.x);
+    const std::vector<double> off = sums(PairEvaluation::Fourier, scaled);
+    const std::vector<double> direct_on = sums(PairEvaluation::Direct, state.x);
+    const std::vector<double> direct_off = sums(PairEvaluation::Direct, scaled);
+    double largest = 0.0;
+    for (double value : on) largest = std::max(largest, std::fabs(value));
+    EXPECT_LT(testing::max_abs_difference(on, off), 1e-12 * largest) << args[1];
+    EXPECT_GT(testing::max_abs_difference(direct_on, direct_off), 1e-2 * largest) << args[1];
+  }
+}
+
 TEST(FourierEvaluation, EveryMethodKeepsItsOrderThroughStagesOffTheSphere) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> geometries = {
       {{"--d", "2", "--q", "gaussian", "--k", "gaussian"}, "circle"},
@@ -262,6 +296,46 @@ TEST(FourierEvaluation, NullTokensLeaveTheTrajectoriesBitIdentical) {
           << "d " << d << " " << mask;
       EXPECT_GT(testing::max_abs_difference(plain.frames.front().x, plain.frames.back().x), 1e-4);
     }
+}
+
+// SA's ratio for a receiver that sees only a few far sources at large |beta| (the first ones
+// under a causal mask; an outlier at beta = 60): the truncated series cannot resolve its weight
+// sum, so its sources are summed directly. Every receiver's velocity is then right to 1e-7 of
+// itself (of 1e-6 of the largest where smaller), not only relative to the largest.
+TEST(FourierEvaluation, ReceiversTheSeriesCannotResolveAreSummedDirectly) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--d", "2", "--beta", "30", "--mask", "causal-strict"},
+           {"--d", "2", "--beta", "30", "--mask", "causal", "--q", "gaussian", "--k", "gaussian"},
+           {"--d", "3", "--beta", "30", "--mask", "causal-strict"},
+           {"--d", "3", "--beta", "-20", "--mask", "causal"},
+           {"--d", "2", "--beta", "60"},
+           {"--d", "3", "--beta", "60"}}) {
+    const RunConfig cfg = config(
+        testing::with(args, {"--n", "2000", "--kernel", "sa", "--seed", "3"}));
+    const Model model = build_model(cfg);
+    const State state = build_initial_state(cfg, model);
+    const std::vector<double> direct = evaluate_velocity(model, state, "cpu", 2);
+    auto series_backend = make_backend(
+        "cpu", model, BackendOptions{2, Precision::Double, PairEvaluation::Fourier});
+    std::vector<double> series(state.size());
+    series_backend->velocity(1, state.x.data(), series.data(), nullptr);
+    const std::size_t d = model.d;
+    double largest = 0.0;
+    std::vector<double> norms(model.n), errors(model.n);
+    for (std::size_t i = 0; i < model.n; ++i) {
+      double norm2 = 0.0, error2 = 0.0;
+      for (std::size_t c = 0; c < d; ++c) {
+        norm2 += direct[i * d + c] * direct[i * d + c];
+        error2 += (direct[i * d + c] - series[i * d + c]) * (direct[i * d + c] - series[i * d + c]);
+      }
+      norms[i] = std::sqrt(norm2);
+      errors[i] = std::sqrt(error2);
+      largest = std::max(largest, norms[i]);
+    }
+    for (std::size_t i = 0; i < model.n; ++i)
+      ASSERT_LE(errors[i], 1e-7 * std::max(norms[i], 1e-6 * largest))
+          << args[1] << " " << args[3] << " token " << i;
+  }
 }
 
 TEST(FourierEvaluation, RefusesWhatTheSeriesCannotTake) {

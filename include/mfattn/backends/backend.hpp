@@ -155,9 +155,9 @@ struct BackendOptions {
 
 /// Why the series cannot evaluate `model` (one line naming --evaluation fourier; "" when it
 /// can): d = 2 or 3; the kinds kSeriesEvaluation declares (SA or USA, the post placement, the
-/// one head of Q, K, V, no factor, count denominators); no mask or per-prompt rule; on S^2
-/// zonal kernels and no gauge; on the circle with a gauge Q and K both conformal or both
-/// anti-conformal.
+/// one head of Q, K, V, no factor, count denominators); the full or a causal mask, no window
+/// or per-prompt rule; on S^2 zonal kernels and no gauge; on the circle with a gauge Q and K
+/// both conformal or both anti-conformal.
 std::string fourier_evaluation_refusal(const Model& model);
 /// From this many tokens `--evaluation auto` takes the series for `model` at tolerance tol, by
 /// cost: the pair loop's work grows as n^2 whatever beta, the series' as n times its length
@@ -185,8 +185,8 @@ struct BackendName {
   /// takes (docs/model.md section 2e).
   bool has_derivatives = false;
   Capabilities differentiates{};
-  /// --evaluation fourier (or auto) may replace its pair loop by the circle's series, which
-  /// runs on the host.
+  /// --evaluation fourier (or auto) may replace its pair loop by the series (the circle's or
+  /// S^2's), which runs on the host.
   bool takes_series = false;
   /// The entry is a way of taking the pair sums (--evaluation), not a --backend: its messages
   /// name --evaluation (kSeriesEvaluation).
@@ -239,8 +239,8 @@ inline constexpr BackendName kBackendNames[] = {
 /// --backend: it replaces the pair loop of the entries that say takes_series, and find_evaluator
 /// gives it for the backends it makes (name() "fourier"). It declares what it takes of a
 /// model's kinds (fourier_evaluation_refusal adds the geometry the series needs: d = 2, or
-/// d = 3 with zonal kernels; no mask; with a gauge, conformal Q and K) and that it has no
-/// derivatives (a gradient takes --evaluation direct).
+/// d = 3 with zonal kernels; the full or a causal mask; with a gauge, conformal Q and K) and
+/// that it has no derivatives (a gradient takes --evaluation direct).
 inline constexpr Normalization kSeriesKernels[] = {Normalization::Usa, Normalization::Sa};
 inline constexpr Placement kSeriesPlacements[] = {Placement::Post};
 inline constexpr AuxFactor kSeriesFactors[] = {AuxFactor::None};

@@ -98,9 +98,11 @@ inline constexpr std::size_t kSphereTreeTokens = 16384;
 /// threshold are counted or left whole, and only the pairs of nodes that straddle it are
 /// looked at point by point; min <x_i, x_j> is the farthest pair, by branch and bound. About
 /// O(m log m) for spread tokens and for clusters alike (docs/model.md section 6). counts:
-/// also the close pairs and the clusters (else min_inner alone).
+/// also the close pairs and the clusters (else min_inner alone). inner_products (if not null):
+/// how many inner products of pairs the pass took, the measure of its work (tests).
 PairStatistics sphere_pair_statistics(const double* x, const std::vector<std::size_t>& tokens,
-                                      const ObservableSettings& settings = {}, bool counts = true);
+                                      const ObservableSettings& settings = {}, bool counts = true,
+                                      std::int64_t* inner_products = nullptr);
 
 /// The d eigenvalues of (1/m) sum_{a} y_a y_a^T over m rows y_a of d numbers, descending
 /// (all NaN for m = 0). With fewer rows than dimensions (m < d, d > 4) they are those of the

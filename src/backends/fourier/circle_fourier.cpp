@@ -53,6 +53,18 @@ void direction3(const double* x, double* out) {
   for (int c = 0; c < 3; ++c) out[c] = x[c] * scale;
 }
 
+/// Whether the series resolves a receiver's SA ratio: the truncated series' error of its shifted
+/// weight sum S is at most tol plus a few ulps a term, of each visible source's presence (the
+/// visible presence W), so S is known to 1e-8 of itself when that bound is. Else the receiver's
+/// sources are summed directly (kernels::circle_pair_score, zonal_pair_score): a receiver that
+/// sees only a few far sources at large |beta|, as the first ones under a causal mask. USA
+/// divides by the mass, not by S, and needs no such care.
+bool series_resolves(double weight_sum, double visible_presence, double tol, std::size_t terms) {
+  constexpr double kRelative = 1e-8;
+  const double error = visible_presence * (tol + 4.0 * double(terms) * 2.220446049250313e-16);
+  return weight_sum * kRelative >= error;
+}
+
 bool negligible(const Complex& z, double scale) {
   return std::abs(z) <= 1e-14 * std::max(scale, 1e-300);
 }
@@ -73,6 +85,7 @@ int gauge_sign(const Model& model, const kernels::PlanarMap& q, const kernels::P
 struct SetSeries {
   int sigma = 0;
   double log_max = 0.0;  ///< |a| + |b|: the shift of every weight
+  kernels::CircleScore score{};  ///< the score's two terms (circle_pair_score)
   int K = 0, L = 0;      ///< |k| <= K, |l| <= L; frequencies |m|, |p| <= K + L
   /// The nonzero sums c_pm of c_kl over k + l = p, l - k = m (one pair (k, l) per (p, m) of
   /// equal parity), by p, then m: what a receiver's contraction reads.
@@ -91,6 +104,7 @@ SetSeries series_of(const Model& model, const AttentionMatrices& set, double tol
   SetSeries s;
   s.sigma = gauge_sign(model, q, k);
   const kernels::CircleScore score = kernels::circle_score(model.beta, q, k);
+  s.score = score;
   // a e^{i alpha} and b e^{i gamma} with a, b >= 0 (a repulsive beta turns the phases by pi).
   const double a = std::abs(score.difference), b = std::abs(score.sum);
   const double alpha = a > 0 ? std::arg(score.difference) : 0.0,
@@ -164,9 +178,9 @@ class SeriesCache {
 /// The sources in the order a causal mask reveals them (docs/model.md section 2f): by the
 /// first position coordinate (prefix tokens too), those of one position together in a group
 /// (under causal every receiver of a group sees the whole group, under causal-strict none of
-/// it), cut into blocks of at least kSourceBlock sources that end where a group ends. Positions
-/// are labels: the order is made once. The visibility is kernels::CausalMask's, xi_j <= xi_i
-/// (strict: <), so the series sums what the pair loops do.
+/// it), cut into blocks of at least kSourceBlock sources (the last may have fewer) that end
+/// where a group ends. Positions are labels: the order is made once. The visibility is
+/// kernels::CausalMask's, xi_j <= xi_i (strict: <), so the series sums what the pair loops do.
 struct CausalOrder {
   bool strict = false;
   std::vector<std::size_t> order;        ///< sources by position (stable: by index on ties)
@@ -277,7 +291,8 @@ class FourierCircleBackend final : public SeriesBackend {
  public:
   FourierCircleBackend(const Model& model, const BackendOptions& options)
       : model_(model), threads_(options.threads > 0 ? options.threads : omp_get_max_threads()),
-        tol_(options.evaluation_tol), causal_(CausalOrder::of(model)) {
+        tol_(options.evaluation_tol), sa_(model.normalization == Normalization::Sa),
+        causal_(CausalOrder::of(model)) {
     // Each source's gauge e^{i phi_j} = G_j e_1 (tokens, then prefix tokens).
     const std::size_t sources = model.n + model.prefix_count();
     phases_.assign(sources, Complex(1.0, 0.0));
@@ -293,6 +308,9 @@ class FourierCircleBackend final : public SeriesBackend {
   std::string describe() const override {
     return "loop fourier frequencies " + std::to_string(last_frequencies_);
   }
+  /// A new layer: the series of the old sets are dropped (the cache would find them stale by
+  /// their numbers anyway; this keeps it from growing).
+  void matrices_changed() override { series_ = SeriesCache{}; }
 
   void evaluate(std::size_t replicas, const double* x, const FieldOutputs& out) override {
     const std::size_t n = model_.n, d = model_.d;
@@ -373,13 +391,38 @@ class FourierCircleBackend final : public SeriesBackend {
     std::vector<Complex> weights(static_cast<std::size_t>(width)),
         values(static_cast<std::size_t>(width));
     contract_circle(s, moments.data(), weights.data(), values.data());
+    const double presence = moments[0].real();  // M_0: every source's presence
 #pragma omp parallel for schedule(static) num_threads(threads_)
     for (std::size_t i = 0; i < n; ++i) {
       double acc[2];
-      const double weight_sum = circle_receiver_sums(weights.data(), values.data(), P, angle_[i],
-                                                     acc);
+      double weight_sum = circle_receiver_sums(weights.data(), values.data(), P, angle_[i], acc);
+      if (sa_ && !series_resolves(weight_sum, presence, tol_, s.terms.size()))
+        weight_sum = direct_sums(
+            s, i,
+            [&](auto&& add) {
+              for (std::size_t j = 0; j < sources; ++j) add(j);
+            },
+            acc);
       finish(set, s.log_max, i, xr, weight_sum, acc, out);
     }
+  }
+
+  /// Receiver i's shifted sums over the sources each_source gives, term by term
+  /// (kernels::circle_pair_score): for the receivers the series does not resolve.
+  template <class Sources>
+  double direct_sums(const SetSeries& s, std::size_t i, Sources each_source, double* acc) const {
+    double weight_sum = 0.0;
+    acc[0] = acc[1] = 0.0;
+    each_source([&](std::size_t j) {
+      if (weight_[j] == 0.0) return;
+      const double w = weight_[j] *
+                       std::exp(kernels::circle_pair_score(s.score, angle_[i], angle_[j]) -
+                                s.log_max);
+      weight_sum += w;
+      acc[0] += w * value_[j].real();
+      acc[1] += w * value_[j].imag();
+    });
+    return weight_sum;
   }
 
   /// A causal mask: each receiver's sums from the moments of the sources it sees, accumulated
@@ -441,8 +484,19 @@ class FourierCircleBackend final : public SeriesBackend {
           if (!contracted) contract_circle(s, running.data(), weights.data(), values.data());
           contracted = true;
           double acc[2];
-          const double weight_sum = circle_receiver_sums(weights.data(), values.data(), P,
-                                                         angle_[i], acc);
+          double weight_sum = circle_receiver_sums(weights.data(), values.data(), P, angle_[i],
+                                                   acc);
+          if (sa_ && visible > 0 &&
+              !series_resolves(weight_sum, running[0].real(), tol_, s.terms.size())) {
+            const std::size_t seen_end = causal.strict ? causal.group_begin(g)
+                                                       : causal.group_end[g];
+            weight_sum = direct_sums(
+                s, i,
+                [&](auto&& add) {
+                  for (std::size_t k = 0; k < seen_end; ++k) add(causal.order[k]);
+                },
+                acc);
+          }
           finish(set, visible > 0 ? s.log_max : -std::numeric_limits<double>::infinity(), i, xr,
                  weight_sum, acc, out);
         }
@@ -454,6 +508,7 @@ class FourierCircleBackend final : public SeriesBackend {
   const Model& model_;
   int threads_;
   double tol_;
+  bool sa_;                              ///< SA: a receiver's ratio needs its sum resolved
   std::unique_ptr<CausalOrder> causal_;  ///< null: no mask
   double mass_ = 1.0;                    ///< model_.mass() of this evaluation
   std::vector<Complex> phases_, angle_, value_,
@@ -482,11 +537,15 @@ double zonal_scale(const AttentionHead& head, std::size_t d) {
 // series): per token its (L + 1)^2 harmonics; the source moments of the weights and of the
 // values' three coordinates; each receiver's sums their contraction with its own harmonics,
 // scaled by 4 pi is_l(kappa).
+/// sqrt(4 pi): the presences' sum is sqrt(4 pi) times the moment of Y_00.
+constexpr double kSqrtFourPi = 3.5449077018110318;
+
 class FourierSphereBackend final : public SeriesBackend {
  public:
   FourierSphereBackend(const Model& model, const BackendOptions& options)
       : model_(model), threads_(options.threads > 0 ? options.threads : omp_get_max_threads()),
-        tol_(options.evaluation_tol), causal_(CausalOrder::of(model)) {}
+        tol_(options.evaluation_tol), sa_(model.normalization == Normalization::Sa),
+        causal_(CausalOrder::of(model)) {}
 
   std::string describe() const override {
     return "loop fourier degree " + std::to_string(last_degree_);
@@ -510,6 +569,7 @@ class FourierSphereBackend final : public SeriesBackend {
       const Frame frame{set,
                         x + r * n * d,
                         model_.mass(),
+                        kappa,
                         std::fabs(kappa),
                         L,
                         harmonics,
@@ -526,6 +586,7 @@ class FourierSphereBackend final : public SeriesBackend {
     const AttentionMatrices& set;
     const double* xr;
     double mass;  ///< model_.mass(), once an evaluation
+    double kappa;  ///< the zonal score's factor (kernels::zonal_pair_score)
     double log_max;
     int L;
     std::size_t harmonics;
@@ -561,8 +622,12 @@ class FourierSphereBackend final : public SeriesBackend {
   }
 
   /// Receiver i from moments (scaled: the coefficients, or not: scaled here by scale_).
+  /// sees: some weighted source is visible; presence: their presences' sum; each_source: calls
+  /// its argument with each visible source, for a receiver the series does not resolve
+  /// (series_resolves).
+  template <class Sources>
   void finish_one(const Frame& f, std::size_t i, const double* moments, bool scaled, bool sees,
-                  double* y, double* scratch) const {
+                  double presence, Sources each_source, double* y, double* scratch) const {
     double unit[3];
     direction3(f.xr + i * 3, unit);
     kernels::real_spherical_harmonics(unit, f.L, y, scratch);
@@ -574,6 +639,20 @@ class FourierSphereBackend final : public SeriesBackend {
       acc[0] += moments[H + h] * yh;
       acc[1] += moments[2 * H + h] * yh;
       acc[2] += moments[3 * H + h] * yh;
+    }
+    if (sa_ && sees && !series_resolves(weight_sum, presence, tol_, H)) {
+      // Term by term (kernels::zonal_pair_score of the directions; the values the tokens).
+      weight_sum = acc[0] = acc[1] = acc[2] = 0.0;
+      each_source([&](std::size_t j) {
+        const double p = this->presence(j);
+        if (p == 0.0) return;
+        const double* xj = source(f, j);
+        double u[3];
+        direction3(xj, u);
+        const double w = p * std::exp(kernels::zonal_pair_score(f.kappa, unit, u) - f.log_max);
+        weight_sum += w;
+        for (int c = 0; c < 3; ++c) acc[c] += w * xj[c];
+      });
     }
     double finish_scratch[6];
     detail::ReceiverOutput target{f.velocity + i * 3, f.attention ? f.attention + i * 3 : nullptr,
@@ -605,6 +684,7 @@ class FourierSphereBackend final : public SeriesBackend {
     std::vector<double> coefficients(4 * H, 0.0);
     for (std::size_t block = 0; block < blocks; ++block)
       for (std::size_t h = 0; h < 4 * H; ++h) coefficients[h] += partial_[block * 4 * H + h];
+    const double presence_total = coefficients[0] * kSqrtFourPi;  // Y_00 = 1 / sqrt(4 pi)
     for (std::size_t part = 0; part < 4; ++part)
       for (std::size_t h = 0; h < H; ++h) coefficients[part * H + h] *= scale_[h];
 #pragma omp parallel num_threads(threads_)
@@ -612,7 +692,12 @@ class FourierSphereBackend final : public SeriesBackend {
       std::vector<double> y(H), scratch(2 * std::size_t(f.L + 1));
 #pragma omp for schedule(static)
       for (std::size_t i = 0; i < n; ++i)
-        finish_one(f, i, coefficients.data(), true, true, y.data(), scratch.data());
+        finish_one(
+            f, i, coefficients.data(), true, true, presence_total,
+            [&](auto&& add) {
+              for (std::size_t j = 0; j < sources; ++j) add(j);
+            },
+            y.data(), scratch.data());
     }
   }
 
@@ -667,7 +752,14 @@ class FourierSphereBackend final : public SeriesBackend {
           if (!causal.strict) add_group(g);
           for (std::size_t at = causal.group_begin(g); at < causal.group_end[g]; ++at)
             if (const std::size_t i = causal.order[at]; i < n)
-              finish_one(f, i, running.data(), false, visible > 0, y.data(), scratch.data());
+              finish_one(
+                  f, i, running.data(), false, visible > 0, running[0] * kSqrtFourPi,
+                  [&](auto&& add) {
+                    const std::size_t seen_end = causal.strict ? causal.group_begin(g)
+                                                               : causal.group_end[g];
+                    for (std::size_t k = 0; k < seen_end; ++k) add(causal.order[k]);
+                  },
+                  y.data(), scratch.data());
           if (causal.strict) add_group(g);
         }
       }
@@ -677,6 +769,7 @@ class FourierSphereBackend final : public SeriesBackend {
   const Model& model_;
   int threads_;
   double tol_;
+  bool sa_;                              ///< SA: a receiver's ratio needs its sum resolved
   std::unique_ptr<CausalOrder> causal_;  ///< null: no mask
   std::vector<double> partial_, scale_;
   int last_degree_ = 0;
@@ -759,6 +852,9 @@ std::string fourier_evaluation_refusal(const Model& model) {
 }
 
 std::unique_ptr<Backend> make_fourier_backend(const Model& model, const BackendOptions& options) {
+  if (model.d != 2 && model.d != 3)
+    throw std::logic_error("make_fourier_backend: d = " + std::to_string(model.d) +
+                           " (make_backend checks the model)");
   if (model.d == 3) return std::make_unique<FourierSphereBackend>(model, options);
   return std::make_unique<FourierCircleBackend>(model, options);
 }
