@@ -216,6 +216,77 @@ struct CausalOrder {
   std::size_t group_begin(std::size_t g) const { return g == 0 ? 0 : group_end[g - 1]; }
 };
 
+/// The fixed blocks of kSourceBlock sources each sum into their own row of `partial` (stride
+/// numbers) in parallel, and the rows are added in block order: the same sums for every thread
+/// count. make_adder() gives a block its adder, adder(j, sums) adding source j's moments (the
+/// series' own; scratch lives in the adder). Returns the total.
+template <class Value, class MakeAdder>
+std::vector<Value> block_sums(std::size_t sources, std::size_t stride, int threads,
+                              std::vector<Value>& partial, MakeAdder make_adder) {
+  const std::size_t blocks = (sources + kSourceBlock - 1) / kSourceBlock;
+  partial.assign(blocks * stride, Value{});
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (std::size_t block = 0; block < blocks; ++block) {
+    auto adder = make_adder();
+    const std::size_t end = std::min(sources, (block + 1) * kSourceBlock);
+    for (std::size_t j = block * kSourceBlock; j < end; ++j) adder(j, partial.data() + block * stride);
+  }
+  std::vector<Value> total(stride, Value{});
+  for (std::size_t block = 0; block < blocks; ++block)
+    for (std::size_t h = 0; h < stride; ++h) total[h] += partial[block * stride + h];
+  return total;
+}
+
+/// The causal sweep both series share (docs/model.md section 2f): each block's totals in
+/// parallel, their prefix sums in block order (into `partial`, row b the moments before block
+/// b), then each block's groups in order, adding their sources to running moments and handing
+/// each receiver those it sees. make_worker() gives a block its worker, with
+///   bool add(j, sums): adds source j's moments; false for a source without weight (not seen);
+///   void receive(i, running, visible, seen_end): receiver i, the moments of the `visible`
+///     weighted sources it sees, which are order[0, seen_end).
+/// The same bits for every thread count: blocks are fixed, and each sums in its own order.
+template <class Value, class MakeWorker>
+void causal_sweep(const CausalOrder& causal, std::size_t n, std::size_t stride, int threads,
+                  std::vector<Value>& partial, MakeWorker make_worker) {
+  const std::size_t blocks = causal.blocks();
+  auto groups = [&](std::size_t block) {
+    return std::pair{causal.block_group[block], causal.block_group[block + 1]};
+  };
+  partial.assign((blocks + 1) * stride, Value{});
+  std::vector<std::size_t> seen(blocks + 1, 0);
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (std::size_t block = 0; block < blocks; ++block) {
+    auto worker = make_worker();
+    const auto [first, last] = groups(block);
+    for (std::size_t at = causal.group_begin(first); at < causal.group_begin(last); ++at)
+      seen[block + 1] += worker.add(causal.order[at], partial.data() + (block + 1) * stride) ? 1 : 0;
+  }
+  for (std::size_t block = 1; block <= blocks; ++block) {
+    for (std::size_t h = 0; h < stride; ++h) partial[block * stride + h] += partial[(block - 1) * stride + h];
+    seen[block] += seen[block - 1];
+  }
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (std::size_t block = 0; block < blocks; ++block) {
+    auto worker = make_worker();
+    std::vector<Value> running(partial.begin() + std::ptrdiff_t(block * stride),
+                               partial.begin() + std::ptrdiff_t((block + 1) * stride));
+    std::size_t visible = seen[block];
+    auto add_group = [&](std::size_t g) {
+      for (std::size_t at = causal.group_begin(g); at < causal.group_end[g]; ++at)
+        visible += worker.add(causal.order[at], running.data()) ? 1 : 0;
+    };
+    const auto [first, last] = groups(block);
+    for (std::size_t g = first; g < last; ++g) {
+      if (!causal.strict) add_group(g);
+      const std::size_t seen_end = causal.strict ? causal.group_begin(g) : causal.group_end[g];
+      for (std::size_t at = causal.group_begin(g); at < causal.group_end[g]; ++at)
+        if (const std::size_t i = causal.order[at]; i < n)  // prefix tokens are sources only
+          worker.receive(i, running.data(), visible, seen_end);
+      if (causal.strict) add_group(g);
+    }
+  }
+}
+
 /// The circle's source moments m = 0..P of one source, added to sum (3 (P + 1) complex numbers
 /// as doubles): M_m += p e^{i m xi}, Z_m += p z e^{i m xi}, W_m += p conj(z) e^{i m xi}.
 /// Plain real arithmetic: std::complex's product checks for infinities (__muldc3), which made
@@ -373,136 +444,90 @@ class FourierCircleBackend final : public SeriesBackend {
                      const Outputs& out) {
     const std::size_t n = model_.n, sources = angle_.size();
     const int P = s.P(), width = 2 * P + 1;
-    // Sources in fixed blocks, each block's moments added in block order: the same sums for
-    // every thread count.
-    const std::size_t blocks = (sources + kSourceBlock - 1) / kSourceBlock;
-    const std::size_t stride = 3 * std::size_t(P + 1);
-    partial_.assign(blocks * stride, Complex(0.0, 0.0));
-#pragma omp parallel for schedule(static) num_threads(threads_)
-    for (std::size_t block = 0; block < blocks; ++block) {
-      double* sums = reinterpret_cast<double*>(partial_.data() + block * stride);
-      const std::size_t end = std::min(sources, (block + 1) * kSourceBlock);
-      for (std::size_t j = block * kSourceBlock; j < end; ++j)
-        if (weight_[j] != 0.0) add_circle_moments(sums, P, angle_[j], value_[j], weight_[j]);
-    }
-    std::vector<Complex> moments(stride, Complex(0.0, 0.0));
-    for (std::size_t block = 0; block < blocks; ++block)
-      for (std::size_t m = 0; m < stride; ++m) moments[m] += partial_[block * stride + m];
+    const std::vector<Complex> moments =
+        block_sums(sources, 3 * std::size_t(P + 1), threads_, partial_, [&] {
+          return [&](std::size_t j, Complex* sums) { add_source(s, j, sums); };
+        });
     std::vector<Complex> weights(static_cast<std::size_t>(width)),
         values(static_cast<std::size_t>(width));
     contract_circle(s, moments.data(), weights.data(), values.data());
     const double presence = moments[0].real();  // M_0: every source's presence
 #pragma omp parallel for schedule(static) num_threads(threads_)
-    for (std::size_t i = 0; i < n; ++i) {
-      double acc[2];
-      double weight_sum = circle_receiver_sums(weights.data(), values.data(), P, angle_[i], acc);
-      if (sa_ && !series_resolves(weight_sum, presence, tol_, s.terms.size()))
-        weight_sum = direct_sums(
-            s, i,
-            [&](auto&& add) {
-              for (std::size_t j = 0; j < sources; ++j) add(j);
-            },
-            acc);
-      finish(set, s.log_max, i, xr, weight_sum, acc, out);
-    }
+    for (std::size_t i = 0; i < n; ++i)
+      receive(set, s, i, xr, weights.data(), values.data(), presence, true, sources,
+              [](std::size_t k) { return k; }, out);
   }
 
-  /// Receiver i's shifted sums over the sources each_source gives, term by term
+  /// Source j's moments (add_circle_moments); false for a source without weight.
+  bool add_source(const SetSeries& s, std::size_t j, Complex* sums) const {
+    if (weight_[j] == 0.0) return false;
+    add_circle_moments(reinterpret_cast<double*>(sums), s.P(), angle_[j], value_[j], weight_[j]);
+    return true;
+  }
+
+  /// Receiver i from the coefficients of the sources it sees (`presence` their presences'
+  /// sum; `sees`: some has weight): its sums by Horner, or, where the series does not resolve
+  /// them (series_resolves), term by term over source(0), ..., source(count - 1); then the
+  /// common finish.
+  template <class Source>
+  void receive(const AttentionMatrices& set, const SetSeries& s, std::size_t i, const double* xr,
+               const Complex* weights, const Complex* values, double presence, bool sees,
+               std::size_t count, Source source, const Outputs& out) const {
+    double acc[2];
+    double weight_sum = circle_receiver_sums(weights, values, s.P(), angle_[i], acc);
+    if (sa_ && sees && !series_resolves(weight_sum, presence, tol_, s.terms.size()))
+      weight_sum = direct_sums(s, i, count, source, acc);
+    finish(set, sees ? s.log_max : -std::numeric_limits<double>::infinity(), i, xr, weight_sum,
+           acc, out);
+  }
+
+  /// Receiver i's shifted sums over source(0), ..., source(count - 1), term by term
   /// (kernels::circle_pair_score): for the receivers the series does not resolve.
-  template <class Sources>
-  double direct_sums(const SetSeries& s, std::size_t i, Sources each_source, double* acc) const {
+  template <class Source>
+  double direct_sums(const SetSeries& s, std::size_t i, std::size_t count, Source source,
+                     double* acc) const {
     double weight_sum = 0.0;
     acc[0] = acc[1] = 0.0;
-    each_source([&](std::size_t j) {
-      if (weight_[j] == 0.0) return;
+    for (std::size_t k = 0; k < count; ++k) {
+      const std::size_t j = source(k);
+      if (weight_[j] == 0.0) continue;
       const double w = weight_[j] *
                        std::exp(kernels::circle_pair_score(s.score, angle_[i], angle_[j]) -
                                 s.log_max);
       weight_sum += w;
       acc[0] += w * value_[j].real();
       acc[1] += w * value_[j].imag();
-    });
+    }
     return weight_sum;
   }
 
-  /// A causal mask: each receiver's sums from the moments of the sources it sees, accumulated
-  /// in CausalOrder (the blocks' totals in parallel, their prefix sums in block order, then
-  /// each block's running sums), contracted per receiver: O(n K L) for K and L terms each way
-  /// (O(n P) with Q = K = I).
+  /// A causal mask (causal_sweep): each receiver contracts the moments of the sources it sees,
+  /// O(n K L) for K and L terms each way (O(n P) with Q = K = I); the receivers of one group
+  /// share one contraction.
   void evaluate_causal(const AttentionMatrices& set, const SetSeries& s, const double* xr,
                        const Outputs& out) {
     const CausalOrder& causal = *causal_;
-    const std::size_t n = model_.n, blocks = causal.blocks();
-    const int P = s.P(), width = 2 * P + 1;
-    const std::size_t stride = 3 * std::size_t(P + 1);
-    auto block_sources = [&](std::size_t block) {
-      return std::pair{causal.group_begin(causal.block_group[block]),
-                       causal.group_begin(causal.block_group[block + 1])};
+    const std::size_t width = 2 * std::size_t(s.P()) + 1;
+    struct Worker {
+      const FourierCircleBackend& series;
+      const AttentionMatrices& set;
+      const SetSeries& s;
+      const CausalOrder& causal;
+      const double* xr;
+      const Outputs& out;
+      std::vector<Complex> weights, values;
+      std::size_t contracted_end = std::numeric_limits<std::size_t>::max();
+      bool add(std::size_t j, Complex* sums) const { return series.add_source(s, j, sums); }
+      void receive(std::size_t i, const Complex* running, std::size_t visible, std::size_t seen_end) {
+        if (seen_end != contracted_end) contract_circle(s, running, weights.data(), values.data());
+        contracted_end = seen_end;
+        series.receive(set, s, i, xr, weights.data(), values.data(), running[0].real(), visible > 0,
+                       seen_end, [&](std::size_t k) { return causal.order[k]; }, out);
+      }
     };
-    // Each block's totals, and how many weighted sources it holds; then the moments before
-    // each block.
-    partial_.assign((blocks + 1) * stride, Complex(0.0, 0.0));
-    std::vector<std::size_t> seen(blocks + 1, 0);
-#pragma omp parallel for schedule(static) num_threads(threads_)
-    for (std::size_t block = 0; block < blocks; ++block) {
-      double* sums = reinterpret_cast<double*>(partial_.data() + (block + 1) * stride);
-      const auto [begin, end] = block_sources(block);
-      for (std::size_t at = begin; at < end; ++at) {
-        const std::size_t j = causal.order[at];
-        if (weight_[j] == 0.0) continue;
-        add_circle_moments(sums, P, angle_[j], value_[j], weight_[j]);
-        ++seen[block + 1];
-      }
-    }
-    for (std::size_t block = 1; block <= blocks; ++block) {
-      for (std::size_t m = 0; m < stride; ++m)
-        partial_[block * stride + m] += partial_[(block - 1) * stride + m];
-      seen[block] += seen[block - 1];
-    }
-#pragma omp parallel for schedule(static) num_threads(threads_)
-    for (std::size_t block = 0; block < blocks; ++block) {
-      std::vector<Complex> running(partial_.begin() + std::ptrdiff_t(block * stride),
-                                   partial_.begin() + std::ptrdiff_t((block + 1) * stride));
-      std::vector<Complex> weights(static_cast<std::size_t>(width)),
-          values(static_cast<std::size_t>(width));
-      std::size_t visible = seen[block];
-      auto add_group = [&](std::size_t g) {
-        for (std::size_t at = causal.group_begin(g); at < causal.group_end[g]; ++at) {
-          const std::size_t j = causal.order[at];
-          if (weight_[j] == 0.0) continue;
-          add_circle_moments(reinterpret_cast<double*>(running.data()), P, angle_[j], value_[j],
-                             weight_[j]);
-          ++visible;
-        }
-      };
-      for (std::size_t g = causal.block_group[block]; g < causal.block_group[block + 1]; ++g) {
-        if (!causal.strict) add_group(g);
-        bool contracted = false;
-        for (std::size_t at = causal.group_begin(g); at < causal.group_end[g]; ++at) {
-          const std::size_t i = causal.order[at];
-          if (i >= n) continue;  // a prefix token: a source only
-          if (!contracted) contract_circle(s, running.data(), weights.data(), values.data());
-          contracted = true;
-          double acc[2];
-          double weight_sum = circle_receiver_sums(weights.data(), values.data(), P, angle_[i],
-                                                   acc);
-          if (sa_ && visible > 0 &&
-              !series_resolves(weight_sum, running[0].real(), tol_, s.terms.size())) {
-            const std::size_t seen_end = causal.strict ? causal.group_begin(g)
-                                                       : causal.group_end[g];
-            weight_sum = direct_sums(
-                s, i,
-                [&](auto&& add) {
-                  for (std::size_t k = 0; k < seen_end; ++k) add(causal.order[k]);
-                },
-                acc);
-          }
-          finish(set, visible > 0 ? s.log_max : -std::numeric_limits<double>::infinity(), i, xr,
-                 weight_sum, acc, out);
-        }
-        if (causal.strict) add_group(g);
-      }
-    }
+    causal_sweep(causal, model_.n, 3 * std::size_t(s.P() + 1), threads_, partial_, [&] {
+      return Worker{*this, set, s, causal, xr, out, std::vector<Complex>(width), std::vector<Complex>(width)};
+    });
   }
 
   const Model& model_;
@@ -533,12 +558,13 @@ double zonal_scale(const AttentionHead& head, std::size_t d) {
   return c;
 }
 
+/// sqrt(4 pi): the presences' sum is sqrt(4 pi) times the moment of Y_00.
+constexpr double kSqrtFourPi = 3.5449077018110318;
+
 // --evaluation fourier on S^2 for zonal kernels (kernels/circle_series.hpp, the harmonic
 // series): per token its (L + 1)^2 harmonics; the source moments of the weights and of the
 // values' three coordinates; each receiver's sums their contraction with its own harmonics,
 // scaled by 4 pi is_l(kappa).
-/// sqrt(4 pi): the presences' sum is sqrt(4 pi) times the moment of Y_00.
-constexpr double kSqrtFourPi = 3.5449077018110318;
 
 class FourierSphereBackend final : public SeriesBackend {
  public:
@@ -622,12 +648,13 @@ class FourierSphereBackend final : public SeriesBackend {
   }
 
   /// Receiver i from moments (scaled: the coefficients, or not: scaled here by scale_).
-  /// sees: some weighted source is visible; presence: their presences' sum; each_source: calls
-  /// its argument with each visible source, for a receiver the series does not resolve
-  /// (series_resolves).
-  template <class Sources>
+  /// sees: some weighted source is visible; presence: their presences' sum; source(0), ...,
+  /// source(count - 1): the visible sources, summed term by term for a receiver the series
+  /// does not resolve (series_resolves).
+  template <class Source>
   void finish_one(const Frame& f, std::size_t i, const double* moments, bool scaled, bool sees,
-                  double presence, Sources each_source, double* y, double* scratch) const {
+                  double presence, std::size_t count, Source source_of, double* y,
+                  double* scratch) const {
     double unit[3];
     direction3(f.xr + i * 3, unit);
     kernels::real_spherical_harmonics(unit, f.L, y, scratch);
@@ -643,16 +670,17 @@ class FourierSphereBackend final : public SeriesBackend {
     if (sa_ && sees && !series_resolves(weight_sum, presence, tol_, H)) {
       // Term by term (kernels::zonal_pair_score of the directions; the values the tokens).
       weight_sum = acc[0] = acc[1] = acc[2] = 0.0;
-      each_source([&](std::size_t j) {
+      for (std::size_t k = 0; k < count; ++k) {
+        const std::size_t j = source_of(k);
         const double p = this->presence(j);
-        if (p == 0.0) return;
+        if (p == 0.0) continue;
         const double* xj = source(f, j);
         double u[3];
         direction3(xj, u);
         const double w = p * std::exp(kernels::zonal_pair_score(f.kappa, unit, u) - f.log_max);
         weight_sum += w;
         for (int c = 0; c < 3; ++c) acc[c] += w * xj[c];
-      });
+      }
     }
     double finish_scratch[6];
     detail::ReceiverOutput target{f.velocity + i * 3, f.attention ? f.attention + i * 3 : nullptr,
@@ -664,106 +692,59 @@ class FourierSphereBackend final : public SeriesBackend {
     if (f.weight_sums) f.weight_sums[i] = sum;
   }
 
-  /// Every receiver sees every source: the moments in fixed blocks of sources, summed in block
-  /// order (the same bits for every thread count), scaled once.
+  /// Per block or thread: room for one token's harmonics (taken again for each use rather
+  /// than kept: n (L + 1)^2 numbers would be 3.2 GB at n = 10^6, L = 19).
+  struct Harmonics {
+    std::vector<double> y, scratch;
+    explicit Harmonics(const Frame& f) : y(f.harmonics), scratch(2 * std::size_t(f.L + 1)) {}
+  };
+
+  /// Source j's moments added to sums (add_moments); false for a source without weight.
+  bool add_source(const Frame& f, std::size_t j, double* sums, Harmonics& room) const {
+    if (presence(j) == 0.0) return false;
+    add_moments(f, j, sums, room.y.data(), room.scratch.data());
+    return true;
+  }
+
+  /// Every receiver sees every source: the moments (block_sums), scaled once.
   void evaluate_full(const Frame& f) {
     const std::size_t n = model_.n, sources = n + model_.prefix_count(), H = f.harmonics;
-    const std::size_t blocks = (sources + kSourceBlock - 1) / kSourceBlock;
-    partial_.assign(blocks * 4 * H, 0.0);
-#pragma omp parallel num_threads(threads_)
-    {
-      std::vector<double> y(H), scratch(2 * std::size_t(f.L + 1));
-#pragma omp for schedule(static)
-      for (std::size_t block = 0; block < blocks; ++block) {
-        const std::size_t end = std::min(sources, (block + 1) * kSourceBlock);
-        for (std::size_t j = block * kSourceBlock; j < end; ++j)
-          if (presence(j) != 0.0)
-            add_moments(f, j, partial_.data() + block * 4 * H, y.data(), scratch.data());
-      }
-    }
-    std::vector<double> coefficients(4 * H, 0.0);
-    for (std::size_t block = 0; block < blocks; ++block)
-      for (std::size_t h = 0; h < 4 * H; ++h) coefficients[h] += partial_[block * 4 * H + h];
+    std::vector<double> coefficients = block_sums(sources, 4 * H, threads_, partial_, [&] {
+      return [&f, this, room = Harmonics(f)](std::size_t j, double* sums) mutable {
+        add_source(f, j, sums, room);
+      };
+    });
     const double presence_total = coefficients[0] * kSqrtFourPi;  // Y_00 = 1 / sqrt(4 pi)
     for (std::size_t part = 0; part < 4; ++part)
       for (std::size_t h = 0; h < H; ++h) coefficients[part * H + h] *= scale_[h];
 #pragma omp parallel num_threads(threads_)
     {
-      std::vector<double> y(H), scratch(2 * std::size_t(f.L + 1));
+      Harmonics room(f);
 #pragma omp for schedule(static)
       for (std::size_t i = 0; i < n; ++i)
-        finish_one(
-            f, i, coefficients.data(), true, true, presence_total,
-            [&](auto&& add) {
-              for (std::size_t j = 0; j < sources; ++j) add(j);
-            },
-            y.data(), scratch.data());
+        finish_one(f, i, coefficients.data(), true, true, presence_total, sources,
+                   [](std::size_t k) { return k; }, room.y.data(), room.scratch.data());
     }
   }
 
-  /// A causal mask: the moments of the sources each receiver sees, accumulated in CausalOrder
-  /// (the blocks' totals in parallel, their prefix sums in block order, each block's running
-  /// sums), at the cost of the unmasked series.
+  /// A causal mask (causal_sweep): each receiver reads the running moments as the unmasked
+  /// series reads the total, at the same cost.
   void evaluate_causal(const Frame& f) {
     const CausalOrder& causal = *causal_;
-    const std::size_t n = model_.n, blocks = causal.blocks(), stride = 4 * f.harmonics;
-    auto block_sources = [&](std::size_t block) {
-      return std::pair{causal.group_begin(causal.block_group[block]),
-                       causal.group_begin(causal.block_group[block + 1])};
+    struct Worker {
+      const FourierSphereBackend& series;
+      const Frame& f;
+      const CausalOrder& causal;
+      Harmonics room;
+      bool add(std::size_t j, double* sums) { return series.add_source(f, j, sums, room); }
+      void receive(std::size_t i, const double* running, std::size_t visible, std::size_t seen_end) {
+        series.finish_one(f, i, running, false, visible > 0, running[0] * kSqrtFourPi, seen_end,
+                          [&](std::size_t k) { return causal.order[k]; }, room.y.data(),
+                          room.scratch.data());
+      }
     };
-    partial_.assign((blocks + 1) * stride, 0.0);
-    std::vector<std::size_t> seen(blocks + 1, 0);
-#pragma omp parallel num_threads(threads_)
-    {
-      std::vector<double> y(f.harmonics), scratch(2 * std::size_t(f.L + 1));
-#pragma omp for schedule(static)
-      for (std::size_t block = 0; block < blocks; ++block) {
-        const auto [begin, end] = block_sources(block);
-        for (std::size_t at = begin; at < end; ++at) {
-          const std::size_t j = causal.order[at];
-          if (presence(j) == 0.0) continue;
-          add_moments(f, j, partial_.data() + (block + 1) * stride, y.data(), scratch.data());
-          ++seen[block + 1];
-        }
-      }
-    }
-    for (std::size_t block = 1; block <= blocks; ++block) {
-      for (std::size_t h = 0; h < stride; ++h)
-        partial_[block * stride + h] += partial_[(block - 1) * stride + h];
-      seen[block] += seen[block - 1];
-    }
-#pragma omp parallel num_threads(threads_)
-    {
-      std::vector<double> y(f.harmonics), scratch(2 * std::size_t(f.L + 1)), running(stride);
-#pragma omp for schedule(static)
-      for (std::size_t block = 0; block < blocks; ++block) {
-        std::copy(partial_.begin() + std::ptrdiff_t(block * stride),
-                  partial_.begin() + std::ptrdiff_t((block + 1) * stride), running.begin());
-        std::size_t visible = seen[block];
-        auto add_group = [&](std::size_t g) {
-          for (std::size_t at = causal.group_begin(g); at < causal.group_end[g]; ++at) {
-            const std::size_t j = causal.order[at];
-            if (presence(j) == 0.0) continue;
-            add_moments(f, j, running.data(), y.data(), scratch.data());
-            ++visible;
-          }
-        };
-        for (std::size_t g = causal.block_group[block]; g < causal.block_group[block + 1]; ++g) {
-          if (!causal.strict) add_group(g);
-          for (std::size_t at = causal.group_begin(g); at < causal.group_end[g]; ++at)
-            if (const std::size_t i = causal.order[at]; i < n)
-              finish_one(
-                  f, i, running.data(), false, visible > 0, running[0] * kSqrtFourPi,
-                  [&](auto&& add) {
-                    const std::size_t seen_end = causal.strict ? causal.group_begin(g)
-                                                               : causal.group_end[g];
-                    for (std::size_t k = 0; k < seen_end; ++k) add(causal.order[k]);
-                  },
-                  y.data(), scratch.data());
-          if (causal.strict) add_group(g);
-        }
-      }
-    }
+    causal_sweep(causal, model_.n, 4 * f.harmonics, threads_, partial_,
+                 [&] { return Worker{*this, f, causal, Harmonics(f)}; });
   }
 
   const Model& model_;
