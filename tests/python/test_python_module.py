@@ -312,13 +312,19 @@ def test_velocity_and_energy_refuse_rows_off_the_sphere(mfattn):
         mfattn.Model(n=8, d=3, kernel="sa", beta=2, normalization="ngpt").velocity(2.0 * x)
 
 
-def test_matrix_and_table_options_take_numpy_arrays(mfattn, tmp_path):
+def test_matrix_and_table_options_take_numpy_arrays(mfattn, tmp_path, monkeypatch):
     """q=, k=, v= (and init_file=, generators=: every option that reads a FILE of numbers) take
     an array of two dimensions or more: the same bits as the file of its values, the run's
     file holding the matrices, and the temporary text files gone with the call or the Model."""
     import gc
     import glob
     import tempfile
+
+    # The module makes its folders with tempfile.mkdtemp; a folder of this test's own keeps
+    # other tests' folders (other pytest workers share the system's) out of the counts below.
+    own_temp = tmp_path / "temp"
+    own_temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(own_temp))
 
     def array_folders() -> set[str]:
         return set(glob.glob(str(Path(tempfile.gettempdir()) / "mfattn-arrays-*")))
