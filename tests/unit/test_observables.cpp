@@ -608,6 +608,21 @@ TEST(Observables, TheSpheresTreePassIsTheAllPairsPass) {
     EXPECT_EQ(tree.pairs, all.pairs);
     EXPECT_NEAR(tree.min_inner, all.min_inner, 4e-15) << c.name;
     EXPECT_EQ(sphere_pair_statistics(x.data(), tokens, settings, false).min_inner, tree.min_inner);
+    // The tree is built and its passes run as tasks: the same results, and the same work, on
+    // one thread and on three.
+    const int saved = omp_get_max_threads();
+    for (const int threads : {1, 3}) {
+      omp_set_num_threads(threads);
+      std::int64_t work = 0, work_here = 0;
+      const PairStatistics here = sphere_pair_statistics(x.data(), tokens, settings, true,
+                                                         &work_here);
+      omp_set_num_threads(saved);
+      sphere_pair_statistics(x.data(), tokens, settings, true, &work);
+      EXPECT_EQ(here.clusters, tree.clusters) << c.name << " threads " << threads;
+      EXPECT_EQ(here.close_pairs, tree.close_pairs) << c.name << " threads " << threads;
+      EXPECT_EQ(here.min_inner, tree.min_inner) << c.name << " threads " << threads;
+      EXPECT_EQ(work_here, work) << c.name << " threads " << threads;
+    }
     // The cases say something: clustered states have few clusters, and some pairs are close.
     if (!c.centres.empty() && c.spread < 1e-2) {
       EXPECT_LT(all.clusters, m / 10) << c.name;
@@ -639,6 +654,16 @@ TEST(Observables, TheSpheresTreePassStaysNearLinearOnCollapsedAndBipodalStates) 
                                                         true, &work);
     EXPECT_EQ(stats.clusters, bipodal ? 2u : 1u);
     EXPECT_LT(work, std::int64_t(100 * m)) << (bipodal ? "bipodal" : "collapsed");
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);  // the tree built and passed on one thread: the same
+    std::int64_t work_alone = 0;
+    const PairStatistics alone = sphere_pair_statistics(x.data(), tokens, ObservableSettings{},
+                                                        true, &work_alone);
+    omp_set_num_threads(saved);
+    EXPECT_EQ(alone.min_inner, stats.min_inner);
+    EXPECT_EQ(alone.clusters, stats.clusters);
+    EXPECT_EQ(alone.close_pairs, stats.close_pairs);
+    EXPECT_EQ(work_alone, work);
     // The least inner product against its own pairs: the two sweeps' guess cannot be beaten
     // by more than rounding, and a sample of pairs agrees.
     for (std::size_t a = 0; a + 1 < m; a += 997) {
