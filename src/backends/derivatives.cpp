@@ -30,7 +30,7 @@ LayerNumbers layer_numbers(const AttentionMatrices& set) {
 
 FieldNumbers zero_numbers(const Model& model) {
   FieldNumbers numbers;
-  const std::size_t sets = std::max<std::size_t>(model.matrices.size(), 1);
+  const std::size_t sets = model.matrix_set_count();
   for (std::size_t s = 0; s < sets; ++s) {
     LayerNumbers layout = layer_numbers(model.matrices_of(s));
     for (HeadNumbers& head : layout.heads)
@@ -49,7 +49,7 @@ FieldNumbers zero_numbers(const Model& model) {
 
 FieldNumbers model_numbers(const Model& model) {
   FieldNumbers numbers;
-  const std::size_t sets = std::max<std::size_t>(model.matrices.size(), 1);
+  const std::size_t sets = model.matrix_set_count();
   for (std::size_t s = 0; s < sets; ++s) numbers.sets.push_back(layer_numbers(model.matrices_of(s)));
   numbers.beta = model.beta;
   numbers.prefix = model.prefix;

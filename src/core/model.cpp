@@ -12,7 +12,7 @@ double Model::mass() const {
 }
 
 bool Model::one_head_of_contents() const {
-  for (std::size_t r = 0; r < std::max<std::size_t>(matrices.size(), 1); ++r) {
+  for (std::size_t r = 0; r < matrix_set_count(); ++r) {
     const AttentionMatrices& set = matrices_of(r);
     if (!set.single_head() || !set.heads.front().value_identity || set.heads.front().score_dim() != d) return false;
   }

@@ -124,68 +124,95 @@ class SphereTree {
   std::vector<Node> nodes_;
 };
 
+using NodePair = std::pair<std::int32_t, std::int32_t>;
+
+/// The pairs of nodes whose pairs of points are those of nodes a and b (a == b: the pairs
+/// within), one level down, as every pass splits them: a node with itself into its halves'
+/// three pairs, two nodes by the one with more points (a leaf is never split). Not for two
+/// leaves.
+struct ChildPairs {
+  std::array<NodePair, 3> pairs{};
+  std::size_t count = 0;
+  const NodePair* begin() const { return pairs.data(); }
+  const NodePair* end() const { return pairs.data() + count; }
+};
+ChildPairs child_pairs(const SphereTree& tree, std::int32_t a, std::int32_t b) {
+  const Node& na = tree.nodes()[std::size_t(a)];
+  const Node& nb = tree.nodes()[std::size_t(b)];
+  if (a == b) return {{NodePair{na.left, na.left}, {na.right, na.right}, {na.left, na.right}}, 3};
+  if (nb.leaf() || (!na.leaf() && na.size() >= nb.size()))
+    return {{NodePair{na.left, b}, {na.right, b}}, 2};
+  return {{NodePair{a, nb.left}, {a, nb.right}}, 2};
+}
+
+/// How the pairs of points of nodes a and b stand to a chord (squared): all within it, all
+/// beyond it, or some of each (only those are looked at point by point). The margin
+/// kChordMargin keeps every decision by boxes one the pass's predicate would take.
+enum class Reach { None, Every, Some };
+Reach reach(const Node& a, const Node& b, double chord_square) {
+  if (SphereTree::least_square(a, b) > chord_square + kChordMargin) return Reach::None;
+  if (SphereTree::largest_square(a, b) < chord_square - kChordMargin) return Reach::Every;
+  return Reach::Some;
+}
+
+/// The pairs of points of nodes a and b (a == b: i < j within): how many.
+std::int64_t pair_count(const Node& a, const Node& b, bool same) {
+  return same ? std::int64_t(a.size()) * (std::int64_t(a.size()) - 1) / 2
+              : std::int64_t(a.size()) * std::int64_t(b.size());
+}
+
+/// visit(i, j, <x_i, x_j>) for every pair of points of leaves a and b (a == b: i < j within),
+/// in the tree's order; adds their count to work (what the tests measure).
+template <class Visit>
+void visit_leaf_pairs(const SphereTree& tree, std::int32_t a, std::int32_t b, std::int64_t& work,
+                      Visit visit) {
+  const Node& na = tree.nodes()[std::size_t(a)];
+  const Node& nb = tree.nodes()[std::size_t(b)];
+  const std::vector<Point>& p = tree.points();
+  for (std::uint32_t i = na.begin; i < na.end; ++i)
+    for (std::uint32_t j = a == b ? i + 1 : nb.begin; j < nb.end; ++j)
+      visit(i, j, inner(p[i], p[j]));
+  work += pair_count(na, nb, a == b);
+}
+
 /// #{i < j : <x_i, x_j> > above} over the pairs of nodes a and b (a == b: the pairs within).
 std::int64_t count_close(const SphereTree& tree, std::int32_t a, std::int32_t b,
                          double chord_square, double above, std::int64_t& work) {
   const Node& na = tree.nodes()[std::size_t(a)];
   const Node& nb = tree.nodes()[std::size_t(b)];
-  if (SphereTree::least_square(na, nb) > chord_square + kChordMargin) return 0;
-  const bool same = a == b;
-  if (SphereTree::largest_square(na, nb) < chord_square - kChordMargin)
-    return same ? std::int64_t(na.size()) * (std::int64_t(na.size()) - 1) / 2
-                : std::int64_t(na.size()) * std::int64_t(nb.size());
+  switch (reach(na, nb, chord_square)) {
+    case Reach::None: return 0;
+    case Reach::Every: return pair_count(na, nb, a == b);
+    case Reach::Some: break;
+  }
+  std::int64_t close = 0;
   if (na.leaf() && nb.leaf()) {
-    const std::vector<Point>& p = tree.points();
-    std::int64_t close = 0;
-    for (std::uint32_t i = na.begin; i < na.end; ++i)
-      for (std::uint32_t j = same ? i + 1 : nb.begin; j < nb.end; ++j)
-        close += inner(p[i], p[j]) > above;
-    work += same ? std::int64_t(na.size()) * (std::int64_t(na.size()) - 1) / 2
-                 : std::int64_t(na.size()) * std::int64_t(nb.size());
+    visit_leaf_pairs(tree, a, b, work,
+                     [&](std::uint32_t, std::uint32_t, double value) { close += value > above; });
     return close;
   }
-  if (same)
-    return count_close(tree, na.left, na.left, chord_square, above, work) +
-           count_close(tree, na.left, na.right, chord_square, above, work) +
-           count_close(tree, na.right, na.right, chord_square, above, work);
-  // Split the node with more points (a leaf is never split).
-  if (nb.leaf() || (!na.leaf() && na.size() >= nb.size()))
-    return count_close(tree, na.left, b, chord_square, above, work) +
-           count_close(tree, na.right, b, chord_square, above, work);
-  return count_close(tree, a, nb.left, chord_square, above, work) +
-         count_close(tree, a, nb.right, chord_square, above, work);
+  for (const auto& [u, v] : child_pairs(tree, a, b))
+    close += count_close(tree, u, v, chord_square, above, work);
+  return close;
 }
 
-/// The pairs of nodes whose pairs of points are the pairs of node a and node b (a == b: the
-/// pairs within), split as count_close splits them until there are at least `wanted` or none
-/// can be split, so that they can be counted in parallel. The split depends on the tree alone,
-/// not on the thread count; the counts are integers, so their sum is exact in any order.
-std::vector<std::pair<std::int32_t, std::int32_t>> split_pairs(const SphereTree& tree,
-                                                               std::size_t wanted) {
-  std::vector<std::pair<std::int32_t, std::int32_t>> pairs{{0, 0}}, next;
+/// The pairs of nodes whose pairs of points are all the pairs of points (from the root with
+/// itself), split by child_pairs until there are at least `wanted` or none can be split, so
+/// that they can be counted in parallel. The split depends on the tree alone, not on the
+/// thread count; the counts are integers, so their sum is exact in any order.
+std::vector<NodePair> split_pairs(const SphereTree& tree, std::size_t wanted) {
+  std::vector<NodePair> pairs{{0, 0}}, next;
   bool split = true;
   while (pairs.size() < wanted && split) {
     split = false;
     next.clear();
     for (const auto& [a, b] : pairs) {
-      const Node& na = tree.nodes()[std::size_t(a)];
-      const Node& nb = tree.nodes()[std::size_t(b)];
-      if (na.leaf() && nb.leaf()) {
+      if (tree.nodes()[std::size_t(a)].leaf() && tree.nodes()[std::size_t(b)].leaf()) {
         next.emplace_back(a, b);
         continue;
       }
       split = true;
-      if (a == b) {
-        next.emplace_back(na.left, na.left);
-        next.emplace_back(na.left, na.right);
-        next.emplace_back(na.right, na.right);
-      } else if (nb.leaf() || (!na.leaf() && na.size() >= nb.size())) {
-        next.emplace_back(na.left, b);
-        next.emplace_back(na.right, b);
-      } else {
-        next.emplace_back(a, nb.left);
-        next.emplace_back(a, nb.right);
-      }
+      for (const NodePair& child : child_pairs(tree, a, b)) next.push_back(child);
     }
     pairs.swap(next);
   }
@@ -224,23 +251,21 @@ class ClusterJoin {
     const Node& na = tree_.nodes()[std::size_t(a)];
     const Node& nb = tree_.nodes()[std::size_t(b)];
     if (joined(a, b) || forest_.whole()) return;
-    if (SphereTree::least_square(na, nb) > chord_square_ + kChordMargin) return;
-    if (SphereTree::largest_square(na, nb) < chord_square_ - kChordMargin) {
-      make_whole(a);
-      make_whole(b);
-      forest_.unite(na.begin, nb.begin);
-      return;
+    switch (reach(na, nb, chord_square_)) {
+      case Reach::None: return;
+      case Reach::Every:
+        make_whole(a);
+        make_whole(b);
+        forest_.unite(na.begin, nb.begin);
+        return;
+      case Reach::Some: break;
     }
-    const bool same = a == b;
     if (na.leaf() && nb.leaf()) {
-      const std::vector<Point>& p = tree_.points();
-      for (std::uint32_t i = na.begin; i < na.end; ++i)
-        for (std::uint32_t j = same ? i + 1 : nb.begin; j < nb.end; ++j)
-          if (inner(p[i], p[j]) > above_) forest_.unite(i, j);
-      work_ += same ? std::int64_t(na.size()) * (std::int64_t(na.size()) - 1) / 2
-                    : std::int64_t(na.size()) * std::int64_t(nb.size());
+      visit_leaf_pairs(tree_, a, b, work_, [&](std::uint32_t i, std::uint32_t j, double value) {
+        if (value > above_) forest_.unite(i, j);
+      });
       // A leaf found to be one component need not be joined again.
-      if (same) {
+      if (a == b) {
         const std::uint32_t root = forest_.find(na.begin);
         bool one = true;
         for (std::uint32_t i = na.begin + 1; i < na.end && one; ++i) one = forest_.find(i) == root;
@@ -248,20 +273,8 @@ class ClusterJoin {
       }
       return;
     }
-    if (same) {
-      join(na.left, na.left);
-      join(na.right, na.right);
-      join(na.left, na.right);
-      if (joined(na.left, na.right)) whole_[std::size_t(a)] = true;
-      return;
-    }
-    if (nb.leaf() || (!na.leaf() && na.size() >= nb.size())) {
-      join(na.left, b);
-      join(na.right, b);
-    } else {
-      join(a, nb.left);
-      join(a, nb.right);
-    }
+    for (const auto& [u, v] : child_pairs(tree_, a, b)) join(u, v);
+    if (a == b && joined(na.left, na.right)) whole_[std::size_t(a)] = true;
   }
 
   const SphereTree& tree_;
@@ -318,35 +331,21 @@ class FarthestPair {
     // Left when the bound reaches the least found: a pair left holds no inner product below it
     // by more than the bound's rounding (min_inner within 1e-15 of the all-pairs pass).
     if (bound(na, nb) >= lowest_) return;
-    const bool same = a == b;
     if (na.leaf() && nb.leaf()) {
-      const std::vector<Point>& p = tree_.points();
-      for (std::uint32_t i = na.begin; i < na.end; ++i)
-        for (std::uint32_t j = same ? i + 1 : nb.begin; j < nb.end; ++j)
-          lowest_ = std::min(lowest_, inner(p[i], p[j]));
-      work_ += same ? std::int64_t(na.size()) * (std::int64_t(na.size()) - 1) / 2
-                    : std::int64_t(na.size()) * std::int64_t(nb.size());
+      visit_leaf_pairs(tree_, a, b, work_, [&](std::uint32_t, std::uint32_t, double value) {
+        lowest_ = std::min(lowest_, value);
+      });
       return;
     }
     // The children's pairs, the most promising (least bound) first.
-    std::array<std::pair<std::int32_t, std::int32_t>, 4> pairs{};
-    std::size_t count = 0;
-    if (same) {
-      pairs[count++] = {na.left, na.right};
-      pairs[count++] = {na.left, na.left};
-      pairs[count++] = {na.right, na.right};
-    } else if (nb.leaf() || (!na.leaf() && na.size() >= nb.size())) {
-      pairs[count++] = {na.left, b};
-      pairs[count++] = {na.right, b};
-    } else {
-      pairs[count++] = {a, nb.left};
-      pairs[count++] = {a, nb.right};
-    }
-    std::array<double, 4> bounds{};
+    const ChildPairs children = child_pairs(tree_, a, b);
+    const NodePair* pairs = children.begin();
+    const std::size_t count = children.count;
+    std::array<double, 3> bounds{};
     for (std::size_t k = 0; k < count; ++k)
       bounds[k] = bound(tree_.nodes()[std::size_t(pairs[k].first)],
                         tree_.nodes()[std::size_t(pairs[k].second)]);
-    std::array<std::size_t, 4> order{0, 1, 2, 3};
+    std::array<std::size_t, 3> order{0, 1, 2};
     std::sort(order.begin(), order.begin() + std::ptrdiff_t(count),
               [&](std::size_t u, std::size_t v) {
                 return bounds[u] < bounds[v] || (bounds[u] == bounds[v] && u < v);
@@ -374,9 +373,8 @@ PairStatistics sphere_pair_statistics(const double* x, const std::vector<std::si
   // clusters' union-find (one task: its joins are sequential), and the close pairs cut into
   // node pairs (the largest pass: 0.5 to 0.9 s of a frame at 10^6 tokens). Every result is
   // exact (a least value, integer counts), so it is the same for every thread count.
-  const std::vector<std::pair<std::int32_t, std::int32_t>> close_pairs =
-      counts ? split_pairs(tree, kParallelPairs)
-             : std::vector<std::pair<std::int32_t, std::int32_t>>{};
+  const std::vector<NodePair> close_pairs = counts ? split_pairs(tree, kParallelPairs)
+                                                   : std::vector<NodePair>{};
   std::vector<std::int64_t> close(close_pairs.size(), 0), close_work(close_pairs.size(), 0);
   std::int64_t far_work = 0, join_work = 0;
   const double close_above = 1.0 - settings.pair_delta, edge_above = 1.0 - settings.cluster_delta;

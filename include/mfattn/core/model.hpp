@@ -19,6 +19,7 @@
 #include "mfattn/core/layer_kinds.hpp"
 #include "mfattn/core/pair_kinds.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -120,6 +121,9 @@ struct Model {
   /// (identity_attention). A run with --regen-period replaces them at the start of every
   /// layer (Dynamics::matrices_changed).
   std::vector<AttentionMatrices> matrices;
+  /// How many distinct sets there are: matrices_of(0), ..., matrices_of(count - 1) are every
+  /// one (one when none is named: the identity's).
+  std::size_t matrix_set_count() const { return std::max<std::size_t>(matrices.size(), 1); }
   /// The set replica r uses.
   const AttentionMatrices& matrices_of(std::size_t replica) const {
     if (matrices.empty()) return identity_attention_of_dimension(d);

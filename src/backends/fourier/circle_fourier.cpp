@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backends/backend_common.hpp"
+#include "backends/model_sources.hpp"
 #include "kernels/circle_series.hpp"
 #include "mfattn/backends/backend.hpp"
 #include "mfattn/core/gauge.hpp"
@@ -209,10 +210,8 @@ struct CausalOrder {
     if (!is_causal(model.pair_terms.mask)) return nullptr;
     auto causal = std::make_unique<CausalOrder>();
     causal->strict = model.pair_terms.mask == MaskKind::CausalStrict;
-    const std::size_t n = model.n, sources = n + model.prefix_count(), k = model.position_dim;
-    auto position = [&](std::size_t j) {
-      return j < n ? model.positions[j * k] : model.prefix_positions[(j - n) * k];
-    };
+    const std::size_t sources = model.n + model.prefix_count();
+    auto position = [&](std::size_t j) { return host::source_position(model, j)[0]; };
     causal->order.resize(sources);
     std::iota(causal->order.begin(), causal->order.end(), std::size_t{0});
     std::stable_sort(causal->order.begin(), causal->order.end(),
@@ -417,7 +416,7 @@ class FourierCircleBackend final : public SeriesBackend {
       // e^{i xi_j} = u_j e^{i sigma phi_j} with u_j = x_j as a complex number (unit): no angle
       // is taken, so no sine or cosine either.
       for (std::size_t j = 0; j < sources; ++j) {
-        const double* xj = j < n ? xr + j * d : model_.prefix.data() + (j - n) * d;
+        const double* xj = host::source_content(model_, xr, j);
         const Complex u(xj[0], xj[1]);
         const Complex phase = s.sigma == 0  ? Complex(1.0, 0.0)
                               : s.sigma > 0 ? phases_[j]
@@ -426,7 +425,7 @@ class FourierCircleBackend final : public SeriesBackend {
         // by O(h^2): docs/model.md section 2f), the value the token itself, as the pair loop.
         angle_[j] = times(direction(u), phase);
         value_[j] = transported ? times(u, phases_[j]) : u;
-        weight_[j] = j < n ? model_.presence[j] : model_.prefix_weight;
+        weight_[j] = host::source_presence(model_, j);
       }
       const Outputs outputs{out.velocity + r * n * d,
                             out.weight_sums ? out.weight_sums + r * n : nullptr,
@@ -651,11 +650,9 @@ class FourierSphereBackend final : public SeriesBackend {
   };
 
   const double* source(const Frame& f, std::size_t j) const {
-    return j < model_.n ? f.xr + j * 3 : model_.prefix.data() + (j - model_.n) * 3;
+    return host::source_content(model_, f.xr, j);
   }
-  double presence(std::size_t j) const {
-    return j < model_.n ? model_.presence[j] : model_.prefix_weight;
-  }
+  double presence(std::size_t j) const { return host::source_presence(model_, j); }
 
   /// Source j's moments added to sums (4 harmonics numbers): p Y and p Y z_c, c = 0, 1, 2, with
   /// Y of its direction (the kernel reads directions, the values the tokens). y, scratch: the
@@ -819,7 +816,7 @@ std::size_t fourier_from_tokens(const Model& model, double tol) {
   identity.query_identity = identity.key_identity = true;
   const double reference = series_work(model.d, 4.0, identity, 1e-13, false);
   double work = 0.0;
-  for (std::size_t r = 0; r < std::max<std::size_t>(model.matrices.size(), 1); ++r)
+  for (std::size_t r = 0; r < model.matrix_set_count(); ++r)
     work = std::max(work, series_work(model.d, model.beta, model.matrices_of(r).heads.front(), tol,
                                       is_causal(model.pair_terms.mask)));
   return std::size_t(std::ceil(double(measured) * std::max(work / reference, 1.0)));
@@ -841,7 +838,7 @@ std::string fourier_evaluation_refusal(const Model& model) {
   if (model.d == 3) {
     if (model.gauge)
       return who + ": on S^2 takes no gauge (the zonal series needs kernels of <x_i, x_j> alone)";
-    for (std::size_t r = 0; r < std::max<std::size_t>(model.matrices.size(), 1); ++r)
+    for (std::size_t r = 0; r < model.matrix_set_count(); ++r)
       if (std::isnan(zonal_scale(model.matrices_of(r).heads.front(), 3)))
         return who +
                ": on S^2 takes zonal kernels, Q^T K = c I (--q and --k identity, or a rotation and its scaling)";
@@ -852,8 +849,7 @@ std::string fourier_evaluation_refusal(const Model& model) {
       (model.pair_terms.mask != MaskKind::Full && !is_causal(model.pair_terms.mask)))
     return who +
            ": takes --mask full, causal or causal-strict (a window or per-prompt rule breaks the series)";
-  for (std::size_t r = 0; model.d == 2 && r < std::max<std::size_t>(model.matrices.size(), 1);
-       ++r) {
+  for (std::size_t r = 0; model.d == 2 && r < model.matrix_set_count(); ++r) {
     const AttentionHead& head = model.matrices_of(r).heads.front();
     const kernels::PlanarMap q = planar_of(head.query, head.query_identity);
     const kernels::PlanarMap k = planar_of(head.key, head.key_identity);
